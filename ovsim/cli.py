@@ -1,0 +1,118 @@
+"""The ``ovsim`` command: a thin shell over :mod:`ovsim.api`.
+
+Bad input prints one line (``ovsim: error: FILE: FIELD: message``) and exits with status 2; an
+unexpected failure prints one line and exits with status 3 (set OVSIM_DEBUG=1 for the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ovsim.errors import OvsimError
+
+
+def _fmt_s(x: float) -> str:
+    if not math.isfinite(x):
+        return "-"
+    return f"{x * 1e3:.3f}"
+
+
+def _table(result: Any, max_rows: int) -> str:
+    s = result.summary()
+    lines = [
+        f"scenario   {s['scenario']}  ({s['mode']}, {s['schedule']})",
+        f"system     {s['system']}: {s['ranks']} x {s['gpu']}",
+        f"makespan   {_fmt_s(s['makespan_s'])} ms",
+        f"compute    {_fmt_s(s['compute_s'])} ms per rank, {_fmt_s(s['compute_isolated_s'])} ms alone "
+        f"({s['compute_slowdown'] * 100:+.1f}%)",
+        f"comm       {_fmt_s(s['comm_s'])} ms per rank, exposed {_fmt_s(s['exposed_comm_s'])} ms, "
+        f"{s['comm_hidden_fraction'] * 100:.1f}% hidden under compute",
+        f"calibrated {', '.join(s['calibration_files'])}",
+        "",
+    ]
+    ops = result.timeline.ops
+    ops = ops[ops["rank"] >= 0]
+    header = f"{'op':<28} {'rank':>4} {'stream':<10} {'start ms':>10} {'dur ms':>10} {'alone ms':>10} " \
+             f"{'slowdown':>8}  slowed by"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for rec in ops.head(max_rows).itertuples(index=False):
+        lines.append(f"{str(rec.name)[:28]:<28} {rec.rank:>4} {str(rec.stream)[:10]:<10} {_fmt_s(rec.start_s):>10} "
+                     f"{_fmt_s(rec.duration_s):>10} {_fmt_s(rec.isolated_s):>10} {rec.slowdown:>7.2f}x  "
+                     f"{rec.slowed_by}")
+    if len(ops) > max_rows:
+        lines.append(f"... {len(ops) - max_rows} more ops (use --json for all)")
+    return "\n".join(lines)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from ovsim.api import predict
+    from ovsim.traces.perfetto import write_trace
+
+    result = predict(args.scenario, mode=args.mode)
+    if args.timeline:
+        write_trace(result.timeline, args.timeline, label=result.scenario.name)
+    if args.json:
+        print(json.dumps(result.to_json(), default=_json_default))
+    elif not args.quiet:
+        print(_table(result, args.rows))
+    return 0
+
+
+def _json_default(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def _specs(args: argparse.Namespace) -> int:
+    from ovsim.hw.spec import known_gpus, known_systems
+
+    print("GPUs:    " + ", ".join(known_gpus()))
+    print("systems: " + ", ".join(known_systems()))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ovsim", description="Predict compute-communication overlap on GPUs.")
+    sub = p.add_subparsers(dest="command", required=True)
+    pr = sub.add_parser("predict", help="predict a scenario file")
+    pr.add_argument("scenario", help="scenario YAML file")
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
+    pr.add_argument("--timeline", metavar="FILE", help="write a Perfetto-loadable trace")
+    pr.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenario's mode")
+    pr.add_argument("--rows", type=int, default=40, help="ops shown in the table (default 40)")
+    pr.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    pr.set_defaults(func=_predict)
+    sp = sub.add_parser("specs", help="list the known GPUs and systems")
+    sp.set_defaults(func=_specs)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except OvsimError as e:
+        print(f"ovsim: error: {e.one_line()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ovsim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # never a traceback for a user; the env var shows it to developers
+        if os.environ.get("OVSIM_DEBUG"):
+            raise
+        print(f"ovsim: internal error: {type(e).__name__}: {' '.join(str(e).split())} "
+              "(set OVSIM_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The discrete-event engine: streams, the block dispatcher, shared channels, collectives."""

@@ -1,0 +1,86 @@
+"""The contended resources of a node, as numbers the engine works with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import Parameters
+from ovsim.hw.spec import GpuSpec, SystemSpec
+
+LinkKey = tuple[str, int, int]  # ("egress"|"ingress"|"link"|"pcie_out"|"pcie_in", a, b)
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    sm_count: int
+    threads_per_sm: int
+    registers_per_sm: int
+    shared_mem_per_sm_bytes: int
+    blocks_per_sm: int
+    # SMs kept free of compute kernels (an SM carve-out for communication).
+    comm_reserved_sms: int
+    hbm_bytes_per_s: float
+    copy_engines: int
+    warp_size: int = 32
+    register_alloc_unit: int = 256
+    reserved_smem_per_block_bytes: int = 1024
+
+
+@dataclass(frozen=True)
+class MachineModel:
+    gpus: tuple[GpuModel, ...]
+    topology: str
+    links: dict[LinkKey, float]
+    nccl_issue_fraction: float
+    hbm_mix_efficiency: float
+
+    @property
+    def n_ranks(self) -> int:
+        return len(self.gpus)
+
+
+def build_machine(
+    system: SystemSpec, gpu: GpuSpec, params: Parameters, *, n_ranks: int | None = None, sm_carveout: int = 0
+) -> MachineModel:
+    ranks = n_ranks if n_ranks is not None else system.gpu_count
+    if not 1 <= ranks <= system.gpu_count:
+        raise OvsimError(f"{ranks} ranks on a {system.gpu_count}-GPU system", field="ranks")
+    if not 0 <= sm_carveout < gpu.sm.count:
+        raise OvsimError(f"carve-out of {sm_carveout} SMs on a {gpu.sm.count}-SM GPU", field="sm_carveout")
+    g = GpuModel(
+        sm_count=gpu.sm.count,
+        threads_per_sm=gpu.sm.max_threads_per_sm,
+        registers_per_sm=gpu.sm.registers_per_sm,
+        shared_mem_per_sm_bytes=gpu.sm.shared_mem_per_sm_bytes,
+        blocks_per_sm=gpu.sm.max_blocks_per_sm,
+        comm_reserved_sms=sm_carveout,
+        hbm_bytes_per_s=gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction,
+        copy_engines=gpu.copy_engines.count,
+        warp_size=gpu.sm.warp_size,
+        register_alloc_unit=gpu.sm.register_alloc_unit,
+        reserved_smem_per_block_bytes=gpu.sm.reserved_shared_mem_per_block_bytes,
+    )
+    links: dict[LinkKey, float] = {}
+    pcie = gpu.pcie.bandwidth_bytes_per_s
+    for r in range(ranks):
+        links[("pcie_out", r, -1)] = pcie
+        links[("pcie_in", r, -1)] = pcie
+        if system.topology == "nvswitch":
+            links[("egress", r, -1)] = gpu.links.bandwidth_bytes_per_s
+            links[("ingress", r, -1)] = gpu.links.bandwidth_bytes_per_s
+        elif system.topology == "pcie":
+            links[("egress", r, -1)] = pcie
+            links[("ingress", r, -1)] = pcie
+        else:
+            per_pair = system.links_per_pair * gpu.links.bandwidth_per_link_bytes_per_s
+            for s in range(ranks):
+                if s != r:
+                    links[("link", r, s)] = per_pair
+    return MachineModel(
+        gpus=tuple(g for _ in range(ranks)),
+        topology=system.topology,
+        links=links,
+        nccl_issue_fraction=params.nccl_issue_fraction,
+        hbm_mix_efficiency=params.hbm_mix_efficiency,
+    )

@@ -1,0 +1,86 @@
+"""The Timeline: what a simulation (or an analytic prediction) says happened.
+
+``ops`` has one row per op on a rank (kernels, collective kernels, copies) and one per flow
+(``kind == "flow"``, ``rank == -1``), with these columns (times in seconds from the start):
+
+=============== ======================================================================
+id, name        op id (unique) and display name
+kind            gemm, attention, elementwise, norm, softmax, generic, collective, transfer, flow
+rank, stream    where it ran
+launch_s        when its stream launched it
+start_s, end_s  first block resident (or flow data start) and completion
+duration_s      end_s - start_s
+isolated_s      the cost model's time for the op alone
+slowdown        duration_s / isolated_s
+wait_sm_s       time lost because its blocks could not be resident (SMs held by others)
+share_sm_s      time lost sharing SM issue throughput with co-resident blocks
+share_hbm_s     time lost to a smaller HBM share than it asked for
+share_link_s    time lost to a smaller link share (flows)
+wait_peers_s    time a collective's kernel sat resident waiting for other ranks
+slowed_by       the largest of the four reasons above, or "" when within 1% of isolated
+blocks, bytes   grid size; bytes moved (HBM bytes for kernels, bus bytes for flows)
+=============== ======================================================================
+
+``counters`` holds piecewise-constant samples ``time_s, rank, counter, value``; a value holds
+until the next sample of the same (rank, counter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+OP_COLUMNS = [
+    "id", "name", "kind", "rank", "stream", "launch_s", "start_s", "end_s", "duration_s", "isolated_s",
+    "slowdown", "wait_sm_s", "share_sm_s", "share_hbm_s", "share_link_s", "wait_peers_s", "slowed_by",
+    "blocks", "bytes",
+]
+COUNTER_COLUMNS = ["time_s", "rank", "counter", "value"]
+REASONS = {
+    "wait_sm_s": "waiting for SMs",
+    "share_sm_s": "sharing SMs",
+    "share_hbm_s": "sharing HBM",
+    "share_link_s": "sharing links",
+    "wait_peers_s": "waiting for peers",
+}
+# A kernel within this fraction of its isolated time counts as not slowed.
+SLOWED_THRESHOLD = 0.01
+
+
+@dataclass(frozen=True)
+class Timeline:
+    ops: pd.DataFrame
+    counters: pd.DataFrame
+
+    @property
+    def makespan_s(self) -> float:
+        rows = self.ops[self.ops["kind"] != "flow"]
+        if rows.empty:
+            return 0.0
+        return float(rows["end_s"].max() - min(0.0, float(rows["launch_s"].min())))
+
+
+def timeline_from_rows(rows: list[dict[str, Any]], counters: list[dict[str, Any]]) -> Timeline:
+    ops = pd.DataFrame(rows, columns=[c for c in OP_COLUMNS if c not in ("duration_s", "slowdown", "slowed_by")])
+    ops["duration_s"] = ops["end_s"] - ops["start_s"]
+    iso = ops["isolated_s"].where(ops["isolated_s"] > 0, np.nan)
+    ops["slowdown"] = (ops["duration_s"] / iso).fillna(1.0)
+    # The raw reasons integrate where progress was lost; rescale them so they split the time lost,
+    # duration - isolated, in the same proportions (a kernel pushed into an extra wave loses a
+    # whole wave although its blocks were short of SMs only during the first one).
+    raw = ops[list(REASONS)].astype(float)
+    total = raw.sum(axis=1)
+    lost = (ops["duration_s"] - ops["isolated_s"]).clip(lower=0.0)
+    scale = (lost / total.where(total > 0, np.nan)).fillna(0.0)
+    for col in REASONS:
+        ops[col] = raw[col] * scale
+    reasons = ops[list(REASONS)]
+    top = reasons.idxmax(axis=1) if len(ops) else pd.Series([], dtype=str)
+    slowed = (ops["duration_s"] - ops["isolated_s"]) > SLOWED_THRESHOLD * ops["isolated_s"]
+    has_reason = reasons.max(axis=1) > 0 if len(ops) else pd.Series([], dtype=bool)
+    ops["slowed_by"] = np.where(slowed & has_reason, top.map(REASONS).fillna(""), "")
+    ops = ops[OP_COLUMNS].reset_index(drop=True)
+    return Timeline(ops=ops, counters=pd.DataFrame(counters, columns=COUNTER_COLUMNS))

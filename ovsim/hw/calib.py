@@ -1,0 +1,139 @@
+"""Calibration: every fitted or assumed model constant, in versioned YAML files with provenance.
+
+Specs (:mod:`ovsim.hw.spec`) hold hardware facts; this module holds what a model needs beyond them
+(efficiencies, contention weights, latencies). Files live in ``hw/calib/``: ``default.v<N>.yaml``
+applies to every GPU and ``<gpu-file-stem>.v<N>.yaml`` overrides it for one part; the newest
+version of each is used unless a scenario names files. Old versions are never edited; a fit writes
+a new version. Each parameter carries its own source, and each file its provenance, so a
+prediction can say exactly which numbers it used.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ovsim.errors import OvsimError
+from ovsim.hw.spec import GpuSpec, read_yaml, validation_error
+
+CALIB_DIR = Path(__file__).parent / "calib"
+
+
+class Parameters(BaseModel):
+    """Model constants. Defaults here are only placeholders for the schema: values come from files."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Fraction of the dense tensor peak a large, well-shaped GEMM reaches, per precision.
+    gemm_efficiency: dict[str, float] = Field(default_factory=lambda: {"default": 0.8})
+    attention_efficiency: float = 0.6
+    # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches.
+    memory_kernel_efficiency: float = 0.9
+    # Fraction of the HBM peak any mix of traffic can reach; the HBM channel's capacity.
+    hbm_achievable_fraction: float = 0.9
+    # Capacity factor applied to HBM while a communication flow and a kernel share it.
+    hbm_mix_efficiency: float = 1.0
+    # Launch, prologue and epilogue time of every kernel.
+    kernel_overhead_s: float = 2e-6
+    # Least share of an SM's issue throughput a memory-bound block uses, at full residency.
+    memory_issue_floor: float = 0.1
+    # Share of an SM's issue throughput one NCCL block uses.
+    nccl_issue_fraction: float = 0.5
+    # Weight of a collective's traffic in HBM's max-min share, per NCCL protocol.
+    nccl_hbm_weight: dict[str, float] = Field(default_factory=lambda: {"ll": 1.0, "ll128": 1.0, "simple": 1.0})
+    # Copy-engine transfers reach this fraction of the link's per-direction bandwidth.
+    ce_link_efficiency: float = 0.83
+    # Copy-engine local device-to-device copies reach this fraction of achievable HBM bandwidth
+    # (they read and write, so half of it moves as copied bytes).
+    ce_local_efficiency: float = 0.8
+    ce_latency_s: float = 1e-5
+    host_link_efficiency: float = 0.8
+
+    def gemm_eff(self, precision: str) -> float:
+        return self.gemm_efficiency.get(precision, self.gemm_efficiency.get("default", 0.8))
+
+
+class CalibFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_id: str = Field(alias="schema", pattern=r"^ovsim\.calib/1$")
+    gpu: str  # "*" for every GPU, else a GPU spec file stem
+    version: int = Field(ge=1)
+    provenance: dict[str, Any]
+    parameters: dict[str, Any]
+    sources: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    params: Parameters
+    files: tuple[str, ...]  # "name vN" of every file merged, in order
+
+    @property
+    def summary(self) -> list[str]:
+        return list(self.files)
+
+
+_VERSION = re.compile(r"^(?P<stem>.+)\.v(?P<version>\d+)\.yaml$")
+
+
+def _newest(stem: str, folder: Path) -> Path | None:
+    best: tuple[int, Path] | None = None
+    if not folder.is_dir():
+        return None
+    for p in folder.iterdir():
+        m = _VERSION.match(p.name)
+        if m and m["stem"] == stem:
+            v = int(m["version"])
+            if best is None or v > best[0]:
+                best = (v, p)
+    return best[1] if best else None
+
+
+def read_calib_file(path: Path) -> CalibFile:
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise OvsimError("expected a mapping at the top level", source=str(path))
+    try:
+        cf = CalibFile.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e, str(path)) from None
+    unsourced = [k for k in cf.parameters if not cf.sources.get(k, "").strip()]
+    if unsourced:
+        raise OvsimError(f"parameters without a source: {', '.join(unsourced)}", source=str(path),
+                         field="sources")
+    return cf
+
+
+def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = ()) -> Calibration:
+    """Merge the newest default file, the GPU's own file, then `extra` files in order."""
+    paths: list[Path] = []
+    default = _newest("default", CALIB_DIR)
+    if default is None:
+        raise OvsimError("no default calibration file shipped", source=str(CALIB_DIR))
+    paths.append(default)
+    own = _newest(gpu_file_stem, CALIB_DIR)
+    if own is not None:
+        paths.append(own)
+    paths.extend(Path(p) for p in extra)
+    merged: dict[str, Any] = {}
+    names: list[str] = []
+    for p in paths:
+        cf = read_calib_file(p)
+        if cf.gpu not in ("*", gpu_file_stem) and cf.gpu.lower() != gpu.name.lower():
+            raise OvsimError(f"calibration is for GPU '{cf.gpu}', not '{gpu.name}'", source=str(p), field="gpu")
+        for k, v in cf.parameters.items():
+            if isinstance(v, dict) and isinstance(merged.get(k), dict):
+                merged[k] = {**merged[k], **v}
+            else:
+                merged[k] = v
+        names.append(f"{p.name}")
+    try:
+        params = Parameters.model_validate(merged)
+    except ValidationError as e:
+        raise validation_error(e, paths[-1].name) from None
+    return Calibration(params=params, files=tuple(names))

@@ -1,0 +1,328 @@
+"""GPU and system specifications, loaded from YAML files.
+
+One YAML file describes one GPU part (``specs/gpus/<name>.yaml``) or one system
+(``specs/systems/<name>.yaml``). Specs hold only published or measured hardware facts, each with
+its source; efficiency factors and contention weights belong to calibration files (see
+:mod:`ovsim.hw.calib`). A user adds a part by writing one more YAML file, either in the package's
+spec folders or in a folder named by the ``OVSIM_SPEC_PATH`` environment variable (``:``-separated),
+or by giving a scenario the file's path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
+
+from ovsim.errors import OvsimError
+
+SPEC_DIR = Path(__file__).parent / "specs"
+
+Precision = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
+
+
+class Spec(BaseModel):
+    """Frozen, and unknown keys are errors: a typo in a spec file must fail loudly."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SmSpec(Spec):
+    """Streaming multiprocessors (compute units on AMD) and the per-SM residency limits."""
+
+    count: PositiveInt
+    max_threads_per_sm: PositiveInt
+    max_blocks_per_sm: PositiveInt
+    max_threads_per_block: PositiveInt = 1024
+    registers_per_sm: PositiveInt
+    max_registers_per_thread: PositiveInt = 255
+    # Registers are allocated per warp in units of this many registers (CUDA occupancy calculator).
+    register_alloc_unit: PositiveInt = 256
+    shared_mem_per_sm_bytes: PositiveInt
+    max_shared_mem_per_block_bytes: PositiveInt
+    # The runtime reserves this much shared memory per resident block (1 KiB from sm80 on).
+    reserved_shared_mem_per_block_bytes: NonNegativeInt = 1024
+    warp_size: PositiveInt = 32
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SmSpec:
+        if self.max_shared_mem_per_block_bytes > self.shared_mem_per_sm_bytes:
+            raise ValueError("max_shared_mem_per_block_bytes exceeds shared_mem_per_sm_bytes")
+        if self.max_threads_per_block > self.max_threads_per_sm:
+            raise ValueError("max_threads_per_block exceeds max_threads_per_sm")
+        return self
+
+
+class ClockSpec(Spec):
+    # The SM clock at which the published peak rates are reached.
+    compute_clock_hz: PositiveFloat
+    max_sm_clock_hz: PositiveFloat
+    min_sm_clock_hz: PositiveFloat
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ClockSpec:
+        if not self.min_sm_clock_hz <= self.compute_clock_hz <= self.max_sm_clock_hz:
+            raise ValueError("need min_sm_clock_hz <= compute_clock_hz <= max_sm_clock_hz")
+        return self
+
+
+class ComputeSpec(Spec):
+    """Dense peak math rates (no structured sparsity) at ``compute_clock_hz``."""
+
+    peak_flops_per_s: dict[Precision, PositiveFloat]
+    # Which precisions run on tensor cores (matrix cores on AMD).
+    tensor_precisions: list[Precision] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _has_fp32(self) -> ComputeSpec:
+        if "fp32" not in self.peak_flops_per_s:
+            raise ValueError("peak_flops_per_s must give fp32")
+        return self
+
+
+class MemorySpec(Spec):
+    kind: str
+    capacity_bytes: PositiveFloat
+    bandwidth_bytes_per_s: PositiveFloat
+    l2_bytes: PositiveFloat
+
+
+class CopyEngineSpec(Spec):
+    # CUDA's asyncEngineCount (concurrent copy queues), not the physical engine count.
+    count: PositiveInt
+
+
+class LinkSpec(Spec):
+    """GPU-to-GPU links; bandwidths are per direction."""
+
+    kind: Literal["nvlink", "xgmi", "none"]
+    count: NonNegativeInt
+    bandwidth_per_link_bytes_per_s: float = Field(ge=0)
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Total GPU-to-GPU bandwidth per direction."""
+        return self.count * self.bandwidth_per_link_bytes_per_s
+
+
+class PcieSpec(Spec):
+    generation: PositiveInt
+    lanes: PositiveInt
+    # Per direction, theoretical.
+    bandwidth_bytes_per_s: PositiveFloat
+
+
+class PowerSpec(Spec):
+    tdp_w: PositiveFloat
+    min_power_limit_w: PositiveFloat
+    idle_w: PositiveFloat
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PowerSpec:
+        if not self.idle_w < self.min_power_limit_w <= self.tdp_w:
+            raise ValueError("need idle_w < min_power_limit_w <= tdp_w")
+        return self
+
+
+GPU_SECTIONS = ("sm", "clocks", "compute", "memory", "copy_engines", "links", "pcie", "power")
+
+
+class GpuSpec(Spec):
+    """One GPU device as the CUDA/HIP runtime sees it (an MI250X GCD is one device)."""
+
+    schema_id: Literal["ovsim.gpu/1"] = Field(alias="schema")
+    name: str
+    aliases: list[str] = Field(default_factory=list)
+    vendor: Literal["nvidia", "amd"]
+    # Compute capability as "sm80"/"sm90"/..., or the AMD gfx target.
+    architecture: str
+    sm: SmSpec
+    clocks: ClockSpec
+    compute: ComputeSpec
+    memory: MemorySpec
+    copy_engines: CopyEngineSpec
+    links: LinkSpec
+    pcie: PcieSpec
+    power: PowerSpec
+    # Where every number came from: one entry per section above, more are welcome.
+    sources: dict[str, str]
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _every_section_sourced(self) -> GpuSpec:
+        missing = [s for s in GPU_SECTIONS if not self.sources.get(s, "").strip()]
+        if missing:
+            raise ValueError(f"sources must cite every section; missing {', '.join(missing)}")
+        return self
+
+    def peak_flops_per_s(self, precision: str) -> float:
+        """Peak dense rate for `precision` at the compute clock."""
+        try:
+            return self.compute.peak_flops_per_s[precision]  # type: ignore[index]
+        except KeyError:
+            known = ", ".join(sorted(self.compute.peak_flops_per_s))
+            raise OvsimError(
+                f"{self.name} has no {precision} rate (known: {known})", field="precision"
+            ) from None
+
+
+Topology = Literal["nvswitch", "mesh", "pcie"]
+
+
+class SystemSpec(Spec):
+    """A node: identical GPUs and how they are connected.
+
+    ``nvswitch``: every GPU has one port into a non-blocking switch; a transfer from a to b uses a's
+    egress and b's ingress. ``mesh``: direct links between every pair (links_per_pair of the GPU's
+    links each). ``pcie``: GPUs talk through PCIe only.
+    """
+
+    schema_id: Literal["ovsim.system/1"] = Field(alias="schema")
+    name: str
+    description: str = ""
+    gpu: str
+    gpu_count: PositiveInt
+    topology: Topology
+    links_per_pair: NonNegativeInt = 0
+    # NCCL's default number of ring channels for collectives on this node, where published.
+    nccl_ring_channels: PositiveInt | None = None
+    nvls: bool = False
+    sources: dict[str, str]
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _topology_fields(self) -> SystemSpec:
+        if self.topology == "mesh" and self.links_per_pair == 0:
+            raise ValueError("a mesh topology needs links_per_pair")
+        if not self.sources:
+            raise ValueError("sources must cite the system's topology")
+        return self
+
+
+def _spec_dirs(kind: str) -> list[Path]:
+    dirs = [SPEC_DIR / kind]
+    for entry in os.environ.get("OVSIM_SPEC_PATH", "").split(os.pathsep):
+        if entry:
+            dirs.extend([Path(entry), Path(entry) / kind])
+    return dirs
+
+
+def _yaml_files(kind: str) -> Iterator[Path]:
+    for d in _spec_dirs(kind):
+        if d.is_dir():
+            yield from sorted(d.glob("*.yaml"))
+
+
+def read_yaml(path: Path) -> object:
+    """Parse a YAML file; a missing file or a syntax error becomes a one-line OvsimError."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise OvsimError("file not found", source=str(path)) from None
+    except OSError as e:
+        raise OvsimError(f"cannot read: {e.strerror}", source=str(path)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise OvsimError(f"YAML error: {problem}", source=str(path), field=where) from None
+
+
+def validation_error(e: ValidationError, source: str) -> OvsimError:
+    """The first pydantic error as a one-line OvsimError naming the field."""
+    first = e.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    return OvsimError(first["msg"], source=source, field=field)
+
+
+def _load(path: Path, model: type[Spec]) -> Spec:
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise OvsimError("expected a mapping at the top level", source=str(path))
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e, str(path)) from None
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+@lru_cache(maxsize=None)
+def _index(kind: str, spec_path_env: str) -> dict[str, Path]:
+    index: dict[str, Path] = {}
+    for path in _yaml_files(kind):
+        index.setdefault(_norm(path.stem), path)
+        data = read_yaml(path)
+        if isinstance(data, dict):
+            for alias in [data.get("name", ""), *(data.get("aliases") or [])]:
+                if isinstance(alias, str) and alias:
+                    index.setdefault(_norm(alias), path)
+    return index
+
+
+def _find(kind: str, name: str) -> Path:
+    if name.endswith((".yaml", ".yml")):
+        return Path(name)
+    index = _index(kind, os.environ.get("OVSIM_SPEC_PATH", ""))
+    key = _norm(name)
+    if key in index:
+        return index[key]
+    known = ", ".join(sorted({p.stem for p in index.values()}))
+    raise OvsimError(f"unknown {kind[:-1]} '{name}' (known: {known})", field=kind[:-1])
+
+
+@lru_cache(maxsize=None)
+def _load_gpu_path(path: Path) -> GpuSpec:
+    spec = _load(path, GpuSpec)
+    assert isinstance(spec, GpuSpec)
+    return spec
+
+
+@lru_cache(maxsize=None)
+def _load_system_path(path: Path) -> SystemSpec:
+    spec = _load(path, SystemSpec)
+    assert isinstance(spec, SystemSpec)
+    return spec
+
+
+def gpu_file(name: str) -> Path:
+    """The YAML file that defines GPU `name` (its stem keys the GPU's calibration files)."""
+    return _find("gpus", name)
+
+
+def load_gpu(name: str) -> GpuSpec:
+    """The GPU spec called `name` (file stem, name or alias, case- and punctuation-blind), or a path."""
+    return _load_gpu_path(_find("gpus", name))
+
+
+def load_system(name: str) -> SystemSpec:
+    """The system spec called `name`, or the one at a path."""
+    return _load_system_path(_find("systems", name))
+
+
+def known_gpus() -> list[str]:
+    return sorted({p.stem for p in _yaml_files("gpus")})
+
+
+def known_systems() -> list[str]:
+    return sorted({p.stem for p in _yaml_files("systems")})

@@ -1,0 +1,1 @@
+"""Ops and their isolated cost, op graphs, workload generators and schedules."""

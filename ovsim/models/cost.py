@@ -1,0 +1,294 @@
+"""Isolated cost of ops on one GPU: occupancy, GEMM, attention, memory-bound and generic kernels,
+copies. Pure functions of (op parameters, GPU spec, calibration).
+
+Both fidelities use these: ``analytic`` mode takes ``isolated_s`` as is, and the engine turns the
+same :class:`KernelDemand` into blocks whose waves reproduce ``isolated_s`` exactly when a kernel
+runs alone. Formulas: science.md section 2.1 (occupancy) and 4.1 (tiles and waves).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import Parameters
+from ovsim.hw.spec import GpuSpec
+from ovsim.models.ir import BlockShape, KernelDemand
+from ovsim.units import BYTES_PER_ELEMENT
+
+
+def _positive(value: float, field: str) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise OvsimError(f"must be a positive number, got {value}", field=field)
+
+
+def element_bytes(precision: str) -> int:
+    try:
+        return BYTES_PER_ELEMENT[precision]
+    except KeyError:
+        raise OvsimError(f"unknown precision '{precision}'", field="precision") from None
+
+
+def allocated_registers(threads: int, registers_per_thread: int, warp_size: int, alloc_unit: int) -> int:
+    """Registers a block holds: allocated per warp, rounded up to the allocation granule."""
+    warps = math.ceil(threads / warp_size)
+    return warps * math.ceil(registers_per_thread * warp_size / alloc_unit) * alloc_unit
+
+
+def registers_per_block(block: BlockShape, gpu: GpuSpec) -> int:
+    return allocated_registers(block.threads, block.registers_per_thread, gpu.sm.warp_size,
+                               gpu.sm.register_alloc_unit)
+
+
+def shared_mem_per_block(block: BlockShape, gpu: GpuSpec) -> int:
+    return block.shared_mem_bytes + gpu.sm.reserved_shared_mem_per_block_bytes
+
+
+def check_block(block: BlockShape, gpu: GpuSpec) -> None:
+    """A block that could never launch on this GPU is bad input, not a zero-occupancy kernel."""
+    sm = gpu.sm
+    if block.threads < 1 or block.threads > sm.max_threads_per_block:
+        raise OvsimError(f"{block.threads} threads per block, {gpu.name} allows 1..{sm.max_threads_per_block}",
+                         field="threads")
+    if block.registers_per_thread < 0 or block.registers_per_thread > sm.max_registers_per_thread:
+        raise OvsimError(f"{block.registers_per_thread} registers per thread, {gpu.name} allows at most "
+                         f"{sm.max_registers_per_thread}", field="registers_per_thread")
+    if block.shared_mem_bytes < 0 or block.shared_mem_bytes > sm.max_shared_mem_per_block_bytes:
+        raise OvsimError(f"{block.shared_mem_bytes} B shared memory per block, {gpu.name} allows at most "
+                         f"{sm.max_shared_mem_per_block_bytes}", field="shared_mem_bytes")
+    if registers_per_block(block, gpu) > sm.registers_per_sm:
+        raise OvsimError(f"block needs {registers_per_block(block, gpu)} registers, an SM has "
+                         f"{sm.registers_per_sm}", field="registers_per_thread")
+
+
+def blocks_per_sm(block: BlockShape, gpu: GpuSpec) -> int:
+    """Occupancy: how many blocks of one kernel fit on an empty SM (CUDA occupancy calculator)."""
+    check_block(block, gpu)
+    sm = gpu.sm
+    warps = math.ceil(block.threads / sm.warp_size)
+    by_threads = sm.max_threads_per_sm // (warps * sm.warp_size)
+    regs = registers_per_block(block, gpu)
+    by_regs = sm.registers_per_sm // regs if regs else sm.max_blocks_per_sm
+    by_smem = sm.shared_mem_per_sm_bytes // shared_mem_per_block(block, gpu)
+    return max(0, min(by_threads, by_regs, by_smem, sm.max_blocks_per_sm))
+
+
+def demand_from_time(
+    *,
+    blocks: int,
+    block: BlockShape,
+    isolated_s: float,
+    flops: float,
+    hbm_bytes: float,
+    gpu: GpuSpec,
+    issue_intensity: float,
+    clock_sensitive: bool,
+    sm_count: int | None = None,
+    issue_fraction: float | None = None,
+) -> KernelDemand:
+    """Spread an isolated duration over the kernel's waves.
+
+    ``issue_intensity`` is the share of an SM's issue throughput the kernel uses when its blocks fill
+    the SM; 1 for compute-bound kernels. The engine reproduces ``isolated_s`` exactly for a kernel
+    running alone because every wave then takes ``block_time_s``.
+    """
+    if blocks < 1:
+        raise OvsimError(f"grid must have at least one block, got {blocks}", field="grid")
+    _positive(isolated_s, "duration_s")
+    occ = blocks_per_sm(block, gpu)
+    sms = sm_count if sm_count is not None else gpu.sm.count
+    waves = math.ceil(blocks / (sms * occ))
+    return KernelDemand(
+        blocks=blocks,
+        block=block,
+        block_time_s=isolated_s / waves,
+        issue_fraction=issue_fraction if issue_fraction is not None else min(1.0, max(issue_intensity, 1e-3)) / occ,
+        hbm_bytes=hbm_bytes,
+        flops=flops,
+        isolated_s=isolated_s,
+        clock_sensitive=clock_sensitive,
+    )
+
+
+def gemm_blocks(m: int, n: int, tile_m: int, tile_n: int, batch: int = 1, split_k: int = 1) -> int:
+    return math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch * split_k
+
+
+def gemm(
+    m: int,
+    n: int,
+    k: int,
+    precision: str,
+    gpu: GpuSpec,
+    params: Parameters,
+    *,
+    tile: tuple[int, int, int] = (128, 128, 32),
+    threads: int = 256,
+    registers_per_thread: int = 128,
+    stages: int = 3,
+    extra_shared_mem_bytes: int = 0,
+    batch: int = 1,
+    split_k: int = 1,
+    sm_count: int | None = None,
+) -> KernelDemand:
+    """A tiled tensor-core GEMM: output tiles are blocks, each block computes one tile.
+
+    Time is the roofline per tile (tensor rate per SM times the calibrated efficiency, or the tile's
+    share of HBM) times the number of waves, so tile and wave quantization emerge from the grid.
+    ``sm_count`` plans the grid for fewer SMs (cuBLASLt's SM_COUNT_TARGET); the block count is
+    unchanged, only the waves are. ``extra_shared_mem_bytes`` shapes occupancy: the padded blocks
+    do the same work at the same per-block speed, but fewer fit on an SM, so the SM is less busy and
+    the kernel takes more waves.
+    """
+    for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch), ("split_k", split_k)):
+        if not isinstance(v, int) or v < 1:
+            raise OvsimError(f"must be a positive integer, got {v}", field=name)
+    tm, tn, tk = tile
+    if min(tm, tn, tk) < 1:
+        raise OvsimError(f"tile dimensions must be positive, got {tile}", field="tile")
+    if extra_shared_mem_bytes < 0:
+        raise OvsimError(f"must not be negative, got {extra_shared_mem_bytes}", field="extra_shared_mem_bytes")
+    eb = element_bytes(precision)
+    smem = stages * (tm * tk + tn * tk) * eb
+    natural = BlockShape(threads=threads, registers_per_thread=registers_per_thread, shared_mem_bytes=smem)
+    block = BlockShape(threads=threads, registers_per_thread=registers_per_thread,
+                       shared_mem_bytes=smem + extra_shared_mem_bytes)
+    blocks = gemm_blocks(m, n, tm, tn, batch, split_k)
+    occ_natural = blocks_per_sm(natural, gpu)
+    occ = blocks_per_sm(block, gpu)
+    if occ_natural == 0:
+        raise OvsimError(f"a {tm}x{tn}x{tk} tile with {stages} stages does not fit on one {gpu.name} SM",
+                         field="tile")
+    if occ == 0:
+        raise OvsimError(f"{extra_shared_mem_bytes} B of extra shared memory leaves no room for one block",
+                         field="extra_shared_mem_bytes")
+    sms = sm_count if sm_count is not None else gpu.sm.count
+    k_per_block = math.ceil(k / split_k)
+    flops_tile = 2.0 * tm * tn * k_per_block
+    per_sm_rate = gpu.peak_flops_per_s(precision) / gpu.sm.count * params.gemm_eff(precision)
+    # Co-resident tiles share the SM's tensor throughput: at its natural occupancy a block takes
+    # `occ_natural` tile-times and uses 1/occ_natural of the SM.
+    t_wave = occ_natural * flops_tile / per_sm_rate
+    waves = math.ceil(blocks / (sms * occ))
+    flops = 2.0 * m * n * k * batch
+    # A and B read about twice (tile re-reads that miss L2), C written once: an assumption until
+    # co-run measurements fit it; it only matters when HBM is contended.
+    hbm_bytes = float(batch * eb * (2 * (m * k + k * n) + m * n))
+    bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
+    isolated = max(waves * t_wave, hbm_bytes / bw) + params.kernel_overhead_s
+    return demand_from_time(blocks=blocks, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
+                            gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
+                            issue_fraction=1.0 / occ_natural)
+
+
+def memory_bound(
+    bytes_moved: float,
+    gpu: GpuSpec,
+    params: Parameters,
+    *,
+    flops: float = 0.0,
+    threads: int = 256,
+    items_per_thread: int = 4,
+    element_size_bytes: int = 2,
+    registers_per_thread: int = 32,
+    shared_mem_bytes: int = 0,
+    blocks: int | None = None,
+) -> KernelDemand:
+    """A streaming kernel (elementwise, norm, softmax): HBM-bound unless it does much math."""
+    _positive(bytes_moved, "bytes")
+    if flops < 0:
+        raise OvsimError(f"must not be negative, got {flops}", field="flops")
+    block = BlockShape(threads=threads, registers_per_thread=registers_per_thread, shared_mem_bytes=shared_mem_bytes)
+    if blocks is None:
+        elements = bytes_moved / element_size_bytes
+        blocks = max(1, math.ceil(elements / (threads * items_per_thread)))
+    bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction * params.memory_kernel_efficiency
+    t_mem = bytes_moved / bw
+    t_math = flops / gpu.peak_flops_per_s("fp32")
+    body = max(t_mem, t_math)
+    intensity = max(params.memory_issue_floor, t_math / body) if body > 0 else 1.0
+    return demand_from_time(blocks=blocks, block=block, isolated_s=body + params.kernel_overhead_s, flops=flops,
+                            hbm_bytes=bytes_moved, gpu=gpu, issue_intensity=intensity,
+                            clock_sensitive=t_math >= t_mem)
+
+
+def attention(
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    precision: str,
+    gpu: GpuSpec,
+    params: Parameters,
+    *,
+    causal: bool = True,
+    backward: bool = False,
+    tile_q: int = 128,
+    threads: int = 256,
+    registers_per_thread: int = 192,
+    shared_mem_bytes: int | None = None,
+) -> KernelDemand:
+    """Fused (flash) attention: one block per (batch, head, query tile)."""
+    for name, v in (("batch", batch), ("heads", heads), ("seq_len", seq_len), ("head_dim", head_dim)):
+        if v < 1:
+            raise OvsimError(f"must be a positive integer, got {v}", field=name)
+    eb = element_bytes(precision)
+    # QK^T and PV: 2 matmuls of 2*S*S*D FLOPs per head; backward does 2.5x the forward's work.
+    flops = 4.0 * batch * heads * seq_len * seq_len * head_dim * (0.5 if causal else 1.0)
+    if backward:
+        flops *= 2.5
+    hbm_bytes = float(4 * batch * heads * seq_len * head_dim * eb * (2 if backward else 1))
+    smem = shared_mem_bytes if shared_mem_bytes is not None else min(
+        gpu.sm.max_shared_mem_per_block_bytes, 3 * tile_q * head_dim * eb * 2)
+    block = BlockShape(threads=threads, registers_per_thread=registers_per_thread, shared_mem_bytes=smem)
+    blocks = batch * heads * math.ceil(seq_len / tile_q)
+    occ = blocks_per_sm(block, gpu)
+    if occ == 0:
+        raise OvsimError("an attention block does not fit on one SM", field="head_dim")
+    per_sm = gpu.peak_flops_per_s(precision) / gpu.sm.count * params.attention_efficiency
+    flops_block = flops / blocks
+    waves = math.ceil(blocks / (gpu.sm.count * occ))
+    t_math = waves * occ * flops_block / per_sm
+    t_mem = hbm_bytes / (gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction)
+    return demand_from_time(blocks=blocks, block=block, isolated_s=max(t_math, t_mem) + params.kernel_overhead_s,
+                            flops=flops, hbm_bytes=hbm_bytes, gpu=gpu, issue_intensity=1.0,
+                            clock_sensitive=t_math >= t_mem)
+
+
+def generic(
+    grid: int,
+    block: BlockShape,
+    gpu: GpuSpec,
+    params: Parameters,
+    *,
+    flops: float = 0.0,
+    hbm_bytes: float = 0.0,
+    precision: str = "fp32",
+    duration_s: float | None = None,
+) -> KernelDemand:
+    """A kernel known only by its launch and totals (as a trace or ncu reports it).
+
+    With a measured ``duration_s`` that is its isolated time (never shorter than its HBM traffic
+    allows); without one, the roofline of its FLOPs and bytes.
+    """
+    if flops < 0 or hbm_bytes < 0:
+        raise OvsimError("flops and hbm_bytes must not be negative", field="flops" if flops < 0 else "hbm_bytes")
+    occ = blocks_per_sm(block, gpu)
+    if occ == 0:
+        raise OvsimError(f"block ({block.threads} threads, {block.registers_per_thread} regs, "
+                         f"{block.shared_mem_bytes} B smem) does not fit on one {gpu.name} SM", field="block")
+    bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
+    t_mem = hbm_bytes / bw
+    rate = gpu.peak_flops_per_s(precision)
+    if precision in gpu.compute.tensor_precisions:
+        rate *= params.gemm_eff(precision)
+    t_math = flops / rate
+    if duration_s is not None:
+        _positive(duration_s, "duration_s")
+        isolated = max(duration_s, t_mem)
+    else:
+        isolated = max(t_math, t_mem) + params.kernel_overhead_s
+    body = max(t_math, t_mem)
+    intensity = 1.0 if body == 0 or t_math >= t_mem else max(params.memory_issue_floor, t_math / body)
+    return demand_from_time(blocks=grid, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
+                            gpu=gpu, issue_intensity=intensity, clock_sensitive=t_math >= t_mem)

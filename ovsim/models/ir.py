@@ -1,0 +1,169 @@
+"""The resolved workload the engine runs: per-rank ops with their resource demands.
+
+Cost functions (:mod:`ovsim.models.cost`) turn user-level ops (a GEMM shape, an all-reduce size)
+into these records; the engine never sees a GEMM shape, only blocks, work and bytes. Every record is
+frozen: schedules derive new graphs instead of editing old ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import networkx as nx
+
+from ovsim.errors import OvsimError
+
+KernelKind = Literal[
+    "gemm", "attention", "elementwise", "norm", "softmax", "generic", "collective", "transfer", "delay"
+]
+Partition = Literal["any", "compute", "comm"]
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """What one thread block asks of an SM."""
+
+    threads: int
+    registers_per_thread: int
+    shared_mem_bytes: int
+
+
+@dataclass(frozen=True)
+class KernelDemand:
+    """A kernel's grid and the work of one block, as the cost model priced it.
+
+    One block alone at the kernel's own full residency takes ``block_time_s``; blocks of the kernel
+    packed as tightly as the SM limits allow exactly fill the SM's issue throughput, so
+    ``issue_fraction`` (the share of an SM one block uses) is ``intensity / blocks_per_sm``.
+    """
+
+    blocks: int
+    block: BlockShape
+    block_time_s: float
+    issue_fraction: float
+    hbm_bytes: float
+    flops: float
+    isolated_s: float
+    # Compute-bound work slows with the SM clock; memory- and link-bound work does not.
+    clock_sensitive: bool = True
+
+
+@dataclass(frozen=True)
+class FlowDemand:
+    """Data movement shared by the ranks of one collective or copy.
+
+    It moves ``bytes`` (bus bytes for a collective) after every member has arrived and a fixed
+    ``latency_s`` has passed, at no more than ``rate_cap_bytes_per_s``. Per byte it uses
+    ``link_coeff`` bytes of each member's link port (each direction) and ``hbm_coeff`` bytes of each
+    member's HBM, with weight ``hbm_weight`` in HBM's max-min share.
+    """
+
+    group: str
+    ranks: tuple[int, ...]
+    bytes: float
+    latency_s: float
+    rate_cap_bytes_per_s: float
+    link_coeff: float
+    hbm_coeff: float
+    hbm_weight: float = 1.0
+    pattern: Literal["ring", "all_pairs", "p2p", "local", "host"] = "ring"
+    # Flows on copy engines hold one engine per member; SM-based collectives hold their blocks.
+    uses_copy_engine: bool = False
+    # (src, dst) ranks for p2p; -1 stands for the host.
+    endpoints: tuple[int, int] | None = None
+    protocol: str = ""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One launch on one rank's stream."""
+
+    id: str
+    name: str
+    kind: KernelKind
+    rank: int
+    stream: str
+    deps: tuple[str, ...] = ()
+    # Host-side gap between the op becoming ready and its launch (CPU launch overhead, replay gaps).
+    delay_s: float = 0.0
+    kernel: KernelDemand | None = None
+    flow: FlowDemand | None = None
+    partition: Partition = "any"
+    # What the op was made from (shape, size, algorithm...), for reports.
+    info: dict[str, object] = field(default_factory=dict, compare=False)
+
+    @property
+    def isolated_s(self) -> float:
+        if self.kind == "delay":
+            return self.delay_s
+        if self.flow is not None:
+            f = self.flow
+            return f.latency_s + (f.bytes / f.rate_cap_bytes_per_s if f.bytes > 0 else 0.0)
+        assert self.kernel is not None
+        return self.kernel.isolated_s
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    rank: int
+    name: str
+    # CUDA convention: a lower number is a higher priority.
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Ops of every rank, in launch order per stream, with their streams."""
+
+    ops: tuple[Op, ...]
+    streams: tuple[StreamSpec, ...]
+    n_ranks: int
+
+    def graph(self) -> nx.DiGraph:
+        """Dependencies as a DAG: explicit deps plus stream order."""
+        g = nx.DiGraph()
+        last: dict[tuple[int, str], str] = {}
+        for op in self.ops:
+            g.add_node(op.id)
+            key = (op.rank, op.stream)
+            if key in last:
+                g.add_edge(last[key], op.id)
+            last[key] = op.id
+            for d in op.deps:
+                g.add_edge(d, op.id)
+        return g
+
+    def validate(self, source: str = "") -> None:
+        """Reject unknown dependencies, cycles and collectives a member rank never joins."""
+        ids = {op.id for op in self.ops}
+        if len(ids) != len(self.ops):
+            seen: set[str] = set()
+            dup = next(op.id for op in self.ops if op.id in seen or seen.add(op.id))  # type: ignore[func-returns-value]
+            raise OvsimError(f"duplicate op id '{dup}'", source=source, field="ops")
+        for op in self.ops:
+            for d in op.deps:
+                if d not in ids:
+                    raise OvsimError(f"op '{op.id}' depends on unknown op '{d}'", source=source, field="after")
+        streams = {(s.rank, s.name) for s in self.streams}
+        for op in self.ops:
+            if (op.rank, op.stream) not in streams:
+                raise OvsimError(f"op '{op.id}' uses undeclared stream '{op.stream}' on rank {op.rank}",
+                                 source=source, field="stream")
+        g = self.graph()
+        if not nx.is_directed_acyclic_graph(g):
+            cycle = nx.find_cycle(g)
+            path = " -> ".join(str(u) for u, _ in cycle)
+            raise OvsimError(f"dependency cycle: {path} -> {cycle[0][0]}", source=source, field="after")
+        members: dict[str, set[int]] = {}
+        groups: dict[str, FlowDemand] = {}
+        for op in self.ops:
+            if op.flow is not None:
+                members.setdefault(op.flow.group, set()).add(op.rank)
+                groups[op.flow.group] = op.flow
+        for name, flow in groups.items():
+            missing = sorted(set(flow.ranks) - members[name])
+            if missing:
+                raise OvsimError(
+                    f"collective '{name}' is never joined by rank(s) {missing}", source=source, field="ranks"
+                )

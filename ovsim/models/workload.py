@@ -1,0 +1,386 @@
+"""User-level ops (a GEMM shape, an all-reduce size...) and how a schedule turns them into the
+per-rank :class:`~ovsim.models.ir.Workload` the engine runs.
+
+An op spec names its kind and parameters, the stream it goes on, the ranks that run it and the ops
+it must follow (``after``, by name, on the same rank). Schedule knobs are applied here, once, so
+that both fidelities see the same workload.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import Parameters
+from ovsim.hw.spec import GpuSpec, Precision, SystemSpec
+from ovsim.models import cost, nccl
+from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
+
+
+class _OpBase(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    stream: str = "compute"
+    # "all", or the list of ranks that run this op (for a collective: its group).
+    ranks: Literal["all"] | list[NonNegativeInt] = "all"
+    after: list[str] = Field(default_factory=list)
+    # Host-side gap before launch once the op is ready.
+    delay_s: NonNegativeFloat = 0.0
+    repeat: PositiveInt = 1
+
+
+class GemmOp(_OpBase):
+    kind: Literal["gemm"]
+    m: PositiveInt
+    n: PositiveInt
+    k: PositiveInt
+    precision: Precision = "bf16"
+    tile: tuple[PositiveInt, PositiveInt, PositiveInt] = (128, 256, 64)
+    threads: PositiveInt = 256
+    registers_per_thread: PositiveInt = 128
+    stages: PositiveInt = 3
+    batch: PositiveInt = 1
+    split_k: PositiveInt = 1
+
+
+class AttentionOp(_OpBase):
+    kind: Literal["attention"]
+    batch: PositiveInt
+    heads: PositiveInt
+    seq_len: PositiveInt
+    head_dim: PositiveInt
+    precision: Precision = "bf16"
+    causal: bool = True
+    backward: bool = False
+
+
+class MemoryOp(_OpBase):
+    kind: Literal["elementwise", "norm", "softmax"]
+    bytes: PositiveFloat
+    flops: NonNegativeFloat = 0.0
+    threads: PositiveInt = 256
+    blocks: PositiveInt | None = None
+
+
+class KernelOp(_OpBase):
+    """A kernel known by its launch configuration (as traces and ncu report it)."""
+
+    kind: Literal["kernel"]
+    grid: PositiveInt
+    threads: PositiveInt
+    registers_per_thread: NonNegativeInt = 32
+    shared_mem_bytes: NonNegativeInt = 0
+    flops: NonNegativeFloat = 0.0
+    hbm_bytes: NonNegativeFloat = 0.0
+    precision: Precision = "fp32"
+    duration_s: PositiveFloat | None = None
+
+
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"]
+
+
+class CollectiveOpSpec(_OpBase):
+    kind: CollectiveKind
+    stream: str = "comm"
+    # Bytes as nccl-tests counts them (for all_gather / reduce_scatter the whole gathered buffer).
+    size_bytes: PositiveFloat
+    algorithm: nccl.Algorithm | None = None
+    protocol: nccl.Protocol | None = None
+    channels: PositiveInt | None = None
+    # "sm": NCCL kernels; "copy_engine": NCCL's copy-engine collectives (all_gather, all_to_all only).
+    engine: Literal["sm", "copy_engine"] = "sm"
+
+
+class SendRecvOp(_OpBase):
+    kind: Literal["send_recv"]
+    stream: str = "comm"
+    size_bytes: PositiveFloat
+    src: NonNegativeInt
+    dst: NonNegativeInt
+    channels: PositiveInt | None = None
+
+
+class CopyOp(_OpBase):
+    """A cudaMemcpyAsync on a copy engine: device-local, to or from the host, or to a peer GPU."""
+
+    kind: Literal["copy"]
+    stream: str = "copy"
+    size_bytes: PositiveFloat
+    direction: Literal["d2d", "h2d", "d2h", "peer"] = "d2d"
+    peer: NonNegativeInt | None = None
+
+
+class DelayOp(_OpBase):
+    kind: Literal["delay"]
+    duration_s: PositiveFloat
+
+
+OpSpec = Annotated[
+    GemmOp | AttentionOp | MemoryOp | KernelOp | CollectiveOpSpec | SendRecvOp | CopyOp | DelayOp,
+    Field(discriminator="kind"),
+]
+
+
+class Knobs(BaseModel):
+    """Schedule knobs (DESIGN.md section 1; science.md section 2.4-2.5)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # "high" gives every stream that carries communication a higher priority than compute streams.
+    comm_priority: Literal["normal", "high"] = "normal"
+    # Extra dynamic shared memory per compute block, to cap its residency per SM.
+    occupancy_shaping_smem_bytes: NonNegativeInt = 0
+    # NCCL channel (CTA) count for every SM collective, like NCCL_MIN_CTAS = NCCL_MAX_CTAS.
+    nccl_channels: PositiveInt | None = None
+    # SMs kept free of compute kernels for communication (green contexts, cuBLASLt SM_COUNT_TARGET).
+    sm_carveout: NonNegativeInt = 0
+    # Run all-gathers (and all-to-alls) on copy engines instead of SMs.
+    ce_offload: bool = False
+
+
+Schedule = Literal["overlapped", "sequential"]
+
+COMPUTE_KINDS = {"gemm", "attention", "elementwise", "norm", "softmax", "kernel"}
+
+
+def _ranks(spec: _OpBase, n_ranks: int) -> list[int]:
+    if spec.ranks == "all":
+        return list(range(n_ranks))
+    bad = [r for r in spec.ranks if r >= n_ranks]
+    if bad:
+        raise OvsimError(f"op '{spec.name}' names rank {bad[0]}, the system has {n_ranks}", field="ranks")
+    if len(set(spec.ranks)) != len(spec.ranks):
+        raise OvsimError(f"op '{spec.name}' lists a rank twice", field="ranks")
+    return list(spec.ranks)
+
+
+def _is_comm(spec: _OpBase) -> bool:
+    return spec.kind not in COMPUTE_KINDS and spec.kind != "delay"  # type: ignore[attr-defined]
+
+
+def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs) -> KernelDemand:
+    extra = knobs.occupancy_shaping_smem_bytes
+    sms = gpu.sm.count - knobs.sm_carveout
+    if isinstance(spec, GemmOp):
+        return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile, threads=spec.threads,
+                         registers_per_thread=spec.registers_per_thread, stages=spec.stages,
+                         extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k, sm_count=sms)
+    if isinstance(spec, AttentionOp):
+        base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
+                              causal=spec.causal, backward=spec.backward)
+    elif isinstance(spec, MemoryOp):
+        base = cost.memory_bound(spec.bytes, gpu, params, flops=spec.flops, threads=spec.threads,
+                                 blocks=spec.blocks)
+    else:
+        assert isinstance(spec, KernelOp)
+        block = BlockShape(spec.threads, spec.registers_per_thread, spec.shared_mem_bytes)
+        base = cost.generic(spec.grid, block, gpu, params, flops=spec.flops, hbm_bytes=spec.hbm_bytes,
+                            precision=spec.precision, duration_s=spec.duration_s)
+    if not extra and sms == gpu.sm.count:
+        return base
+    shaped = BlockShape(base.block.threads, base.block.registers_per_thread, base.block.shared_mem_bytes + extra)
+    return _reshape(base, shaped, gpu, sms)
+
+
+def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> KernelDemand:
+    """The same kernel with a padded block or an SM budget: each block does the same work at the same
+    speed and SM share, only the waves (hence the isolated time) follow the new residency."""
+    occ_new = cost.blocks_per_sm(block, gpu)
+    if occ_new == 0:
+        raise OvsimError("occupancy shaping leaves no room for one block", field="occupancy_shaping_smem_bytes")
+    waves = math.ceil(base.blocks / (sms * occ_new))
+    return cost.demand_from_time(blocks=base.blocks, block=block, isolated_s=waves * base.block_time_s,
+                                 flops=base.flops, hbm_bytes=base.hbm_bytes, gpu=gpu, issue_intensity=1.0,
+                                 clock_sensitive=base.clock_sensitive, sm_count=sms,
+                                 issue_fraction=base.issue_fraction)
+
+
+def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list[int], gpu: GpuSpec,
+                    system: SystemSpec, params: Parameters, knobs: Knobs) -> dict[int, tuple[KernelDemand | None,
+                                                                                         FlowDemand, str]]:
+    channels = spec.channels or knobs.nccl_channels
+    if isinstance(spec, SendRecvOp):
+        plan = nccl.plan_collective("send_recv", spec.size_bytes, 2, gpu, system, channels=channels)
+        flow = FlowDemand(group=group, ranks=(spec.src, spec.dst), bytes=plan.bus_bytes,
+                          latency_s=plan.latency_s, rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s,
+                          link_coeff=plan.link_bytes_per_bus_byte, hbm_coeff=plan.hbm_bytes_per_bus_byte,
+                          hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0), pattern="p2p",
+                          endpoints=(spec.src, spec.dst), protocol=plan.protocol)
+        k = _nccl_kernel(plan)
+        return {spec.src: (k, flow, "collective"), spec.dst: (k, flow, "collective")}
+    offload = spec.engine == "copy_engine" or (knobs.ce_offload and spec.kind in ("all_gather", "all_to_all"))
+    if offload:
+        if spec.kind not in ("all_gather", "all_to_all"):
+            raise OvsimError(f"copy engines cannot run {spec.kind} (no reductions); only all_gather and "
+                             "all_to_all", field="engine")
+        n = len(ranks)
+        bus = spec.size_bytes * (n - 1) / n
+        link_bw = _peer_bandwidth(gpu, system) * params.ce_link_efficiency
+        flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=bus, latency_s=params.ce_latency_s,
+                          rate_cap_bytes_per_s=link_bw, link_coeff=1.0, hbm_coeff=2.0,
+                          pattern="all_pairs", uses_copy_engine=True, protocol="ce")
+        return {r: (None, flow, "transfer") for r in ranks}
+    plan = nccl.plan_collective(spec.kind, spec.size_bytes, len(ranks), gpu, system, algorithm=spec.algorithm,
+                                protocol=spec.protocol, channels=channels)
+    pattern: Literal["ring", "all_pairs"] = "all_pairs" if spec.kind == "all_to_all" else "ring"
+    flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=plan.bus_bytes, latency_s=plan.latency_s,
+                      rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,
+                      hbm_coeff=plan.hbm_bytes_per_bus_byte,
+                      hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0), pattern=pattern,
+                      protocol=plan.protocol)
+    k = _nccl_kernel(plan)
+    return {r: (k, flow, "collective") for r in ranks}
+
+
+def _nccl_kernel(plan: nccl.CollectivePlan) -> KernelDemand:
+    # The blocks only hold SMs; their progress is the flow's.
+    return KernelDemand(blocks=plan.channels,
+                        block=BlockShape(plan.threads_per_block, plan.registers_per_thread,
+                                         plan.shared_mem_per_block_bytes),
+                        block_time_s=plan.isolated_s, issue_fraction=1.0, hbm_bytes=0.0, flops=0.0,
+                        isolated_s=plan.isolated_s, clock_sensitive=False)
+
+
+def _peer_bandwidth(gpu: GpuSpec, system: SystemSpec) -> float:
+    if system.topology == "nvswitch":
+        return gpu.links.bandwidth_bytes_per_s
+    if system.topology == "mesh":
+        return system.links_per_pair * gpu.links.bandwidth_per_link_bytes_per_s
+    return gpu.pcie.bandwidth_bytes_per_s
+
+
+def _copy_flow(spec: CopyOp, group: str, rank: int, gpu: GpuSpec, system: SystemSpec, n_ranks: int,
+               params: Parameters) -> FlowDemand:
+    hbm = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
+    if spec.direction == "d2d":
+        return FlowDemand(group=group, ranks=(rank,), bytes=spec.size_bytes, latency_s=params.kernel_overhead_s,
+                          rate_cap_bytes_per_s=hbm * params.ce_local_efficiency / 2, link_coeff=0.0,
+                          hbm_coeff=2.0, pattern="local", uses_copy_engine=True, protocol="ce")
+    if spec.direction in ("h2d", "d2h"):
+        ends = (-1, rank) if spec.direction == "h2d" else (rank, -1)
+        return FlowDemand(group=group, ranks=(rank,), bytes=spec.size_bytes, latency_s=params.kernel_overhead_s,
+                          rate_cap_bytes_per_s=gpu.pcie.bandwidth_bytes_per_s * params.host_link_efficiency,
+                          link_coeff=1.0, hbm_coeff=1.0, pattern="host", endpoints=ends, uses_copy_engine=True,
+                          protocol="ce")
+    if spec.peer is None or spec.peer >= n_ranks or spec.peer == rank:
+        raise OvsimError(f"copy '{spec.name}' needs a peer rank other than {rank} below {n_ranks}", field="peer")
+    return FlowDemand(group=group, ranks=(rank,), bytes=spec.size_bytes, latency_s=params.kernel_overhead_s,
+                      rate_cap_bytes_per_s=_peer_bandwidth(gpu, system) * params.ce_link_efficiency,
+                      link_coeff=1.0, hbm_coeff=1.0, pattern="p2p", endpoints=(rank, spec.peer),
+                      uses_copy_engine=True, protocol="ce")
+
+
+def build_workload(
+    specs: list[OpSpec],
+    *,
+    gpu: GpuSpec,
+    system: SystemSpec,
+    params: Parameters,
+    n_ranks: int,
+    schedule: Schedule = "overlapped",
+    knobs: Knobs | None = None,
+    streams: dict[str, int] | None = None,
+    source: str = "",
+) -> Workload:
+    """Expand op specs over ranks and repeats, price them, and apply the schedule and knobs.
+
+    ``streams`` maps stream names to CUDA priorities (lower is higher). Under ``sequential`` every
+    op of a rank runs on one stream in the order listed.
+    """
+    knobs = knobs or Knobs()
+    if knobs.sm_carveout >= gpu.sm.count:
+        raise OvsimError(f"carve-out of {knobs.sm_carveout} SMs on a {gpu.sm.count}-SM GPU", source=source,
+                         field="knobs.sm_carveout")
+    names = [s.name for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
+    by_name = {s.name: s for s in specs}
+    priorities: dict[str, int] = dict(streams or {})
+    comm_streams = {s.stream for s in specs if _is_comm(s)}
+    if knobs.comm_priority == "high":
+        top = min(priorities.values(), default=0)
+        for st in comm_streams:
+            priorities[st] = min(priorities.get(st, 0), top - 1)
+    ops: list[Op] = []
+    used_streams: set[tuple[int, str]] = set()
+    for spec in specs:
+        for dep in spec.after:
+            if dep not in by_name:
+                raise OvsimError(f"op '{spec.name}' follows unknown op '{dep}'", source=source, field="after")
+        try:
+            ranks = _ranks(spec, n_ranks)
+            ops.extend(_expand(spec, ranks, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
+                               n_ranks=n_ranks, sequential=schedule == "sequential"))
+        except OvsimError as e:
+            raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
+    for op in ops:
+        used_streams.add((op.rank, op.stream))
+    stream_specs = tuple(StreamSpec(rank=r, name=s, priority=priorities.get(s, 0)) for r, s in sorted(used_streams))
+    wl = Workload(ops=tuple(ops), streams=stream_specs, n_ranks=n_ranks)
+    wl.validate(source)
+    return wl
+
+
+def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: GpuSpec, system: SystemSpec,
+            params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool) -> list[Op]:
+    out: list[Op] = []
+    stream = "main" if sequential else spec.stream
+    partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
+    kernel = _kernel_demand(spec, gpu, params, knobs) if spec.kind in COMPUTE_KINDS else None
+    for i in range(spec.repeat):
+        suffix = f"#{i}" if spec.repeat > 1 else ""
+
+        def dep_ids(rank: int, i: int = i) -> tuple[str, ...]:
+            ids = []
+            for d in spec.after:
+                other = by_name[d]
+                j = i if other.repeat == spec.repeat else other.repeat - 1
+                ids.append(_op_id(d + (f"#{j}" if other.repeat > 1 else ""), rank))
+            return tuple(ids)
+
+        name = spec.name + suffix
+        if isinstance(spec, DelayOp):
+            for r in ranks:
+                out.append(Op(id=_op_id(name, r), name=name, kind="delay", rank=r, stream=stream, deps=dep_ids(r),
+                              delay_s=spec.duration_s))
+        elif kernel is not None:
+            for r in ranks:
+                out.append(Op(id=_op_id(name, r), name=name, kind=_kind(spec.kind), rank=r, stream=stream,
+                              deps=dep_ids(r), delay_s=spec.delay_s, kernel=kernel, partition=partition,
+                              info=_info(spec)))
+        elif isinstance(spec, CollectiveOpSpec | SendRecvOp):
+            if isinstance(spec, SendRecvOp):
+                for end in (spec.src, spec.dst):
+                    if end >= n_ranks:
+                        raise OvsimError(f"rank {end} does not exist", field="src" if end == spec.src else "dst")
+                if spec.src == spec.dst:
+                    raise OvsimError("send and receive ranks must differ", field="dst")
+            parts = _collective_ops(spec, name, ranks, gpu, system, params, knobs)
+            for r, (kd, flow, kind) in parts.items():
+                out.append(Op(id=_op_id(name, r), name=name, kind=kind, rank=r, stream=stream,  # type: ignore[arg-type]
+                              deps=dep_ids(r), delay_s=spec.delay_s, kernel=kd, flow=flow, info=_info(spec)))
+        else:
+            assert isinstance(spec, CopyOp)
+            for r in ranks:
+                group = f"{name}@r{r}"
+                flow = _copy_flow(spec, group, r, gpu, system, n_ranks, params)
+                out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=r, stream=stream,
+                              deps=dep_ids(r), delay_s=spec.delay_s, flow=flow, info=_info(spec)))
+    return out
+
+
+def _op_id(name: str, rank: int) -> str:
+    return f"{name}@r{rank}"
+
+
+def _kind(kind: str) -> Literal["gemm", "attention", "elementwise", "norm", "softmax", "generic"]:
+    return "generic" if kind == "kernel" else kind  # type: ignore[return-value]
+
+
+def _info(spec: _OpBase) -> dict[str, object]:
+    return spec.model_dump(exclude={"name", "stream", "ranks", "after", "delay_s", "repeat"})

@@ -1,0 +1,78 @@
+"""Scenario files: a workload on a system under a schedule, validated by pydantic.
+
+See docs/scenario.md for the schema with examples. In short::
+
+    schema: ovsim.scenario/1
+    name: gemm-allreduce
+    system: a100x4                 # a system spec name or path, or an inline mapping
+    ranks: 4                       # optional: use fewer GPUs than the system has
+    mode: simulate                 # or analytic
+    schedule: overlapped           # or sequential
+    knobs: {comm_priority: high, occupancy_shaping_smem_bytes: 65536}
+    streams: {compute: 0, comm: 0} # CUDA priorities, lower is higher
+    calibration: []                # extra calibration files, applied after the shipped ones
+    ops:
+      - {name: gemm, kind: gemm, m: 8192, n: 8192, k: 8192, precision: fp16}
+      - {name: ar, kind: all_reduce, size_bytes: 896e6}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+
+from ovsim.errors import OvsimError
+from ovsim.hw.spec import SystemSpec, read_yaml, validation_error
+from ovsim.models.workload import Knobs, OpSpec, Schedule
+
+Mode = Literal["simulate", "analytic"]
+
+
+class InlineSystem(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu: str
+    gpu_count: PositiveInt
+    topology: Literal["nvswitch", "mesh", "pcie"] = "nvswitch"
+    links_per_pair: int = 0
+    nccl_ring_channels: PositiveInt | None = None
+    nvls: bool = False
+
+    def to_spec(self) -> SystemSpec:
+        return SystemSpec.model_validate({
+            "schema": "ovsim.system/1", "name": f"{self.gpu_count}x {self.gpu}", **self.model_dump(),
+            "sources": {"topology": "given inline by the scenario"},
+        })
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_id: Literal["ovsim.scenario/1"] = Field(default="ovsim.scenario/1", alias="schema")
+    name: str = "scenario"
+    description: str = ""
+    system: str | InlineSystem
+    ranks: PositiveInt | None = None
+    mode: Mode = "simulate"
+    schedule: Schedule = "overlapped"
+    knobs: Knobs = Field(default_factory=Knobs)
+    streams: dict[str, int] = Field(default_factory=dict)
+    calibration: list[str] = Field(default_factory=list)
+    ops: list[OpSpec] = Field(min_length=1)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; any problem is a one-line OvsimError naming file and field."""
+    p = Path(path)
+    data = read_yaml(p)
+    if not isinstance(data, dict):
+        raise OvsimError("expected a mapping at the top level", source=str(p))
+    try:
+        sc = Scenario.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e, str(p)) from None
+    # Relative calibration paths are relative to the scenario file.
+    cal = [str((p.parent / c) if not Path(c).is_absolute() else Path(c)) for c in sc.calibration]
+    return sc.model_copy(update={"calibration": cal})

@@ -1,0 +1,73 @@
+"""Export a Timeline as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and
+chrome://tracing load.
+
+One process per rank with one thread (track) per stream; a "collectives" process with one track
+per collective flow; counter tracks per rank for SM occupancy, HBM and link bandwidth and the
+clock. Each slowed op carries, in its args, its isolated time and how the time it lost splits
+between reasons, and its name gets the main reason appended so it shows on the track itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ovsim.engine.timeline import REASONS, Timeline
+from ovsim.errors import OvsimError
+
+_US = 1e6
+
+
+def _num(x: float) -> float:
+    return round(float(x) * _US, 6)
+
+
+def trace_events(timeline: Timeline, *, label: str = "ovsim") -> dict[str, Any]:
+    ops = timeline.ops
+    events: list[dict[str, Any]] = []
+    ranks = sorted(int(r) for r in ops.loc[ops["rank"] >= 0, "rank"].unique())
+    flow_pid = (max(ranks) + 1) if ranks else 0
+    tids: dict[tuple[int, str], int] = {}
+    for r in ranks:
+        events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
+    for rec in ops.itertuples(index=False):
+        if not (math.isfinite(rec.start_s) and math.isfinite(rec.end_s)):
+            continue
+        if rec.rank >= 0:
+            pid, key = int(rec.rank), (int(rec.rank), str(rec.stream))
+        else:
+            pid, key = flow_pid, (flow_pid, str(rec.name))
+        if key not in tids:
+            tids[key] = len(tids) + 1
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[key],
+                           "args": {"name": key[1] if rec.rank >= 0 else f"flow {rec.name}"}})
+        args: dict[str, Any] = {
+            "kind": rec.kind, "isolated_us": _num(rec.isolated_s), "slowdown": round(float(rec.slowdown), 4),
+            "launch_us": _num(rec.launch_s), "blocks": int(rec.blocks), "bytes": float(rec.bytes),
+        }
+        if rec.slowed_by:
+            args["slowed_by"] = rec.slowed_by
+            for col, text in REASONS.items():
+                lost = float(getattr(rec, col))
+                if lost > 0:
+                    args[f"{text} (us)"] = _num(lost)
+        name = str(rec.name) + (f" [{rec.slowed_by}]" if rec.slowed_by else "")
+        events.append({"ph": "X", "name": name, "cat": rec.kind, "pid": pid, "tid": tids[key],
+                       "ts": _num(rec.start_s), "dur": _num(rec.end_s - rec.start_s), "args": args})
+    if ranks and (ops["rank"] < 0).any():
+        events.append({"ph": "M", "name": "process_name", "pid": flow_pid, "tid": 0,
+                       "args": {"name": "collectives"}})
+    for rec in timeline.counters.itertuples(index=False):
+        events.append({"ph": "C", "name": str(rec.counter), "pid": int(rec.rank), "tid": 0,
+                       "ts": _num(rec.time_s), "args": {"value": float(rec.value)}})
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": label}}
+
+
+def write_trace(timeline: Timeline, path: str | Path, *, label: str = "ovsim") -> None:
+    try:
+        Path(path).write_text(json.dumps(trace_events(timeline, label=label)))
+    except OSError as e:
+        raise OvsimError(f"cannot write: {e.strerror}", source=str(path)) from None

@@ -1,0 +1,198 @@
+"""Engine behaviour that must emerge from the resource rules (DESIGN.md section 3).
+
+Expected values are closed forms computed here from the specs, not outputs of the engine: wave
+counts from the occupancy rules, flow times from bytes / capacity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ovsim.engine.machine import build_machine
+from ovsim.engine.sim import Engine
+from ovsim.hw.calib import Calibration
+from ovsim.hw.spec import GpuSpec, SystemSpec
+from ovsim.models import cost
+from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, StreamSpec, Workload
+
+NCCL_BLOCK = BlockShape(threads=544, registers_per_thread=96, shared_mem_bytes=104_768)
+
+
+def nccl_kernel(channels: int) -> KernelDemand:
+    return KernelDemand(blocks=channels, block=NCCL_BLOCK, block_time_s=1.0, issue_fraction=1.0, hbm_bytes=0.0,
+                        flops=0.0, isolated_s=1.0, clock_sensitive=False)
+
+
+def big_tile_gemm(blocks: int, gpu: GpuSpec, calib: Calibration) -> KernelDemand:
+    # 128x256 tiles with 3 stages use 147 KB of shared memory: one block per H100 SM.
+    return cost.gemm(128 * blocks, 256, 8192, "bf16", gpu, calib.params, tile=(128, 256, 64))
+
+
+def run(ops: list[Op], streams: list[StreamSpec], system: SystemSpec, gpu: GpuSpec, calib: Calibration,
+        n_ranks: int = 1, carveout: int = 0):  # type: ignore[no-untyped-def]
+    machine = build_machine(system, gpu, calib.params, n_ranks=n_ranks, sm_carveout=carveout)
+    tl = Engine(Workload(ops=tuple(ops), streams=tuple(streams), n_ranks=n_ranks), machine).run()
+    return tl.ops.set_index("id")
+
+
+def test_lone_gemm_is_its_roofline_with_waves(h100: GpuSpec, h100_calib: Calibration,
+                                              h100_node: SystemSpec) -> None:
+    """Closed form: waves = ceil(tiles / SMs) at one 128x256 tile per SM; each wave computes one
+    tile per SM at the per-SM tensor rate times the calibrated efficiency."""
+    m = n = k = 8192
+    gemm = cost.gemm(m, n, k, "bf16", h100, h100_calib.params, tile=(128, 256, 64))
+    tiles = (m // 128) * (n // 256)
+    waves = math.ceil(tiles / 132)
+    per_sm = 989.4e12 / 132 * 0.803
+    expected = waves * (2 * 128 * 256 * k) / per_sm + h100_calib.params.kernel_overhead_s
+    out = run([Op("g", "g", "gemm", 0, "s", kernel=gemm)], [StreamSpec(0, "s")], h100_node, h100, h100_calib)
+    assert out.loc["g", "duration_s"] == pytest.approx(expected, rel=1e-9)
+    assert waves == 16  # 2048 tiles on 132 SMs: 15.5 waves quantize to 16
+
+
+def test_gemm_filling_every_sm_delays_a_later_collective(h100: GpuSpec, h100_calib: Calibration,
+                                                          h100_node: SystemSpec) -> None:
+    """Equal priorities: the NCCL kernel launched after a two-wave GEMM only gets SMs when the
+    GEMM has placed every block (leftover policy), i.e. when its last wave retires."""
+    gemm = big_tile_gemm(264, h100, h100_calib)
+    flow = FlowDemand(group="c", ranks=(0,), bytes=1e6, latency_s=0.0, rate_cap_bytes_per_s=1e11,
+                      link_coeff=0.0, hbm_coeff=0.0)
+    ops = [Op("g", "g", "gemm", 0, "compute", kernel=gemm),
+           Op("c", "c", "collective", 0, "comm", kernel=nccl_kernel(24), flow=flow, delay_s=1e-6)]
+    out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "comm")], h100_node, h100, h100_calib)
+    assert out.loc["g", "duration_s"] == pytest.approx(gemm.isolated_s, rel=1e-9)
+    assert out.loc["c", "start_s"] == pytest.approx(out.loc["g", "end_s"], rel=1e-9)
+    # Queued, not running: like a profiler, its duration starts when its first block does.
+    assert out.loc["c", "launch_s"] == pytest.approx(1e-6)
+    assert out.loc["c", "duration_s"] == pytest.approx(1e6 / 1e11, rel=1e-9)
+
+
+def test_priority_takes_the_first_sms_that_free_up(h100: GpuSpec, h100_calib: Calibration,
+                                                   h100_node: SystemSpec) -> None:
+    """A high-priority NCCL kernel takes 24 SMs when the first wave retires (no preemption before);
+    the GEMM's second wave then fits on 108 SMs and 24 blocks need a third wave."""
+    gemm = big_tile_gemm(264, h100, h100_calib)
+    flow = FlowDemand(group="c", ranks=(0,), bytes=1e9, latency_s=0.0, rate_cap_bytes_per_s=1e11,
+                      link_coeff=0.0, hbm_coeff=0.0)
+    ops = [Op("g", "g", "gemm", 0, "compute", kernel=gemm),
+           Op("c", "c", "collective", 0, "comm", kernel=nccl_kernel(24), flow=flow, delay_s=1e-6)]
+    out = run(ops, [StreamSpec(0, "compute", 0), StreamSpec(0, "comm", -1)], h100_node, h100, h100_calib)
+    wave = gemm.block_time_s
+    assert out.loc["c", "start_s"] == pytest.approx(wave, rel=1e-9)
+    assert out.loc["g", "duration_s"] == pytest.approx(3 * wave, rel=1e-9)
+    assert out.loc["g", "slowed_by"] == "waiting for SMs"
+
+
+def test_occupancy_shaping_lets_blocks_coreside_and_the_gemm_pays(h100: GpuSpec, h100_calib: Calibration,
+                                                                  h100_node: SystemSpec) -> None:
+    """Small 64x64 tiles (12,288 registers a block) fill an SM five at a time, leaving no registers
+    for a 544-thread x 96-register NCCL block; shaped to one block per SM by extra shared memory,
+    the NCCL block fits beside it at once, and the GEMM, at a fifth of its residency, is slower."""
+    p = h100_calib.params
+    kw = {"tile": (64, 64, 32), "threads": 128, "registers_per_thread": 96}
+    plain = cost.gemm(4096, 4096, 4096, "fp16", h100, p, **kw)  # type: ignore[arg-type]
+    shaped = cost.gemm(4096, 4096, 4096, "fp16", h100, p, extra_shared_mem_bytes=92_160, **kw)  # type: ignore[arg-type]
+    assert cost.blocks_per_sm(plain.block, h100) == 5
+    assert cost.blocks_per_sm(shaped.block, h100) == 1
+    flow = FlowDemand(group="c", ranks=(0,), bytes=1e8, latency_s=0.0, rate_cap_bytes_per_s=1e11,
+                      link_coeff=0.0, hbm_coeff=0.0)
+    streams = [StreamSpec(0, "compute", 0), StreamSpec(0, "comm", -1)]
+
+    def with_gemm(g: KernelDemand):  # type: ignore[no-untyped-def]
+        ops = [Op("g", "g", "gemm", 0, "compute", kernel=g),
+               Op("c", "c", "collective", 0, "comm", kernel=nccl_kernel(24), flow=flow, delay_s=1e-6)]
+        return run(ops, streams, h100_node, h100, h100_calib)
+
+    a, b = with_gemm(plain), with_gemm(shaped)
+    assert a.loc["c", "start_s"] > 10e-6  # waits for a whole wave of GEMM blocks to retire
+    assert b.loc["c", "start_s"] == pytest.approx(1e-6)  # co-resides at launch
+    assert b.loc["g", "end_s"] > a.loc["g", "end_s"]
+
+
+def test_132_block_gemm_beside_24_block_collective_takes_twice_as_long(
+        h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+    """Reported on H100: one wave of 132 blocks, 24 SMs held by the collective, 24 blocks spill into
+    a second wave: about twice the isolated time."""
+    gemm = big_tile_gemm(132, h100, h100_calib)
+    flow = FlowDemand(group="c", ranks=(0,), bytes=1e10, latency_s=0.0, rate_cap_bytes_per_s=1e11,
+                      link_coeff=0.0, hbm_coeff=0.0)
+    ops = [Op("c", "c", "collective", 0, "comm", kernel=nccl_kernel(24), flow=flow),
+           Op("g", "g", "gemm", 0, "compute", kernel=gemm, delay_s=1e-6)]
+    out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "comm")], h100_node, h100, h100_calib)
+    assert out.loc["g", "slowdown"] == pytest.approx(2.0, rel=0.05)
+
+
+def test_two_equal_flows_on_one_link_each_take_twice_as_long(h100: GpuSpec, h100_calib: Calibration,
+                                                             h100_node: SystemSpec) -> None:
+    """Closed form: a flow that alone saturates a 450 GB/s port gets half of it beside a twin."""
+    port = 450e9
+
+    def flow(name: str) -> FlowDemand:
+        return FlowDemand(group=name, ranks=(0,), bytes=4.5e9, latency_s=0.0, rate_cap_bytes_per_s=port,
+                          link_coeff=1.0, hbm_coeff=0.0, pattern="p2p", endpoints=(0, 1), uses_copy_engine=True)
+
+    ops = [Op("a", "a", "transfer", 0, "s1", flow=flow("a")), Op("b", "b", "transfer", 0, "s2", flow=flow("b"))]
+    out = run(ops, [StreamSpec(0, "s1"), StreamSpec(0, "s2")], h100_node, h100, h100_calib, n_ranks=2)
+    assert out.loc["a", "duration_s"] == pytest.approx(2 * 4.5e9 / port, rel=1e-9)
+    assert out.loc["b", "duration_s"] == pytest.approx(2 * 4.5e9 / port, rel=1e-9)
+    assert out.loc["a", "slowed_by"] == "sharing links"
+
+
+def test_collective_with_a_late_rank_starts_when_it_arrives(h100: GpuSpec, h100_calib: Calibration,
+                                                            h100_node: SystemSpec) -> None:
+    late = 1e-3
+    flow = FlowDemand(group="ar", ranks=(0, 1), bytes=1e9, latency_s=10e-6, rate_cap_bytes_per_s=1e11,
+                      link_coeff=1.0, hbm_coeff=0.0)
+    ops = [Op("ar0", "ar", "collective", 0, "comm", kernel=nccl_kernel(8), flow=flow),
+           Op("ar1", "ar", "collective", 1, "comm", kernel=nccl_kernel(8), flow=flow, delay_s=late)]
+    out = run(ops, [StreamSpec(0, "comm"), StreamSpec(1, "comm")], h100_node, h100, h100_calib, n_ranks=2)
+    assert out.loc["flow:ar", "start_s"] == pytest.approx(late)
+    expected_end = late + 10e-6 + 1e9 / 1e11
+    assert out.loc["ar0", "end_s"] == pytest.approx(expected_end, rel=1e-9)
+    assert out.loc["ar1", "end_s"] == pytest.approx(expected_end, rel=1e-9)
+    assert out.loc["ar0", "wait_peers_s"] == pytest.approx(late, rel=1e-6)
+    assert out.loc["ar0", "slowed_by"] == "waiting for peers"
+
+
+def test_copy_engine_transfer_takes_no_sms_but_slows_a_memory_bound_kernel(
+        h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+    p = h100_calib.params
+    kernel = cost.memory_bound(8e9, h100, p)
+    hbm = h100.memory.bandwidth_bytes_per_s * p.hbm_achievable_fraction
+    copy = FlowDemand(group="cp", ranks=(0,), bytes=8e9, latency_s=0.0, rate_cap_bytes_per_s=hbm * 0.4,
+                      link_coeff=0.0, hbm_coeff=2.0, pattern="local", uses_copy_engine=True)
+    ops = [Op("k", "k", "elementwise", 0, "compute", kernel=kernel), Op("cp", "cp", "transfer", 0, "copy", flow=copy)]
+    machine = build_machine(h100_node, h100, p, n_ranks=1)
+    tl = Engine(Workload(ops=tuple(ops), streams=(StreamSpec(0, "compute"), StreamSpec(0, "copy")), n_ranks=1),
+                machine).run()
+    out = tl.ops.set_index("id")
+    assert out.loc["k", "slowdown"] > 1.2
+    assert out.loc["k", "slowed_by"] == "sharing HBM"
+    # Only the kernel's blocks ever occupy SMs: after it ends, the copy runs on with no busy SM.
+    sm = tl.counters[tl.counters["counter"] == "sm_busy_fraction"]
+    after = sm[sm["time_s"] >= out.loc["k", "end_s"]]
+    assert (after["value"] == 0).all() and out.loc["cp", "end_s"] > out.loc["k", "end_s"]
+
+
+def test_sm_carveout_keeps_compute_off_reserved_sms(h100: GpuSpec, h100_calib: Calibration,
+                                                    h100_node: SystemSpec) -> None:
+    """With 24 SMs carved out, a 132-block GEMM runs 108 + 24 blocks: two waves."""
+    gemm = big_tile_gemm(132, h100, h100_calib)
+    op = Op("g", "g", "gemm", 0, "s", kernel=gemm, partition="compute")
+    out = run([op], [StreamSpec(0, "s")], h100_node, h100, h100_calib, carveout=24)
+    assert out.loc["g", "duration_s"] == pytest.approx(2 * gemm.block_time_s, rel=1e-9)
+
+
+def test_runs_are_deterministic(h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+    gemm = big_tile_gemm(300, h100, h100_calib)
+    flow = FlowDemand(group="c", ranks=(0, 1), bytes=1e9, latency_s=5e-6, rate_cap_bytes_per_s=2e11,
+                      link_coeff=1.0, hbm_coeff=3.0)
+    ops = [Op(f"g{r}", "g", "gemm", r, "compute", kernel=gemm) for r in range(2)]
+    ops += [Op(f"c{r}", "c", "collective", r, "comm", kernel=nccl_kernel(16), flow=flow, delay_s=r * 1e-5)
+            for r in range(2)]
+    streams = [StreamSpec(r, s) for r in range(2) for s in ("compute", "comm")]
+    a = run(ops, streams, h100_node, h100, h100_calib, n_ranks=2)
+    b = run(ops, streams, h100_node, h100, h100_calib, n_ranks=2)
+    assert a.equals(b)
