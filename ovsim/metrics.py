@@ -81,7 +81,7 @@ def rank_overlap(ops: pd.DataFrame) -> list[RankOverlap]:
         comp = g[~g["kind"].isin(NON_COMPUTE)]
         ci = union_intervals(comm["start_s"].to_numpy(float), comm["end_s"].to_numpy(float))
         ki = union_intervals(comp["start_s"].to_numpy(float), comp["end_s"].to_numpy(float))
-        out.append(RankOverlap(rank=int(rank), span_s=float(g["end_s"].max()) - t0, compute_busy_s=_length(ki),
+        out.append(RankOverlap(rank=int(str(rank)), span_s=float(g["end_s"].max()) - t0, compute_busy_s=_length(ki),
                                comm_busy_s=_length(ci), overlapped_s=_intersection(ci, ki)))
     return out
 

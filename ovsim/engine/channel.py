@@ -34,6 +34,8 @@ def max_min_rates(
 ) -> Allocation:
     """Weighted max-min fair rates. ``usage[a]`` lists (channel, bytes per unit of a's rate)."""
     n = len(caps)
+    if any(not (0 < w < float("inf")) for w in weights):
+        raise ValueError("activity weights must be positive and finite")
     # Fast path: when every channel can carry every activity at its cap, nobody is constrained.
     load = [0.0] * len(capacity)
     for a in range(n):

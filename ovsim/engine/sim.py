@@ -44,7 +44,7 @@ class _Kernel:
     """A launched kernel (or the SM-resident part of a collective) on one GPU."""
 
     __slots__ = (
-        "blocks_per_sm_alone", "bytes_per_block", "clock_sensitive", "done", "end_s", "flow", "gpu", "id",
+        "blocks", "blocks_per_sm_alone", "bytes_per_block", "clock_sensitive", "done", "end_s", "flow", "gpu", "id",
         "issue", "launch_s", "op", "partitions", "priority", "rank", "regs", "resident", "seq", "share_hbm_s",
         "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "threads", "undispatched",
         "wait_peers_s", "wait_sm_s",
@@ -66,6 +66,7 @@ class _Kernel:
         self.wait_sm_s = self.share_sm_s = self.share_hbm_s = self.share_link_s = self.wait_peers_s = 0.0
         k = op.kernel
         assert k is not None
+        self.blocks = k.blocks
         self.undispatched = k.blocks
         self.resident = 0
         m = gpu.model
@@ -92,6 +93,16 @@ def _fit(threads: int, regs: int, smem: int, blocks: int, k: _Kernel) -> int:
     if k.smem:
         n = min(n, smem // k.smem)
     return max(0, n)
+
+
+def _issued_blocks(k: _Kernel) -> float:
+    """Resident blocks of `k` weighted by the share of their issue demand they get."""
+    issued = 0.0
+    for g in k.gpu.groups:
+        for e in g.entries:
+            if e.k is k:
+                issued += g.n * e.per_sm * e.share
+    return issued
 
 
 class _Entry:
@@ -193,6 +204,8 @@ class _Flow:
 class EngineOptions:
     # Record counter samples (SM occupancy, HBM, links) for timelines; off for benchmarks.
     counters: bool = True
+    # Check at every event that no SM limit or channel is over-subscribed (tests turn this on).
+    check_invariants: bool = False
 
 
 class Engine:
@@ -411,12 +424,7 @@ class Engine:
         allowed = k.gpu.model.sm_count - (k.gpu.model.comm_reserved_sms if k.partitions == ("main",) else 0)
         alone = min(k.undispatched + k.resident, allowed * k.blocks_per_sm_alone)
         f_res = min(1.0, k.resident / alone)
-        issued = 0.0
-        for g in k.gpu.groups:
-            for e in g.entries:
-                if e.k is k:
-                    issued += g.n * e.per_sm * e.share
-        f_issue = issued / k.resident
+        f_issue = _issued_blocks(k) / k.resident
         k.wait_sm_s += dt * (1 - f_res)
         k.share_sm_s += dt * f_res * (1 - f_issue)
         k.share_hbm_s += dt * f_res * f_issue * (1 - k.theta)
@@ -645,16 +653,10 @@ class Engine:
             d = f.demand
             factor = 1.0
             if not d.uses_copy_engine:
+                # NCCL moves data no faster than its resident channels can issue copies.
                 for m in f.members.values():
-                    k = m.kernel
-                    if k is None:
-                        continue
-                    issued = 0.0
-                    for g in k.gpu.groups:
-                        for e in g.entries:
-                            if e.k is k:
-                                issued += g.n * e.per_sm * e.share
-                    factor = min(factor, issued / k.op.kernel.blocks if k.op.kernel else 1.0)
+                    if m.kernel is not None:
+                        factor = min(factor, _issued_blocks(m.kernel) / m.kernel.blocks)
             f.sm_factor = factor
             f.cap = d.rate_cap_bytes_per_s * factor
             use: list[tuple[int, float]] = []
@@ -664,15 +666,18 @@ class Engine:
                     hbm_has_flow[key[1]] = True
                 else:
                     use.append((n_gpu + self.link_index[key], c))
-            hbm_c = d.hbm_coeff if d.hbm_coeff > 0 else 1.0
+            # Shares are fair in HBM bytes: a flow's rate counts hbm_coeff bytes per byte moved. The
+            # floor keeps a flow that barely touches HBM from an unbounded weight.
             caps.append(f.cap)
-            weights.append(d.hbm_weight / hbm_c)
+            weights.append(d.hbm_weight / max(d.hbm_coeff, 0.05))
             usage.append(use)
             owners.append(f)
         for r in range(n_gpu):
             if hbm_has_kernel[r] and hbm_has_flow[r]:
                 capacity[r] *= self.machine.hbm_mix_efficiency
         alloc = max_min_rates(caps, weights, usage, capacity)
+        if self.opts.check_invariants:
+            self._check(capacity, alloc.rates, usage)
         for i, owner in enumerate(owners):
             x = alloc.rates[i]
             if isinstance(owner, _Kernel):
@@ -692,6 +697,32 @@ class Engine:
                             e.rate *= e.k.theta
         if self.opts.counters:
             self._sample(capacity, alloc.rates, usage, n_gpu)
+
+    def _check(self, capacity: list[float], rates: list[float], usage: list[list[tuple[int, float]]]) -> None:
+        load = [0.0] * len(capacity)
+        for x, use in zip(rates, usage, strict=True):
+            for r, c in use:
+                load[r] += x * c
+        for r, (used, cap) in enumerate(zip(load, capacity, strict=True)):
+            if used > cap * (1 + 1e-9):
+                raise RuntimeError(f"channel {r} over-subscribed: {used} > {cap}")
+        for gpu in self.gpus:
+            m = gpu.model
+            if sum(g.n for g in gpu.groups) != m.sm_count:
+                raise RuntimeError(f"rank {gpu.rank}: SM groups cover {sum(g.n for g in gpu.groups)} SMs")
+            for g in gpu.groups:
+                used_threads = sum(e.per_sm * e.k.threads for e in g.entries)
+                used_regs = sum(e.per_sm * e.k.regs for e in g.entries)
+                used_smem = sum(e.per_sm * e.k.smem for e in g.entries)
+                used_blocks = sum(e.per_sm for e in g.entries)
+                if (min(g.threads, g.regs, g.smem, g.blocks) < 0 or used_threads > m.threads_per_sm
+                        or used_regs > m.registers_per_sm or used_smem > m.shared_mem_per_sm_bytes
+                        or used_blocks > m.blocks_per_sm
+                        or g.threads + used_threads != m.threads_per_sm or g.blocks + used_blocks != m.blocks_per_sm):
+                    raise RuntimeError(f"rank {gpu.rank}: an SM's limits are over-subscribed or lost")
+            for k in self.running:
+                if k.resident < 0 or k.undispatched < 0:
+                    raise RuntimeError(f"kernel {k.id}: negative block count")
 
     def _sample(self, capacity: list[float], rates: list[float], usage: list[list[tuple[int, float]]],
                 n_gpu: int) -> None:

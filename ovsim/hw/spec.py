@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -223,10 +223,24 @@ def _spec_dirs(kind: str) -> list[Path]:
     return dirs
 
 
+_SCHEMA_IDS = {"gpus": "ovsim.gpu/1", "systems": "ovsim.system/1"}
+
+
 def _yaml_files(kind: str) -> Iterator[Path]:
     for d in _spec_dirs(kind):
         if d.is_dir():
-            yield from sorted(d.glob("*.yaml"))
+            for path in sorted(d.glob("*.yaml")):
+                # A flat OVSIM_SPEC_PATH folder holds both kinds: there the `schema` line decides (a file
+                # with an unknown schema is kept, so that loading it reports the error).
+                if d.name == kind or _schema_of(path) in (_SCHEMA_IDS[kind], None):
+                    yield path
+
+
+def _schema_of(path: Path) -> str | None:
+    """The file's spec schema id if it is one ovsim knows, else None."""
+    data = read_yaml(path)
+    schema = data.get("schema") if isinstance(data, dict) else None
+    return schema if schema in _SCHEMA_IDS.values() else None
 
 
 def read_yaml(path: Path) -> object:
@@ -267,7 +281,7 @@ def _norm(name: str) -> str:
     return "".join(ch for ch in name.lower() if ch.isalnum())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _index(kind: str, spec_path_env: str) -> dict[str, Path]:
     index: dict[str, Path] = {}
     for path in _yaml_files(kind):
@@ -291,14 +305,14 @@ def _find(kind: str, name: str) -> Path:
     raise OvsimError(f"unknown {kind[:-1]} '{name}' (known: {known})", field=kind[:-1])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_gpu_path(path: Path) -> GpuSpec:
     spec = _load(path, GpuSpec)
     assert isinstance(spec, GpuSpec)
     return spec
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_system_path(path: Path) -> SystemSpec:
     spec = _load(path, SystemSpec)
     assert isinstance(spec, SystemSpec)

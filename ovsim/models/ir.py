@@ -136,11 +136,11 @@ class Workload:
 
     def validate(self, source: str = "") -> None:
         """Reject unknown dependencies, cycles and collectives a member rank never joins."""
-        ids = {op.id for op in self.ops}
-        if len(ids) != len(self.ops):
-            seen: set[str] = set()
-            dup = next(op.id for op in self.ops if op.id in seen or seen.add(op.id))  # type: ignore[func-returns-value]
-            raise OvsimError(f"duplicate op id '{dup}'", source=source, field="ops")
+        ids: set[str] = set()
+        for op in self.ops:
+            if op.id in ids:
+                raise OvsimError(f"duplicate op id '{op.id}'", source=source, field="ops")
+            ids.add(op.id)
         for op in self.ops:
             for d in op.deps:
                 if d not in ids:

@@ -11,7 +11,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+)
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
@@ -339,6 +347,9 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
             ids = []
             for d in spec.after:
                 other = by_name[d]
+                if not _runs_on(other, rank, n_ranks):
+                    raise OvsimError(f"op '{spec.name}' on rank {rank} follows '{d}', which does not run on "
+                                     f"rank {rank}", field="after")
                 j = i if other.repeat == spec.repeat else other.repeat - 1
                 ids.append(_op_id(d + (f"#{j}" if other.repeat > 1 else ""), rank))
             return tuple(ids)
@@ -372,6 +383,12 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
                 out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=r, stream=stream,
                               deps=dep_ids(r), delay_s=spec.delay_s, flow=flow, info=_info(spec)))
     return out
+
+
+def _runs_on(spec: OpSpec, rank: int, n_ranks: int) -> bool:
+    if isinstance(spec, SendRecvOp):
+        return rank in (spec.src, spec.dst)
+    return (spec.ranks == "all" and rank < n_ranks) or (spec.ranks != "all" and rank in spec.ranks)
 
 
 def _op_id(name: str, rank: int) -> str:

@@ -33,36 +33,40 @@ def trace_events(timeline: Timeline, *, label: str = "ovsim") -> dict[str, Any]:
     for r in ranks:
         events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
-    for rec in ops.itertuples(index=False):
-        if not (math.isfinite(rec.start_s) and math.isfinite(rec.end_s)):
+    records = [{str(k): v for k, v in r.items()} for r in ops.to_dict(orient="records")]
+    for rec in records:
+        start, end, rank = float(rec["start_s"]), float(rec["end_s"]), int(rec["rank"])
+        if not (math.isfinite(start) and math.isfinite(end)):
             continue
-        if rec.rank >= 0:
-            pid, key = int(rec.rank), (int(rec.rank), str(rec.stream))
+        if rank >= 0:
+            pid, key = rank, (rank, str(rec["stream"]))
         else:
-            pid, key = flow_pid, (flow_pid, str(rec.name))
+            pid, key = flow_pid, (flow_pid, str(rec["name"]))
         if key not in tids:
             tids[key] = len(tids) + 1
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[key],
-                           "args": {"name": key[1] if rec.rank >= 0 else f"flow {rec.name}"}})
+                           "args": {"name": key[1] if rank >= 0 else f"flow {rec['name']}"}})
         args: dict[str, Any] = {
-            "kind": rec.kind, "isolated_us": _num(rec.isolated_s), "slowdown": round(float(rec.slowdown), 4),
-            "launch_us": _num(rec.launch_s), "blocks": int(rec.blocks), "bytes": float(rec.bytes),
+            "kind": rec["kind"], "isolated_us": _num(rec["isolated_s"]), "slowdown": round(float(rec["slowdown"]), 4),
+            "launch_us": _num(rec["launch_s"]), "blocks": int(rec["blocks"]), "bytes": float(rec["bytes"]),
         }
-        if rec.slowed_by:
-            args["slowed_by"] = rec.slowed_by
+        slowed_by = str(rec["slowed_by"])
+        if slowed_by:
+            args["slowed_by"] = slowed_by
             for col, text in REASONS.items():
-                lost = float(getattr(rec, col))
+                lost = float(rec[col])
                 if lost > 0:
                     args[f"{text} (us)"] = _num(lost)
-        name = str(rec.name) + (f" [{rec.slowed_by}]" if rec.slowed_by else "")
-        events.append({"ph": "X", "name": name, "cat": rec.kind, "pid": pid, "tid": tids[key],
-                       "ts": _num(rec.start_s), "dur": _num(rec.end_s - rec.start_s), "args": args})
+        name = str(rec["name"]) + (f" [{slowed_by}]" if slowed_by else "")
+        events.append({"ph": "X", "name": name, "cat": rec["kind"], "pid": pid, "tid": tids[key],
+                       "ts": _num(start), "dur": _num(end - start), "args": args})
     if ranks and (ops["rank"] < 0).any():
         events.append({"ph": "M", "name": "process_name", "pid": flow_pid, "tid": 0,
                        "args": {"name": "collectives"}})
-    for rec in timeline.counters.itertuples(index=False):
-        events.append({"ph": "C", "name": str(rec.counter), "pid": int(rec.rank), "tid": 0,
-                       "ts": _num(rec.time_s), "args": {"value": float(rec.value)}})
+    counters = [{str(k): v for k, v in r.items()} for r in timeline.counters.to_dict(orient="records")]
+    for c in counters:
+        events.append({"ph": "C", "name": str(c["counter"]), "pid": int(c["rank"]), "tid": 0,
+                       "ts": _num(c["time_s"]), "args": {"value": float(c["value"])}})
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": label}}
 
 

@@ -1,0 +1,37 @@
+"""Workload validation: every problem is an OvsimError naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovsim.errors import OvsimError
+from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, StreamSpec, Workload
+
+K = KernelDemand(blocks=1, block=BlockShape(128, 32, 0), block_time_s=1e-6, issue_fraction=1.0, hbm_bytes=0.0,
+                 flops=0.0, isolated_s=1e-6)
+STREAMS = (StreamSpec(0, "s"), StreamSpec(1, "s"))
+
+
+def test_collective_a_rank_never_joins() -> None:
+    flow = FlowDemand(group="ar", ranks=(0, 1), bytes=1e6, latency_s=0.0, rate_cap_bytes_per_s=1e9,
+                      link_coeff=1.0, hbm_coeff=1.0)
+    wl = Workload(ops=(Op("ar0", "ar", "collective", 0, "s", kernel=K, flow=flow),), streams=STREAMS, n_ranks=2)
+    with pytest.raises(OvsimError, match=r"never joined by rank\(s\) \[1\]") as e:
+        wl.validate("w.yaml")
+    assert e.value.source == "w.yaml" and e.value.field == "ranks"
+
+
+def test_cycle_names_the_ops() -> None:
+    ops = (Op("a", "a", "generic", 0, "s", kernel=K, deps=("b",)), Op("b", "b", "generic", 1, "s", kernel=K,
+                                                                       deps=("a",)))
+    with pytest.raises(OvsimError, match="dependency cycle"):
+        Workload(ops=ops, streams=STREAMS, n_ranks=2).validate()
+
+
+def test_unknown_dependency_and_duplicate_id() -> None:
+    with pytest.raises(OvsimError, match="unknown op 'zz'"):
+        Workload(ops=(Op("a", "a", "generic", 0, "s", kernel=K, deps=("zz",)),), streams=STREAMS,
+                 n_ranks=2).validate()
+    with pytest.raises(OvsimError, match="duplicate op id 'a'"):
+        Workload(ops=(Op("a", "a", "generic", 0, "s", kernel=K), Op("a", "a", "generic", 1, "s", kernel=K)),
+                 streams=STREAMS, n_ranks=2).validate()

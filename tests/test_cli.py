@@ -1,0 +1,108 @@
+"""The command line: output contracts and one-line errors for bad input (DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ovsim.cli import main
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm-allreduce-h100x4-priority.yaml"
+
+GOOD = """\
+schema: ovsim.scenario/1
+system: h100x4
+ops:
+  - {name: g, kind: gemm, m: 4096, n: 4096, k: 4096}
+  - {name: ar, kind: all_reduce, size_bytes: 1.0e8}
+"""
+
+
+def test_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "makespan" in out and "allreduce" in out and "slowed by" in out
+
+
+def test_json_is_one_object(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", str(EXAMPLE), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["summary"]["ranks"] == 4
+    assert {"name", "rank", "stream", "start_s", "duration_s", "slowed_by"} <= set(data["ops"][0])
+
+
+def test_timeline_is_perfetto_loadable(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    assert main(["predict", str(EXAMPLE), "--timeline", str(out), "--quiet"]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    phases = {e["ph"] for e in events}
+    assert {"X", "C", "M"} <= phases
+    for e in events:
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert {"sm_busy_fraction", "hbm_bytes_per_s", "link_out_bytes_per_s"} <= counters
+    slowed = [e for e in events if e["ph"] == "X" and "slowed_by" in e["args"]]
+    assert slowed and all("[" in e["name"] for e in slowed)
+
+
+def _bad(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ops: [\n  - {name: g", "YAML error"),
+        (GOOD.replace("h100x4", "no-such-gpu-node"), "unknown system 'no-such-gpu-node'"),
+        (GOOD.replace("size_bytes: 1.0e8", "size_bytes: -5"), "ops.1.all_reduce.size_bytes"),
+        (GOOD.replace("k: 4096}", "k: 4096, after: [ar]}").replace("1.0e8}", "1.0e8, after: [g]}"),
+         "dependency cycle"),
+        (GOOD.replace("1.0e8}", "1.0e8, ranks: [0, 7]}"), "rank 7"),
+        (GOOD.replace("m: 4096", "m: 4096, colour: red"), "colour"),
+    ],
+    ids=["yaml", "unknown-system", "negative-size", "cycle", "bad-rank", "unknown-key"],
+)
+def test_bad_input_is_one_line_naming_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     text: str, expected: str) -> None:
+    path = _bad(tmp_path, text)
+    assert main(["predict", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ovsim: error: ")
+    assert str(path) in err and expected in err
+
+
+def test_unknown_gpu_in_inline_system(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _bad(tmp_path, GOOD.replace("system: h100x4", "system: {gpu: Z9000, gpu_count: 2}"))
+    assert main(["predict", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown gpu 'Z9000'" in err and str(path) in err
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "nowhere.yaml"]) == 2
+    assert "nowhere.yaml: file not found" in capsys.readouterr().err
+
+
+def test_collectives_joined_in_conflicting_orders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each rank can only join the all-reduce after an op that itself waits for the all-reduce."""
+    text = GOOD + "  - {name: x, kind: all_reduce, size_bytes: 1.0e6, ranks: [0, 1], after: [y]}\n" \
+                  "  - {name: y, kind: gemm, m: 128, n: 128, k: 128, ranks: [0, 1], stream: comm}\n"
+    path = _bad(tmp_path, text)
+    assert main(["predict", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "cycle" in err and err.count("\n") == 1
+
+
+def test_console_script_exits_nonzero_without_traceback(tmp_path: Path) -> None:
+    path = _bad(tmp_path, "schema: ovsim.scenario/1\nsystem: h100x4\nops: []\n")
+    proc = subprocess.run([sys.executable, "-m", "ovsim.cli", "predict", str(path)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "ops" in proc.stderr
