@@ -166,7 +166,7 @@ class Run:
     build_s: float
     sim_s: float
     makespan_s: float
-    timers: int
+    events: int
 
     @property
     def rate(self) -> float:
@@ -185,7 +185,7 @@ def run_once(total_kernels: int, n_ranks: int, gpu: GpuSpec, system: SystemSpec,
     timeline = engine.run()
     sim_s = time.perf_counter() - t0
     return Run(kernels=len(wl.ops), ranks=n_ranks, build_s=build_s, sim_s=sim_s,
-               makespan_s=timeline.makespan_s, timers=engine.version)
+               makespan_s=timeline.makespan_s, events=engine.resolves)
 
 
 def maxrss_mib() -> float:
@@ -197,10 +197,10 @@ def maxrss_mib() -> float:
 def table(title: str, runs: list[Run]) -> None:
     print(f"\n{title}")
     print(f"{'kernels':>9} {'ranks':>5} {'build s':>8} {'sim s':>8} {'kernels/s':>10} {'us/kernel':>9} "
-          f"{'timers':>8} {'makespan ms':>11}")
+          f"{'events':>8} {'makespan ms':>11}")
     for r in runs:
         print(f"{r.kernels:>9} {r.ranks:>5} {r.build_s:>8.2f} {r.sim_s:>8.2f} {r.rate:>10.0f} "
-              f"{1e6 / r.rate:>9.1f} {r.timers:>8} {r.makespan_s * 1e3:>11.2f}")
+              f"{1e6 / r.rate:>9.1f} {r.events:>8} {r.makespan_s * 1e3:>11.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  Engine(...).run() wall time : {head.sim_s:.2f} s")
     print(f"  kernels simulated per second: {head.rate:,.0f}")
     print(f"  workload build time         : {head.build_s:.2f} s (not timed above)")
-    print(f"  simulated makespan          : {head.makespan_s * 1e3:.2f} ms, {head.timers} engine timers")
+    print(f"  simulated makespan          : {head.makespan_s * 1e3:.2f} ms, {head.events} engine events")
     print(f"  peak memory (getrusage ru_maxrss, whole process): {rss_head:.0f} MiB "
           f"(before the run: {rss_start:.0f} MiB, so about {rss_head - rss_start:.0f} MiB for build + run)")
     if args.no_sweeps:

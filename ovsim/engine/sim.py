@@ -1,28 +1,34 @@
 """The discrete-event engine.
 
-simpy keeps the clock and the event queue; stream processes walk each stream's ops in order and
-launch them. Between events every activity progresses at a constant rate, so the engine only needs
-an event when something changes: a launch, a block finishing, a flow finishing, a latency elapsing.
-At each such instant it
+simpy keeps the clock and the event queue. Between events every activity progresses at a constant
+rate, so the engine only needs an event when something changes: a launch, a block finishing, a
+flow finishing, a latency elapsing. At each such instant it
 
-1. lets every GPU's block dispatcher place waiting blocks (stream priority, then launch order; a
-   kernel waits while an earlier kernel of its priority still has blocks to place; no preemption;
-   the SM group with the most room for the block first);
-2. shares every SM's issue throughput among its resident blocks (max-min with per-block demands);
-3. shares HBM, links and PCIe among kernels and flows (weighted max-min with demand caps,
+1. retires what finished and launches what that released (stream order, dependencies, host delays);
+2. lets each touched GPU's block dispatcher place waiting blocks (stream priority, then launch
+   order; a kernel waits while an earlier kernel of its priority still has blocks to place; no
+   preemption; the SM group with the most room for the block first);
+3. shares every SM's issue throughput among its resident blocks (max-min with per-block demands);
+4. shares HBM, links and PCIe among kernels and flows (weighted max-min with demand caps,
    :mod:`ovsim.engine.channel`);
-4. schedules the next completion.
+5. schedules the GPU's next completion.
 
 Identical SMs are kept as groups ("100 SMs each running one GEMM block, 32 running one NCCL block")
 so the cost does not grow with the SM count. Waves, tails, a persistent kernel blocking a later
 one, and collectives waiting for their slowest rank all come out of these rules.
+
+Work is local: a GPU's rates depend only on its own SMs and HBM and on the flows that use them, so
+an event recomputes only the GPUs it touches, closed over the flows moving data through them
+(a running collective couples all its ranks). Each GPU is advanced lazily to the present when it is
+touched; between touches nothing about it changes. The cost of an event therefore does not grow
+with the number of ranks unless a collective spans them.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,25 +50,25 @@ class _Kernel:
     """A launched kernel (or the SM-resident part of a collective) on one GPU."""
 
     __slots__ = (
-        "blocks", "blocks_per_sm_alone", "bytes_per_block", "clock_sensitive", "done", "end_s", "flow", "gpu", "id",
-        "issue", "launch_s", "op", "partitions", "priority", "rank", "regs", "resident", "seq", "share_hbm_s",
-        "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "threads", "undispatched",
-        "wait_peers_s", "wait_sm_s",
+        "ask", "blocks", "blocks_per_sm_alone", "bytes_per_block", "clock_sensitive", "end_s", "flow", "gpu", "id",
+        "issue", "issued", "launch_s", "max_resident", "op", "partitions", "priority", "rank", "regs", "resident",
+        "seq", "share_hbm_s", "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "threads",
+        "undispatched", "wait_peers_s", "wait_sm_s",
     )
 
-    def __init__(self, op: Op, gpu: _Gpu, priority: int, seq: int, done: simpy.Event, now: float) -> None:
+    def __init__(self, op: Op, gpu: _Gpu, priority: int, seq: int, now: float, nccl_issue: float) -> None:
         self.op = op
         self.id = op.id
         self.rank = op.rank
         self.gpu = gpu
         self.priority = priority
         self.seq = seq
-        self.done = done
         self.launch_s = now
         self.start_s = _INF
         self.end_s = _INF
         self.flow: _Flow | None = None
         self.theta = 1.0
+        self.issued = 0.0  # resident blocks weighted by the share of their issue demand they get
         self.wait_sm_s = self.share_sm_s = self.share_hbm_s = self.share_link_s = self.wait_peers_s = 0.0
         k = op.kernel
         assert k is not None
@@ -76,33 +82,30 @@ class _Kernel:
         self.smem = k.block.shared_mem_bytes + m.reserved_smem_per_block_bytes
         self.t_block = k.block_time_s
         self.issue = k.issue_fraction
+        # NCCL blocks ask for a fixed share of an SM's issue slots, whatever the kernel says.
+        self.ask = nccl_issue if op.flow is not None else k.issue_fraction
         self.clock_sensitive = k.clock_sensitive
         self.bytes_per_block = k.hbm_bytes / k.blocks
         self.partitions = ("main",) if op.partition == "compute" else ("main", "reserved")
         self.blocks_per_sm_alone = max(1, _fit(gpu.model.threads_per_sm, gpu.model.registers_per_sm,
                                                gpu.model.shared_mem_per_sm_bytes, gpu.model.blocks_per_sm, self))
+        # Blocks resident at once were the kernel alone on the SMs it may use.
+        allowed = m.sm_count - (m.comm_reserved_sms if self.partitions == ("main",) else 0)
+        self.max_resident = allowed * self.blocks_per_sm_alone
 
     def sort_key(self) -> tuple[int, int]:
         return (self.priority, self.seq)
 
 
 def _fit(threads: int, regs: int, smem: int, blocks: int, k: _Kernel) -> int:
-    n = min(threads // k.threads, blocks)
-    if k.regs:
-        n = min(n, regs // k.regs)
-    if k.smem:
-        n = min(n, smem // k.smem)
-    return max(0, n)
-
-
-def _issued_blocks(k: _Kernel) -> float:
-    """Resident blocks of `k` weighted by the share of their issue demand they get."""
-    issued = 0.0
-    for g in k.gpu.groups:
-        for e in g.entries:
-            if e.k is k:
-                issued += g.n * e.per_sm * e.share
-    return issued
+    n = threads // k.threads
+    if blocks < n:
+        n = blocks
+    if k.regs and regs // k.regs < n:
+        n = regs // k.regs
+    if k.smem and smem // k.smem < n:
+        n = smem // k.smem
+    return n if n > 0 else 0
 
 
 class _Entry:
@@ -146,7 +149,8 @@ class _Group:
 
 
 class _Gpu:
-    __slots__ = ("ce_free", "ce_waiting", "clock_factor", "groups", "model", "pending", "rank")
+    __slots__ = ("ce_free", "ce_waiting", "clock_factor", "flows", "groups", "last_t", "model", "pending", "rank",
+                 "running", "timer", "timer_at")
 
     def __init__(self, rank: int, model: GpuModel) -> None:
         self.rank = rank
@@ -160,8 +164,13 @@ class _Gpu:
             self.groups.append(_Group(m.comm_reserved_sms, "reserved", m.threads_per_sm, m.registers_per_sm,
                                       m.shared_mem_per_sm_bytes, m.blocks_per_sm))
         self.pending: list[_Kernel] = []
+        self.running: list[_Kernel] = []  # launched compute kernels not finished
+        self.flows: list[_Flow] = []  # unfinished flows that use this GPU's HBM or links, or have a member here
         self.ce_free = m.copy_engines
         self.ce_waiting: list[_Member] = []
+        self.last_t = 0.0  # the GPU's state is up to date to this time
+        self.timer = 0  # version of the GPU's pending completion timer
+        self.timer_at = _INF  # when it fires
 
 
 @dataclass
@@ -170,7 +179,6 @@ class _Member:
 
     op: Op
     rank: int
-    done: simpy.Event
     kernel: _Kernel | None  # SM-based collectives hold blocks; copy-engine flows do not
     launch_s: float
     arrived: bool = False
@@ -197,7 +205,22 @@ class _Flow:
     sm_factor: float = 1.0
     start_s: float = _INF
     end_s: float = _INF
+    last_t: float = 0.0
     usage: list[tuple[Any, float]] = field(default_factory=list)
+    # GPUs whose HBM or links the flow uses, and the ranks of its members: all touched together.
+    ranks: tuple[int, ...] = ()
+
+
+class _Stream:
+    __slots__ = ("busy", "idx", "key", "ops", "priority", "slept")
+
+    def __init__(self, key: tuple[int, str], ops: list[Op], priority: int) -> None:
+        self.key = key
+        self.ops = ops
+        self.priority = priority
+        self.idx = 0
+        self.busy = False  # an op of the stream is launched or sleeping its host delay
+        self.slept = False  # the op at idx has served its delay
 
 
 @dataclass(frozen=True)
@@ -223,20 +246,33 @@ class Engine:
         self.priority = dict(priorities or {})
         for s in workload.streams:
             self.priority.setdefault((s.rank, s.name), s.priority)
-        self.done: dict[str, simpy.Event] = {op.id: self.env.event() for op in workload.ops}
+        self.finished: set[str] = set()
+        self.order = {op.id: i for i, op in enumerate(workload.ops)}
+        self.waiters: dict[str, list[_Stream]] = {}
+        self.streams: dict[tuple[int, str], _Stream] = {}
+        self.released: list[_Stream] = []  # streams to move on once this instant's dispatching is done
         self.kernels: list[_Kernel] = []
-        self.running: list[_Kernel] = []  # launched compute kernels not finished
         self.flows: dict[str, _Flow] = {}
-        self.active_flows: list[_Flow] = []
         self.seq = 0
-        self.last_t = 0.0
-        self.version = 0
+        self.resolves = 0  # events the engine handled (a figure for benchmarks)
         self.resolve_pending = False
-        self.dirty_gpus: set[int] = set()
+        # Inputs gathered between resolves: GPUs whose timer fired, ops whose host delay ended,
+        # clock changes.
+        self.fired: list[int] = []
+        self.woken: list[_Stream] = []
+        self.clock_changes: list[tuple[int, float]] = []
+        # Per resolve: GPUs brought up to date (in order), those still to check for completions,
+        # and those whose dispatcher must run.
+        self.touched: dict[int, None] = {}
+        self.to_complete: list[int] = []
+        self.to_dispatch: set[int] = set()
         self.counter_rows: list[tuple[float, int, str, float]] = []
         self.last_counter: dict[tuple[int, str], float] = {}
         self.link_keys: list[LinkKey] = list(machine.links)
         self.link_index = {k: i for i, k in enumerate(self.link_keys)}
+        self.nccl_issue = machine.nccl_issue_fraction
+        self.n_waiting = 0  # flows waiting for members
+        self.n_data = 0  # flows moving data
 
     # -- streams -------------------------------------------------------------------------------
 
@@ -244,56 +280,94 @@ class Engine:
         by_stream: dict[tuple[int, str], list[Op]] = {}
         for op in self.workload.ops:
             by_stream.setdefault((op.rank, op.stream), []).append(op)
-        for key, ops in by_stream.items():
-            self.env.process(self._stream(key, ops))
+        self.streams = {key: _Stream(key, ops, self.priority.get(key, 0)) for key, ops in by_stream.items()}
+        self.woken = list(self.streams.values())
+        self._request_resolve()
         self.env.run()
-        unfinished = [op.id for op in self.workload.ops if not self.done[op.id].triggered]
+        unfinished = [op.id for op in self.workload.ops if op.id not in self.finished]
         if unfinished:
             waiting = [f.demand.group for f in self.flows.values() if f.phase == "waiting"]
             hint = f"; collective(s) {waiting[:3]} never got every rank" if waiting else ""
             raise OvsimError(f"{len(unfinished)} op(s) never finished, e.g. '{unfinished[0]}'{hint}", field="ops")
         return self._timeline()
 
-    def _stream(self, key: tuple[int, str], ops: list[Op]) -> Generator[simpy.Event, Any, None]:
-        for op in ops:
+    def _pump(self, s: _Stream) -> None:
+        """Move stream ``s`` on as far as it can go now: past finished deps, into a host delay, or
+        into a launch."""
+        while not s.busy and s.idx < len(s.ops):
+            op = s.ops[s.idx]
             for d in op.deps:
-                ev = self.done[d]
-                if not ev.processed:
-                    yield ev
-            if op.delay_s > 0:
-                yield self.env.timeout(op.delay_s)
+                if d not in self.finished:
+                    self.waiters.setdefault(d, []).append(s)
+                    return
+            if op.delay_s > 0 and not s.slept:
+                s.busy = True
+                self.env.timeout(op.delay_s).callbacks.append(self._on_wake(s))
+                return
+            s.slept = False
             if op.kind == "delay":
-                self.done[op.id].succeed()
+                s.idx += 1
+                self._op_done(op.id)
                 continue
-            self._launch(op, self.priority.get(key, 0))
-            yield self.done[op.id]
+            s.busy = True
+            self._launch(op, s.priority)
+
+    def _next_order(self, s: _Stream) -> int:
+        return self.order[s.ops[s.idx].id] if s.idx < len(s.ops) else -1
+
+    def _on_wake(self, s: _Stream) -> Callable[[simpy.Event], None]:
+        def wake(_: simpy.Event) -> None:
+            s.busy = False
+            s.slept = True
+            self.woken.append(s)
+            self._request_resolve()
+        return wake
+
+    def _op_done(self, op_id: str) -> None:
+        self.finished.add(op_id)
+        self.released.extend(self.waiters.pop(op_id, ()))
+
+    def _stream_op_done(self, op: Op) -> None:
+        """An op launched by its stream finished: the stream moves on, then whoever waited for it.
+
+        They launch only after the dispatcher has handed out what the finish freed: a launch takes
+        microseconds on a real GPU, and the hardware scheduler places already-queued blocks first."""
+        s = self.streams[(op.rank, op.stream)]
+        s.busy = False
+        s.idx += 1
+        self.finished.add(op.id)
+        self.released.append(s)
+        self.released.extend(self.waiters.pop(op.id, ()))
 
     def set_clock_factor(self, rank: int, factor: float) -> None:
-        """Scale rank's SM clock (compute-bound work slows, memory-bound work does not)."""
+        """Scale rank's SM clock (compute-bound work slows, memory-bound work does not) from now on.
+
+        Callable before :meth:`run` or from a simpy process or callback while it runs."""
         if not factor > 0:
             raise OvsimError(f"clock factor must be positive, got {factor}", field="clock_factor")
-        self._advance()
-        self.gpus[rank].clock_factor = factor
+        if not 0 <= rank < len(self.gpus):
+            raise OvsimError(f"no rank {rank} on a {len(self.gpus)}-GPU machine", field="clock_factor")
+        self.clock_changes.append((rank, factor))
         self._request_resolve()
 
     # -- launching -----------------------------------------------------------------------------
 
     def _launch(self, op: Op, priority: int) -> None:
-        self._advance()
+        self._touch(op.rank)
         now = self.env.now
         gpu = self.gpus[op.rank]
         kernel: _Kernel | None = None
         if op.kernel is not None:
             self.seq += 1
-            kernel = _Kernel(op, gpu, priority, self.seq, self.done[op.id], now)
+            kernel = _Kernel(op, gpu, priority, self.seq, now, self.nccl_issue)
             self.kernels.append(kernel)
             bisect.insort(gpu.pending, kernel, key=_Kernel.sort_key)
-            self.dirty_gpus.add(op.rank)
+            self.to_dispatch.add(op.rank)
             if op.flow is None:
-                self.running.append(kernel)
+                gpu.running.append(kernel)
         if op.flow is not None:
             flow = self._flow(op.flow)
-            member = _Member(op=op, rank=op.rank, done=self.done[op.id], kernel=kernel, launch_s=now)
+            member = _Member(op=op, rank=op.rank, kernel=kernel, launch_s=now)
             if op.rank in flow.members:
                 raise OvsimError(f"rank {op.rank} joins collective '{op.flow.group}' twice", field="group")
             flow.members[op.rank] = member
@@ -301,15 +375,22 @@ class Engine:
                 kernel.flow = flow
             if op.flow.uses_copy_engine:
                 self._take_ce(gpu, member)
-        self._request_resolve()
 
     def _flow(self, demand: FlowDemand) -> _Flow:
         flow = self.flows.get(demand.group)
         if flow is None:
-            flow = _Flow(demand=demand, latency_left_s=demand.latency_s, remaining_bytes=demand.bytes)
+            flow = _Flow(demand=demand, latency_left_s=demand.latency_s, remaining_bytes=demand.bytes,
+                         last_t=self.env.now)
             flow.usage = self._flow_usage(demand)
+            ranks = set(demand.ranks)
+            for key, _ in flow.usage:
+                ranks.update(r for r in key[1:] if r >= 0)
+            flow.ranks = tuple(sorted(r for r in ranks if r < len(self.gpus)))
             self.flows[demand.group] = flow
-            self.active_flows.append(flow)
+            self.n_waiting += 1
+            # A waiting flow changes no rate, so the GPUs it will use need not be touched yet.
+            for r in flow.ranks:
+                self.gpus[r].flows.append(flow)
         return flow
 
     def _flow_usage(self, d: FlowDemand) -> list[tuple[Any, float]]:
@@ -380,54 +461,101 @@ class Engine:
             ev.callbacks.append(self._resolve)
             ev.succeed()
 
-    def _on_timer(self, version: int) -> Callable[[simpy.Event], None]:
-        def fire(_: simpy.Event) -> None:
-            if version == self.version and not self.resolve_pending:
+    def _on_timer(self, ev: simpy.Event) -> None:
+        rank, version = ev.value  # type: ignore[misc]  # set by _schedule_next
+        gpu = self.gpus[rank]
+        if version == gpu.timer:
+            gpu.timer_at = _INF
+            self.fired.append(rank)
+            if not self.resolve_pending:
                 self._resolve(None)
-        return fire
+
+    def _touch(self, rank: int) -> None:
+        """Bring a GPU (and the flows it carries) up to now and include it in this resolve."""
+        if rank in self.touched:
+            return
+        self.touched[rank] = None
+        self.to_complete.append(rank)
+        self._advance(self.gpus[rank])
 
     def _resolve(self, _: simpy.Event | None) -> None:
         self.resolve_pending = False
-        self._advance()
-        self._finish()
-        for r in sorted(self.dirty_gpus):
-            self._dispatch(self.gpus[r])
-        self.dirty_gpus.clear()
-        self._arrivals()
-        self._rates()
-        self._schedule_next()
+        self.resolves += 1
+        self.touched = {}
+        fired, self.fired = self.fired, []
+        for r in fired:
+            self._touch(r)
+        changes, self.clock_changes = self.clock_changes, []
+        for r, factor in changes:
+            self._touch(r)
+            self.gpus[r].clock_factor = factor
+        self.released, self.woken = self.woken, []
+        while True:
+            while self.to_complete:
+                self._complete(self.gpus[self.to_complete.pop()])
+            if self.to_dispatch:
+                for r in sorted(self.to_dispatch):
+                    self._dispatch(self.gpus[r])
+                self.to_dispatch.clear()
+            if self.n_waiting:
+                self._arrivals()
+            if self.n_data:
+                # Rates of a GPU carrying data for a collective depend on every GPU it uses.
+                seen: set[int] = set()
+                for r in list(self.touched):
+                    for f in self.gpus[r].flows:
+                        if f.phase == "data" and id(f) not in seen:
+                            seen.add(id(f))
+                            for q in f.ranks:
+                                if q not in self.touched:
+                                    self._touch(q)
+            if self.to_complete or self.to_dispatch:
+                continue
+            if not self.released:
+                break
+            # Ops released at one instant launch in program order (their order in the workload).
+            released = self.released
+            if len(released) > 1:
+                released = sorted({id(s): s for s in released}.values(), key=self._next_order)
+            self.released = []
+            for s in released:
+                self._pump(s)
+        ranks = sorted(self.touched) if len(self.touched) > 1 else list(self.touched)
+        self._rates(ranks)
+        for r in ranks:
+            self._schedule_next(self.gpus[r])
 
-    def _advance(self) -> None:
+    def _advance(self, gpu: _Gpu) -> None:
         now = self.env.now
-        dt = now - self.last_t
-        if dt <= 0:
-            return
-        self.last_t = now
-        for gpu in self.gpus:
+        dt = now - gpu.last_t
+        if dt > 0:
+            gpu.last_t = now
             for g in gpu.groups:
                 for e in g.entries:
                     if e.rate > 0:
                         e.remaining -= e.rate * dt
-        for k in self.running:
-            self._attribute_kernel(k, dt)
-        for f in self.active_flows:
-            if f.phase == "latency":
-                f.latency_left_s -= dt
-            elif f.phase == "data":
-                f.remaining_bytes -= f.rate * dt
-            self._attribute_flow(f, dt)
-
-    def _attribute_kernel(self, k: _Kernel, dt: float) -> None:
-        if k.resident == 0:
-            k.wait_sm_s += dt
-            return
-        allowed = k.gpu.model.sm_count - (k.gpu.model.comm_reserved_sms if k.partitions == ("main",) else 0)
-        alone = min(k.undispatched + k.resident, allowed * k.blocks_per_sm_alone)
-        f_res = min(1.0, k.resident / alone)
-        f_issue = _issued_blocks(k) / k.resident
-        k.wait_sm_s += dt * (1 - f_res)
-        k.share_sm_s += dt * f_res * (1 - f_issue)
-        k.share_hbm_s += dt * f_res * f_issue * (1 - k.theta)
+            for k in gpu.running:
+                # Slow-down reasons (inlined: this runs for every kernel at every event).
+                if k.resident == 0:
+                    k.wait_sm_s += dt
+                    continue
+                alone = k.undispatched + k.resident
+                if alone > k.max_resident:
+                    alone = k.max_resident
+                f_res = k.resident / alone if k.resident < alone else 1.0
+                f_issue = k.issued / k.resident
+                k.wait_sm_s += dt * (1 - f_res)
+                k.share_sm_s += dt * f_res * (1 - f_issue)
+                k.share_hbm_s += dt * f_res * f_issue * (1 - k.theta)
+        for f in gpu.flows:
+            fdt = now - f.last_t
+            if fdt > 0:
+                f.last_t = now
+                if f.phase == "latency":
+                    f.latency_left_s -= fdt
+                elif f.phase == "data":
+                    f.remaining_bytes -= f.rate * fdt
+                self._attribute_flow(f, fdt)
 
     def _attribute_flow(self, f: _Flow, dt: float) -> None:
         for m in f.members.values():
@@ -448,51 +576,70 @@ class Engine:
                 elif f.bottleneck == "link":
                     m.share_link_s += dt * lost_rest
 
-    def _schedule_next(self) -> None:
+    def _schedule_next(self, gpu: _Gpu) -> None:
+        """Apply each kernel's HBM share to its blocks' rates, then set the GPU's next timer."""
         dt = _INF
-        for gpu in self.gpus:
-            for g in gpu.groups:
-                for e in g.entries:
-                    if e.rate > 0:
-                        dt = min(dt, e.remaining / e.rate)
-        for f in self.active_flows:
+        for g in gpu.groups:
+            for e in g.entries:
+                theta = e.k.theta
+                if theta < 1.0:
+                    e.rate *= theta
+                if e.rate > 0 and e.remaining < dt * e.rate:
+                    dt = e.remaining / e.rate
+        for f in gpu.flows:
             if f.phase == "latency":
-                dt = min(dt, f.latency_left_s)
-            elif f.phase == "data" and f.rate > 0:
-                dt = min(dt, f.remaining_bytes / f.rate)
+                if f.latency_left_s < dt:
+                    dt = f.latency_left_s
+            elif f.phase == "data" and f.rate > 0 and f.remaining_bytes < dt * f.rate:
+                dt = f.remaining_bytes / f.rate
+        now = self.env.now
+        at = now + max(0.0, dt)
+        # The same completion recomputed after an unrelated event: keep the timer already set.
+        # (Firing a femtosecond early or late is harmless: completion tests allow _TIME_EPS.)
+        if abs(at - gpu.timer_at) <= 1e-15 * max(1.0, at):
+            return
+        gpu.timer += 1  # an older timer of this GPU is stale now
+        gpu.timer_at = at
         if dt == _INF:
             return
-        self.version += 1
-        t = self.env.timeout(max(0.0, dt))
-        t.callbacks.append(self._on_timer(self.version))
+        t = self.env.timeout(at - now, (gpu.rank, gpu.timer))
+        t.callbacks.append(self._on_timer)
 
     # -- completions ---------------------------------------------------------------------------
 
-    def _finish(self) -> None:
+    def _complete(self, gpu: _Gpu) -> None:
         now = self.env.now
-        for gpu in self.gpus:
-            changed = False
-            for g in gpu.groups:
-                keep: list[_Entry] = []
-                for e in g.entries:
-                    if e.rate > 0 and e.remaining <= e.rate * _TIME_EPS:
-                        self._free(g, e)
-                        changed = True
-                    else:
-                        keep.append(e)
-                g.entries = keep
-            if changed:
-                self.dirty_gpus.add(gpu.rank)
-                self._merge(gpu)
-        for k in list(self.running):
-            if k.undispatched == 0 and k.resident == 0:
-                k.end_s = now
-                self.running.remove(k)
-                k.done.succeed()
-        for f in list(self.active_flows):
+        changed = False
+        for g in gpu.groups:
+            for e in g.entries:
+                if e.rate > 0 and e.remaining <= e.rate * _TIME_EPS:
+                    break
+            else:
+                continue
+            keep: list[_Entry] = []
+            for e in g.entries:
+                if e.rate > 0 and e.remaining <= e.rate * _TIME_EPS:
+                    self._free(g, e)
+                    changed = True
+                else:
+                    keep.append(e)
+            g.entries = keep
+        if changed:
+            self.to_dispatch.add(gpu.rank)
+            self._merge(gpu)
+            done = [k for k in gpu.running if k.undispatched == 0 and k.resident == 0]
+            if done:
+                gpu.running = [k for k in gpu.running if not (k.undispatched == 0 and k.resident == 0)]
+                for k in done:
+                    k.end_s = now
+                    self._stream_op_done(k.op)
+        for f in list(gpu.flows) if gpu.flows else ():
             if f.phase == "latency" and f.latency_left_s <= _TIME_EPS:
                 f.phase = "data"
+                self.n_data += 1
                 f.latency_left_s = 0.0
+                for q in f.ranks:
+                    self._touch(q)
             if f.phase == "data" and (f.remaining_bytes <= max(f.rate, 1.0) * _TIME_EPS):
                 self._finish_flow(f, now)
 
@@ -505,10 +652,15 @@ class Engine:
         k.resident -= g.n * e.per_sm
 
     def _finish_flow(self, f: _Flow, now: float) -> None:
+        for q in f.ranks:
+            self._touch(q)
+        if f.phase == "data":
+            self.n_data -= 1
         f.phase = "done"
         f.end_s = now
         f.rate = 0.0
-        self.active_flows.remove(f)
+        for q in f.ranks:
+            self.gpus[q].flows.remove(f)
         for m in f.members.values():
             m.end_s = now
             k = m.kernel
@@ -527,12 +679,15 @@ class Engine:
                 k.undispatched = 0
                 k.end_s = now
                 self._merge(gpu)
-                self.dirty_gpus.add(gpu.rank)
+                self.to_dispatch.add(gpu.rank)
             if m.has_ce:
                 self._release_ce(self.gpus[m.rank])
-            m.done.succeed()
+        for m in f.members.values():
+            self._stream_op_done(m.op)
 
     def _merge(self, gpu: _Gpu) -> None:
+        if len(gpu.groups) < 2:
+            return
         merged: dict[tuple[Any, ...], _Group] = {}
         out: list[_Group] = []
         for g in gpu.groups:
@@ -551,133 +706,187 @@ class Engine:
         placed_any = False
         while gpu.pending:
             k = gpu.pending[0]
+            before = k.undispatched
             self._place(gpu, k, now)
+            placed_any = placed_any or k.undispatched < before
             if k.undispatched > 0:
                 break  # leftover policy: later kernels wait until this one has placed every block
             gpu.pending.pop(0)
-            placed_any = True
-        if placed_any or gpu.pending:
+        if placed_any:
             self._merge(gpu)
 
     def _place(self, gpu: _Gpu, k: _Kernel, now: float) -> None:
+        """Place k's blocks one SM-layer at a time on the group of SMs with the most room for
+        another of its blocks (ties: the larger group), as long as any SM has room.
+
+        Layers the greedy choice would put on the same group in a row are placed at once: one
+        block more takes exactly one off the group's fit, so the best group keeps winning until
+        its fit falls to the runner-up's."""
         while k.undispatched > 0:
             best: _Group | None = None
             best_fit = 0
+            second_fit = 0
+            second_n = 0
             for g in gpu.groups:
                 if g.part not in k.partitions:
                     continue
                 fit = _fit(g.threads, g.regs, g.smem, g.blocks, k)
-                if fit > best_fit or (fit == best_fit and fit > 0 and best is not None and g.n > best.n):
+                if fit <= 0:
+                    continue
+                if best is None or fit > best_fit or (fit == best_fit and g.n > best.n):
+                    if best is not None:
+                        second_fit, second_n = best_fit, best.n
                     best, best_fit = g, fit
+                elif fit > second_fit or (fit == second_fit and g.n > second_n):
+                    second_fit, second_n = fit, g.n
             if best is None:
                 return
             if k.undispatched < best.n:
                 rest = best.clone(best.n - k.undispatched)
                 best.n = k.undispatched
                 gpu.groups.insert(gpu.groups.index(best) + 1, rest)
-            best.threads -= k.threads
-            best.regs -= k.regs
-            best.smem -= k.smem
-            best.blocks -= 1
+                layers = 1
+            else:
+                wins = best_fit - second_fit + (1 if best.n > second_n else 0)
+                layers = max(1, min(wins, best_fit, k.undispatched // best.n))
+            best.threads -= layers * k.threads
+            best.regs -= layers * k.regs
+            best.smem -= layers * k.smem
+            best.blocks -= layers
             for e in best.entries:
                 if e.k is k and e.born == now and e.remaining == 1.0:
-                    e.per_sm += 1
+                    e.per_sm += layers
                     break
             else:
-                best.entries.append(_Entry(k, 1, 1.0 if k.flow is None else _INF, now))
-            k.undispatched -= best.n
-            k.resident += best.n
+                best.entries.append(_Entry(k, layers, 1.0 if k.flow is None else _INF, now))
+            k.undispatched -= layers * best.n
+            k.resident += layers * best.n
             if k.start_s == _INF:
                 k.start_s = now
 
     def _arrivals(self) -> None:
         now = self.env.now
-        for f in self.active_flows:
-            if f.phase != "waiting":
-                continue
-            for m in f.members.values():
-                if not m.arrived:
-                    if m.kernel is not None:
-                        m.arrived = m.kernel.resident > 0
-                    else:
-                        m.arrived = m.has_ce or not m.op.flow or not m.op.flow.uses_copy_engine
-                    if m.arrived:
-                        m.start_s = m.kernel.start_s if m.kernel is not None else now
-            if len(f.members) == len(f.demand.ranks) and all(m.arrived for m in f.members.values()):
-                f.start_s = now
-                f.phase = "latency" if f.latency_left_s > 0 else "data"
-                if f.phase == "data" and f.remaining_bytes <= 0:
-                    self._finish_flow(f, now)
+        seen: set[int] = set()
+        for r in list(self.touched):
+            for f in list(self.gpus[r].flows):
+                if f.phase != "waiting" or id(f) in seen:
+                    continue
+                seen.add(id(f))
+                for m in f.members.values():
+                    if not m.arrived:
+                        if m.kernel is not None:
+                            m.arrived = m.kernel.resident > 0
+                        else:
+                            m.arrived = m.has_ce or not m.op.flow or not m.op.flow.uses_copy_engine
+                        if m.arrived:
+                            m.start_s = m.kernel.start_s if m.kernel is not None else now
+                if len(f.members) == len(f.demand.ranks) and all(m.arrived for m in f.members.values()):
+                    for q in f.ranks:
+                        self._touch(q)
+                    f.start_s = now
+                    f.phase = "latency" if f.latency_left_s > 0 else "data"
+                    self.n_waiting -= 1
+                    self.n_data += f.phase == "data"
+                    if f.phase == "data" and f.remaining_bytes <= 0:
+                        self._finish_flow(f, now)
 
     # -- rates ---------------------------------------------------------------------------------
 
-    def _rates(self) -> None:
-        nccl_issue = self.machine.nccl_issue_fraction
+    def _rates(self, ranks: list[int]) -> None:
+        """Rates of everything on the GPUs in ``ranks``: closed over running flows, so no flow or
+        channel outside them is affected."""
         kernel_demand: dict[_Kernel, float] = {}
-        for gpu in self.gpus:
+        for r in ranks:
+            gpu = self.gpus[r]
             clock = gpu.clock_factor
             for g in gpu.groups:
-                if not g.entries:
+                entries = g.entries
+                if not entries:
                     continue
-                asks = [nccl_issue if e.k.flow is not None else e.k.issue for e in g.entries]
-                shares = water_fill(asks, [e.per_sm for e in g.entries], 1.0)
-                for e, ask, got in zip(g.entries, asks, shares, strict=True):
-                    e.share = got / ask if ask > 0 else 1.0
+                if len(entries) == 1:
+                    e = entries[0]
+                    ask = e.k.ask
+                    e.share = min(1.0, 1.0 / (ask * e.per_sm)) if ask > 0 else 1.0
+                else:
+                    asks = [e.k.ask for e in entries]
+                    shares = water_fill(asks, [e.per_sm for e in entries], 1.0)
+                    for e, ask, got in zip(entries, asks, shares, strict=True):
+                        e.share = got / ask if ask > 0 else 1.0
+                for e in entries:
+                    e.k.issued = 0.0
+            for g in gpu.groups:
+                for e in g.entries:
                     k = e.k
+                    blocks = g.n * e.per_sm
+                    k.issued += blocks * e.share
                     if k.flow is not None:
                         e.rate = 0.0
                         continue
                     e.rate = e.share * (clock if k.clock_sensitive else 1.0) / k.t_block
                     if k.bytes_per_block > 0:
-                        kernel_demand[k] = kernel_demand.get(k, 0.0) + g.n * e.per_sm * e.rate * k.bytes_per_block
+                        kernel_demand[k] = kernel_demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
+            for k in gpu.running:
+                k.theta = 1.0
 
-        # Channels: HBM per GPU, then links.
-        n_gpu = len(self.gpus)
-        capacity = [gpu.model.hbm_bytes_per_s for gpu in self.gpus] + [self.machine.links[k] for k in self.link_keys]
+        # Only flows moving data take bandwidth; the others' rates are never read.
+        flows: list[_Flow] = []
+        if self.n_data:
+            seen: set[int] = set()
+            for r in ranks:
+                for f in self.gpus[r].flows:
+                    if f.phase == "data" and id(f) not in seen:
+                        seen.add(id(f))
+                        flows.append(f)
+        if not flows and not self.opts.counters and not self.opts.check_invariants:
+            self._hbm_only(ranks, kernel_demand)
+            return
+
+        # Channels: HBM of each GPU in ranks, then the links the flows use.
+        channel: dict[Any, int] = {("hbm", r): i for i, r in enumerate(ranks)}
+        capacity = [self.gpus[r].model.hbm_bytes_per_s for r in ranks]
         caps: list[float] = []
         weights: list[float] = []
         usage: list[list[tuple[int, float]]] = []
-        owners: list[Any] = []
-        hbm_has_kernel = [False] * n_gpu
-        hbm_has_flow = [False] * n_gpu
+        owners: list[_Kernel | _Flow] = []
+        hbm_has_kernel: set[int] = set()
+        hbm_has_flow: set[int] = set()
         for k, demand in kernel_demand.items():
             caps.append(demand)
             weights.append(1.0)
-            usage.append([(k.rank, 1.0)])
+            usage.append([(channel[("hbm", k.rank)], 1.0)])
             owners.append(k)
-            hbm_has_kernel[k.rank] = True
-        for f in self.active_flows:
-            if f.phase != "data":
-                f.rate = 0.0
-                continue
+            hbm_has_kernel.add(k.rank)
+        for f in flows:
             d = f.demand
             factor = 1.0
             if not d.uses_copy_engine:
                 # NCCL moves data no faster than its resident channels can issue copies.
                 for m in f.members.values():
                     if m.kernel is not None:
-                        factor = min(factor, _issued_blocks(m.kernel) / m.kernel.blocks)
+                        factor = min(factor, m.kernel.issued / m.kernel.blocks)
             f.sm_factor = factor
             f.cap = d.rate_cap_bytes_per_s * factor
             use: list[tuple[int, float]] = []
             for key, c in f.usage:
                 if key[0] == "hbm":
-                    use.append((key[1], c))
-                    hbm_has_flow[key[1]] = True
-                else:
-                    use.append((n_gpu + self.link_index[key], c))
+                    hbm_has_flow.add(key[1])
+                idx = channel.get(key)
+                if idx is None:
+                    idx = channel[key] = len(capacity)
+                    capacity.append(self.machine.links[key])
+                use.append((idx, c))
             # Shares are fair in HBM bytes: a flow's rate counts hbm_coeff bytes per byte moved. The
             # floor keeps a flow that barely touches HBM from an unbounded weight.
             caps.append(f.cap)
             weights.append(d.hbm_weight / max(d.hbm_coeff, 0.05))
             usage.append(use)
             owners.append(f)
-        for r in range(n_gpu):
-            if hbm_has_kernel[r] and hbm_has_flow[r]:
-                capacity[r] *= self.machine.hbm_mix_efficiency
+        for r in hbm_has_kernel & hbm_has_flow:
+            capacity[channel[("hbm", r)]] *= self.machine.hbm_mix_efficiency
         alloc = max_min_rates(caps, weights, usage, capacity)
         if self.opts.check_invariants:
-            self._check(capacity, alloc.rates, usage)
+            self._check(ranks, capacity, alloc.rates, usage)
+        n_hbm = len(ranks)
         for i, owner in enumerate(owners):
             x = alloc.rates[i]
             if isinstance(owner, _Kernel):
@@ -685,20 +894,29 @@ class Engine:
             else:
                 owner.rate = x
                 b = alloc.bottleneck[i]
-                owner.bottleneck = "" if b == CAP else ("hbm" if b < n_gpu else "link")
-        for k in self.running:
-            if k not in kernel_demand:
-                k.theta = 1.0
-        if kernel_demand:
-            for gpu in self.gpus:
-                for g in gpu.groups:
-                    for e in g.entries:
-                        if e.k.theta < 1.0:
-                            e.rate *= e.k.theta
+                owner.bottleneck = "" if b == CAP else ("hbm" if b < n_hbm else "link")
         if self.opts.counters:
-            self._sample(capacity, alloc.rates, usage, n_gpu)
+            self._sample(ranks, channel, capacity, alloc.rates, usage)
 
-    def _check(self, capacity: list[float], rates: list[float], usage: list[list[tuple[int, float]]]) -> None:
+    def _hbm_only(self, ranks: list[int], kernel_demand: dict[_Kernel, float]) -> None:
+        """No flow moves data on these GPUs: each HBM is shared among its kernels alone (max-min
+        with demand caps, which is a water fill)."""
+        if not kernel_demand:
+            return
+        by_rank: dict[int, list[_Kernel]] = {}
+        for k in kernel_demand:
+            by_rank.setdefault(k.rank, []).append(k)
+        for r, ks in by_rank.items():
+            demands = [kernel_demand[k] for k in ks]
+            cap = self.gpus[r].model.hbm_bytes_per_s
+            if sum(demands) <= cap * (1 + 1e-9):
+                continue
+            got = water_fill(demands, [1] * len(ks), cap)
+            for k, d, x in zip(ks, demands, got, strict=True):
+                k.theta = x / d if d > 0 else 1.0
+
+    def _check(self, ranks: list[int], capacity: list[float], rates: list[float],
+               usage: list[list[tuple[int, float]]]) -> None:
         load = [0.0] * len(capacity)
         for x, use in zip(rates, usage, strict=True):
             for r, c in use:
@@ -706,7 +924,8 @@ class Engine:
         for r, (used, cap) in enumerate(zip(load, capacity, strict=True)):
             if used > cap * (1 + 1e-9):
                 raise RuntimeError(f"channel {r} over-subscribed: {used} > {cap}")
-        for gpu in self.gpus:
+        for rank in ranks:
+            gpu = self.gpus[rank]
             m = gpu.model
             if sum(g.n for g in gpu.groups) != m.sm_count:
                 raise RuntimeError(f"rank {gpu.rank}: SM groups cover {sum(g.n for g in gpu.groups)} SMs")
@@ -720,27 +939,27 @@ class Engine:
                         or used_blocks > m.blocks_per_sm
                         or g.threads + used_threads != m.threads_per_sm or g.blocks + used_blocks != m.blocks_per_sm):
                     raise RuntimeError(f"rank {gpu.rank}: an SM's limits are over-subscribed or lost")
-            for k in self.running:
+            for k in gpu.running:
                 if k.resident < 0 or k.undispatched < 0:
                     raise RuntimeError(f"kernel {k.id}: negative block count")
 
-    def _sample(self, capacity: list[float], rates: list[float], usage: list[list[tuple[int, float]]],
-                n_gpu: int) -> None:
+    def _sample(self, ranks: list[int], channel: dict[Any, int], capacity: list[float], rates: list[float],
+                usage: list[list[tuple[int, float]]]) -> None:
         now = self.env.now
         load = [0.0] * len(capacity)
         for x, use in zip(rates, usage, strict=True):
             for r, c in use:
                 load[r] += x * c
-        for gpu in self.gpus:
+        link_out = dict.fromkeys(ranks, 0.0)
+        for key, i in channel.items():
+            if key[0] in ("egress", "link") and key[1] in link_out:
+                link_out[key[1]] += load[i]
+        for r in ranks:
+            gpu = self.gpus[r]
             busy = sum(g.n for g in gpu.groups if g.entries)
-            self._counter(now, gpu.rank, "sm_busy_fraction", busy / gpu.model.sm_count)
-            self._counter(now, gpu.rank, "hbm_bytes_per_s", load[gpu.rank])
-            self._counter(now, gpu.rank, "clock_factor", gpu.clock_factor)
-        link_out = [0.0] * n_gpu
-        for i, key in enumerate(self.link_keys):
-            if key[0] in ("egress", "link") and key[1] < n_gpu:
-                link_out[key[1]] += load[n_gpu + i]
-        for r in range(n_gpu):
+            self._counter(now, r, "sm_busy_fraction", busy / gpu.model.sm_count)
+            self._counter(now, r, "hbm_bytes_per_s", load[channel[("hbm", r)]])
+            self._counter(now, r, "clock_factor", gpu.clock_factor)
             self._counter(now, r, "link_out_bytes_per_s", link_out[r])
 
     def _counter(self, t: float, rank: int, name: str, value: float) -> None:

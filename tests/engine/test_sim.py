@@ -196,3 +196,19 @@ def test_runs_are_deterministic(h100: GpuSpec, h100_calib: Calibration, h100_nod
     a = run(ops, streams, h100_node, h100, h100_calib, n_ranks=2)
     b = run(ops, streams, h100_node, h100, h100_calib, n_ranks=2)
     assert a.equals(b)
+
+
+@pytest.mark.parametrize("first", ["x", "y"])
+def test_ops_released_together_launch_in_program_order(first: str, h100: GpuSpec, h100_calib: Calibration,
+                                                       h100_node: SystemSpec) -> None:
+    """Two one-wave GEMMs wait for the same kernel: the one listed first in the workload takes the
+    SMs, the other starts when it ends (equal priorities, no preemption)."""
+    gemm = big_tile_gemm(132, h100, h100_calib)
+    k0 = Op("k0", "k0", "gemm", 0, "a", kernel=gemm)
+    x = Op("x", "x", "gemm", 0, "b", deps=("k0",), kernel=gemm)
+    y = Op("y", "y", "gemm", 0, "a", kernel=gemm)
+    ops = [k0, x, y] if first == "x" else [k0, y, x]
+    out = run(ops, [StreamSpec(0, "a"), StreamSpec(0, "b")], h100_node, h100, h100_calib)
+    second = "y" if first == "x" else "x"
+    assert out.loc[first, "start_s"] == pytest.approx(out.loc["k0", "end_s"], rel=1e-12)
+    assert out.loc[second, "start_s"] == pytest.approx(out.loc[first, "end_s"], rel=1e-12)
