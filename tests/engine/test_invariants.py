@@ -1,6 +1,6 @@
 """Property tests over random workloads (hypothesis): resource limits hold at every event, the
-makespan respects the lower bounds, an added op changes nothing before it is ready, runs are
-deterministic.
+makespan respects the lower bounds, an added op changes nothing before it is ready and slows
+single-stream SM-bound programs only, runs are deterministic.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ TOL_S = 1e-9
 
 
 @st.composite
-def kernels(draw: Any) -> KernelDemand:
+def kernels(draw: Any, hbm: bool = True) -> KernelDemand:
     threads = draw(st.sampled_from([64, 128, 256, 512, 1024]))
     regs = draw(st.sampled_from([16, 32, 64, 96, 128]))
     while threads * regs > 65536:
@@ -40,30 +40,31 @@ def kernels(draw: Any) -> KernelDemand:
     occ = max(1, min(2048 // threads, 65536 // max(1, threads * regs), 233472 // (smem + 1024), 32))
     waves = -(-blocks // (132 * occ))
     iso = waves * block_time
-    hbm = draw(st.floats(0.0, 0.95)) * HBM * iso
+    hbm_bytes = draw(st.floats(0.0, 0.95)) * HBM * iso if hbm else 0.0
     return KernelDemand(blocks=blocks, block=BlockShape(threads, regs, smem), block_time_s=block_time,
-                        issue_fraction=(0.2 if mem_bound else 1.0) / occ, hbm_bytes=hbm, flops=0.0, isolated_s=iso,
-                        clock_sensitive=not mem_bound)
+                        issue_fraction=(0.2 if mem_bound else 1.0) / occ, hbm_bytes=hbm_bytes, flops=0.0,
+                        isolated_s=iso, clock_sensitive=not mem_bound)
 
 
 @st.composite
-def workloads(draw: Any, kinds: tuple[str, ...] = ("kernel", "kernel", "collective", "copy")) -> Workload:
+def workloads(draw: Any, kinds: tuple[str, ...] = ("kernel", "kernel", "collective", "copy"),
+              stream_names: tuple[str, ...] = ("a", "b", "c"), hbm: bool = True) -> Workload:
     ops: list[Op] = []
     streams = [StreamSpec(r, s, draw(st.sampled_from([0, 0, -1]))) for r in range(N_RANKS) for s in ("a", "b", "c")]
     n = draw(st.integers(1, 8))
     for i in range(n):
         kind = draw(st.sampled_from(kinds))
-        stream = draw(st.sampled_from(["a", "b", "c"]))
+        stream = draw(st.sampled_from(stream_names))
         delay = draw(st.sampled_from([0.0, 0.0, 5e-6, 3e-5]))
         if kind == "kernel":
-            k = draw(kernels())
+            k = draw(kernels(hbm))
             for r in range(N_RANKS):
                 ops.append(Op(f"k{i}@{r}", f"k{i}", "generic", r, stream, kernel=k, delay_s=delay * r))
         elif kind == "collective":
             ch = draw(st.integers(1, 32))
             flow = FlowDemand(group=f"c{i}", ranks=tuple(range(N_RANKS)), bytes=draw(st.floats(1e5, 1e9)),
                               latency_s=draw(st.floats(0.0, 3e-5)), rate_cap_bytes_per_s=draw(st.floats(5e10, 4e11)),
-                              link_coeff=1.0, hbm_coeff=draw(st.floats(0.0, 3.0)))
+                              link_coeff=1.0, hbm_coeff=draw(st.floats(0.0, 3.0)) if hbm else 0.0)
             kd = KernelDemand(blocks=ch, block=BlockShape(544, 96, 82240), block_time_s=1.0, issue_fraction=1.0,
                               hbm_bytes=0.0, flops=0.0, isolated_s=1.0, clock_sensitive=False)
             for r in range(N_RANKS):
@@ -113,9 +114,9 @@ def test_an_added_op_changes_nothing_before_it_is_ready(wl: Workload, extra: Ker
     """Causality: the engine never looks ahead, so an op that becomes ready at ``ready_s`` cannot
     move anything that started before then, nor anything that ended before then.
 
-    A stronger property, "adding an op never makes another finish earlier", is false for this
-    model and for real GPUs alike, and is deliberately not asserted. Hypothesis finds, for example,
-    an added kernel that fills every SM, so that a queued HBM-heavy kernel on rank 0 waits, and a
+    The general property, "adding an op never makes another finish earlier", is false for this
+    model and for real GPUs alike, and is asserted only where it holds (next test). Hypothesis finds,
+    for example, an added kernel that fills every SM, so that a queued HBM-heavy kernel on rank 0 waits, and a
     concurrent HBM-heavy kernel on another stream gets the whole of HBM and finishes 13 us instead
     of 15 us after launch. Greedy list scheduling has the same anomalies (Graham, 1969).
     """
@@ -127,6 +128,26 @@ def test_an_added_op_changes_nothing_before_it_is_ready(wl: Workload, extra: Ker
     ended_before = base.index[base["end_s"] < ready_s - TOL_S]
     assert ((after.loc[started_before, "start_s"] - base.loc[started_before, "start_s"]).abs() <= TOL_S).all()
     assert ((after.loc[ended_before, "end_s"] - base.loc[ended_before, "end_s"]).abs() <= TOL_S).all()
+
+
+@SETTINGS
+@given(workloads(kinds=("kernel", "kernel", "collective"), stream_names=("a",), hbm=False), kernels(hbm=False),
+       st.sampled_from([0.0, 1e-6, 2e-5, 1e-4]))
+def test_a_concurrent_op_never_speeds_up_a_single_stream_program(wl: Workload, extra: KernelDemand,
+                                                                 ready_s: float) -> None:
+    """Where monotonicity does hold: each rank runs one stream of kernels and collectives that
+    contend for SMs only, so nothing but the added op competes with a rank's work.
+
+    Outside this domain hypothesis finds real counterexamples, so it is not asserted there: with
+    HBM traffic, a memory-bound kernel with fewer blocks resident (the added kernel holds SMs) gets
+    the same bandwidth on fewer blocks and its tail wave ends 23 ns earlier; with several streams,
+    a kernel delayed by the added one leaves issue slots to a third kernel, which ends 0.7 us earlier.
+    """
+    base = simulate(wl).set_index("id")
+    more = Workload(ops=(*wl.ops, Op("extra", "extra", "generic", 0, "d", kernel=extra, delay_s=ready_s)),
+                    streams=(*wl.streams, StreamSpec(0, "d")), n_ranks=N_RANKS)
+    after = simulate(more).set_index("id")
+    assert (after.loc[base.index, "end_s"] >= base.loc[base.index, "end_s"] - TOL_S).all()
 
 
 @SETTINGS
