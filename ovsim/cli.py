@@ -65,6 +65,64 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pct(x: float) -> str:
+    return f"{x:.1f}%" if math.isfinite(x) else "-"
+
+
+def _replay_table(result: Any, max_rows: int) -> str:
+    s = result.summary
+    lines = [
+        f"trace      {', '.join(s['sources'].values()) or '-'}",
+        f"gpu        {s['gpu']}, {s['ranks']} rank(s), {s['kernels']} activities "
+        f"({s['compute_kernels']} compute, {s['collective_kernels']} collective)",
+        f"overlap    {s['overlapped_compute_kernels']} compute kernels overlapped communication; "
+        f"{s['scored_kernels']} scored, {s['unscored_no_isolated_source']} without an isolated duration",
+        f"MAPE       ovsim {_pct(s['mape_pct'])}   naive (no contention) {_pct(s['naive_mape_pct'])}",
+        f"span       measured {_fmt_s(s['measured_span_s'])} ms, predicted {_fmt_s(s['predicted_span_s'])} ms "
+        f"({s['span_error_pct']:+.1f}%)",
+    ]
+    if s["skipped"]:
+        lines.append("skipped    " + ", ".join(f"{v} {k}" for k, v in sorted(s["skipped"].items())))
+    k = result.kernels
+    k = k[k["overlapped"]]
+    if len(k):
+        lines += ["", f"{'overlapped kernel':<40} {'rank':>4} {'measured ms':>11} {'predicted ms':>12} "
+                      f"{'alone ms':>9}  isolated from"]
+        for rec in k.head(max_rows).itertuples(index=False):
+            lines.append(f"{str(rec.name)[:40]:<40} {rec.rank:>4} {_fmt_s(rec.measured_duration_s):>11} "
+                         f"{_fmt_s(rec.predicted_duration_s):>12} {_fmt_s(rec.isolated_s):>9}  {rec.isolated_source}")
+        if len(k) > max_rows:
+            lines.append(f"... {len(k) - max_rows} more (use --json for all)")
+    return "\n".join(lines)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from ovsim.replay import replay
+    from ovsim.traces.load import load_trace
+    from ovsim.traces.perfetto import replay_trace_events, write_json
+
+    result = replay(load_trace(args.traces, args.format), gpu=args.gpu, counters=False)
+    if args.timeline:
+        write_json(replay_trace_events(result.kernels), args.timeline)
+    if args.json:
+        print(json.dumps(result.to_json(), default=_json_default))
+    elif not args.quiet:
+        print(_replay_table(result, args.rows))
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from ovsim.traces.load import load_trace, write_table
+
+    bundle = load_trace(args.traces, args.format)
+    write_table(bundle, args.output)
+    if not args.quiet:
+        k = bundle.kernels
+        skipped = ", ".join(f"{v} {r}" for r, v in sorted(bundle.skipped.items())) or "none"
+        print(f"{len(k)} activities from {k['rank'].nunique()} rank(s) written to {args.output}; skipped: {skipped}")
+    return 0
+
+
 def _json_default(x: Any) -> Any:
     if hasattr(x, "item"):
         return x.item()
@@ -90,6 +148,23 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--rows", type=int, default=40, help="ops shown in the table (default 40)")
     pr.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     pr.set_defaults(func=_predict)
+    from ovsim.traces.load import FORMATS
+
+    rp = sub.add_parser("replay", help="replay measured traces with contention and compare with the measurement")
+    rp.add_argument("traces", nargs="+", help="trace files or folders (several files: ranks of one run)")
+    rp.add_argument("--gpu", help="GPU spec name, when the trace's device name is unknown or to override it")
+    rp.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: from the name)")
+    rp.add_argument("--json", action="store_true", help="print one JSON object")
+    rp.add_argument("--timeline", metavar="FILE", help="write measured and predicted tracks as a Perfetto trace")
+    rp.add_argument("--rows", type=int, default=30, help="overlapped kernels shown in the table (default 30)")
+    rp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    rp.set_defaults(func=_replay)
+    ip = sub.add_parser("import", help="convert traces to the canonical kernel table (parquet)")
+    ip.add_argument("traces", nargs="+", help="trace files or folders")
+    ip.add_argument("-o", "--output", required=True, help="parquet file to write")
+    ip.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: from the name)")
+    ip.add_argument("--quiet", action="store_true", help="print nothing")
+    ip.set_defaults(func=_import)
     sp = sub.add_parser("specs", help="list the known GPUs and systems")
     sp.set_defaults(func=_specs)
     return p

@@ -1,8 +1,10 @@
 """Overlap metrics computed the same way from any timeline, simulated or measured.
 
-Communication hidden under compute follows Holistic Trace Analysis's definition: the time in which
-some communication kernel and some compute kernel of the same rank both run, over the total
-communication time (the union of communication intervals).
+One function serves both: it takes a simulated Timeline's ops (``end_s``) or a measured kernel table
+(``duration_s``, :mod:`ovsim.traces.table`). Communication hidden under compute follows Holistic
+Trace Analysis's definition (``get_comm_comp_overlap``): the time in which some communication kernel
+and some compute kernel of the same rank both run, over the union of communication intervals.
+Copies and memsets count as neither, as in HTA's memory category.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 COMM_KINDS = {"collective", "transfer"}
-NON_COMPUTE = COMM_KINDS | {"flow", "delay"}
+NON_COMPUTE = COMM_KINDS | {"flow", "delay", "copy", "memset"}
 
 
 def union_intervals(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
@@ -71,8 +73,15 @@ class RankOverlap:
         return self.span_s - (self.compute_busy_s + self.comm_busy_s - self.overlapped_s)
 
 
+def _with_end(ops: pd.DataFrame) -> pd.DataFrame:
+    if "end_s" in ops.columns:
+        return ops
+    return ops.assign(end_s=ops["start_s"] + ops["duration_s"])
+
+
 def rank_overlap(ops: pd.DataFrame) -> list[RankOverlap]:
     """Per rank: busy time of compute and communication, their overlap, exposed comm and idle time."""
+    ops = _with_end(ops)
     rows = ops[(ops["rank"] >= 0) & (ops["kind"] != "delay")]
     t0 = float(rows["start_s"].min()) if len(rows) else 0.0
     out = []
@@ -88,6 +97,7 @@ def rank_overlap(ops: pd.DataFrame) -> list[RankOverlap]:
 
 def stream_busy(ops: pd.DataFrame) -> pd.DataFrame:
     """Busy time (union of op intervals) per rank and stream."""
+    ops = _with_end(ops)
     rows = ops[ops["rank"] >= 0]
     recs = []
     for (rank, stream), g in rows.groupby(["rank", "stream"], sort=True):

@@ -71,7 +71,45 @@ def trace_events(timeline: Timeline, *, label: str = "ovsim") -> dict[str, Any]:
 
 
 def write_trace(timeline: Timeline, path: str | Path, *, label: str = "ovsim") -> None:
+    write_json(trace_events(timeline, label=label), path)
+
+
+def replay_trace_events(kernels: Any, *, label: str = "ovsim replay") -> dict[str, Any]:
+    """Measured and predicted timelines side by side: for every rank a "measured" and a
+    "predicted" process, each with one track per stream, in that order. ``kernels`` is a replay's
+    per-kernel table (measured_/predicted_ start and duration, rank, stream, name, kind)."""
+    events: list[dict[str, Any]] = []
+    ranks = sorted(int(r) for r in kernels["rank"].unique())
+    t0 = float(min(kernels["measured_start_s"].min(), kernels["predicted_start_s"].min())) if len(kernels) else 0.0
+    for i, r in enumerate(ranks):
+        for j, which in enumerate(("measured", "predicted")):
+            pid = 2 * i + j
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": f"rank {r} {which}"}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+    named: set[tuple[int, int]] = set()
+    for rec in kernels.to_dict(orient="records"):
+        i = ranks.index(int(rec["rank"]))
+        tid = int(rec["stream"])
+        for j, which in enumerate(("measured", "predicted")):
+            start, dur = float(rec[f"{which}_start_s"]), float(rec[f"{which}_duration_s"])
+            if not (math.isfinite(start) and math.isfinite(dur)):
+                continue
+            pid = 2 * i + j
+            if (pid, tid) not in named:
+                named.add((pid, tid))
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                               "args": {"name": f"stream {tid}"}})
+            args = {"kind": rec["kind"], "overlapped": bool(rec["overlapped"]),
+                    "measured_us": _num(rec["measured_duration_s"]), "predicted_us": _num(rec["predicted_duration_s"]),
+                    "isolated_us": _num(rec["isolated_s"]), "isolated_source": str(rec["isolated_source"])}
+            events.append({"ph": "X", "name": str(rec["name"]), "cat": str(rec["kind"]), "pid": pid, "tid": tid,
+                           "ts": _num(start - t0), "dur": _num(dur), "args": args})
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": label}}
+
+
+def write_json(events: dict[str, Any], path: str | Path) -> None:
     try:
-        Path(path).write_text(json.dumps(trace_events(timeline, label=label)))
+        Path(path).write_text(json.dumps(events))
     except OSError as e:
         raise OvsimError(f"cannot write: {e.strerror}", source=str(path)) from None

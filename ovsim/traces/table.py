@@ -69,7 +69,9 @@ class TraceBundle:
     # Rows an importer dropped, by reason (a count each; nothing is dropped silently).
     skipped: dict[str, int] = field(default_factory=dict)
     # Explicit cross-stream dependencies (event record -> stream wait), when the trace records them:
-    # columns rank, waiting_stream, waiting_after_s (host time of the wait), recorded_correlation.
+    # columns rank, waiting_stream, waiting_after_s (host time of the wait), recorded_correlation (the
+    # correlation id of the activity the awaited event was recorded after) and, where known,
+    # recorded_stream; importers that guess a wait from the calling thread add inferred=True.
     syncs: pd.DataFrame | None = None
 
 
@@ -110,19 +112,27 @@ def validate_table(df: pd.DataFrame, source: str = "") -> pd.DataFrame:
             raise OvsimError(f"{int(bad.sum())} row(s) with a non-finite value", source=source, field=c)
     if (out["duration_s"] < 0).any():
         raise OvsimError("negative duration", source=source, field="duration_s")
-    kinds = set(out["kind"].unique()) - set(KINDS) - {""}
-    if kinds:
-        raise OvsimError(f"unknown kind(s) {sorted(kinds)}; expected one of {list(KINDS)}", source=source,
+    unknown = set(out["kind"].unique()) - set(KINDS) - {""}
+    if unknown:
+        raise OvsimError(f"unknown kind(s) {sorted(unknown)}; expected one of {list(KINDS)}", source=source,
                          field="kind")
-    missing_kind = out["kind"] == ""
-    if missing_kind.any():
-        out.loc[missing_kind, "kind"] = [classify(n) for n in out.loc[missing_kind, "name"]]
+    kind = out["kind"].to_numpy(dtype=object)
+    missing = kind == ""
+    if missing.any():
+        # Traces repeat a few hundred names many thousand times: classify each name once.
+        names = out["name"].to_numpy(dtype=object)[missing]
+        by_name = {n: classify(n) for n in set(names.tolist())}
+        kind[missing] = [by_name[n] for n in names.tolist()]
+        out["kind"] = kind
     return out
 
 
 # -- kernel names --------------------------------------------------------------------------------
 
 _NCCL = re.compile(r"^(?:void\s+)?(?:nccl|rccl)|ncclKernel|ncclDevKernel|ncclSymDevKernel")
+# Collectives that are not NCCL's: PyTorch symmetric memory, vLLM/TensorRT-LLM custom all-reduce, DeepEP.
+_OTHER_COMM = re.compile(r"multimem_all_reduce|multimem_all_gather|one_shot_all_reduce|two_shot_all_reduce"
+                         r"|cross_device_reduce|custom_?all_?reduce|dpsk::ep::")
 _COPY = re.compile(r"^(?:hip)?memcpy|^dma", re.IGNORECASE)
 _MEMSET = re.compile(r"^(?:hip)?memset", re.IGNORECASE)
 _ATTN = re.compile(r"flash|fmha|attention|attn|sdpa|mha_|_mha|softmax_warp_forward.*attn|xformers|cudnn.*sdpa",
@@ -139,7 +149,7 @@ _NORM = re.compile(r"norm|softmax|layer_?norm|rms|batch_?norm|bn_(?:fw|bw)|reduc
 def classify(name: str) -> str:
     """The kernel kind from its name (first match wins: collective, copy, memset, attention, GEMM and
     convolution, norm/softmax/reduction, and elementwise for everything else that computes)."""
-    if _NCCL.search(name):
+    if _NCCL.search(name) or _OTHER_COMM.search(name):
         return "collective"
     if _COPY.search(name):
         return "copy"

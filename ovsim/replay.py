@@ -1,0 +1,416 @@
+"""Replay a measured run: rebuild its workload from the kernel table, simulate it with contention,
+and compare every kernel with what was measured (DESIGN.md section 4).
+
+Reconstruction
+- Each (rank, stream) runs its activities in measured start order.
+- A kernel waits for an activity of another stream of its rank when the trace records the event
+  wait (``TraceBundle.syncs``); without such records, when it started within ``DEP_WINDOW_S`` of that
+  activity's end while its own stream had been idle longer (it was queued behind something else).
+- Whatever of a measured gap those two do not explain is kept as a host delay before the launch.
+- A collective is one flow over the ranks the bundle has: matched by (process group, ``seq``) where
+  the trace numbers them, otherwise the k-th collective kernel of a rank matches the k-th on every
+  other rank. Its transfer takes the shortest member's measured duration (the last rank to arrive
+  waited least); the member kernels hold their measured grid of blocks until it completes.
+- Copies and memsets are copy-engine flows at their measured rate.
+
+Isolated durations of compute kernels never come from their own overlapped measurement:
+``self`` (the kernel did not overlap communication), ``signature`` (median of the same name, grid
+and block that did not overlap, same rank first), ``ambiguous`` (such instances exist but disagree
+by more than ``SIGNATURE_SPREAD``: one launch shape, several problem sizes) or ``none``. Only
+``signature`` kernels are scored; ``none`` kernels run at their measured duration and ``ambiguous``
+ones at the median, and both are counted.
+
+Contention inputs a trace does not carry are assumptions, stated here: memory-bound kinds
+(elementwise, norm) move ``isolated time x achievable HBM bandwidth x memory_kernel_efficiency``
+bytes; GEMM, attention and other kernels are treated as compute-bound with no HBM demand; NCCL
+traffic uses ``hbm_bytes_per_bus_byte`` of the NCCL model when the message size is known and no HBM
+otherwise; links are not a constraint (each collective's rate is its measured one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ovsim.engine.machine import build_machine
+from ovsim.engine.sim import Engine, EngineOptions
+from ovsim.engine.timeline import Timeline
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu
+from ovsim.models import cost, nccl
+from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
+from ovsim.traces.table import TraceBundle
+
+# A kernel that starts this soon after another stream's activity ends was waiting for it.
+DEP_WINDOW_S = 3e-6
+# Clean instances of a signature whose 90th percentile exceeds this multiple of their 10th are not
+# one problem size; kernels matched to them are not scored.
+SIGNATURE_SPREAD = 1.5
+# Registers per thread assumed when a trace does not record them.
+DEFAULT_REGISTERS = 32
+COMPUTE_KINDS = ("gemm", "attention", "elementwise", "norm", "other")
+MEMORY_KINDS = ("elementwise", "norm")
+_ENGINE_KIND: dict[str, KernelKind] = {"gemm": "gemm", "attention": "attention", "elementwise": "elementwise",
+                                       "norm": "norm", "other": "generic"}
+_REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
+_NCCL_OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"}
+
+
+@dataclass
+class ReplayResult:
+    """Per-kernel comparison (``kernels``), the summary, and the simulated timeline."""
+
+    kernels: pd.DataFrame
+    summary: dict[str, Any]
+    timeline: Timeline
+    workload: Workload = field(repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        recs = self.kernels.replace({np.nan: None}).to_dict(orient="records")
+        return {"summary": self.summary, "kernels": recs}
+
+
+@dataclass(frozen=True)
+class _Cols:
+    """The kernel table as plain arrays (row i of every array is row i of the table)."""
+
+    rank: np.ndarray
+    stream: np.ndarray
+    start: np.ndarray
+    dur: np.ndarray
+    launch: np.ndarray
+    correlation: np.ndarray
+    name: list[str]
+    kind: list[str]
+    collective: list[str]
+    copy_kind: list[str]
+    process_group: list[str]
+    seq: np.ndarray
+    group_size: np.ndarray
+    message_bytes: np.ndarray
+    bytes: np.ndarray
+    grid: np.ndarray  # (n, 3)
+    block: np.ndarray  # (n, 3)
+    registers: np.ndarray
+    smem: np.ndarray
+
+    @property
+    def end(self) -> np.ndarray:
+        end: np.ndarray = self.start + self.dur
+        return end
+
+    @staticmethod
+    def of(df: pd.DataFrame) -> _Cols:
+        def f(c: str) -> np.ndarray:
+            return df[c].to_numpy(dtype=float, na_value=np.nan)
+
+        def s(c: str) -> list[str]:
+            return [str(x) for x in df[c].tolist()]
+
+        return _Cols(
+            rank=df["rank"].to_numpy(dtype=np.int64), stream=df["stream"].to_numpy(dtype=np.int64),
+            start=f("start_s"), dur=f("duration_s"), launch=f("launch_s"), correlation=f("correlation"),
+            name=s("name"), kind=s("kind"), collective=s("collective"), copy_kind=s("copy_kind"),
+            process_group=s("process_group"), seq=f("seq"), group_size=f("group_size"),
+            message_bytes=f("message_bytes"), bytes=f("bytes"),
+            grid=np.stack([f("grid_x"), f("grid_y"), f("grid_z")], axis=1),
+            block=np.stack([f("block_x"), f("block_y"), f("block_z")], axis=1),
+            registers=f("registers_per_thread"), smem=f("shared_mem_bytes"))
+
+
+def _overlap_flags(c: _Cols) -> np.ndarray:
+    """Per row: a compute kernel whose interval intersects a collective's on the same rank."""
+    flags = np.zeros(len(c.start), dtype=bool)
+    is_comm = np.array([k == "collective" for k in c.kind], dtype=bool)
+    is_compute = np.array([k in COMPUTE_KINDS for k in c.kind], dtype=bool)
+    for r in np.unique(c.rank):
+        on = c.rank == r
+        comm = np.flatnonzero(on & is_comm)
+        if len(comm) == 0:
+            continue
+        order = comm[np.argsort(c.start[comm], kind="stable")]
+        cs = c.start[order]
+        ce = np.maximum.accumulate(c.end[order])
+        comp = np.flatnonzero(on & is_compute)
+        # The last collective starting before the kernel ends reaches furthest right of all that do.
+        i = np.searchsorted(cs, c.end[comp], side="left") - 1
+        flags[comp] = (i >= 0) & (ce[np.clip(i, 0, None)] > c.start[comp])
+    return flags
+
+
+def isolated_durations(c: _Cols, overlapped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Isolated duration and its source for every row (see the module docstring)."""
+    iso = c.dur.copy()
+    is_compute = np.array([k in COMPUTE_KINDS for k in c.kind], dtype=bool)
+    src = np.where(is_compute, "self", "measured").astype(object)
+    sig = [f"{n}|{g}|{b}" for n, g, b in zip(c.name, c.grid.tolist(), c.block.tolist(), strict=True)]
+    clean: dict[tuple[str, int], list[float]] = {}
+    clean_any: dict[str, list[float]] = {}
+    for i in np.flatnonzero(is_compute & ~overlapped):
+        clean.setdefault((sig[i], int(c.rank[i])), []).append(float(c.dur[i]))
+        clean_any.setdefault(sig[i], []).append(float(c.dur[i]))
+    for i in np.flatnonzero(is_compute & overlapped):
+        same = clean.get((sig[i], int(c.rank[i]))) or clean_any.get(sig[i])
+        if not same:
+            src[i] = "none"
+            continue
+        iso[i] = float(np.median(same))
+        lo, hi = np.percentile(same, [10, 90])
+        # Clean instances that disagree widely are different problems behind one launch shape (a
+        # grid does not fix the problem size); their median is no isolated duration.
+        src[i] = "signature" if hi <= SIGNATURE_SPREAD * lo else "ambiguous"
+    return iso, src
+
+
+def _block(c: _Cols, i: int, gpu: GpuSpec) -> tuple[int, BlockShape]:
+    def val(x: float, default: int) -> int:
+        return default if not math.isfinite(x) else int(x)
+
+    grid = max(1, math.prod(val(x, 1) for x in c.grid[i]))
+    threads = max(1, math.prod(val(x, 1) for x in c.block[i]))
+    regs = val(c.registers[i], DEFAULT_REGISTERS) or DEFAULT_REGISTERS
+    smem = val(c.smem[i], 0)
+    shape = BlockShape(threads=min(threads, gpu.sm.max_threads_per_block), registers_per_thread=regs,
+                       shared_mem_bytes=min(smem, gpu.sm.max_shared_mem_per_block_bytes))
+    if cost.blocks_per_sm(shape, gpu) == 0:
+        # A launch this GPU cannot hold (a trace from a bigger GPU, or bad metadata): keep the grid,
+        # drop what does not fit so the kernel still runs one block per SM.
+        shape = BlockShape(threads=shape.threads, registers_per_thread=min(regs, 65536 // shape.threads),
+                           shared_mem_bytes=0)
+    return grid, shape
+
+
+def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Parameters) -> KernelDemand:
+    grid, shape = _block(c, i, gpu)
+    iso_s = max(iso_s, 1e-9)
+    memory = c.kind[i] in MEMORY_KINDS
+    bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction * params.memory_kernel_efficiency
+    return cost.demand_from_time(blocks=grid, block=shape, isolated_s=iso_s, flops=0.0,
+                                 hbm_bytes=iso_s * bw if memory else 0.0, gpu=gpu,
+                                 issue_intensity=params.memory_issue_floor if memory else 1.0,
+                                 clock_sensitive=not memory)
+
+
+def _collective_groups(c: _Cols) -> dict[int, str]:
+    """Row -> flow group name; the rows of one group are one collective across ranks."""
+    coll = [i for i, k in enumerate(c.kind) if k == "collective"]
+    coll.sort(key=lambda i: c.start[i])
+    if not coll:
+        return {}
+    if all(math.isfinite(c.seq[i]) for i in coll):
+        return {i: f"pg{c.process_group[i]}:seq{int(c.seq[i])}" for i in coll}
+    groups: dict[int, str] = {}
+    count: dict[int, int] = {}
+    for i in coll:
+        r = int(c.rank[i])
+        groups[i] = f"coll{count.get(r, 0)}"
+        count[r] = count.get(r, 0) + 1
+    if len(set(count.values())) > 1 and len(set(c.rank.tolist())) > 1:
+        raise OvsimError(f"ranks ran different numbers of collectives ({dict(sorted(count.items()))}) and the trace "
+                         "has no sequence numbers to match them", field="seq")
+    return groups
+
+
+def _flows(c: _Cols, groups: dict[int, str], rank_ix: dict[int, int]) -> dict[str, FlowDemand]:
+    members: dict[str, list[int]] = {}
+    for i, g in groups.items():
+        members.setdefault(g, []).append(i)
+    p = nccl.DEFAULT_PARAMS
+    flows: dict[str, FlowDemand] = {}
+    for gname, rows in members.items():
+        dur = max(float(min(c.dur[i] for i in rows)), 1e-9)
+        op = c.collective[rows[0]]
+        size = float(np.nanmax(c.message_bytes[rows])) if np.isfinite(c.message_bytes[rows]).any() else math.nan
+        n = int(c.group_size[rows[0]]) if math.isfinite(c.group_size[rows[0]]) else len(rows)
+        if op in _NCCL_OPS and math.isfinite(size) and size > 0 and n > 1:
+            bus = size * nccl.bus_factor(op, n)  # type: ignore[arg-type]
+            hbm = p.hbm_bytes_per_bus_byte_reduce if op in _REDUCING else p.hbm_bytes_per_bus_byte_copy
+        else:
+            bus, hbm = 1.0, 0.0
+        flows[gname] = FlowDemand(group=gname, ranks=tuple(sorted(rank_ix[int(c.rank[i])] for i in rows)), bytes=bus,
+                                  latency_s=0.0, rate_cap_bytes_per_s=bus / dur, link_coeff=0.0, hbm_coeff=hbm)
+    return flows
+
+
+def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Parameters,
+                          syncs: pd.DataFrame | None = None) -> tuple[Workload, list[str]]:
+    """The workload that replays the table; returns it and the op id of every row."""
+    rank_ix = {r: i for i, r in enumerate(sorted(set(c.rank.tolist())))}
+    groups = _collective_groups(c)
+    flows = _flows(c, groups, rank_ix)
+    n = len(c.start)
+    op_ids = [f"r{int(c.rank[i])}:s{int(c.stream[i])}:{i}" for i in range(n)]
+    end = c.end
+    t0 = float(c.start.min()) if n else 0.0
+    deps = _dependencies(c, syncs)
+    ops: list[Op] = []
+    streams: set[tuple[int, str]] = set()
+    prev_end: dict[tuple[int, int], float] = {}
+    for i in (int(x) for x in np.argsort(c.start, kind="stable")):
+        rank, stream = rank_ix[int(c.rank[i])], int(c.stream[i])
+        sname = f"stream {stream}"
+        streams.add((rank, sname))
+        ready = max([prev_end.get((rank, stream), t0), *(float(end[d]) for d in deps.get(i, ()))])
+        prev_end[(rank, stream)] = float(end[i])
+        common: dict[str, Any] = {"id": op_ids[i], "name": c.name[i][:200], "rank": rank, "stream": sname,
+                                  "deps": tuple(op_ids[d] for d in deps.get(i, ())),
+                                  "delay_s": max(0.0, float(c.start[i]) - ready)}
+        kind = c.kind[i]
+        dur = max(float(c.dur[i]), 1e-9)
+        if kind == "collective":
+            grid, shape = _block(c, i, gpu)
+            kd = KernelDemand(blocks=grid, block=shape, block_time_s=1.0, issue_fraction=1.0, hbm_bytes=0.0,
+                              flops=0.0, isolated_s=dur, clock_sensitive=False)
+            ops.append(Op(kind="collective", kernel=kd, flow=flows[groups[i]], **common))
+        elif kind in ("copy", "memset"):
+            size = float(c.bytes[i]) if math.isfinite(c.bytes[i]) and c.bytes[i] > 0 else 0.0
+            writes_only = kind == "memset" or c.copy_kind[i] in ("HtoD", "DtoH")
+            moved = size if size > 0 else 1.0
+            flow = FlowDemand(group=op_ids[i], ranks=(rank,), bytes=moved, latency_s=0.0,
+                              rate_cap_bytes_per_s=moved / dur, link_coeff=0.0,
+                              hbm_coeff=(1.0 if writes_only else 2.0) if size > 0 else 0.0, pattern="local",
+                              uses_copy_engine=True)
+            ops.append(Op(kind="transfer", flow=flow, **common))
+        else:
+            kd = _kernel_demand(c, i, float(iso[i]), gpu, params)
+            ops.append(Op(kind=_ENGINE_KIND.get(kind, "generic"), kernel=kd, **common))
+    wl = Workload(ops=tuple(ops), streams=tuple(StreamSpec(r, s) for r, s in sorted(streams)), n_ranks=len(rank_ix))
+    return wl, op_ids
+
+
+def _dependencies(c: _Cols, syncs: pd.DataFrame | None) -> dict[int, list[int]]:
+    """Cross-stream waits: inferred from timing, then replaced by recorded event waits where the
+    trace has them."""
+    deps: dict[int, list[int]] = {}
+    end = c.end
+    for r in np.unique(c.rank):
+        rows = np.flatnonzero(c.rank == r)
+        recent: list[tuple[float, int, int]] = []  # (end, stream, row) of the latest activities
+        last_on_stream: dict[int, float] = {}
+        for i in (int(x) for x in rows[np.argsort(c.start[rows], kind="stable")]):
+            s = int(c.stream[i])
+            idle_since = last_on_stream.get(s, -math.inf)
+            best: tuple[float, int] | None = None
+            for e, other, j in recent:
+                if (other != s and e <= c.start[i] + 1e-12 and c.start[i] - e <= DEP_WINDOW_S
+                        and e > idle_since + 1e-12 and not (math.isfinite(c.launch[i]) and c.launch[i] > e)
+                        and (best is None or e > best[0])):
+                    best = (e, j)
+            if best is not None:
+                deps[i] = [best[1]]
+            recent.append((float(end[i]), s, i))
+            if len(recent) > 64:
+                recent = sorted(recent)[-32:]
+            last_on_stream[s] = float(end[i])
+    if syncs is not None and len(syncs):
+        _explicit_dependencies(c, syncs, deps)
+    return deps
+
+
+def _explicit_dependencies(c: _Cols, syncs: pd.DataFrame, deps: dict[int, list[int]]) -> None:
+    """A recorded event wait makes the first activity its stream launches after the wait depend on
+    the activity the event was recorded after."""
+    by_corr = {(int(c.rank[i]), int(c.correlation[i])): i for i in range(len(c.start))
+               if math.isfinite(c.correlation[i])}
+    when = np.where(np.isfinite(c.launch), c.launch, c.start)
+    for rank, stream, after_s, corr in zip(syncs["rank"].tolist(), syncs["waiting_stream"].tolist(),
+                                          syncs["waiting_after_s"].tolist(), syncs["recorded_correlation"].tolist(),
+                                          strict=True):
+        src = by_corr.get((int(rank), int(corr)))
+        if src is None:
+            continue
+        cand = np.flatnonzero((c.rank == rank) & (c.stream == stream) & (when >= float(after_s)))
+        if len(cand):
+            first = int(cand[np.argmin(when[cand])])
+            if c.start[first] >= c.start[src]:
+                deps[first] = [src]
+
+
+def _system_for(gpu_name: str, n_ranks: int) -> SystemSpec:
+    return SystemSpec.model_validate({
+        "schema": "ovsim.system/1", "name": f"replay-{gpu_name}-x{n_ranks}", "gpu": gpu_name,
+        "gpu_count": max(n_ranks, 1), "topology": "nvswitch",
+        "sources": {"topology": "replay: links are not a constraint (collectives run at their measured rates)"},
+    })
+
+
+def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True) -> ReplayResult:
+    """Replay a measured run (see the module docstring); ``gpu`` names a GPU spec when the trace's
+    device name is unknown or to override it."""
+    df = bundle.kernels.reset_index(drop=True)
+    if df.empty:
+        raise OvsimError("the trace has no GPU activity to replay", field="kernels")
+    gpu_name = gpu
+    if gpu_name is None:
+        from ovsim.traces.devices import spec_for_device_name
+
+        names = {spec_for_device_name(n) for n in bundle.gpu_names.values()}
+        names.discard(None)
+        if len(names) != 1:
+            seen = sorted(set(bundle.gpu_names.values())) or ["none recorded"]
+            raise OvsimError(f"cannot tell the GPU from the trace (device names: {', '.join(seen)}); "
+                             "name a GPU spec with --gpu", field="deviceProperties")
+        gpu_name = names.pop()
+    assert gpu_name is not None
+    spec = load_gpu(gpu_name)
+    params = load_calibration(spec, gpu_file(gpu_name).stem).params
+    cols = _Cols.of(df)
+    overlapped = _overlap_flags(cols)
+    iso, src = isolated_durations(cols, overlapped)
+    wl, op_ids = build_replay_workload(cols, iso, spec, params, bundle.syncs)
+    machine = build_machine(_system_for(gpu_name, wl.n_ranks), spec, params, n_ranks=wl.n_ranks)
+    timeline = Engine(wl, machine, EngineOptions(counters=counters)).run()
+    pred = timeline.ops.set_index("id").loc[op_ids]
+    p_start = pred["start_s"].to_numpy(dtype=float)
+    out = pd.DataFrame({
+        "name": df["name"], "kind": df["kind"], "rank": df["rank"], "stream": df["stream"],
+        "measured_start_s": df["start_s"], "measured_duration_s": df["duration_s"],
+        # The simulation starts at 0; put it on the trace's clock.
+        "predicted_start_s": p_start - float(p_start.min()) + float(cols.start.min()),
+        "predicted_duration_s": pred["duration_s"].to_numpy(dtype=float),
+        "overlapped": overlapped, "isolated_s": iso, "isolated_source": src,
+    })
+    return ReplayResult(kernels=out, summary=summarize(out, bundle, gpu_name), timeline=timeline, workload=wl)
+
+
+def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
+    ok = meas > 0
+    return float(np.mean(np.abs(pred[ok] - meas[ok]) / meas[ok]) * 100) if ok.any() else math.nan
+
+
+def summarize(out: pd.DataFrame, bundle: TraceBundle, gpu_name: str) -> dict[str, Any]:
+    sel = out["overlapped"] & out["isolated_source"].isin(["signature"])
+    meas = out.loc[sel, "measured_duration_s"].to_numpy(float)
+    m_span = float((out["measured_start_s"] + out["measured_duration_s"]).max() - out["measured_start_s"].min())
+    p_span = float((out["predicted_start_s"] + out["predicted_duration_s"]).max() - out["predicted_start_s"].min())
+    return {
+        "gpu": gpu_name,
+        "ranks": int(out["rank"].nunique()),
+        "kernels": len(out),
+        "compute_kernels": int(out["kind"].isin(COMPUTE_KINDS).sum()),
+        "collective_kernels": int((out["kind"] == "collective").sum()),
+        "overlapped_compute_kernels": int(out["overlapped"].sum()),
+        "scored_kernels": int(sel.sum()),
+        "unscored_no_isolated_source": int((out["overlapped"] & (out["isolated_source"] == "none")).sum()),
+        "unscored_ambiguous_signature": int((out["overlapped"] & (out["isolated_source"] == "ambiguous")).sum()),
+        "mape_pct": _mape(out.loc[sel, "predicted_duration_s"].to_numpy(float), meas),
+        "naive_mape_pct": _mape(out.loc[sel, "isolated_s"].to_numpy(float), meas),
+        "measured_span_s": m_span,
+        "predicted_span_s": p_span,
+        "span_error_pct": (p_span - m_span) / m_span * 100 if m_span > 0 else math.nan,
+        "skipped": dict(bundle.skipped),
+        "sources": {str(k): v for k, v in bundle.sources.items()},
+    }
+
+
+def replay_files(paths: Sequence[str | Path], *, gpu: str | None = None, counters: bool = True) -> ReplayResult:
+    from ovsim.traces.load import load_trace
+
+    return replay(load_trace(paths), gpu=gpu, counters=counters)

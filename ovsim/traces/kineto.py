@@ -1,0 +1,816 @@
+"""Import PyTorch profiler (Kineto) Chrome-trace JSON into the canonical kernel table.
+
+``load_kineto(path)`` reads one ``.json`` or ``.json.gz`` file, a folder of rank files (``*.json``,
+``*.json.gz``, e.g. ``<worker>.<ts>.pt.trace.json``; not searched recursively), or a ``.tar.gz`` /
+``.tgz`` / ``.tar`` archive of such files.
+
+Rows
+    Complete events (``ph: "X"``) of category ``kernel``, ``gpu_memcpy`` or ``gpu_memset`` (in any
+    case; ``Kernel``, ``Memcpy`` and ``Memset`` too). ``device`` is ``args.device`` (else ``pid``),
+    ``stream`` is ``args.stream`` (else ``tid``). Kernels are classified by name; copies are ``copy``
+    with the direction from the name (``Memcpy HtoD (Pageable -> Device)`` -> ``HtoD``, else ROCm's
+    ``args.kind``), memsets are ``memset``. ``shared_mem_bytes`` is Kineto's ``shared memory`` (static
+    plus dynamic). Rows come out sorted by rank and start time.
+
+Ranks and world size
+    A file's rank is ``distributedInfo.rank``; without one, a ``rank<N>`` in the file name; without
+    that, 0 if it is the only file. Two files of one rank, files that disagree on
+    ``distributedInfo.world_size``, a rank outside the world size, and (for a folder or archive with
+    more than one file) a rank of the world size with no file are errors: replaying part of a run as
+    if it were all of it would give a wrong answer without saying so. A single file of a multi-rank
+    run is fine: it is that rank's view.
+
+Clock
+    ``ts`` and ``dur`` are microseconds relative to ``baseTimeNanoseconds`` (absolute, for older
+    Kineto that writes no base). Files whose bases differ are shifted to the earliest base so that
+    all ranks share one clock; a file without a base counts as base 0. Durations are exact; start
+    times of absolute (epoch) traces are float seconds near 1.7e9, so resolved to about 0.24 us.
+
+Launch
+    ``launch_s`` is the start of the ``cuda_runtime`` / ``cuda_driver`` event (``cudaLaunchKernel``,
+    ``cudaMemcpyAsync``, ...) with the same ``args.correlation`` in the same file, NaN if none.
+
+Collectives
+    NCCL/RCCL kernels get collective, algorithm, protocol and dtype from the kernel name, then what
+    ``record_param_comms`` recorded overrides and completes them: from the kernel's own args (Kineto
+    copies them there), else from the ``record_param_comms`` op whose ``External id`` is the
+    kernel's or its launch call's, else from the innermost one enclosing the launch call on the same
+    thread. Any kernel whose own args carry a known ``Collective name`` is a collective.
+    ``message_bytes`` is ``In msg nelems`` x the element size: the collective's *input buffer on one
+    rank*. That is the shard for all_gather (its output is group size times larger), the whole
+    buffer that is reduced for reduce_scatter and all_reduce, the buffer for broadcast and the send
+    buffer for all_to_all. With only ``Out msg nelems`` known, the input follows by the same rule.
+    ``seq`` is the ``Seq`` arg where the trace has one, otherwise NA (replay numbers them in order).
+
+Syncs
+    ``cuda_sync`` events of newer Kineto that record a stream waiting on an event
+    (``wait_on_stream``, ``wait_on_cuda_event_record_corr_id``) become ``TraceBundle.syncs``:
+    ``rank``, ``waiting_stream`` (the stream that waits), ``waiting_after_s`` (host time of the
+    wait call), ``recorded_correlation`` (correlation of the last activity launched on the recording
+    stream before the ``cudaEventRecord`` call: the activity the wait depends on) and
+    ``recorded_stream``. A wait on an event recorded on an idle stream orders nothing and is left
+    out. ``syncs`` is None when no wait is left.
+
+Bad input
+    Every problem is an :class:`OvsimError` naming the file and the field, or a row left out and
+    counted in ``TraceBundle.skipped`` (missing ``ts``/``dur``/``name``/stream, negative duration,
+    longer than 1e9 us, malformed fields). Values of the wrong type in optional fields become unknown.
+
+Speed
+    The ``traceEvents`` array is parsed in slices of a few MB cut between events (each slice is
+    checked by parsing it, so a cut inside a string cannot go unnoticed), and only GPU rows, launch
+    times and collective metadata are kept, so parsed objects of one slice at a time are alive.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import math
+import re
+import tarfile
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from ovsim.errors import OvsimError
+from ovsim.traces.table import (
+    DTYPE_BYTES,
+    TraceBundle,
+    classify,
+    make_table,
+    normalize_collective,
+    normalize_dtype,
+    parse_nccl_name,
+)
+
+__all__ = ["load_kineto"]
+
+# Slices of about this size keep the parsed objects of one slice (4-5x its size) small next to the
+# file's bytes, which must be in memory anyway.
+_CHUNK_BYTES = 4 << 20
+# Longer events are corrupt records (HTA drops them too, past its MAX_EVENT_DURATION_US).
+_MAX_DURATION_US = 1e9
+_SEP = re.compile(rb"\}\s*,\s*\{")
+_RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d{1,9})(?!\d)", re.IGNORECASE)
+_COPY_KIND = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
+_COPY_KINDS = ("HtoD", "DtoH", "DtoD", "PtoP", "HtoH")
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _CPU_OP, _SYNC = 1, 2, 3, 4, 5, 6
+_ROLES = {"kernel": _KERNEL, "gpu_memcpy": _MEMCPY, "memcpy": _MEMCPY, "gpu_memset": _MEMSET, "memset": _MEMSET,
+          "cuda_runtime": _RUNTIME, "cuda_driver": _RUNTIME, "cpu_op": _CPU_OP, "cuda_sync": _SYNC}
+_EMPTY: dict[str, Any] = {}
+
+# Row tuple layout (one per GPU activity, filled in the event loop).
+(_DEV, _STREAM, _CORR, _NAME, _KIND, _TS, _DUR, _GX, _GY, _GZ, _BX, _BY, _BZ, _REGS, _SMEM, _BYTES, _EXT,
+ _HINT, _COMM) = range(19)
+_NFIELDS = 19
+
+
+class _WholeParse(Exception):
+    """The slicing did not work out for this file; parse it as one document instead."""
+
+
+@dataclass
+class _FileData:
+    """What one rank file contributes, before ranks and clocks are settled across files."""
+
+    source: str
+    name: str
+    rank: int | None
+    world_size: int | None
+    base_ns: int | None
+    gpu_name: str | None
+    columns: dict[str, Any]
+    n: int
+    syncs: list[tuple[int, float, int, int]]
+    skipped: dict[str, int]
+
+
+@dataclass
+class _State:
+    """Accumulated by the event loop over one file's slices."""
+
+    roles: dict[Any, int] = field(default_factory=lambda: dict(_ROLES))
+    # Kernel name -> (the one copy of the name kept, its kind): the names repeat, and one str
+    # object per row would be most of the rows' memory.
+    kinds: dict[str, tuple[str, str]] = field(default_factory=dict)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    # Host launch calls: correlation -> (ts, External id, pid, tid).
+    launches: dict[int, tuple[Any, Any, Any, Any]] = field(default_factory=dict)
+    # record_param_comms ops with metadata: by External id, and by (pid, tid) as (start, end, args).
+    rpc_by_ext: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rpc_by_thread: dict[tuple[Any, Any], list[tuple[float, float, dict[str, Any]]]] = field(default_factory=dict)
+    # (device, waiting stream, wait ts, record correlation, recording stream)
+    waits: list[tuple[Any, Any, Any, int, Any]] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def scan(self, events: list[Any]) -> None:
+        """One pass over events; the hot loop of the importer, so it avoids calls per event."""
+        roles, rows, kinds, launches, skipped = self.roles, self.rows, self.kinds, self.launches, self.skipped
+        for e in events:
+            if e.__class__ is not dict:
+                skipped["event is not an object"] += 1
+                continue
+            cat = e.get("cat")
+            if cat.__class__ is not str:
+                if cat is not None:
+                    skipped["event with a malformed cat"] += 1
+                continue
+            role = roles.get(cat)
+            if role is None:
+                role = roles[cat] = _ROLES.get(cat.lower(), 0)
+            if not role:
+                continue
+            if e.get("ph") != "X":
+                if role <= _MEMSET:
+                    skipped["GPU event that is not a complete (ph X) event"] += 1
+                continue
+            args = e.get("args")
+            if args.__class__ is not dict:
+                args = _EMPTY
+            ts = e.get("ts")
+            tsc = ts.__class__
+            if role <= _MEMSET:
+                if tsc is not float and tsc is not int:
+                    skipped["missing ts" if ts is None else "malformed ts"] += 1
+                    continue
+                dur = e.get("dur")
+                if dur.__class__ is not float and dur.__class__ is not int:
+                    skipped["missing dur" if dur is None else "malformed dur"] += 1
+                    continue
+                if dur < 0:
+                    skipped["negative duration"] += 1
+                    continue
+                if dur > _MAX_DURATION_US:
+                    skipped["duration over 1e9 us"] += 1
+                    continue
+                name = e.get("name")
+                if name.__class__ is not str:
+                    skipped["missing name" if name is None else "malformed name"] += 1
+                    continue
+                stream = args.get("stream")
+                if stream is None:
+                    stream = e.get("tid")
+                if stream.__class__ is not int or not _I64_MIN <= stream <= _I64_MAX:
+                    skipped["no stream"] += 1
+                    continue
+                device = args.get("device")
+                if device is None:
+                    device = e.get("pid")
+                hint = comm = None
+                known = kinds.get(name)
+                if known is None:
+                    known = kinds[name] = (name, classify(name) if role == _KERNEL else "")
+                name = known[0]
+                if role == _KERNEL:
+                    kind = known[1]
+                    grid, block = args.get("grid"), args.get("block")
+                    gx, gy, gz = grid if grid.__class__ is list and len(grid) == 3 else (None, None, None)
+                    bx, by, bz = block if block.__class__ is list and len(block) == 3 else (None, None, None)
+                    if "Collective name" in args or "In msg nelems" in args or "Seq" in args:
+                        comm = args
+                else:
+                    kind = "copy" if role == _MEMCPY else "memset"
+                    gx = gy = gz = bx = by = bz = None
+                    if role == _MEMCPY:
+                        hint = args.get("kind")
+                rows.append((device, stream, args.get("correlation"), name, kind, ts, dur, gx, gy, gz, bx, by, bz,
+                             args.get("registers per thread"), args.get("shared memory"), args.get("bytes"),
+                             args.get("External id"), hint, comm))
+            elif role == _RUNTIME:
+                corr = args.get("correlation")
+                if corr.__class__ is int and (tsc is float or tsc is int) and corr not in launches:
+                    launches[corr] = (ts, args.get("External id"), e.get("pid"), e.get("tid"))
+            elif role == _CPU_OP:
+                if e.get("name") == "record_param_comms" and ("Collective name" in args or "In msg nelems" in args):
+                    self._add_rpc(e, args, ts)
+            elif role == _SYNC:
+                rec = args.get("wait_on_cuda_event_record_corr_id")
+                if rec.__class__ is int and (tsc is float or tsc is int):
+                    stream = args.get("stream")
+                    device = args.get("device")
+                    self.waits.append((e.get("pid") if device is None else device,
+                                       e.get("tid") if stream is None else stream, ts, rec,
+                                       args.get("wait_on_stream")))
+
+    def _add_rpc(self, e: dict[str, Any], args: dict[str, Any], ts: Any) -> None:
+        ext = args.get("External id")
+        if ext.__class__ is int:
+            self.rpc_by_ext.setdefault(ext, args)
+        dur = e.get("dur")
+        if ts.__class__ in (int, float) and dur.__class__ in (int, float):
+            key = (_hashable(e.get("pid")), _hashable(e.get("tid")))
+            self.rpc_by_thread.setdefault(key, []).append((float(ts), float(ts) + float(dur), args))
+
+
+def _hashable(v: Any) -> Any:
+    return v if v.__class__ in (int, str) else None
+
+
+# -- reading files ---------------------------------------------------------------------------------
+
+def _decompress(data: bytes, source: str) -> bytes:
+    if data[:2] != b"\x1f\x8b":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:
+        reason = "truncated" if isinstance(e, EOFError) else "corrupt"
+        raise OvsimError(f"cannot decompress: {reason} gzip data ({e})", source=source, field="gzip") from None
+
+
+def _is_trace_name(name: str) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    # "._name" files are macOS resource forks that tar picks up beside the real file.
+    return base.lower().endswith((".json", ".json.gz")) and not base.startswith("._")
+
+
+def _inputs(path: Path) -> Iterator[tuple[str, str, bytes]]:
+    """(source, file name, uncompressed bytes) for each trace file, one at a time."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
+        if not files:
+            raise OvsimError("no trace files (*.json, *.json.gz) in the folder", source=str(path), field="path")
+        for f in files:
+            yield str(f), f.name, _decompress(_read(f), str(f))
+        return
+    if path.name.lower().endswith((".tar.gz", ".tgz", ".tar")):
+        yield from _archive_inputs(path)
+        return
+    yield str(path), path.name, _decompress(_read(path), str(path))
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise OvsimError(f"cannot read: {e.strerror or e}", source=str(path), field="path") from None
+
+
+def _archive_inputs(path: Path) -> Iterator[tuple[str, str, bytes]]:
+    found = False
+    try:
+        with tarfile.open(path, mode="r:*") as tar:
+            # Iterating reads members in archive order, so a compressed archive is decompressed once.
+            for member in tar:
+                if not (member.isfile() and _is_trace_name(member.name)):
+                    continue
+                handle = tar.extractfile(member)
+                if handle is None:
+                    continue
+                source = f"{path}::{member.name}"
+                found = True
+                yield source, member.name.rsplit("/", 1)[-1], _decompress(handle.read(), source)
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+        raise OvsimError(f"cannot read the archive: {e}", source=str(path), field="archive") from None
+    if not found:
+        raise OvsimError("no trace files (*.json, *.json.gz) in the archive", source=str(path), field="path")
+
+
+# -- parsing one document --------------------------------------------------------------------------
+
+def _loads(data: bytes | memoryview, source: str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise OvsimError(f"invalid JSON: {e}", source=source, field="json") from None
+
+
+def _skip_ws(raw: bytes, i: int) -> int:
+    n = len(raw)
+    while i < n and raw[i] in b" \t\r\n":
+        i += 1
+    return i
+
+
+def _try_list(parts: tuple[bytes | memoryview, ...]) -> list[Any] | None:
+    try:
+        value = orjson.loads(b"".join(parts))
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, list) else None
+
+
+def _parse_sliced(raw: bytes, on_events: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """Feed ``traceEvents`` to on_events a slice at a time; returns the rest of the document.
+
+    A slice ends at a ``}`` followed by ``,`` and ``{``. Cut anywhere but between two events, the
+    text has an unclosed string or bracket and does not parse, so parsing each slice proves the
+    cut; when no cut proves out the caller parses the whole document instead."""
+    key = raw.find(b'"traceEvents"')
+    if key < 0:
+        raise _WholeParse
+    colon = _skip_ws(raw, key + len(b'"traceEvents"'))
+    if colon >= len(raw) or raw[colon] != ord(":"):
+        raise _WholeParse
+    open_at = _skip_ws(raw, colon + 1)
+    if open_at >= len(raw) or raw[open_at] != ord("["):
+        raise _WholeParse
+    mv = memoryview(raw)
+    p = open_at + 1
+    n = len(raw)
+    while p + _CHUNK_BYTES < n:
+        m = _SEP.search(raw, p + _CHUNK_BYTES)
+        if m is None:
+            break
+        events = None
+        for _ in range(8):
+            events = _try_list((b"[", mv[p:m.start() + 1], b"]"))
+            if events is not None:
+                break
+            # That "},{" was inside a string or a nested list: try the next one.
+            m = _SEP.search(raw, m.end() - 1)
+            if m is None:
+                raise _WholeParse
+        if events is None:
+            raise _WholeParse
+        on_events(events)
+        p = m.end() - 1
+    # The last slice: up to the last separator between events, then the last event alone, so that
+    # finding the end of the array by trial parses only a short text. Separators after the array
+    # (a list of objects among the trailing metadata) fail to parse and the one before is tried.
+    seps = list(_SEP.finditer(raw, p))
+    for m in reversed(seps[-16:]):
+        events = _try_list((b"[", mv[p:m.start() + 1], b"]"))
+        if events is not None:
+            on_events(events)
+            p = m.end() - 1
+            break
+    else:
+        if seps:
+            raise _WholeParse
+    close = _skip_ws(raw, p)
+    if close < n and raw[close] == ord("]"):
+        end = close
+        tail: list[Any] = []
+    else:
+        end = p - 1
+        for _ in range(1000):
+            end = raw.find(b"]", end + 1)
+            if end < 0:
+                raise _WholeParse
+            found = _try_list((b"[", mv[p:end + 1]))
+            if found is not None:
+                tail = found
+                break
+        else:
+            raise _WholeParse
+    try:
+        meta = orjson.loads(b"".join((mv[:open_at], b"[]", mv[end + 1:])))
+    except orjson.JSONDecodeError:
+        raise _WholeParse from None
+    if not isinstance(meta, dict) or meta.get("traceEvents") != []:
+        raise _WholeParse
+    on_events(tail)
+    return meta
+
+
+def _parse_file(source: str, name: str, raw: bytes) -> _FileData:
+    if raw[:3] == b"\xef\xbb\xbf":
+        raw = raw[3:]
+    first = _skip_ws(raw, 0)
+    if first >= len(raw):
+        raise OvsimError("empty file", source=source, field="json")
+    state = _State()
+    meta: dict[str, Any] | None = None
+    if raw[first] == ord("{"):
+        try:
+            meta = _parse_sliced(raw, state.scan)
+        except _WholeParse:
+            state = _State()
+    if meta is None:
+        doc = _loads(raw, source)
+        if not isinstance(doc, dict):
+            raise OvsimError(f"the top-level JSON value is {_json_type(doc)}, not an object", source=source,
+                             field="traceEvents")
+        events = doc.get("traceEvents")
+        if events is None:
+            raise OvsimError("no traceEvents: not a Chrome trace", source=source, field="traceEvents")
+        if not isinstance(events, list):
+            raise OvsimError(f"traceEvents is {_json_type(events)}, not a list", source=source, field="traceEvents")
+        state.scan(events)
+        del doc["traceEvents"]
+        meta = doc
+    del raw
+    return _file_data(source, name, meta, state)
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number"}.get(type(v), "null")
+
+
+# -- one file's columns ----------------------------------------------------------------------------
+
+def _meta_int(meta: dict[str, Any], section: str, key: str, source: str) -> int | None:
+    holder = meta.get(section)
+    if holder is None:
+        return None
+    if not isinstance(holder, dict):
+        raise OvsimError(f"{section} is {_json_type(holder)}, not an object", source=source, field=section)
+    v = holder.get(key)
+    if v is None:
+        return None
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**31:
+        raise OvsimError(f"not a non-negative integer: {v!r}", source=source, field=f"{section}.{key}")
+    return v
+
+
+def _base_ns(meta: dict[str, Any], source: str) -> int | None:
+    v = meta.get("baseTimeNanoseconds")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise OvsimError(f"not a number: {v!r}", source=source, field="baseTimeNanoseconds")
+    return int(v)
+
+
+def _device_names(meta: dict[str, Any]) -> dict[int, str]:
+    props = meta.get("deviceProperties")
+    names: dict[int, str] = {}
+    if isinstance(props, list):
+        for i, p in enumerate(props):
+            if isinstance(p, dict) and isinstance(p.get("name"), str):
+                dev = p.get("id")
+                names.setdefault(dev if isinstance(dev, int) and not isinstance(dev, bool) else i, p["name"])
+    return names
+
+
+def _file_data(source: str, name: str, meta: dict[str, Any], st: _State) -> _FileData:
+    rows = st.rows
+    # Sorted by start within the file, so that files joined in rank order come out sorted by
+    # (rank, start) without sorting the table.
+    rows.sort(key=itemgetter(_TS))
+    n = len(rows)
+    cols: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [()] * _NFIELDS
+    del st.rows
+    names: tuple[str, ...] = cols[_NAME]
+    kinds = list(cols[_KIND])
+    corr_list = [_int(c) for c in cols[_CORR]]
+    corr = _ints(corr_list)
+    launch = np.full(n, np.nan)
+    launches = st.launches
+    for i, c in enumerate(corr_list):
+        if c is not None:
+            hit = launches.get(c)
+            if hit is not None:
+                launch[i] = hit[0]
+    copy_kind = _copy_kinds(names, kinds, cols[_HINT])
+    coll = _collectives(st, names, kinds, cols[_EXT], corr_list, cols[_COMM])
+    columns: dict[str, Any] = {
+        "device": _ints(cols[_DEV]), "stream": _ints(cols[_STREAM]), "correlation": corr, "name": list(names),
+        "kind": kinds, "ts_us": np.array(cols[_TS], dtype=np.float64), "duration_s": _floats(cols[_DUR]) / 1e6,
+        "launch_us": launch,
+        "grid_x": _ints(cols[_GX]), "grid_y": _ints(cols[_GY]), "grid_z": _ints(cols[_GZ]),
+        "block_x": _ints(cols[_BX]), "block_y": _ints(cols[_BY]), "block_z": _ints(cols[_BZ]),
+        "registers_per_thread": _ints(cols[_REGS]), "shared_mem_bytes": _ints(cols[_SMEM]),
+        "bytes": _floats(cols[_BYTES]), "copy_kind": copy_kind, **coll,
+    }
+    return _FileData(
+        source=source, name=name, rank=_meta_int(meta, "distributedInfo", "rank", source),
+        world_size=_meta_int(meta, "distributedInfo", "world_size", source), base_ns=_base_ns(meta, source),
+        gpu_name=_gpu_name(_device_names(meta), columns["device"]), columns=columns, n=n,
+        syncs=_resolve_waits(st, cols[_DEV], cols[_STREAM], corr_list, launch), skipped=dict(st.skipped))
+
+
+def _ints(values: tuple[Any, ...] | list[Any]) -> pd.arrays.IntegerArray:
+    """Int64 with NA for anything that is not a JSON integer in range (bools, strings, floats, lists)."""
+    n = len(values)
+    types = set(map(type, values))
+    if types <= {int}:
+        try:
+            return pd.arrays.IntegerArray(np.array(values, dtype=np.int64), np.zeros(n, dtype=bool))
+        except OverflowError:
+            pass
+    clean = [v if v.__class__ is int and _I64_MIN <= v <= _I64_MAX else None for v in values]
+    mask = np.fromiter((v is None for v in clean), dtype=bool, count=n)
+    data = np.array([0 if v is None else v for v in clean], dtype=np.int64)
+    return pd.arrays.IntegerArray(data, mask)
+
+
+def _floats(values: tuple[Any, ...] | list[Any]) -> np.ndarray:
+    types = set(map(type, values))
+    if types <= {int, float, type(None)}:
+        try:
+            return np.array(values, dtype=np.float64)
+        except OverflowError:
+            pass
+    return np.array([float(v) if v.__class__ in (int, float) and abs(v) < 1e300 else np.nan for v in values],
+                    dtype=np.float64)
+
+
+def _copy_kinds(names: tuple[str, ...], kinds: list[str], hints: tuple[Any, ...]) -> list[str]:
+    out = [""] * len(names)
+    cache: dict[str, str] = {}
+    for i, k in enumerate(kinds):
+        if k != "copy":
+            continue
+        nm = names[i]
+        ck = cache.get(nm)
+        if ck is None:
+            m = _COPY_KIND.search(nm)
+            ck = cache[nm] = m.group(1) if m else ""
+        if not ck and hints[i] in _COPY_KINDS:
+            ck = hints[i]
+        out[i] = ck
+    return out
+
+
+def _collectives(st: _State, names: tuple[str, ...], kinds: list[str], ext: tuple[Any, ...],
+                 corr: list[int | None], comm: tuple[dict[str, Any] | None, ...]) -> dict[str, Any]:
+    n = len(names)
+    collective, algorithm, protocol, dtype, pg = [""] * n, [""] * n, [""] * n, [""] * n, [""] * n
+    group: list[int | None] = [None] * n
+    seq: list[int | None] = [None] * n
+    message = np.full(n, np.nan)
+    parsed: dict[str, Any] = {}
+    threads = {k: sorted(v, key=lambda t: t[0]) for k, v in st.rpc_by_thread.items()}
+    starts = {k: [t[0] for t in v] for k, v in threads.items()}
+    for i in range(n):
+        own = comm[i]
+        if own is not None and normalize_collective(_str(own.get("Collective name"))):
+            kinds[i] = "collective"
+        if kinds[i] != "collective":
+            continue
+        nm = names[i]
+        p = parsed.get(nm)
+        if p is None:
+            p = parsed[nm] = parse_nccl_name(nm)
+        coll, dt = p.collective, p.dtype
+        algorithm[i], protocol[i] = p.algorithm, p.protocol
+        meta = own if own is not None else _linked_rpc(st, ext[i], corr[i], threads, starts)
+        if meta is not None:
+            coll = normalize_collective(_str(meta.get("Collective name"))) or coll
+            dt = normalize_dtype(_str(meta.get("dtype"))) or dt
+            gs = _int(meta.get("Group size"))
+            group[i] = gs
+            seq[i] = _int(meta.get("Seq"))
+            name = meta.get("Process Group Name")
+            pg[i] = name if isinstance(name, str) else str(name) if _int(name) is not None else ""
+            message[i] = _message_bytes(coll, dt, gs, meta)
+        collective[i], dtype[i] = coll, dt
+    return {"collective": collective, "algorithm": algorithm, "protocol": protocol, "dtype": dtype,
+            "message_bytes": message, "group_size": _ints(group), "process_group": pg, "seq": _ints(seq)}
+
+
+def _linked_rpc(st: _State, ext: Any, corr: int | None, threads: dict[Any, list[tuple[float, float, dict[str, Any]]]],
+                starts: dict[Any, list[float]]) -> dict[str, Any] | None:
+    if ext.__class__ is int and ext in st.rpc_by_ext:
+        return st.rpc_by_ext[ext]
+    launch = st.launches.get(corr) if corr is not None else None
+    if launch is None:
+        return None
+    ts, launch_ext, pid, tid = launch
+    if launch_ext.__class__ is int and launch_ext in st.rpc_by_ext:
+        return st.rpc_by_ext[launch_ext]
+    key = (_hashable(pid), _hashable(tid))
+    spans = threads.get(key)
+    if not spans:
+        return None
+    # The innermost record_param_comms that encloses the launch call: the latest start at or
+    # before it whose end is not before it.
+    j = bisect.bisect_right(starts[key], float(ts)) - 1
+    while j >= 0:
+        _, end, args = spans[j]
+        if end >= ts:
+            return args
+        j -= 1
+    return None
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def _int(v: Any) -> int | None:
+    return v if v.__class__ is int and _I64_MIN <= v <= _I64_MAX else None
+
+
+def _nelems(v: Any) -> float | None:
+    if v.__class__ in (int, float) and math.isfinite(v) and v >= 0:
+        return float(v)
+    return None
+
+
+def _message_bytes(coll: str, dt: str, group: int | None, meta: dict[str, Any]) -> float:
+    size = DTYPE_BYTES.get(dt)
+    if size is None:
+        return math.nan
+    n_in = _nelems(meta.get("In msg nelems"))
+    if n_in is None:
+        n_out = _nelems(meta.get("Out msg nelems"))
+        if n_out is None:
+            return math.nan
+        if coll == "all_gather":
+            if not group:
+                return math.nan
+            n_in = n_out / group
+        elif coll == "reduce_scatter":
+            if not group:
+                return math.nan
+            n_in = n_out * group
+        else:
+            n_in = n_out
+    return n_in * size
+
+
+def _resolve_waits(st: _State, devices: tuple[Any, ...], streams: tuple[Any, ...], corr: list[int | None],
+                   launch_us: np.ndarray) -> list[tuple[int, float, int, int]]:
+    """(waiting stream, wait ts in us, recorded activity's correlation, recording stream) per wait
+    whose event was recorded after some activity."""
+    if not st.waits:
+        return []
+    by_stream: dict[tuple[Any, Any], list[tuple[float, int]]] = {}
+    for i, c in enumerate(corr):
+        if c is not None and not math.isnan(launch_us[i]):
+            by_stream.setdefault((_hashable(devices[i]), streams[i]), []).append((float(launch_us[i]), c))
+    for v in by_stream.values():
+        v.sort()
+    keys = {k: [t for t, _ in v] for k, v in by_stream.items()}
+    out: list[tuple[int, float, int, int]] = []
+    for device, waiting, ts, rec, recording in st.waits:
+        record = st.launches.get(rec)
+        stream, rec_stream = _int(waiting), _int(recording)
+        if record is None or stream is None or rec_stream is None:
+            continue
+        key = (_hashable(device), rec_stream)
+        lst = by_stream.get(key)
+        if not lst:
+            continue
+        j = bisect.bisect_right(keys[key], float(record[0])) - 1
+        if j >= 0:
+            out.append((stream, float(ts), lst[j][1], rec_stream))
+    return out
+
+
+# -- putting the files together --------------------------------------------------------------------
+
+def _assign_ranks(files: list[_FileData], path: Path) -> list[int]:
+    multi = len(files) > 1
+    ranks: list[int] = []
+    owner: dict[int, str] = {}
+    for f in files:
+        rank = f.rank
+        if rank is None:
+            m = _RANK_IN_NAME.search(f.name)
+            if m:
+                rank = int(m.group(1))
+            elif not multi:
+                rank = 0
+            else:
+                raise OvsimError("no rank: the file has no distributedInfo.rank and its name no rank<N>",
+                                 source=f.source, field="distributedInfo.rank")
+        if rank in owner:
+            raise OvsimError(f"rank {rank} appears in both {owner[rank]} and {f.source}", source=str(path),
+                             field="distributedInfo.rank")
+        owner[rank] = f.source
+        ranks.append(rank)
+    sizes = {f.world_size for f in files if f.world_size is not None}
+    if len(sizes) > 1:
+        raise OvsimError(f"the files disagree on the world size ({sorted(sizes)})", source=str(path),
+                         field="distributedInfo.world_size")
+    if sizes:
+        world = sizes.pop()
+        for f, rank in zip(files, ranks, strict=True):
+            if rank >= world:
+                raise OvsimError(f"rank {rank} is outside the world size {world}", source=f.source,
+                                 field="distributedInfo.rank")
+        missing = sorted(set(range(world)) - set(ranks))
+        if multi and missing:
+            shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+            raise OvsimError(f"world size is {world} but there is no file for rank(s) {shown}", source=str(path),
+                             field="distributedInfo.world_size")
+    return ranks
+
+
+def _gpu_name(device_names: dict[int, str], devices: pd.arrays.IntegerArray) -> str | None:
+    """The name of the device most rows ran on, else of the first device listed."""
+    if not device_names:
+        return None
+    used = devices[~devices.isna()]
+    if len(used):
+        values, counts = np.unique(used.to_numpy(dtype=np.int64), return_counts=True)
+        name = device_names.get(int(values[np.argmax(counts)]))
+        if name is not None:
+            return name
+    return next(iter(device_names.values()))
+
+
+def load_kineto(path: str | Path) -> TraceBundle:
+    """Read a Kineto trace file, folder of rank files, or archive of them (see the module docstring)."""
+    p = Path(path)
+    if not p.exists():
+        raise OvsimError("no such file or folder", source=str(p), field="path")
+    files: list[_FileData] = []
+    for item in _inputs(p):
+        files.append(_parse_file(*item))
+        # Drop this file's bytes before the next file is read.
+        del item
+    ranks = _assign_ranks(files, p)
+    bases = [f.base_ns for f in files]
+    known = [b for b in bases if b is not None]
+    origin = min(known) if known else 0
+    offsets = [((b if b is not None else 0) - origin) / 1e9 if known else 0.0 for b in bases]
+
+    # Each file's rows are sorted by start, so joining the files in rank order sorts the table.
+    order = sorted(range(len(files)), key=lambda i: ranks[i])
+    parts: dict[str, list[Any]] = {}
+    for i in order:
+        f = files[i]
+        for k, v in f.columns.items():
+            parts.setdefault(k, []).append(v)
+        parts.setdefault("rank", []).append(np.full(f.n, ranks[i], dtype=np.int64))
+        parts.setdefault("offset", []).append(np.full(f.n, offsets[i]))
+        f.columns = {}
+    columns: dict[str, Any] = {}
+    for k in list(parts):
+        chunks = parts.pop(k)
+        if isinstance(chunks[0], np.ndarray):
+            columns[k] = np.concatenate(chunks)
+        elif isinstance(chunks[0], pd.arrays.IntegerArray):
+            columns[k] = pd.concat([pd.Series(c) for c in chunks], ignore_index=True)
+        else:
+            columns[k] = [x for c in chunks for x in c]
+    offset = columns.pop("offset")
+    columns["start_s"] = columns.pop("ts_us") / 1e6 + offset
+    columns["launch_s"] = columns.pop("launch_us") / 1e6 + offset
+    table = make_table(columns, str(p))
+    del columns
+
+    skipped: Counter[str] = Counter()
+    for f in files:
+        skipped.update(f.skipped)
+    gpu_names = {rank: f.gpu_name for f, rank in zip(files, ranks, strict=True) if f.gpu_name is not None}
+    sizes = [f.world_size for f in files if f.world_size is not None]
+    return TraceBundle(
+        kernels=table, gpu_names=dict(sorted(gpu_names.items())), world_size=sizes[0] if sizes else None,
+        sources=dict(sorted((r, f.source) for f, r in zip(files, ranks, strict=True))),
+        skipped={k: v for k, v in sorted(skipped.items())},
+        syncs=_syncs_frame(files, ranks, offsets))
+
+
+def _syncs_frame(files: list[_FileData], ranks: list[int], offsets: list[float]) -> pd.DataFrame | None:
+    rows = [(rank, stream, ts / 1e6 + off, corr, rec_stream)
+            for f, rank, off in zip(files, ranks, offsets, strict=True)
+            for stream, ts, corr, rec_stream in f.syncs]
+    if not rows:
+        return None
+    rank, stream, after, corr, rec_stream = zip(*rows, strict=True)
+    frame = pd.DataFrame({
+        "rank": pd.array(rank, dtype="Int64"), "waiting_stream": pd.array(stream, dtype="Int64"),
+        "waiting_after_s": np.array(after, dtype=np.float64), "recorded_correlation": pd.array(corr, dtype="Int64"),
+        "recorded_stream": pd.array(rec_stream, dtype="Int64"),
+    })
+    return frame.sort_values(["rank", "waiting_after_s"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,117 @@
+"""Open any supported trace: the format is chosen from the path, or named."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+
+from ovsim.errors import OvsimError
+from ovsim.traces.table import TraceBundle, validate_table
+
+Format = Literal["auto", "kineto", "nsys-sqlite", "nsys-csv", "parquet"]
+FORMATS: tuple[str, ...] = ("auto", "kineto", "nsys-sqlite", "nsys-csv", "parquet")
+
+
+def detect_format(path: Path) -> str:
+    name = path.name.lower()
+    if path.is_dir() or name.endswith((".json", ".json.gz", ".tar.gz", ".tgz", ".tar")):
+        return "kineto"
+    if name.endswith((".sqlite", ".sqlite3", ".db")):
+        return "nsys-sqlite"
+    if name.endswith(".csv"):
+        return "nsys-csv"
+    if name.endswith(".parquet"):
+        return "parquet"
+    raise OvsimError("cannot tell the trace format from the name; pass --format "
+                     "(kineto, nsys-sqlite, nsys-csv, parquet)", source=str(path), field="format")
+
+
+def _load_one(path: Path, fmt: str) -> TraceBundle:
+    if not path.exists():
+        raise OvsimError("no such file or folder", source=str(path), field="path")
+    kind = detect_format(path) if fmt == "auto" else fmt
+    if kind == "kineto":
+        from ovsim.traces.kineto import load_kineto
+        return load_kineto(path)
+    if kind == "nsys-sqlite":
+        from ovsim.traces.nsys import load_nsys_sqlite
+        return load_nsys_sqlite(path)
+    if kind == "nsys-csv":
+        from ovsim.traces.nsys import load_nsys_csv
+        return load_nsys_csv(path)
+    if kind == "parquet":
+        return read_table(path)
+    raise OvsimError(f"unknown format '{fmt}'; expected one of {', '.join(FORMATS)}", source=str(path),
+                     field="format")
+
+
+def load_trace(paths: str | Path | Sequence[str | Path], fmt: str = "auto") -> TraceBundle:
+    """One bundle from one trace, or from several files that are different ranks of one run."""
+    items = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+    if not items:
+        raise OvsimError("no trace given", field="path")
+    bundles = [_load_one(p, fmt) for p in items]
+    if len(bundles) == 1:
+        return bundles[0]
+    seen: dict[int, str] = {}
+    for p, b in zip(items, bundles, strict=True):
+        for r in b.kernels["rank"].dropna().unique():
+            if int(r) in seen:
+                raise OvsimError(f"rank {int(r)} appears in both {seen[int(r)]} and {p}", source=str(p), field="rank")
+            seen[int(r)] = str(p)
+    skipped: dict[str, int] = {}
+    for b in bundles:
+        for k, v in b.skipped.items():
+            skipped[k] = skipped.get(k, 0) + v
+    syncs = [b.syncs for b in bundles if b.syncs is not None]
+    sizes = {b.world_size for b in bundles if b.world_size is not None}
+    return TraceBundle(
+        kernels=pd.concat([b.kernels for b in bundles], ignore_index=True),
+        gpu_names={r: n for b in bundles for r, n in b.gpu_names.items()},
+        world_size=max(sizes) if sizes else None,
+        sources={r: s for b in bundles for r, s in b.sources.items()},
+        skipped=skipped,
+        syncs=pd.concat(syncs, ignore_index=True) if syncs else None,
+    )
+
+
+def write_table(bundle: TraceBundle, path: str | Path) -> None:
+    """Save the canonical table as parquet, with the GPU names and sources in its metadata."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(bundle.kernels, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"ovsim"] = json.dumps({"schema": "ovsim.kernels/1", "gpu_names": bundle.gpu_names,
+                                 "world_size": bundle.world_size, "sources": bundle.sources,
+                                 "skipped": bundle.skipped}).encode()
+    try:
+        pq.write_table(table.replace_schema_metadata(meta), str(path))
+    except OSError as e:
+        raise OvsimError(f"cannot write: {e}", source=str(path), field="output") from None
+
+
+def read_table(path: str | Path) -> TraceBundle:
+    import json
+
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(str(path))
+    except Exception as e:  # pyarrow raises several types for a file that is not parquet
+        raise OvsimError(f"not a readable parquet file ({type(e).__name__})", source=str(path),
+                         field="parquet") from None
+    raw = (table.schema.metadata or {}).get(b"ovsim")
+    meta = json.loads(raw) if raw else {}
+    return TraceBundle(
+        kernels=validate_table(table.to_pandas(), str(path)),
+        gpu_names={int(k): v for k, v in meta.get("gpu_names", {}).items()},
+        world_size=meta.get("world_size"),
+        sources={int(k): v for k, v in meta.get("sources", {}).items()},
+        skipped=dict(meta.get("skipped", {})),
+    )
