@@ -106,3 +106,36 @@ def test_console_script_exits_nonzero_without_traceback(tmp_path: Path) -> None:
                           check=False)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "ops" in proc.stderr
+
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+DLRM = TRACES / "param" / "et_replay" / "tests" / "inputs" / "dlrm_kineto.tar.gz"
+
+
+def test_replay_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if not DLRM.exists():
+        pytest.skip(f"shared traces not found at {TRACES}")
+    timeline = tmp_path / "replay.json"
+    assert main(["replay", str(DLRM), "--json", "--timeline", str(timeline)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["summary"]["ranks"] == 8 and data["summary"]["collective_kernels"] == 64
+    assert {"measured_start_s", "predicted_duration_s", "overlapped", "isolated_source"} <= set(data["kernels"][0])
+    procs = {e["args"]["name"] for e in json.loads(timeline.read_text())["traceEvents"] if e["name"] == "process_name"}
+    assert {"rank 0 measured", "rank 0 predicted", "rank 7 predicted"} <= procs
+    table = tmp_path / "k.parquet"
+    assert main(["import", str(DLRM), "-o", str(table), "--quiet"]) == 0
+    assert main(["replay", str(table), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["summary"]["kernels"] == data["summary"]["kernels"]
+    assert again["summary"]["mape_pct"] == pytest.approx(data["summary"]["mape_pct"])
+
+
+@pytest.mark.parametrize("args", [["replay", "nope.json"], ["import", "nope.json", "-o", "x.parquet"],
+                                  ["replay", "trace.unknownext"]])
+def test_replay_bad_input_is_one_line(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trace.unknownext").write_text("{}")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ovsim: error:") and "\n" not in err and args[1] in err

@@ -69,7 +69,9 @@ def blocks_per_sm(block: BlockShape, gpu: GpuSpec) -> int:
     by_threads = sm.max_threads_per_sm // (warps * sm.warp_size)
     regs = registers_per_block(block, gpu)
     by_regs = sm.registers_per_sm // regs if regs else sm.max_blocks_per_sm
-    by_smem = sm.shared_mem_per_sm_bytes // shared_mem_per_block(block, gpu)
+    smem = shared_mem_per_block(block, gpu)
+    # GPUs without a per-block reservation (V100, AMD) let blocks with no shared memory stack freely.
+    by_smem = sm.shared_mem_per_sm_bytes // smem if smem else sm.max_blocks_per_sm
     return max(0, min(by_threads, by_regs, by_smem, sm.max_blocks_per_sm))
 
 

@@ -1,0 +1,67 @@
+"""Replay every shared real trace that has communication and print the validation figures.
+
+For each trace: the compute kernels that overlapped communication and could be scored, ovsim's
+MAPE on them, the naive (no contention) MAPE, the MAPE of a constant-slowdown oracle (every scored
+kernel's isolated duration times the median measured slowdown of the trace, a bound on what any
+model that predicts one slowdown per trace can reach), the median measured and predicted slowdown,
+and the span error. The traces are read where the project expects them (../shared/traces).
+
+    python bench/replay_shared_traces.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ovsim.errors import OvsimError
+from ovsim.replay import replay
+from ovsim.traces.load import load_trace
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+# (path, GPU spec to use when the trace does not name one)
+CASES = [
+    ("HolisticTraceAnalysis/tests/data/nccl_parser_config/nccl_data.json.gz", None),
+    ("HolisticTraceAnalysis/tests/data/negative_queue_length_values_check/rank0.json.gz", None),
+    # No deviceProperties; its cutlass sm80 GEMMs put it on an A100 (MANIFEST.md).
+    ("HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz", "a100-sxm4-80gb"),
+    ("HolisticTraceAnalysis/tests/data/trace_diff/test/test.json.gz", None),
+    ("TraceLens/tests/traces/mi300/resnet_act_checkpoint.json.gz", None),
+    ("param/et_replay/tests/inputs/dlrm_kineto.tar.gz", None),
+]
+
+
+def main() -> int:
+    if not TRACES.exists():
+        print(f"shared traces not found at {TRACES}; nothing to replay")
+        return 0
+    print(f"{'trace':<32} {'gpu':<15} {'ranks':>5} {'scored':>6} {'ovsim':>7} {'naive':>7} {'oracle':>7} "
+          f"{'meas x':>7} {'pred x':>7} {'span':>7} {'s':>5}")
+    for rel, gpu in CASES:
+        path = TRACES / rel
+        t0 = time.perf_counter()
+        try:
+            r = replay(load_trace(path), gpu=gpu, counters=False)
+        except OvsimError as e:
+            print(f"{path.name:<32} error: {e.one_line()}")
+            continue
+        k = r.kernels
+        s = k[k["overlapped"] & (k["isolated_source"] == "signature")]
+        meas = s["measured_duration_s"].to_numpy(float)
+        iso = s["isolated_s"].to_numpy(float)
+        pred = s["predicted_duration_s"].to_numpy(float)
+        med = float(np.median(meas / iso)) if len(s) else float("nan")
+        oracle = float(np.mean(np.abs(med * iso - meas) / meas) * 100) if len(s) else float("nan")
+        sm = r.summary
+        print(f"{path.name[:32]:<32} {sm['gpu']:<15} {sm['ranks']:>5} {sm['scored_kernels']:>6} "
+              f"{sm['mape_pct']:>6.1f}% {sm['naive_mape_pct']:>6.1f}% {oracle:>6.1f}% {med:>7.3f} "
+              f"{float(np.median(pred / iso)) if len(s) else float('nan'):>7.3f} {sm['span_error_pct']:>+6.1f}% "
+              f"{time.perf_counter() - t0:>5.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
