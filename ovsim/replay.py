@@ -14,8 +14,9 @@ Reconstruction
 - Copies and memsets are copy-engine flows at their measured rate.
 
 Isolated durations of compute kernels never come from their own overlapped measurement:
-``self`` (the kernel did not overlap communication), ``signature`` (median of the same name, grid
-and block that did not overlap, same rank first), ``ambiguous`` (such instances exist but disagree
+``self`` (the kernel did not overlap communication), ``signature`` (median of the same name, grid,
+block and launching operator with its input shapes where the trace records them, that did not
+overlap, same rank first), ``ambiguous`` (such instances exist but disagree
 by more than ``SIGNATURE_SPREAD``: one launch shape, several problem sizes) or ``none``. Only
 ``signature`` kernels are scored; ``none`` kernels run at their measured duration and ``ambiguous``
 ones at the median, and both are counted.
@@ -92,6 +93,7 @@ class _Cols:
     collective: list[str]
     copy_kind: list[str]
     process_group: list[str]
+    host_op: list[str]
     seq: np.ndarray
     group_size: np.ndarray
     message_bytes: np.ndarray
@@ -118,7 +120,7 @@ class _Cols:
             rank=df["rank"].to_numpy(dtype=np.int64), stream=df["stream"].to_numpy(dtype=np.int64),
             start=f("start_s"), dur=f("duration_s"), launch=f("launch_s"), correlation=f("correlation"),
             name=s("name"), kind=s("kind"), collective=s("collective"), copy_kind=s("copy_kind"),
-            process_group=s("process_group"), seq=f("seq"), group_size=f("group_size"),
+            process_group=s("process_group"), host_op=s("host_op"), seq=f("seq"), group_size=f("group_size"),
             message_bytes=f("message_bytes"), bytes=f("bytes"),
             grid=np.stack([f("grid_x"), f("grid_y"), f("grid_z")], axis=1),
             block=np.stack([f("block_x"), f("block_y"), f("block_z")], axis=1),
@@ -150,7 +152,10 @@ def isolated_durations(c: _Cols, overlapped: np.ndarray) -> tuple[np.ndarray, np
     iso = c.dur.copy()
     is_compute = np.array([k in COMPUTE_KINDS for k in c.kind], dtype=bool)
     src = np.where(is_compute, "self", "measured").astype(object)
-    sig = [f"{n}|{g}|{b}" for n, g, b in zip(c.name, c.grid.tolist(), c.block.tolist(), strict=True)]
+    # The launching operator's input shapes, where recorded, tell apart problem sizes that share a
+    # kernel and launch shape.
+    sig = [f"{n}|{g}|{b}|{h}" for n, g, b, h in zip(c.name, c.grid.tolist(), c.block.tolist(), c.host_op,
+                                                    strict=True)]
     clean: dict[tuple[str, int], list[float]] = {}
     clean_any: dict[str, list[float]] = {}
     for i in np.flatnonzero(is_compute & ~overlapped):

@@ -29,6 +29,8 @@ Columns (name: dtype, meaning):
 - ``group_size``: Int64, ranks in the collective's process group
 - ``process_group``: str, the process group's name
 - ``seq``: Int64, the collective's sequence number in its process group, equal on every rank that runs it
+- ``host_op``: str, the operator that launched it with its input shapes (``aten::mm[[64, 128], [128, 256]]``)
+  where the trace records shapes; it tells problem sizes apart that share a kernel and launch shape
 """
 
 from __future__ import annotations
@@ -48,11 +50,12 @@ KINDS = ("gemm", "attention", "elementwise", "norm", "collective", "copy", "mems
 INT_COLUMNS = ("rank", "device", "stream", "correlation", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
                "block_z", "registers_per_thread", "shared_mem_bytes", "group_size", "seq")
 FLOAT_COLUMNS = ("start_s", "duration_s", "launch_s", "bytes", "message_bytes")
-STR_COLUMNS = ("name", "kind", "copy_kind", "collective", "algorithm", "protocol", "dtype", "process_group")
+STR_COLUMNS = ("name", "kind", "copy_kind", "collective", "algorithm", "protocol", "dtype", "process_group",
+               "host_op")
 COLUMNS = ("rank", "device", "stream", "correlation", "name", "kind", "start_s", "duration_s", "launch_s",
            "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread", "shared_mem_bytes",
            "bytes", "copy_kind", "collective", "algorithm", "protocol", "dtype", "message_bytes", "group_size",
-           "process_group", "seq")
+           "process_group", "seq", "host_op")
 REQUIRED = ("rank", "stream", "name", "start_s", "duration_s")
 
 
