@@ -253,20 +253,35 @@ def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Param
     n = len(c.start)
     op_ids = [f"r{int(c.rank[i])}:s{int(c.stream[i])}:{i}" for i in range(n)]
     end = c.end
-    t0 = float(c.start.min()) if n else 0.0
+    has_launch = np.isfinite(c.launch)
+    t0 = float(min(c.start.min(), c.launch[has_launch].min() if has_launch.any() else np.inf)) if n else 0.0
     deps = _dependencies(c, syncs)
     ops: list[Op] = []
     streams: set[tuple[int, str]] = set()
+    # The host's launch calls happen when they were measured to: a chain of delays per rank that
+    # each GPU activity waits for, so a GPU running late or early moves only what was queued.
+    host_of: dict[int, str] = {}
+    for r, ix in rank_ix.items():
+        rows = np.flatnonzero((c.rank == r) & has_launch)
+        prev = t0
+        for i in (int(x) for x in rows[np.argsort(c.launch[rows], kind="stable")]):
+            host_of[i] = f"host{ix}:{i}"
+            ops.append(Op(id=host_of[i], name="launch", kind="delay", rank=ix, stream="host",
+                          delay_s=max(0.0, float(c.launch[i]) - prev)))
+            prev = max(prev, float(c.launch[i]))
+        if len(rows):
+            streams.add((ix, "host"))
     prev_end: dict[tuple[int, int], float] = {}
     for i in (int(x) for x in np.argsort(c.start, kind="stable")):
         rank, stream = rank_ix[int(c.rank[i])], int(c.stream[i])
         sname = f"stream {stream}"
         streams.add((rank, sname))
-        ready = max([prev_end.get((rank, stream), t0), *(float(end[d]) for d in deps.get(i, ()))])
+        ready = max([prev_end.get((rank, stream), t0), *(float(end[d]) for d in deps.get(i, ())),
+                     float(c.launch[i]) if has_launch[i] else t0])
         prev_end[(rank, stream)] = float(end[i])
+        dep_ids = tuple(op_ids[d] for d in deps.get(i, ())) + ((host_of[i],) if i in host_of else ())
         common: dict[str, Any] = {"id": op_ids[i], "name": c.name[i][:200], "rank": rank, "stream": sname,
-                                  "deps": tuple(op_ids[d] for d in deps.get(i, ())),
-                                  "delay_s": max(0.0, float(c.start[i]) - ready)}
+                                  "deps": dep_ids, "delay_s": max(0.0, float(c.start[i]) - ready)}
         kind = c.kind[i]
         dur = max(float(c.dur[i]), 1e-9)
         if kind == "collective":
