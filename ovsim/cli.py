@@ -96,12 +96,43 @@ def _replay_table(result: Any, max_rows: int) -> str:
     return "\n".join(lines)
 
 
+class _Progress:
+    """A one-line progress display on stderr, only when it is a terminal and output is not quiet."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.on = not quiet and sys.stderr.isatty()
+        self.shown = False
+
+    def stage(self, text: str) -> None:
+        if self.on:
+            sys.stderr.write(f"\r\033[K{text}")
+            sys.stderr.flush()
+            self.shown = True
+
+    def ops(self, done: int, total: int) -> None:
+        width = 30
+        fill = int(width * done / total) if total else width
+        self.stage(f"simulating [{'#' * fill}{'.' * (width - fill)}] {done}/{total} ops")
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
 def _replay(args: argparse.Namespace) -> int:
     from ovsim.replay import replay
     from ovsim.traces.load import load_trace
     from ovsim.traces.perfetto import replay_trace_events, write_json
 
-    result = replay(load_trace(args.traces, args.format), gpu=args.gpu, counters=False)
+    bar = _Progress(args.quiet or args.json)
+    bar.stage(f"reading {', '.join(args.traces)}")
+    try:
+        bundle = load_trace(args.traces, args.format)
+        bar.stage("building the workload")
+        result = replay(bundle, gpu=args.gpu, counters=False, progress=bar.ops if bar.on else None)
+    finally:
+        bar.done()
     if args.timeline:
         write_json(replay_trace_events(result.kernels), args.timeline)
     if args.json:
@@ -114,8 +145,14 @@ def _replay(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from ovsim.traces.load import load_trace, write_table
 
-    bundle = load_trace(args.traces, args.format)
-    write_table(bundle, args.output)
+    bar = _Progress(args.quiet)
+    bar.stage(f"reading {', '.join(args.traces)}")
+    try:
+        bundle = load_trace(args.traces, args.format)
+        bar.stage(f"writing {args.output}")
+        write_table(bundle, args.output)
+    finally:
+        bar.done()
     if not args.quiet:
         k = bundle.kernels
         skipped = ", ".join(f"{v} {r}" for r, v in sorted(bundle.skipped.items())) or "none"

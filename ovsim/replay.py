@@ -31,7 +31,7 @@ otherwise; links are not a constraint (each collective's rate is its measured on
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,7 +361,8 @@ def _system_for(gpu_name: str, n_ranks: int) -> SystemSpec:
     })
 
 
-def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True) -> ReplayResult:
+def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True,
+           progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     """Replay a measured run (see the module docstring); ``gpu`` names a GPU spec when the trace's
     device name is unknown or to override it."""
     df = bundle.kernels.reset_index(drop=True)
@@ -386,7 +387,7 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
     iso, src = isolated_durations(cols, overlapped)
     wl, op_ids = build_replay_workload(cols, iso, spec, params, bundle.syncs)
     machine = build_machine(_system_for(gpu_name, wl.n_ranks), spec, params, n_ranks=wl.n_ranks)
-    timeline = Engine(wl, machine, EngineOptions(counters=counters)).run()
+    timeline = Engine(wl, machine, EngineOptions(counters=counters, progress=progress)).run()
     pred = timeline.ops.set_index("id").loc[op_ids]
     p_start = pred["start_s"].to_numpy(dtype=float)
     out = pd.DataFrame({

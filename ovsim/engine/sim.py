@@ -229,6 +229,8 @@ class EngineOptions:
     counters: bool = True
     # Check at every event that no SM limit or channel is over-subscribed (tests turn this on).
     check_invariants: bool = False
+    # Called now and then with (ops finished, ops in total), for a progress display.
+    progress: Callable[[int, int], None] | None = None
 
 
 class Engine:
@@ -481,6 +483,8 @@ class Engine:
     def _resolve(self, _: simpy.Event | None) -> None:
         self.resolve_pending = False
         self.resolves += 1
+        if self.opts.progress is not None and self.resolves % 4096 == 0:
+            self.opts.progress(len(self.finished), len(self.workload.ops))
         self.touched = {}
         fired, self.fired = self.fired, []
         for r in fired:

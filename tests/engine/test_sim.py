@@ -212,3 +212,18 @@ def test_ops_released_together_launch_in_program_order(first: str, h100: GpuSpec
     second = "y" if first == "x" else "x"
     assert out.loc[first, "start_s"] == pytest.approx(out.loc["k0", "end_s"], rel=1e-12)
     assert out.loc[second, "start_s"] == pytest.approx(out.loc[first, "end_s"], rel=1e-12)
+
+
+def test_progress_is_reported_with_finished_and_total_ops(h100: GpuSpec, h100_calib: Calibration,
+                                                          h100_node: SystemSpec) -> None:
+    from ovsim.engine.sim import EngineOptions
+
+    tiny = cost.demand_from_time(blocks=1, block=BlockShape(64, 16, 0), isolated_s=1e-6, flops=0.0, hbm_bytes=0.0,
+                                 gpu=h100, issue_intensity=1.0, clock_sensitive=True)
+    ops = [Op(f"k{i}", "k", "generic", 0, "s", kernel=tiny) for i in range(9000)]
+    seen: list[tuple[int, int]] = []
+    machine = build_machine(h100_node, h100, h100_calib.params, n_ranks=1)
+    Engine(Workload(ops=tuple(ops), streams=(StreamSpec(0, "s"),), n_ranks=1), machine,
+           EngineOptions(counters=False, progress=lambda done, total: seen.append((done, total)))).run()
+    assert seen and all(total == 9000 for _, total in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and 0 < seen[-1][0] <= 9000
