@@ -20,19 +20,9 @@ import numpy as np
 from ovsim.errors import OvsimError
 from ovsim.replay import replay
 from ovsim.traces.load import load_trace
+from ovsim.validate import TRACE_CASES
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-# (path, GPU spec to use when the trace does not name one)
-CASES = [
-    ("HolisticTraceAnalysis/tests/data/nccl_parser_config/nccl_data.json.gz", None),
-    ("HolisticTraceAnalysis/tests/data/negative_queue_length_values_check/rank0.json.gz", None),
-    # No deviceProperties; its cutlass sm80 GEMMs put it on an A100 (MANIFEST.md).
-    ("HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz", "a100-sxm4-80gb"),
-    ("HolisticTraceAnalysis/tests/data/trace_diff/test/test.json.gz", None),
-    ("TraceLens/tests/traces/mi300/resnet_act_checkpoint.json.gz", None),
-    ("param/et_replay/tests/inputs/dlrm_kineto.tar.gz", None),
-]
-
 
 def main() -> int:
     if not TRACES.exists():
@@ -40,7 +30,7 @@ def main() -> int:
         return 0
     print(f"{'trace':<32} {'gpu':<15} {'ranks':>5} {'scored':>6} {'ovsim':>7} {'naive':>7} {'oracle':>7} "
           f"{'meas x':>7} {'pred x':>7} {'span':>7} {'s':>5}")
-    for rel, gpu in CASES:
+    for rel, gpu in TRACE_CASES:
         path = TRACES / rel
         t0 = time.perf_counter()
         try:

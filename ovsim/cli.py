@@ -160,6 +160,37 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ovsim.validate import run
+
+    bar = _Progress(args.quiet or args.json)
+    traces = Path(args.traces) if args.traces else None
+    if traces is not None and not traces.is_dir():
+        raise OvsimError("not a folder", source=str(traces), field="traces")
+    bar.stage("published figures")
+    try:
+        checks = run(traces, on_trace=lambda name: bar.stage(f"replaying {name}"))
+    finally:
+        bar.done()
+    if args.json:
+        print(json.dumps({"checks": [c.to_json() for c in checks]}, default=_json_default))
+    elif not args.quiet:
+        print(f"{'check':<58} {'reference':>10} {'ovsim':>10} {'error':>8} {'tol':>6}  result")
+        group = ""
+        for c in checks:
+            if c.group != group:
+                group = c.group
+                print(f"-- {group}")
+            tol = f"{c.tolerance_pct:.0f}%" if c.rule == "within" else "<= ref"
+            print(f"{c.name[:58]:<58} {c.reference:>10.2f} {c.predicted:>10.2f} {c.error_pct:>+7.1f}% {tol:>6}  "
+                  f"{'pass' if c.passed else 'FAIL'}  {c.unit}{'; ' + c.note if c.note else ''}")
+        if traces is None:
+            print("(no --traces folder given: replays of real traces not run)")
+    return 0
+
+
 def _json_default(x: Any) -> Any:
     if hasattr(x, "item"):
         return x.item()
@@ -202,6 +233,11 @@ def parser() -> argparse.ArgumentParser:
     ip.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: from the name)")
     ip.add_argument("--quiet", action="store_true", help="print nothing")
     ip.set_defaults(func=_import)
+    vp = sub.add_parser("validate", help="reproduce published figures and replay real traces; one table")
+    vp.add_argument("--traces", metavar="DIR", help="folder holding the shared real traces (their layout as published)")
+    vp.add_argument("--json", action="store_true", help="print one JSON object")
+    vp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    vp.set_defaults(func=_validate)
     sp = sub.add_parser("specs", help="list the known GPUs and systems")
     sp.set_defaults(func=_specs)
     return p
