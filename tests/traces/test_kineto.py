@@ -624,7 +624,8 @@ def test_fuzz_mutated_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fu
         if data.draw(st.booleans(), label="delete"):
             del holder[key]
         else:
-            holder[key] = data.draw(st.sampled_from(WRONG), label="value")
+            # A copy: a later mutation may land inside this value, and WRONG is shared by all examples.
+            holder[key] = copy.deepcopy(data.draw(st.sampled_from(WRONG), label="value"))
     # json, not orjson: it writes the integers beyond 64 bits that a broken writer might.
     text = json.dumps(d, indent=2 if indent else None).encode()
     path = write(tmp_path / ("t.json.gz" if gz else "t.json"), text, gz=gz)
