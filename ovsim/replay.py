@@ -60,7 +60,6 @@ COMPUTE_KINDS = ("gemm", "attention", "elementwise", "norm", "other")
 MEMORY_KINDS = ("elementwise", "norm")
 _ENGINE_KIND: dict[str, KernelKind] = {"gemm": "gemm", "attention": "attention", "elementwise": "elementwise",
                                        "norm": "norm", "other": "generic"}
-_REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
 _NCCL_OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"}
 
 
@@ -236,7 +235,7 @@ def _flows(c: _Cols, groups: dict[int, str], rank_ix: dict[int, int]) -> dict[st
         n = int(c.group_size[rows[0]]) if math.isfinite(c.group_size[rows[0]]) else len(rows)
         if op in _NCCL_OPS and math.isfinite(size) and size > 0 and n > 1:
             bus = size * nccl.bus_factor(op, n)  # type: ignore[arg-type]
-            hbm = p.hbm_bytes_per_bus_byte_reduce if op in _REDUCING else p.hbm_bytes_per_bus_byte_copy
+            hbm = p.hbm_bytes_per_bus_byte_reduce if op in nccl.REDUCING_OPS else p.hbm_bytes_per_bus_byte_copy
         else:
             bus, hbm = 1.0, 0.0
         flows[gname] = FlowDemand(group=gname, ranks=tuple(sorted(rank_ix[int(c.rank[i])] for i in rows)), bytes=bus,

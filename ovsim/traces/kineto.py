@@ -71,7 +71,7 @@ import re
 import tarfile
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -560,15 +560,9 @@ def _host_ops(st: _State, ext: tuple[Any, ...], corr: list[int | None]) -> list[
             key = (_hashable(pid), _hashable(tid))
             spans = st.host_spans.get(key)
             if op is None and spans:
-                j = bisect.bisect_right(starts[key], float(ts)) - 1
-                # Nested operators: the latest one starting before the launch that still covers it.
-                for _ in range(64):
-                    if j < 0:
-                        break
-                    if spans[j][1] >= ts:
-                        op = (spans[j][2], spans[j][3])
-                        break
-                    j -= 1
+                j = _innermost(spans, starts[key], float(ts), limit=64)
+                if j is not None:
+                    op = (spans[j][2], spans[j][3])
         if op is None:
             out.append("")
             continue
@@ -673,13 +667,19 @@ def _linked_rpc(st: _State, ext: Any, corr: int | None, threads: dict[Any, list[
     spans = threads.get(key)
     if not spans:
         return None
-    # The innermost record_param_comms that encloses the launch call: the latest start at or
-    # before it whose end is not before it.
-    j = bisect.bisect_right(starts[key], float(ts)) - 1
-    while j >= 0:
-        _, end, args = spans[j]
-        if end >= ts:
-            return args
+    j = _innermost(spans, starts[key], float(ts))
+    return spans[j][2] if j is not None else None
+
+
+def _innermost(spans: Sequence[tuple[Any, ...]], starts: list[float], ts: float,
+               limit: int | None = None) -> int | None:
+    """Index of the innermost span (start, end, ...) enclosing ``ts`` on one thread: the latest start
+    at or before it whose end is not before it; ``limit`` bounds how many spans back to look."""
+    j = bisect.bisect_right(starts, ts) - 1
+    stop = -1 if limit is None else max(-1, j - limit)
+    while j > stop:
+        if spans[j][1] >= ts:
+            return j
         j -= 1
     return None
 

@@ -47,11 +47,6 @@ def a100() -> GpuSpec:
 
 
 @pytest.fixture(scope="module")
-def h100() -> GpuSpec:
-    return load_gpu("h100-sxm5-80gb")
-
-
-@pytest.fixture(scope="module")
 def dgx_a100() -> SystemSpec:
     # Fixture rather than the packaged YAML so these goldens do not move with its channel count.
     return _system("dgx-a100-fixture", "a100-sxm4-80gb")
