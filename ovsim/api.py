@@ -22,6 +22,7 @@ from ovsim.hw.calib import Calibration, load_calibration
 from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu, load_system
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy
 from ovsim.models.ir import Workload
+from ovsim.models.training import build_training_workload
 from ovsim.models.workload import build_workload
 from ovsim.scenario import InlineSystem, Mode, Scenario, load_scenario
 
@@ -100,8 +101,12 @@ def build(sc: Scenario, source: str = "") -> tuple[Workload, SystemSpec, GpuSpec
     n_ranks = sc.ranks or system.gpu_count
     if n_ranks > system.gpu_count:
         raise OvsimError(f"{n_ranks} ranks on a {system.gpu_count}-GPU system", source=source, field="ranks")
-    wl = build_workload(list(sc.ops), gpu=gpu, system=system, params=calib.params, n_ranks=n_ranks,
-                        schedule=sc.schedule, knobs=sc.knobs, streams=sc.streams, source=source)
+    if sc.training is not None:
+        wl = build_training_workload(sc.training, gpu=gpu, system=system, params=calib.params, n_ranks=n_ranks,
+                                     schedule=sc.schedule, knobs=sc.knobs, streams=sc.streams, source=source)
+    else:
+        wl = build_workload(list(sc.ops), gpu=gpu, system=system, params=calib.params, n_ranks=n_ranks,
+                            schedule=sc.schedule, knobs=sc.knobs, streams=sc.streams, source=source)
     return wl, system, gpu, calib
 
 

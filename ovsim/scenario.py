@@ -21,10 +21,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import SystemSpec, read_yaml, validation_error
+from ovsim.models.training import TrainingSpec
 from ovsim.models.workload import Knobs, OpSpec, Schedule
 
 Mode = Literal["simulate", "analytic"]
@@ -60,7 +61,17 @@ class Scenario(BaseModel):
     knobs: Knobs = Field(default_factory=Knobs)
     streams: dict[str, int] = Field(default_factory=dict)
     calibration: list[str] = Field(default_factory=list)
-    ops: list[OpSpec] = Field(min_length=1)
+    # Either a list of ops or a training iteration (docs/training.md), not both.
+    ops: list[OpSpec] = Field(default_factory=list)
+    training: TrainingSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> Scenario:
+        if self.training is None and not self.ops:
+            raise ValueError("give ops (a list of at least one op) or training")
+        if self.training is not None and self.ops:
+            raise ValueError("give ops or training, not both")
+        return self
 
 
 def load_scenario(path: str | Path) -> Scenario:

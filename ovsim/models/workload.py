@@ -36,6 +36,10 @@ class _OpBase(BaseModel):
     # "all", or the list of ranks that run this op (for a collective: its group).
     ranks: Literal["all"] | list[NonNegativeInt] = "all"
     after: list[str] = Field(default_factory=list)
+    # Like ``after``, but each name binds only on the ranks where that op runs (a send waits for
+    # the sender's compute, its receive for the receiver's); a name that runs on none of this op's
+    # ranks is an error.
+    after_any: list[str] = Field(default_factory=list)
     # Host-side gap before launch once the op is ready.
     delay_s: NonNegativeFloat = 0.0
     repeat: PositiveInt = 1
@@ -72,6 +76,9 @@ class MemoryOp(_OpBase):
     flops: NonNegativeFloat = 0.0
     threads: PositiveInt = 256
     blocks: PositiveInt | None = None
+    # A grid-stride kernel (fused norms, multi-tensor optimizers): one full wave of blocks loops
+    # over the data, instead of one block per few thousand elements.
+    grid_stride: bool = False
 
 
 class KernelOp(_OpBase):
@@ -181,8 +188,12 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
         base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
                               causal=spec.causal, backward=spec.backward)
     elif isinstance(spec, MemoryOp):
-        base = cost.memory_bound(spec.bytes, gpu, params, flops=spec.flops, threads=spec.threads,
-                                 blocks=spec.blocks)
+        blocks = spec.blocks
+        if spec.grid_stride:
+            if blocks is not None:
+                raise OvsimError("give blocks or grid_stride, not both", field="grid_stride")
+            blocks = (gpu.sm.count - knobs.sm_carveout) * cost.blocks_per_sm(BlockShape(spec.threads, 32, 0), gpu)
+        base = cost.memory_bound(spec.bytes, gpu, params, flops=spec.flops, threads=spec.threads, blocks=blocks)
     else:
         assert isinstance(spec, KernelOp)
         block = BlockShape(spec.threads, spec.registers_per_thread, spec.shared_mem_bytes)
@@ -317,9 +328,11 @@ def build_workload(
     ops: list[Op] = []
     used_streams: set[tuple[int, str]] = set()
     for spec in specs:
-        for dep in spec.after:
-            if dep not in by_name:
-                raise OvsimError(f"op '{spec.name}' follows unknown op '{dep}'", source=source, field="after")
+        for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
+            for dep in deps:
+                if dep not in by_name:
+                    raise OvsimError(f"op '{spec.name}' follows unknown op '{dep}'", source=source,
+                                     field=field_name)
         try:
             ranks = _ranks(spec, n_ranks)
             ops.extend(_expand(spec, ranks, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
@@ -340,6 +353,10 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
     stream = "main" if sequential else spec.stream
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
     kernel = _kernel_demand(spec, gpu, params, knobs) if spec.kind in COMPUTE_KINDS else None
+    on = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else ranks
+    for d in spec.after_any:
+        if not any(_runs_on(by_name[d], r, n_ranks) for r in on):
+            raise OvsimError(f"op '{spec.name}' follows '{d}', which runs on none of its ranks", field="after_any")
     for i in range(spec.repeat):
         suffix = f"#{i}" if spec.repeat > 1 else ""
 
@@ -352,6 +369,11 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
                                      f"rank {rank}", field="after")
                 j = i if other.repeat == spec.repeat else other.repeat - 1
                 ids.append(_op_id(d + (f"#{j}" if other.repeat > 1 else ""), rank))
+            for d in spec.after_any:
+                other = by_name[d]
+                if _runs_on(other, rank, n_ranks):
+                    j = i if other.repeat == spec.repeat else other.repeat - 1
+                    ids.append(_op_id(d + (f"#{j}" if other.repeat > 1 else ""), rank))
             return tuple(ids)
 
         name = spec.name + suffix
@@ -400,4 +422,4 @@ def _kind(kind: str) -> Literal["gemm", "attention", "elementwise", "norm", "sof
 
 
 def _info(spec: _OpBase) -> dict[str, object]:
-    return spec.model_dump(exclude={"name", "stream", "ranks", "after", "delay_s", "repeat"})
+    return spec.model_dump(exclude={"name", "stream", "ranks", "after", "after_any", "delay_s", "repeat"})

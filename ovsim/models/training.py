@@ -1,0 +1,804 @@
+"""Training iterations as ops: transformer models under data, tensor and pipeline parallelism,
+with the schedules that overlap their communication with compute.
+
+A :class:`TrainingSpec` names a model (a preset or its dimensions), the batch, the precision and
+the parallel layout; :func:`training_ops` turns it into the op specs of
+:mod:`ovsim.models.workload`, so that knobs (priority, occupancy shaping, channels, carve-out,
+copy-engine offload), both schedules (``overlapped``, ``sequential``) and both fidelities apply
+unchanged. :func:`build_training_workload` adds the one thing op specs cannot say: with
+communication switched off, a pipeline stage still waits for the previous stage's work.
+
+What a layer is made of (per tensor-parallel rank, T = micro-batch x sequence tokens, t = TP
+degree, the Megatron-LM layout; Narayanan et al., SC'21):
+
+* forward: norm, QKV GEMM (T x (h + 2h*kv/a)/t x h), fused attention, output projection
+  (T x h x h/t), residual + norm, FC1 (T x f*g/t x h; g = 2 for a gated MLP), activation,
+  FC2 (T x h x f/t), residual;
+* backward: for every linear a data-gradient GEMM and a weight-gradient GEMM, attention backward,
+  the memory-bound ops twice over; with ``recompute`` the layer's forward runs again first;
+* the embedding on the first pipeline stage, the LM head and loss on the last;
+* an optimizer step: fused Adam over this rank's parameters (memory-bound).
+
+Communication (sizes as nccl-tests counts them, science.md sections 1.5 and 7):
+
+* DDP: gradients bucketed in the order backward produces them (``bucket_bytes``, the first bucket
+  ``first_bucket_bytes``, PyTorch's 25 MiB / 1 MiB), one all-reduce per bucket on the ``dp``
+  stream as soon as its last gradient is ready, only on the last micro-batch (``no_sync``
+  before it: gradient accumulation);
+* FSDP / ZeRO-3: per layer an all-gather of its parameters before forward and again before
+  backward, ``fsdp_prefetch`` layers ahead, and a reduce-scatter of its gradients after
+  backward on a second stream (``dp_rs``), every micro-batch;
+* tensor parallelism: all-reduce after the row-parallel GEMMs (output projection, FC2) and after
+  the data-gradient GEMMs of the column-parallel ones (QKV, FC1); with sequence parallelism
+  all-gather before and reduce-scatter after instead (Korthikanti et al., 2022). ``tp_overlap:
+  chunked`` splits each all-gather + GEMM and GEMM + reduce-scatter/all-reduce into
+  ``tp_chunks`` pieces so that piece i's communication runs beside piece i+1's GEMM (Wang et al.,
+  ASPLOS 2023); ``copy_engine`` also moves the all-gather pieces to copy engines (the finer-grain
+  DMA variant; reductions stay on SMs, copy engines cannot add);
+* pipeline parallelism: GPipe, 1F1B and interleaved 1F1B (``virtual_stages``), with send/recv of
+  activations and their gradients between stages.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import Parameters
+from ovsim.hw.spec import GpuSpec, SystemSpec
+from ovsim.models.ir import Workload
+from ovsim.models.workload import (
+    AttentionOp,
+    CollectiveKind,
+    CollectiveOpSpec,
+    GemmOp,
+    Knobs,
+    MemoryOp,
+    OpSpec,
+    Schedule,
+    SendRecvOp,
+    build_workload,
+)
+from ovsim.units import MIB
+
+TrainPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+
+
+class ModelShape(BaseModel):
+    """A decoder-only transformer's dimensions."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    # Key/value heads (grouped-query attention); None: as many as query heads.
+    kv_heads: PositiveInt | None = None
+    # MLP inner size; None: 4 x hidden.
+    ffn_hidden: PositiveInt | None = None
+    vocab: PositiveInt = 50257
+    seq_len: PositiveInt = 2048
+    # SwiGLU-style MLP: FC1 produces two ffn_hidden-wide halves.
+    gated_mlp: bool = False
+    # Output head shares the embedding matrix (GPT-3) or has its own (LLaMA).
+    tied_embeddings: bool = True
+    source: str = ""
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelShape:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden size {self.hidden} is not a multiple of the {self.heads} heads")
+        if self.heads % self.kv:
+            raise ValueError(f"{self.heads} heads are not a multiple of the {self.kv} key/value heads")
+        return self
+
+
+_GPT3 = "Brown et al., Language Models are Few-Shot Learners, 2020, table 2.1"
+_LLAMA2 = "Touvron et al., Llama 2, 2023, table 1 and the released config.json (ffn, kv heads)"
+
+# GPT-3 XL lists 24 heads of 128 in table 2.1, which does not divide 2048; implementations
+# (Megatron-LM's examples, the seed study's DeepSpeed runs) use 16 heads of 128.
+PRESETS: dict[str, ModelShape] = {
+    "gpt3-1.3b": ModelShape(layers=24, hidden=2048, heads=16, source=_GPT3 + " (16 heads, see above)"),
+    "gpt3-2.7b": ModelShape(layers=32, hidden=2560, heads=32, source=_GPT3),
+    "gpt3-6.7b": ModelShape(layers=32, hidden=4096, heads=32, source=_GPT3),
+    "gpt3-13b": ModelShape(layers=40, hidden=5120, heads=40, source=_GPT3 + " (hidden 5120 as implemented)"),
+    "gpt3-175b": ModelShape(layers=96, hidden=12288, heads=96, source=_GPT3),
+    "llama2-13b": ModelShape(layers=40, hidden=5120, heads=40, ffn_hidden=13824, vocab=32000, seq_len=4096,
+                             gated_mlp=True, tied_embeddings=False, source=_LLAMA2),
+    "llama2-70b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000,
+                             seq_len=4096, gated_mlp=True, tied_embeddings=False, source=_LLAMA2),
+}
+ALIASES = {"gpt3-xl": "gpt3-1.3b"}
+
+
+class ParallelSpec(BaseModel):
+    """How ranks split the model: rank = (dp_index * pp + stage) * tp + tp_index (TP innermost)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Data-parallel degree; None: whatever the ranks leave after tp x pp.
+    dp: PositiveInt | None = None
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp_mode: Literal["ddp", "fsdp"] = "ddp"
+    bucket_bytes: PositiveFloat = 25 * MIB
+    first_bucket_bytes: PositiveFloat = 1 * MIB
+    # All-gathers FSDP issues ahead of the layer computing (1 = PyTorch's forward/backward prefetch).
+    fsdp_prefetch: int = Field(default=1, ge=0)
+    sequence_parallel: bool = False
+    tp_overlap: Literal["none", "chunked", "copy_engine"] = "none"
+    # Pieces per decomposed collective + GEMM; None: the TP degree.
+    tp_chunks: PositiveInt | None = None
+    pipeline: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    # Model chunks per pipeline rank (interleaved 1F1B).
+    virtual_stages: PositiveInt = 1
+
+
+class TrainingSpec(BaseModel):
+    """One training iteration: see docs/training.md."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # A preset name (``gpt3-1.3b`` ... ``llama2-70b``) or the dimensions themselves.
+    model: str | ModelShape
+    # Overrides of the model's dimensions.
+    layers: PositiveInt | None = None
+    hidden: PositiveInt | None = None
+    heads: PositiveInt | None = None
+    kv_heads: PositiveInt | None = None
+    ffn_hidden: PositiveInt | None = None
+    vocab: PositiveInt | None = None
+    seq_len: PositiveInt | None = None
+    micro_batch_size: PositiveInt = 1
+    # Micro-batches per iteration and data-parallel replica: gradient accumulation steps, or the
+    # pipeline's micro-batches.
+    micro_batches: PositiveInt = 1
+    precision: TrainPrecision = "bf16"
+    # Full activation recomputation: every layer's forward runs again before its backward.
+    recompute: bool = False
+    optimizer: bool = True
+    # Embedding on the first stage, LM head and loss on the last; false studies a uniform pipeline.
+    embedding_and_head: bool = True
+    # false drops every collective and send/recv (the compute-only reference; stages still wait
+    # for each other).
+    communication: bool = True
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+
+    def shape(self) -> ModelShape:
+        if isinstance(self.model, ModelShape):
+            base = self.model
+        else:
+            key = ALIASES.get(self.model.lower(), self.model.lower())
+            if key not in PRESETS:
+                raise OvsimError(f"unknown model '{self.model}'; presets: {', '.join(PRESETS)}", field="model")
+            base = PRESETS[key]
+        over = {k: getattr(self, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+                                               "seq_len") if getattr(self, k) is not None}
+        if not over:
+            return base
+        try:
+            return ModelShape.model_validate({**base.model_dump(), **over})
+        except ValueError as e:
+            msg = str(e).splitlines()
+            raise OvsimError(msg[-1].strip() if msg else str(e), field="model") from None
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int
+    pp: int
+    v: int
+
+    def rank(self, d: int, s: int, i: int) -> int:
+        return (d * self.pp + s) * self.tp + i
+
+    def stage_ranks(self, s: int) -> list[int]:
+        return [self.rank(d, s, i) for d in range(self.dp) for i in range(self.tp)]
+
+    def tp_groups(self, s: int) -> list[list[int]]:
+        return [[self.rank(d, s, i) for i in range(self.tp)] for d in range(self.dp)]
+
+    def dp_groups(self, s: int) -> list[list[int]]:
+        return [[self.rank(d, s, i) for d in range(self.dp)] for i in range(self.tp)]
+
+
+def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
+    """Check the parallel layout against the model and the ranks; every error names its field."""
+    p = spec.parallel
+    m = spec.shape()
+    if n_ranks % (p.tp * p.pp):
+        raise OvsimError(f"tp {p.tp} x pp {p.pp} does not divide the {n_ranks} ranks", field="parallel")
+    dp = p.dp if p.dp is not None else n_ranks // (p.tp * p.pp)
+    if dp * p.tp * p.pp != n_ranks:
+        raise OvsimError(f"dp {dp} x tp {p.tp} x pp {p.pp} = {dp * p.tp * p.pp} ranks, the scenario has "
+                         f"{n_ranks}", field="parallel.dp")
+    if m.heads % p.tp:
+        raise OvsimError(f"tensor-parallel degree {p.tp} does not divide the {m.heads} attention heads",
+                         field="parallel.tp")
+    if m.kv % p.tp and p.tp % m.kv:
+        raise OvsimError(f"tensor-parallel degree {p.tp} and {m.kv} key/value heads do not divide each other",
+                         field="parallel.tp")
+    if m.ffn % p.tp:
+        raise OvsimError(f"tensor-parallel degree {p.tp} does not divide the MLP size {m.ffn}",
+                         field="parallel.tp")
+    v = p.virtual_stages
+    if p.pipeline != "interleaved" and v != 1:
+        raise OvsimError(f"virtual_stages {v} needs pipeline: interleaved", field="parallel.virtual_stages")
+    if p.pp * v > m.layers:
+        raise OvsimError(f"{p.pp * v} pipeline stages (pp {p.pp} x virtual {v}) for {m.layers} layers",
+                         field="parallel.pp")
+    if m.layers % (p.pp * v):
+        raise OvsimError(f"{m.layers} layers do not split evenly over pp {p.pp} x virtual {v} stages",
+                         field="parallel.pp")
+    if p.pipeline == "interleaved" and (p.pp < 2 or spec.micro_batches % p.pp):
+        raise OvsimError(f"interleaved 1F1B needs pp >= 2 and micro_batches a multiple of pp (Megatron-LM); "
+                         f"pp {p.pp}, micro_batches {spec.micro_batches}", field="parallel.pipeline")
+    if p.dp_mode == "fsdp" and p.pp > 1:
+        raise OvsimError("FSDP with pipeline parallelism is not modelled; use dp_mode: ddp with pp > 1",
+                         field="parallel.dp_mode")
+    if p.sequence_parallel and p.tp == 1:
+        raise OvsimError("sequence_parallel needs tp > 1", field="parallel.sequence_parallel")
+    if p.tp_overlap != "none" and p.tp == 1:
+        raise OvsimError(f"tp_overlap: {p.tp_overlap} needs tp > 1", field="parallel.tp_overlap")
+    tokens = spec.micro_batch_size * m.seq_len
+    chunks = p.tp_chunks or p.tp
+    if chunks > tokens:
+        raise OvsimError(f"{chunks} chunks for {tokens} tokens", field="parallel.tp_chunks")
+    if p.sequence_parallel and tokens % p.tp:
+        raise OvsimError(f"sequence parallelism splits {tokens} tokens over tp {p.tp} unevenly",
+                         field="parallel.sequence_parallel")
+    if p.dp_mode == "ddp" and dp > 1:
+        grad = grad_bytes_per_rank(spec, m, p.tp, p.pp)
+        if p.bucket_bytes > grad:
+            raise OvsimError(f"bucket of {p.bucket_bytes / MIB:.1f} MiB is larger than the {grad / MIB:.1f} MiB "
+                             "of gradients a rank holds", field="parallel.bucket_bytes")
+    return Layout(dp=dp, tp=p.tp, pp=p.pp, v=v)
+
+
+def _comm_bytes(precision: str) -> int:
+    """Bytes per element of gradients and gathered parameters on the wire: fp32 for fp32/tf32
+    training, 16-bit otherwise (FP8 training keeps 16-bit weights and gradients)."""
+    return 4 if precision in ("fp32", "tf32") else 2
+
+
+def _act_bytes(precision: str) -> int:
+    return 4 if precision in ("fp32", "tf32") else 2
+
+
+def layer_matrices(m: ModelShape, tp: int) -> dict[str, tuple[int, int]]:
+    """(in, out) of each linear of a layer on one TP rank, in forward order."""
+    h, a = m.hidden, m.heads
+    qkv_out = h + 2 * h * m.kv // a
+    g = 2 if m.gated_mlp else 1
+    return {"qkv": (h, qkv_out // tp), "proj": (h // tp, h), "fc1": (h, g * m.ffn // tp), "fc2": (m.ffn // tp, h)}
+
+
+def layer_params(m: ModelShape, tp: int) -> int:
+    """Parameters of one layer on one TP rank (matrices, biases and norms)."""
+    mats = layer_matrices(m, tp)
+    weights = sum(i * o for i, o in mats.values())
+    small = 4 * m.hidden + sum(o for _, o in mats.values())
+    return weights + small
+
+
+def embedding_params(m: ModelShape, tp: int) -> int:
+    table = m.vocab * m.hidden // tp
+    return table * (1 if m.tied_embeddings else 2) + (m.seq_len * m.hidden if m.tied_embeddings else 0)
+
+
+def params_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> int:
+    layers = m.layers // pp * layer_params(m, tp)
+    emb = embedding_params(m, tp) if spec.embedding_and_head else 0
+    return layers + (emb if pp == 1 else emb // 2)
+
+
+def grad_bytes_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> float:
+    return float(params_per_rank(spec, m, tp, pp) * _comm_bytes(spec.precision))
+
+
+# -- pipeline schedules --------------------------------------------------------------------------
+
+Item = tuple[Literal["F", "B"], int, int]  # (phase, micro-batch, model chunk)
+
+
+def stage_order(pipeline: str, p: int, s: int, m: int, v: int) -> list[Item]:
+    """The order in which stage ``s`` of ``p`` runs forward and backward passes of ``m``
+    micro-batches (GPipe; 1F1B / PipeDream-Flush; Megatron-LM's interleaved 1F1B with ``v``
+    chunks per stage, ``megatron/core/pipeline_parallel/schedules.py``)."""
+    if pipeline == "gpipe" or p == 1:
+        fwd: list[Item] = [("F", mb, 0) for mb in range(m)]
+        bwd: list[Item] = [("B", mb, 0) for mb in range(m)]
+        if pipeline == "gpipe":
+            return fwd + bwd
+        return [it for mb in range(m) for it in (fwd[mb], bwd[mb])]
+    if pipeline == "1f1b":
+        warm = min(p - s - 1, m)
+        order: list[Item] = [("F", mb, 0) for mb in range(warm)]
+        f, b = warm, 0
+        while f < m:
+            order.append(("F", f, 0))
+            order.append(("B", b, 0))
+            f += 1
+            b += 1
+        order += [("B", mb, 0) for mb in range(b, m)]
+        return order
+    total = m * v
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k // p) % v
+        return c if forward else v - 1 - c
+
+    def micro(k: int) -> int:
+        return (k // (p * v)) * p + k % p
+
+    warm = min((p - s - 1) * 2 + (v - 1) * p, total)
+    order = [("F", micro(k), chunk(k, True)) for k in range(warm)]
+    f, b = warm, 0
+    while f < total:
+        order.append(("F", micro(f), chunk(f, True)))
+        order.append(("B", micro(b), chunk(b, False)))
+        f += 1
+        b += 1
+    order += [("B", micro(k), chunk(k, False)) for k in range(b, total)]
+    return order
+
+
+def _merge_stages(orders: list[list[Item]], p: int, v: int, b_cost: float) -> list[tuple[int, Item]]:
+    """All stages' items in one order that respects every dependency: a list schedule with unit
+    forward time, so that one stream per rank (the sequential schedule) and the per-pair send/recv
+    streams never wait on something listed later."""
+    n_virtual = p * v
+    done: dict[tuple[str, int, int], float] = {}
+    pos = [0] * p
+    free = [0.0] * p
+    out: list[tuple[int, Item]] = []
+    heap: list[tuple[float, int]] = []
+
+    def ready(s: int) -> float | None:
+        if pos[s] >= len(orders[s]):
+            return None
+        ph, mb, c = orders[s][pos[s]]
+        vs = c * p + s
+        if ph == "F":
+            need = [("F", mb, vs - 1)] if vs > 0 else []
+        else:
+            need = [("B", mb, vs + 1)] if vs < n_virtual - 1 else [("F", mb, vs)]
+        t = free[s]
+        for key in need:
+            if key not in done:
+                return None
+            t = max(t, done[key])
+        return t
+
+    queued: set[int] = set()
+
+    def enqueue() -> None:
+        for s in range(p):
+            if s not in queued:
+                t = ready(s)
+                if t is not None:
+                    heapq.heappush(heap, (t, s))
+                    queued.add(s)
+
+    enqueue()
+    while heap:
+        t, s = heapq.heappop(heap)
+        queued.discard(s)
+        ph, mb, c = orders[s][pos[s]]
+        end = t + (1.0 if ph == "F" else b_cost)
+        done[(ph, mb, c * p + s)] = end
+        free[s] = end
+        pos[s] += 1
+        out.append((s, (ph, mb, c)))
+        enqueue()
+    if any(pos[s] < len(orders[s]) for s in range(p)):
+        raise OvsimError("the pipeline schedule deadlocks", field="parallel.pipeline")
+    return out
+
+
+# -- emission --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stage:
+    ranks: list[int]
+    last: str | None = None
+    pending: list[str] = field(default_factory=list)
+    bucket_bytes: float = 0.0
+    bucket_index: int = 0
+    buckets: list[str] = field(default_factory=list)
+    rs: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TrainingOps:
+    ops: list[OpSpec]
+    # (op name, name of an op on other ranks it waits for) with no transfer between them.
+    peer_deps: list[tuple[str, str, dict[int, int]]]
+    layout: Layout
+
+
+class _Gen:
+    def __init__(self, spec: TrainingSpec, lay: Layout) -> None:
+        self.spec = spec
+        self.m = spec.shape()
+        self.lay = lay
+        self.p = spec.parallel
+        self.comm = spec.communication
+        self.ops: list[OpSpec] = []
+        self.peer: list[tuple[str, str, dict[int, int]]] = []
+        self.stages = [_Stage(ranks=lay.stage_ranks(s)) for s in range(lay.pp)]
+        self.gemm_precision = spec.precision
+        self.act_b = _act_bytes(spec.precision)
+        self.comm_b = _comm_bytes(spec.precision)
+        # fp32 tiles must fit the shared memory with 4-byte elements.
+        self.tile = (128, 128, 32) if self.act_b == 4 else (128, 256, 64)
+        self.tokens = spec.micro_batch_size * self.m.seq_len
+        self.chunks = self.p.tp_chunks or self.p.tp
+
+    # basic emitters
+
+    def compute(self, st: _Stage, op: OpSpec) -> str:
+        extra = list(st.pending)
+        st.pending = []
+        op = op.model_copy(update={"ranks": st.ranks, "stream": "compute", "after_any": extra})
+        self.ops.append(op)
+        st.last = op.name
+        return op.name
+
+    def gemm(self, st: _Stage, name: str, m: int, n: int, k: int) -> str:
+        return self.compute(st, GemmOp(name=name, kind="gemm", m=m, n=n, k=k, precision=self.gemm_precision,
+                                       tile=self.tile))
+
+    def mem(self, st: _Stage, name: str, nbytes: float, kind: Literal["elementwise", "norm", "softmax"]) -> str:
+        return self.compute(st, MemoryOp(name=name, kind=kind, bytes=max(1.0, nbytes), grid_stride=True))
+
+    def collective(self, st: _Stage, s: int, name: str, kind: CollectiveKind, size: float, stream: str,
+                   groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm") -> list[str]:
+        """One collective per group, after the stage's last compute op."""
+        names = []
+        for gi, ranks in enumerate(groups):
+            nm = f"{name}.g{gi}" if len(groups) > 1 else name
+            self.ops.append(CollectiveOpSpec(name=nm, kind=kind, size_bytes=size, stream=stream, ranks=ranks,
+                                             after=[st.last] if st.last else [], engine=engine))
+            names.append(nm)
+        return names
+
+    # tensor-parallel GEMMs with their communication
+
+    def tp_gemm(self, st: _Stage, s: int, name: str, m: int, n: int, k: int, *, pre: bool = False,
+                post: Literal["rs", "ar"] | None = None) -> None:
+        """A GEMM over the micro-batch's tokens (m rows), with an all-gather of its input before
+        (``pre``) or a reduce-scatter / all-reduce of its output after (``post``)."""
+        tp_comm = self.comm and self.lay.tp > 1
+        size = float(self.tokens * self.m.hidden * self.act_b)
+        groups = self.lay.tp_groups(s)
+        if not tp_comm or (not pre and post is None):
+            self.gemm(st, name, m, n, k)
+            return
+        chunks = self.chunks if self.p.tp_overlap != "none" else 1
+        engine: Literal["sm", "copy_engine"] = "copy_engine" if self.p.tp_overlap == "copy_engine" else "sm"
+        kind: CollectiveKind = "reduce_scatter" if post == "rs" else "all_reduce"
+        rows = [m // chunks + (1 if i < m % chunks else 0) for i in range(chunks)]
+        if pre:
+            ags = [self.collective(st, s, f"{name}.ag{i}" if chunks > 1 else f"{name}.ag", "all_gather",
+                                   size / chunks, "tp", groups, engine) for i in range(chunks)]
+            for i in range(chunks):
+                st.pending += ags[i]
+                self.gemm(st, f"{name}.{i}" if chunks > 1 else name, rows[i], n, k)
+            return
+        posts: list[str] = []
+        for i in range(chunks):
+            self.gemm(st, f"{name}.{i}" if chunks > 1 else name, rows[i], n, k)
+            posts += self.collective(st, s, f"{name}.{post}{i}" if chunks > 1 else f"{name}.{post}", kind,
+                                     size / chunks, "tp", groups)
+        st.pending += posts
+
+    # data parallelism
+
+    def grad_ready(self, st: _Stage, s: int, tag: str, nbytes: float, last_mb: bool) -> None:
+        """DDP: a gradient tensor is ready after the stage's last op; close a bucket when full."""
+        if self.p.dp_mode != "ddp" or self.lay.dp == 1 or not self.comm or not last_mb:
+            return
+        st.bucket_bytes += nbytes
+        cap = self.p.first_bucket_bytes if st.bucket_index == 0 else self.p.bucket_bytes
+        if st.bucket_bytes >= cap:
+            self.flush_bucket(st, s, tag)
+
+    def flush_bucket(self, st: _Stage, s: int, tag: str) -> None:
+        if st.bucket_bytes <= 0:
+            return
+        st.buckets += self.collective(st, s, f"s{s}.bucket{st.bucket_index}", "all_reduce", st.bucket_bytes, "dp",
+                                      self.lay.dp_groups(s))
+        st.bucket_bytes = 0.0
+        st.bucket_index += 1
+
+    # a layer
+
+    def layer_forward(self, st: _Stage, s: int, pre: str) -> None:
+        m, t = self.m, self.lay.tp
+        T = self.tokens
+        sp = self.p.sequence_parallel
+        mats = layer_matrices(m, t)
+        local = T // t if sp else T
+        hb = local * m.hidden * self.act_b
+        post: Literal["rs", "ar"] = "rs" if sp else "ar"
+        self.mem(st, f"{pre}.norm1", 2 * hb, "norm")
+        self.tp_gemm(st, s, f"{pre}.qkv", T, mats["qkv"][1], mats["qkv"][0], pre=sp)
+        self.compute(st, AttentionOp(name=f"{pre}.attn", kind="attention", batch=self.spec.micro_batch_size,
+                                     heads=m.heads // t, seq_len=m.seq_len, head_dim=m.hidden // m.heads,
+                                     precision=self._attn_precision()))
+        self.tp_gemm(st, s, f"{pre}.proj", T, mats["proj"][1], mats["proj"][0], post=post)
+        self.mem(st, f"{pre}.norm2", 4 * hb, "norm")
+        self.tp_gemm(st, s, f"{pre}.fc1", T, mats["fc1"][1], mats["fc1"][0], pre=sp)
+        f_local = T * mats["fc1"][1]
+        self.mem(st, f"{pre}.act", (f_local + f_local // (2 if m.gated_mlp else 1)) * self.act_b, "elementwise")
+        self.tp_gemm(st, s, f"{pre}.fc2", T, mats["fc2"][1], mats["fc2"][0], post=post)
+        self.mem(st, f"{pre}.residual", 3 * hb, "elementwise")
+
+    def layer_backward(self, st: _Stage, s: int, pre: str, last_mb: bool) -> None:
+        m, t = self.m, self.lay.tp
+        T = self.tokens
+        sp = self.p.sequence_parallel and self.comm
+        mats = layer_matrices(m, t)
+        local = T // t if self.p.sequence_parallel else T
+        hb = local * m.hidden * self.act_b
+        post: Literal["rs", "ar"] = "rs" if self.p.sequence_parallel else "ar"
+        gb = self.comm_b
+        self.mem(st, f"{pre}.residual.bwd", 3 * hb, "elementwise")
+        # Row-parallel FC2: with SP its output gradient is gathered first.
+        self.tp_gemm(st, s, f"{pre}.fc2.dgrad", T, mats["fc2"][0], mats["fc2"][1], pre=sp)
+        self.gemm(st, f"{pre}.fc2.wgrad", mats["fc2"][0], mats["fc2"][1], T)
+        self.grad_ready(st, s, pre, mats["fc2"][0] * mats["fc2"][1] * gb, last_mb)
+        f_local = T * mats["fc1"][1]
+        self.mem(st, f"{pre}.act.bwd", 2 * (f_local + f_local // (2 if m.gated_mlp else 1)) * self.act_b,
+                 "elementwise")
+        self._column_backward(st, s, f"{pre}.fc1", mats["fc1"], post, sp)
+        self.grad_ready(st, s, pre, mats["fc1"][0] * mats["fc1"][1] * gb, last_mb)
+        self.mem(st, f"{pre}.norm2.bwd", 6 * hb, "norm")
+        self.tp_gemm(st, s, f"{pre}.proj.dgrad", T, mats["proj"][0], mats["proj"][1], pre=sp)
+        self.gemm(st, f"{pre}.proj.wgrad", mats["proj"][0], mats["proj"][1], T)
+        self.grad_ready(st, s, pre, mats["proj"][0] * mats["proj"][1] * gb, last_mb)
+        self.compute(st, AttentionOp(name=f"{pre}.attn.bwd", kind="attention", batch=self.spec.micro_batch_size,
+                                     heads=m.heads // t, seq_len=m.seq_len, head_dim=m.hidden // m.heads,
+                                     precision=self._attn_precision(), backward=True))
+        self._column_backward(st, s, f"{pre}.qkv", mats["qkv"], post, sp)
+        self.mem(st, f"{pre}.norm1.bwd", 3 * hb, "norm")
+        small = (layer_params(m, t) - sum(i * o for i, o in mats.values())) * gb
+        self.grad_ready(st, s, pre, mats["qkv"][0] * mats["qkv"][1] * gb + small, last_mb)
+
+    def _column_backward(self, st: _Stage, s: int, name: str, mat: tuple[int, int], post: Literal["rs", "ar"],
+                         sp: bool) -> None:
+        """Column-parallel linear backward as Megatron-LM overlaps it: the input's all-gather (SP)
+        is issued first, the data gradient's reduction runs beside the weight-gradient GEMM."""
+        T = self.tokens
+        ag: list[str] = []
+        if sp and self.lay.tp > 1:
+            ag = self.collective(st, s, f"{name}.wgrad.ag", "all_gather", float(T * self.m.hidden * self.act_b),
+                                 "tp", self.lay.tp_groups(s))
+        self.tp_gemm(st, s, f"{name}.dgrad", T, mat[0], mat[1], post=post)
+        after_reduction = st.pending
+        st.pending = list(ag)
+        self.gemm(st, f"{name}.wgrad", mat[0], mat[1], T)
+        st.pending = after_reduction
+
+    def _attn_precision(self) -> Literal["fp32", "tf32", "fp16", "bf16"]:
+        # FP8 recipes (Transformer Engine) keep attention in 16 bits.
+        return "bf16" if self.spec.precision == "fp8" else self.spec.precision
+
+    # embedding and head
+
+    def embedding(self, st: _Stage, s: int, pre: str, backward: bool, last_mb: bool) -> None:
+        m, t = self.m, self.lay.tp
+        T = self.tokens
+        hb = T * m.hidden * self.act_b
+        if not backward:
+            self.mem(st, f"{pre}.embed", 2 * hb, "elementwise")
+            if self.lay.tp > 1 and self.comm:
+                kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
+                st.pending += self.collective(st, s, f"{pre}.embed.{kind}", kind, float(hb), "tp",
+                                              self.lay.tp_groups(s))
+            return
+        self.mem(st, f"{pre}.embed.bwd", 2 * hb, "elementwise")
+        self.grad_ready(st, s, pre, m.vocab * m.hidden // t * self.comm_b, last_mb)
+
+    def head(self, st: _Stage, s: int, pre: str, backward: bool, last_mb: bool) -> None:
+        m, t = self.m, self.lay.tp
+        T = self.tokens
+        vocab = m.vocab // t
+        if not backward:
+            self.tp_gemm(st, s, f"{pre}.head", T, vocab, m.hidden, pre=self.p.sequence_parallel and self.comm)
+            self.mem(st, f"{pre}.loss", 3 * T * vocab * self.act_b, "softmax")
+            return
+        self.gemm(st, f"{pre}.head.dgrad", T, m.hidden, vocab)
+        self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
+        if not m.tied_embeddings:
+            self.grad_ready(st, s, pre, m.hidden * vocab * self.comm_b, last_mb)
+        if self.lay.tp > 1 and self.comm:
+            kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
+            st.pending += self.collective(st, s, f"{pre}.head.{kind}", kind,
+                                          float(T * m.hidden * self.act_b), "tp", self.lay.tp_groups(s))
+
+
+def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
+    """The op specs of one training iteration on ``n_ranks`` ranks."""
+    lay = layout(spec, n_ranks)
+    g = _Gen(spec, lay)
+    m = g.m
+    p, v, mbs = lay.pp, lay.v, spec.micro_batches
+    per_chunk = m.layers // (p * v)
+    n_virtual = p * v
+    fsdp = spec.parallel.dp_mode == "fsdp" and lay.dp > 1 and spec.communication
+    orders = [stage_order(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
+    b_cost = 3.0 if spec.recompute else 2.0
+    merged = _merge_stages(orders, p, v, b_cost)
+    # Last compute op of each (phase, micro-batch, virtual stage), for send/recv and peer deps.
+    item_last: dict[tuple[str, int, int], str] = {}
+    act_bytes = float(spec.micro_batch_size * m.seq_len * m.hidden * g.act_b
+                      / (lay.tp if spec.parallel.sequence_parallel else 1))
+    last_b = {(s, c): max(mb for ph, mb, cc in orders[s] if ph == "B" and cc == c) for s in range(p)
+              for c in range(v)}
+    fsdp_state = _FsdpState(g, m.layers) if fsdp else None
+
+    for s, (ph, mb, c) in merged:
+        st = g.stages[s]
+        vs = c * p + s
+        src_vs = vs - 1 if ph == "F" else vs + 1
+        has_src = 0 <= src_vs < n_virtual and (ph == "F" or vs < n_virtual - 1)
+        prev_last = st.last
+        if has_src:
+            src_stage = src_vs % p
+            sender = item_last[(ph, mb, src_vs)]
+            if spec.communication and src_stage != s:
+                for d in range(lay.dp):
+                    for i in range(lay.tp):
+                        a, b = lay.rank(d, src_stage, i), lay.rank(d, s, i)
+                        name = f"{ph}{mb}.v{src_vs}to{vs}.d{d}t{i}"
+                        lo, hi = sorted((src_stage, s))
+                        deps = [sender] + ([prev_last] if prev_last else [])
+                        g.ops.append(SendRecvOp(name=name, kind="send_recv", size_bytes=act_bytes, src=a, dst=b,
+                                                stream=f"pp{lo}-{hi}", after_any=deps))
+                        st.pending.append(name)
+            elif src_stage != s:
+                mapping = {lay.rank(d, s, i): lay.rank(d, src_stage, i) for d in range(lay.dp)
+                           for i in range(lay.tp)}
+                g.peer.append(("", sender, mapping))  # bound to the item's first op below
+        first_index = len(g.ops)
+        layers = range(vs * per_chunk, (vs + 1) * per_chunk)
+        last_mb = mb == last_b[(s, c)]
+        if ph == "F":
+            if vs == 0 and spec.embedding_and_head:
+                if fsdp_state:
+                    fsdp_state.gather_embedding(st)
+                g.embedding(st, s, f"F{mb}", backward=False, last_mb=last_mb)
+            for layer in layers:
+                if fsdp_state:
+                    fsdp_state.before_forward(st, layer, mb)
+                g.layer_forward(st, s, f"F{mb}.L{layer}")
+            if vs == n_virtual - 1 and spec.embedding_and_head:
+                g.head(st, s, f"F{mb}", backward=False, last_mb=last_mb)
+        else:
+            if vs == n_virtual - 1 and spec.embedding_and_head:
+                g.head(st, s, f"B{mb}", backward=True, last_mb=last_mb)
+            for layer in reversed(layers):
+                if fsdp_state:
+                    fsdp_state.before_backward(st, layer, mb)
+                if spec.recompute:
+                    g.layer_forward(st, s, f"R{mb}.L{layer}")
+                g.layer_backward(st, s, f"B{mb}.L{layer}", last_mb)
+                if fsdp_state:
+                    fsdp_state.after_backward(st, layer, mb)
+            if vs == 0 and spec.embedding_and_head:
+                g.embedding(st, s, f"B{mb}", backward=True, last_mb=last_mb)
+                if fsdp_state:
+                    fsdp_state.reduce_embedding(st, mb)
+        if g.peer and g.peer[-1][0] == "":
+            first = next(op.name for op in g.ops[first_index:] if op.stream == "compute")
+            g.peer[-1] = (first, g.peer[-1][1], g.peer[-1][2])
+        item_last[(ph, mb, vs)] = st.last or ""
+
+    for s, st in enumerate(g.stages):
+        g.flush_bucket(st, s, "end")
+        if spec.optimizer:
+            st.pending += st.buckets + st.rs
+            local = params_per_rank(spec, m, lay.tp, p) / (lay.dp if fsdp else 1)
+            grad_b = g.comm_b
+            # Fused Adam reads and writes fp32 master weights and both moments (24 B), reads the
+            # gradient, and writes the 16-bit working copy in mixed precision.
+            per_param = 24 + grad_b + (2 if g.act_b == 2 else 0)
+            g.mem(st, f"s{s}.optimizer", local * per_param, "elementwise")
+        elif st.buckets or st.rs:
+            st.pending += st.buckets + st.rs
+    return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay)
+
+
+class _FsdpState:
+    """FSDP / ZeRO-3 per-layer all-gathers (prefetched) and reduce-scatters."""
+
+    def __init__(self, g: _Gen, layers: int) -> None:
+        self.g = g
+        self.layers = layers
+        self.groups = g.lay.dp_groups(0)
+        self.layer_bytes = float(layer_params(g.m, g.lay.tp) * g.comm_b * g.lay.dp)
+        self.emb_bytes = float(embedding_params(g.m, g.lay.tp) * g.comm_b * g.lay.dp)
+        self.gathered: set[tuple[str, int, int]] = set()
+        self.names: dict[tuple[str, int, int], list[str]] = {}
+
+    def _gather(self, st: _Stage, phase: str, layer: int, mb: int) -> None:
+        key = (phase, layer, mb)
+        if key in self.gathered or not 0 <= layer < self.layers:
+            return
+        self.gathered.add(key)
+        self.names[key] = self.g.collective(st, 0, f"{phase}{mb}.L{layer}.fsdp.ag", "all_gather", self.layer_bytes,
+                                            "dp", self.groups)
+
+    def gather_embedding(self, st: _Stage) -> None:
+        if ("E", -1, 0) in self.gathered:
+            return
+        self.gathered.add(("E", -1, 0))
+        st.pending += self.g.collective(st, 0, "fsdp.embed.ag", "all_gather", self.emb_bytes, "dp", self.groups)
+
+    def before_forward(self, st: _Stage, layer: int, mb: int) -> None:
+        for ahead in range(self.g.p.fsdp_prefetch + 1):
+            self._gather(st, "F", layer + ahead, mb)
+        st.pending += self.names[("F", layer, mb)]
+
+    def before_backward(self, st: _Stage, layer: int, mb: int) -> None:
+        for ahead in range(self.g.p.fsdp_prefetch + 1):
+            self._gather(st, "B", layer - ahead, mb)
+        st.pending += self.names[("B", layer, mb)]
+
+    def after_backward(self, st: _Stage, layer: int, mb: int) -> None:
+        st.rs += self.g.collective(st, 0, f"B{mb}.L{layer}.fsdp.rs", "reduce_scatter", self.layer_bytes, "dp_rs",
+                                   self.groups)
+
+    def reduce_embedding(self, st: _Stage, mb: int) -> None:
+        st.rs += self.g.collective(st, 0, f"B{mb}.fsdp.embed.rs", "reduce_scatter", self.emb_bytes, "dp_rs",
+                                   self.groups)
+
+
+def build_training_workload(
+    spec: TrainingSpec,
+    *,
+    gpu: GpuSpec,
+    system: SystemSpec,
+    params: Parameters,
+    n_ranks: int,
+    schedule: Schedule = "overlapped",
+    knobs: Knobs | None = None,
+    streams: dict[str, int] | None = None,
+    source: str = "",
+) -> Workload:
+    """The workload of one training iteration, priced and scheduled like any op list."""
+    try:
+        gen = training_ops(spec, n_ranks)
+    except OvsimError as e:
+        raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
+    wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
+                        knobs=knobs, streams=streams, source=source)
+    if not gen.peer_deps:
+        return wl
+    # Stage-to-stage waits with no transfer (communication off): the receiving rank's first op of
+    # the item waits for the matching rank's last op of the sending item.
+    extra: dict[str, list[str]] = {}
+    for name, dep, mapping in gen.peer_deps:
+        for dst, src in mapping.items():
+            extra.setdefault(f"{name}@r{dst}", []).append(f"{dep}@r{src}")
+    ops = tuple(replace(op, deps=op.deps + tuple(extra[op.id])) if op.id in extra else op for op in wl.ops)
+    out = Workload(ops=ops, streams=wl.streams, n_ranks=wl.n_ranks)
+    out.validate(source)
+    return out

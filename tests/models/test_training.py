@@ -1,0 +1,196 @@
+"""Training-iteration generator: shapes, parallel layouts, schedules and their checks.
+
+Golden numbers here come from closed forms named in each test (GPT-3 / LLaMA parameter counts,
+pipeline bubble fractions from GPipe and Megatron-LM), never from the generator itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from ovsim.api import predict
+from ovsim.errors import OvsimError
+from ovsim.models.training import (
+    PRESETS,
+    TrainingSpec,
+    layer_params,
+    stage_order,
+    training_ops,
+)
+from ovsim.models.workload import CollectiveOpSpec, GemmOp, SendRecvOp
+from ovsim.scenario import Scenario
+
+SMALL: dict[str, Any] = {"model": "gpt3-1.3b", "layers": 8, "micro_batch_size": 1, "seq_len": 1024,
+                         "precision": "bf16"}
+
+
+def _predict(training: dict[str, Any], system: str = "a100x4", schedule: str = "overlapped",
+             mode: str = "simulate") -> Any:
+    sc = Scenario.model_validate({"name": "t", "system": system, "schedule": schedule, "mode": mode,
+                                  "training": training})
+    return predict(sc)
+
+
+@pytest.mark.parametrize(("name", "billions"), [
+    # Published sizes: GPT-3 table 2.1, Llama 2 table 1.
+    ("gpt3-1.3b", 1.3), ("gpt3-2.7b", 2.7), ("gpt3-6.7b", 6.7), ("gpt3-13b", 13.0), ("gpt3-175b", 175.0),
+    ("llama2-13b", 13.0), ("llama2-70b", 70.0),
+])
+def test_preset_parameter_counts_match_the_published_sizes(name: str, billions: float) -> None:
+    m = PRESETS[name]
+    emb = m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
+    total = m.layers * layer_params(m, 1) + emb
+    assert total / 1e9 == pytest.approx(billions, rel=0.05)
+
+
+def test_forward_and_backward_gemm_flops_are_six_times_params_times_tokens() -> None:
+    """The dense GEMMs of one iteration do 6 x (layer matrix parameters) x tokens FLOPs
+    (Kaplan et al. 2020; Narayanan et al. SC'21), plus 8 x for the recomputed forward."""
+    spec = TrainingSpec.model_validate({**SMALL, "embedding_and_head": False, "optimizer": False})
+    m = spec.shape()
+    tokens = spec.micro_batch_size * m.seq_len
+    weights = sum(i * o for i, o in {"qkv": (m.hidden, 3 * m.hidden), "proj": (m.hidden, m.hidden),
+                                     "fc1": (m.hidden, 4 * m.hidden), "fc2": (4 * m.hidden, m.hidden)}.values())
+    for recompute, factor in ((False, 6), (True, 8)):
+        ops = training_ops(spec.model_copy(update={"recompute": recompute}), 1).ops
+        flops = sum(2 * o.m * o.n * o.k for o in ops if isinstance(o, GemmOp))
+        assert flops == factor * weights * m.layers * tokens
+
+
+def test_tensor_parallel_splits_gemms_and_adds_two_all_reduces_per_layer_each_way() -> None:
+    """Megatron-LM (Shoeybi et al. 2019): f and g operators, two all-reduces in forward and two in
+    backward per layer."""
+    spec = TrainingSpec.model_validate({**SMALL, "embedding_and_head": False, "parallel": {"tp": 4}})
+    ops = training_ops(spec, 4).ops
+    ar = [o for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "all_reduce"]
+    assert len(ar) == 4 * SMALL["layers"]
+    one = training_ops(spec.model_copy(update={"parallel": spec.parallel.model_copy(update={"tp": 1})}), 1).ops
+    flops_tp = sum(2 * o.m * o.n * o.k for o in ops if isinstance(o, GemmOp))
+    flops_1 = sum(2 * o.m * o.n * o.k for o in one if isinstance(o, GemmOp))
+    assert flops_tp * 4 == flops_1
+
+
+def test_ddp_buckets_cover_every_gradient_once_on_the_last_micro_batch() -> None:
+    spec = TrainingSpec.model_validate({**SMALL, "micro_batches": 3,
+                                        "parallel": {"dp_mode": "ddp", "bucket_bytes": 8 * 2**20}})
+    ops = training_ops(spec, 4).ops
+    buckets = [o for o in ops if isinstance(o, CollectiveOpSpec)]
+    m = spec.shape()
+    grads = (m.layers * layer_params(m, 1) + m.vocab * m.hidden + m.seq_len * m.hidden) * 2
+    pos_emb_not_reduced = m.seq_len * m.hidden * 2  # position table: counted in params, no GEMM of its own
+    assert sum(b.size_bytes for b in buckets) == pytest.approx(grads - pos_emb_not_reduced, rel=1e-9)
+    # The first bucket is PyTorch's 1 MiB one; later ones reach the cap.
+    assert buckets[0].size_bytes >= 2**20
+    assert all(b.size_bytes >= 8 * 2**20 for b in buckets[1:-1])
+    # Each bucket follows a backward op of the last micro-batch (no_sync before it).
+    assert all(b.after[0].startswith("B2.") for b in buckets)
+
+
+def test_fsdp_gathers_every_layer_twice_and_reduce_scatters_once_per_micro_batch() -> None:
+    spec = TrainingSpec.model_validate({**SMALL, "micro_batches": 2, "parallel": {"dp_mode": "fsdp"}})
+    ops = training_ops(spec, 4).ops
+    kinds = pd.Series([o.kind for o in ops if isinstance(o, CollectiveOpSpec)]).value_counts()
+    layers = SMALL["layers"]
+    assert kinds["all_gather"] == 2 * 2 * layers + 1  # + the embedding, gathered once
+    assert kinds["reduce_scatter"] == 2 * (layers + 1)
+
+
+def test_overlapped_fsdp_beats_sequential_and_hides_most_communication() -> None:
+    over = _predict({**SMALL, "parallel": {"dp_mode": "fsdp"}}).summary()
+    seq = _predict({**SMALL, "parallel": {"dp_mode": "fsdp"}}, schedule="sequential").summary()
+    assert seq["makespan_s"] > over["makespan_s"]
+    assert seq["exposed_comm_s"] == pytest.approx(seq["comm_s"], rel=1e-6)
+    assert over["comm_hidden_fraction"] > 0.5
+
+
+@pytest.mark.parametrize(("pipeline", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4)])
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 4), (2, 6)])
+def test_pipeline_bubble_matches_the_closed_forms(pipeline: str, v: int, p: int, m: int) -> None:
+    """GPipe (Huang et al. 2019) and 1F1B: bubble = (p-1)/(m+p-1) of the iteration; interleaved
+    1F1B (Narayanan et al., SC'21): bubble / ideal = (p-1)/(v*m). Uniform stages, no
+    communication, as the formulas assume."""
+    if pipeline == "interleaved" and m % p:
+        pytest.skip("interleaved 1F1B needs micro-batches a multiple of stages")
+    r = _predict({**SMALL, "layers": 16, "seq_len": 512, "micro_batches": m, "communication": False,
+                  "embedding_and_head": False, "optimizer": False,
+                  "parallel": {"pp": p, "pipeline": pipeline, "virtual_stages": v}},
+                 system="hgx-h100" if p > 4 else "a100x4")
+    ops = r.ops[r.ops["rank"] >= 0]
+    span = r.timeline.makespan_s
+    for rank, busy in ops.groupby("rank")["duration_s"].sum().items():
+        if pipeline == "interleaved":
+            assert (span - busy) / busy == pytest.approx((p - 1) / (v * m), rel=0.01), rank
+        else:
+            assert 1 - busy / span == pytest.approx((p - 1) / (m + p - 1), rel=0.01), rank
+
+
+@pytest.mark.parametrize("pipeline", ["gpipe", "1f1b", "interleaved"])
+def test_every_stage_runs_each_micro_batch_forward_and_backward_once(pipeline: str) -> None:
+    p, m, v = 4, 8, 2 if pipeline == "interleaved" else 1
+    for s in range(p):
+        order = stage_order(pipeline, p, s, m, v)
+        assert sorted(order) == sorted([(ph, mb, c) for ph in "FB" for mb in range(m) for c in range(v)])
+        for mb in range(m):
+            for c in range(v):
+                assert order.index(("F", mb, c)) < order.index(("B", mb, c))
+
+
+def test_1f1b_keeps_at_most_p_minus_s_micro_batches_in_flight() -> None:
+    """PipeDream-Flush's memory bound: stage s holds at most p - s activations."""
+    p, m = 4, 8
+    for s in range(p):
+        live = peak = 0
+        for ph, _, _ in stage_order("1f1b", p, s, m, 1):
+            live += 1 if ph == "F" else -1
+            peak = max(peak, live)
+        assert peak == p - s
+
+
+def test_pipeline_sends_activations_between_neighbouring_stages() -> None:
+    spec = TrainingSpec.model_validate({**SMALL, "micro_batches": 4, "parallel": {"pp": 4}})
+    sends = [o for o in training_ops(spec, 4).ops if isinstance(o, SendRecvOp)]
+    # 3 boundaries x 4 micro-batches x (forward activation + backward gradient).
+    assert len(sends) == 3 * 4 * 2
+    assert {abs(o.src - o.dst) for o in sends} == {1}
+    assert all(o.size_bytes == 1024 * 2048 * 2 for o in sends)
+
+
+@pytest.mark.parametrize("schedule", ["overlapped", "sequential"])
+@pytest.mark.parametrize("parallel", [
+    {"dp_mode": "ddp"}, {"dp_mode": "fsdp"}, {"tp": 4}, {"tp": 2, "sequence_parallel": True},
+    {"tp": 4, "sequence_parallel": True, "tp_overlap": "chunked"},
+    {"tp": 4, "sequence_parallel": True, "tp_overlap": "copy_engine", "tp_chunks": 2},
+    {"pp": 2, "pipeline": "1f1b"}, {"pp": 2, "pipeline": "interleaved", "virtual_stages": 2},
+])
+def test_every_layout_simulates_in_both_schedules(parallel: dict[str, Any], schedule: str) -> None:
+    r = _predict({**SMALL, "layers": 4, "micro_batches": 2, "parallel": parallel}, schedule=schedule)
+    s = r.summary()
+    assert s["makespan_s"] > 0 and s["compute_s"] > 0
+
+
+def test_analytic_and_simulated_agree_when_nothing_overlaps() -> None:
+    training = {**SMALL, "layers": 4, "parallel": {"dp_mode": "fsdp"}}
+    a = _predict(training, schedule="sequential", mode="analytic").summary()
+    s = _predict(training, schedule="sequential").summary()
+    assert s["makespan_s"] == pytest.approx(a["makespan_s"], rel=1e-6)
+
+
+@pytest.mark.parametrize(("training", "field", "words"), [
+    ({"parallel": {"tp": 3}}, "training.parallel", "does not divide the 4 ranks"),
+    ({"heads": 6, "hidden": 1536, "parallel": {"tp": 4}}, "training.parallel.tp", "does not divide the 6"),
+    ({"parallel": {"bucket_bytes": 1e12}}, "training.parallel.bucket_bytes", "larger than"),
+    ({"parallel": {"pp": 4}, "layers": 2}, "training.parallel.pp", "for 2 layers"),
+    ({"parallel": {"pp": 2, "pipeline": "interleaved", "virtual_stages": 2}, "micro_batches": 3},
+     "training.parallel.pipeline", "multiple of pp"),
+    ({"parallel": {"dp_mode": "fsdp", "pp": 2}}, "training.parallel.dp_mode", "not modelled"),
+    ({"model": "gpt5"}, "training.model", "unknown model"),
+])
+def test_invalid_training_scenarios_are_rejected_with_the_field(training: dict[str, Any], field: str,
+                                                                words: str) -> None:
+    with pytest.raises(OvsimError) as e:
+        _predict({**SMALL, **training})
+    assert e.value.field == field
+    assert words in e.value.message
