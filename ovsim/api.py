@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from ovsim.models.training import build_training_workload
 from ovsim.models.workload import build_workload
 from ovsim.scenario import InlineSystem, Mode, Scenario, load_scenario
 
-__all__ = ["Result", "load_scenario", "predict"]
+__all__ = ["Result", "compare", "load_scenario", "predict"]
 
 
 @dataclass(frozen=True)
@@ -126,3 +127,22 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
             raise e.located(source) from None
     return Result(scenario=sc, mode=use_mode, system=system, gpu=gpu, calibration=calib, timeline=timeline,
                   workload=wl)
+
+
+def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = None) -> pd.DataFrame:
+    """Predict several scenarios and line up their summaries, one row each, in the order given.
+
+    ``vs_first`` is each makespan relative to the first scenario's (-0.2: 20% less time), so
+    the first is the baseline: sequential vs overlapped vs overlapped with priority, say.
+    """
+    if not scenarios:
+        raise OvsimError("give at least one scenario to compare", field="scenarios")
+    rows = []
+    for sc in scenarios:
+        s = predict(sc, mode=mode, counters=False).summary()
+        s["source"] = sc.name if isinstance(sc, Scenario) else str(sc)
+        rows.append(s)
+    df = pd.DataFrame(rows)
+    base = float(df["makespan_s"].iloc[0])
+    df["vs_first"] = df["makespan_s"] / base - 1 if base > 0 else 0.0
+    return df

@@ -36,6 +36,12 @@ def _table(result: Any, max_rows: int) -> str:
         f"calibrated {', '.join(s['calibration_files'])}",
         "",
     ]
+    streams = result.streams()
+    if len(streams):
+        lines.append(f"{'rank':>4} {'stream':<12} {'busy ms':>10} {'ops':>6}")
+        for rec in streams.head(max_rows).itertuples(index=False):
+            lines.append(f"{rec.rank:>4} {str(rec.stream)[:12]:<12} {_fmt_s(rec.busy_s):>10} {rec.ops:>6}")
+        lines.append("")
     ops = result.timeline.ops
     ops = ops[ops["rank"] >= 0]
     header = f"{'op':<28} {'rank':>4} {'stream':<10} {'start ms':>10} {'dur ms':>10} {'alone ms':>10} " \
@@ -63,6 +69,54 @@ def _predict(args: argparse.Namespace) -> int:
     elif not args.quiet:
         print(_table(result, args.rows))
     return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from ovsim.api import compare
+
+    bar = _Progress(args.quiet or args.json)
+    bar.stage(f"predicting {len(args.scenarios)} scenarios")
+    try:
+        df = compare(args.scenarios, mode=args.mode)
+    finally:
+        bar.done()
+    if args.json:
+        print(json.dumps({"scenarios": df.to_dict(orient="records")}, default=_json_default))
+    elif not args.quiet:
+        print(_compare_table(df))
+    return 0
+
+
+# (column, header, format) of the compare table; power columns appear when predictions carry them.
+_COMPARE_COLUMNS: list[tuple[str, str, str]] = [
+    ("makespan_s", "iter ms", "ms"), ("vs_first", "vs 1st", "pct"), ("compute_s", "compute ms", "ms"),
+    ("compute_slowdown", "slowdown", "pct"), ("comm_s", "comm ms", "ms"), ("exposed_comm_s", "exposed ms", "ms"),
+    ("comm_hidden_fraction", "hidden", "frac"), ("avg_power_w", "avg W", "w"), ("peak_power_w", "peak W", "w"),
+    ("energy_j", "energy J", "j"),
+]
+
+
+def _compare_table(df: Any) -> str:
+    cols = [c for c in _COMPARE_COLUMNS if c[0] in df.columns]
+    width = max(12, min(40, int(df["scenario"].str.len().max())))
+    lines = [f"{'scenario':<{width}} {'schedule':<10} " + " ".join(f"{h:>10}" for _, h, _ in cols)]
+    lines.append("-" * len(lines[0]))
+    for rec in df.to_dict(orient="records"):
+        cells = []
+        for key, _, kind in cols:
+            x = rec.get(key)
+            if x is None or (isinstance(x, float) and not math.isfinite(x)):
+                cells.append(f"{'-':>10}")
+            elif kind == "ms":
+                cells.append(f"{x * 1e3:>10.3f}")
+            elif kind == "pct":
+                cells.append(f"{x * 100:>+9.1f}%")
+            elif kind == "frac":
+                cells.append(f"{x * 100:>9.1f}%")
+            else:
+                cells.append(f"{x:>10.1f}")
+        lines.append(f"{str(rec['scenario'])[:width]:<{width}} {str(rec['schedule'])[:10]:<10} " + " ".join(cells))
+    return "\n".join(lines)
 
 
 def _pct(x: float) -> str:
@@ -216,6 +270,12 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--rows", type=int, default=40, help="ops shown in the table (default 40)")
     pr.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     pr.set_defaults(func=_predict)
+    cp = sub.add_parser("compare", help="predict several scenarios and compare them side by side")
+    cp.add_argument("scenarios", nargs="+", help="scenario YAML files; the first is the baseline")
+    cp.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenarios' mode")
+    cp.add_argument("--json", action="store_true", help="print one JSON object")
+    cp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    cp.set_defaults(func=_compare)
     from ovsim.traces.load import FORMATS
 
     rp = sub.add_parser("replay", help="replay measured traces with contention and compare with the measurement")

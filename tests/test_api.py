@@ -45,3 +45,20 @@ def test_priority_hides_more_communication_than_plain_overlap() -> None:
     seq = predict(ex / "gemm-allreduce-h100x4-sequential.yaml").summary()
     assert prio["exposed_comm_s"] < plain["exposed_comm_s"]
     assert prio["makespan_s"] < seq["makespan_s"]
+
+
+def test_compare_lines_up_scenarios_against_the_first() -> None:
+    ex = Path(__file__).parent.parent / "examples"
+    names = ["sequential", "overlapped", "priority"]
+    df = ovsim.api.compare([ex / f"gemm-allreduce-h100x4-{n}.yaml" for n in names])
+    assert list(df["scenario"]) == [f"gemm-allreduce-h100x4-{n}" for n in names]
+    assert df["vs_first"].iloc[0] == 0.0
+    # Each row is that scenario's own prediction.
+    solo = predict(ex / "gemm-allreduce-h100x4-priority.yaml").summary()["makespan_s"]
+    assert df["makespan_s"].iloc[2] == pytest.approx(solo, rel=1e-12)
+    assert df["vs_first"].iloc[2] == pytest.approx(solo / df["makespan_s"].iloc[0] - 1)
+
+
+def test_compare_needs_a_scenario() -> None:
+    with pytest.raises(ovsim.errors.OvsimError):
+        ovsim.api.compare([])

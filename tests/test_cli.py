@@ -21,6 +21,15 @@ ops:
   - {name: ar, kind: all_reduce, size_bytes: 1.0e8}
 """
 
+TRAINING = """\
+system: a100x4
+training:
+  model: gpt3-1.3b
+  layers: 2
+  heads: 16
+  parallel: {tp: 2}
+"""
+
 
 def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["predict", str(EXAMPLE)]) == 0
@@ -66,8 +75,15 @@ def _bad(tmp_path: Path, text: str) -> Path:
          "dependency cycle"),
         (GOOD.replace("1.0e8}", "1.0e8, ranks: [0, 7]}"), "rank 7"),
         (GOOD.replace("m: 4096", "m: 4096, colour: red"), "colour"),
+        (TRAINING.replace("tp: 2", "tp: 3"), "training.parallel: tp 3 x pp 1 does not divide the 4 ranks"),
+        (TRAINING.replace("tp: 2", "pp: 4").replace("layers: 2", "layers: 3"),
+         "training.parallel.pp: 4 pipeline stages (pp 4 x virtual 1) for 3 layers"),
+        (TRAINING.replace("tp: 2", "bucket_bytes: 1.0e12"), "training.parallel.bucket_bytes"),
+        (TRAINING.replace("heads: 16", "heads: 15"), "training"),
+        (TRAINING + "ops:\n  - {name: g, kind: gemm, m: 8, n: 8, k: 8}\n", "not both"),
     ],
-    ids=["yaml", "unknown-system", "negative-size", "cycle", "bad-rank", "unknown-key"],
+    ids=["yaml", "unknown-system", "negative-size", "cycle", "bad-rank", "unknown-key", "tp-ranks", "pp-layers",
+         "bucket", "heads", "ops-and-training"],
 )
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      text: str, expected: str) -> None:
@@ -139,3 +155,24 @@ def test_replay_bad_input_is_one_line(args: list[str], tmp_path: Path, capsys: p
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("ovsim: error:") and "\n" not in err and args[1] in err
+
+
+def test_compare_prints_one_row_per_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    ex = EXAMPLE.parent
+    files = [str(ex / f"gemm-allreduce-h100x4-{n}.yaml") for n in ("sequential", "priority")]
+    assert main(["compare", *files]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "vs 1st" in out[0]
+    assert out[2].startswith("gemm-allreduce-h100x4-sequential") and "+0.0%" in out[2]
+    assert out[3].startswith("gemm-allreduce-h100x4-priority")
+    assert main(["compare", *files, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["scenario"] for s in data["scenarios"]] == ["gemm-allreduce-h100x4-sequential",
+                                                          "gemm-allreduce-h100x4-priority"]
+
+
+def test_compare_with_a_bad_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = _bad(tmp_path, "system: h100x4\nops: []\n")
+    assert main(["compare", str(EXAMPLE), str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(bad) in err
