@@ -12,6 +12,8 @@ only ``Engine(...).run()`` is timed; the build is reported separately.
     python bench/engine_bench.py                       # full run (headline + both sweeps)
     python bench/engine_bench.py --kernels 50000 --ranks 4
     python bench/engine_bench.py --quick               # CI smoke, a few seconds
+    python bench/engine_bench.py --power track         # also track power (what predict does)
+    python bench/engine_bench.py --power 500           # and run the clock loop under a 500 W cap
 
 "Kernels" counts every op on every rank: compute kernels and each rank's all-reduce kernel.
 """
@@ -27,8 +29,10 @@ import time
 from dataclasses import dataclass
 
 from ovsim.engine.machine import MachineModel, build_machine
+from ovsim.engine.power import PowerConfig
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.power import PowerSettings, power_model
 from ovsim.hw.spec import GpuSpec, SystemSpec, load_gpu
 from ovsim.models import cost
 from ovsim.models.ir import FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
@@ -174,14 +178,14 @@ class Run:
 
 
 def run_once(total_kernels: int, n_ranks: int, gpu: GpuSpec, system: SystemSpec, params: Parameters,
-             machines: dict[int, MachineModel]) -> Run:
+             machines: dict[int, MachineModel], power: PowerConfig | None = None) -> Run:
     t0 = time.perf_counter()
     wl = build(total_kernels, n_ranks, gpu, system, params)
     build_s = time.perf_counter() - t0
     if n_ranks not in machines:
         machines[n_ranks] = build_machine(system, gpu, params, n_ranks=n_ranks)
     t0 = time.perf_counter()
-    engine = Engine(wl, machines[n_ranks], EngineOptions(counters=False))
+    engine = Engine(wl, machines[n_ranks], EngineOptions(counters=False, power=power))
     timeline = engine.run()
     sim_s = time.perf_counter() - t0
     return Run(kernels=len(wl.ops), ranks=n_ranks, build_s=build_s, sim_s=sim_s,
@@ -209,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the headline run")
     ap.add_argument("--quick", action="store_true", help="small subset for CI smoke")
     ap.add_argument("--no-sweeps", action="store_true", help="headline run only")
+    ap.add_argument("--power", default="off", metavar="off|track|WATTS",
+                    help="off (default): no power; track: power counters as predict records them; a number: "
+                         "also a power cap in watts, so the clock loop runs at every event")
     args = ap.parse_args(argv)
     if not 1 <= args.ranks <= MAX_RANKS:
         ap.error(f"--ranks must be in 1..{MAX_RANKS}")
@@ -217,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = load_gpu(GPU_NAME)
     params = load_calibration(gpu, GPU_NAME).params
+    power: PowerConfig | None = None
+    if args.power != "off":
+        cap = None if args.power == "track" else float(args.power)
+        power = PowerConfig(model=power_model(gpu, params), settings=PowerSettings(cap_w=cap))
     system = bench_system()
     machines: dict[int, MachineModel] = {}
     if args.quick:
@@ -229,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rss_start = maxrss_mib()
     # The headline runs first so that the process's peak RSS right after it is its own.
-    head = run_once(*headline_cfg, gpu, system, params, machines)
+    head = run_once(*headline_cfg, gpu, system, params, machines, power)
     rss_head = maxrss_mib()
     print(f"headline: {head.kernels} kernels on {head.ranks} ranks ({GPU_NAME}, counters off)")
     print(f"  Engine(...).run() wall time : {head.sim_s:.2f} s")
@@ -245,13 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     by_kernels = []
     for n in kernel_sweep:
         key = (n - n % sweep_ranks, sweep_ranks)
-        by_kernels.append(done.get(key) or run_once(n, sweep_ranks, gpu, system, params, machines))
+        by_kernels.append(done.get(key) or run_once(n, sweep_ranks, gpu, system, params, machines, power))
         done[(by_kernels[-1].kernels, sweep_ranks)] = by_kernels[-1]
     table(f"time vs kernels ({sweep_ranks} ranks)", by_kernels)
     by_ranks = []
     for r in rank_sweep:
         key = (per_rank * r, r)
-        by_ranks.append(done.get(key) or run_once(per_rank * r, r, gpu, system, params, machines))
+        by_ranks.append(done.get(key) or run_once(per_rank * r, r, gpu, system, params, machines, power))
     table(f"time vs ranks ({per_rank} kernels per rank)", by_ranks)
     print(f"\npeak memory (getrusage ru_maxrss, whole process, all runs): {maxrss_mib():.0f} MiB")
     return 0

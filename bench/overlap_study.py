@@ -6,9 +6,10 @@ arXiv 2606.09200), predicted by ovsim and set against the published figures.
     python bench/overlap_study.py --layers 0 # full depth (slow)
 
 Compute slowdown = overlapped compute time / the same compute alone - 1; "sequential slower" =
-sequential iteration / overlapped iteration - 1. Per-layer behaviour does not depend on depth, so
-the reduced-depth matrix keeps every layer's shapes and only cuts the count (the embedding and
-head are kept, so their share grows a little).
+sequential iteration / overlapped iteration - 1. The reduced-depth matrix keeps every layer's
+shapes and only cuts the count. It understates whole-iteration slowdowns, because the embedding,
+head, optimizer and the edge layers (little compute to hide under) weigh more in a short model;
+notebooks/overlap_study.ipynb extrapolates to full depth instead.
 """
 
 from __future__ import annotations

@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import ValidationError
 
 from ovsim.engine.analytic import analytic_timeline
 from ovsim.engine.machine import build_machine
+from ovsim.engine.power import PowerConfig, analytic_power, power_table, restore_isolated, throttled_workload
 from ovsim.engine.sim import Engine, EngineOptions
-from ovsim.engine.timeline import Timeline
+from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Calibration, load_calibration
-from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu, load_system
+from ovsim.hw.power import PowerSettings, check_settings, power_model
+from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu, load_system, validation_error
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy
 from ovsim.models.ir import Workload
 from ovsim.models.training import build_training_workload
@@ -41,10 +44,37 @@ class Result:
     calibration: Calibration
     timeline: Timeline
     workload: Workload = field(repr=False)
+    # The power model and settings the prediction ran with (None: power not tracked).
+    power_config: PowerConfig | None = field(default=None, repr=False)
 
     @property
     def ops(self) -> pd.DataFrame:
         return self.timeline.ops
+
+    def power(self, window_s: float = 0.0) -> pd.DataFrame:
+        """Per GPU over the iteration: average and peak power, energy, average and lowest SM clock;
+        with ``window_s``, also the peak of power averaged over windows of that length."""
+        if self.power_config is None:
+            raise OvsimError("this prediction did not track power", field="power")
+        m = self.power_config.model
+        return power_table(self.timeline, self.workload.n_ranks, m.idle_w, m.compute_clock_hz, window_s=window_s)
+
+    def _power_summary(self) -> dict[str, Any]:
+        if self.power_config is None:
+            return {}
+        settings = self.power_config.settings
+        t = self.power()
+        energy = float(t["energy_j"].sum())
+        return {
+            "power_cap_w": settings.cap_w,
+            "sm_clock_lock_hz": settings.sm_clock_hz,
+            "avg_power_w": float(t["avg_power_w"].mean()),
+            "peak_power_w": float(t["peak_power_w"].max()),
+            "energy_j": energy,
+            "energy_delay_j_s": energy * self.timeline.makespan_s,
+            "avg_sm_clock_hz": float(t["avg_sm_clock_hz"].mean()),
+            "min_sm_clock_hz": float(t["min_sm_clock_hz"].min()),
+        }
 
     def summary(self) -> dict[str, Any]:
         ops = self.timeline.ops
@@ -71,6 +101,7 @@ class Result:
             "comm_hidden_fraction": (sum(r.overlapped_s for r in ranks) / sum(r.comm_busy_s for r in ranks)
                                      if any(r.comm_busy_s for r in ranks) else 0.0),
             "idle_s": sum(r.idle_s for r in ranks) / n,
+            **self._power_summary(),
             "calibration_files": list(self.calibration.files),
         }
 
@@ -79,8 +110,11 @@ class Result:
 
     def to_json(self) -> dict[str, Any]:
         ops = self.timeline.ops.replace([float("inf")], None)
-        return {"summary": self.summary(), "streams": self.streams().to_dict(orient="records"),
-                "ops": ops.to_dict(orient="records")}
+        out = {"summary": self.summary(), "streams": self.streams().to_dict(orient="records"),
+               "ops": ops.to_dict(orient="records")}
+        if self.power_config is not None:
+            out["power"] = self.power().to_dict(orient="records")
+        return out
 
 
 def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str]:
@@ -111,22 +145,42 @@ def build(sc: Scenario, source: str = "") -> tuple[Workload, SystemSpec, GpuSpec
     return wl, system, gpu, calib
 
 
-def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counters: bool = True) -> Result:
-    """Predict a scenario (a file path or a :class:`Scenario`); ``mode`` overrides the file's."""
+def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counters: bool = True,
+            power_cap_w: float | None = None, sm_clock_hz: float | None = None) -> Result:
+    """Predict a scenario (a file path or a :class:`Scenario`); ``mode`` overrides the file's.
+
+    ``power_cap_w`` (board power limit, as ``nvidia-smi -pl``) and ``sm_clock_hz`` (locked SM
+    clock, as ``nvidia-smi -lgc``) override the scenario's ``power`` settings; either one makes the
+    prediction run the GPU's clock loop (docs/power.md). Power and energy are reported either way."""
     source = str(scenario) if not isinstance(scenario, Scenario) else scenario.name
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     use_mode: Mode = mode or sc.mode
     wl, system, gpu, calib = build(sc, source)
+    base = sc.power or PowerSettings()
+    try:
+        settings = PowerSettings(cap_w=power_cap_w if power_cap_w is not None else base.cap_w,
+                                 sm_clock_hz=sm_clock_hz if sm_clock_hz is not None else base.sm_clock_hz)
+    except ValidationError as e:
+        raise validation_error(e, source) from None
+    check_settings(settings, gpu, source)
+    power = PowerConfig(model=power_model(gpu, calib.params), settings=settings)
     if use_mode == "analytic":
-        timeline = analytic_timeline(wl)
+        if power.managed:
+            throttled, clocks = throttled_workload(wl, gpu, power)
+            timeline = restore_isolated(analytic_timeline(throttled), wl)
+        else:
+            clocks = None
+            timeline = analytic_timeline(wl)
+        counters_rows = analytic_power(timeline, wl, gpu, power, clocks)
+        timeline = Timeline(ops=timeline.ops, counters=pd.DataFrame(counters_rows, columns=COUNTER_COLUMNS))
     else:
         machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout)
         try:
-            timeline = Engine(wl, machine, EngineOptions(counters=counters)).run()
+            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power)).run()
         except OvsimError as e:
             raise e.located(source) from None
     return Result(scenario=sc, mode=use_mode, system=system, gpu=gpu, calibration=calib, timeline=timeline,
-                  workload=wl)
+                  workload=wl, power_config=power)
 
 
 def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = None) -> pd.DataFrame:

@@ -33,6 +33,7 @@ def _table(result: Any, max_rows: int) -> str:
         f"({s['compute_slowdown'] * 100:+.1f}%)",
         f"comm       {_fmt_s(s['comm_s'])} ms per rank, exposed {_fmt_s(s['exposed_comm_s'])} ms, "
         f"{s['comm_hidden_fraction'] * 100:.1f}% hidden under compute",
+        *_power_lines(s),
         f"calibrated {', '.join(s['calibration_files'])}",
         "",
     ]
@@ -57,11 +58,27 @@ def _table(result: Any, max_rows: int) -> str:
     return "\n".join(lines)
 
 
+def _power_lines(s: dict[str, Any]) -> list[str]:
+    if "energy_j" not in s:
+        return []
+    settings = []
+    if s["power_cap_w"] is not None:
+        settings.append(f"cap {s['power_cap_w']:g} W")
+    if s["sm_clock_lock_hz"] is not None:
+        settings.append(f"clock locked at {s['sm_clock_lock_hz'] / 1e6:g} MHz")
+    return [
+        f"power      {s['avg_power_w']:.1f} W average, {s['peak_power_w']:.1f} W peak per GPU; "
+        f"SM clock {s['avg_sm_clock_hz'] / 1e6:.0f} MHz average, {s['min_sm_clock_hz'] / 1e6:.0f} MHz lowest "
+        f"({', '.join(settings) or 'no power management'})",
+        f"energy     {s['energy_j']:.4g} J per iteration (all GPUs), energy x delay {s['energy_delay_j_s']:.4g} J s",
+    ]
+
+
 def _predict(args: argparse.Namespace) -> int:
     from ovsim.api import predict
     from ovsim.traces.perfetto import write_trace
 
-    result = predict(args.scenario, mode=args.mode)
+    result = predict(args.scenario, mode=args.mode, power_cap_w=args.power_cap_w, sm_clock_hz=args.sm_clock_hz)
     if args.timeline:
         write_trace(result.timeline, args.timeline, label=result.scenario.name)
     if args.json:
@@ -268,6 +285,10 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--timeline", metavar="FILE", help="write a Perfetto-loadable trace")
     pr.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenario's mode")
     pr.add_argument("--rows", type=int, default=40, help="ops shown in the table (default 40)")
+    pr.add_argument("--power-cap-w", type=float, metavar="W",
+                    help="board power limit (as nvidia-smi -pl), within the GPU's settable range")
+    pr.add_argument("--sm-clock-hz", type=float, metavar="HZ",
+                    help="locked SM clock (as nvidia-smi -lgc), e.g. 1.2e9, within the GPU's clock range")
     pr.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     pr.set_defaults(func=_predict)
     cp = sub.add_parser("compare", help="predict several scenarios and compare them side by side")
@@ -311,6 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OvsimError as e:
         print(f"ovsim: error: {e.one_line()}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader (head, less) went away: not an error; keep Python's flush at exit quiet too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("ovsim: interrupted", file=sys.stderr)
         return 130

@@ -24,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from ovsim.errors import OvsimError
+from ovsim.hw.power import PowerSettings
 from ovsim.hw.spec import SystemSpec, read_yaml, validation_error
 from ovsim.models.training import TrainingSpec
 from ovsim.models.workload import Knobs, OpSpec, Schedule
@@ -61,6 +62,8 @@ class Scenario(BaseModel):
     knobs: Knobs = Field(default_factory=Knobs)
     streams: dict[str, int] = Field(default_factory=dict)
     calibration: list[str] = Field(default_factory=list)
+    # Board power limit and locked SM clock (docs/power.md); absent: no power management.
+    power: PowerSettings | None = None
     # Either a list of ops or a training iteration (docs/training.md), not both.
     ops: list[OpSpec] = Field(default_factory=list)
     training: TrainingSpec | None = None

@@ -11,7 +11,9 @@ flow finishing, a latency elapsing. At each such instant it
 3. shares every SM's issue throughput among its resident blocks (max-min with per-block demands);
 4. shares HBM, links and PCIe among kernels and flows (weighted max-min with demand caps,
    :mod:`ovsim.engine.channel`);
-5. schedules the GPU's next completion.
+5. with power tracked, computes each touched GPU's power from its activity and, under a power cap
+   or a locked clock, first sets its SM clock (re-rating until no clock moves; docs/power.md);
+6. schedules the GPU's next completion.
 
 Identical SMs are kept as groups ("100 SMs each running one GEMM block, 32 running one NCCL block")
 so the cost does not grow with the SM count. Waves, tails, a persistent kernel blocking a later
@@ -36,8 +38,10 @@ import simpy
 
 from ovsim.engine.channel import CAP, max_min_rates, water_fill
 from ovsim.engine.machine import GpuModel, LinkKey, MachineModel
+from ovsim.engine.power import CLOCK_COUNTER, POWER_COUNTER, PowerConfig, op_power_class
 from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
+from ovsim.hw.power import MEMORY, TENSOR
 from ovsim.models.cost import allocated_registers
 from ovsim.models.ir import FlowDemand, Op, Workload
 
@@ -50,13 +54,14 @@ class _Kernel:
     """A launched kernel (or the SM-resident part of a collective) on one GPU."""
 
     __slots__ = (
-        "ask", "blocks", "blocks_per_sm_alone", "bytes_per_block", "clock_sensitive", "end_s", "flow", "gpu", "id",
-        "issue", "issued", "launch_s", "max_resident", "op", "partitions", "priority", "rank", "regs", "resident",
-        "seq", "share_hbm_s", "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "threads",
-        "undispatched", "wait_peers_s", "wait_sm_s",
+        "ask", "blocks", "blocks_per_sm_alone", "bytes_per_block", "clock_cls", "clock_s", "clock_sensitive", "end_s",
+        "flow", "gpu", "id", "issue", "issued", "launch_s", "max_resident", "op", "partitions", "priority", "pw_tensor",
+        "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s", "share_link_s", "share_sm_s", "smem",
+        "start_s", "t_block", "theta", "threads", "undispatched", "wait_peers_s", "wait_sm_s",
     )
 
-    def __init__(self, op: Op, gpu: _Gpu, priority: int, seq: int, now: float, nccl_issue: float) -> None:
+    def __init__(self, op: Op, gpu: _Gpu, priority: int, seq: int, now: float, nccl_issue: float,
+                 power: PowerConfig | None = None) -> None:
         self.op = op
         self.id = op.id
         self.rank = op.rank
@@ -70,6 +75,7 @@ class _Kernel:
         self.theta = 1.0
         self.issued = 0.0  # resident blocks weighted by the share of their issue demand they get
         self.wait_sm_s = self.share_sm_s = self.share_hbm_s = self.share_link_s = self.wait_peers_s = 0.0
+        self.clock_s = 0.0
         k = op.kernel
         assert k is not None
         self.blocks = k.blocks
@@ -92,6 +98,19 @@ class _Kernel:
         # Blocks resident at once were the kernel alone on the SMs it may use.
         allowed = m.sm_count - (m.comm_reserved_sms if self.partitions == ("main",) else 0)
         self.max_resident = allowed * self.blocks_per_sm_alone
+        # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 tensor cores.
+        self.clock_cls = 1 if k.clock_sensitive and op.flow is None else 0
+        self.pw_tensor = False
+        self.pw_w = 0.0
+        self.pw_unit = 0.0
+        if power is not None:
+            cls, self.pw_w = op_power_class(op, power.model)
+            self.pw_tensor = cls == TENSOR
+            if self.clock_cls and self.pw_tensor:
+                self.clock_cls = 2
+            # Compute blocks count by the issue share they use (occupancy shaping leaves SMs partly
+            # idle); memory-bound blocks and NCCL's copy loops by the block slots they hold.
+            self.pw_unit = 1.0 / self.blocks_per_sm_alone if cls == MEMORY else self.issue
 
     def sort_key(self) -> tuple[int, int]:
         return (self.priority, self.seq)
@@ -149,13 +168,18 @@ class _Group:
 
 
 class _Gpu:
-    __slots__ = ("ce_free", "ce_waiting", "clock_factor", "flows", "groups", "last_t", "model", "pending", "rank",
-                 "running", "timer", "timer_at")
+    __slots__ = ("ce_free", "ce_waiting", "clock_factor", "clock_frac", "flows", "groups", "last_t", "model", "mult",
+                 "pending", "rank", "running", "throttled", "timer", "timer_at")
 
     def __init__(self, rank: int, model: GpuModel) -> None:
         self.rank = rank
         self.model = model
         self.clock_factor = 1.0
+        # Rate multipliers of (not clock-bound, CUDA-core, tensor-core) work; the SM clock as a
+        # fraction of the compute clock, where a power policy sets it; whether any multiplier < 1.
+        self.mult = [1.0, 1.0, 1.0]
+        self.clock_frac = 1.0
+        self.throttled = False
         m = model
         main = m.sm_count - m.comm_reserved_sms
         self.groups = [_Group(main, "main", m.threads_per_sm, m.registers_per_sm, m.shared_mem_per_sm_bytes,
@@ -231,6 +255,9 @@ class EngineOptions:
     check_invariants: bool = False
     # Called now and then with (ops finished, ops in total), for a progress display.
     progress: Callable[[int, int], None] | None = None
+    # Track power (``power_w`` and ``sm_clock_hz`` counters) and, with a cap or a locked clock in
+    # its settings, run the clock loop; None: no power, no clock loop (benchmarks, replay).
+    power: PowerConfig | None = None
 
 
 class Engine:
@@ -275,6 +302,16 @@ class Engine:
         self.nccl_issue = machine.nccl_issue_fraction
         self.n_waiting = 0  # flows waiting for members
         self.n_data = 0  # flows moving data
+        self.power = self.opts.power
+        self.managed = self.power is not None and self.power.managed
+        if self.power is not None:
+            m = self.power.model
+            # Dynamic-power scale of tensor and other work without power management.
+            self.s_calibrated = (m.dynamic_scale(m.tensor_reference_clock_fraction), m.dynamic_scale(1.0))
+        if self.power is not None and self.managed:
+            c0 = self.power.max_clock_fraction  # an idle GPU fits any settable cap
+            for gpu in self.gpus:
+                self._set_clock(gpu, c0)
 
     # -- streams -------------------------------------------------------------------------------
 
@@ -284,6 +321,9 @@ class Engine:
             by_stream.setdefault((op.rank, op.stream), []).append(op)
         self.streams = {key: _Stream(key, ops, self.priority.get(key, 0)) for key, ops in by_stream.items()}
         self.woken = list(self.streams.values())
+        if self.power is not None:
+            for gpu in self.gpus:
+                self._record_power(gpu, 0.0, (0.0,) * 8)
         self._request_resolve()
         self.env.run()
         unfinished = [op.id for op in self.workload.ops if op.id not in self.finished]
@@ -361,7 +401,7 @@ class Engine:
         kernel: _Kernel | None = None
         if op.kernel is not None:
             self.seq += 1
-            kernel = _Kernel(op, gpu, priority, self.seq, now, self.nccl_issue)
+            kernel = _Kernel(op, gpu, priority, self.seq, now, self.nccl_issue, self.power)
             self.kernels.append(kernel)
             bisect.insort(gpu.pending, kernel, key=_Kernel.sort_key)
             self.to_dispatch.add(op.rank)
@@ -492,7 +532,11 @@ class Engine:
         changes, self.clock_changes = self.clock_changes, []
         for r, factor in changes:
             self._touch(r)
-            self.gpus[r].clock_factor = factor
+            g = self.gpus[r]
+            g.clock_factor = factor
+            if not self.managed:
+                g.mult = [1.0, factor, factor]
+                g.throttled = factor < 1.0
         self.released, self.woken = self.woken, []
         while True:
             while self.to_complete:
@@ -526,6 +570,8 @@ class Engine:
                 self._pump(s)
         ranks = sorted(self.touched) if len(self.touched) > 1 else list(self.touched)
         self._rates(ranks)
+        if self.power is not None:
+            self._power(ranks)
         for r in ranks:
             self._schedule_next(self.gpus[r])
 
@@ -538,6 +584,7 @@ class Engine:
                 for e in g.entries:
                     if e.rate > 0:
                         e.remaining -= e.rate * dt
+            throttled = gpu.throttled
             for k in gpu.running:
                 # Slow-down reasons (inlined: this runs for every kernel at every event).
                 if k.resident == 0:
@@ -550,6 +597,11 @@ class Engine:
                 f_issue = k.issued / k.resident
                 k.wait_sm_s += dt * (1 - f_res)
                 k.share_sm_s += dt * f_res * (1 - f_issue)
+                if throttled:
+                    m = gpu.mult[k.clock_cls]
+                    if m < 1.0:
+                        k.clock_s += dt * f_res * f_issue * (1 - m)
+                        f_issue *= m
                 k.share_hbm_s += dt * f_res * f_issue * (1 - k.theta)
         for f in gpu.flows:
             fdt = now - f.last_t
@@ -802,7 +854,7 @@ class Engine:
         kernel_demand: dict[_Kernel, float] = {}
         for r in ranks:
             gpu = self.gpus[r]
-            clock = gpu.clock_factor
+            mult = gpu.mult
             for g in gpu.groups:
                 entries = g.entries
                 if not entries:
@@ -826,7 +878,7 @@ class Engine:
                     if k.flow is not None:
                         e.rate = 0.0
                         continue
-                    e.rate = e.share * (clock if k.clock_sensitive else 1.0) / k.t_block
+                    e.rate = e.share * mult[k.clock_cls] / k.t_block
                     if k.bytes_per_block > 0:
                         kernel_demand[k] = kernel_demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
             for k in gpu.running:
@@ -947,6 +999,123 @@ class Engine:
                 if k.resident < 0 or k.undispatched < 0:
                     raise RuntimeError(f"kernel {k.id}: negative block count")
 
+    # -- power ---------------------------------------------------------------------------------
+
+    def _set_clock(self, gpu: _Gpu, c: float) -> None:
+        assert self.power is not None
+        gpu.clock_frac = c
+        gpu.mult = list(self.power.multipliers(c))
+        gpu.throttled = min(gpu.mult) < 1.0
+
+    def _activity(self, gpu: _Gpu) -> tuple[float, ...]:
+        """Power inputs of a GPU from its current rates (before HBM shares are applied to block
+        rates): tensor and other SM dynamic watts at c = 1, HBM bytes/s that do not follow the SM
+        clock, HBM bytes/s of clock-bound kernels, link bytes/s in plus out, and the busy SM count
+        of tensor, CUDA-core and memory work."""
+        tensor = other = fixed = follow = link = xt = xf = xm = 0.0
+        r = gpu.rank
+        for g in gpu.groups:
+            n = g.n
+            for e in g.entries:
+                k = e.k
+                f = k.flow
+                if f is not None:
+                    # NCCL's loops work only while data moves, in proportion to its pace.
+                    if f.phase == "data" and f.demand.rate_cap_bytes_per_s > 0:
+                        x = n * e.per_sm * k.pw_unit * min(1.0, f.rate / f.demand.rate_cap_bytes_per_s)
+                        other += x * k.pw_w
+                        xm += x
+                    continue
+                x = n * e.per_sm * k.pw_unit * e.share * k.theta
+                if k.pw_tensor:
+                    tensor += x * k.pw_w
+                    xt += x
+                else:
+                    other += x * k.pw_w
+                    if k.clock_cls:
+                        xf += x
+                    else:
+                        xm += x
+                if k.bytes_per_block > 0:
+                    b = n * e.per_sm * e.rate * k.theta * k.bytes_per_block
+                    if k.clock_cls:
+                        follow += b
+                    else:
+                        fixed += b
+        for f in gpu.flows:
+            if f.phase != "data" or f.rate <= 0:
+                continue
+            for key, c in f.usage:
+                if key[0] == "hbm":
+                    if key[1] == r:
+                        fixed += f.rate * c
+                elif key[0] in ("egress", "ingress", "link") and (key[1] == r or key[2] == r):
+                    link += f.rate * c
+        sms = gpu.model.sm_count
+        return tensor / sms, other / sms, fixed, follow, link, xt / sms, xf / sms, xm / sms
+
+    def _power(self, ranks: list[int]) -> None:
+        """Set each GPU's clock under its power policy, then record its power.
+
+        The clock is solved from the activity at the current rates; a new clock changes the rates
+        (and HBM shares), so the GPUs are re-rated and solved again until no clock moves. Clocks
+        sit on the GPU's clock grid, so this stops after a step or two; the bound keeps a GPU whose
+        clock would flip between two grid points deterministic."""
+        assert self.power is not None
+        pc = self.power
+        model = pc.model
+        acts: dict[int, tuple[float, ...]] = {}
+        if self.managed:
+            cap, hi = pc.cap_w, pc.max_clock_fraction
+            for _ in range(4):
+                changed = False
+                for r in ranks:
+                    gpu = self.gpus[r]
+                    a = acts[r] = self._activity(gpu)
+                    c = model.solve_clock(cap, a[0] + a[1], a[2], a[3] / gpu.clock_frac, a[4], hi)
+                    if c != gpu.clock_frac:
+                        self._set_clock(gpu, c)
+                        changed = True
+                if not changed:
+                    break
+                self._rates(ranks)
+                acts.clear()
+        now = self.env.now
+        for r in ranks:
+            gpu = self.gpus[r]
+            a = acts[r] if r in acts else self._activity(gpu)
+            self._record_power(gpu, now, a)
+
+    def _record_power(self, gpu: _Gpu, now: float, a: tuple[float, ...]) -> None:
+        assert self.power is not None
+        model = self.power.model
+        if self.managed:
+            c = c_tensor = gpu.clock_frac
+            s_tensor = s_other = model.dynamic_scale(c)
+        else:
+            # Without power management each kernel runs as calibrated: tensor work at the clock
+            # its efficiency was measured at, the rest at the compute clock (times any manual factor).
+            c = gpu.clock_factor
+            c_tensor = c * model.tensor_reference_clock_fraction
+            if c == 1.0:
+                s_tensor, s_other = self.s_calibrated
+            else:
+                s_tensor, s_other = model.dynamic_scale(c_tensor), model.dynamic_scale(c)
+        tensor, other, fixed, follow, link = a[0], a[1], a[2], a[3], a[4]
+        hbm = (fixed + follow) / model.hbm_peak_bytes_per_s
+        lp = model.link_peak_bytes_per_s
+        lk = link / lp if lp > 0 else 0.0
+        p = (model.idle_w + s_tensor * tensor + s_other * other + model.hbm_w * (hbm if hbm < 1.0 else 1.0)
+             + model.link_w * (lk if lk < 1.0 else 1.0))
+        r = gpu.rank
+        self._counter(now, r, POWER_COUNTER, p)
+        self._counter(now, r, CLOCK_COUNTER, (c_tensor if tensor > 0 else c) * model.compute_clock_hz)
+        if self.opts.counters:
+            self._counter(now, r, "sm_tensor_fraction", a[5])
+            self._counter(now, r, "sm_fp32_fraction", a[6])
+            self._counter(now, r, "sm_memory_fraction", a[7])
+            self._counter(now, r, "link_bytes_per_s", link)
+
     def _sample(self, ranks: list[int], channel: dict[Any, int], capacity: list[float], rates: list[float],
                 usage: list[list[tuple[int, float]]]) -> None:
         now = self.env.now
@@ -994,7 +1163,7 @@ class Engine:
                 k = by_id[op.id]
                 row.update(launch_s=k.launch_s, start_s=k.start_s, end_s=k.end_s, wait_sm_s=k.wait_sm_s,
                            share_sm_s=k.share_sm_s, share_hbm_s=k.share_hbm_s, share_link_s=0.0,
-                           wait_peers_s=0.0)
+                           wait_peers_s=0.0, clock_s=k.clock_s)
             row["blocks"] = op.kernel.blocks if op.kernel is not None else 0
             row["bytes"] = op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0)
             rows.append(row)

@@ -17,12 +17,15 @@ share_sm_s      time lost sharing SM issue throughput with co-resident blocks
 share_hbm_s     time lost to a smaller HBM share than it asked for
 share_link_s    time lost to a smaller link share (flows)
 wait_peers_s    time a collective's kernel sat resident waiting for other ranks
-slowed_by       the largest of the four reasons above, or "" when within 1% of isolated
+clock_s         time lost to an SM clock below the one its isolated time assumes (power cap, clock lock)
+slowed_by       the largest of the six reasons above, or "" when within 1% of isolated
 blocks, bytes   grid size; bytes moved (HBM bytes for kernels, bus bytes for flows)
 =============== ======================================================================
 
 ``counters`` holds piecewise-constant samples ``time_s, rank, counter, value``; a value holds
-until the next sample of the same (rank, counter).
+until the next sample of the same (rank, counter), and of samples at one instant the last one
+holds. Power counters: ``power_w`` (board power) and ``sm_clock_hz`` (see
+:mod:`ovsim.engine.power`).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ import pandas as pd
 
 OP_COLUMNS = [
     "id", "name", "kind", "rank", "stream", "launch_s", "start_s", "end_s", "duration_s", "isolated_s",
-    "slowdown", "wait_sm_s", "share_sm_s", "share_hbm_s", "share_link_s", "wait_peers_s", "slowed_by",
-    "blocks", "bytes",
+    "slowdown", "wait_sm_s", "share_sm_s", "share_hbm_s", "share_link_s", "wait_peers_s", "clock_s",
+    "slowed_by", "blocks", "bytes",
 ]
 COUNTER_COLUMNS = ["time_s", "rank", "counter", "value"]
 REASONS = {
@@ -45,6 +48,7 @@ REASONS = {
     "share_hbm_s": "sharing HBM",
     "share_link_s": "sharing links",
     "wait_peers_s": "waiting for peers",
+    "clock_s": "lowered clock",
 }
 # A kernel within this fraction of its isolated time counts as not slowed.
 SLOWED_THRESHOLD = 0.01
@@ -71,7 +75,9 @@ def timeline_from_rows(rows: list[dict[str, Any]], counters: list[dict[str, Any]
     # The raw reasons integrate where progress was lost; rescale them so they split the time lost,
     # duration - isolated, in the same proportions (a kernel pushed into an extra wave loses a
     # whole wave although its blocks were short of SMs only during the first one).
-    raw = ops[list(REASONS)].astype(float)
+    # Producers that never lose time to a reason may leave its column out.
+    ops[list(REASONS)] = ops[list(REASONS)].astype(float).fillna(0.0)
+    raw = ops[list(REASONS)]
     total = raw.sum(axis=1)
     lost = (ops["duration_s"] - ops["isolated_s"]).clip(lower=0.0)
     scale = (lost / total.where(total > 0, np.nan)).fillna(0.0)

@@ -52,6 +52,19 @@ class Parameters(BaseModel):
     ce_local_efficiency: float = 0.8
     ce_latency_s: float = 1e-5
     host_link_efficiency: float = 0.8
+    # Power model (ovsim.hw.power). SM weights are the dynamic power of every SM doing that work at
+    # the compute clock; a missing weight is derived from the TDP (see power.power_model).
+    power_tensor_w: dict[str, float] = Field(default_factory=dict)
+    power_fp32_w: float | None = Field(default=None, ge=0)
+    power_memory_w: float | None = Field(default=None, ge=0)
+    power_fp32_fraction_of_tensor: float = Field(default=0.6, ge=0)
+    power_memory_fraction_of_tensor: float = Field(default=0.2, ge=0)
+    power_hbm_j_per_byte: float = Field(default=31.2e-12, ge=0)
+    power_link_j_per_byte: float = Field(default=24e-12, ge=0)
+    power_knee_clock_fraction: float = Field(default=0.6, gt=0, lt=1)
+    power_knee_voltage_fraction: float = Field(default=0.65, gt=0, le=1)
+    power_tensor_reference_clock_fraction: float = Field(default=1.0, gt=0)
+    power_clock_step_hz: float = Field(default=15e6, ge=0)
 
     def gemm_eff(self, precision: str) -> float:
         return self.gemm_efficiency.get(precision, self.gemm_efficiency.get("default", 0.8))

@@ -2,9 +2,10 @@
 chrome://tracing load.
 
 One process per rank with one thread (track) per stream; a "collectives" process with one track
-per collective flow; counter tracks per rank for SM occupancy, HBM and link bandwidth and the
-clock. Each slowed op carries, in its args, its isolated time and how the time it lost splits
-between reasons, and its name gets the main reason appended so it shows on the track itself.
+per collective flow; counter tracks per rank for SM occupancy, HBM and link bandwidth, the clock,
+board power (``power_w``) and the SM clock in hertz (``sm_clock_hz``). Each slowed op carries, in
+its args, its isolated time and how the time it lost splits between reasons, and its name gets the
+main reason appended so it shows on the track itself.
 """
 
 from __future__ import annotations

@@ -1,0 +1,333 @@
+"""The GPU power model: board power from activity, clock and voltage; the cap and clock-lock solver.
+
+Form (DESIGN.md section 3, science.md section 6.2)::
+
+    P(c) = P_idle + s(c) · Σ_k w_k · u_k  +  w_hbm · u_hbm  +  w_link · u_link
+    s(c) = c · (V(c) / V(1))²                           dynamic CMOS power α·C·V²·f, normalised at c = 1
+    V(c) / V(1) = v_knee                                 for c <= c_knee (the regulator's floor)
+                = v_knee + (1 - v_knee)·(c - c_knee)/(1 - c_knee)   above it (linear, extends past 1)
+
+``c`` is the SM clock as a fraction of the GPU's compute clock (the clock at which the published
+peak rates hold). ``u_k`` is the fraction of the GPU's SMs kept busy by work of class ``k``:
+
+- ``tensor``: tensor-core kernels (GEMM, attention, tensor-precision kernels), weight per precision;
+- ``fp32``: clock-bound kernels on the CUDA cores;
+- ``memory``: memory-bound kernels and NCCL's copy/reduce loops (load/store, L1/L2, crossbar).
+
+``w_k`` is the dynamic power of *every* SM doing that work at c = 1, so a fully busy GPU running a
+tensor GEMM draws ``P_idle + w_tensor·s(c) + ...``. HBM and link power follow bytes moved
+(``u_hbm``: HBM bytes/s over the peak; ``u_link``: bytes/s in plus out over twice the per-direction
+link bandwidth) and do not scale with the SM clock (they have their own clocks). ``P_idle`` is the
+board power of an idle GPU (constant power plus leakage at the lowest voltage); leakage growth with
+voltage is folded into the dynamic weights, which are fitted at the voltage where they are used.
+
+Parameters come from calibration files (:mod:`ovsim.hw.calib`, keys ``power_*``), each with its
+source. Where a GPU has no fitted tensor weight, it follows from the TDP: a large dense GEMM at the
+tensor reference clock draws exactly the TDP (see :func:`power_model`). docs/power.md has the
+sources and what is not modelled.
+
+A cap is met by lowering the clock: :meth:`PowerModel.solve_clock` returns the highest clock
+fraction on the GPU's clock grid whose predicted power fits, within the settable clock range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, PositiveFloat
+
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import Parameters
+from ovsim.hw.spec import GpuSpec
+
+TENSOR = "tensor"
+FP32 = "fp32"
+MEMORY = "memory"
+SM_CLASSES = (TENSOR, FP32, MEMORY)
+# Kernel kinds that run on tensor cores whatever their precision field says.
+TENSOR_KINDS = frozenset({"gemm", "attention"})
+# Bisection steps of the clock solver: 2**-48 of the clock range is far below any clock grid.
+_BISECT_STEPS = 48
+# A large GEMM's compulsory HBM traffic as a fraction of peak bandwidth; used only where the tensor
+# weight is derived from the TDP (an 8192^3 BF16 GEMM moves ~0.7 GB in ~4 ms on A100: ~0.1).
+_GEMM_HBM_FRACTION = 0.1
+
+
+class PowerSettings(BaseModel):
+    """What the user sets, as with ``nvidia-smi -pl`` (board power limit) and ``nvidia-smi -lgc``
+    (locked SM clock). With both, the clock is the lower of the lock and what the cap allows."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cap_w: PositiveFloat | None = None
+    sm_clock_hz: PositiveFloat | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.cap_w is not None or self.sm_clock_hz is not None
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What drives power over an interval. SM terms are dynamic watts at c = 1 (Σ w_k·u_k, split
+    into tensor work and the rest, because without power management they run at different
+    reference clocks); bytes are per second."""
+
+    sm_tensor_w: float = 0.0
+    sm_other_w: float = 0.0
+    hbm_bytes_per_s: float = 0.0
+    link_bytes_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PowerModel:
+    gpu: str
+    idle_w: float
+    tdp_w: float
+    min_power_limit_w: float
+    compute_clock_hz: float
+    min_clock_hz: float
+    max_clock_hz: float
+    clock_step_hz: float
+    # Dynamic power of every SM busy with the class's work at the compute clock.
+    tensor_w: dict[str, float]
+    fp32_w: float
+    memory_w: float
+    hbm_w: float
+    link_w: float
+    hbm_peak_bytes_per_s: float
+    link_peak_bytes_per_s: float  # in plus out
+    knee_clock_fraction: float
+    knee_voltage_fraction: float
+    # The clock fraction at which tensor kernels' calibrated efficiencies hold (they were measured
+    # on a GPU throttled by its default power limit); other kernels' rates hold at c = 1.
+    tensor_reference_clock_fraction: float
+    tensor_precisions: frozenset[str]
+    derived: tuple[str, ...] = ()  # parameters derived from the TDP rather than given
+
+    # -- the model ---------------------------------------------------------------------------------
+
+    @property
+    def min_clock_fraction(self) -> float:
+        return self.min_clock_hz / self.compute_clock_hz
+
+    @property
+    def max_clock_fraction(self) -> float:
+        return self.max_clock_hz / self.compute_clock_hz
+
+    def voltage_fraction(self, c: float) -> float:
+        """V(c)/V(1)."""
+        k, vk = self.knee_clock_fraction, self.knee_voltage_fraction
+        if c <= k:
+            return vk
+        return vk + (1.0 - vk) * (c - k) / (1.0 - k)
+
+    def dynamic_scale(self, c: float) -> float:
+        """s(c) = c·(V(c)/V(1))²: dynamic power at clock fraction c relative to c = 1."""
+        v = self.voltage_fraction(c)
+        return c * v * v
+
+    def sm_weight_w(self, kind: str, precision: str | None, clock_bound: bool) -> tuple[str, float]:
+        """The class and full-GPU dynamic weight of a kernel."""
+        if not clock_bound:
+            return MEMORY, self.memory_w
+        # A traced kernel known only by its totals runs on tensor cores when its precision does.
+        if kind in TENSOR_KINDS or (kind == "generic" and precision is not None
+                                    and precision in self.tensor_precisions):
+            w = self.tensor_w.get(precision or "", self.tensor_w["default"])
+            return TENSOR, w
+        return FP32, self.fp32_w
+
+    def power_w(self, a: Activity, c: float, c_tensor: float | None = None) -> float:
+        """Board power with the SMs at clock fraction ``c`` (tensor work at ``c_tensor`` if given:
+        the state without power management, where each kernel runs as calibrated)."""
+        return self.board_power_w(a.sm_tensor_w, a.sm_other_w, a.hbm_bytes_per_s, a.link_bytes_per_s, c,
+                                  c if c_tensor is None else c_tensor)
+
+    def board_power_w(self, sm_tensor_w: float, sm_other_w: float, hbm_bytes_per_s: float, link_bytes_per_s: float,
+                      c: float, c_tensor: float) -> float:
+        """:meth:`power_w` on plain numbers (the engine calls it at every event)."""
+        hbm = hbm_bytes_per_s / self.hbm_peak_bytes_per_s
+        lp = self.link_peak_bytes_per_s
+        link = link_bytes_per_s / lp if lp > 0 else 0.0
+        return (self.idle_w + self.dynamic_scale(c_tensor) * sm_tensor_w + self.dynamic_scale(c) * sm_other_w
+                + self.hbm_w * (hbm if hbm < 1.0 else 1.0) + self.link_w * (link if link < 1.0 else 1.0))
+
+    def solve_clock(self, cap_w: float, sm_w: float, hbm_fixed_bytes_per_s: float, hbm_per_c_bytes_per_s: float,
+                    link_bytes_per_s: float, hi: float) -> float:
+        """The highest clock fraction in [min clock, ``hi``] on the clock grid whose power fits
+        ``cap_w`` (``hi`` itself, a locked clock, counts too), or the minimum clock when none does
+        (the GPU then draws more than the cap, as a real one would before its hardware slowdown
+        engages).
+
+        ``sm_w`` is the SM dynamic power at c = 1; compute-bound kernels' HBM traffic scales with
+        the clock (``hbm_per_c_bytes_per_s · c``), the rest does not. P(c) grows with c, so a binary
+        search over the grid finds the crossing (about seven evaluations on a 15 MHz grid)."""
+        lo = self.min_clock_fraction
+        if hi <= lo:
+            return lo
+        idle, hbm_w, link_w = self.idle_w, self.hbm_w, self.link_w
+        hbm_peak, link_peak = self.hbm_peak_bytes_per_s, self.link_peak_bytes_per_s
+        k, vk = self.knee_clock_fraction, self.knee_voltage_fraction
+        slope = (1.0 - vk) / (1.0 - k)
+        link = link_w * min(1.0, link_bytes_per_s / link_peak) if link_peak > 0 else 0.0
+
+        def fits(c: float) -> bool:
+            v = vk if c <= k else vk + slope * (c - k)
+            hbm = (hbm_fixed_bytes_per_s + hbm_per_c_bytes_per_s * c) / hbm_peak
+            return idle + c * v * v * sm_w + hbm_w * (hbm if hbm < 1.0 else 1.0) + link <= cap_w
+
+        if fits(hi):
+            return hi
+        if not fits(lo):
+            return lo
+        fc, fmin, step = self.compute_clock_hz, self.min_clock_hz, self.clock_step_hz
+        if step <= 0:
+            a, b = lo, hi
+            for _ in range(_BISECT_STEPS):
+                mid = 0.5 * (a + b)
+                if fits(mid):
+                    a = mid
+                else:
+                    b = mid
+            return a
+        # Grid points min + i·step below hi: the lowest fits, find the highest that does.
+        i_lo, i_hi = 0, math.ceil((hi * fc - fmin) / step - 1e-9)  # i_hi: first point at or above hi
+        while i_hi - i_lo > 1:
+            mid = (i_lo + i_hi) // 2
+            if fits((fmin + mid * step) / fc):
+                i_lo = mid
+            else:
+                i_hi = mid
+        return (fmin + i_lo * step) / fc
+
+
+def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
+    """The power model of ``gpu`` from the calibration's ``power_*`` parameters.
+
+    Missing weights are derived, and listed in ``derived``: the tensor weight from the TDP (a large
+    dense GEMM, all SMs busy and ~10% of peak HBM bandwidth, draws the TDP at the tensor reference
+    clock), the CUDA-core and memory weights as fixed fractions of the tensor weight."""
+    p = params
+    derived: list[str] = []
+    hbm_w = gpu.memory.bandwidth_bytes_per_s * p.power_hbm_j_per_byte
+    link_peak = 2.0 * max(gpu.links.bandwidth_bytes_per_s, 0.0)
+    link_w = link_peak * p.power_link_j_per_byte
+    base = PowerModel(
+        gpu=gpu.name, idle_w=gpu.power.idle_w, tdp_w=gpu.power.tdp_w, min_power_limit_w=gpu.power.min_power_limit_w,
+        compute_clock_hz=gpu.clocks.compute_clock_hz, min_clock_hz=gpu.clocks.min_sm_clock_hz,
+        max_clock_hz=gpu.clocks.max_sm_clock_hz, clock_step_hz=p.power_clock_step_hz, tensor_w={"default": 0.0},
+        fp32_w=0.0, memory_w=0.0, hbm_w=hbm_w, link_w=link_w, hbm_peak_bytes_per_s=gpu.memory.bandwidth_bytes_per_s,
+        link_peak_bytes_per_s=link_peak, knee_clock_fraction=p.power_knee_clock_fraction,
+        knee_voltage_fraction=p.power_knee_voltage_fraction,
+        tensor_reference_clock_fraction=p.power_tensor_reference_clock_fraction,
+        tensor_precisions=frozenset(gpu.compute.tensor_precisions),
+    )
+    tensor = dict(p.power_tensor_w)
+    if "default" not in tensor:
+        budget = gpu.power.tdp_w - gpu.power.idle_w - hbm_w * _GEMM_HBM_FRACTION
+        tensor["default"] = max(0.0, budget) / base.dynamic_scale(p.power_tensor_reference_clock_fraction)
+        derived.append("power_tensor_w")
+    fp32 = p.power_fp32_w
+    if fp32 is None:
+        fp32 = p.power_fp32_fraction_of_tensor * tensor["default"]
+        derived.append("power_fp32_w")
+    memory = p.power_memory_w
+    if memory is None:
+        memory = p.power_memory_fraction_of_tensor * tensor["default"]
+        derived.append("power_memory_w")
+    return PowerModel(**{**base.__dict__, "tensor_w": tensor, "fp32_w": fp32, "memory_w": memory,
+                         "derived": tuple(derived)})
+
+
+def check_settings(settings: PowerSettings, gpu: GpuSpec, source: str = "") -> None:
+    """Reject what ``nvidia-smi`` would reject: a cap outside the board's settable range, a clock
+    outside the SM clock range."""
+    p, c = gpu.power, gpu.clocks
+    if settings.cap_w is not None and not p.min_power_limit_w <= settings.cap_w <= p.tdp_w:
+        raise OvsimError(f"{settings.cap_w:g} W is outside {gpu.name}'s settable power limit range "
+                         f"{p.min_power_limit_w:g}-{p.tdp_w:g} W", source=source, field="power.cap_w")
+    if settings.sm_clock_hz is not None and not c.min_sm_clock_hz <= settings.sm_clock_hz <= c.max_sm_clock_hz:
+        raise OvsimError(f"{settings.sm_clock_hz / 1e6:g} MHz is outside {gpu.name}'s SM clock range "
+                         f"{c.min_sm_clock_hz / 1e6:g}-{c.max_sm_clock_hz / 1e6:g} MHz", source=source,
+                         field="power.sm_clock_hz")
+
+
+# -- fitting ---------------------------------------------------------------------------------------
+
+# Columns a fit table needs: measured power, the SM clock, busy SM fractions per class, bytes/s.
+FIT_COLUMNS = ("power_w", "sm_clock_hz", "sm_tensor_fraction", "sm_fp32_fraction", "sm_memory_fraction",
+               "hbm_bytes_per_s", "link_bytes_per_s")
+_WEIGHTS = ("idle_w", "tensor_w", "fp32_w", "memory_w", "hbm_w", "link_w")
+_VOLTAGE = ("knee_voltage_fraction", "knee_clock_fraction")
+
+
+@dataclass(frozen=True)
+class PowerFit:
+    """Fitted power parameters (the ones not fitted keep the starting model's values)."""
+
+    params: dict[str, float]
+    fitted: tuple[str, ...]
+    n_samples: int
+    rmse_w: float
+    mape_pct: float
+
+
+def _scale(c: np.ndarray, vk: float, ck: float) -> np.ndarray:
+    v = np.where(c <= ck, vk, vk + (1.0 - vk) * (c - ck) / (1.0 - ck))
+    return np.asarray(c * v * v)
+
+
+def fit_power(table: Mapping[str, Sequence[float] | np.ndarray], model: PowerModel, *, fit_idle: bool = True,
+              fit_voltage: bool = False) -> PowerFit:
+    """Least-squares fit of the component model to measured power and the activity behind it.
+
+    ``table`` maps each of :data:`FIT_COLUMNS` to one value per sample (a DataFrame works): the
+    measured ``power_w`` and the activity a prediction aligned to the samples gives (see
+    :func:`ovsim.traces.power.fit_table`). The tensor, CUDA-core, memory, HBM and link weights are
+    always fitted (non-negative); the idle power when ``fit_idle``; the voltage knee when
+    ``fit_voltage`` (it needs samples at several clocks). Tensor work is fitted as one class (the
+    per-precision weights of ``model`` are replaced by one). Returns the parameters in the model's
+    units and the fit error."""
+    from scipy.optimize import least_squares
+
+    missing = [c for c in FIT_COLUMNS if c not in table]
+    if missing:
+        raise OvsimError(f"fit table lacks {', '.join(missing)}", field="power")
+    cols = {c: np.asarray(table[c], dtype=float) for c in FIT_COLUMNS}
+    ok = np.all([np.isfinite(v) for v in cols.values()], axis=0)
+    n = int(ok.sum())
+    names = [w for w in _WEIGHTS if fit_idle or w != "idle_w"] + (list(_VOLTAGE) if fit_voltage else [])
+    if n < len(names):
+        raise OvsimError(f"{n} usable samples for {len(names)} parameters", field="power")
+    p_meas = cols["power_w"][ok]
+    c = cols["sm_clock_hz"][ok] / model.compute_clock_hz
+    ut, uf, um = (cols[k][ok] for k in ("sm_tensor_fraction", "sm_fp32_fraction", "sm_memory_fraction"))
+    uh = np.minimum(1.0, cols["hbm_bytes_per_s"][ok] / model.hbm_peak_bytes_per_s)
+    ul = (np.minimum(1.0, cols["link_bytes_per_s"][ok] / model.link_peak_bytes_per_s)
+          if model.link_peak_bytes_per_s > 0 else np.zeros(n))
+    start = {"idle_w": model.idle_w, "tensor_w": model.tensor_w["default"], "fp32_w": model.fp32_w,
+             "memory_w": model.memory_w, "hbm_w": model.hbm_w, "link_w": model.link_w,
+             "knee_voltage_fraction": model.knee_voltage_fraction, "knee_clock_fraction": model.knee_clock_fraction}
+
+    def predict(values: dict[str, float]) -> np.ndarray:
+        s = _scale(c, values["knee_voltage_fraction"], values["knee_clock_fraction"])
+        return np.asarray(values["idle_w"] + s * (values["tensor_w"] * ut + values["fp32_w"] * uf
+                                                  + values["memory_w"] * um)
+                          + values["hbm_w"] * uh + values["link_w"] * ul)
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return np.asarray(predict({**start, **dict(zip(names, x.tolist(), strict=True))}) - p_meas)
+
+    lower = [0.05 if k in _VOLTAGE else 0.0 for k in names]
+    upper = [1.0 if k == "knee_voltage_fraction" else 0.95 if k == "knee_clock_fraction" else np.inf for k in names]
+    x0 = np.clip([start[k] for k in names], np.asarray(lower) + 1e-9, np.asarray(upper) - 1e-9)
+    sol = least_squares(residual, x0, bounds=(lower, upper), x_scale="jac")
+    fitted = {**start, **dict(zip(names, sol.x.tolist(), strict=True))}
+    err = predict(fitted) - p_meas
+    rmse = float(np.sqrt(np.mean(err**2)))
+    mape = float(np.mean(np.abs(err) / np.maximum(p_meas, 1e-9)) * 100)
+    return PowerFit(params=fitted, fitted=tuple(names), n_samples=n, rmse_w=rmse, mape_pct=mape)

@@ -1,0 +1,251 @@
+"""Power in the engine: the cap and clock-lock loop, energy, and the published power figures.
+
+Sources and what each figure checks:
+
+- A100 GEMM throughput at 400 W (258 TFLOPS randn, thonking.ai; 271 TFLOPS MAMF, ml-engineering):
+  the tensor power weight was fitted on the thonking.ai point and the GEMM efficiency on MAMF, so
+  these are consistency checks of the fit and of the engine's clock loop, not validations.
+- Lee et al., arXiv 2507.03114, read through a secondary note (seed-and-validation-numbers.md 4.4):
+  overlap raises peak power by up to 25%; under a 100 W cap overlapped execution is 107% slower.
+  Nothing was fitted on them, so they are the (weak, secondary-source) validations here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ovsim.api import Result, predict
+from ovsim.engine.power import POWER_COUNTER
+from ovsim.models.cost import blocks_per_sm
+from ovsim.scenario import Scenario, load_scenario
+
+EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+
+
+def gemm_scenario(system: str, m: int = 8192, n: int = 8192, k: int = 8192, **extra: object) -> Scenario:
+    return Scenario.model_validate({
+        "name": f"gemm-{m}x{n}x{k}", "system": system, "ranks": 1,
+        "ops": [{"name": "g", "kind": "gemm", "m": m, "n": n, "k": k, "precision": "bf16", **extra}],
+    })
+
+
+def tflops(result: Result, m: int = 8192, n: int = 8192, k: int = 8192) -> float:
+    d = float(result.ops.set_index("id").loc["g@r0", "duration_s"])
+    return 2.0 * m * n * k / d / 1e12
+
+
+def segments(result: Result, rank: int, counter: str) -> pd.DataFrame:
+    """The counter's piecewise-constant pieces of positive length: value, start, end."""
+    c = result.timeline.counters
+    c = c[(c["rank"] == rank) & (c["counter"] == counter)]
+    t = c["time_s"].to_numpy(float)
+    v = c["value"].to_numpy(float)
+    end = result.timeline.makespan_s
+    nxt = np.append(t[1:], end)
+    keep = nxt > t
+    return pd.DataFrame({"value": v[keep], "start": t[keep], "end": nxt[keep]})
+
+
+# -- throughput at the board limit ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("system", ["dgx-a100-80gb", "a100x4"])
+def test_large_bf16_gemm_on_a100_is_power_limited_at_400_w(system: str) -> None:
+    """Consistency check (fitted on this figure, see the module docstring): an 8192^3 BF16 GEMM
+    under the 400 W default limit runs below the top clock, draws the limit, and delivers within 5%
+    of the published random-input range, 258 (thonking.ai) to 271 TFLOPS (MAMF). On the 80 GB part
+    it is the fit itself; the 40 GB part differs only by its idle power (56 vs 88 W), so it throttles
+    less."""
+    r = predict(gemm_scenario(system), power_cap_w=400.0)
+    s = r.summary()
+    assert s["min_sm_clock_hz"] < r.gpu.clocks.max_sm_clock_hz
+    power = segments(r, 0, POWER_COUNTER)["value"]
+    assert power.max() <= 400.0 * (1 + 1e-9)
+    assert power.max() >= 0.97 * 400.0
+    assert 258.0 * 0.95 <= tflops(r) <= 271.0 * 1.05
+
+
+def test_without_power_settings_the_a100_gemm_runs_as_calibrated_at_the_limit() -> None:
+    """No cap: nothing throttles, the GEMM takes its calibrated time, and the fitted model puts its
+    power at the 400 W it was fitted to (consistency check)."""
+    r = predict(gemm_scenario("dgx-a100-80gb"))
+    ops = r.ops.set_index("id")
+    assert ops.loc["g@r0", "duration_s"] == pytest.approx(ops.loc["g@r0", "isolated_s"], rel=1e-9)
+    assert r.summary()["peak_power_w"] == pytest.approx(400.0, rel=0.01)
+    assert r.summary()["power_cap_w"] is None
+
+
+def test_h100_full_load_power_is_in_the_published_range() -> None:
+    """A dense GEMM is the full load of an H100 SXM: under its 700 W default limit it draws close
+    to the limit (the tensor weight is derived from the TDP, so this checks the derivation and the
+    loop, not the physics)."""
+    r = predict(gemm_scenario("hgx-h100"), power_cap_w=700.0)
+    assert 0.9 * 700.0 <= r.summary()["peak_power_w"] <= 700.0 * (1 + 1e-9)
+
+
+# -- the loop ------------------------------------------------------------------------------------
+
+
+def test_cap_holds_at_every_instant_the_clock_can_still_drop() -> None:
+    r = predict(EXAMPLES / "gemm-allreduce-a100x4-priority.yaml", power_cap_w=250.0)
+    f_min = r.gpu.clocks.min_sm_clock_hz
+    for rank in range(4):
+        p = segments(r, rank, POWER_COUNTER)
+        clk = segments(r, rank, "sm_clock_hz")
+        assert len(p) and len(clk)
+        for rec in p.itertuples():
+            at = clk[(clk["start"] <= rec.start) & (clk["end"] > rec.start)]["value"]
+            if len(at) and float(at.iloc[0]) > f_min:
+                assert rec.value <= 250.0 * (1 + 1e-9)
+
+
+def test_lower_caps_are_slower_and_draw_less() -> None:
+    prev_t, prev_p = 0.0, float("inf")
+    for cap in (400.0, 300.0, 200.0, 100.0):
+        s = predict(gemm_scenario("a100x4"), power_cap_w=cap).summary()
+        assert s["makespan_s"] > prev_t and s["avg_power_w"] < prev_p
+        prev_t, prev_p = s["makespan_s"], s["avg_power_w"]
+
+
+def test_memory_bound_work_does_not_follow_the_clock() -> None:
+    """HBM bandwidth has its own clock: a streaming kernel under a low cap keeps its time, where a
+    GEMM slows."""
+    sc = Scenario.model_validate({"system": "a100x4", "ranks": 1,
+                                  "ops": [{"name": "e", "kind": "elementwise", "bytes": 4.0e9}]})
+    free = predict(sc).ops.set_index("id").loc["e@r0", "duration_s"]
+    capped = predict(sc, power_cap_w=120.0)
+    assert capped.ops.set_index("id").loc["e@r0", "duration_s"] == pytest.approx(free, rel=1e-9)
+    assert capped.summary()["min_sm_clock_hz"] < capped.gpu.clocks.max_sm_clock_hz
+
+
+def test_locked_clock_scales_a_compute_bound_kernel_exactly() -> None:
+    """H100's calibrated efficiency holds at its 1830 MHz compute clock; locked at 1200 MHz (well
+    within the 700 W limit) a GEMM takes 1830/1200 of its time."""
+    r = predict(gemm_scenario("hgx-h100", 4096, 4096, 4096), sm_clock_hz=1.2e9)
+    g = r.ops.set_index("id").loc["g@r0"]
+    assert g["duration_s"] == pytest.approx(g["isolated_s"] * 1830 / 1200, rel=1e-9)
+    assert g["slowed_by"] == "lowered clock"
+    assert r.summary()["avg_sm_clock_hz"] == pytest.approx(1.2e9, rel=1e-9)
+
+
+def test_predictions_under_a_cap_are_deterministic() -> None:
+    a = predict(EXAMPLES / "gemm-allreduce-a100x4-priority.yaml", power_cap_w=180.0)
+    b = predict(EXAMPLES / "gemm-allreduce-a100x4-priority.yaml", power_cap_w=180.0)
+    pd.testing.assert_frame_equal(a.ops, b.ops)
+    pd.testing.assert_frame_equal(a.timeline.counters, b.timeline.counters)
+    assert a.summary() == b.summary()
+
+
+# -- energy ----------------------------------------------------------------------------------------
+
+
+def test_energy_of_a_one_wave_gemm_is_its_closed_form() -> None:
+    """A GEMM of exactly one full wave (12 x 18 tiles of 128x128 = 216 = 108 SMs x 2 blocks) keeps
+    every SM busy for its whole time, so its power is constant: idle + s(c_t)·w_tensor + w_hbm·u_hbm
+    with u_hbm its bytes over its time; energy = power x time. Computed here from the model's
+    parameters, not from the engine's counters."""
+    m, n, k = 128 * 12, 128 * 18, 16384
+    r = predict(gemm_scenario("a100x4", m, n, k, tile=[128, 128, 32], threads=256, registers_per_thread=128))
+    pm = r.power_config.model if r.power_config else None
+    assert pm is not None
+    op = next(o for o in r.workload.ops if o.id == "g@r0")
+    assert op.kernel is not None
+    assert op.kernel.blocks == 2 * 108 and blocks_per_sm(op.kernel.block, r.gpu) == 2
+    d = op.kernel.isolated_s
+    p = (pm.idle_w + pm.dynamic_scale(pm.tensor_reference_clock_fraction) * pm.tensor_w["default"]
+         + pm.hbm_w * op.kernel.hbm_bytes / d / pm.hbm_peak_bytes_per_s)
+    s = r.summary()
+    assert s["makespan_s"] == pytest.approx(d, rel=1e-12)
+    assert s["energy_j"] == pytest.approx(p * d, rel=1e-9)
+    assert s["avg_power_w"] == pytest.approx(p, rel=1e-9)
+    assert s["energy_delay_j_s"] == pytest.approx(p * d * d, rel=1e-9)
+
+
+def test_analytic_and_simulated_power_agree_without_overlap() -> None:
+    """Sequential schedule: one op at a time, so the closed form and the engine see the same
+    activity. Uncapped they agree exactly up to the engine's tail waves; under a cap the engine
+    also re-solves the clock when a tail wave leaves SMs idle, which the closed form does not: 3%."""
+    sc = load_scenario(EXAMPLES / "gemm-allreduce-a100x4-sequential.yaml")
+    for cap in (None, 150.0):
+        sim = predict(sc, mode="simulate", power_cap_w=cap).summary()
+        ana = predict(sc, mode="analytic", power_cap_w=cap).summary()
+        assert ana["makespan_s"] == pytest.approx(sim["makespan_s"], rel=0.03 if cap else 1e-9)
+        assert ana["energy_j"] == pytest.approx(sim["energy_j"], rel=0.03)
+
+
+# -- Lee et al. (secondary source) ----------------------------------------------------------------
+
+
+def test_overlap_draws_more_power_than_sequential_execution() -> None:
+    """Lee et al. (secondary note): overlapped execution's peak power is up to 25% above
+    non-overlapped. They sampled NVML every 100 ms, so a repeated iteration shorter than that shows
+    its average power; that is what is compared. The plain overlapped example overlaps little
+    (the GEMM fills every SM), so it must be above sequential by at most 25%; the priority schedule
+    hides 84% of the all-reduce and compresses the same energy into far less time, which this
+    4-GPU microbenchmark (communication longer than compute) pushes past Lee's 25%: only the
+    direction is checked there. The instantaneous peak is not: in this model an NCCL kernel takes
+    SMs from the GEMM, and the two roughly cancel (see docs/power.md)."""
+    seq = predict(EXAMPLES / "gemm-allreduce-a100x4-sequential.yaml").summary()
+    ovl = predict(EXAMPLES / "gemm-allreduce-a100x4-overlapped.yaml").summary()
+    prio = predict(EXAMPLES / "gemm-allreduce-a100x4-priority.yaml").summary()
+    assert 1.0 < ovl["avg_power_w"] / seq["avg_power_w"] <= 1.25
+    assert prio["avg_power_w"] > seq["avg_power_w"]
+
+
+FSDP = "training-gpt3-1.3b-fsdp-a100x4-{}.yaml"  # GPT-3 XL, FSDP, 4x A100 40 GB: Lee et al.'s own setting
+
+
+def test_overlapped_fsdp_training_peaks_higher_as_nvml_sees_it() -> None:
+    """Lee et al. (secondary note), on the setting closest to theirs (GPT-3 XL with FSDP on 4x A100):
+    overlapped peak power is above non-overlapped, by up to 25%. NVML reported power every 100 ms,
+    so the peak is taken over 100 ms windows of the iteration."""
+    peaks = {}
+    for schedule in ("overlapped", "sequential"):
+        r = predict(EXAMPLES / FSDP.format(schedule))
+        assert r.timeline.makespan_s > 0.3  # several 100 ms windows per iteration
+        peaks[schedule] = float(r.power(window_s=0.1)["peak_window_power_w"].max())
+    assert 1.0 < peaks["overlapped"] / peaks["sequential"] <= 1.25
+
+
+@pytest.mark.xfail(strict=True, reason="known discrepancy: on GPT-3 XL FSDP (Lee et al.'s setting) the model "
+                   "predicts ~3.4x under 100 W, not ~2.1x: with idle at 56 W only ~44 W are left for dynamic power, "
+                   "and the assumed voltage floor (0.65 of nominal) leaves the clock at ~300 MHz; see docs/power.md")
+def test_a_100_w_cap_slows_overlapped_fsdp_training_about_twice() -> None:
+    """Lee et al. (secondary note): 107% slower under a 100 W cap, on their training runs. Same
+    tolerance as below (2.07x +-30%)."""
+    path = EXAMPLES / FSDP.format("overlapped")
+    ratio = predict(path, power_cap_w=100.0).summary()["makespan_s"] / predict(path).summary()["makespan_s"]
+    assert 2.07 * 0.7 <= ratio <= 2.07 * 1.3
+
+
+def test_a_100_w_cap_makes_overlapped_execution_about_twice_as_slow() -> None:
+    """Lee et al. (secondary note): under a 100 W cap overlapped execution is 107% slower (2.07x).
+    Tolerance 2.07x +-30% (1.45x-2.7x): a secondary, unverified reading of a figure measured on GPT
+    training, not on this GEMM + all-reduce microbenchmark, with an unstated baseline (taken here
+    as the same schedule without a cap). Half of this microbenchmark's time is the all-reduce, which
+    the clock does not slow; on the training preset above the model misses the figure (xfail)."""
+    path = EXAMPLES / "gemm-allreduce-a100x4-overlapped.yaml"
+    free = predict(path).summary()["makespan_s"]
+    capped = predict(path, power_cap_w=100.0)
+    ratio = capped.summary()["makespan_s"] / free
+    assert 2.07 * 0.7 <= ratio <= 2.07 * 1.3
+    gemm = capped.ops.set_index("id").loc["gemm@r0"]
+    assert gemm["slowed_by"] == "lowered clock"
+
+
+@pytest.mark.xfail(strict=True, reason="known discrepancy: the model puts a saturating streaming kernel on H200 at "
+                   "~348 W, above the 300 W top of measured memory-bound decode (HBM energy per bit is an HBM2 "
+                   "figure applied to HBM3e; the memory SM weight is an assumption); see docs/power.md")
+def test_memory_bound_work_on_h200_draws_what_decode_draws() -> None:
+    """Validation against an independent figure (nothing was fitted on it): memory-bound LLM decode
+    on H200 draws 137-300 W of its 700 W (Ma et al., arXiv 2605.11999, via science.md 6.2). A pure
+    streaming kernel at the achievable HBM bandwidth is the most power-hungry memory-bound case,
+    so it should sit at the top of that range, not above it."""
+    sc = Scenario.model_validate({"system": "hgx-h200", "ranks": 1,
+                                  "ops": [{"name": "e", "kind": "elementwise", "bytes": 8.0e9}]})
+    s = predict(sc).summary()
+    assert 137.0 <= s["peak_power_w"] <= 300.0

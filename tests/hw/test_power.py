@@ -1,0 +1,200 @@
+"""The power model (ovsim/hw/power.py): its form, the clock solver, settings checks and the fit.
+
+Which numbers are validations and which are consistency checks is said test by test: a number a
+parameter was fitted on can only check that the fit went in, never that the model is right.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import load_calibration
+from ovsim.hw.power import FIT_COLUMNS, Activity, PowerModel, PowerSettings, check_settings, fit_power, power_model
+from ovsim.hw.spec import GpuSpec, load_gpu
+
+
+def model_of(stem: str) -> PowerModel:
+    gpu = load_gpu(stem)
+    return power_model(gpu, load_calibration(gpu, stem).params)
+
+
+@pytest.fixture(scope="module")
+def a100_40() -> PowerModel:
+    return model_of("a100-sxm4-40gb")
+
+
+@pytest.fixture(scope="module")
+def h100_model() -> PowerModel:
+    return model_of("h100-sxm5-80gb")
+
+
+# -- the form ---------------------------------------------------------------------------------------
+
+
+def test_dynamic_power_is_linear_in_clock_below_the_knee_and_cubic_like_above(a100_40: PowerModel) -> None:
+    """P_dyn ∝ f·V(f)²: with V flat below the knee, s(c)/c is constant there; above it V grows, so
+    s grows faster than c; s(1) = 1 by normalisation."""
+    m = a100_40
+    k = m.knee_clock_fraction
+    low = [0.2, 0.3, k]
+    ratios = [m.dynamic_scale(c) / c for c in low]
+    assert ratios == pytest.approx([m.knee_voltage_fraction**2] * 3, rel=1e-12)
+    assert m.dynamic_scale(1.0) == pytest.approx(1.0)
+    grid = np.linspace(0.1, 1.1, 101)
+    s = np.array([m.dynamic_scale(c) for c in grid])
+    assert np.all(np.diff(s) > 0)
+    # Above the knee the slope keeps rising (convex), unlike the straight line below it.
+    slopes = np.diff(s[grid > k + 0.01])
+    assert np.all(np.diff(slopes) > -1e-12) and slopes[-1] > 1.5 * slopes[0]
+
+
+def test_hbm_and_link_power_do_not_follow_the_sm_clock(a100_40: PowerModel) -> None:
+    a = Activity(hbm_bytes_per_s=1e12, link_bytes_per_s=2e11)
+    assert a100_40.power_w(a, 0.3) == pytest.approx(a100_40.power_w(a, 1.0))
+    assert a100_40.power_w(a, 1.0) > a100_40.idle_w
+
+
+@pytest.mark.parametrize(("stem", "low", "high"), [
+    # science.md section 6.2: A100 idle ~56-88 W observed, H100-class ~70-115 W.
+    ("a100-sxm4-40gb", 56.0, 88.0),
+    ("a100-sxm4-80gb", 56.0, 88.0),
+    ("h100-sxm5-80gb", 70.0, 115.0),
+])
+def test_idle_power_is_in_the_published_range(stem: str, low: float, high: float) -> None:
+    """An idle GPU draws its idle power at any clock: the model adds nothing without activity.
+    (The idle values come from the specs' published sources; this checks the model keeps them.)"""
+    m = model_of(stem)
+    for c in (m.min_clock_fraction, 1.0, m.max_clock_fraction):
+        assert low <= m.power_w(Activity(), c) <= high
+
+
+def test_a100_fp32_stress_draws_the_gpuinspector_figure(a100_40: PowerModel) -> None:
+    """Consistency check, not a validation: the CUDA-core weight was fitted on this very figure
+    (GPUInspector.jl FP32 stress on A100-SXM4-40GB: ~300-340 W). Every SM busy at 1410 MHz."""
+    p = a100_40.power_w(Activity(sm_other_w=a100_40.fp32_w), 1.0)
+    assert 300.0 <= p <= 340.0
+
+
+def test_gpus_without_fitted_weights_get_them_from_the_tdp() -> None:
+    """H200 has no power file of its own: a fully busy tensor GEMM at the reference clock, with a
+    tenth of peak HBM traffic, then draws exactly the TDP."""
+    m = model_of("h200-sxm")
+    assert "power_tensor_w" in m.derived and "power_memory_w" in m.derived
+    a = Activity(sm_tensor_w=m.tensor_w["default"], hbm_bytes_per_s=0.1 * m.hbm_peak_bytes_per_s)
+    assert m.power_w(a, m.tensor_reference_clock_fraction) == pytest.approx(m.tdp_w, rel=1e-9)
+
+
+def test_h100_weights_are_explicit(h100_model: PowerModel) -> None:
+    assert "power_tensor_w" not in h100_model.derived
+    assert h100_model.tensor_w["default"] > h100_model.fp32_w > h100_model.memory_w > 0
+
+
+# -- the clock solver -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cap_w", [100.0, 150.0, 250.0, 330.0, 399.0])
+def test_solved_clock_is_the_highest_grid_clock_that_fits(a100_40: PowerModel, cap_w: float) -> None:
+    m = a100_40
+    sm_w, fixed, per_c, link = m.tensor_w["default"], 3e11, 2e11, 5e10
+    c = m.solve_clock(cap_w, sm_w, fixed, per_c, link, m.max_clock_fraction)
+
+    def p(x: float) -> float:
+        return m.power_w(Activity(sm_other_w=sm_w, hbm_bytes_per_s=fixed + per_c * x, link_bytes_per_s=link), x)
+
+    assert p(c) <= cap_w
+    f_hz = c * m.compute_clock_hz
+    steps = (f_hz - m.min_clock_hz) / m.clock_step_hz
+    assert steps == pytest.approx(round(steps), abs=1e-6)  # on the 15 MHz grid
+    nxt = c + m.clock_step_hz / m.compute_clock_hz
+    assert nxt > m.max_clock_fraction or p(nxt) > cap_w
+
+
+def test_solver_returns_the_ceiling_when_everything_fits_and_the_floor_when_nothing_does(
+        a100_40: PowerModel) -> None:
+    m = a100_40
+    assert m.solve_clock(400.0, 10.0, 0.0, 0.0, 0.0, m.max_clock_fraction) == m.max_clock_fraction
+    lock = 0.5
+    assert m.solve_clock(400.0, 10.0, 0.0, 0.0, 0.0, lock) == lock
+    # More dynamic power than any clock can shed within 100 W (HBM alone exceeds it here).
+    assert m.solve_clock(100.0, 443.0, 2e12, 0.0, 0.0, 1.0) == m.min_clock_fraction
+
+
+# -- settings ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("stem", "settings", "field", "text"), [
+    ("a100-sxm4-40gb", PowerSettings(cap_w=99.0), "power.cap_w", "100-400 W"),
+    ("a100-sxm4-40gb", PowerSettings(cap_w=401.0), "power.cap_w", "100-400 W"),
+    ("h100-sxm5-80gb", PowerSettings(cap_w=150.0), "power.cap_w", "200-700 W"),
+    ("h100-sxm5-80gb", PowerSettings(sm_clock_hz=2.0e9), "power.sm_clock_hz", "345-1980 MHz"),
+    ("a100-sxm4-40gb", PowerSettings(sm_clock_hz=1.0e8), "power.sm_clock_hz", "210-1410 MHz"),
+])
+def test_settings_outside_the_settable_range_are_rejected(stem: str, settings: PowerSettings, field: str,
+                                                          text: str) -> None:
+    with pytest.raises(OvsimError) as err:
+        check_settings(settings, load_gpu(stem), "s.yaml")
+    assert err.value.field == field and text in err.value.message
+    assert "\n" not in err.value.one_line()
+
+
+def test_settings_at_the_range_ends_are_accepted(a100: GpuSpec) -> None:
+    for s in (PowerSettings(cap_w=100.0), PowerSettings(cap_w=400.0), PowerSettings(sm_clock_hz=1.41e9),
+              PowerSettings(sm_clock_hz=2.1e8, cap_w=250.0)):
+        check_settings(s, a100)
+
+
+# -- the fit ----------------------------------------------------------------------------------------
+
+
+def synthetic_table(m: PowerModel, truth: dict[str, float], n: int, seed: int, noise_w: float) -> dict[str, np.ndarray]:
+    """Samples drawn from the component model with known coefficients: random activity and clocks."""
+    rng = np.random.default_rng(seed)
+    clock = rng.uniform(m.min_clock_hz, m.max_clock_hz, n)
+    ut, uf, um = rng.uniform(0, 1, (3, n)) * rng.integers(0, 2, (3, n))
+    hbm = rng.uniform(0, 1, n) * m.hbm_peak_bytes_per_s
+    link = rng.uniform(0, 1, n) * m.link_peak_bytes_per_s
+    c = clock / m.compute_clock_hz
+    vk, ck = truth["knee_voltage_fraction"], truth["knee_clock_fraction"]
+    v = np.where(c <= ck, vk, vk + (1 - vk) * (c - ck) / (1 - ck))
+    s = c * v * v
+    p = (truth["idle_w"] + s * (truth["tensor_w"] * ut + truth["fp32_w"] * uf + truth["memory_w"] * um)
+         + truth["hbm_w"] * hbm / m.hbm_peak_bytes_per_s + truth["link_w"] * link / m.link_peak_bytes_per_s)
+    p = p + rng.normal(0, noise_w, n)
+    cols = [p, clock, ut, uf, um, hbm, link]
+    return dict(zip(FIT_COLUMNS, cols, strict=True))
+
+
+TRUTH = {"idle_w": 61.0, "tensor_w": 420.0, "fp32_w": 250.0, "memory_w": 70.0, "hbm_w": 55.0, "link_w": 12.0,
+         "knee_voltage_fraction": 0.7, "knee_clock_fraction": 0.55}
+
+
+def test_fit_recovers_known_weights_from_noisy_samples(a100_40: PowerModel) -> None:
+    """Synthetic data from known coefficients (not the shipped ones), 1 W noise: the weights come
+    back within 2% (the small link weight within 2 W) and the voltage knee within 0.02."""
+    table = synthetic_table(a100_40, TRUTH, 4000, seed=7, noise_w=1.0)
+    fit = fit_power(table, a100_40, fit_voltage=True)
+    for key in ("idle_w", "tensor_w", "fp32_w", "memory_w", "hbm_w"):
+        assert fit.params[key] == pytest.approx(TRUTH[key], rel=0.02), key
+    assert fit.params["link_w"] == pytest.approx(TRUTH["link_w"], abs=2.0)
+    assert fit.params["knee_voltage_fraction"] == pytest.approx(TRUTH["knee_voltage_fraction"], abs=0.02)
+    assert fit.params["knee_clock_fraction"] == pytest.approx(TRUTH["knee_clock_fraction"], abs=0.02)
+    assert fit.rmse_w == pytest.approx(1.0, rel=0.1)
+    assert fit.n_samples == 4000
+
+
+def test_fit_keeps_unfitted_parameters(a100_40: PowerModel) -> None:
+    truth = {**TRUTH, "idle_w": a100_40.idle_w, "knee_voltage_fraction": a100_40.knee_voltage_fraction,
+             "knee_clock_fraction": a100_40.knee_clock_fraction}
+    fit = fit_power(synthetic_table(a100_40, truth, 500, seed=3, noise_w=0.0), a100_40, fit_idle=False)
+    assert "idle_w" not in fit.fitted and fit.params["idle_w"] == a100_40.idle_w
+    assert fit.params["tensor_w"] == pytest.approx(truth["tensor_w"], rel=1e-6)
+    assert fit.rmse_w < 1e-6
+
+
+def test_fit_needs_every_column(a100_40: PowerModel) -> None:
+    table = synthetic_table(a100_40, TRUTH, 50, seed=1, noise_w=0.0)
+    del table["hbm_bytes_per_s"]
+    with pytest.raises(OvsimError, match="hbm_bytes_per_s"):
+        fit_power(table, a100_40)

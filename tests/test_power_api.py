@@ -1,0 +1,88 @@
+"""Power settings and outputs through the public API and the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import ovsim
+from ovsim.api import predict
+from ovsim.cli import main
+from ovsim.errors import OvsimError
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm-allreduce-a100x4-priority.yaml"
+POWER_KEYS = {"power_cap_w", "sm_clock_lock_hz", "avg_power_w", "peak_power_w", "energy_j", "energy_delay_j_s",
+              "avg_sm_clock_hz", "min_sm_clock_hz"}
+
+
+def scenario_with(tmp_path: Path, power: str) -> Path:
+    text = EXAMPLE.read_text() + f"power: {power}\n"
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_summary_and_json_carry_power(capsys: pytest.CaptureFixture[str]) -> None:
+    s = predict(EXAMPLE).summary()
+    assert set(s) >= POWER_KEYS
+    assert s["energy_j"] > 0 and s["peak_power_w"] >= s["avg_power_w"] > 0
+    assert main(["predict", str(EXAMPLE), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["summary"]) >= POWER_KEYS
+    assert [row["rank"] for row in data["power"]] == [0, 1, 2, 3]
+    assert sum(row["energy_j"] for row in data["power"]) == pytest.approx(data["summary"]["energy_j"])
+
+
+def test_table_shows_power_and_energy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", str(EXAMPLE), "--power-cap-w", "250", "--rows", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "power " in out and "cap 250 W" in out and "J per iteration" in out
+
+
+def test_scenario_power_block_and_keyword_override(tmp_path: Path) -> None:
+    p = scenario_with(tmp_path, "{cap_w: 200, sm_clock_hz: 1.2e9}")
+    s = predict(p).summary()
+    assert s["power_cap_w"] == 200 and s["sm_clock_lock_hz"] == 1.2e9
+    assert s["peak_power_w"] <= 200 * (1 + 1e-9) or s["min_sm_clock_hz"] == 2.1e8
+    assert s["avg_sm_clock_hz"] <= 1.2e9
+    s2 = predict(p, power_cap_w=300.0).summary()
+    assert s2["power_cap_w"] == 300 and s2["sm_clock_lock_hz"] == 1.2e9
+
+
+def test_compare_lines_up_power_columns() -> None:
+    ex = EXAMPLE.parent
+    df = ovsim.api.compare([ex / "gemm-allreduce-a100x4-sequential.yaml", ex / "gemm-allreduce-a100x4-priority.yaml"])
+    assert {"avg_power_w", "energy_j", "energy_delay_j_s"} <= set(df.columns)
+    assert (df["energy_j"] > 0).all()
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--power-cap-w", "50"], ["power.cap_w", "100-400 W"]),
+    (["--power-cap-w", "401"], ["power.cap_w", "100-400 W"]),
+    (["--sm-clock-hz", "3e9"], ["power.sm_clock_hz", "210-1410 MHz"]),
+    (["--power-cap-w", "-5"], ["cap_w"]),
+])
+def test_cli_rejects_settings_outside_the_range(args: list[str], words: list[str],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", str(EXAMPLE), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and str(EXAMPLE) in err
+    for w in words:
+        assert w in err
+
+
+@pytest.mark.parametrize(("power", "field"), [("{cap_w: 50}", "power.cap_w"), ("{cap: 100}", "power.cap")])
+def test_bad_scenario_power_block_names_file_and_field(tmp_path: Path, power: str, field: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    p = scenario_with(tmp_path, power)
+    assert main(["predict", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(p) in err and field in err
+
+
+def test_api_rejects_a_clock_above_the_maximum() -> None:
+    with pytest.raises(OvsimError) as e:
+        predict(EXAMPLE, sm_clock_hz=1.5e9)
+    assert e.value.field == "power.sm_clock_hz"
