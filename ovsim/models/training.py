@@ -467,7 +467,7 @@ class _Gen:
     def mem(self, st: _Stage, name: str, nbytes: float, kind: Literal["elementwise", "norm", "softmax"]) -> str:
         return self.compute(st, MemoryOp(name=name, kind=kind, bytes=max(1.0, nbytes), grid_stride=True))
 
-    def collective(self, st: _Stage, s: int, name: str, kind: CollectiveKind, size: float, stream: str,
+    def collective(self, st: _Stage, name: str, kind: CollectiveKind, size: float, stream: str,
                    groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm") -> list[str]:
         """One collective per group, after the stage's last compute op."""
         names = []
@@ -495,7 +495,7 @@ class _Gen:
         kind: CollectiveKind = "reduce_scatter" if post == "rs" else "all_reduce"
         rows = [m // chunks + (1 if i < m % chunks else 0) for i in range(chunks)]
         if pre:
-            ags = [self.collective(st, s, f"{name}.ag{i}" if chunks > 1 else f"{name}.ag", "all_gather",
+            ags = [self.collective(st, f"{name}.ag{i}" if chunks > 1 else f"{name}.ag", "all_gather",
                                    size / chunks, "tp", groups, engine) for i in range(chunks)]
             for i in range(chunks):
                 st.pending += ags[i]
@@ -504,25 +504,25 @@ class _Gen:
         posts: list[str] = []
         for i in range(chunks):
             self.gemm(st, f"{name}.{i}" if chunks > 1 else name, rows[i], n, k)
-            posts += self.collective(st, s, f"{name}.{post}{i}" if chunks > 1 else f"{name}.{post}", kind,
+            posts += self.collective(st, f"{name}.{post}{i}" if chunks > 1 else f"{name}.{post}", kind,
                                      size / chunks, "tp", groups)
         st.pending += posts
 
     # data parallelism
 
-    def grad_ready(self, st: _Stage, s: int, tag: str, nbytes: float, last_mb: bool) -> None:
+    def grad_ready(self, st: _Stage, s: int, nbytes: float, last_mb: bool) -> None:
         """DDP: a gradient tensor is ready after the stage's last op; close a bucket when full."""
         if self.p.dp_mode != "ddp" or self.lay.dp == 1 or not self.comm or not last_mb:
             return
         st.bucket_bytes += nbytes
         cap = self.p.first_bucket_bytes if st.bucket_index == 0 else self.p.bucket_bytes
         if st.bucket_bytes >= cap:
-            self.flush_bucket(st, s, tag)
+            self.flush_bucket(st, s)
 
-    def flush_bucket(self, st: _Stage, s: int, tag: str) -> None:
+    def flush_bucket(self, st: _Stage, s: int) -> None:
         if st.bucket_bytes <= 0:
             return
-        st.buckets += self.collective(st, s, f"s{s}.bucket{st.bucket_index}", "all_reduce", st.bucket_bytes, "dp",
+        st.buckets += self.collective(st, f"s{s}.bucket{st.bucket_index}", "all_reduce", st.bucket_bytes, "dp",
                                       self.lay.dp_groups(s))
         st.bucket_bytes = 0.0
         st.bucket_index += 1
@@ -563,23 +563,23 @@ class _Gen:
         # Row-parallel FC2: with SP its output gradient is gathered first.
         self.tp_gemm(st, s, f"{pre}.fc2.dgrad", T, mats["fc2"][0], mats["fc2"][1], pre=sp)
         self.gemm(st, f"{pre}.fc2.wgrad", mats["fc2"][0], mats["fc2"][1], T)
-        self.grad_ready(st, s, pre, mats["fc2"][0] * mats["fc2"][1] * gb, last_mb)
+        self.grad_ready(st, s, mats["fc2"][0] * mats["fc2"][1] * gb, last_mb)
         f_local = T * mats["fc1"][1]
         self.mem(st, f"{pre}.act.bwd", 2 * (f_local + f_local // (2 if m.gated_mlp else 1)) * self.act_b,
                  "elementwise")
         self._column_backward(st, s, f"{pre}.fc1", mats["fc1"], post, sp)
-        self.grad_ready(st, s, pre, mats["fc1"][0] * mats["fc1"][1] * gb, last_mb)
+        self.grad_ready(st, s, mats["fc1"][0] * mats["fc1"][1] * gb, last_mb)
         self.mem(st, f"{pre}.norm2.bwd", 6 * hb, "norm")
         self.tp_gemm(st, s, f"{pre}.proj.dgrad", T, mats["proj"][0], mats["proj"][1], pre=sp)
         self.gemm(st, f"{pre}.proj.wgrad", mats["proj"][0], mats["proj"][1], T)
-        self.grad_ready(st, s, pre, mats["proj"][0] * mats["proj"][1] * gb, last_mb)
+        self.grad_ready(st, s, mats["proj"][0] * mats["proj"][1] * gb, last_mb)
         self.compute(st, AttentionOp(name=f"{pre}.attn.bwd", kind="attention", batch=self.spec.micro_batch_size,
                                      heads=m.heads // t, seq_len=m.seq_len, head_dim=m.hidden // m.heads,
                                      precision=self._attn_precision(), backward=True))
         self._column_backward(st, s, f"{pre}.qkv", mats["qkv"], post, sp)
         self.mem(st, f"{pre}.norm1.bwd", 3 * hb, "norm")
         small = (layer_params(m, t) - sum(i * o for i, o in mats.values())) * gb
-        self.grad_ready(st, s, pre, mats["qkv"][0] * mats["qkv"][1] * gb + small, last_mb)
+        self.grad_ready(st, s, mats["qkv"][0] * mats["qkv"][1] * gb + small, last_mb)
 
     def _column_backward(self, st: _Stage, s: int, name: str, mat: tuple[int, int], post: Literal["rs", "ar"],
                          sp: bool) -> None:
@@ -588,7 +588,7 @@ class _Gen:
         T = self.tokens
         ag: list[str] = []
         if sp and self.lay.tp > 1:
-            ag = self.collective(st, s, f"{name}.wgrad.ag", "all_gather", float(T * self.m.hidden * self.act_b),
+            ag = self.collective(st, f"{name}.wgrad.ag", "all_gather", float(T * self.m.hidden * self.act_b),
                                  "tp", self.lay.tp_groups(s))
         self.tp_gemm(st, s, f"{name}.dgrad", T, mat[0], mat[1], post=post)
         after_reduction = st.pending
@@ -610,11 +610,11 @@ class _Gen:
             self.mem(st, f"{pre}.embed", 2 * hb, "elementwise")
             if self.lay.tp > 1 and self.comm:
                 kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
-                st.pending += self.collective(st, s, f"{pre}.embed.{kind}", kind, float(hb), "tp",
+                st.pending += self.collective(st, f"{pre}.embed.{kind}", kind, float(hb), "tp",
                                               self.lay.tp_groups(s))
             return
         self.mem(st, f"{pre}.embed.bwd", 2 * hb, "elementwise")
-        self.grad_ready(st, s, pre, m.vocab * m.hidden // t * self.comm_b, last_mb)
+        self.grad_ready(st, s, m.vocab * m.hidden // t * self.comm_b, last_mb)
 
     def head(self, st: _Stage, s: int, pre: str, backward: bool, last_mb: bool) -> None:
         m, t = self.m, self.lay.tp
@@ -627,10 +627,10 @@ class _Gen:
         self.gemm(st, f"{pre}.head.dgrad", T, m.hidden, vocab)
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
         if not m.tied_embeddings:
-            self.grad_ready(st, s, pre, m.hidden * vocab * self.comm_b, last_mb)
+            self.grad_ready(st, s, m.hidden * vocab * self.comm_b, last_mb)
         if self.lay.tp > 1 and self.comm:
             kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
-            st.pending += self.collective(st, s, f"{pre}.head.{kind}", kind,
+            st.pending += self.collective(st, f"{pre}.head.{kind}", kind,
                                           float(T * m.hidden * self.act_b), "tp", self.lay.tp_groups(s))
 
 
@@ -658,9 +658,10 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
         st = g.stages[s]
         vs = c * p + s
         src_vs = vs - 1 if ph == "F" else vs + 1
-        has_src = 0 <= src_vs < n_virtual and (ph == "F" or vs < n_virtual - 1)
         prev_last = st.last
-        if has_src:
+        # A peer wait with no transfer (communication off): (sending item's last op, rank map).
+        peer_wait: tuple[str, dict[int, int]] | None = None
+        if 0 <= src_vs < n_virtual:
             src_stage = src_vs % p
             sender = item_last[(ph, mb, src_vs)]
             if spec.communication and src_stage != s:
@@ -676,7 +677,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
             elif src_stage != s:
                 mapping = {lay.rank(d, s, i): lay.rank(d, src_stage, i) for d in range(lay.dp)
                            for i in range(lay.tp)}
-                g.peer.append(("", sender, mapping))  # bound to the item's first op below
+                peer_wait = (sender, mapping)
         first_index = len(g.ops)
         layers = range(vs * per_chunk, (vs + 1) * per_chunk)
         last_mb = mb == last_b[(s, c)]
@@ -706,13 +707,13 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
                 g.embedding(st, s, f"B{mb}", backward=True, last_mb=last_mb)
                 if fsdp_state:
                     fsdp_state.reduce_embedding(st, mb)
-        if g.peer and g.peer[-1][0] == "":
+        if peer_wait is not None:
             first = next(op.name for op in g.ops[first_index:] if op.stream == "compute")
-            g.peer[-1] = (first, g.peer[-1][1], g.peer[-1][2])
+            g.peer.append((first, *peer_wait))
         item_last[(ph, mb, vs)] = st.last or ""
 
     for s, st in enumerate(g.stages):
-        g.flush_bucket(st, s, "end")
+        g.flush_bucket(st, s)
         if spec.optimizer:
             st.pending += st.buckets + st.rs
             local = params_per_rank(spec, m, lay.tp, p) / (lay.dp if fsdp else 1)
@@ -735,22 +736,21 @@ class _FsdpState:
         self.groups = g.lay.dp_groups(0)
         self.layer_bytes = float(layer_params(g.m, g.lay.tp) * g.comm_b * g.lay.dp)
         self.emb_bytes = float(embedding_params(g.m, g.lay.tp) * g.comm_b * g.lay.dp)
-        self.gathered: set[tuple[str, int, int]] = set()
         self.names: dict[tuple[str, int, int], list[str]] = {}
 
     def _gather(self, st: _Stage, phase: str, layer: int, mb: int) -> None:
         key = (phase, layer, mb)
-        if key in self.gathered or not 0 <= layer < self.layers:
+        if key in self.names or not 0 <= layer < self.layers:
             return
-        self.gathered.add(key)
-        self.names[key] = self.g.collective(st, 0, f"{phase}{mb}.L{layer}.fsdp.ag", "all_gather", self.layer_bytes,
+        self.names[key] = self.g.collective(st, f"{phase}{mb}.L{layer}.fsdp.ag", "all_gather", self.layer_bytes,
                                             "dp", self.groups)
 
     def gather_embedding(self, st: _Stage) -> None:
-        if ("E", -1, 0) in self.gathered:
+        if ("E", -1, 0) in self.names:
             return
-        self.gathered.add(("E", -1, 0))
-        st.pending += self.g.collective(st, 0, "fsdp.embed.ag", "all_gather", self.emb_bytes, "dp", self.groups)
+        self.names[("E", -1, 0)] = self.g.collective(st, "fsdp.embed.ag", "all_gather", self.emb_bytes, "dp",
+                                                     self.groups)
+        st.pending += self.names[("E", -1, 0)]
 
     def before_forward(self, st: _Stage, layer: int, mb: int) -> None:
         for ahead in range(self.g.p.fsdp_prefetch + 1):
@@ -763,11 +763,11 @@ class _FsdpState:
         st.pending += self.names[("B", layer, mb)]
 
     def after_backward(self, st: _Stage, layer: int, mb: int) -> None:
-        st.rs += self.g.collective(st, 0, f"B{mb}.L{layer}.fsdp.rs", "reduce_scatter", self.layer_bytes, "dp_rs",
+        st.rs += self.g.collective(st, f"B{mb}.L{layer}.fsdp.rs", "reduce_scatter", self.layer_bytes, "dp_rs",
                                    self.groups)
 
     def reduce_embedding(self, st: _Stage, mb: int) -> None:
-        st.rs += self.g.collective(st, 0, f"B{mb}.fsdp.embed.rs", "reduce_scatter", self.emb_bytes, "dp_rs",
+        st.rs += self.g.collective(st, f"B{mb}.fsdp.embed.rs", "reduce_scatter", self.emb_bytes, "dp_rs",
                                    self.groups)
 
 
