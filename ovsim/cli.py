@@ -201,7 +201,8 @@ def _replay(args: argparse.Namespace) -> int:
     try:
         bundle = load_trace(args.traces, args.format)
         bar.stage("building the workload")
-        result = replay(bundle, gpu=args.gpu, counters=False, progress=bar.ops if bar.on else None)
+        result = replay(bundle, gpu=args.gpu, counters=False, progress=bar.ops if bar.on else None,
+                        calibration=args.calibration or ())
     finally:
         bar.done()
     if args.timeline:
@@ -210,6 +211,51 @@ def _replay(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), default=_json_default))
     elif not args.quiet:
         print(_replay_table(result, args.rows))
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ovsim.calibrate import calibrate, trace_input, write_calibration
+
+    bar = _Progress(args.quiet or args.json)
+    assumed: dict[str, str] = {}
+    for item in args.trace_gpu or []:
+        name, sep, gpu = item.rpartition("=")
+        if not sep or not name or not gpu:
+            raise OvsimError(f"expected TRACE=GPU, got '{item}'", field="--trace-gpu")
+        assumed[name] = gpu
+    gpu = args.gpu
+    try:
+        inputs = []
+        for t in args.traces:
+            bar.stage(f"reading {t}")
+            try:
+                inputs.append(trace_input([t], assumed.get(Path(t).name, assumed.get(t)),
+                                          fallback_gpu=None if gpu == "*" else gpu))
+            except OvsimError as e:
+                raise e.located(t) from None
+        quantities = [q.strip() for q in args.fit.split(",")] if args.fit else None
+        report = calibrate(inputs, gpu, quantities=quantities, on_step=lambda q: bar.stage(f"fitting {q}"))
+        command = "ovsim calibrate " + " ".join(Path(t).name for t in args.traces) + f" --gpu {gpu}"
+        path = write_calibration(report, inputs, gpu, Path(args.output), command=command)
+    finally:
+        bar.done()
+    if args.json:
+        print(json.dumps({"file": str(path), "parameters": report.parameters, "fits": report.fits,
+                          "skipped": report.skipped}, default=_json_default))
+    elif not args.quiet:
+        print(f"wrote {path}")
+        for k, v in report.parameters.items():
+            print(f"  {k}: {v}")
+        for q, why in report.skipped.items():
+            print(f"  not fitted: {q}: {why}")
+        rec = report.fits.get("contention")
+        if rec:
+            print("  contention fit error (traces fitted on; not a prediction error):")
+            for label, naive in rec["naive_mape_pct"].items():
+                print(f"    {label[:40]:<40} naive {naive:6.1f}%  fitted {rec['fit_mape_pct'][label]:6.1f}%")
     return 0
 
 
@@ -306,8 +352,24 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", action="store_true", help="print one JSON object")
     rp.add_argument("--timeline", metavar="FILE", help="write measured and predicted tracks as a Perfetto trace")
     rp.add_argument("--rows", type=int, default=30, help="overlapped kernels shown in the table (default 30)")
+    rp.add_argument("--calibration", action="append", metavar="FILE",
+                    help="calibration file on top of the shipped ones (repeatable)")
     rp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     rp.set_defaults(func=_replay)
+    cb = sub.add_parser("calibrate", help="fit model parameters to real traces; write a new calibration file")
+    cb.add_argument("traces", nargs="+", help="traces, one run each (a file, a folder or tarball of ranks)")
+    cb.add_argument("--gpu", required=True,
+                    help="GPU spec the file is for; '*' fits the GPU-independent contention parameters from traces "
+                         "of any GPU")
+    cb.add_argument("-o", "--output", required=True,
+                    help="file NAME.vN.yaml to write, or a folder (the GPU's next version is written there)")
+    cb.add_argument("--fit", help="comma-separated quantities (contention, collectives); default: every one the "
+                                  "traces support, and an error if one named here cannot be fitted")
+    cb.add_argument("--trace-gpu", action="append", metavar="TRACE=GPU",
+                    help="GPU spec of a trace that does not record its device (repeatable)")
+    cb.add_argument("--json", action="store_true", help="print one JSON object")
+    cb.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    cb.set_defaults(func=_calibrate)
     ip = sub.add_parser("import", help="convert traces to the canonical kernel table (parquet)")
     ip.add_argument("traces", nargs="+", help="trace files or folders")
     ip.add_argument("-o", "--output", required=True, help="parquet file to write")

@@ -60,7 +60,7 @@ COMPUTE_KINDS = ("gemm", "attention", "elementwise", "norm", "other")
 MEMORY_KINDS = ("elementwise", "norm")
 _ENGINE_KIND: dict[str, KernelKind] = {"gemm": "gemm", "attention": "attention", "elementwise": "elementwise",
                                        "norm": "norm", "other": "generic"}
-_NCCL_OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"}
+NCCL_OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"}
 
 
 @dataclass
@@ -93,6 +93,8 @@ class _Cols:
     copy_kind: list[str]
     process_group: list[str]
     host_op: list[str]
+    protocol: list[str]
+    algorithm: list[str]
     seq: np.ndarray
     group_size: np.ndarray
     message_bytes: np.ndarray
@@ -119,7 +121,8 @@ class _Cols:
             rank=df["rank"].to_numpy(dtype=np.int64), stream=df["stream"].to_numpy(dtype=np.int64),
             start=f("start_s"), dur=f("duration_s"), launch=f("launch_s"), correlation=f("correlation"),
             name=s("name"), kind=s("kind"), collective=s("collective"), copy_kind=s("copy_kind"),
-            process_group=s("process_group"), host_op=s("host_op"), seq=f("seq"), group_size=f("group_size"),
+            process_group=s("process_group"), host_op=s("host_op"), protocol=s("protocol"),
+            algorithm=s("algorithm"), seq=f("seq"), group_size=f("group_size"),
             message_bytes=f("message_bytes"), bytes=f("bytes"),
             grid=np.stack([f("grid_x"), f("grid_y"), f("grid_z")], axis=1),
             block=np.stack([f("block_x"), f("block_y"), f("block_z")], axis=1),
@@ -195,9 +198,10 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
     grid, shape = _block(c, i, gpu)
     iso_s = max(iso_s, 1e-9)
     memory = c.kind[i] in MEMORY_KINDS
-    bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction * params.memory_kernel_efficiency
+    bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
+    fraction = params.memory_kernel_efficiency if memory else params.replay_hbm_fraction.get(c.kind[i], 0.0)
     return cost.demand_from_time(blocks=grid, block=shape, isolated_s=iso_s, flops=0.0,
-                                 hbm_bytes=iso_s * bw if memory else 0.0, gpu=gpu,
+                                 hbm_bytes=iso_s * bw * fraction, gpu=gpu,
                                  issue_intensity=params.memory_issue_floor if memory else 1.0,
                                  clock_sensitive=not memory)
 
@@ -222,7 +226,14 @@ def _collective_groups(c: _Cols) -> dict[int, str]:
     return groups
 
 
-def _flows(c: _Cols, groups: dict[int, str], rank_ix: dict[int, int]) -> dict[str, FlowDemand]:
+def protocol_key(name: str) -> str:
+    """The calibration key of a trace's protocol column (LL, LL128, Simple; anything else is
+    "default")."""
+    p = name.strip().lower()
+    return p if p in ("ll", "ll128", "simple") else "default"
+
+
+def _flows(c: _Cols, groups: dict[int, str], rank_ix: dict[int, int], params: Parameters) -> dict[str, FlowDemand]:
     members: dict[str, list[int]] = {}
     for i, g in groups.items():
         members.setdefault(g, []).append(i)
@@ -233,13 +244,15 @@ def _flows(c: _Cols, groups: dict[int, str], rank_ix: dict[int, int]) -> dict[st
         op = c.collective[rows[0]]
         size = float(np.nanmax(c.message_bytes[rows])) if np.isfinite(c.message_bytes[rows]).any() else math.nan
         n = int(c.group_size[rows[0]]) if math.isfinite(c.group_size[rows[0]]) else len(rows)
-        if op in _NCCL_OPS and math.isfinite(size) and size > 0 and n > 1:
+        if op in NCCL_OPS and math.isfinite(size) and size > 0 and n > 1:
             bus = size * nccl.bus_factor(op, n)  # type: ignore[arg-type]
             hbm = p.hbm_bytes_per_bus_byte_reduce if op in nccl.REDUCING_OPS else p.hbm_bytes_per_bus_byte_copy
         else:
             bus, hbm = 1.0, 0.0
+        proto = protocol_key(c.protocol[rows[0]])
         flows[gname] = FlowDemand(group=gname, ranks=tuple(sorted(rank_ix[int(c.rank[i])] for i in rows)), bytes=bus,
-                                  latency_s=0.0, rate_cap_bytes_per_s=bus / dur, link_coeff=0.0, hbm_coeff=hbm)
+                                  latency_s=0.0, rate_cap_bytes_per_s=bus / dur, link_coeff=0.0, hbm_coeff=hbm,
+                                  hbm_weight=params.nccl_hbm_weight.get(proto, 1.0), protocol=proto)
     return flows
 
 
@@ -248,7 +261,7 @@ def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Param
     """The workload that replays the table; returns it and the op id of every row."""
     rank_ix = {r: i for i, r in enumerate(sorted(set(c.rank.tolist())))}
     groups = _collective_groups(c)
-    flows = _flows(c, groups, rank_ix)
+    flows = _flows(c, groups, rank_ix, params)
     n = len(c.start)
     op_ids = [f"r{int(c.rank[i])}:s{int(c.stream[i])}:{i}" for i in range(n)]
     end = c.end
@@ -361,26 +374,18 @@ def _system_for(gpu_name: str, n_ranks: int) -> SystemSpec:
 
 
 def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True,
-           progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+           progress: Callable[[int, int], None] | None = None, calibration: Sequence[str | Path] = (),
+           overrides: dict[str, Any] | None = None) -> ReplayResult:
     """Replay a measured run (see the module docstring); ``gpu`` names a GPU spec when the trace's
-    device name is unknown or to override it."""
+    device name is unknown or to override it. ``calibration`` files go on top of the shipped ones,
+    and ``overrides`` (parameter values, as in a calibration file) on top of those."""
     df = bundle.kernels.reset_index(drop=True)
     if df.empty:
         raise OvsimError("the trace has no GPU activity to replay", field="kernels")
-    gpu_name = gpu
-    if gpu_name is None:
-        from ovsim.traces.devices import spec_for_device_name
-
-        names = {spec_for_device_name(n) for n in bundle.gpu_names.values()}
-        names.discard(None)
-        if len(names) != 1:
-            seen = sorted(set(bundle.gpu_names.values())) or ["none recorded"]
-            raise OvsimError(f"cannot tell the GPU from the trace (device names: {', '.join(seen)}); "
-                             "name a GPU spec with --gpu", field="deviceProperties")
-        gpu_name = names.pop()
-    assert gpu_name is not None
+    gpu_name = gpu if gpu is not None else bundle_gpu(bundle)
     spec = load_gpu(gpu_name)
-    params = load_calibration(spec, gpu_file(gpu_name).stem).params
+    calib = load_calibration(spec, gpu_file(gpu_name).stem, tuple(str(p) for p in calibration))
+    params = calib.params.merged(overrides) if overrides else calib.params
     cols = _Cols.of(df)
     overlapped = _overlap_flags(cols)
     iso, src = isolated_durations(cols, overlapped)
@@ -397,7 +402,22 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
         "predicted_duration_s": pred["duration_s"].to_numpy(dtype=float),
         "overlapped": overlapped, "isolated_s": iso, "isolated_source": src,
     })
-    return ReplayResult(kernels=out, summary=summarize(out, bundle, gpu_name), timeline=timeline, workload=wl)
+    summary = summarize(out, bundle, gpu_name)
+    summary["calibration_files"] = list(calib.files) + (["(overrides)"] if overrides else [])
+    return ReplayResult(kernels=out, summary=summary, timeline=timeline, workload=wl)
+
+
+def bundle_gpu(bundle: TraceBundle) -> str:
+    """The GPU spec a trace's recorded device names point at."""
+    from ovsim.traces.devices import spec_for_device_name
+
+    names = {spec_for_device_name(n) for n in bundle.gpu_names.values()}
+    names.discard(None)
+    if len(names) != 1:
+        seen = sorted(set(bundle.gpu_names.values())) or ["none recorded"]
+        raise OvsimError(f"cannot tell the GPU from the trace (device names: {', '.join(seen)}); "
+                         "name a GPU spec with --gpu", field="deviceProperties")
+    return str(names.pop())
 
 
 def _mape(pred: np.ndarray, meas: np.ndarray) -> float:

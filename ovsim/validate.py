@@ -1,8 +1,10 @@
 """The validation suite behind ``ovsim validate``: published figures reproduced, and replays of real
 traces, each with its reference, ovsim's value, the error and a pass/fail against a stated tolerance.
 
-No trace here was used to fit anything: the shipped calibration comes from published figures, so
-every replay row is held out. A fit error is never reported as a prediction error.
+The shipped contention parameters were fitted on the shared traces (``calibration/contention/``),
+so a replay with the shipped calibration is a fit and is labelled so; the held-out figure for each
+trace refits them on every other trace first (leave one trace out). A fit error is never reported
+as a prediction error.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ def _best_gemm_tflops(gpu_name: str, m: int, n: int, k: int, precision: str) -> 
 # prediction.
 PREDICTED = "published (not fitted)"
 CONSISTENCY = "published (calibration source)"
+HELD_OUT = "trace (held out: leave one trace out)"
+FIT = "trace (fit: shipped calibration)"
 
 
 def published_checks() -> list[Check]:
@@ -118,27 +122,61 @@ TRACE_CASES: tuple[tuple[str, str | None], ...] = (
 
 
 def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> list[Check]:
-    """Replay every known trace present under ``folder``: span error (tolerance 5%) and overlapped
-    kernel MAPE, which passes at no more than half the naive MAPE (the issue's target)."""
-    from ovsim.replay import replay
-    from ovsim.traces.load import load_trace
+    """Replay every known trace present under ``folder``, twice.
 
-    out: list[Check] = []
-    for rel, gpu in TRACE_CASES:
-        path = folder / rel
-        if not path.exists():
-            continue
+    Held out (leave one trace out): the contention parameters are fitted (``ovsim calibrate``) on
+    every other trace and the trace is replayed with them; its span error (tolerance 5%) and the
+    MAPE of its overlapped kernels, which passes at 10% or less and at most a third of the naive
+    MAPE (the calibration issue's targets). Fit: the trace replayed with the shipped calibration,
+    whose contention parameters were fitted on all of these traces, so its MAPE is a fit error; it
+    passes when it is no worse than the naive prediction.
+    """
+    from ovsim.calibrate import engine_baseline, fit_contention, trace_input
+    from ovsim.replay import replay
+
+    present = [(rel, gpu) for rel, gpu in TRACE_CASES if (folder / rel).exists()]
+    inputs = []
+    for rel, gpu in present:
         if on_trace is not None:
-            on_trace(path.name)
-        r = replay(load_trace(path), gpu=gpu, counters=False)
-        s = r.summary
-        out.append(Check(f"{path.name}: span", "trace (held out)", s["measured_span_s"] * 1e3,
-                         s["predicted_span_s"] * 1e3, "ms", 5.0, rel))
-        naive = float(s["naive_mape_pct"])
-        out.append(Check(f"{path.name}: overlapped-kernel MAPE ({s['scored_kernels']} kernels)",
-                         "trace (held out)", naive / 2, float(s["mape_pct"]), "% MAPE", 0.0, rel,
-                         note=f"naive {naive:.1f}%; passes at or below half of it", rule="at_most"))
-    return out
+            on_trace(f"reading {Path(rel).name}")
+        inputs.append(trace_input([folder / rel], gpu))
+    bases = []
+    for (rel, _), tr in zip(present, inputs, strict=True):
+        if on_trace is not None:
+            on_trace(f"replaying {Path(rel).name} without contention")
+        bases.append(engine_baseline(tr))
+    held_out: list[Check] = []
+    fitted: list[Check] = []
+    for i, ((rel, _), tr) in enumerate(zip(present, inputs, strict=True)):
+        name = Path(rel).name
+        if on_trace is not None:
+            on_trace(f"replaying {name}")
+        rest = inputs[:i] + inputs[i + 1:]
+        rest_bases = bases[:i] + bases[i + 1:]
+        overrides: dict[str, Any] | None = None
+        fitted_on = "no other trace"
+        if rest:
+            params = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params
+            try:
+                overrides, _ = fit_contention(rest, params, rest_bases)
+                fitted_on = f"{len(rest)} other traces"
+            except OvsimError:
+                overrides = None
+        held = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=overrides).summary
+        fit = replay(tr.bundle, gpu=tr.gpu, counters=False).summary
+        naive = float(held["naive_mape_pct"])
+        held_out.append(Check(f"{name}: span", HELD_OUT, held["measured_span_s"] * 1e3,
+                         held["predicted_span_s"] * 1e3, "ms", 5.0, rel, note=f"contention fitted on {fitted_on}"))
+        bound = min(10.0, naive / 3)
+        held_out.append(Check(f"{name}: overlapped-kernel MAPE ({held['scored_kernels']} kernels)", HELD_OUT, bound,
+                         float(held["mape_pct"]), "% MAPE", 0.0, rel, rule="at_most",
+                         note=f"naive {naive:.1f}%; passes at or below 10% and a third of naive; contention "
+                              f"fitted on {fitted_on}"))
+        fitted.append(Check(f"{name}: overlapped-kernel MAPE, shipped calibration", FIT, float(fit["naive_mape_pct"]),
+                         float(fit["mape_pct"]), "% MAPE", 0.0, rel, rule="at_most",
+                         note="fit error: the shipped contention parameters were fitted on this trace too; "
+                              "passes at or below naive"))
+    return held_out + fitted
 
 
 def run(traces: Path | None, on_trace: Callable[[str], None] | None = None) -> list[Check]:

@@ -27,16 +27,22 @@ def test_nccl_figures_are_predicted_within_tolerance() -> None:
     assert len(rows) == 3 and all(c.passed for c in rows)
 
 
-def test_validate_command_with_one_trace(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     if not TRACES.exists():
         pytest.skip(f"shared traces not found at {TRACES}")
-    monkeypatch.setattr(validate, "TRACE_CASES", (("param/et_replay/tests/inputs/dlrm_kineto.tar.gz", None),))
+    monkeypatch.setattr(validate, "TRACE_CASES", (
+        ("param/et_replay/tests/inputs/dlrm_kineto.tar.gz", None),
+        ("HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz", "a100-sxm4-80gb")))
     assert main(["validate", "--traces", str(TRACES), "--json"]) == 0
     checks = json.loads(capsys.readouterr().out)["checks"]
-    names = [c["name"] for c in checks]
-    assert any("dlrm_kineto.tar.gz: span" in n for n in names)
-    span = next(c for c in checks if c["name"].endswith(": span"))
-    assert span["passed"] and span["group"] == "trace (held out)"
+    span = next(c for c in checks if c["name"] == "dlrm_kineto.tar.gz: span")
+    assert span["passed"] and span["group"] == validate.HELD_OUT
+    # Held out: contention refitted on the other trace only; the fit row is labelled a fit.
+    held = [c for c in checks if c["group"] == validate.HELD_OUT and "MAPE" in c["name"]]
+    assert len(held) == 2 and all("fitted on 1 other traces" in c["note"] for c in held)
+    fit = [c for c in checks if c["group"] == validate.FIT]
+    assert len(fit) == 2 and all("fit error" in c["note"] for c in fit)
 
 
 def test_validate_rejects_a_missing_folder(capsys: pytest.CaptureFixture[str]) -> None:

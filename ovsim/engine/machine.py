@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
@@ -34,6 +34,16 @@ class MachineModel:
     links: dict[LinkKey, float]
     nccl_issue_fraction: float
     hbm_mix_efficiency: float
+    # Share of a GPU's HBM channel a resident SM collective keeps busy beyond its data (flag polling,
+    # L2 and crossbar traffic), per NCCL protocol ("default" for any other), and its weight there.
+    nccl_memory_pressure: dict[str, float] = field(default_factory=dict)
+    nccl_hbm_weight: dict[str, float] = field(default_factory=dict)
+
+    def pressure_of(self, protocol: str) -> tuple[float, float]:
+        """(share of HBM capacity, max-min weight) of a resident collective of ``protocol``."""
+        p = protocol.lower()
+        share = self.nccl_memory_pressure.get(p, self.nccl_memory_pressure.get("default", 0.0))
+        return share, self.nccl_hbm_weight.get(p, 1.0)
 
     @property
     def n_ranks(self) -> int:
@@ -83,4 +93,6 @@ def build_machine(
         links=links,
         nccl_issue_fraction=params.nccl_issue_fraction,
         hbm_mix_efficiency=params.hbm_mix_efficiency,
+        nccl_memory_pressure=dict(params.nccl_memory_pressure),
+        nccl_hbm_weight=dict(params.nccl_hbm_weight),
     )

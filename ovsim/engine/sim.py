@@ -300,6 +300,7 @@ class Engine:
         self.link_keys: list[LinkKey] = list(machine.links)
         self.link_index = {k: i for i, k in enumerate(self.link_keys)}
         self.nccl_issue = machine.nccl_issue_fraction
+        self.has_pressure = any(v > 0 for v in machine.nccl_memory_pressure.values())
         self.n_waiting = 0  # flows waiting for members
         self.n_data = 0  # flows moving data
         self.power = self.opts.power
@@ -893,7 +894,8 @@ class Engine:
                     if f.phase == "data" and id(f) not in seen:
                         seen.add(id(f))
                         flows.append(f)
-        if not flows and not self.opts.counters and not self.opts.check_invariants:
+        pressure = self._pressure(ranks)
+        if not flows and not pressure and not self.opts.counters and not self.opts.check_invariants:
             self._hbm_only(ranks, kernel_demand)
             return
 
@@ -903,7 +905,7 @@ class Engine:
         caps: list[float] = []
         weights: list[float] = []
         usage: list[list[tuple[int, float]]] = []
-        owners: list[_Kernel | _Flow] = []
+        owners: list[_Kernel | _Flow | None] = []
         hbm_has_kernel: set[int] = set()
         hbm_has_flow: set[int] = set()
         for k, demand in kernel_demand.items():
@@ -937,6 +939,14 @@ class Engine:
             weights.append(d.hbm_weight / max(d.hbm_coeff, 0.05))
             usage.append(use)
             owners.append(f)
+        for r, share, weight in pressure:
+            # A resident collective's memory-system traffic: it does not back off, so it asks for a
+            # fixed share of HBM, with its protocol's weight, whether or not its data is moving.
+            hbm_has_flow.add(r)
+            caps.append(share * capacity[channel[("hbm", r)]])
+            weights.append(weight)
+            usage.append([(channel[("hbm", r)], 1.0)])
+            owners.append(None)
         for r in hbm_has_kernel & hbm_has_flow:
             capacity[channel[("hbm", r)]] *= self.machine.hbm_mix_efficiency
         alloc = max_min_rates(caps, weights, usage, capacity)
@@ -945,6 +955,8 @@ class Engine:
         n_hbm = len(ranks)
         for i, owner in enumerate(owners):
             x = alloc.rates[i]
+            if owner is None:
+                continue
             if isinstance(owner, _Kernel):
                 owner.theta = x / caps[i] if caps[i] > 0 else 1.0
             else:
@@ -953,6 +965,21 @@ class Engine:
                 owner.bottleneck = "" if b == CAP else ("hbm" if b < n_hbm else "link")
         if self.opts.counters:
             self._sample(ranks, channel, capacity, alloc.rates, usage)
+
+    def _pressure(self, ranks: list[int]) -> list[tuple[int, float, float]]:
+        """(rank, share of HBM, weight) of every SM collective with blocks resident on ``ranks``."""
+        out: list[tuple[int, float, float]] = []
+        if not self.has_pressure:
+            return out
+        for r in ranks:
+            for f in self.gpus[r].flows:
+                m = f.members.get(r)
+                if m is None or m.kernel is None or m.kernel.resident == 0 or f.demand.uses_copy_engine:
+                    continue
+                share, weight = self.machine.pressure_of(f.demand.protocol)
+                if share > 0:
+                    out.append((r, share, weight))
+        return out
 
     def _hbm_only(self, ranks: list[int], kernel_demand: dict[_Kernel, float]) -> None:
         """No flow moves data on these GPUs: each HBM is shared among its kernels alone (max-min

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import GpuSpec, read_yaml, validation_error
@@ -45,6 +45,43 @@ class Parameters(BaseModel):
     nccl_issue_fraction: float = 0.5
     # Weight of a collective's traffic in HBM's max-min share, per NCCL protocol.
     nccl_hbm_weight: dict[str, float] = Field(default_factory=lambda: {"ll": 1.0, "ll128": 1.0, "simple": 1.0})
+    # Share of HBM capacity a resident SM collective keeps busy beyond the data it moves (flag
+    # polling, L2 and crossbar traffic), per protocol; "default" covers any other (RCCL, unknown).
+    # Fitted by `ovsim calibrate` from kernels measured alone and beside communication.
+    nccl_memory_pressure: dict[str, float] = Field(default_factory=dict)
+    # Replay only: HBM traffic of a compute-bound kernel kind, as a fraction of what the achievable
+    # bandwidth moves in its isolated time (a trace records no bytes). Memory-bound kinds move
+    # `memory_kernel_efficiency` of it. Fitted with the pressure above.
+    replay_hbm_fraction: dict[str, float] = Field(default_factory=dict)
+    # Measured collective cost that replaces NCCL's own model for exactly this collective, keyed
+    # "op/algorithm/protocol/ranks": latency_s and bus_bandwidth_bytes_per_s (`ovsim calibrate`).
+    nccl_fitted: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+    @field_validator("nccl_memory_pressure")
+    @classmethod
+    def _pressure_range(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if not 0.0 <= x < 1.0:
+                raise ValueError(f"{k}: a share of HBM capacity in [0, 1), got {x}")
+        return v
+
+    @field_validator("replay_hbm_fraction")
+    @classmethod
+    def _fraction_range(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if not 0.0 <= x <= 1.0:
+                raise ValueError(f"{k}: a fraction in [0, 1], got {x}")
+        return v
+
+    @field_validator("nccl_fitted")
+    @classmethod
+    def _fitted(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for k, x in v.items():
+            if len(k.split("/")) != 4:
+                raise ValueError(f"{k}: keys are op/algorithm/protocol/ranks")
+            if not (x.get("latency_s", -1.0) >= 0 and x.get("bus_bandwidth_bytes_per_s", 0.0) > 0):
+                raise ValueError(f"{k}: needs latency_s >= 0 and bus_bandwidth_bytes_per_s > 0")
+        return v
     # Copy-engine transfers reach this fraction of the link's per-direction bandwidth.
     ce_link_efficiency: float = 0.83
     # Copy-engine local device-to-device copies reach this fraction of achievable HBM bandwidth
@@ -68,6 +105,14 @@ class Parameters(BaseModel):
 
     def gemm_eff(self, precision: str) -> float:
         return self.gemm_efficiency.get(precision, self.gemm_efficiency.get("default", 0.8))
+
+    def merged(self, overrides: dict[str, Any]) -> Parameters:
+        """These parameters with ``overrides`` on top (mapping-valued ones merged key by key), as a
+        calibration file on top of another would give."""
+        data = self.model_dump()
+        for k, v in overrides.items():
+            data[k] = {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+        return Parameters.model_validate(data)
 
 
 class CalibFile(BaseModel):

@@ -8,6 +8,7 @@ that both fidelities see the same workload.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Annotated, Literal
 
@@ -245,6 +246,11 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
         return {r: (None, flow, "transfer") for r in ranks}
     plan = nccl.plan_collective(spec.kind, spec.size_bytes, len(ranks), gpu, system, algorithm=spec.algorithm,
                                 protocol=spec.protocol, channels=channels)
+    measured = params.nccl_fitted.get(f"{plan.op}/{plan.algorithm}/{plan.protocol}/{plan.n_ranks}")
+    if measured is not None:
+        # A calibration measured this very collective: its latency and bandwidth replace NCCL's model.
+        plan = dataclasses.replace(plan, latency_s=measured["latency_s"],
+                                   bus_bandwidth_bytes_per_s=measured["bus_bandwidth_bytes_per_s"])
     pattern: Literal["ring", "all_pairs"] = "all_pairs" if spec.kind == "all_to_all" else "ring"
     flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=plan.bus_bytes, latency_s=plan.latency_s,
                       rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,

@@ -227,3 +227,37 @@ def test_progress_is_reported_with_finished_and_total_ops(h100: GpuSpec, h100_ca
            EngineOptions(counters=False, progress=lambda done, total: seen.append((done, total)))).run()
     assert seen and all(total == 9000 for _, total in seen)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen) and 0 < seen[-1][0] <= 9000
+
+
+@pytest.mark.parametrize(("share", "expected"), [
+    # Max-min on one HBM channel, capacity C: the kernel asks 0.9 C (memory_kernel_efficiency), a
+    # resident collective's pressure asks share x C with weight 1. 0.3: the pressure gets its ask
+    # and the kernel the rest, 0.9 / 0.7. 0.6: both are held at the fair half, 0.9 / 0.5.
+    (0.3, 0.9 / 0.7),
+    (0.6, 0.9 / 0.5),
+])
+def test_a_resident_collective_presses_on_hbm_per_its_protocol(
+        share: float, expected: float, h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+    p = h100_calib.params.merged({"nccl_memory_pressure": {"ll": share}, "memory_kernel_efficiency": 0.9})
+    kernel = cost.memory_bound(4e9, h100, p, blocks=264)
+    # The collective's data moves through no channel (a replayed measured rate), so only its
+    # pressure touches HBM; its second rank arrives long after, so its block stays resident.
+    coll = FlowDemand(group="ar", ranks=(0, 1), bytes=1.0, latency_s=0.0, rate_cap_bytes_per_s=1e6,
+                      link_coeff=0.0, hbm_coeff=0.0, protocol="ll")
+    late = 10 * kernel.isolated_s
+    ops = [Op("ar0", "nccl", "collective", 0, "comm", kernel=nccl_kernel(1), flow=coll),
+           Op("k", "k", "elementwise", 0, "compute", kernel=kernel),
+           Op("ar1", "nccl", "collective", 1, "comm", kernel=nccl_kernel(1), flow=coll, delay_s=late)]
+    streams = [StreamSpec(0, "comm"), StreamSpec(0, "compute"), StreamSpec(1, "comm")]
+    machine = build_machine(h100_node, h100, p, n_ranks=2)
+    out = Engine(Workload(ops=tuple(ops), streams=tuple(streams), n_ranks=2), machine).run().ops.set_index("id")
+    # The engine spreads the kernel's bytes over its whole isolated time, so at its HBM share it
+    # takes bytes / share: the bandwidth-bound body times the ratio.
+    body = kernel.isolated_s - p.kernel_overhead_s
+    assert out.loc["k", "duration_s"] == pytest.approx(body * expected, rel=1e-6)
+    assert out.loc["k", "slowed_by"] == "sharing HBM"
+    # Another protocol has no pressure in this calibration: no slowdown.
+    other = [Op(o.id, o.name, o.kind, o.rank, o.stream, kernel=o.kernel, delay_s=o.delay_s,
+                flow=FlowDemand(**{**coll.__dict__, "protocol": "simple"}) if o.flow else None) for o in ops]
+    out = Engine(Workload(ops=tuple(other), streams=tuple(streams), n_ranks=2), machine).run().ops.set_index("id")
+    assert out.loc["k", "duration_s"] == pytest.approx(kernel.isolated_s, rel=1e-6)

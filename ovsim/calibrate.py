@@ -1,0 +1,570 @@
+"""``ovsim calibrate``: fit model parameters to real traces and write them, with provenance, as a
+new calibration file (DESIGN.md section 3, "Everything fitted ... lives in versioned calibration
+files with provenance").
+
+What is fitted, from what, and how
+----------------------------------
+
+``contention``
+    ``nccl_memory_pressure`` (per NCCL protocol: the share of HBM a resident SM collective keeps
+    busy beyond its data) and ``replay_hbm_fraction`` (per compute-bound kernel kind: the HBM
+    traffic replay gives it, as a fraction of what the achievable bandwidth moves in its isolated
+    time). Data: every compute kernel that overlapped a collective and whose isolated duration is
+    known from instances of the same signature that did not overlap (exactly the kernels replay
+    scores). Model: the engine's HBM channel for one kernel beside the resident collectives (the
+    same weighted max-min sharing, :func:`ovsim.engine.channel.max_min_rates`), applied over the
+    measured fraction of the kernel's time that a collective was resident. Memory-bound kinds move
+    ``memory_kernel_efficiency`` of the bandwidth, which anchors the scale. Loss: the mean absolute
+    percentage error of those kernels, each trace weighted equally, with a negligible penalty that
+    prefers the least contention among equal fits. Method: scipy's differential evolution with a
+    fixed seed (deterministic). The fit uses this one-kernel view of the engine; the figures that
+    judge it (``ovsim validate``, leave-one-trace-out) run the full engine.
+
+``collectives``
+    ``nccl_fitted``: latency and bus bandwidth per (collective, algorithm, protocol, ranks) from
+    collectives of known message size that did not overlap compute. A kernel's duration includes
+    waiting for peers, so each message size contributes its fastest instance; ``t = latency +
+    bus_bytes / bandwidth`` is fitted by non-negative least squares over the sizes. Two distinct
+    sizes at least; the prediction uses the fit only for that exact collective and rank count.
+
+``gemm``
+    ``gemm_efficiency`` per precision from GEMM kernels that ran without communication and whose
+    launching operator records input shapes; see :func:`fit_gemm`.
+
+Old calibration files are never edited: the output is a new file, and an existing one is refused.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from scipy.optimize import differential_evolution, nnls
+
+from ovsim.engine.channel import max_min_rates
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import CALIB_DIR, Parameters, load_calibration
+from ovsim.hw.spec import gpu_file, load_gpu
+from ovsim.models import nccl
+from ovsim.replay import (
+    COMPUTE_KINDS,
+    MEMORY_KINDS,
+    NCCL_OPS,
+    _Cols,
+    _overlap_flags,
+    bundle_gpu,
+    isolated_durations,
+    protocol_key,
+)
+from ovsim.traces.table import TraceBundle
+
+QUANTITIES = ("contention", "collectives", "gemm")
+# Quantities that belong to one GPU: not fitted for '*'.
+GPU_SPECIFIC = ("collectives", "gemm")
+PRESSURE_MAX = 0.9
+# Compute kinds whose replay HBM traffic can be fitted (memory-bound kinds are the anchor).
+FRACTION_KINDS = tuple(k for k in COMPUTE_KINDS if k not in MEMORY_KINDS)
+_REGULARIZE = 1e-6
+
+
+@dataclass(frozen=True)
+class TraceInput:
+    """One measured run to calibrate on: its bundle, where it came from, the GPU spec it ran on."""
+
+    bundle: TraceBundle
+    label: str
+    gpu: str
+    files: tuple[str, ...] = ()
+
+
+@dataclass
+class FitReport:
+    """What a calibration fitted, from how much data, and how well."""
+
+    parameters: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    fits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """Per scored kernel of one trace: measured and isolated duration, the fraction of its measured
+    time a collective was resident on its rank, its kind and the resident protocols."""
+
+    trace: int
+    rows: np.ndarray
+    measured_s: np.ndarray
+    isolated_s: np.ndarray
+    covered: np.ndarray
+    config: list[tuple[str, tuple[str, ...]]]
+
+
+def _scored_kernels(t: int, bundle: TraceBundle) -> _Scored:
+    df = bundle.kernels.reset_index(drop=True)
+    c = _Cols.of(df)
+    overlapped = _overlap_flags(c)
+    iso, src = isolated_durations(c, overlapped)
+    is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
+    sel = np.flatnonzero(overlapped & (src == "signature") & (c.dur > 0))
+    rows, meas, isol, covered, config = [], [], [], [], []
+    for r in np.unique(c.rank[sel]):
+        colls = np.flatnonzero(is_coll & (c.rank == r))
+        cs, ce = c.start[colls], c.end[colls]
+        protos = [protocol_key(c.protocol[j]) for j in colls]
+        for i in sel[c.rank[sel] == r]:
+            s, e = c.start[i], c.end[i]
+            hit = np.flatnonzero((cs < e) & (ce > s))
+            # Union of the resident intervals inside the kernel's own.
+            iv = sorted((max(cs[j], s), min(ce[j], e)) for j in hit)
+            cover, lo, hi = 0.0, -math.inf, -math.inf
+            for a, b in iv:
+                if a > hi:
+                    cover += max(0.0, hi - lo) if hi > lo else 0.0
+                    lo, hi = a, b
+                else:
+                    hi = max(hi, b)
+            cover += max(0.0, hi - lo) if hi > lo else 0.0
+            rows.append(i)
+            meas.append(c.dur[i])
+            isol.append(iso[i])
+            covered.append(min(1.0, cover / c.dur[i]))
+            config.append((c.kind[i], tuple(sorted({protos[j] for j in hit}))))
+    return _Scored(t, np.array(rows, dtype=np.int64), np.array(meas, float), np.array(isol, float),
+                   np.array(covered, float), config)
+
+
+# Contention switched off: the engine's prediction without the parameters being fitted.
+NO_CONTENTION: dict[str, Any] = {
+    "nccl_memory_pressure": dict.fromkeys(("ll", "ll128", "simple", "default"), 0.0),
+    "replay_hbm_fraction": dict.fromkeys(FRACTION_KINDS, 0.0),
+}
+
+
+def engine_baseline(tr: TraceInput) -> np.ndarray:
+    """Every kernel's duration as the full engine replays the trace with no memory contention: the
+    base the contention fit multiplies (SM sharing, stream order and waiting are the engine's)."""
+    from ovsim.replay import replay
+
+    r = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=NO_CONTENTION)
+    out: np.ndarray = r.kernels["predicted_duration_s"].to_numpy(dtype=float)
+    return out
+
+
+def contention_slowdown(kind: str, protocols: Sequence[str], pressure: dict[str, float],
+                        fraction: dict[str, float], params: Parameters) -> float:
+    """Slowdown of a kernel of ``kind`` while collectives of ``protocols`` are resident, by the
+    engine's HBM channel (capacity 1: demands are fractions of the achievable bandwidth)."""
+    demand = params.memory_kernel_efficiency if kind in MEMORY_KINDS else fraction.get(kind, 0.0)
+    shares = [pressure.get(p, pressure.get("default", 0.0)) for p in protocols]
+    if demand <= 0 or not any(x > 0 for x in shares):
+        return 1.0
+    caps = [demand] + [x for x in shares if x > 0]
+    weights = [1.0] + [params.nccl_hbm_weight.get(p, 1.0) for p, x in zip(protocols, shares, strict=True) if x > 0]
+    alloc = max_min_rates(caps, weights, [[(0, 1.0)]] * len(caps), [params.hbm_mix_efficiency])
+    return demand / alloc.rates[0] if alloc.rates[0] > 0 else math.inf
+
+
+def fit_contention(traces: Sequence[TraceInput], params: Parameters,
+                   baselines: Sequence[np.ndarray] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fitted ``nccl_memory_pressure`` and ``replay_hbm_fraction`` and the fit's record; raises when
+    no kernel was measured both alone and beside communication. ``baselines`` are the traces'
+    :func:`engine_baseline` (computed here when not given)."""
+    data = [_scored_kernels(t, tr.bundle) for t, tr in enumerate(traces)]
+    data = [d for d in data if len(d.measured_s)]
+    if data and baselines is None:
+        baselines = [engine_baseline(tr) for tr in traces]
+    base = [baselines[d.trace][d.rows] for d in data] if baselines is not None else []
+    if not data:
+        raise OvsimError("no compute kernel in these traces was measured both alone and beside a collective "
+                         "(same name, grid, block and launching operator): contention cannot be fitted",
+                         field="contention")
+    protos = sorted({p for d in data for _, ps in d.config for p in ps})
+    kinds = sorted({k for d in data for k, _ in d.config if k in FRACTION_KINDS})
+    names = [f"pressure:{p}" for p in protos] + [f"fraction:{k}" for k in kinds]
+    bounds = [(0.0, PRESSURE_MAX)] * len(protos) + [(0.0, 1.0)] * len(kinds)
+    configs = sorted({cfg for d in data for cfg in d.config})
+    index = {cfg: i for i, cfg in enumerate(configs)}
+    cfg_ix = [np.array([index[cfg] for cfg in d.config]) for d in data]
+
+    def unpack(x: np.ndarray) -> tuple[dict[str, float], dict[str, float]]:
+        return (dict(zip(protos, (float(v) for v in x[:len(protos)]), strict=True)),
+                dict(zip(kinds, (float(v) for v in x[len(protos):]), strict=True)))
+
+    def per_trace(x: np.ndarray) -> list[float]:
+        pressure, fraction = unpack(x)
+        slow = np.array([contention_slowdown(k, ps, pressure, fraction, params) for k, ps in configs])
+        out = []
+        for d, ix, b in zip(data, cfg_ix, base, strict=True):
+            pred = b * (1.0 - d.covered + d.covered * slow[ix])
+            out.append(float(np.mean(np.abs(pred - d.measured_s) / d.measured_s) * 100))
+        return out
+
+    def loss(x: np.ndarray) -> float:
+        return float(np.mean(per_trace(x))) + _REGULARIZE * float(np.sum(x))
+
+    x0 = np.zeros(len(names))
+    res = differential_evolution(loss, bounds, seed=0, maxiter=80, popsize=12, tol=1e-7, polish=False,
+                                 init="sobol", x0=x0)
+    best = res.x if loss(res.x) <= loss(x0) else x0
+    # Round to the precision the data can support, and check rounding did not cost anything.
+    rounded = np.round(best, 3)
+    if loss(rounded) <= loss(best) + 1e-3:
+        best = rounded
+    pressure, fraction = unpack(best)
+    record = {
+        "method": "differential evolution (scipy, seed 0) on the mean per-trace MAPE of overlapped kernels: the "
+                  "engine's replay without memory contention, times the one-kernel HBM-channel slowdown over the "
+                  "measured fraction of the kernel's time a collective was resident",
+        "points": int(sum(len(d.measured_s) for d in data)),
+        "points_per_trace": {traces[d.trace].label: len(d.measured_s) for d in data},
+        "naive_mape_pct": {traces[d.trace].label: round(float(np.mean(np.abs(d.isolated_s - d.measured_s)
+                                                                      / d.measured_s) * 100), 2) for d in data},
+        "no_contention_mape_pct": {traces[d.trace].label: round(v, 2)
+                                   for d, v in zip(data, per_trace(x0), strict=True)},
+        "fit_mape_pct": {traces[d.trace].label: round(v, 2) for d, v in zip(data, per_trace(best), strict=True)},
+        "note": "fit error (on the traces fitted), not prediction error; held-out figures come from "
+                "`ovsim validate` (leave one trace out)",
+    }
+    return {"nccl_memory_pressure": pressure, "replay_hbm_fraction": fraction}, record
+
+
+def _collective_rows(bundle: TraceBundle) -> dict[str, list[tuple[float, float]]]:
+    """(bus bytes, fastest duration) per message size of collectives that did not overlap compute."""
+    df = bundle.kernels.reset_index(drop=True)
+    c = _Cols.of(df)
+    is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
+    is_compute = np.array([k in COMPUTE_KINDS for k in c.kind], dtype=bool)
+    out: dict[str, dict[float, float]] = {}
+    for r in np.unique(c.rank):
+        comp = np.flatnonzero(is_compute & (c.rank == r))
+        cs, ce = c.start[comp], c.end[comp]
+        for i in np.flatnonzero(is_coll & (c.rank == r)):
+            op, size, n = c.collective[i], c.message_bytes[i], c.group_size[i]
+            if op not in NCCL_OPS or not (math.isfinite(size) and size > 0 and math.isfinite(n) and n > 1):
+                continue
+            if np.any((cs < c.end[i]) & (ce > c.start[i])):
+                continue
+            algo = c.algorithm[i] or "unknown"
+            key = f"{op}/{algo}/{protocol_key(c.protocol[i])}/{int(n)}"
+            bus = size * nccl.bus_factor(op, int(n))  # type: ignore[arg-type]
+            sizes = out.setdefault(key, {})
+            sizes[bus] = min(sizes.get(bus, math.inf), float(c.dur[i]))
+    return {k: sorted(v.items()) for k, v in out.items()}
+
+
+def fit_collectives(traces: Sequence[TraceInput]) -> tuple[dict[str, Any], dict[str, Any]]:
+    rows: dict[str, dict[float, float]] = {}
+    for tr in traces:
+        for key, pts in _collective_rows(tr.bundle).items():
+            d = rows.setdefault(key, {})
+            for b, t in pts:
+                d[b] = min(d.get(b, math.inf), t)
+    fitted: dict[str, dict[str, float]] = {}
+    record: dict[str, Any] = {"method": "non-negative least squares of t = latency + bus_bytes / bandwidth on "
+                                        "the fastest instance of each message size", "collectives": {}}
+    for key, d in sorted(rows.items()):
+        pts = sorted(d.items())
+        if len(pts) < 2:
+            record["collectives"][key] = {"points": len(pts), "fitted": False,
+                                          "why": "one message size: latency and bandwidth cannot be told apart"}
+            continue
+        b_bytes = np.array([p[0] for p in pts])
+        t_s = np.array([p[1] for p in pts])
+        # Relative residuals: divide each row by its time so small messages count as much as large.
+        coef, _ = nnls(np.stack([np.ones_like(b_bytes), b_bytes], axis=1) / t_s[:, None], np.ones_like(t_s))
+        lat, inv_bw = float(coef[0]), float(coef[1])
+        if inv_bw <= 0:
+            record["collectives"][key] = {"points": len(pts), "fitted": False,
+                                          "why": "no growth of time with size in the data"}
+            continue
+        pred = lat + b_bytes * inv_bw
+        fitted[key] = {"latency_s": float(f"{lat:.4g}"), "bus_bandwidth_bytes_per_s": float(f"{1 / inv_bw:.4g}")}
+        record["collectives"][key] = {
+            "points": len(pts), "fitted": True, "bus_bytes_range": [float(b_bytes.min()), float(b_bytes.max())],
+            "fit_mape_pct": round(float(np.mean(np.abs(pred - t_s) / t_s) * 100), 2)}
+    if not fitted:
+        why = "; ".join(f"{k}: {v['why']}" for k, v in record["collectives"].items()) or \
+            "no collective of known message size ran without compute beside it"
+        raise OvsimError(f"no collective could be fitted ({why})", field="collectives")
+    return {"nccl_fitted": fitted}, record
+
+
+_SHAPES = re.compile(r"^(aten::(?:mm|addmm|bmm|baddbmm|matmul|linear))\[(.*)\]$")
+
+
+def gemm_problem(host_op: str) -> tuple[int, int, int, int] | None:
+    """(M, N, K, batch) of a matrix product from its launching operator's input shapes."""
+    m = _SHAPES.match(host_op.strip())
+    if m is None:
+        return None
+    try:
+        shapes = yaml.safe_load("[" + m[2] + "]")
+    except yaml.YAMLError:
+        return None
+    op = m[1]
+    if (op == "aten::addmm" and len(shapes) >= 3) or (op == "aten::baddbmm" and len(shapes) >= 3):
+        shapes = shapes[1:3]
+    if op == "aten::linear" and len(shapes) >= 2 and len(shapes[1]) == 2 and shapes[0]:
+        a, w = shapes[0], shapes[1]
+        return (math.prod(a[:-1]), w[0], a[-1], 1) if a[-1] == w[1] else None
+    if len(shapes) < 2 or not all(isinstance(x, list) for x in shapes[:2]):
+        return None
+    a, b = shapes[0], shapes[1]
+    if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
+        return a[0], b[1], a[1], 1
+    if len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
+        return a[1], b[2], a[2], a[0]
+    return None
+
+
+def gemm_precision(kernel_name: str) -> str | None:
+    """The tensor-core precision a GEMM kernel's name says, where it says one."""
+    n = kernel_name.lower()
+    if "e4m3" in n or "e5m2" in n:
+        return "fp8"
+    if "bf16" in n:
+        return "bf16"
+    if "tf32" in n:
+        return "tf32"
+    if "f16" in n or "hgemm" in n or "fp16" in n:
+        return "fp16"
+    return None
+
+
+def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``gemm_efficiency`` per precision from GEMM kernels that ran without communication and whose
+    launching operator records its input shapes. Model: the cost model's waves with the measured
+    grid and occupancy, ``t = kernel_overhead_s + waves x blocks_per_sm x (2 M N K batch / grid) /
+    (peak / SMs x efficiency)``; the efficiency minimising the mean absolute relative error
+    (bounded scalar search)."""
+    from scipy.optimize import minimize_scalar
+
+    from ovsim.models import cost
+    from ovsim.replay import _block
+
+    work: dict[str, list[tuple[float, float, float]]] = {}  # precision -> (t, W, flops)
+    for tr in traces:
+        gpu = load_gpu(tr.gpu)
+        df = tr.bundle.kernels.reset_index(drop=True)
+        c = _Cols.of(df)
+        overlapped = _overlap_flags(c)
+        for i in np.flatnonzero(np.array([k == "gemm" for k in c.kind]) & ~overlapped):
+            name = c.name[i].lower()
+            if "reduce" in name or "gemv" in name or not c.dur[i] > 0:
+                continue
+            prob, prec = gemm_problem(c.host_op[i]), gemm_precision(c.name[i])
+            if prob is None or prec is None or prec not in gpu.compute.peak_flops_per_s:
+                continue
+            grid, shape = _block(c, int(i), gpu)
+            occ = max(1, cost.blocks_per_sm(shape, gpu))
+            flops = 2.0 * prob[0] * prob[1] * prob[2] * prob[3]
+            waves = math.ceil(grid / (gpu.sm.count * occ))
+            w = waves * occ * (flops / grid) / (gpu.peak_flops_per_s(prec) / gpu.sm.count)
+            work.setdefault(prec, []).append((float(c.dur[i]), w, flops))
+    if not work:
+        raise OvsimError("no GEMM kernel without communication beside it has a launching operator with input "
+                         "shapes (record_shapes) and a precision in its name", field="gemm")
+    values: dict[str, float] = {}
+    record: dict[str, Any] = {"method": "bounded scalar search for the efficiency minimising the mean absolute "
+                                        "relative error of the cost model's waves at the measured grid",
+                              "precisions": {}}
+    for prec, pts in sorted(work.items()):
+        t_s = np.array([p[0] for p in pts])
+        w_s = np.array([p[1] for p in pts])
+        gflop = np.array([p[2] for p in pts]) / 1e9
+
+        def err(eff: float, t_s: np.ndarray = t_s, w_s: np.ndarray = w_s) -> float:
+            return float(np.mean(np.abs(params.kernel_overhead_s + w_s / eff - t_s) / t_s))
+
+        res = minimize_scalar(err, bounds=(0.01, 1.0), method="bounded", options={"xatol": 1e-4})
+        eff = round(float(res.x), 3)
+        pred = params.kernel_overhead_s + w_s / eff
+        rel = np.abs(pred - t_s) / t_s
+        big = gflop >= np.median(gflop)
+        values[prec] = eff
+        record["precisions"][prec] = {
+            "points": len(pts), "fit_mape_pct": round(float(rel.mean() * 100), 2),
+            "fit_mape_pct_larger_half": round(float(rel[big].mean() * 100), 2),
+            "fit_mape_pct_smaller_half": round(float(rel[~big].mean() * 100), 2),
+            "gflop_range": [round(float(gflop.min()), 4), round(float(gflop.max()), 2)],
+            "note": "one efficiency per precision: the cost model's shape dependence is tiles and waves only"}
+    return {"gemm_efficiency": values}, record
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[str] | None = None,
+              on_step: Callable[[str], None] | None = None) -> FitReport:
+    """Fit ``quantities`` (default: every one the traces support) for ``gpu`` ("*" for parameters
+    that apply to any GPU, from traces of several GPUs)."""
+    if not traces:
+        raise OvsimError("no traces to calibrate on", field="traces")
+    if gpu != "*":
+        for tr in traces:
+            if tr.gpu != gpu:
+                raise OvsimError(f"trace ran on {tr.gpu}, not {gpu}; calibrate one GPU at a time or use --gpu '*' "
+                                 "for the GPU-independent contention parameters", source=tr.label, field="gpu")
+    wanted = list(quantities) if quantities else list(QUANTITIES)
+    for q in wanted:
+        if q not in QUANTITIES:
+            raise OvsimError(f"unknown quantity '{q}' (known: {', '.join(QUANTITIES)})", field="fit")
+    if gpu == "*":
+        for q in GPU_SPECIFIC:
+            if q in wanted:
+                if quantities:
+                    raise OvsimError(f"{q} belongs to one GPU: name the GPU", field="fit")
+                wanted.remove(q)
+    ref = gpu if gpu != "*" else traces[0].gpu
+    params = load_calibration(load_gpu(ref), gpu_file(ref).stem).params
+    report = FitReport()
+    fitters: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
+        "contention": lambda: fit_contention(traces, params),
+        "collectives": lambda: fit_collectives(traces),
+        "gemm": lambda: fit_gemm(traces, params),
+    }
+    for q in wanted:
+        if on_step is not None:
+            on_step(q)
+        try:
+            values, record = fitters[q]()
+        except OvsimError as e:
+            if quantities:  # asked for by name: missing data is an error
+                raise
+            report.skipped[q] = e.message
+            continue
+        report.parameters.update(values)
+        report.fits[q] = record
+        for k in values:
+            report.sources[k] = f"fit: ovsim calibrate ({q}); see provenance.fits.{q}"
+    if not report.parameters:
+        why = "; ".join(f"{q}: {m}" for q, m in report.skipped.items())
+        raise OvsimError(f"nothing could be fitted from these traces ({why})", field="traces")
+    return report
+
+
+def next_version(stem: str, folder: Path) -> int:
+    versions = [0]
+    for d in (folder, CALIB_DIR):
+        if d.is_dir():
+            for p in d.glob(f"{stem}.v*.yaml"):
+                tail = p.name[len(stem) + 2:-5]
+                if tail.isdigit():
+                    versions.append(int(tail))
+    return max(versions) + 1
+
+
+def output_path(out: Path, gpu: str) -> tuple[Path, int]:
+    """The file to write and its version: ``out`` itself when it is a ``<stem>.v<N>.yaml`` path, or
+    the next version of the GPU's calibration inside ``out`` when it is a folder."""
+    stem = "default" if gpu == "*" else gpu_file(gpu).stem
+    if out.is_dir() or not out.suffix:
+        path = out / f"{stem}.v{next_version(stem, out)}.yaml"
+        return path, int(path.name[len(stem) + 2:-5])
+    name = out.name
+    if not name.endswith(".yaml") or ".v" not in name or not name[:-5].rsplit(".v", 1)[1].isdigit():
+        raise OvsimError("a calibration file is named <name>.v<version>.yaml (or give a folder)", source=str(out),
+                         field="output")
+    return out, int(name[:-5].rsplit(".v", 1)[1])
+
+
+def write_calibration(report: FitReport, traces: Sequence[TraceInput], gpu: str, out: Path,
+                      command: str = "", base: Path | None = None) -> Path:
+    """Write ``report`` as a new calibration file; an existing file is never replaced. With
+    ``base`` (an older version of the same file) the new version carries its parameters and
+    sources over, the fitted ones replaced, so it stands alone as the newest version does."""
+    from ovsim import __version__
+    from ovsim.hw.calib import read_calib_file
+
+    path, version = output_path(out, gpu)
+    if path.exists():
+        raise OvsimError("exists: calibration files are never edited; write a new version", source=str(path),
+                         field="output")
+    inputs = []
+    for tr in traces:
+        files = [{"path": Path(f).name, "sha256": _sha256(f)} for f in tr.files if Path(f).is_file()]
+        inputs.append({"trace": tr.label, "gpu": tr.gpu,
+                       "device_names": sorted(set(tr.bundle.gpu_names.values())) or ["not recorded"],
+                       "ranks": int(tr.bundle.kernels["rank"].nunique()), "files": files})
+    parameters: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    carried: dict[str, Any] = {}
+    if base is not None:
+        old = read_calib_file(base)
+        if old.gpu != gpu:
+            raise OvsimError(f"base file is for GPU '{old.gpu}', not '{gpu}'", source=str(base), field="gpu")
+        parameters.update(old.parameters)
+        sources.update(old.sources)
+        carried = {"base": f"{base.name} (version {old.version}): every parameter not fitted here is carried over "
+                           "unchanged", "base_provenance": old.provenance}
+    parameters.update(report.parameters)
+    sources.update(report.sources)
+    doc = {
+        "schema": "ovsim.calib/1",
+        "gpu": gpu,
+        "version": version,
+        "provenance": {
+            "kind": "fitted to traces by ovsim calibrate",
+            "date": _dt.date.today().isoformat(),
+            "ovsim_version": __version__,
+            "command": command or "ovsim calibrate",
+            "traces": inputs,
+            "software_versions": "as recorded in the traces' own metadata (not imported by ovsim)",
+            "fits": report.fits,
+            "skipped": report.skipped,
+            **carried,
+        },
+        "parameters": parameters,
+        "sources": sources,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "x", encoding="utf-8") as f:
+        yaml.safe_dump(_plain(doc), f, sort_keys=False, width=110)
+    return path
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def trace_input(paths: Sequence[str | Path], gpu: str | None = None, *, fallback_gpu: str | None = None) -> TraceInput:
+    """A run to calibrate on. Its GPU is ``gpu`` when given, else the one its device names point at,
+    else ``fallback_gpu`` (a trace that records no device)."""
+    from ovsim.traces.load import load_trace
+
+    bundle = load_trace(paths)
+    name = gpu
+    if name is None:
+        try:
+            name = bundle_gpu(bundle)
+        except OvsimError:
+            if fallback_gpu is None or bundle.gpu_names:
+                raise
+            name = fallback_gpu
+    load_gpu(name)
+    files: list[str] = []
+    for p in paths:
+        q = Path(p)
+        files.extend(str(f) for f in sorted(q.rglob("*")) if f.is_file()) if q.is_dir() else files.append(str(q))
+    label = ", ".join(Path(p).name for p in paths)
+    return TraceInput(bundle=bundle, label=label, gpu=name, files=tuple(files))

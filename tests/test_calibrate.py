@@ -1,0 +1,220 @@
+"""Calibration: fits recover parameters planted by closed forms, files are new versions with
+provenance, and inputs that cannot be fitted are refused with the missing quantity named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from ovsim.calibrate import (
+    TraceInput,
+    calibrate,
+    contention_slowdown,
+    fit_collectives,
+    gemm_precision,
+    gemm_problem,
+    output_path,
+    write_calibration,
+)
+from ovsim.cli import main
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.spec import SystemSpec, load_gpu
+from ovsim.models import nccl
+from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
+from ovsim.replay import replay
+from ovsim.traces.load import write_table
+from ovsim.traces.table import TraceBundle, make_table
+
+GPU = "h100-sxm5-80gb"
+H100_NAME = "NVIDIA H100 80GB HBM3"
+# Planted: a resident LL collective keeps this share of HBM busy.
+PRESSURE = 0.25
+# memory_kernel_efficiency of the shipped calibration: a memory-bound kernel asks 0.9 of HBM.
+MEM_EFF = 0.9
+
+
+def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    keys = sorted({k for r in rows for k in r})
+    return make_table({k: [r.get(k) for r in rows] for k in keys})
+
+
+def kernel(name: str, start_us: float, dur_us: float, *, stream: int = 7, kind: str = "elementwise",
+           grid: int = 4, **extra: Any) -> dict[str, Any]:
+    return {"rank": 0, "stream": stream, "name": name, "kind": kind, "start_s": start_us * 1e-6,
+            "duration_s": dur_us * 1e-6, "grid_x": grid, "grid_y": 1, "grid_z": 1, "block_x": 128, "block_y": 1,
+            "block_z": 1, "registers_per_thread": 32, "shared_mem_bytes": 0, **extra}
+
+
+def contention_trace() -> TraceBundle:
+    """A 10 us streaming kernel alone three times, then six times beside an LL all-reduce, each
+    slowed by the closed form of one HBM channel shared max-min with the collective's pressure:
+    the kernel gets (1 - PRESSURE) of it and needs MEM_EFF, so it takes MEM_EFF / (1 - PRESSURE)."""
+    slowed = 10.0 * MEM_EFF / (1 - PRESSURE)
+    rows = [kernel("ew", t, 10.0) for t in (0.0, 20.0, 40.0)]
+    rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 100.0, 400.0, stream=9, kind="collective", grid=2,
+                       collective="all_reduce", protocol="LL", algorithm="ring"))
+    rows += [kernel("ew", 110.0 + 40.0 * i, slowed) for i in range(6)]
+    return TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME})
+
+
+def test_slowdown_is_the_hbm_channel_closed_form() -> None:
+    p = Parameters().merged({"memory_kernel_efficiency": MEM_EFF, "hbm_mix_efficiency": 1.0})
+    assert contention_slowdown("elementwise", ("ll",), {"ll": 0.3}, {}, p) == pytest.approx(0.9 / 0.7)
+    # Past half the channel both are held at the fair half (equal weights).
+    assert contention_slowdown("norm", ("ll",), {"ll": 0.7}, {}, p) == pytest.approx(0.9 / 0.5)
+    # A compute kernel with no HBM traffic, or a protocol with no pressure, is not slowed.
+    assert contention_slowdown("gemm", ("ll",), {"ll": 0.7}, {}, p) == 1.0
+    assert contention_slowdown("elementwise", ("simple",), {"ll": 0.7}, {}, p) == 1.0
+    # Demands that fit together do not slow each other.
+    assert contention_slowdown("gemm", ("ll",), {"ll": 0.3}, {"gemm": 0.6}, p) == 1.0
+
+
+def test_contention_fit_recovers_the_planted_pressure_and_replay_then_matches() -> None:
+    bundle = contention_trace()
+    tr = TraceInput(bundle=bundle, label="synthetic", gpu=GPU)
+    report = calibrate([tr], GPU, quantities=["contention"])
+    assert report.parameters["nccl_memory_pressure"]["ll"] == pytest.approx(PRESSURE, abs=0.01)
+    rec = report.fits["contention"]
+    assert rec["points"] == 6 and rec["naive_mape_pct"]["synthetic"] > 15
+    # The full engine, with the fitted value, reproduces the slowed kernels; without it, naive.
+    fitted = replay(bundle, gpu=GPU, counters=False, overrides=report.parameters).summary
+    assert fitted["mape_pct"] < 2.0
+    assert fitted["naive_mape_pct"] > 15
+
+
+def test_collective_fit_recovers_latency_and_bandwidth() -> None:
+    lat, bw = 20e-6, 100e9
+    rows = []
+    for i, size in enumerate((1 << 20, 4 << 20, 16 << 20)):
+        bus = size * nccl.bus_factor("all_reduce", 8)
+        # Peers arriving late make some instances slower; the fit takes each size's fastest.
+        for j, extra in enumerate((0.0, 30e-6)):
+            rows.append(kernel("ncclKernel_AllReduce_RING_SIMPLE_Sum_float", 1000.0 * (2 * i + j),
+                               (lat + bus / bw + extra) * 1e6, stream=9, kind="collective", grid=8,
+                               collective="all_reduce", protocol="Simple", algorithm="ring", message_bytes=size,
+                               group_size=8))
+    tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="ar", gpu=GPU)
+    values, record = fit_collectives([tr])
+    got = values["nccl_fitted"]["all_reduce/ring/simple/8"]
+    assert got["latency_s"] == pytest.approx(lat, rel=1e-3)
+    assert got["bus_bandwidth_bytes_per_s"] == pytest.approx(bw, rel=1e-3)
+    assert record["collectives"]["all_reduce/ring/simple/8"]["points"] == 3
+
+
+def test_a_fitted_collective_replaces_nccls_own_model(h100_node: SystemSpec) -> None:
+    gpu = load_gpu(GPU)
+    plan = nccl.plan_collective("all_reduce", 64 << 20, 8, gpu, h100_node)
+    key = f"all_reduce/{plan.algorithm}/{plan.protocol}/8"
+    params = load_calibration(gpu, GPU).params.merged(
+        {"nccl_fitted": {key: {"latency_s": 1e-3, "bus_bandwidth_bytes_per_s": 1e10}}})
+    spec = CollectiveOpSpec.model_validate({"name": "ar", "kind": "all_reduce", "size_bytes": 64 << 20})
+    _, flow, _ = _collective_ops(spec, "g", list(range(8)), gpu, h100_node, params, Knobs())[0]
+    assert flow.latency_s == 1e-3 and flow.rate_cap_bytes_per_s == 1e10
+    # Another rank count is another collective: NCCL's model stays.
+    _, flow4, _ = _collective_ops(spec, "g", list(range(4)), gpu, h100_node, params, Knobs())[0]
+    assert flow4.rate_cap_bytes_per_s != 1e10
+
+
+def test_calibration_file_is_a_new_version_with_provenance(tmp_path: Path) -> None:
+    trace = tmp_path / "run.parquet"
+    write_table(contention_trace(), trace)
+    out = tmp_path / "calib"
+    assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(out), "--quiet"]) == 0
+    files = sorted(out.glob("*.yaml"))
+    assert [f.name for f in files] == [f"{GPU}.v3.yaml"]  # after the shipped v1 and v2
+    doc = yaml.safe_load(files[0].read_text())
+    assert doc["gpu"] == GPU and doc["version"] == 3
+    (src,) = doc["provenance"]["traces"]
+    assert src["files"][0]["path"] == "run.parquet" and len(src["files"][0]["sha256"]) == 64
+    assert set(doc["parameters"]) <= set(doc["sources"])
+    # The file loads on top of the shipped calibration and a replay records it.
+    calib = load_calibration(load_gpu(GPU), GPU, (str(files[0]),))
+    assert calib.params.nccl_memory_pressure["ll"] == pytest.approx(PRESSURE, abs=0.01)
+    assert calib.files[-1] == files[0].name
+    # Old versions are never edited: the same path again is refused; the folder gets v4.
+    assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(files[0]), "--quiet"]) == 2
+    assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(out), "--quiet"]) == 0
+    assert sorted(f.name for f in out.glob("*.yaml"))[-1] == f"{GPU}.v4.yaml"
+
+
+def test_write_with_a_base_carries_the_older_version_over(tmp_path: Path) -> None:
+    base = tmp_path / "h100-sxm5-80gb.v7.yaml"
+    base.write_text(yaml.safe_dump({"schema": "ovsim.calib/1", "gpu": GPU, "version": 7,
+                                    "provenance": {"kind": "x"}, "parameters": {"attention_efficiency": 0.5},
+                                    "sources": {"attention_efficiency": "s"}}))
+    tr = TraceInput(bundle=contention_trace(), label="synthetic", gpu=GPU)
+    report = calibrate([tr], GPU, quantities=["contention"])
+    path = write_calibration(report, [tr], GPU, tmp_path, base=base)
+    doc = yaml.safe_load(path.read_text())
+    assert path.name == f"{GPU}.v8.yaml"
+    assert doc["parameters"]["attention_efficiency"] == 0.5 and "nccl_memory_pressure" in doc["parameters"]
+
+
+def test_output_names_must_carry_a_version(tmp_path: Path) -> None:
+    with pytest.raises(OvsimError, match="output"):
+        output_path(tmp_path / "mine.yaml", GPU)
+    assert output_path(tmp_path / "mine.v2.yaml", GPU)[1] == 2
+
+
+def test_bad_inputs_name_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Only isolated kernels: no contention data, no collectives.
+    lone = tmp_path / "lone.parquet"
+    write_table(TraceBundle(kernels=table([kernel("ew", t, 10.0) for t in (0.0, 20.0)]),
+                            gpu_names={0: H100_NAME}), lone)
+    assert main(["calibrate", str(lone), "--gpu", GPU, "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing could be fitted" in err and "contention" in err and "collectives" in err
+    assert main(["calibrate", str(lone), "--gpu", GPU, "-o", str(tmp_path), "--fit", "contention"]) == 2
+    assert "contention: no compute kernel" in capsys.readouterr().err
+    # A trace of another GPU than the file is for.
+    assert main(["calibrate", str(lone), "--gpu", "a100-sxm4-80gb", "-o", str(tmp_path)]) == 2
+    assert "lone.parquet" in (err := capsys.readouterr().err) and "not a100-sxm4-80gb" in err
+    assert main(["calibrate", str(lone), "--gpu", GPU, "-o", str(tmp_path), "--fit", "warp_speed"]) == 2
+    assert "unknown quantity" in capsys.readouterr().err
+
+
+def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "run.parquet"
+    write_table(contention_trace(), trace)
+    assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(tmp_path / "c"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["file"].endswith(f"{GPU}.v3.yaml") and "contention" in out["fits"]
+    assert out["skipped"]["collectives"]
+
+
+def test_gemm_problems_from_launching_operators() -> None:
+    assert gemm_problem("aten::addmm[[1024], [8944, 1024], [1024, 2048], [], []]") == (8944, 2048, 1024, 1)
+    assert gemm_problem("aten::mm[[128, 5], [5, 64]]") == (128, 64, 5, 1)
+    assert gemm_problem("aten::bmm[[12, 32, 64], [12, 64, 559]]") == (32, 559, 64, 12)
+    assert gemm_problem("aten::linear[[4, 16, 512], [1024, 512], [1024]]") == (64, 1024, 512, 1)
+    assert gemm_problem("aten::mm[[128, 5], [6, 64]]") is None  # inner sizes disagree
+    assert gemm_problem("aten::cudnn_convolution[[1, 3, 224, 224], [768, 3, 16, 16]]") is None
+    assert gemm_precision("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "bf16"
+    assert gemm_precision("volta_sgemm_32x128_tn") is None
+
+
+def test_gemm_fit_recovers_the_planted_efficiency() -> None:
+    """GEMMs timed by the cost model's wave form at efficiency 0.6: t = overhead + waves x
+    blocks_per_sm x flops_per_block / (peak / SMs x 0.6); the fit must give 0.6 back."""
+    gpu = load_gpu(GPU)
+    p = load_calibration(gpu, GPU).params
+    eff, sms = 0.6, gpu.sm.count
+    per_sm = gpu.peak_flops_per_s("bf16") / sms * eff
+    rows = []
+    # 256 threads x 128 registers: two blocks fit on an SM (65,536 registers).
+    for i, (m, n, k, grid) in enumerate(((4096, 4096, 4096, 1024), (1024, 2048, 512, 128), (8192, 1024, 1024, 512))):
+        waves = -(-grid // (sms * 2))
+        t = p.kernel_overhead_s + waves * 2 * (2.0 * m * n * k / grid) / per_sm
+        row = kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 100.0 * i, t * 1e6, kind="gemm", grid=grid,
+                     host_op=f"aten::mm[[{m}, {k}], [{k}, {n}]]")
+        rows.append({**row, "block_x": 256, "registers_per_thread": 128})
+    tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="g", gpu=GPU)
+    report = calibrate([tr], GPU, quantities=["gemm"])
+    assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(eff, abs=1e-3)
+    assert report.fits["gemm"]["precisions"]["bf16"]["points"] == 3
