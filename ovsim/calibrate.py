@@ -51,7 +51,7 @@ from scipy.optimize import differential_evolution, nnls
 
 from ovsim.engine.channel import max_min_rates
 from ovsim.errors import OvsimError
-from ovsim.hw.calib import CALIB_DIR, Parameters, load_calibration
+from ovsim.hw.calib import CALIB_DIR, VERSIONED_NAME, Parameters, collective_pressure, load_calibration
 from ovsim.hw.spec import gpu_file, load_gpu
 from ovsim.models import nccl
 from ovsim.replay import (
@@ -96,50 +96,18 @@ class FitReport:
 
 
 @dataclass(frozen=True)
-class _Scored:
-    """Per scored kernel of one trace: measured and isolated duration, the fraction of its measured
-    time a collective was resident on its rank, its kind and the resident protocols."""
+class ContentionData:
+    """A trace's scored kernels (overlapped, isolated duration from clean instances of the same
+    signature): measured and isolated duration, the engine's replay without memory contention, the
+    fraction of the measured time a collective was resident on the rank, kind and resident
+    protocols. Prepared once per trace, whatever set of traces a fit uses it in."""
 
-    trace: int
-    rows: np.ndarray
+    label: str
     measured_s: np.ndarray
     isolated_s: np.ndarray
+    baseline_s: np.ndarray
     covered: np.ndarray
     config: list[tuple[str, tuple[str, ...]]]
-
-
-def _scored_kernels(t: int, bundle: TraceBundle) -> _Scored:
-    df = bundle.kernels.reset_index(drop=True)
-    c = _Cols.of(df)
-    overlapped = _overlap_flags(c)
-    iso, src = isolated_durations(c, overlapped)
-    is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
-    sel = np.flatnonzero(overlapped & (src == "signature") & (c.dur > 0))
-    rows, meas, isol, covered, config = [], [], [], [], []
-    for r in np.unique(c.rank[sel]):
-        colls = np.flatnonzero(is_coll & (c.rank == r))
-        cs, ce = c.start[colls], c.end[colls]
-        protos = [protocol_key(c.protocol[j]) for j in colls]
-        for i in sel[c.rank[sel] == r]:
-            s, e = c.start[i], c.end[i]
-            hit = np.flatnonzero((cs < e) & (ce > s))
-            # Union of the resident intervals inside the kernel's own.
-            iv = sorted((max(cs[j], s), min(ce[j], e)) for j in hit)
-            cover, lo, hi = 0.0, -math.inf, -math.inf
-            for a, b in iv:
-                if a > hi:
-                    cover += max(0.0, hi - lo) if hi > lo else 0.0
-                    lo, hi = a, b
-                else:
-                    hi = max(hi, b)
-            cover += max(0.0, hi - lo) if hi > lo else 0.0
-            rows.append(i)
-            meas.append(c.dur[i])
-            isol.append(iso[i])
-            covered.append(min(1.0, cover / c.dur[i]))
-            config.append((c.kind[i], tuple(sorted({protos[j] for j in hit}))))
-    return _Scored(t, np.array(rows, dtype=np.int64), np.array(meas, float), np.array(isol, float),
-                   np.array(covered, float), config)
 
 
 # Contention switched off: the engine's prediction without the parameters being fitted.
@@ -149,14 +117,36 @@ NO_CONTENTION: dict[str, Any] = {
 }
 
 
-def engine_baseline(tr: TraceInput) -> np.ndarray:
-    """Every kernel's duration as the full engine replays the trace with no memory contention: the
-    base the contention fit multiplies (SM sharing, stream order and waiting are the engine's)."""
+def contention_data(tr: TraceInput) -> ContentionData:
+    """The trace's scored kernels; the engine replays it (without memory contention) only when it
+    has any, for the base the contention fit multiplies (SM sharing, stream order and waiting are
+    the engine's)."""
+    from ovsim.metrics import union_intervals
     from ovsim.replay import replay
 
-    r = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=NO_CONTENTION)
-    out: np.ndarray = r.kernels["predicted_duration_s"].to_numpy(dtype=float)
-    return out
+    c = _Cols.of(tr.bundle.kernels.reset_index(drop=True))
+    overlapped = _overlap_flags(c)
+    iso, src = isolated_durations(c, overlapped)
+    is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
+    sel = np.flatnonzero(overlapped & (src == "signature") & (c.dur > 0))
+    rows, covered, config = [], [], []
+    for r in np.unique(c.rank[sel]):
+        colls = np.flatnonzero(is_coll & (c.rank == r))
+        cs, ce = c.start[colls], c.end[colls]
+        protos = [protocol_key(c.protocol[j]) for j in colls]
+        for i in sel[c.rank[sel] == r]:
+            s, e = c.start[i], c.end[i]
+            hit = np.flatnonzero((cs < e) & (ce > s))
+            resident = union_intervals(np.maximum(cs[hit], s), np.minimum(ce[hit], e))
+            rows.append(i)
+            covered.append(min(1.0, sum(b - a for a, b in resident) / c.dur[i]))
+            config.append((c.kind[i], tuple(sorted({protos[j] for j in hit}))))
+    ix = np.array(rows, dtype=np.int64)
+    baseline = np.empty(0)
+    if len(ix):
+        r = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=NO_CONTENTION)
+        baseline = r.kernels["predicted_duration_s"].to_numpy(dtype=float)[ix]
+    return ContentionData(tr.label, c.dur[ix], iso[ix], baseline, np.array(covered, float), config)
 
 
 def contention_slowdown(kind: str, protocols: Sequence[str], pressure: dict[str, float],
@@ -164,32 +154,29 @@ def contention_slowdown(kind: str, protocols: Sequence[str], pressure: dict[str,
     """Slowdown of a kernel of ``kind`` while collectives of ``protocols`` are resident, by the
     engine's HBM channel (capacity 1: demands are fractions of the achievable bandwidth)."""
     demand = params.memory_kernel_efficiency if kind in MEMORY_KINDS else fraction.get(kind, 0.0)
-    shares = [pressure.get(p, pressure.get("default", 0.0)) for p in protocols]
-    if demand <= 0 or not any(x > 0 for x in shares):
+    resident = [collective_pressure(pressure, params.nccl_hbm_weight, p) for p in protocols]
+    resident = [(share, weight) for share, weight in resident if share > 0]
+    if demand <= 0 or not resident:
         return 1.0
-    caps = [demand] + [x for x in shares if x > 0]
-    weights = [1.0] + [params.nccl_hbm_weight.get(p, 1.0) for p, x in zip(protocols, shares, strict=True) if x > 0]
+    caps = [demand] + [share for share, _ in resident]
+    weights = [1.0] + [weight for _, weight in resident]
     alloc = max_min_rates(caps, weights, [[(0, 1.0)]] * len(caps), [params.hbm_mix_efficiency])
     return demand / alloc.rates[0] if alloc.rates[0] > 0 else math.inf
 
 
 def fit_contention(traces: Sequence[TraceInput], params: Parameters,
-                   baselines: Sequence[np.ndarray] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                   prepared: Sequence[ContentionData] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fitted ``nccl_memory_pressure`` and ``replay_hbm_fraction`` and the fit's record; raises when
-    no kernel was measured both alone and beside communication. ``baselines`` are the traces'
-    :func:`engine_baseline` (computed here when not given)."""
-    data = [_scored_kernels(t, tr.bundle) for t, tr in enumerate(traces)]
-    data = [d for d in data if len(d.measured_s)]
-    if data and baselines is None:
-        baselines = [engine_baseline(tr) for tr in traces]
-    base = [baselines[d.trace][d.rows] for d in data] if baselines is not None else []
+    no kernel was measured both alone and beside communication. ``prepared`` are the traces'
+    :func:`contention_data` (computed here when not given)."""
+    all_data = prepared if prepared is not None else [contention_data(tr) for tr in traces]
+    data = [d for d in all_data if len(d.measured_s)]
     if not data:
         raise OvsimError("no compute kernel in these traces was measured both alone and beside a collective "
                          "(same name, grid, block and launching operator): contention cannot be fitted",
                          field="contention")
     protos = sorted({p for d in data for _, ps in d.config for p in ps})
     kinds = sorted({k for d in data for k, _ in d.config if k in FRACTION_KINDS})
-    names = [f"pressure:{p}" for p in protos] + [f"fraction:{k}" for k in kinds]
     bounds = [(0.0, PRESSURE_MAX)] * len(protos) + [(0.0, 1.0)] * len(kinds)
     configs = sorted({cfg for d in data for cfg in d.config})
     index = {cfg: i for i, cfg in enumerate(configs)}
@@ -203,15 +190,15 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
         pressure, fraction = unpack(x)
         slow = np.array([contention_slowdown(k, ps, pressure, fraction, params) for k, ps in configs])
         out = []
-        for d, ix, b in zip(data, cfg_ix, base, strict=True):
-            pred = b * (1.0 - d.covered + d.covered * slow[ix])
+        for d, ix in zip(data, cfg_ix, strict=True):
+            pred = d.baseline_s * (1.0 - d.covered + d.covered * slow[ix])
             out.append(float(np.mean(np.abs(pred - d.measured_s) / d.measured_s) * 100))
         return out
 
     def loss(x: np.ndarray) -> float:
         return float(np.mean(per_trace(x))) + _REGULARIZE * float(np.sum(x))
 
-    x0 = np.zeros(len(names))
+    x0 = np.zeros(len(bounds))
     res = differential_evolution(loss, bounds, seed=0, maxiter=80, popsize=12, tol=1e-7, polish=False,
                                  init="sobol", x0=x0)
     best = res.x if loss(res.x) <= loss(x0) else x0
@@ -225,12 +212,12 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
                   "engine's replay without memory contention, times the one-kernel HBM-channel slowdown over the "
                   "measured fraction of the kernel's time a collective was resident",
         "points": int(sum(len(d.measured_s) for d in data)),
-        "points_per_trace": {traces[d.trace].label: len(d.measured_s) for d in data},
-        "naive_mape_pct": {traces[d.trace].label: round(float(np.mean(np.abs(d.isolated_s - d.measured_s)
+        "points_per_trace": {d.label: len(d.measured_s) for d in data},
+        "naive_mape_pct": {d.label: round(float(np.mean(np.abs(d.isolated_s - d.measured_s)
                                                                       / d.measured_s) * 100), 2) for d in data},
-        "no_contention_mape_pct": {traces[d.trace].label: round(v, 2)
+        "no_contention_mape_pct": {d.label: round(v, 2)
                                    for d, v in zip(data, per_trace(x0), strict=True)},
-        "fit_mape_pct": {traces[d.trace].label: round(v, 2) for d, v in zip(data, per_trace(best), strict=True)},
+        "fit_mape_pct": {d.label: round(v, 2) for d, v in zip(data, per_trace(best), strict=True)},
         "note": "fit error (on the traces fitted), not prediction error; held-out figures come from "
                 "`ovsim validate` (leave one trace out)",
     }
@@ -311,7 +298,7 @@ def gemm_problem(host_op: str) -> tuple[int, int, int, int] | None:
     except yaml.YAMLError:
         return None
     op = m[1]
-    if (op == "aten::addmm" and len(shapes) >= 3) or (op == "aten::baddbmm" and len(shapes) >= 3):
+    if op in ("aten::addmm", "aten::baddbmm") and len(shapes) >= 3:
         shapes = shapes[1:3]
     if op == "aten::linear" and len(shapes) >= 2 and len(shapes[1]) == 2 and shapes[0]:
         a, w = shapes[0], shapes[1]
@@ -458,14 +445,10 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
 
 
 def next_version(stem: str, folder: Path) -> int:
-    versions = [0]
-    for d in (folder, CALIB_DIR):
-        if d.is_dir():
-            for p in d.glob(f"{stem}.v*.yaml"):
-                tail = p.name[len(stem) + 2:-5]
-                if tail.isdigit():
-                    versions.append(int(tail))
-    return max(versions) + 1
+    """One more than the newest version of ``stem`` in ``folder`` and among the shipped files."""
+    versions = [int(m["version"]) for d in (folder, CALIB_DIR) if d.is_dir() for p in d.iterdir()
+                if (m := VERSIONED_NAME.match(p.name)) and m["stem"] == stem]
+    return max(versions, default=0) + 1
 
 
 def output_path(out: Path, gpu: str) -> tuple[Path, int]:
@@ -473,13 +456,13 @@ def output_path(out: Path, gpu: str) -> tuple[Path, int]:
     the next version of the GPU's calibration inside ``out`` when it is a folder."""
     stem = "default" if gpu == "*" else gpu_file(gpu).stem
     if out.is_dir() or not out.suffix:
-        path = out / f"{stem}.v{next_version(stem, out)}.yaml"
-        return path, int(path.name[len(stem) + 2:-5])
-    name = out.name
-    if not name.endswith(".yaml") or ".v" not in name or not name[:-5].rsplit(".v", 1)[1].isdigit():
+        version = next_version(stem, out)
+        return out / f"{stem}.v{version}.yaml", version
+    m = VERSIONED_NAME.match(out.name)
+    if m is None:
         raise OvsimError("a calibration file is named <name>.v<version>.yaml (or give a folder)", source=str(out),
                          field="output")
-    return out, int(name[:-5].rsplit(".v", 1)[1])
+    return out, int(m["version"])
 
 
 def write_calibration(report: FitReport, traces: Sequence[TraceInput], gpu: str, out: Path,
@@ -565,6 +548,9 @@ def trace_input(paths: Sequence[str | Path], gpu: str | None = None, *, fallback
     files: list[str] = []
     for p in paths:
         q = Path(p)
-        files.extend(str(f) for f in sorted(q.rglob("*")) if f.is_file()) if q.is_dir() else files.append(str(q))
+        if q.is_dir():
+            files.extend(str(f) for f in sorted(q.rglob("*")) if f.is_file())
+        else:
+            files.append(str(q))
     label = ", ".join(Path(p).name for p in paths)
     return TraceInput(bundle=bundle, label=label, gpu=name, files=tuple(files))

@@ -131,7 +131,7 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None) ->
     whose contention parameters were fitted on all of these traces, so its MAPE is a fit error; it
     passes when it is no worse than the naive prediction.
     """
-    from ovsim.calibrate import engine_baseline, fit_contention, trace_input
+    from ovsim.calibrate import contention_data, fit_contention, trace_input
     from ovsim.replay import replay
 
     present = [(rel, gpu) for rel, gpu in TRACE_CASES if (folder / rel).exists()]
@@ -140,11 +140,11 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None) ->
         if on_trace is not None:
             on_trace(f"reading {Path(rel).name}")
         inputs.append(trace_input([folder / rel], gpu))
-    bases = []
+    prepared = []
     for (rel, _), tr in zip(present, inputs, strict=True):
         if on_trace is not None:
             on_trace(f"replaying {Path(rel).name} without contention")
-        bases.append(engine_baseline(tr))
+        prepared.append(contention_data(tr))
     held_out: list[Check] = []
     fitted: list[Check] = []
     for i, ((rel, _), tr) in enumerate(zip(present, inputs, strict=True)):
@@ -152,13 +152,13 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None) ->
         if on_trace is not None:
             on_trace(f"replaying {name}")
         rest = inputs[:i] + inputs[i + 1:]
-        rest_bases = bases[:i] + bases[i + 1:]
+        rest_prepared = prepared[:i] + prepared[i + 1:]
         overrides: dict[str, Any] | None = None
         fitted_on = "no other trace"
         if rest:
             params = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params
             try:
-                overrides, _ = fit_contention(rest, params, rest_bases)
+                overrides, _ = fit_contention(rest, params, rest_prepared)
                 fitted_on = f"{len(rest)} other traces"
             except OvsimError:
                 overrides = None

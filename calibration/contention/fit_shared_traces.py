@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ovsim.calibrate import calibrate, trace_input, write_calibration
-from ovsim.hw.calib import CALIB_DIR, _newest, read_calib_file
+from ovsim.hw.calib import CALIB_DIR, newest_file, read_calib_file
 from ovsim.validate import TRACE_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def main() -> int:
         return 1
     report = calibrate(inputs, "*", quantities=["contention"])
     print(json.dumps({"parameters": report.parameters, "fit": report.fits["contention"]}, indent=1))
-    base = _newest("default", CALIB_DIR)
+    base = newest_file("default", CALIB_DIR)
     assert base is not None
     current = read_calib_file(base).parameters
     if all(current.get(k) == v for k, v in report.parameters.items()):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ovsim.errors import OvsimError
-from ovsim.hw.calib import Parameters
+from ovsim.hw.calib import Parameters, collective_pressure
 from ovsim.hw.spec import GpuSpec, SystemSpec
 
 LinkKey = tuple[str, int, int]  # ("egress"|"ingress"|"link"|"pcie_out"|"pcie_in", a, b)
@@ -41,9 +41,7 @@ class MachineModel:
 
     def pressure_of(self, protocol: str) -> tuple[float, float]:
         """(share of HBM capacity, max-min weight) of a resident collective of ``protocol``."""
-        p = protocol.lower()
-        share = self.nccl_memory_pressure.get(p, self.nccl_memory_pressure.get("default", 0.0))
-        return share, self.nccl_hbm_weight.get(p, 1.0)
+        return collective_pressure(self.nccl_memory_pressure, self.nccl_hbm_weight, protocol)
 
     @property
     def n_ranks(self) -> int:

@@ -115,6 +115,14 @@ class Parameters(BaseModel):
         return Parameters.model_validate(data)
 
 
+def collective_pressure(pressure: dict[str, float], weights: dict[str, float], protocol: str) -> tuple[float, float]:
+    """(share of HBM capacity, max-min weight) of a resident SM collective of ``protocol``, from
+    ``nccl_memory_pressure`` and ``nccl_hbm_weight``: a protocol without its own share takes
+    "default", one without its own weight 1."""
+    p = protocol.lower()
+    return pressure.get(p, pressure.get("default", 0.0)), weights.get(p, 1.0)
+
+
 class CalibFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -136,15 +144,17 @@ class Calibration:
         return list(self.files)
 
 
-_VERSION = re.compile(r"^(?P<stem>.+)\.v(?P<version>\d+)\.yaml$")
+# A calibration file's name: <stem>.v<version>.yaml.
+VERSIONED_NAME = re.compile(r"^(?P<stem>.+)\.v(?P<version>\d+)\.yaml$")
 
 
-def _newest(stem: str, folder: Path) -> Path | None:
+def newest_file(stem: str, folder: Path) -> Path | None:
+    """The newest version of calibration ``stem`` in ``folder``, if any."""
     best: tuple[int, Path] | None = None
     if not folder.is_dir():
         return None
     for p in folder.iterdir():
-        m = _VERSION.match(p.name)
+        m = VERSIONED_NAME.match(p.name)
         if m and m["stem"] == stem:
             v = int(m["version"])
             if best is None or v > best[0]:
@@ -170,11 +180,11 @@ def read_calib_file(path: Path) -> CalibFile:
 def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = ()) -> Calibration:
     """Merge the newest default file, the GPU's own file, then `extra` files in order."""
     paths: list[Path] = []
-    default = _newest("default", CALIB_DIR)
+    default = newest_file("default", CALIB_DIR)
     if default is None:
         raise OvsimError("no default calibration file shipped", source=str(CALIB_DIR))
     paths.append(default)
-    own = _newest(gpu_file_stem, CALIB_DIR)
+    own = newest_file(gpu_file_stem, CALIB_DIR)
     if own is not None:
         paths.append(own)
     paths.extend(Path(p) for p in extra)
