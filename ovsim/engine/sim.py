@@ -6,8 +6,8 @@ flow finishing, a latency elapsing. At each such instant it
 
 1. retires what finished and launches what that released (stream order, dependencies, host delays);
 2. lets each touched GPU's block dispatcher place waiting blocks (stream priority, then launch
-   order; a kernel waits while an earlier kernel of its priority still has blocks to place; no
-   preemption; the SM group with the most room for the block first);
+   order; a kernel waits while an earlier kernel still has blocks to place on the same SM
+   partition; no preemption; the SM group with the most room for the block first);
 3. shares every SM's issue throughput among its resident blocks (max-min with per-block demands);
 4. shares HBM, links and PCIe among kernels and flows (weighted max-min with demand caps,
    :mod:`ovsim.engine.channel`);
@@ -169,7 +169,7 @@ class _Group:
 
 class _Gpu:
     __slots__ = ("ce_free", "ce_waiting", "clock_factor", "clock_frac", "flows", "groups", "last_t", "model", "mult",
-                 "pending", "rank", "running", "throttled", "timer", "timer_at")
+                 "n_partitions", "pending", "rank", "running", "throttled", "timer", "timer_at")
 
     def __init__(self, rank: int, model: GpuModel) -> None:
         self.rank = rank
@@ -184,6 +184,7 @@ class _Gpu:
         main = m.sm_count - m.comm_reserved_sms
         self.groups = [_Group(main, "main", m.threads_per_sm, m.registers_per_sm, m.shared_mem_per_sm_bytes,
                               m.blocks_per_sm)]
+        self.n_partitions = 2 if m.comm_reserved_sms else 1
         if m.comm_reserved_sms:
             self.groups.append(_Group(m.comm_reserved_sms, "reserved", m.threads_per_sm, m.registers_per_sm,
                                       m.shared_mem_per_sm_bytes, m.blocks_per_sm))
@@ -759,20 +760,32 @@ class Engine:
     # -- the block dispatcher ------------------------------------------------------------------
 
     def _dispatch(self, gpu: _Gpu) -> None:
+        """Leftover policy, per SM partition: a kernel places blocks only on partitions where no
+        earlier kernel (in priority, then launch order) still has blocks waiting. A carve-out
+        partitions the SMs, so a compute kernel waiting for room on the main SMs does not hold a
+        collective back from the reserved ones."""
         now = self.env.now
         placed_any = False
-        while gpu.pending:
-            k = gpu.pending[0]
-            before = k.undispatched
-            self._place(gpu, k, now)
-            placed_any = placed_any or k.undispatched < before
-            if k.undispatched > 0:
-                break  # leftover policy: later kernels wait until this one has placed every block
-            gpu.pending.pop(0)
+        blocked: set[str] = set()
+        done: list[_Kernel] = []
+        for k in gpu.pending:
+            allowed = tuple(p for p in k.partitions if p not in blocked)
+            if allowed:
+                before = k.undispatched
+                self._place(gpu, k, now, allowed)
+                placed_any = placed_any or k.undispatched < before
+            if k.undispatched == 0:
+                done.append(k)
+                continue
+            blocked.update(k.partitions)
+            if len(blocked) == gpu.n_partitions:
+                break
+        if done:
+            gpu.pending = [k for k in gpu.pending if k.undispatched > 0]
         if placed_any:
             self._merge(gpu)
 
-    def _place(self, gpu: _Gpu, k: _Kernel, now: float) -> None:
+    def _place(self, gpu: _Gpu, k: _Kernel, now: float, partitions: tuple[str, ...]) -> None:
         """Place k's blocks one SM-layer at a time on the group of SMs with the most room for
         another of its blocks (ties: the larger group), as long as any SM has room.
 
@@ -785,7 +798,7 @@ class Engine:
             second_fit = 0
             second_n = 0
             for g in gpu.groups:
-                if g.part not in k.partitions:
+                if g.part not in partitions:
                     continue
                 fit = _fit(g.threads, g.regs, g.smem, g.blocks, k)
                 if fit <= 0:

@@ -185,6 +185,22 @@ def test_sm_carveout_keeps_compute_off_reserved_sms(h100: GpuSpec, h100_calib: C
     assert out.loc["g", "duration_s"] == pytest.approx(2 * gemm.block_time_s, rel=1e-9)
 
 
+def test_carveout_lets_a_later_collective_start_beside_a_waiting_gemm(h100: GpuSpec, h100_calib: Calibration,
+                                                                      h100_node: SystemSpec) -> None:
+    """Equal priorities, 24 SMs carved out: the GEMM still has blocks waiting for the main SMs, but
+    it cannot use the reserved ones, so the NCCL kernel launched after it starts at its launch on
+    those (leftover policy per partition) and the GEMM keeps its 108-SM waves: ceil(264/108) = 3."""
+    gemm = big_tile_gemm(264, h100, h100_calib)
+    flow = FlowDemand(group="c", ranks=(0,), bytes=1e6, latency_s=0.0, rate_cap_bytes_per_s=1e11,
+                      link_coeff=0.0, hbm_coeff=0.0)
+    ops = [Op("g", "g", "gemm", 0, "compute", kernel=gemm, partition="compute"),
+           Op("c", "c", "collective", 0, "comm", kernel=nccl_kernel(24), flow=flow, delay_s=1e-6)]
+    out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "comm")], h100_node, h100, h100_calib, carveout=24)
+    assert out.loc["c", "start_s"] == pytest.approx(1e-6, rel=1e-9)
+    assert out.loc["c", "duration_s"] == pytest.approx(1e6 / 1e11, rel=1e-9)
+    assert out.loc["g", "duration_s"] == pytest.approx(3 * gemm.block_time_s, rel=1e-9)
+
+
 def test_runs_are_deterministic(h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
     gemm = big_tile_gemm(300, h100, h100_calib)
     flow = FlowDemand(group="c", ranks=(0, 1), bytes=1e9, latency_s=5e-6, rate_cap_bytes_per_s=2e11,
