@@ -31,6 +31,16 @@ What is fitted, from what, and how
     ``gemm_efficiency`` per precision from GEMM kernels that ran without communication and whose
     launching operator records input shapes; see :func:`fit_gemm`.
 
+``power``
+    ``power_idle_w`` and the power weights (``power_tensor_w``, ``power_fp32_w``,
+    ``power_memory_w``, ``power_hbm_j_per_byte``, ``power_link_j_per_byte``) from power logs of the
+    traced runs (nvidia-smi, dcgmi dmon, DCGM CSV; :mod:`ovsim.traces.power`). Each trace is
+    replayed with power tracked; its log is put on the trace's clock (from the wall clocks of both,
+    or a given offset) and each sample is set beside the replay's activity averaged over the
+    sensor's window (the log's median sample interval unless given). Least squares with
+    non-negative weights (:func:`ovsim.hw.power.fit_power`); a weight whose activity never occurs
+    in the samples is not identifiable and is not written.
+
 Old calibration files are never edited: the output is a new file, and an existing one is refused.
 """
 
@@ -46,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import yaml
 from scipy.optimize import differential_evolution, nnls
 
@@ -66,9 +77,9 @@ from ovsim.replay import (
 )
 from ovsim.traces.table import TraceBundle
 
-QUANTITIES = ("contention", "collectives", "gemm")
+QUANTITIES = ("contention", "collectives", "gemm", "power")
 # Quantities that belong to one GPU: not fitted for '*'.
-GPU_SPECIFIC = ("collectives", "gemm")
+GPU_SPECIFIC = ("collectives", "gemm", "power")
 PRESSURE_MAX = 0.9
 # Compute kinds whose replay HBM traffic can be fitted (memory-bound kinds are the anchor).
 FRACTION_KINDS = tuple(k for k in COMPUTE_KINDS if k not in MEMORY_KINDS)
@@ -76,13 +87,26 @@ _REGULARIZE = 1e-6
 
 
 @dataclass(frozen=True)
+class PowerLog:
+    """A power log recorded during a traced run, and how to put it on the trace's clock."""
+
+    path: str
+    # Trace time of the log's first sample; None: from the wall clocks of the log and the trace.
+    offset_s: float | None = None
+    # The sensor's averaging window; None: the log's median sample interval.
+    window_s: float | None = None
+
+
+@dataclass(frozen=True)
 class TraceInput:
-    """One measured run to calibrate on: its bundle, where it came from, the GPU spec it ran on."""
+    """One measured run to calibrate on: its bundle, where it came from, the GPU spec it ran on,
+    and power logs recorded during it."""
 
     bundle: TraceBundle
     label: str
     gpu: str
     files: tuple[str, ...] = ()
+    power_logs: tuple[PowerLog, ...] = ()
 
 
 @dataclass
@@ -387,6 +411,122 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
     return {"gemm_efficiency": values}, record
 
 
+# Power weights of the fit (ovsim.hw.power.fit_power's names) -> the activity that identifies each.
+_POWER_ACTIVITY = {"tensor_w": "sm_tensor_fraction", "fp32_w": "sm_fp32_fraction", "memory_w": "sm_memory_fraction",
+                   "hbm_w": "hbm_bytes_per_s", "link_w": "link_bytes_per_s"}
+
+
+@dataclass(frozen=True)
+class PowerSamples:
+    """A trace's power samples beside the replay's activity (``ovsim.hw.power.FIT_COLUMNS``) and
+    the shipped model's prediction at each (``predicted_w``)."""
+
+    label: str
+    log: str
+    table: pd.DataFrame
+    window_s: float
+
+
+def _gpu_to_rank(tr: TraceInput, samples: pd.DataFrame, log: str) -> dict[int, int]:
+    """Log GPU index -> trace rank, by the device each rank's kernels ran on."""
+    k = tr.bundle.kernels
+    out: dict[int, int] = {}
+    for r in sorted(k["rank"].dropna().unique().tolist()):
+        dev = k.loc[k["rank"] == r, "device"].dropna()
+        if len(dev):
+            out[int(dev.mode().iloc[0])] = int(r)
+    gpus = sorted(set(samples["gpu"].tolist()))
+    if not out and len(gpus) == 1 and k["rank"].nunique() == 1:
+        out = {int(gpus[0]): int(k["rank"].iloc[0])}  # one GPU logged, one rank traced, no device ids
+    if not set(out) & set(gpus):
+        raise OvsimError(f"no GPU of the log ({', '.join(map(str, gpus))}) ran the trace (devices "
+                         f"{', '.join(map(str, sorted(out))) or 'not recorded'})", source=log, field="gpu")
+    return out
+
+
+def power_samples(tr: TraceInput, log: PowerLog) -> PowerSamples:
+    """The samples of ``log`` that fall inside the trace, each beside the activity of the trace's
+    replay over the sensor's window (see the module docstring)."""
+    from ovsim.replay import replay
+    from ovsim.traces.power import align_samples, fit_table, offset_from_wall_clock, predicted_at, read_power_samples
+
+    samples = read_power_samples(log.path)
+    if samples.empty:
+        raise OvsimError("the log has no power samples", source=log.path, field="power")
+    if log.offset_s is not None:
+        offset = log.offset_s
+    elif tr.bundle.wall_origin_s is None:
+        raise OvsimError(f"the trace {tr.label} records no wall clock to align the log with; give the trace time of "
+                         "the log's first sample (--power-offset-s)", source=log.path, field="timestamp")
+    else:
+        offset = offset_from_wall_clock(samples, tr.bundle.wall_origin_s)
+    window = log.window_s
+    if window is None:
+        steps = samples.groupby("gpu")["time_s"].diff().dropna()
+        steps = steps[steps > 0]
+        window = float(steps.median()) if len(steps) else 0.0
+    k = tr.bundle.kernels
+    start = float(k["start_s"].min())
+    end = float((k["start_s"] + k["duration_s"]).max())
+    # A sample averages the window before it: only windows wholly inside the trace are its activity.
+    aligned = align_samples(samples, offset, start_s=start + window, end_s=end,
+                            gpu_to_rank=_gpu_to_rank(tr, samples, log.path))
+    if aligned.empty:
+        t = samples["time_s"].to_numpy(float) + offset
+        raise OvsimError(f"no sample falls inside the trace with its averaging window ({window:g} s): the log spans "
+                         f"{t.min():.3f}..{t.max():.3f} s and the trace {start:.3f}..{end:.3f} s on the trace's clock "
+                         "(nvidia-smi writes local time; give --power-offset-s)", source=log.path, field="timestamp")
+    result = replay(tr.bundle, gpu=tr.gpu, counters=True, power=True)
+    on_sim = aligned.assign(time_s=aligned["time_s"] - result.clock_offset_s)
+    table = fit_table(on_sim, result.timeline.counters, window_s=window)
+    table["predicted_w"] = predicted_at(on_sim, result.timeline.counters, "power_w", window)
+    return PowerSamples(tr.label, Path(log.path).name, table, window)
+
+
+def fit_power_logs(traces: Sequence[TraceInput], gpu: str, params: Parameters,
+                   prepared: Sequence[PowerSamples] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fitted power parameters and the fit's record; raises when no trace has a power log or no
+    sample falls inside its trace."""
+    from ovsim.hw.power import FIT_COLUMNS, fit_power, power_model
+
+    data = list(prepared) if prepared is not None else [power_samples(tr, log)
+                                                        for tr in traces for log in tr.power_logs]
+    if not data:
+        raise OvsimError("no power log given with the traces (--power-log)", field="power")
+    spec = load_gpu(gpu)
+    model = power_model(spec, params)
+    table = pd.concat([d.table for d in data], ignore_index=True)
+    fit = fit_power({c: table[c].to_numpy(float) for c in table.columns}, model, fit_idle=True)
+    ok = np.isfinite(table[list(FIT_COLUMNS)].to_numpy(float)).all(axis=1)
+    seen = {w: bool(np.nanmax(np.abs(table.loc[ok, col].to_numpy(float)), initial=0.0) > 0)
+            for w, col in _POWER_ACTIVITY.items()}
+    p = fit.params
+    fitted: dict[str, float] = {
+        "power_tensor_w": p["tensor_w"], "power_fp32_w": p["fp32_w"], "power_memory_w": p["memory_w"],
+        "power_hbm_j_per_byte": p["hbm_w"] / model.hbm_peak_bytes_per_s,
+        "power_link_j_per_byte": p["link_w"] / model.link_peak_bytes_per_s if model.link_peak_bytes_per_s > 0 else 0.0,
+    }
+    key_of = dict(zip(_POWER_ACTIVITY, fitted, strict=True))
+    values: dict[str, Any] = {"power_idle_w": p["idle_w"]}
+    for w, key in key_of.items():
+        if seen[w]:
+            values[key] = {"default": fitted[key]} if key == "power_tensor_w" else fitted[key]
+    meas = table.loc[ok, "power_w"].to_numpy(float)
+    before = table.loc[ok, "predicted_w"].to_numpy(float)
+    record = {
+        "method": "least squares, non-negative weights (scipy least_squares), on samples beside the replay's "
+                  "activity averaged over the sensor's window",
+        "samples": fit.n_samples,
+        "logs": [{"trace": d.label, "log": d.log, "samples": len(d.table), "window_s": d.window_s} for d in data],
+        "fit_rmse_w": round(fit.rmse_w, 3),
+        "fit_mape_pct": round(fit.mape_pct, 3),
+        "shipped_model_mape_pct": round(float(np.nanmean(np.abs(before - meas) / np.maximum(meas, 1e-9)) * 100), 3),
+        "not_identifiable": sorted(key_of[w] for w, s in seen.items() if not s),
+        "note": "fit error on the samples fitted; not a prediction error",
+    }
+    return _plain(values), record
+
+
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -423,6 +563,7 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
         "contention": lambda: fit_contention(traces, params),
         "collectives": lambda: fit_collectives(traces),
         "gemm": lambda: fit_gemm(traces, params),
+        "power": lambda: fit_power_logs(traces, ref, params),
     }
     for q in wanted:
         if on_step is not None:
@@ -480,9 +621,15 @@ def write_calibration(report: FitReport, traces: Sequence[TraceInput], gpu: str,
     inputs = []
     for tr in traces:
         files = [{"path": Path(f).name, "sha256": _sha256(f)} for f in tr.files if Path(f).is_file()]
-        inputs.append({"trace": tr.label, "gpu": tr.gpu,
-                       "device_names": sorted(set(tr.bundle.gpu_names.values())) or ["not recorded"],
-                       "ranks": int(tr.bundle.kernels["rank"].nunique()), "files": files})
+        entry: dict[str, Any] = {
+            "trace": tr.label, "gpu": tr.gpu,
+            "device_names": sorted(set(tr.bundle.gpu_names.values())) or ["not recorded"],
+            "software_versions": dict(tr.bundle.versions) or "not recorded in the trace",
+            "ranks": int(tr.bundle.kernels["rank"].nunique()), "files": files}
+        if tr.power_logs:
+            entry["power_logs"] = [{"path": Path(lg.path).name, "sha256": _sha256(lg.path), "offset_s": lg.offset_s
+                                    if lg.offset_s is not None else "from wall clocks"} for lg in tr.power_logs]
+        inputs.append(entry)
     parameters: dict[str, Any] = {}
     sources: dict[str, str] = {}
     carried: dict[str, Any] = {}
@@ -506,7 +653,6 @@ def write_calibration(report: FitReport, traces: Sequence[TraceInput], gpu: str,
             "ovsim_version": __version__,
             "command": command or "ovsim calibrate",
             "traces": inputs,
-            "software_versions": "as recorded in the traces' own metadata (not imported by ovsim)",
             "fits": report.fits,
             "skipped": report.skipped,
             **carried,

@@ -7,6 +7,7 @@ unexpected failure prints one line and exits with status 3 (set OVSIM_DEBUG=1 fo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -217,7 +218,7 @@ def _replay(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ovsim.calibrate import calibrate, trace_input, write_calibration
+    from ovsim.calibrate import PowerLog, calibrate, trace_input, write_calibration
 
     bar = _Progress(args.quiet or args.json)
     assumed: dict[str, str] = {}
@@ -226,19 +227,36 @@ def _calibrate(args: argparse.Namespace) -> int:
         if not sep or not name or not gpu:
             raise OvsimError(f"expected TRACE=GPU, got '{item}'", field="--trace-gpu")
         assumed[name] = gpu
+    logs: dict[str, list[PowerLog]] = {}
+    for item in args.power_log or []:
+        name, sep, log = item.rpartition("=")
+        if sep and not name:
+            raise OvsimError(f"expected [TRACE=]LOG, got '{item}'", field="--power-log")
+        if not sep and len(args.traces) > 1:
+            raise OvsimError(f"name the trace of '{item}' (TRACE=LOG): there are {len(args.traces)} traces",
+                             field="--power-log")
+        if not Path(log).is_file():
+            raise OvsimError("no such file", source=log, field="--power-log")
+        trace = name or args.traces[0]
+        if trace not in args.traces and not any(Path(t).name == trace for t in args.traces):
+            raise OvsimError(f"'{trace}' is not one of the traces given", source=log, field="--power-log")
+        logs.setdefault(trace, []).append(PowerLog(log, offset_s=args.power_offset_s, window_s=args.power_window_s))
     gpu = args.gpu
     try:
         inputs = []
         for t in args.traces:
             bar.stage(f"reading {t}")
             try:
-                inputs.append(trace_input([t], assumed.get(Path(t).name, assumed.get(t)),
-                                          fallback_gpu=None if gpu == "*" else gpu))
+                tr = trace_input([t], assumed.get(Path(t).name, assumed.get(t)),
+                                 fallback_gpu=None if gpu == "*" else gpu)
             except OvsimError as e:
                 raise e.located(t) from None
+            mine = logs.get(t, []) + (logs.get(Path(t).name, []) if Path(t).name != t else [])
+            inputs.append(dataclasses.replace(tr, power_logs=tuple(mine)))
         quantities = [q.strip() for q in args.fit.split(",")] if args.fit else None
         report = calibrate(inputs, gpu, quantities=quantities, on_step=lambda q: bar.stage(f"fitting {q}"))
-        command = "ovsim calibrate " + " ".join(Path(t).name for t in args.traces) + f" --gpu {gpu}"
+        command = "ovsim calibrate " + " ".join(Path(t).name for t in args.traces) + f" --gpu {gpu}" + "".join(
+            f" --power-log {Path(lg.path).name}" for tr in inputs for lg in tr.power_logs)
         path = write_calibration(report, inputs, gpu, Path(args.output), command=command)
     finally:
         bar.done()
@@ -256,6 +274,13 @@ def _calibrate(args: argparse.Namespace) -> int:
             print("  contention fit error (traces fitted on; not a prediction error):")
             for label, naive in rec["naive_mape_pct"].items():
                 print(f"    {label[:40]:<40} naive {naive:6.1f}%  fitted {rec['fit_mape_pct'][label]:6.1f}%")
+        rec = report.fits.get("power")
+        if rec:
+            print(f"  power fit error on {rec['samples']} samples (fitted on; not a prediction error): "
+                  f"{rec['fit_mape_pct']:.1f}% MAPE, {rec['fit_rmse_w']:.1f} W RMS; shipped model "
+                  f"{rec['shipped_model_mape_pct']:.1f}%")
+            if rec["not_identifiable"]:
+                print(f"    not fitted (no such activity in the samples): {', '.join(rec['not_identifiable'])}")
     return 0
 
 
@@ -300,7 +325,7 @@ def _validate(args: argparse.Namespace) -> int:
             if c.group != group:
                 group = c.group
                 print(f"-- {group}")
-            tol = f"{c.tolerance_pct:.0f}%" if c.rule == "within" else "<= ref"
+            tol = {"within": f"{c.tolerance_pct:.0f}%", "at_most": "<= ref", "range": f"({c.low:g}, ref]"}[c.rule]
             print(f"{c.name[:58]:<58} {c.reference:>10.2f} {c.predicted:>10.2f} {c.error_pct:>+7.1f}% {tol:>6}  "
                   f"{'pass' if c.passed else 'FAIL'}  {c.unit}{'; ' + c.note if c.note else ''}")
         if traces is None:
@@ -363,10 +388,17 @@ def parser() -> argparse.ArgumentParser:
                          "of any GPU")
     cb.add_argument("-o", "--output", required=True,
                     help="file NAME.vN.yaml to write, or a folder (the GPU's next version is written there)")
-    cb.add_argument("--fit", help="comma-separated quantities (contention, collectives); default: every one the "
-                                  "traces support, and an error if one named here cannot be fitted")
+    cb.add_argument("--fit", help="comma-separated quantities (contention, collectives, gemm, power); default: every "
+                                  "one the traces support, and an error if one named here cannot be fitted")
     cb.add_argument("--trace-gpu", action="append", metavar="TRACE=GPU",
                     help="GPU spec of a trace that does not record its device (repeatable)")
+    cb.add_argument("--power-log", action="append", metavar="[TRACE=]LOG",
+                    help="power log (nvidia-smi CSV, dcgmi dmon, DCGM CSV) recorded during a trace's run; TRACE= "
+                         "names the trace when there are several (repeatable)")
+    cb.add_argument("--power-offset-s", type=float,
+                    help="trace time of the power logs' first sample (default: from the wall clocks of both)")
+    cb.add_argument("--power-window-s", type=float,
+                    help="the power sensor's averaging window (default: the log's median sample interval)")
     cb.add_argument("--json", action="store_true", help="print one JSON object")
     cb.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     cb.set_defaults(func=_calibrate)

@@ -40,10 +40,12 @@ import numpy as np
 import pandas as pd
 
 from ovsim.engine.machine import build_machine
+from ovsim.engine.power import PowerConfig
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.engine.timeline import Timeline
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.power import power_model
 from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu
 from ovsim.models import cost, nccl
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
@@ -71,6 +73,8 @@ class ReplayResult:
     summary: dict[str, Any]
     timeline: Timeline
     workload: Workload = field(repr=False)
+    # Trace time = simulation time + this (the timeline starts at 0, the trace at its own clock).
+    clock_offset_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         recs = self.kernels.replace({np.nan: None}).to_dict(orient="records")
@@ -375,10 +379,11 @@ def _system_for(gpu_name: str, n_ranks: int) -> SystemSpec:
 
 def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True,
            progress: Callable[[int, int], None] | None = None, calibration: Sequence[str | Path] = (),
-           overrides: dict[str, Any] | None = None) -> ReplayResult:
+           overrides: dict[str, Any] | None = None, power: bool = False) -> ReplayResult:
     """Replay a measured run (see the module docstring); ``gpu`` names a GPU spec when the trace's
     device name is unknown or to override it. ``calibration`` files go on top of the shipped ones,
-    and ``overrides`` (parameter values, as in a calibration file) on top of those."""
+    and ``overrides`` (parameter values, as in a calibration file) on top of those. ``power`` tracks
+    power (no cap: the run's kernels keep their measured rates) for comparison with a power log."""
     df = bundle.kernels.reset_index(drop=True)
     if df.empty:
         raise OvsimError("the trace has no GPU activity to replay", field="kernels")
@@ -391,20 +396,22 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
     iso, src = isolated_durations(cols, overlapped)
     wl, op_ids = build_replay_workload(cols, iso, spec, params, bundle.syncs)
     machine = build_machine(_system_for(gpu_name, wl.n_ranks), spec, params, n_ranks=wl.n_ranks)
-    timeline = Engine(wl, machine, EngineOptions(counters=counters, progress=progress)).run()
+    power_config = PowerConfig(model=power_model(spec, params)) if power else None
+    timeline = Engine(wl, machine, EngineOptions(counters=counters, progress=progress, power=power_config)).run()
     pred = timeline.ops.set_index("id").loc[op_ids]
     p_start = pred["start_s"].to_numpy(dtype=float)
+    clock_offset_s = float(cols.start.min()) - float(p_start.min())
     out = pd.DataFrame({
         "name": df["name"], "kind": df["kind"], "rank": df["rank"], "stream": df["stream"],
         "measured_start_s": df["start_s"], "measured_duration_s": df["duration_s"],
         # The simulation starts at 0; put it on the trace's clock.
-        "predicted_start_s": p_start - float(p_start.min()) + float(cols.start.min()),
+        "predicted_start_s": p_start + clock_offset_s,
         "predicted_duration_s": pred["duration_s"].to_numpy(dtype=float),
         "overlapped": overlapped, "isolated_s": iso, "isolated_source": src,
     })
     summary = summarize(out, bundle, gpu_name)
     summary["calibration_files"] = list(calib.files) + (["(overrides)"] if overrides else [])
-    return ReplayResult(kernels=out, summary=summary, timeline=timeline, workload=wl)
+    return ReplayResult(kernels=out, summary=summary, timeline=timeline, workload=wl, clock_offset_s=clock_offset_s)
 
 
 def bundle_gpu(bundle: TraceBundle) -> str:

@@ -218,3 +218,123 @@ def test_gemm_fit_recovers_the_planted_efficiency() -> None:
     report = calibrate([tr], GPU, quantities=["gemm"])
     assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(eff, abs=1e-3)
     assert report.fits["gemm"]["precisions"]["bf16"]["points"] == 3
+
+
+# Planted power parameters: none of them is a shipped value, so recovering them shows the fit read
+# the log, not the calibration it started from.
+PLANTED_IDLE_W = 61.0
+PLANTED_TENSOR_W = 530.0
+PLANTED_MEMORY_W = 140.0
+PLANTED_HBM_J_PER_BYTE = 20e-12
+WALL_ORIGIN_S = 1_790_000_000.0
+
+
+def power_trace() -> TraceBundle:
+    """One rank on device 3, starting 5 s into the trace's clock: 0.5 s idle, 1 s of back-to-back
+    GEMMs, 0.5 s idle, 1 s of wide and 1 s of narrow streaming kernels (different ratios of SM
+    slots to HBM traffic, so the memory and HBM weights are told apart), 0.5 s idle."""
+    rows: list[dict[str, Any]] = []
+    t_us = 5.5e6
+    for i in range(10):
+        rows.append(kernel(f"gemm{i}", t_us, 1e5, kind="gemm", grid=2160, device=3, block_x=256))
+        t_us += 1e5
+    t_us += 5e5
+    for grid in (4320, 108):
+        for i in range(10):
+            rows.append(kernel(f"ew{grid}_{i}", t_us, 1e5, grid=grid, device=3))
+            t_us += 1e5
+    rows.append(kernel("tail", t_us + 5e5, 10.0, device=3))
+    df = table(rows)
+    df["rank"] = 0
+    return TraceBundle(kernels=df, gpu_names={0: "NVIDIA A100-SXM4-80GB"}, wall_origin_s=WALL_ORIGIN_S)
+
+
+def planted_power(counters: pd.DataFrame, t: Any, hbm_peak: float) -> Any:
+    """The planted closed form at simulation times ``t``, at the compute clock (dynamic scale 1):
+    idle + tensor x u_tensor + memory x u_memory + HBM energy x bytes/s."""
+    import numpy as np
+
+    def at(name: str) -> Any:
+        c = counters[(counters["counter"] == name) & (counters["rank"] == 0)].sort_values("time_s", kind="stable")
+        tt, v = c["time_s"].to_numpy(float), c["value"].to_numpy(float)
+        keep = np.append(tt[1:] != tt[:-1], True)
+        tt, v = tt[keep], v[keep]
+        return v[np.clip(np.searchsorted(tt, t, side="right") - 1, 0, len(tt) - 1)]
+
+    hbm = np.minimum(at("hbm_bytes_per_s"), hbm_peak)
+    return (PLANTED_IDLE_W + PLANTED_TENSOR_W * at("sm_tensor_fraction") + PLANTED_MEMORY_W * at("sm_memory_fraction")
+            + PLANTED_HBM_J_PER_BYTE * hbm)
+
+
+def write_smi_log(path: Path, bundle: TraceBundle, shift_s: float = 0.0) -> None:
+    """An nvidia-smi CSV of GPUs 3 (the traced one) and 0 (not traced), a sample every 50 ms from the
+    trace's start, stamped in UTC wall time, power from the planted closed form."""
+    import datetime as dt
+
+    import numpy as np
+
+    r = replay(bundle, counters=True, power=True)
+    gpu = load_gpu("a100-sxm4-80gb")
+    trace_t = np.arange(5.0, 9.5, 0.05)
+    watts = planted_power(r.timeline.counters, trace_t - r.clock_offset_s, gpu.memory.bandwidth_bytes_per_s)
+    lines = ["timestamp, index, power.draw [W], clocks.sm [MHz]"]
+    for t, w in zip(trace_t, watts, strict=True):
+        stamp = dt.datetime.fromtimestamp(WALL_ORIGIN_S + t + shift_s, dt.UTC).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+        lines.append(f"{stamp}, 3, {w:.4f} W, {gpu.clocks.compute_clock_hz / 1e6:.0f} MHz")
+        lines.append(f"{stamp}, 0, 400.00 W, 1410 MHz")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_power_fit_recovers_planted_weights_from_a_wall_clock_aligned_log(tmp_path: Path) -> None:
+    from ovsim.calibrate import PowerLog, fit_power_logs
+
+    bundle = power_trace()
+    log = tmp_path / "smi.csv"
+    write_smi_log(log, bundle)
+    # Instantaneous samples (window 0): each sample is the planted power at its instant.
+    tr = TraceInput(bundle=bundle, label="power", gpu="a100-sxm4-80gb",
+                    power_logs=(PowerLog(str(log), window_s=0.0),))
+    params = load_calibration(load_gpu("a100-sxm4-80gb"), "a100-sxm4-80gb").params
+    values, record = fit_power_logs([tr], "a100-sxm4-80gb", params)
+    assert values["power_idle_w"] == pytest.approx(PLANTED_IDLE_W, rel=1e-3)
+    assert values["power_tensor_w"]["default"] == pytest.approx(PLANTED_TENSOR_W, rel=1e-3)
+    assert values["power_memory_w"] == pytest.approx(PLANTED_MEMORY_W, rel=1e-3)
+    assert values["power_hbm_j_per_byte"] == pytest.approx(PLANTED_HBM_J_PER_BYTE, rel=1e-3)
+    # No CUDA-core work and no link traffic in the run: those weights are not identifiable.
+    assert "power_fp32_w" not in values and "power_link_j_per_byte" not in values
+    assert record["not_identifiable"] == ["power_fp32_w", "power_link_j_per_byte"]
+    assert record["fit_mape_pct"] < 0.1 < record["shipped_model_mape_pct"]
+    # Only GPU 3's samples inside the trace are used (GPU 0 ran nothing traced).
+    assert 0 < record["samples"] <= len(range(90))
+
+
+def test_power_fit_through_the_cli_writes_provenance(tmp_path: Path) -> None:
+    from ovsim.traces.load import write_table
+
+    bundle = power_trace()
+    trace = tmp_path / "run.parquet"
+    write_table(bundle, trace)
+    log = tmp_path / "smi.csv"
+    write_smi_log(log, bundle)
+    out = tmp_path / "calib"
+    out.mkdir()
+    assert main(["calibrate", str(trace), "--gpu", "a100-sxm4-80gb", "-o", str(out), "--fit", "power",
+                 "--power-log", str(log), "--power-window-s", "0", "--quiet"]) == 0
+    doc = yaml.safe_load(next(out.glob("*.yaml")).read_text())
+    assert doc["parameters"]["power_idle_w"] == pytest.approx(PLANTED_IDLE_W, rel=1e-3)
+    entry = doc["provenance"]["traces"][0]
+    assert entry["power_logs"][0]["path"] == "smi.csv" and len(entry["power_logs"][0]["sha256"]) == 64
+
+
+def test_a_power_log_that_misses_the_trace_is_refused(tmp_path: Path) -> None:
+    from ovsim.calibrate import PowerLog, fit_power_logs
+
+    bundle = power_trace()
+    log = tmp_path / "smi.csv"
+    write_smi_log(log, bundle, shift_s=3600.0)  # an hour off: local time read as UTC
+    tr = TraceInput(bundle=bundle, label="power", gpu="a100-sxm4-80gb", power_logs=(PowerLog(str(log)),))
+    params = load_calibration(load_gpu("a100-sxm4-80gb"), "a100-sxm4-80gb").params
+    with pytest.raises(OvsimError, match=r"no sample falls inside the trace.*--power-offset-s"):
+        fit_power_logs([tr], "a100-sxm4-80gb", params)
+    with pytest.raises(OvsimError, match="no power log"):
+        fit_power_logs([TraceInput(bundle=bundle, label="power", gpu="a100-sxm4-80gb")], "a100-sxm4-80gb", params)

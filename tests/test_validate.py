@@ -19,12 +19,27 @@ def test_rules() -> None:
     assert not Check("x", "g", 100.0, 111.0, "u", 10.0, "s").passed
     assert Check("m", "g", 10.0, 9.0, "% MAPE", 0.0, "s", rule="at_most").passed
     assert not Check("m", "g", 10.0, 11.0, "% MAPE", 0.0, "s", rule="at_most").passed
+    assert Check("r", "g", 1.25, 1.1, "x", 0.0, "s", rule="range", low=1.0).passed
+    assert not Check("r", "g", 1.25, 1.0, "x", 0.0, "s", rule="range", low=1.0).passed
+    assert not Check("r", "g", 1.25, 1.3, "x", 0.0, "s", rule="range", low=1.0).passed
 
 
 def test_nccl_figures_are_predicted_within_tolerance() -> None:
     """Bus bandwidths from NCCL's tuning model against nccl-tests measurements (not fitted to them)."""
     rows = [c for c in validate.published_checks() if c.group == validate.PREDICTED]
     assert len(rows) == 3 and all(c.passed for c in rows)
+
+
+def test_power_figures_are_reported_against_their_sources() -> None:
+    """The power issue's figures: the A100 GEMM at 400 W within 5% of thonking.ai's 258 TFLOPS and
+    the H100 at full load within 10% of its TDP (consistency: the weights were fitted or derived on
+    them), and Lee et al.'s overlap figures (secondary source) as predictions with their own rules."""
+    rows = {c.name: c for c in validate.power_checks()}
+    gemm = rows["A100 8192^3 BF16 GEMM under the 400 W limit"]
+    assert gemm.group == validate.POWER_CONSISTENCY and gemm.reference == 258.0 and gemm.passed
+    assert rows["H100 8192^3 BF16 GEMM power under the 700 W limit"].passed
+    lee = [c for c in rows.values() if c.group == validate.POWER_PREDICTED]
+    assert {c.reference for c in lee} == {1.25, 2.07} and len(lee) == 3
 
 
 def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,

@@ -91,6 +91,8 @@ class Parameters(BaseModel):
     host_link_efficiency: float = 0.8
     # Power model (ovsim.hw.power). SM weights are the dynamic power of every SM doing that work at
     # the compute clock; a missing weight is derived from the TDP (see power.power_model).
+    # Idle power in place of the GPU spec's (fitted to a power log by ovsim calibrate).
+    power_idle_w: float | None = Field(default=None, ge=0)
     power_tensor_w: dict[str, float] = Field(default_factory=dict)
     power_fp32_w: float | None = Field(default=None, ge=0)
     power_memory_w: float | None = Field(default=None, ge=0)

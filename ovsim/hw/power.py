@@ -213,11 +213,12 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
     clock), the CUDA-core and memory weights as fixed fractions of the tensor weight."""
     p = params
     derived: list[str] = []
+    idle_w = gpu.power.idle_w if p.power_idle_w is None else p.power_idle_w
     hbm_w = gpu.memory.bandwidth_bytes_per_s * p.power_hbm_j_per_byte
     link_peak = 2.0 * max(gpu.links.bandwidth_bytes_per_s, 0.0)
     link_w = link_peak * p.power_link_j_per_byte
     base = PowerModel(
-        gpu=gpu.name, idle_w=gpu.power.idle_w, tdp_w=gpu.power.tdp_w, min_power_limit_w=gpu.power.min_power_limit_w,
+        gpu=gpu.name, idle_w=idle_w, tdp_w=gpu.power.tdp_w, min_power_limit_w=gpu.power.min_power_limit_w,
         compute_clock_hz=gpu.clocks.compute_clock_hz, min_clock_hz=gpu.clocks.min_sm_clock_hz,
         max_clock_hz=gpu.clocks.max_sm_clock_hz, clock_step_hz=p.power_clock_step_hz, tensor_w={"default": 0.0},
         fp32_w=0.0, memory_w=0.0, hbm_w=hbm_w, link_w=link_w, hbm_peak_bytes_per_s=gpu.memory.bandwidth_bytes_per_s,
@@ -228,7 +229,7 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
     )
     tensor = dict(p.power_tensor_w)
     if "default" not in tensor:
-        budget = gpu.power.tdp_w - gpu.power.idle_w - hbm_w * _GEMM_HBM_FRACTION
+        budget = gpu.power.tdp_w - idle_w - hbm_w * _GEMM_HBM_FRACTION
         tensor["default"] = max(0.0, budget) / base.dynamic_scale(p.power_tensor_reference_clock_fraction)
         derived.append("power_tensor_w")
     fp32 = p.power_fp32_w

@@ -87,6 +87,7 @@ from ovsim.traces.table import (
     TraceBundle,
     classify,
     make_table,
+    merge_versions,
     normalize_collective,
     normalize_dtype,
     parse_nccl_name,
@@ -130,6 +131,7 @@ class _FileData:
     world_size: int | None
     base_ns: int | None
     gpu_name: str | None
+    versions: dict[str, str]
     columns: dict[str, Any]
     n: int
     syncs: list[tuple[int, float, int, int]]
@@ -491,6 +493,26 @@ def _base_ns(meta: dict[str, Any], source: str) -> int | None:
     return int(v)
 
 
+# Metadata keys that name software versions (PyTorch profiler writes CUDA's as integers, 12040 = 12.4).
+_VERSION_KEYS = ("cuda_runtime_version", "cuda_driver_version", "cupti_version", "hip_runtime_version",
+                 "hip_driver_version", "roctracer_version")
+
+
+def _versions(meta: dict[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k in _VERSION_KEYS:
+        v = meta.get(k)
+        if isinstance(v, str | int | float) and not isinstance(v, bool):
+            out[k] = str(v)
+    dist = meta.get("distributedInfo")
+    if isinstance(dist, dict):
+        for k in ("nccl_version", "backend"):
+            v = dist.get(k)
+            if isinstance(v, str | int | float) and not isinstance(v, bool):
+                out[k] = str(v)
+    return out
+
+
 def _device_names(meta: dict[str, Any]) -> dict[int, str]:
     props = meta.get("deviceProperties")
     names: dict[int, str] = {}
@@ -536,7 +558,7 @@ def _file_data(source: str, name: str, meta: dict[str, Any], st: _State) -> _Fil
     return _FileData(
         source=source, name=name, rank=_meta_int(meta, "distributedInfo", "rank", source),
         world_size=_meta_int(meta, "distributedInfo", "world_size", source), base_ns=_base_ns(meta, source),
-        gpu_name=_gpu_name(_device_names(meta), columns["device"]), columns=columns, n=n,
+        gpu_name=_gpu_name(_device_names(meta), columns["device"]), versions=_versions(meta), columns=columns, n=n,
         syncs=_resolve_waits(st, cols[_DEV], cols[_STREAM], corr_list, launch), skipped=dict(st.skipped))
 
 
@@ -852,7 +874,18 @@ def load_kineto(path: str | Path) -> TraceBundle:
         kernels=table, gpu_names=dict(sorted(gpu_names.items())), world_size=sizes[0] if sizes else None,
         sources=dict(sorted((r, f.source) for f, r in zip(files, ranks, strict=True))),
         skipped={k: v for k, v in sorted(skipped.items())},
-        syncs=_syncs_frame(files, ranks, offsets))
+        syncs=_syncs_frame(files, ranks, offsets), wall_origin_s=_wall_origin(known, table),
+        versions=merge_versions([f.versions for f in files]))
+
+
+def _wall_origin(bases_ns: list[int], table: pd.DataFrame) -> float | None:
+    """Wall time of the table's time 0: the earliest base, or 0 for timestamps that are already
+    epoch microseconds (older Kineto; any start after 2001 cannot be a relative time)."""
+    if bases_ns:
+        return min(bases_ns) / 1e9
+    if len(table) and float(table["start_s"].min()) > 1e9:
+        return 0.0
+    return None
 
 
 def _syncs_frame(files: list[_FileData], ranks: list[int], offsets: list[float]) -> pd.DataFrame | None:

@@ -9,7 +9,7 @@ from typing import Literal
 import pandas as pd
 
 from ovsim.errors import OvsimError
-from ovsim.traces.table import TraceBundle, validate_table
+from ovsim.traces.table import TraceBundle, merge_versions, validate_table
 
 Format = Literal["auto", "kineto", "nsys-sqlite", "nsys-csv", "parquet"]
 FORMATS: tuple[str, ...] = ("auto", "kineto", "nsys-sqlite", "nsys-csv", "parquet")
@@ -75,6 +75,9 @@ def load_trace(paths: str | Path | Sequence[str | Path], fmt: str = "auto") -> T
         sources={r: s for b in bundles for r, s in b.sources.items()},
         skipped=skipped,
         syncs=pd.concat(syncs, ignore_index=True) if syncs else None,
+        # Files on different clocks have no one wall-clock origin.
+        wall_origin_s=origins.pop() if len(origins := {b.wall_origin_s for b in bundles}) == 1 else None,
+        versions=merge_versions([b.versions for b in bundles]),
     )
 
 
@@ -89,7 +92,8 @@ def write_table(bundle: TraceBundle, path: str | Path) -> None:
     meta = dict(table.schema.metadata or {})
     meta[b"ovsim"] = json.dumps({"schema": "ovsim.kernels/1", "gpu_names": bundle.gpu_names,
                                  "world_size": bundle.world_size, "sources": bundle.sources,
-                                 "skipped": bundle.skipped}).encode()
+                                 "skipped": bundle.skipped, "wall_origin_s": bundle.wall_origin_s,
+                                 "versions": bundle.versions}).encode()
     try:
         pq.write_table(table.replace_schema_metadata(meta), str(path))
     except OSError as e:
@@ -114,4 +118,6 @@ def read_table(path: str | Path) -> TraceBundle:
         world_size=meta.get("world_size"),
         sources={int(k): v for k, v in meta.get("sources", {}).items()},
         skipped=dict(meta.get("skipped", {})),
+        wall_origin_s=meta.get("wall_origin_s"),
+        versions=dict(meta.get("versions", {})),
     )

@@ -76,6 +76,24 @@ class TraceBundle:
     # correlation id of the activity the awaited event was recorded after) and, where known,
     # recorded_stream; importers that guess a wait from the calling thread add inferred=True.
     syncs: pd.DataFrame | None = None
+    # Wall-clock time (seconds since 1970) of time 0 on the table's clock, where the trace says
+    # (Kineto's baseTimeNanoseconds, or epoch timestamps); aligns power logs with the trace.
+    wall_origin_s: float | None = None
+    # Software the run used, as the trace records it (e.g. cuda_driver_version, nccl_version);
+    # a key whose ranks disagree lists their values joined by ", ".
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def merge_versions(per_part: Sequence[Mapping[str, str]]) -> dict[str, str]:
+    """Software versions of several parts of one run (files, ranks): a key whose parts disagree
+    lists each value once, joined by ", "."""
+    seen: dict[str, list[str]] = {}
+    for versions in per_part:
+        for k, v in versions.items():
+            for part in v.split(", "):
+                if part not in seen.setdefault(k, []):
+                    seen[k].append(part)
+    return {k: ", ".join(v) for k, v in sorted(seen.items())}
 
 
 def make_table(columns: Mapping[str, Sequence[Any] | np.ndarray | pd.Series], source: str = "") -> pd.DataFrame:

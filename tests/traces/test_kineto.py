@@ -322,6 +322,30 @@ def test_ranks_share_the_earliest_base_time(tmp_path: Path) -> None:
     assert b.world_size == 2 and sorted(b.sources) == [0, 1]
 
 
+def test_wall_clock_origin_and_software_versions(tmp_path: Path) -> None:
+    """The table's time 0 is the earliest base on the wall clock; versions come from the metadata,
+    and ranks that disagree list both."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    base = 1_700_000_000_000_000_000
+    write(folder / "a.json", doc([kernel()], rank=0, world=2, base=base + 5_000_000_000, cuda_driver_version=12090,
+                                 cuda_runtime_version=12040))
+    b1 = doc([kernel()], rank=1, world=2, base=base, cuda_driver_version=12080, cuda_runtime_version=12040)
+    b1["distributedInfo"]["nccl_version"] = "2.21.5"
+    write(folder / "b.json", b1)
+    b = load_kineto(folder)
+    assert b.wall_origin_s == pytest.approx(1_700_000_000.0)
+    assert b.versions == {"cuda_driver_version": "12090, 12080", "cuda_runtime_version": "12040",
+                          "nccl_version": "2.21.5"}
+
+
+def test_epoch_timestamps_are_their_own_wall_clock(tmp_path: Path) -> None:
+    """Older Kineto writes epoch microseconds and no base: the origin is 0; a relative trace
+    without a base has no wall clock."""
+    assert load_kineto(write(tmp_path / "old.json", doc([kernel(ts=1.7e15)]))).wall_origin_s == 0.0
+    assert load_kineto(write(tmp_path / "rel.json", doc([kernel(ts=100.0)]))).wall_origin_s is None
+
+
 def test_rank_from_the_file_name_when_distributed_info_is_missing(tmp_path: Path) -> None:
     b = load_kineto(write(tmp_path / "trace_rank3.json", doc([kernel()], rank=None)))
     assert list(b.sources) == [3] and b.kernels["rank"].tolist() == [3]
