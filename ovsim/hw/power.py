@@ -134,9 +134,11 @@ class PowerModel:
         """The class and full-GPU dynamic weight of a kernel."""
         if not clock_bound:
             return MEMORY, self.memory_w
-        # A traced kernel known only by its totals runs on tensor cores when its precision does.
-        if kind in TENSOR_KINDS or (kind == "generic" and precision is not None
-                                    and precision in self.tensor_precisions):
+        # GEMMs and attention run on tensor cores unless their precision has none (an FP32 GEMM
+        # runs on the CUDA cores, as its cost does); a traced kernel known only by its totals runs
+        # on tensor cores when its precision does.
+        on_tensor = precision in self.tensor_precisions if precision is not None else kind in TENSOR_KINDS
+        if on_tensor and (kind in TENSOR_KINDS or kind == "generic"):
             w = self.tensor_w.get(precision or "", self.tensor_w["default"])
             return TENSOR, w
         return FP32, self.fp32_w

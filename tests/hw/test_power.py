@@ -77,6 +77,36 @@ def test_a100_fp32_stress_draws_the_gpuinspector_figure(a100_40: PowerModel) -> 
     assert 300.0 <= p <= 340.0
 
 
+def test_a_gemm_runs_on_tensor_cores_only_in_a_tensor_precision(a100_40: PowerModel) -> None:
+    """An FP32 GEMM's cost uses the CUDA-core FP32 rate, so its power is CUDA-core power (A100 has
+    no FP32 tensor cores; TF32 is its tensor format). A traced kernel without a precision keeps
+    its kind's class."""
+    from ovsim.hw.power import FP32, TENSOR
+
+    assert a100_40.sm_weight_w("gemm", "fp32", True) == (FP32, a100_40.fp32_w)
+    assert a100_40.sm_weight_w("gemm", "tf32", True)[0] == TENSOR
+    assert a100_40.sm_weight_w("attention", "bf16", True)[0] == TENSOR
+    assert a100_40.sm_weight_w("gemm", None, True)[0] == TENSOR
+    assert a100_40.sm_weight_w("generic", None, True)[0] == FP32
+
+
+def test_an_fp32_gemm_draws_the_fp32_stress_figure_and_is_not_throttled_at_400_w() -> None:
+    """Consistency check through the engine (the CUDA-core weight was fitted on GPUInspector.jl's
+    ~300-340 W FP32 stress on A100-SXM4-40GB): a long FP32 GEMM fills every SM with CUDA-core
+    work, draws that much, and so runs at the top clock under the 400 W default limit."""
+    from ovsim.api import predict
+    from ovsim.scenario import Scenario
+
+    sc = Scenario.model_validate({"name": "g", "system": "a100x4", "ranks": 1, "ops": [
+        {"name": "g", "kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "fp32", "tile": [64, 64, 32],
+         "threads": 128, "registers_per_thread": 96, "stages": 3}]})
+    free = predict(sc, counters=False)
+    capped = predict(sc, counters=False, power_cap_w=400.0)
+    assert 300.0 <= free.summary()["peak_power_w"] <= 340.0
+    assert capped.summary()["min_sm_clock_hz"] == pytest.approx(free.gpu.clocks.compute_clock_hz)
+    assert capped.ops["duration_s"].iloc[0] == pytest.approx(free.ops["duration_s"].iloc[0], rel=1e-9)
+
+
 def test_gpus_without_fitted_weights_get_them_from_the_tdp() -> None:
     """H200 has no power file of its own: a fully busy tensor GEMM at the reference clock, with a
     tenth of peak HBM traffic, then draws exactly the TDP."""
