@@ -434,7 +434,13 @@ def _gpu_to_rank(tr: TraceInput, samples: pd.DataFrame, log: str) -> dict[int, i
     for r in sorted(k["rank"].dropna().unique().tolist()):
         dev = k.loc[k["rank"] == r, "device"].dropna()
         if len(dev):
-            out[int(dev.mode().iloc[0])] = int(r)
+            d = int(dev.mode().iloc[0])
+            if d in out:
+                # Ranks of several hosts: one host's log cannot be told apart from another's.
+                raise OvsimError(f"ranks {out[d]} and {int(r)} both ran on device {d} (several hosts): a power log "
+                                 "covers one host; give it with a trace of that host's ranks", source=log,
+                                 field="gpu")
+            out[d] = int(r)
     gpus = sorted(set(samples["gpu"].tolist()))
     if not out and len(gpus) == 1 and k["rank"].nunique() == 1:
         out = {int(gpus[0]): int(k["rank"].iloc[0])}  # one GPU logged, one rank traced, no device ids
@@ -483,14 +489,12 @@ def power_samples(tr: TraceInput, log: PowerLog) -> PowerSamples:
     return PowerSamples(tr.label, Path(log.path).name, table, window)
 
 
-def fit_power_logs(traces: Sequence[TraceInput], gpu: str, params: Parameters,
-                   prepared: Sequence[PowerSamples] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def fit_power_logs(traces: Sequence[TraceInput], gpu: str, params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fitted power parameters and the fit's record; raises when no trace has a power log or no
     sample falls inside its trace."""
     from ovsim.hw.power import FIT_COLUMNS, fit_power, power_model
 
-    data = list(prepared) if prepared is not None else [power_samples(tr, log)
-                                                        for tr in traces for log in tr.power_logs]
+    data = [power_samples(tr, log) for tr in traces for log in tr.power_logs]
     if not data:
         raise OvsimError("no power log given with the traces (--power-log)", field="power")
     spec = load_gpu(gpu)

@@ -338,3 +338,19 @@ def test_a_power_log_that_misses_the_trace_is_refused(tmp_path: Path) -> None:
         fit_power_logs([tr], "a100-sxm4-80gb", params)
     with pytest.raises(OvsimError, match="no power log"):
         fit_power_logs([TraceInput(bundle=bundle, label="power", gpu="a100-sxm4-80gb")], "a100-sxm4-80gb", params)
+
+
+def test_a_power_log_of_a_multi_host_trace_is_refused(tmp_path: Path) -> None:
+    """Two ranks on device 3 ran on two hosts: one host's log cannot be attributed to a rank."""
+    from ovsim.calibrate import PowerLog, fit_power_logs
+
+    bundle = power_trace()
+    log = tmp_path / "smi.csv"
+    write_smi_log(log, bundle)
+    other = bundle.kernels.assign(rank=1)
+    two = TraceBundle(kernels=pd.concat([bundle.kernels, other], ignore_index=True),
+                      gpu_names={0: "NVIDIA A100-SXM4-80GB", 1: "NVIDIA A100-SXM4-80GB"}, wall_origin_s=WALL_ORIGIN_S)
+    tr = TraceInput(bundle=two, label="two hosts", gpu="a100-sxm4-80gb", power_logs=(PowerLog(str(log)),))
+    params = load_calibration(load_gpu("a100-sxm4-80gb"), "a100-sxm4-80gb").params
+    with pytest.raises(OvsimError, match="ranks 0 and 1 both ran on device 3"):
+        fit_power_logs([tr], "a100-sxm4-80gb", params)
