@@ -25,6 +25,13 @@ Clock
     Kineto that writes no base). Files whose bases differ are shifted to the earliest base so that
     all ranks share one clock; a file without a base counts as base 0. Durations are exact; start
     times of absolute (epoch) traces are float seconds near 1.7e9, so resolved to about 0.24 us.
+    ``TraceBundle.wall_origin_s`` is the wall time of the table's 0 (the earliest base; 0 for
+    epoch traces), which puts power logs on the trace's clock.
+
+Versions
+    ``cuda_runtime_version``, ``cuda_driver_version``, ``cupti_version``, the HIP and roctracer
+    versions and ``distributedInfo.nccl_version``/``backend`` as the metadata writes them
+    (``TraceBundle.versions``; ranks that disagree list each value).
 
 Launch
     ``launch_s`` is the start of the ``cuda_runtime`` / ``cuda_driver`` event (``cudaLaunchKernel``,
