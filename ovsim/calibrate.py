@@ -411,9 +411,12 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
     return {"gemm_efficiency": values}, record
 
 
-# Power weights of the fit (ovsim.hw.power.fit_power's names) -> the activity that identifies each.
-_POWER_ACTIVITY = {"tensor_w": "sm_tensor_fraction", "fp32_w": "sm_fp32_fraction", "memory_w": "sm_memory_fraction",
-                   "hbm_w": "hbm_bytes_per_s", "link_w": "link_bytes_per_s"}
+# Weights of ovsim.hw.power.fit_power -> (the activity that identifies each, the calibration
+# parameter it becomes).
+_POWER_PARAMS = {"tensor_w": ("sm_tensor_fraction", "power_tensor_w"), "fp32_w": ("sm_fp32_fraction", "power_fp32_w"),
+                 "memory_w": ("sm_memory_fraction", "power_memory_w"),
+                 "hbm_w": ("hbm_bytes_per_s", "power_hbm_j_per_byte"),
+                 "link_w": ("link_bytes_per_s", "power_link_j_per_byte")}
 
 
 @dataclass(frozen=True)
@@ -502,19 +505,16 @@ def fit_power_logs(traces: Sequence[TraceInput], gpu: str, params: Parameters) -
     table = pd.concat([d.table for d in data], ignore_index=True)
     fit = fit_power({c: table[c].to_numpy(float) for c in table.columns}, model, fit_idle=True)
     ok = np.isfinite(table[list(FIT_COLUMNS)].to_numpy(float)).all(axis=1)
-    seen = {w: bool(np.nanmax(np.abs(table.loc[ok, col].to_numpy(float)), initial=0.0) > 0)
-            for w, col in _POWER_ACTIVITY.items()}
-    p = fit.params
-    fitted: dict[str, float] = {
-        "power_tensor_w": p["tensor_w"], "power_fp32_w": p["fp32_w"], "power_memory_w": p["memory_w"],
-        "power_hbm_j_per_byte": p["hbm_w"] / model.hbm_peak_bytes_per_s,
-        "power_link_j_per_byte": p["link_w"] / model.link_peak_bytes_per_s if model.link_peak_bytes_per_s > 0 else 0.0,
-    }
-    key_of = dict(zip(_POWER_ACTIVITY, fitted, strict=True))
-    values: dict[str, Any] = {"power_idle_w": p["idle_w"]}
-    for w, key in key_of.items():
-        if seen[w]:
-            values[key] = {"default": fitted[key]} if key == "power_tensor_w" else fitted[key]
+    # Weights on bytes/s are written per byte, at the peak rate their activity is a fraction of.
+    peak = {"hbm_w": model.hbm_peak_bytes_per_s, "link_w": model.link_peak_bytes_per_s}
+    values: dict[str, Any] = {"power_idle_w": fit.params["idle_w"]}
+    not_identifiable: list[str] = []
+    for w, (activity, key) in _POWER_PARAMS.items():
+        if not np.nanmax(np.abs(table.loc[ok, activity].to_numpy(float)), initial=0.0) > 0:
+            not_identifiable.append(key)
+            continue
+        v = fit.params[w] / peak[w] if w in peak else fit.params[w]
+        values[key] = {"default": v} if key == "power_tensor_w" else v
     meas = table.loc[ok, "power_w"].to_numpy(float)
     before = table.loc[ok, "predicted_w"].to_numpy(float)
     record = {
@@ -525,7 +525,7 @@ def fit_power_logs(traces: Sequence[TraceInput], gpu: str, params: Parameters) -
         "fit_rmse_w": round(fit.rmse_w, 3),
         "fit_mape_pct": round(fit.mape_pct, 3),
         "shipped_model_mape_pct": round(float(np.nanmean(np.abs(before - meas) / np.maximum(meas, 1e-9)) * 100), 3),
-        "not_identifiable": sorted(key_of[w] for w, s in seen.items() if not s),
+        "not_identifiable": sorted(not_identifiable),
         "note": "fit error on the samples fitted; not a prediction error",
     }
     return _plain(values), record

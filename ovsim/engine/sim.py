@@ -767,7 +767,7 @@ class Engine:
         now = self.env.now
         placed_any = False
         blocked: set[str] = set()
-        done: list[_Kernel] = []
+        any_done = False
         for k in gpu.pending:
             allowed = tuple(p for p in k.partitions if p not in blocked)
             if allowed:
@@ -775,12 +775,12 @@ class Engine:
                 self._place(gpu, k, now, allowed)
                 placed_any = placed_any or k.undispatched < before
             if k.undispatched == 0:
-                done.append(k)
+                any_done = True
                 continue
             blocked.update(k.partitions)
             if len(blocked) == gpu.n_partitions:
                 break
-        if done:
+        if any_done:
             gpu.pending = [k for k in gpu.pending if k.undispatched > 0]
         if placed_any:
             self._merge(gpu)
