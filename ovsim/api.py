@@ -188,6 +188,10 @@ def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = N
 
     ``vs_first`` is each makespan relative to the first scenario's (-0.2: 20% less time), so
     the first is the baseline: sequential vs overlapped vs overlapped with priority, say.
+    ``compute_vs_first`` is each compute time (kernel time summed, per rank) relative to the
+    first's. With a sequential run first, it is the overlap studies' compute slowdown, measured
+    against compute that ran at the same power cap or clock; ``compute_slowdown`` measures against
+    the cost model's isolated times at the full clock, so under a cap it counts the clock too.
     """
     if not scenarios:
         raise OvsimError("give at least one scenario to compare", field="scenarios")
@@ -199,4 +203,6 @@ def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = N
     df = pd.DataFrame(rows)
     base = float(df["makespan_s"].iloc[0])
     df["vs_first"] = df["makespan_s"] / base - 1 if base > 0 else 0.0
+    base_compute = float(df["compute_s"].iloc[0])
+    df["compute_vs_first"] = df["compute_s"] / base_compute - 1 if base_compute > 0 else 0.0
     return df

@@ -108,7 +108,8 @@ def _compare(args: argparse.Namespace) -> int:
 # (column, header, format) of the compare table; power columns appear when predictions carry them.
 _COMPARE_COLUMNS: list[tuple[str, str, str]] = [
     ("makespan_s", "iter ms", "ms"), ("vs_first", "vs 1st", "pct"), ("compute_s", "compute ms", "ms"),
-    ("compute_slowdown", "slowdown", "pct"), ("comm_s", "comm ms", "ms"), ("exposed_comm_s", "exposed ms", "ms"),
+    ("compute_vs_first", "cmp vs 1st", "pct"), ("compute_slowdown", "slowdown", "pct"), ("comm_s", "comm ms", "ms"),
+    ("exposed_comm_s", "exposed ms", "ms"),
     ("comm_hidden_fraction", "hidden", "frac"), ("avg_power_w", "avg W", "w"), ("peak_power_w", "peak W", "w"),
     ("energy_j", "energy J", "j"),
 ]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import ovsim
+import ovsim.hw.spec
 from ovsim.api import predict
 from ovsim.cli import main
 from ovsim.errors import OvsimError
@@ -56,6 +57,28 @@ def test_compare_lines_up_power_columns() -> None:
     df = ovsim.api.compare([ex / "gemm-allreduce-a100x4-sequential.yaml", ex / "gemm-allreduce-a100x4-priority.yaml"])
     assert {"avg_power_w", "energy_j", "energy_delay_j_s"} <= set(df.columns)
     assert (df["energy_j"] > 0).all()
+
+
+def test_compute_against_the_first_scenario_cancels_a_locked_clock(tmp_path: Path) -> None:
+    """Closed form: under a clock locked at half the compute clock, the sequential run's GEMM (the
+    only compute, clock-bound) takes twice its isolated time, so its compute slowdown against
+    isolated kernels is +100%. Measured against that sequential run instead, as the overlap
+    studies measure, the overlapped run's compute slowdown is its compute time over the
+    sequential one's."""
+    # H100: its GEMM efficiency holds at the compute clock (A100's was measured while throttled).
+    half = ovsim.hw.spec.load_gpu("h100-sxm5-80gb").clocks.compute_clock_hz / 2
+    paths = []
+    for name in ("sequential", "overlapped"):
+        src = EXAMPLE.parent / f"gemm-allreduce-h100x4-{name}.yaml"
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(src.read_text() + f"power: {{sm_clock_hz: {half}}}\n")
+        paths.append(p)
+    df = ovsim.api.compare(paths)
+    seq, over = df.iloc[0], df.iloc[1]
+    assert seq["compute_slowdown"] == pytest.approx(1.0, rel=1e-9)
+    assert seq["compute_vs_first"] == 0.0
+    assert over["compute_vs_first"] == pytest.approx(over["compute_s"] / seq["compute_s"] - 1, rel=1e-12)
+    assert over["compute_vs_first"] < over["compute_slowdown"]
 
 
 @pytest.mark.parametrize(("args", "words"), [

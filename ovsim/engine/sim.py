@@ -16,8 +16,10 @@ flow finishing, a latency elapsing. At each such instant it
 6. schedules the GPU's next completion.
 
 Identical SMs are kept as groups ("100 SMs each running one GEMM block, 32 running one NCCL block")
-so the cost does not grow with the SM count. Waves, tails, a persistent kernel blocking a later
-one, and collectives waiting for their slowest rank all come out of these rules.
+so the cost does not grow with the SM count, and a kernel's waves that nothing else can interleave
+with are taken in one event (``Engine._batch``), so the cost does not grow with its waves either.
+Waves, tails, a persistent kernel blocking a later one, and collectives waiting for their slowest
+rank all come out of these rules.
 
 Work is local: a GPU's rates depend only on its own SMs and HBM and on the flows that use them, so
 an event recomputes only the GPUs it touches, closed over the flows moving data through them
@@ -54,10 +56,10 @@ class _Kernel:
     """A launched kernel (or the SM-resident part of a collective) on one GPU."""
 
     __slots__ = (
-        "ask", "blocks", "blocks_per_sm_alone", "bytes_per_block", "clock_cls", "clock_s", "clock_sensitive", "end_s",
-        "flow", "gpu", "id", "issue", "issued", "launch_s", "max_resident", "op", "partitions", "priority", "pw_tensor",
-        "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s", "share_link_s", "share_sm_s", "smem",
-        "start_s", "t_block", "theta", "threads", "undispatched", "wait_peers_s", "wait_sm_s",
+        "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "clock_cls", "clock_s", "clock_sensitive",
+        "end_s", "flow", "gpu", "id", "issue", "issued", "launch_s", "max_resident", "op", "partitions", "priority",
+        "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s", "share_link_s", "share_sm_s",
+        "smem", "start_s", "t_block", "theta", "threads", "undispatched", "wait_peers_s", "wait_sm_s",
     )
 
     def __init__(self, op: Op, gpu: _Gpu, priority: int, seq: int, now: float, nccl_issue: float,
@@ -81,6 +83,7 @@ class _Kernel:
         self.blocks = k.blocks
         self.undispatched = k.blocks
         self.resident = 0
+        self.batched = 0  # blocks of later waves held by a fast-forwarded entry (see Engine._batch)
         m = gpu.model
         self.threads = math.ceil(k.block.threads / m.warp_size) * m.warp_size
         self.regs = allocated_registers(k.block.threads, k.block.registers_per_thread, m.warp_size,
@@ -128,14 +131,18 @@ def _fit(threads: int, regs: int, smem: int, blocks: int, k: _Kernel) -> int:
 
 
 class _Entry:
-    """Blocks of one kernel, ``per_sm`` on every SM of a group, all with the same work left."""
+    """Blocks of one kernel, ``per_sm`` on every SM of a group, all with the same work left.
 
-    __slots__ = ("born", "k", "per_sm", "rate", "remaining", "share")
+    A fast-forwarded entry also holds its kernel's next ``extra`` waves on the same SMs:
+    ``remaining`` then counts their work too (one unit per wave)."""
+
+    __slots__ = ("born", "extra", "k", "per_sm", "rate", "remaining", "share")
 
     def __init__(self, k: _Kernel, per_sm: int, remaining: float, born: float) -> None:
         self.k = k
         self.per_sm = per_sm
-        self.remaining = remaining  # fraction of one block's work
+        self.remaining = remaining  # fraction of one block's work (plus ``extra`` whole blocks)
+        self.extra = 0
         self.born = born
         self.rate = 0.0  # block fractions per second
         self.share = 1.0  # issue share granted / issue share asked
@@ -168,8 +175,8 @@ class _Group:
 
 
 class _Gpu:
-    __slots__ = ("ce_free", "ce_waiting", "clock_factor", "clock_frac", "flows", "groups", "last_t", "model", "mult",
-                 "n_partitions", "pending", "rank", "running", "throttled", "timer", "timer_at")
+    __slots__ = ("batched", "ce_free", "ce_waiting", "clock_factor", "clock_frac", "flows", "groups", "last_t", "model",
+                 "mult", "n_partitions", "pending", "rank", "running", "throttled", "timer", "timer_at")
 
     def __init__(self, rank: int, model: GpuModel) -> None:
         self.rank = rank
@@ -196,6 +203,7 @@ class _Gpu:
         self.last_t = 0.0  # the GPU's state is up to date to this time
         self.timer = 0  # version of the GPU's pending completion timer
         self.timer_at = _INF  # when it fires
+        self.batched = False  # some entry holds later waves (Engine._batch)
 
 
 @dataclass
@@ -236,6 +244,25 @@ class _Flow:
     ranks: tuple[int, ...] = ()
 
 
+def _interleave(sizes: list[int], first_end_s: list[float], period_s: list[float], blocks: int) -> list[int]:
+    """Whole waves each group of SMs runs from ``blocks`` waiting blocks, groups refilling themselves
+    as their waves end (group i: ``sizes[i]`` blocks a wave, current wave ending at
+    ``first_end_s[i]``, then one every ``period_s[i]``), counted up to the first wave end that finds
+    too few blocks for every group ending then (within float round-off, ends are simultaneous)."""
+    given = [0] * len(sizes)
+    ends = list(first_end_s)
+    while True:
+        t = min(ends)
+        tie = [i for i, x in enumerate(ends) if x <= t + 1e-9 * max(t, 1e-9)]
+        need = sum(sizes[i] for i in tie)
+        if need > blocks:
+            return given
+        blocks -= need
+        for i in tie:
+            given[i] += 1
+            ends[i] += period_s[i]
+
+
 class _Stream:
     __slots__ = ("busy", "idx", "key", "ops", "priority", "slept")
 
@@ -259,6 +286,9 @@ class EngineOptions:
     # Track power (``power_w`` and ``sm_clock_hz`` counters) and, with a cap or a locked clock in
     # its settings, run the clock loop; None: no power, no clock loop (benchmarks, replay).
     power: PowerConfig | None = None
+    # Take a kernel's waves that nothing else can interleave with in one event (Engine._batch).
+    # The timeline is the same either way, to float round-off; off only to check that.
+    fast_forward: bool = True
 
 
 class Engine:
@@ -520,7 +550,10 @@ class Engine:
             return
         self.touched[rank] = None
         self.to_complete.append(rank)
-        self._advance(self.gpus[rank])
+        gpu = self.gpus[rank]
+        self._advance(gpu)
+        if gpu.batched:
+            self._unbatch(gpu)
 
     def _resolve(self, _: simpy.Event | None) -> None:
         self.resolve_pending = False
@@ -574,6 +607,9 @@ class Engine:
         self._rates(ranks)
         if self.power is not None:
             self._power(ranks)
+        if self.opts.fast_forward:
+            for r in ranks:
+                self._batch(self.gpus[r])
         for r in ranks:
             self._schedule_next(self.gpus[r])
 
@@ -592,7 +628,7 @@ class Engine:
                 if k.resident == 0:
                     k.wait_sm_s += dt
                     continue
-                alone = k.undispatched + k.resident
+                alone = k.undispatched + k.batched + k.resident
                 if alone > k.max_resident:
                     alone = k.max_resident
                 f_res = k.resident / alone if k.resident < alone else 1.0
@@ -756,6 +792,81 @@ class Engine:
                 merged[key] = g
                 out.append(g)
         gpu.groups = out
+
+    # -- fast-forwarding waves -----------------------------------------------------------------
+
+    def _batch(self, gpu: _Gpu) -> None:
+        """Fast-forward waves: give a kernel's next whole waves to the SMs that would run them,
+        as long as nothing else happens on the GPU, so that they take one event instead of one each.
+
+        When blocks finish, the dispatcher gives the room they free to the first pending kernel
+        with blocks left that may use the partition. If that is the blocks' own kernel, it refills
+        the same SMs with the same layer (any other room it could use, it would have filled
+        already), and the rates after the refill are the rates before it. So each group of SMs
+        holding the kernel keeps running it, one wave after another, at its present rate, until
+        the kernel's blocks run short. Which group gets which of the remaining blocks follows from
+        the order in which their waves end; the waves given away are those that end before the
+        first moment a group would find too few blocks (or groups ending together would compete
+        for them). The entries hold them as ``extra`` (their blocks move from ``undispatched`` to
+        ``batched``); any event that touches the GPU first returns the waves not begun
+        (:meth:`_unbatch`), so the dispatcher and every rate see exactly what they would have seen.
+        Runs after the rates are set: a group's wave lasts ``1 / rate``."""
+        if not gpu.pending:
+            return
+        first: dict[str, _Kernel] = {}
+        for k in gpu.pending:
+            if k.undispatched > 0:
+                for p in k.partitions:
+                    first.setdefault(p, k)
+        if not first:
+            return
+        held: dict[int, list[tuple[_Group, _Entry]]] = {}
+        for g in gpu.groups:
+            for e in g.entries:
+                held.setdefault(id(e.k), []).append((g, e))
+        for k in {id(k): k for k in first.values()}.values():
+            where = held.get(id(k))
+            if (k.flow is not None or not where or len({id(g) for g, _ in where}) < len(where)
+                    or any(first.get(g.part) is not k or e.extra or e.rate <= 0 for g, e in where)):
+                continue
+            # The blocks a kernel short of SMs would fill them with stay waiting: the slow-down
+            # attribution (Engine._advance) counts them while the waves run.
+            spare = k.undispatched - max(0, k.max_resident - k.resident)
+            if spare <= 0:
+                continue
+            if len(where) == 1:
+                g, e = where[0]
+                wave = g.n * e.per_sm
+                self._give(gpu, k, e, wave, spare // wave)
+                continue
+            waves = _interleave([g.n * e.per_sm for g, e in where], [e.remaining / e.rate for _, e in where],
+                                [1.0 / e.rate for _, e in where], spare)
+            for (g, e), n in zip(where, waves, strict=True):
+                self._give(gpu, k, e, g.n * e.per_sm, n)
+
+    @staticmethod
+    def _give(gpu: _Gpu, k: _Kernel, e: _Entry, wave: int, waves: int) -> None:
+        if waves > 0:
+            e.extra = waves
+            e.remaining += waves
+            k.undispatched -= waves * wave
+            k.batched += waves * wave
+            gpu.batched = True
+
+    def _unbatch(self, gpu: _Gpu) -> None:
+        """Give fast-forwarded waves not yet begun back to their kernels (see :meth:`_batch`)."""
+        for g in gpu.groups:
+            for e in g.entries:
+                if e.extra:
+                    k = e.k
+                    # Each wave is one unit of work, the current one last to have begun.
+                    left = min(e.extra, max(0, math.ceil(e.remaining) - 1))
+                    e.remaining -= left
+                    wave = g.n * e.per_sm
+                    k.batched -= e.extra * wave
+                    k.undispatched += left * wave
+                    e.extra = 0
+        gpu.batched = False
 
     # -- the block dispatcher ------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from ovsim.engine.machine import build_machine
-from ovsim.engine.sim import Engine
+from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.hw.calib import Calibration
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.models import cost
@@ -50,6 +50,23 @@ def test_lone_gemm_is_its_roofline_with_waves(h100: GpuSpec, h100_calib: Calibra
     out = run([Op("g", "g", "gemm", 0, "s", kernel=gemm)], [StreamSpec(0, "s")], h100_node, h100, h100_calib)
     assert out.loc["g", "duration_s"] == pytest.approx(expected, rel=1e-9)
     assert waves == 16  # 2048 tiles on 132 SMs: 15.5 waves quantize to 16
+
+
+def test_waves_nothing_can_interleave_with_take_one_event(h100: GpuSpec, h100_calib: Calibration,
+                                                           h100_node: SystemSpec) -> None:
+    """A lone 16-wave GEMM: 15 full waves then a tail of 68 blocks. Fast-forwarded, the engine
+    needs an event for the launch, one for the 15 full waves, one for the tail; one per wave
+    otherwise."""
+    gemm = cost.gemm(8192, 8192, 8192, "bf16", h100, h100_calib.params, tile=(128, 256, 64))
+    ops = (Op("g", "g", "gemm", 0, "s", kernel=gemm),)
+    events = {}
+    for ff in (True, False):
+        engine = Engine(Workload(ops=ops, streams=(StreamSpec(0, "s"),), n_ranks=1),
+                        build_machine(h100_node, h100, h100_calib.params, n_ranks=1), EngineOptions(fast_forward=ff))
+        out = engine.run().ops.set_index("id")
+        assert out.loc["g", "duration_s"] == pytest.approx(gemm.isolated_s, rel=1e-12)
+        events[ff] = engine.resolves
+    assert events == {True: 3, False: 17}
 
 
 def test_gemm_filling_every_sm_delays_a_later_collective(h100: GpuSpec, h100_calib: Calibration,
