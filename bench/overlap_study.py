@@ -2,14 +2,14 @@
 seed-and-validation-numbers.md) and the GEMM + all-reduce priority/shaping study (Cui & Pericas,
 arXiv 2606.09200), predicted by ovsim and set against the published figures.
 
-    python bench/overlap_study.py            # the matrix with 4 layers per model (minutes)
-    python bench/overlap_study.py --layers 0 # full depth (slow)
+    python bench/overlap_study.py            # the matrix with 4 layers per model (about 30 s)
+    python bench/overlap_study.py --layers 0 # full depth (about 3.5 minutes)
 
 Compute slowdown = overlapped compute time / the same compute alone - 1; "sequential slower" =
 sequential iteration / overlapped iteration - 1. The reduced-depth matrix keeps every layer's
 shapes and only cuts the count. It understates whole-iteration slowdowns, because the embedding,
 head, optimizer and the edge layers (little compute to hide under) weigh more in a short model;
-notebooks/overlap_study.ipynb extrapolates to full depth instead.
+notebooks/overlap_study.ipynb extrapolates to full depth instead; docs/training.md has the full-depth figures.
 """
 
 from __future__ import annotations

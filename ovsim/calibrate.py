@@ -28,8 +28,9 @@ What is fitted, from what, and how
     sizes at least; the prediction uses the fit only for that exact collective and rank count.
 
 ``gemm``
-    ``gemm_efficiency`` per precision from GEMM kernels that ran without communication and whose
-    launching operator records input shapes; see :func:`fit_gemm`.
+    ``gemm_efficiency`` (of the main loop) and ``gemm_tile_overhead_s`` (fixed time per wave of
+    tiles) per precision from GEMM kernels that ran without communication and whose launching
+    operator records input shapes; see :func:`fit_gemm`.
 
 ``power``
     ``power_idle_w`` and the power weights (``power_tensor_w``, ``power_fp32_w``,
@@ -337,8 +338,16 @@ def gemm_problem(host_op: str) -> tuple[int, int, int, int] | None:
     return None
 
 
+# CUTLASS and cuBLAS tensor-op names: accumulator letter, MMA instruction shape, "gemm".
+_MMA = re.compile(r"(?:^|_)(?P<acc>[sdhi])(?P<shape>\d{3,5})gemm")
+
+
 def gemm_precision(kernel_name: str) -> str | None:
-    """The tensor-core precision a GEMM kernel's name says, where it says one."""
+    """The tensor-core precision a GEMM kernel's name says, where it says one: an input type in
+    the name, else the instruction: ``h1688gemm`` / ``h16816gemm`` accumulate in half precision
+    (fp16 inputs), ``s1688gemm`` with no input type is Ampere's fp32-in, fp32-accumulate MMA,
+    i.e. TF32 (Turing's and Volta's fp16 variants name their fp16 inputs), ``d884gemm`` FP64
+    tensor cores, ``i8816gemm`` / ``i16832gemm`` INT8. CUDA-core kernels (``sgemm``) have none."""
     n = kernel_name.lower()
     if "e4m3" in n or "e5m2" in n:
         return "fp8"
@@ -348,21 +357,36 @@ def gemm_precision(kernel_name: str) -> str | None:
         return "tf32"
     if "f16" in n or "hgemm" in n or "fp16" in n:
         return "fp16"
-    return None
+    m = _MMA.search(n)
+    if m is None:
+        return None
+    acc, shape = m["acc"], m["shape"]
+    if acc == "h":
+        return "fp16"
+    if acc == "d":
+        return "fp64"
+    if acc == "i":
+        return "int8"
+    return "tf32" if shape == "1688" else None
 
 
 def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``gemm_efficiency`` per precision from GEMM kernels that ran without communication and whose
-    launching operator records its input shapes. Model: the cost model's waves with the measured
-    grid and occupancy, ``t = kernel_overhead_s + waves x blocks_per_sm x (2 M N K batch / grid) /
-    (peak / SMs x efficiency)``; the efficiency minimising the mean absolute relative error
-    (bounded scalar search)."""
-    from scipy.optimize import minimize_scalar
+    """``gemm_efficiency`` and ``gemm_tile_overhead_s`` per precision from GEMM kernels that ran
+    without communication and whose launching operator records its input shapes.
+
+    Model: the cost model's waves with the measured grid and occupancy, ``t = kernel_overhead_s +
+    waves x (blocks_per_sm x (2 M N K batch / grid) / (peak / SMs x efficiency) + tile_s)``: a main
+    loop at the efficiency, and a fixed time per wave of tiles (pipeline fill, epilogue) that makes
+    short-K and small GEMMs less efficient. Both minimise the mean absolute relative error (Powell,
+    bounded, from the relative least-squares solution). The fixed time is fitted only where the
+    points identify it (main-loop work per wave differing by 2x or more between them) and kept
+    only where it lowers the error of the efficiency alone, which is fitted and recorded too."""
+    from scipy.optimize import lsq_linear, minimize, minimize_scalar
 
     from ovsim.models import cost
     from ovsim.replay import _block
 
-    work: dict[str, list[tuple[float, float, float]]] = {}  # precision -> (t, W, flops)
+    work: dict[str, list[tuple[float, float, float, float]]] = {}  # precision -> (t, W, waves, flops)
     for tr in traces:
         gpu = load_gpu(tr.gpu)
         df = tr.bundle.kernels.reset_index(drop=True)
@@ -380,35 +404,58 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
             flops = 2.0 * prob[0] * prob[1] * prob[2] * prob[3]
             waves = math.ceil(grid / (gpu.sm.count * occ))
             w = waves * occ * (flops / grid) / (gpu.peak_flops_per_s(prec) / gpu.sm.count)
-            work.setdefault(prec, []).append((float(c.dur[i]), w, flops))
+            work.setdefault(prec, []).append((float(c.dur[i]), w, float(waves), flops))
     if not work:
         raise OvsimError("no GEMM kernel without communication beside it has a launching operator with input "
                          "shapes (record_shapes) and a precision in its name", field="gemm")
-    values: dict[str, float] = {}
-    record: dict[str, Any] = {"method": "bounded scalar search for the efficiency minimising the mean absolute "
-                                        "relative error of the cost model's waves at the measured grid",
-                              "precisions": {}}
+    effs: dict[str, float] = {}
+    tiles: dict[str, float] = {}
+    record: dict[str, Any] = {"method": "the cost model's waves at the measured grid: main-loop efficiency and a "
+                                        "fixed time per wave of tiles, minimising the mean absolute relative "
+                                        "error (Powell, bounded)", "precisions": {}}
+    ko = params.kernel_overhead_s
     for prec, pts in sorted(work.items()):
         t_s = np.array([p[0] for p in pts])
         w_s = np.array([p[1] for p in pts])
-        gflop = np.array([p[2] for p in pts]) / 1e9
+        waves = np.array([p[2] for p in pts])
+        gflop = np.array([p[3] for p in pts]) / 1e9
 
-        def err(eff: float, t_s: np.ndarray = t_s, w_s: np.ndarray = w_s) -> float:
-            return float(np.mean(np.abs(params.kernel_overhead_s + w_s / eff - t_s) / t_s))
+        def mape(inv_eff: float, tile_s: float, t_s: np.ndarray = t_s, w_s: np.ndarray = w_s,
+                 waves: np.ndarray = waves) -> float:
+            return float(np.mean(np.abs(ko + w_s * inv_eff + waves * tile_s - t_s) / t_s))
 
-        res = minimize_scalar(err, bounds=(0.01, 1.0), method="bounded", options={"xatol": 1e-4})
-        eff = round(float(res.x), 3)
-        pred = params.kernel_overhead_s + w_s / eff
+        one = minimize_scalar(lambda e: mape(1.0 / e, 0.0), bounds=(0.01, 1.0), method="bounded",
+                              options={"xatol": 1e-4})
+        eff, tile = round(float(one.x), 3), 0.0
+        per_wave = w_s / waves
+        identified = len(pts) >= 3 and float(per_wave.max()) >= 2.0 * float(per_wave.min())
+        note = "the points do not identify a fixed time per wave (their main-loop work per wave is too alike)"
+        if identified:
+            # Relative least squares (rows divided by the time) gives the start; L1 refines it.
+            a = np.column_stack([w_s, waves]) / t_s[:, None]
+            start = lsq_linear(a, (t_s - ko) / t_s, bounds=([1.0, 0.0], [100.0, 1e-3])).x
+            res = minimize(lambda x: mape(x[0], x[1] * 1e-6), x0=[start[0], start[1] * 1e6], method="Powell",
+                           bounds=[(1.0, 100.0), (0.0, 1000.0)], options={"xtol": 1e-6, "ftol": 1e-9})
+            e2, t2 = round(1.0 / float(res.x[0]), 3), round(float(res.x[1]) * 1e-6, 9)
+            if mape(1.0 / e2, t2) < mape(1.0 / eff, 0.0):
+                eff, tile = e2, t2
+                note = "main-loop efficiency and a fixed time per wave of tiles"
+            else:
+                note = "a fixed time per wave did not lower the error of the efficiency alone"
+        pred = ko + w_s / eff + waves * tile
         rel = np.abs(pred - t_s) / t_s
         big = gflop >= np.median(gflop)
-        values[prec] = eff
+        effs[prec] = eff
+        tiles[prec] = tile
         record["precisions"][prec] = {
             "points": len(pts), "fit_mape_pct": round(float(rel.mean() * 100), 2),
+            "fit_mape_pct_efficiency_only": round(mape(1.0 / round(float(one.x), 3), 0.0) * 100, 2),
+            "efficiency_only": round(float(one.x), 3),
             "fit_mape_pct_larger_half": round(float(rel[big].mean() * 100), 2),
             "fit_mape_pct_smaller_half": round(float(rel[~big].mean() * 100), 2),
             "gflop_range": [round(float(gflop.min()), 4), round(float(gflop.max()), 2)],
-            "note": "one efficiency per precision: the cost model's shape dependence is tiles and waves only"}
-    return {"gemm_efficiency": values}, record
+            "note": note}
+    return {"gemm_efficiency": effs, "gemm_tile_overhead_s": tiles}, record
 
 
 # Weights of ovsim.hw.power.fit_power -> (the activity that identifies each, the calibration

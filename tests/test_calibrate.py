@@ -25,7 +25,7 @@ from ovsim.cli import main
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.spec import SystemSpec, load_gpu
-from ovsim.models import nccl
+from ovsim.models import cost, nccl
 from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
 from ovsim.replay import replay
 from ovsim.traces.load import write_table
@@ -197,6 +197,14 @@ def test_gemm_problems_from_launching_operators() -> None:
     assert gemm_problem("aten::cudnn_convolution[[1, 3, 224, 224], [768, 3, 16, 16]]") is None
     assert gemm_precision("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "bf16"
     assert gemm_precision("volta_sgemm_32x128_tn") is None
+    # CUTLASS names carry the instruction, not always the input type.
+    assert gemm_precision("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nt_align4>(") == "tf32"
+    assert gemm_precision("cutlass_80_tensorop_h16816gemm_256x128_32x3_nn_align8") == "fp16"
+    assert gemm_precision("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn") == "fp16"
+    assert gemm_precision("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn") == "bf16"
+    assert gemm_precision("cutlass_80_tensorop_d884gemm_64x64_16x4_nn_align1") == "fp64"
+    assert gemm_precision("cutlass_80_tensorop_s16816gemm_64x64_32x6_nn") is None  # input type unsaid
+    assert gemm_precision("ampere_sgemm_128x64_nn") is None
 
 
 def test_gemm_fit_recovers_the_planted_efficiency() -> None:
@@ -217,7 +225,39 @@ def test_gemm_fit_recovers_the_planted_efficiency() -> None:
     tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="g", gpu=GPU)
     report = calibrate([tr], GPU, quantities=["gemm"])
     assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(eff, abs=1e-3)
+    assert report.parameters["gemm_tile_overhead_s"]["bf16"] == pytest.approx(0.0, abs=1e-8)
     assert report.fits["gemm"]["precisions"]["bf16"]["points"] == 3
+
+
+def test_gemm_fit_recovers_a_planted_time_per_wave_and_the_cost_model_uses_it() -> None:
+    """GEMMs timed as t = overhead + waves x (blocks_per_sm x flops_per_block / (peak / SMs x 0.7)
+    + 4 us), over shapes whose main-loop work per wave spans 64x (short K to long K): the fit must
+    give 0.7 and 4 us back, where the efficiency alone cannot fit them. Then the cost model, with
+    those values, prices a GEMM by the same closed form."""
+    gpu = load_gpu(GPU)
+    p = load_calibration(gpu, GPU).params
+    eff, tile_s, sms = 0.7, 4e-6, gpu.sm.count
+    per_sm = gpu.peak_flops_per_s("bf16") / sms * eff
+    rows = []
+    shapes = ((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256), (8192, 8192, 8192, 4096),
+              (1024, 1024, 16384, 64))
+    for i, (m, n, k, grid) in enumerate(shapes):
+        waves = -(-grid // (sms * 2))
+        t = p.kernel_overhead_s + waves * (2 * (2.0 * m * n * k / grid) / per_sm + tile_s)
+        row = kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 1e4 * i, t * 1e6, kind="gemm", grid=grid,
+                     host_op=f"aten::mm[[{m}, {k}], [{k}, {n}]]")
+        rows.append({**row, "block_x": 256, "registers_per_thread": 128})
+    tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="g", gpu=GPU)
+    report = calibrate([tr], GPU, quantities=["gemm"])
+    assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(eff, abs=2e-3)
+    assert report.parameters["gemm_tile_overhead_s"]["bf16"] == pytest.approx(tile_s, rel=0.02)
+    rec = report.fits["gemm"]["precisions"]["bf16"]
+    assert rec["fit_mape_pct"] < 0.5 < rec["fit_mape_pct_efficiency_only"]
+    fitted = p.merged({"gemm_efficiency": {"bf16": eff}, "gemm_tile_overhead_s": {"bf16": tile_s}})
+    # 128x256 tiles, one per H100 SM: 64 x 16 = 1024 tiles in ceil(1024 / 132) = 8 waves.
+    g = cost.gemm(8192, 4096, 512, "bf16", gpu, fitted, tile=(128, 256, 64))
+    expected = p.kernel_overhead_s + 8 * (2.0 * 128 * 256 * 512 / per_sm + tile_s)
+    assert g.isolated_s == pytest.approx(expected, rel=1e-12)
 
 
 # Planted power parameters: none of them is a shipped value, so recovering them shows the fit read

@@ -30,6 +30,11 @@ class Parameters(BaseModel):
 
     # Fraction of the dense tensor peak a large, well-shaped GEMM reaches, per precision.
     gemm_efficiency: dict[str, float] = Field(default_factory=lambda: {"default": 0.8})
+    # Time each wave of GEMM tiles spends beside its main loop (pipeline fill, epilogue), per
+    # precision ("default" for the others); with it, gemm_efficiency is the main loop's. It is what
+    # makes short-K and small GEMMs less efficient than tiles and waves alone say. Fitted by
+    # `ovsim calibrate --fit gemm`; 0 where no fit says otherwise.
+    gemm_tile_overhead_s: dict[str, float] = Field(default_factory=dict)
     attention_efficiency: float = 0.6
     # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches.
     memory_kernel_efficiency: float = 0.9
@@ -63,6 +68,14 @@ class Parameters(BaseModel):
         for k, x in v.items():
             if not 0.0 <= x < 1.0:
                 raise ValueError(f"{k}: a share of HBM capacity in [0, 1), got {x}")
+        return v
+
+    @field_validator("gemm_tile_overhead_s")
+    @classmethod
+    def _tile_time(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if not 0.0 <= x < 1e-3:
+                raise ValueError(f"{k}: seconds per wave of tiles in [0, 1 ms), got {x}")
         return v
 
     @field_validator("replay_hbm_fraction")
@@ -107,6 +120,9 @@ class Parameters(BaseModel):
 
     def gemm_eff(self, precision: str) -> float:
         return self.gemm_efficiency.get(precision, self.gemm_efficiency.get("default", 0.8))
+
+    def gemm_tile_s(self, precision: str) -> float:
+        return self.gemm_tile_overhead_s.get(precision, self.gemm_tile_overhead_s.get("default", 0.0))
 
     def merged(self, overrides: dict[str, Any]) -> Parameters:
         """These parameters with ``overrides`` on top (mapping-valued ones merged key by key), as a

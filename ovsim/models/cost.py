@@ -135,8 +135,9 @@ def gemm(
 ) -> KernelDemand:
     """A tiled tensor-core GEMM: output tiles are blocks, each block computes one tile.
 
-    Time is the roofline per tile (tensor rate per SM times the calibrated efficiency, or the tile's
-    share of HBM) times the number of waves, so tile and wave quantization emerge from the grid.
+    Time is the roofline per tile (tensor rate per SM times the calibrated efficiency, plus the
+    calibrated fixed time of a wave of tiles, or the tile's share of HBM) times the number of waves,
+    so tile and wave quantization emerge from the grid.
     ``sm_count`` plans the grid for fewer SMs (cuBLASLt's SM_COUNT_TARGET); the block count is
     unchanged, only the waves are. ``extra_shared_mem_bytes`` shapes occupancy: the padded blocks
     do the same work at the same per-block speed, but fewer fit on an SM, so the SM is less busy and
@@ -169,8 +170,9 @@ def gemm(
     flops_tile = 2.0 * tm * tn * k_per_block
     per_sm_rate = gpu.peak_flops_per_s(precision) / gpu.sm.count * params.gemm_eff(precision)
     # Co-resident tiles share the SM's tensor throughput: at its natural occupancy a block takes
-    # `occ_natural` tile-times and uses 1/occ_natural of the SM.
-    t_wave = occ_natural * flops_tile / per_sm_rate
+    # `occ_natural` tile-times and uses 1/occ_natural of the SM. The fill and epilogue of a wave's
+    # tiles add a fixed time (calibrated; co-resident tiles overlap theirs).
+    t_wave = occ_natural * flops_tile / per_sm_rate + params.gemm_tile_s(precision)
     waves = math.ceil(blocks / (sms * occ))
     flops = 2.0 * m * n * k * batch
     # A and B read about twice (tile re-reads that miss L2), C written once: an assumption until

@@ -1,0 +1,78 @@
+"""Held-out check of ``ovsim calibrate --fit gemm``: split a trace's GEMM kernels in two by launch
+signature (kernel name and launching operator), fit on one half, score the other, both ways. Prints
+the held-out mean absolute percentage error with the fitted main-loop efficiency and time per wave
+of tiles, and with the efficiency alone (also fitted on the same half).
+
+    python bench/gemm_fit_holdout.py [TRACE GPU]
+
+Default: the HTA ``sampled_rank-0`` trace (A100, TF32 CUTLASS GEMMs) on a100-sxm4-80gb.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from ovsim.calibrate import TraceInput, fit_gemm, gemm_precision, gemm_problem, trace_input
+from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.spec import load_gpu
+from ovsim.models import cost
+from ovsim.replay import _block, _Cols, _overlap_flags
+
+DEFAULT = ("../shared/traces/HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz",
+           "a100-sxm4-80gb")
+
+
+def scored(tr: TraceInput, params: Parameters, eff: dict[str, float], tile_s: dict[str, float]) -> list[float]:
+    """Relative errors of the GEMMs fit_gemm would use, priced by the fitted form."""
+    gpu = load_gpu(tr.gpu)
+    c = _Cols.of(tr.bundle.kernels.reset_index(drop=True))
+    overlapped = _overlap_flags(c)
+    out = []
+    for i in np.flatnonzero(np.array([k == "gemm" for k in c.kind]) & ~overlapped):
+        name = c.name[i].lower()
+        prob, prec = gemm_problem(c.host_op[i]), gemm_precision(c.name[i])
+        if "reduce" in name or "gemv" in name or not c.dur[i] > 0 or prob is None or prec not in eff:
+            continue
+        grid, shape = _block(c, int(i), gpu)
+        occ = max(1, cost.blocks_per_sm(shape, gpu))
+        waves = math.ceil(grid / (gpu.sm.count * occ))
+        flops = 2.0 * prob[0] * prob[1] * prob[2] * prob[3]
+        main_s = waves * occ * (flops / grid) / (gpu.peak_flops_per_s(prec) / gpu.sm.count * eff[prec])
+        t = params.kernel_overhead_s + main_s + waves * tile_s.get(prec, 0.0)
+        out.append(abs(t - c.dur[i]) / c.dur[i])
+    return out
+
+
+def main() -> None:
+    path, gpu_name = (sys.argv[1], sys.argv[2]) if len(sys.argv) > 2 else DEFAULT
+    tr = trace_input([Path(path)], gpu_name)
+    params = load_calibration(load_gpu(gpu_name), gpu_name).params
+    df = tr.bundle.kernels.reset_index(drop=True)
+    half = np.array([zlib.crc32(f"{n}|{h}".encode()) % 2 for n, h in zip(df["name"], df["host_op"].astype(str),
+                                                                       strict=True)])
+    is_gemm = (df["kind"] == "gemm").to_numpy()
+    for f in (0, 1):
+        def part(sel: np.ndarray) -> TraceInput:
+            # Other kernels stay, so that overlap with communication is judged as in the whole trace.
+            return dataclasses.replace(tr, bundle=dataclasses.replace(tr.bundle, kernels=df[sel | ~is_gemm]))
+
+        fit_on, test_on = part(half == f), part(half != f)
+        values, rec = fit_gemm([fit_on], params)
+        eff, tile = values["gemm_efficiency"], values["gemm_tile_overhead_s"]
+        alone = {p: r["efficiency_only"] for p, r in rec["precisions"].items()}
+        both = scored(test_on, params, eff, tile)
+        one = scored(test_on, params, alone, {})
+        per_wave = {k: f"{v * 1e6:.2f} us" for k, v in tile.items()}
+        print(f"fit on half {f}: efficiency {eff}, time per wave {per_wave}; "
+              f"held-out half: {len(both)} GEMMs, MAPE {np.mean(both) * 100:.1f}% "
+              f"(efficiency alone {alone}: {np.mean(one) * 100:.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
