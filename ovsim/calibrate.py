@@ -417,22 +417,22 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
     for prec, pts in sorted(work.items()):
         t_s = np.array([p[0] for p in pts])
         w_s = np.array([p[1] for p in pts])
-        waves = np.array([p[2] for p in pts])
+        n_waves = np.array([p[2] for p in pts])
         gflop = np.array([p[3] for p in pts]) / 1e9
 
         def mape(inv_eff: float, tile_s: float, t_s: np.ndarray = t_s, w_s: np.ndarray = w_s,
-                 waves: np.ndarray = waves) -> float:
-            return float(np.mean(np.abs(ko + w_s * inv_eff + waves * tile_s - t_s) / t_s))
+                 n_waves: np.ndarray = n_waves) -> float:
+            return float(np.mean(np.abs(ko + w_s * inv_eff + n_waves * tile_s - t_s) / t_s))
 
         one = minimize_scalar(lambda e: mape(1.0 / e, 0.0), bounds=(0.01, 1.0), method="bounded",
                               options={"xatol": 1e-4})
         eff, tile = round(float(one.x), 3), 0.0
-        per_wave = w_s / waves
+        per_wave = w_s / n_waves
         identified = len(pts) >= 3 and float(per_wave.max()) >= 2.0 * float(per_wave.min())
         note = "the points do not identify a fixed time per wave (their main-loop work per wave is too alike)"
         if identified:
             # Relative least squares (rows divided by the time) gives the start; L1 refines it.
-            a = np.column_stack([w_s, waves]) / t_s[:, None]
+            a = np.column_stack([w_s, n_waves]) / t_s[:, None]
             start = lsq_linear(a, (t_s - ko) / t_s, bounds=([1.0, 0.0], [100.0, 1e-3])).x
             res = minimize(lambda x: mape(x[0], x[1] * 1e-6), x0=[start[0], start[1] * 1e6], method="Powell",
                            bounds=[(1.0, 100.0), (0.0, 1000.0)], options={"xtol": 1e-6, "ftol": 1e-9})
@@ -442,7 +442,7 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
                 note = "main-loop efficiency and a fixed time per wave of tiles"
             else:
                 note = "a fixed time per wave did not lower the error of the efficiency alone"
-        pred = ko + w_s / eff + waves * tile
+        pred = ko + w_s / eff + n_waves * tile
         rel = np.abs(pred - t_s) / t_s
         big = gflop >= np.median(gflop)
         effs[prec] = eff
