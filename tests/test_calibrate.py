@@ -207,55 +207,50 @@ def test_gemm_problems_from_launching_operators() -> None:
     assert gemm_precision("ampere_sgemm_128x64_nn") is None
 
 
-def test_gemm_fit_recovers_the_planted_efficiency() -> None:
-    """GEMMs timed by the cost model's wave form at efficiency 0.6: t = overhead + waves x
-    blocks_per_sm x flops_per_block / (peak / SMs x 0.6); the fit must give 0.6 back."""
+def planted_gemms(shapes: tuple[tuple[int, int, int, int], ...], eff: float, tile_s: float) -> TraceInput:
+    """BF16 GEMMs (M, N, K, grid) timed by the cost model's wave form: t = overhead + waves x
+    (blocks_per_sm x flops_per_block / (peak / SMs x eff) + tile_s), at two blocks per SM (256
+    threads x 128 registers fill half of the 65,536 registers)."""
     gpu = load_gpu(GPU)
     p = load_calibration(gpu, GPU).params
-    eff, sms = 0.6, gpu.sm.count
-    per_sm = gpu.peak_flops_per_s("bf16") / sms * eff
+    per_sm = gpu.peak_flops_per_s("bf16") / gpu.sm.count * eff
     rows = []
-    # 256 threads x 128 registers: two blocks fit on an SM (65,536 registers).
-    for i, (m, n, k, grid) in enumerate(((4096, 4096, 4096, 1024), (1024, 2048, 512, 128), (8192, 1024, 1024, 512))):
-        waves = -(-grid // (sms * 2))
-        t = p.kernel_overhead_s + waves * 2 * (2.0 * m * n * k / grid) / per_sm
-        row = kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 100.0 * i, t * 1e6, kind="gemm", grid=grid,
+    for i, (m, n, k, grid) in enumerate(shapes):
+        waves = -(-grid // (gpu.sm.count * 2))
+        t = p.kernel_overhead_s + waves * (2 * (2.0 * m * n * k / grid) / per_sm + tile_s)
+        row = kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 1e4 * i, t * 1e6, kind="gemm", grid=grid,
                      host_op=f"aten::mm[[{m}, {k}], [{k}, {n}]]")
         rows.append({**row, "block_x": 256, "registers_per_thread": 128})
-    tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="g", gpu=GPU)
+    return TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="g", gpu=GPU)
+
+
+def test_gemm_fit_recovers_the_planted_efficiency() -> None:
+    """GEMMs timed at efficiency 0.6 with no time per wave: the fit must give 0.6 and 0 back."""
+    tr = planted_gemms(((4096, 4096, 4096, 1024), (1024, 2048, 512, 128), (8192, 1024, 1024, 512)), 0.6, 0.0)
     report = calibrate([tr], GPU, quantities=["gemm"])
-    assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(eff, abs=1e-3)
+    assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(0.6, abs=1e-3)
     assert report.parameters["gemm_tile_overhead_s"]["bf16"] == pytest.approx(0.0, abs=1e-8)
     assert report.fits["gemm"]["precisions"]["bf16"]["points"] == 3
 
 
 def test_gemm_fit_recovers_a_planted_time_per_wave_and_the_cost_model_uses_it() -> None:
-    """GEMMs timed as t = overhead + waves x (blocks_per_sm x flops_per_block / (peak / SMs x 0.7)
-    + 4 us), over shapes whose main-loop work per wave spans 64x (short K to long K): the fit must
-    give 0.7 and 4 us back, where the efficiency alone cannot fit them. Then the cost model, with
-    those values, prices a GEMM by the same closed form."""
-    gpu = load_gpu(GPU)
-    p = load_calibration(gpu, GPU).params
-    eff, tile_s, sms = 0.7, 4e-6, gpu.sm.count
-    per_sm = gpu.peak_flops_per_s("bf16") / sms * eff
-    rows = []
-    shapes = ((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256), (8192, 8192, 8192, 4096),
-              (1024, 1024, 16384, 64))
-    for i, (m, n, k, grid) in enumerate(shapes):
-        waves = -(-grid // (sms * 2))
-        t = p.kernel_overhead_s + waves * (2 * (2.0 * m * n * k / grid) / per_sm + tile_s)
-        row = kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 1e4 * i, t * 1e6, kind="gemm", grid=grid,
-                     host_op=f"aten::mm[[{m}, {k}], [{k}, {n}]]")
-        rows.append({**row, "block_x": 256, "registers_per_thread": 128})
-    tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="g", gpu=GPU)
+    """GEMMs timed at efficiency 0.7 plus 4 us per wave, over shapes whose main-loop work per wave
+    spans 64x (short K to long K): the fit must give 0.7 and 4 us back, where the efficiency alone
+    cannot fit them. Then the cost model, with those values, prices a GEMM by the same closed form."""
+    eff, tile_s = 0.7, 4e-6
+    tr = planted_gemms(((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256),
+                        (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), eff, tile_s)
     report = calibrate([tr], GPU, quantities=["gemm"])
     assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(eff, abs=2e-3)
     assert report.parameters["gemm_tile_overhead_s"]["bf16"] == pytest.approx(tile_s, rel=0.02)
     rec = report.fits["gemm"]["precisions"]["bf16"]
     assert rec["fit_mape_pct"] < 0.5 < rec["fit_mape_pct_efficiency_only"]
+    gpu = load_gpu(GPU)
+    p = load_calibration(gpu, GPU).params
     fitted = p.merged({"gemm_efficiency": {"bf16": eff}, "gemm_tile_overhead_s": {"bf16": tile_s}})
     # 128x256 tiles, one per H100 SM: 64 x 16 = 1024 tiles in ceil(1024 / 132) = 8 waves.
     g = cost.gemm(8192, 4096, 512, "bf16", gpu, fitted, tile=(128, 256, 64))
+    per_sm = gpu.peak_flops_per_s("bf16") / gpu.sm.count * eff
     expected = p.kernel_overhead_s + 8 * (2.0 * 128 * 256 * 512 / per_sm + tile_s)
     assert g.isolated_s == pytest.approx(expected, rel=1e-12)
 
