@@ -11,18 +11,15 @@ Default: the HTA ``sampled_rank-0`` trace (A100, TF32 CUTLASS GEMMs) on a100-sxm
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
 
-from ovsim.calibrate import TraceInput, fit_gemm, gemm_precision, gemm_problem, trace_input
+from ovsim.calibrate import TraceInput, fit_gemm, gemm_points, trace_input
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.spec import load_gpu
-from ovsim.models import cost
-from ovsim.replay import _block, _Cols, _overlap_flags
 
 DEFAULT = ("../shared/traces/HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz",
            "a100-sxm4-80gb")
@@ -30,23 +27,8 @@ DEFAULT = ("../shared/traces/HolisticTraceAnalysis/tests/data/timeline_analysis/
 
 def scored(tr: TraceInput, params: Parameters, eff: dict[str, float], tile_s: dict[str, float]) -> list[float]:
     """Relative errors of the GEMMs fit_gemm would use, priced by the fitted form."""
-    gpu = load_gpu(tr.gpu)
-    c = _Cols.of(tr.bundle.kernels.reset_index(drop=True))
-    overlapped = _overlap_flags(c)
-    out = []
-    for i in np.flatnonzero(np.array([k == "gemm" for k in c.kind]) & ~overlapped):
-        name = c.name[i].lower()
-        prob, prec = gemm_problem(c.host_op[i]), gemm_precision(c.name[i])
-        if "reduce" in name or "gemv" in name or not c.dur[i] > 0 or prob is None or prec not in eff:
-            continue
-        grid, shape = _block(c, int(i), gpu)
-        occ = max(1, cost.blocks_per_sm(shape, gpu))
-        waves = math.ceil(grid / (gpu.sm.count * occ))
-        flops = 2.0 * prob[0] * prob[1] * prob[2] * prob[3]
-        main_s = waves * occ * (flops / grid) / (gpu.peak_flops_per_s(prec) / gpu.sm.count * eff[prec])
-        t = params.kernel_overhead_s + main_s + waves * tile_s.get(prec, 0.0)
-        out.append(abs(t - c.dur[i]) / c.dur[i])
-    return out
+    return [abs(params.kernel_overhead_s + w / eff[prec] + waves * tile_s.get(prec, 0.0) - t) / t
+            for prec, pts in gemm_points([tr]).items() if prec in eff for t, w, waves, _ in pts]
 
 
 def main() -> None:

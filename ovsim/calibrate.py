@@ -370,23 +370,15 @@ def gemm_precision(kernel_name: str) -> str | None:
     return "tf32" if shape == "1688" else None
 
 
-def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``gemm_efficiency`` and ``gemm_tile_overhead_s`` per precision from GEMM kernels that ran
-    without communication and whose launching operator records its input shapes.
-
-    Model: the cost model's waves with the measured grid and occupancy, ``t = kernel_overhead_s +
-    waves x (blocks_per_sm x (2 M N K batch / grid) / (peak / SMs x efficiency) + tile_s)``: a main
-    loop at the efficiency, and a fixed time per wave of tiles (pipeline fill, epilogue) that makes
-    short-K and small GEMMs less efficient. Both minimise the mean absolute relative error (Powell,
-    bounded, from the relative least-squares solution). The fixed time is fitted only where the
-    points identify it (main-loop work per wave differing by 2x or more between them) and kept
-    only where it lowers the error of the efficiency alone, which is fitted and recorded too."""
-    from scipy.optimize import lsq_linear, minimize, minimize_scalar
-
+def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, float, float, float]]]:
+    """Per precision, the GEMM kernels :func:`fit_gemm` uses: ran without communication beside
+    them, launching operator with input shapes, precision in the name; split-K reductions and GEMV
+    kernels left out. Each is (measured s, main-loop s at efficiency 1 = waves x blocks_per_sm x
+    flops_per_block / (peak / SMs), waves, FLOPs), at the measured grid and occupancy."""
     from ovsim.models import cost
     from ovsim.replay import _block
 
-    work: dict[str, list[tuple[float, float, float, float]]] = {}  # precision -> (t, W, waves, flops)
+    work: dict[str, list[tuple[float, float, float, float]]] = {}
     for tr in traces:
         gpu = load_gpu(tr.gpu)
         df = tr.bundle.kernels.reset_index(drop=True)
@@ -405,6 +397,23 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
             waves = math.ceil(grid / (gpu.sm.count * occ))
             w = waves * occ * (flops / grid) / (gpu.peak_flops_per_s(prec) / gpu.sm.count)
             work.setdefault(prec, []).append((float(c.dur[i]), w, float(waves), flops))
+    return work
+
+
+def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``gemm_efficiency`` and ``gemm_tile_overhead_s`` per precision from GEMM kernels that ran
+    without communication and whose launching operator records its input shapes.
+
+    Model: the cost model's waves with the measured grid and occupancy, ``t = kernel_overhead_s +
+    waves x (blocks_per_sm x (2 M N K batch / grid) / (peak / SMs x efficiency) + tile_s)``: a main
+    loop at the efficiency, and a fixed time per wave of tiles (pipeline fill, epilogue) that makes
+    short-K and small GEMMs less efficient. Both minimise the mean absolute relative error (Powell,
+    bounded, from the relative least-squares solution). The fixed time is fitted only where the
+    points identify it (main-loop work per wave differing by 2x or more between them) and kept
+    only where it lowers the error of the efficiency alone, which is fitted and recorded too."""
+    from scipy.optimize import lsq_linear, minimize, minimize_scalar
+
+    work = gemm_points(traces)
     if not work:
         raise OvsimError("no GEMM kernel without communication beside it has a launching operator with input "
                          "shapes (record_shapes) and a precision in its name", field="gemm")

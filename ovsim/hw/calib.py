@@ -11,6 +11,7 @@ prediction can say exactly which numbers it used.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,14 @@ from ovsim.errors import OvsimError
 from ovsim.hw.spec import GpuSpec, read_yaml, validation_error
 
 CALIB_DIR = Path(__file__).parent / "calib"
+
+
+def _each(v: dict[str, float], ok: Callable[[float], bool], what: str) -> dict[str, float]:
+    """``v`` if every value passes ``ok``; else the error names the key and what was expected."""
+    for k, x in v.items():
+        if not ok(x):
+            raise ValueError(f"{k}: {what}, got {x}")
+    return v
 
 
 class Parameters(BaseModel):
@@ -65,26 +74,17 @@ class Parameters(BaseModel):
     @field_validator("nccl_memory_pressure")
     @classmethod
     def _pressure_range(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, x in v.items():
-            if not 0.0 <= x < 1.0:
-                raise ValueError(f"{k}: a share of HBM capacity in [0, 1), got {x}")
-        return v
+        return _each(v, lambda x: 0.0 <= x < 1.0, "a share of HBM capacity in [0, 1)")
 
     @field_validator("gemm_tile_overhead_s")
     @classmethod
     def _tile_time(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, x in v.items():
-            if not 0.0 <= x < 1e-3:
-                raise ValueError(f"{k}: seconds per wave of tiles in [0, 1 ms), got {x}")
-        return v
+        return _each(v, lambda x: 0.0 <= x < 1e-3, "seconds per wave of tiles in [0, 1 ms)")
 
     @field_validator("replay_hbm_fraction")
     @classmethod
     def _fraction_range(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, x in v.items():
-            if not 0.0 <= x <= 1.0:
-                raise ValueError(f"{k}: a fraction in [0, 1], got {x}")
-        return v
+        return _each(v, lambda x: 0.0 <= x <= 1.0, "a fraction in [0, 1]")
 
     @field_validator("nccl_fitted")
     @classmethod
