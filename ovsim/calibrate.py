@@ -78,9 +78,9 @@ from ovsim.replay import (
 )
 from ovsim.traces.table import TraceBundle
 
-QUANTITIES = ("contention", "collectives", "gemm", "power")
+QUANTITIES = ("contention", "collectives", "gemm", "memory", "power")
 # Quantities that belong to one GPU: not fitted for '*'.
-GPU_SPECIFIC = ("collectives", "gemm", "power")
+GPU_SPECIFIC = ("collectives", "gemm", "memory", "power")
 PRESSURE_MAX = 0.9
 # Compute kinds whose replay HBM traffic can be fitted (memory-bound kinds are the anchor).
 FRACTION_KINDS = tuple(k for k in COMPUTE_KINDS if k not in MEMORY_KINDS)
@@ -467,6 +467,119 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
     return {"gemm_efficiency": effs, "gemm_tile_overhead_s": tiles}, record
 
 
+# A memory kernel's bytes count as HBM traffic only when they exceed the L2 this many times: below
+# it, inputs its producer just wrote are still in L2 and writes can drain after the kernel ends
+# (measured elementwise kernels of 1-2x L2 on the shared H100 traces run up to 1.1x the HBM peak).
+MEMORY_L2_MULTIPLE = 2.0
+MEMORY_MIN_POINTS = 3
+# The classes of :data:`ovsim.traces.aten.CLASSES` the cost model prices (MemoryOp kinds); copies
+# are measured and reported only.
+MEMORY_FITTED = ("elementwise", "norm", "softmax")
+
+
+def memory_points(traces: Sequence[TraceInput]) -> tuple[dict[str, list[tuple[float, float]]], dict[str, int]]:
+    """Per class of memory-bound kernel (:data:`ovsim.traces.aten.CLASSES`), the kernels
+    :func:`fit_memory` uses as (measured s, bytes / peak HBM bandwidth s); and how many kernels with
+    a known traffic were left out, by reason."""
+    from ovsim.traces.aten import traffic
+
+    points: dict[str, list[tuple[float, float]]] = {}
+    left: dict[str, int] = {}
+    for tr in traces:
+        gpu = load_gpu(tr.gpu)
+        bw = gpu.memory.bandwidth_bytes_per_s
+        df = tr.bundle.kernels.reset_index(drop=True)
+        if "host_types" not in df or "host_op_id" not in df:
+            continue
+        c = _Cols.of(df)
+        overlapped = _overlap_flags(c)
+        ids = df["host_op_id"]
+        # Kernels per operator call: an operator that launched several kernels cannot be split.
+        calls = df.groupby([df["rank"], ids], dropna=True).size()
+        types = df["host_types"].tolist()
+        ranks, call = df["rank"].tolist(), ids.tolist()
+        min_bytes = MEMORY_L2_MULTIPLE * gpu.memory.l2_bytes
+        candidates = np.isin(np.array(c.kind), ["elementwise", "norm", "other"]) & (df["host_types"] != "").to_numpy()
+        for i in np.flatnonzero(candidates):
+            t = traffic(c.host_op[i], types[i])
+            if t is None or not c.dur[i] > 0:
+                continue
+            why = ("overlapped communication" if overlapped[i] else
+                   "operator call not recorded" if pd.isna(call[i]) else
+                   "operator call launched several kernels" if calls.get((ranks[i], call[i]), 0) != 1 else
+                   f"moves less than {MEMORY_L2_MULTIPLE:g}x the L2" if t.bytes < min_bytes else "")
+            if why:
+                left[why] = left.get(why, 0) + 1
+                continue
+            points.setdefault(t.op_class, []).append((float(c.dur[i]), t.bytes / bw))
+    return points, left
+
+
+def fit_memory(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``memory_kernel_efficiency`` (streaming elementwise kernels), ``memory_kind_efficiency``
+    (norm, softmax) and, where streaming kernels reach more than it, ``hbm_achievable_fraction``,
+    from memory-bound kernels whose launching operator records input shapes and types
+    (:func:`ovsim.traces.aten.traffic` gives their bytes).
+
+    Model: the cost model's streaming kernel, ``t = kernel_overhead_s + bytes / (peak HBM bandwidth
+    x fraction)``, the fraction of the peak per class minimising the mean absolute relative error.
+    A fraction is an efficiency of the achievable bandwidth (``hbm_achievable_fraction`` x
+    efficiency); where elementwise kernels reach more than the achievable fraction, that fraction
+    is what is achievable and rises to it (the HBM channel must carry what a kernel was measured
+    to move), and the efficiencies are of the new one. Only kernels that ran without communication
+    beside them, were their operator call's only kernel and moved at least ``MEMORY_L2_MULTIPLE``
+    times the L2 count; a class with fewer than ``MEMORY_MIN_POINTS`` is not fitted."""
+    from scipy.optimize import minimize_scalar
+
+    points, left = memory_points(traces)
+    record: dict[str, Any] = {
+        "method": "the cost model's streaming kernel: bytes from the operator's input shapes and types over the "
+                  "peak HBM bandwidth times a fraction per class, minimising the mean absolute relative error; "
+                  "efficiency = fraction / hbm_achievable_fraction, which rises to the elementwise fraction "
+                  "where that is higher",
+        "min_bytes": f"{MEMORY_L2_MULTIPLE:g}x the GPU's L2", "left_out": dict(sorted(left.items())), "classes": {}}
+    ko = params.kernel_overhead_s
+    ach = params.hbm_achievable_fraction
+    fractions: dict[str, float] = {}
+    for cls, pts in sorted(points.items()):
+        t_s = np.array([p[0] for p in pts])
+        peak_s = np.array([p[1] for p in pts])
+
+        def mape(fraction: float, t_s: np.ndarray = t_s, peak_s: np.ndarray = peak_s, ko: float = ko) -> float:
+            return float(np.mean(np.abs(ko + peak_s / fraction - t_s) / t_s))
+
+        rec: dict[str, Any] = {"points": len(pts), "median_fraction_of_peak": round(float(np.median(peak_s / t_s)), 3),
+                               "fit_mape_pct_before": round(mape(ach * params.memory_eff(cls)) * 100, 2)}
+        record["classes"][cls] = rec
+        if cls not in MEMORY_FITTED or len(pts) < MEMORY_MIN_POINTS:
+            rec.update(fitted=False, why=f"fewer than {MEMORY_MIN_POINTS} kernels" if cls in MEMORY_FITTED else
+                       "measured only: the cost model has no such kernel")
+            continue
+        res = minimize_scalar(mape, bounds=(0.02, 1.0), method="bounded", options={"xatol": 1e-5})
+        fractions[cls] = round(float(res.x), 3)
+        # The fraction is the kernel body's, with kernel_overhead_s (an assumption) taken off every
+        # kernel; how much that assumption moves it is recorded beside it.
+        bare = minimize_scalar(lambda f: mape(f, ko=0.0), bounds=(0.02, 1.0), method="bounded",
+                               options={"xatol": 1e-5})
+        rec.update(fitted=True, fraction_of_peak=fractions[cls], fit_mape_pct=round(mape(fractions[cls]) * 100, 2),
+                   fraction_of_peak_without_kernel_overhead=round(float(bare.x), 3))
+    if not fractions:
+        why = "; ".join(f"{k}: {v}" for k, v in sorted(left.items())) or "none has a launching operator with input " \
+            "shapes and types of a known memory-bound operator (record_shapes)"
+        raise OvsimError(f"no memory-bound kernel could be fitted ({why})", field="memory")
+    values: dict[str, Any] = {}
+    if fractions.get("elementwise", 0.0) > ach:
+        ach = values["hbm_achievable_fraction"] = fractions["elementwise"]
+    for cls, f in fractions.items():
+        eff = round(f / ach, 3)
+        record["classes"][cls]["efficiency"] = eff
+        if cls == "elementwise":
+            values["memory_kernel_efficiency"] = eff
+        else:
+            values.setdefault("memory_kind_efficiency", {})[cls] = eff
+    return values, record
+
+
 # Weights of ovsim.hw.power.fit_power -> (the activity that identifies each, the calibration
 # parameter it becomes).
 _POWER_PARAMS = {"tensor_w": ("sm_tensor_fraction", "power_tensor_w"), "fp32_w": ("sm_fp32_fraction", "power_fp32_w"),
@@ -623,6 +736,7 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
         "contention": lambda: fit_contention(traces, params),
         "collectives": lambda: fit_collectives(traces),
         "gemm": lambda: fit_gemm(traces, params),
+        "memory": lambda: fit_memory(traces, params),
         "power": lambda: fit_power_logs(traces, ref, params),
     }
     for q in wanted:

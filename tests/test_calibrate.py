@@ -23,7 +23,7 @@ from ovsim.calibrate import (
 )
 from ovsim.cli import main
 from ovsim.errors import OvsimError
-from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.calib import CALIB_DIR, Parameters, load_calibration
 from ovsim.hw.spec import SystemSpec, load_gpu
 from ovsim.models import cost, nccl
 from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
@@ -35,8 +35,10 @@ GPU = "h100-sxm5-80gb"
 H100_NAME = "NVIDIA H100 80GB HBM3"
 # Planted: a resident LL collective keeps this share of HBM busy.
 PRESSURE = 0.25
-# memory_kernel_efficiency of the shipped calibration: a memory-bound kernel asks 0.9 of HBM.
-MEM_EFF = 0.9
+# memory_kernel_efficiency of the shipped H100 calibration: the share of HBM a memory-bound kernel asks.
+MEM_EFF = load_calibration(load_gpu(GPU), GPU).params.memory_kernel_efficiency
+# The newest shipped version of the GPU's calibration file.
+SHIPPED = max(int(p.name.split(".v")[-1].removesuffix(".yaml")) for p in CALIB_DIR.glob(f"{GPU}.v*.yaml"))
 
 
 def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -64,7 +66,8 @@ def contention_trace() -> TraceBundle:
 
 
 def test_slowdown_is_the_hbm_channel_closed_form() -> None:
-    p = Parameters().merged({"memory_kernel_efficiency": MEM_EFF, "hbm_mix_efficiency": 1.0})
+    # A memory-bound kernel asking 0.9 of the channel beside a collective's pressure.
+    p = Parameters().merged({"memory_kernel_efficiency": 0.9, "hbm_mix_efficiency": 1.0})
     assert contention_slowdown("elementwise", ("ll",), {"ll": 0.3}, {}, p) == pytest.approx(0.9 / 0.7)
     # Past half the channel both are held at the fair half (equal weights).
     assert contention_slowdown("norm", ("ll",), {"ll": 0.7}, {}, p) == pytest.approx(0.9 / 0.5)
@@ -127,9 +130,10 @@ def test_calibration_file_is_a_new_version_with_provenance(tmp_path: Path) -> No
     out = tmp_path / "calib"
     assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(out), "--quiet"]) == 0
     files = sorted(out.glob("*.yaml"))
-    assert [f.name for f in files] == [f"{GPU}.v3.yaml"]  # after the shipped v1 and v2
+    v = SHIPPED + 1  # after the shipped versions
+    assert [f.name for f in files] == [f"{GPU}.v{v}.yaml"]
     doc = yaml.safe_load(files[0].read_text())
-    assert doc["gpu"] == GPU and doc["version"] == 3
+    assert doc["gpu"] == GPU and doc["version"] == v
     (src,) = doc["provenance"]["traces"]
     assert src["files"][0]["path"] == "run.parquet" and len(src["files"][0]["sha256"]) == 64
     assert set(doc["parameters"]) <= set(doc["sources"])
@@ -137,10 +141,10 @@ def test_calibration_file_is_a_new_version_with_provenance(tmp_path: Path) -> No
     calib = load_calibration(load_gpu(GPU), GPU, (str(files[0]),))
     assert calib.params.nccl_memory_pressure["ll"] == pytest.approx(PRESSURE, abs=0.01)
     assert calib.files[-1] == files[0].name
-    # Old versions are never edited: the same path again is refused; the folder gets v4.
+    # Old versions are never edited: the same path again is refused; the folder gets the next.
     assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(files[0]), "--quiet"]) == 2
     assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(out), "--quiet"]) == 0
-    assert sorted(f.name for f in out.glob("*.yaml"))[-1] == f"{GPU}.v4.yaml"
+    assert sorted(f.name for f in out.glob("*.yaml"))[-1] == f"{GPU}.v{v + 1}.yaml"
 
 
 def test_write_with_a_base_carries_the_older_version_over(tmp_path: Path) -> None:
@@ -184,7 +188,7 @@ def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     write_table(contention_trace(), trace)
     assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(tmp_path / "c"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["file"].endswith(f"{GPU}.v3.yaml") and "contention" in out["fits"]
+    assert out["file"].endswith(f"{GPU}.v{SHIPPED + 1}.yaml") and "contention" in out["fits"]
     assert out["skipped"]["collectives"]
 
 
@@ -254,6 +258,78 @@ def test_gemm_fit_recovers_a_planted_time_per_wave_and_the_cost_model_uses_it() 
     expected = p.kernel_overhead_s + 8 * (2.0 * 128 * 256 * 512 / per_sm + tile_s)
     assert g.isolated_s == pytest.approx(expected, rel=1e-12)
 
+
+def planted_memory(fraction: float, softmax_fraction: float) -> TraceInput:
+    """Memory-bound kernels on an H100 timed by the cost model's streaming form, t = overhead +
+    bytes / (peak HBM x fraction), bytes counted by hand: bf16 add (two inputs, one output) and
+    softmax (one input, one output), all moving more than 2x the 50 MiB L2. Then kernels the fit
+    must leave out, each timed 10x too fast to fit anything: one moving less than 2x the L2, two
+    launched by one operator call, one beside an all-reduce."""
+    gpu = load_gpu(GPU)
+    ko = load_calibration(gpu, GPU).params.kernel_overhead_s
+    peak = gpu.memory.bandwidth_bytes_per_s
+    rows: list[dict[str, Any]] = []
+
+    def add(n: int, start_us: float, call: int, speed: float = 1.0, f: float = fraction) -> None:
+        t_s = ko + 3 * 2 * n / (peak * f) / speed
+        rows.append(kernel("add", start_us, t_s * 1e6, host_op=f"aten::add[[{n}], [{n}], []]",
+                           host_types="['c10::BFloat16', 'c10::BFloat16', 'Scalar']", host_op_id=call))
+
+    for i, n in enumerate((2**25, 2**26, 2**27)):
+        add(n, 1e4 * i, i)
+    for i, (r, c) in enumerate(((16384, 4096), (32768, 4096), (8192, 16384))):
+        t_s = ko + 2 * 2 * r * c / (peak * softmax_fraction)
+        rows.append(kernel("softmax", 1e5 + 1e4 * i, t_s * 1e6, host_op=f"aten::_softmax[[{r}, {c}], [], []]",
+                           host_types="['c10::BFloat16', 'Scalar', 'Scalar']", host_op_id=10 + i))
+    add(2**20, 2e5, 20, speed=10.0)
+    add(2**26, 2.1e5, 21, speed=10.0)
+    add(2**26, 2.2e5, 21, speed=10.0)
+    add(2**26, 3e5, 30, speed=10.0)
+    rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 3e5, 1e4, stream=9, kind="collective", grid=2,
+                       collective="all_reduce", protocol="LL", algorithm="ring"))
+    return TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="m", gpu=GPU)
+
+
+def test_memory_fit_recovers_planted_fractions_and_leaves_out_what_it_cannot_trust() -> None:
+    """At 0.7 of the peak (below the shipped achievable fraction 0.88) the efficiency is 0.7 / 0.88;
+    softmax at 0.25 of the peak gets its own; the four distractors are left out, by reason."""
+    report = calibrate([planted_memory(0.7, 0.25)], GPU, quantities=["memory"])
+    ach = load_calibration(load_gpu(GPU), GPU).params.hbm_achievable_fraction
+    assert "hbm_achievable_fraction" not in report.parameters
+    assert report.parameters["memory_kernel_efficiency"] == pytest.approx(0.7 / ach, abs=2e-3)
+    assert report.parameters["memory_kind_efficiency"] == {"softmax": pytest.approx(0.25 / ach, abs=2e-3)}
+    rec = report.fits["memory"]
+    assert rec["left_out"] == {"moves less than 2x the L2": 1, "operator call launched several kernels": 2,
+                               "overlapped communication": 1}
+    assert rec["classes"]["elementwise"]["points"] == 3 and rec["classes"]["elementwise"]["fit_mape_pct"] < 0.1
+
+
+def test_memory_fit_raises_the_achievable_fraction_to_what_kernels_reached() -> None:
+    """Streaming kernels measured at 0.95 of the peak: HBM must carry that much, so the achievable
+    fraction becomes 0.95 and the efficiency 1; the cost model then prices a streaming kernel of
+    the same size by the planted closed form."""
+    report = calibrate([planted_memory(0.95, 0.25)], GPU, quantities=["memory"])
+    assert report.parameters["hbm_achievable_fraction"] == pytest.approx(0.95, abs=1e-3)
+    assert report.parameters["memory_kernel_efficiency"] == 1.0
+    assert report.parameters["memory_kind_efficiency"]["softmax"] == pytest.approx(0.25 / 0.95, abs=2e-3)
+    gpu = load_gpu(GPU)
+    p = load_calibration(gpu, GPU).params
+    fitted = p.merged(report.parameters)
+    n_bytes = 3 * 2 * 2**26
+    d = cost.memory_bound(n_bytes, gpu, fitted)
+    expected = p.kernel_overhead_s + n_bytes / (gpu.memory.bandwidth_bytes_per_s * report.parameters[
+        "hbm_achievable_fraction"])
+    assert d.isolated_s == pytest.approx(expected, rel=1e-12)
+    soft = cost.memory_bound(n_bytes, gpu, fitted, kind="softmax")
+    assert soft.isolated_s > 3 * d.isolated_s
+
+
+def test_memory_fit_without_operator_types_says_why() -> None:
+    rows = [kernel("add", 0.0, 100.0, host_op="aten::add[[4096], [4096]]")]
+    tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="m", gpu=GPU)
+    with pytest.raises(OvsimError, match="no memory-bound kernel could be fitted") as e:
+        calibrate([tr], GPU, quantities=["memory"])
+    assert e.value.field == "memory"
 
 # Planted power parameters: none of them is a shipped value, so recovering them shows the fit read
 # the log, not the calibration it started from.

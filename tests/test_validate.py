@@ -49,15 +49,24 @@ def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(validate, "TRACE_CASES", (
         ("param/et_replay/tests/inputs/dlrm_kineto.tar.gz", None),
         ("HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz", "a100-sxm4-80gb")))
+    h100 = "TraceLens/tests/traces/h100/"
+    monkeypatch.setattr(validate, "MEMORY_CASES", {"h100-sxm5-80gb": (
+        h100 + "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+        h100 + "google_owlv2-large-patch14-ensemble__1016001.json.gz")})
     assert main(["validate", "--traces", str(TRACES), "--json"]) == 0
     checks = json.loads(capsys.readouterr().out)["checks"]
     span = next(c for c in checks if c["name"] == "dlrm_kineto.tar.gz: span")
     assert span["passed"] and span["group"] == validate.HELD_OUT
     # Held out: contention refitted on the other trace only; the fit row is labelled a fit.
-    held = [c for c in checks if c["group"] == validate.HELD_OUT and "MAPE" in c["name"]]
+    held = [c for c in checks if c["group"] == validate.HELD_OUT and "overlapped-kernel MAPE" in c["name"]]
     assert len(held) == 2 and all("fitted on 1 other traces" in c["note"] for c in held)
     fit = [c for c in checks if c["group"] == validate.FIT]
     assert len(fit) == 2 and all("fit error" in c["note"] for c in fit)
+    # Memory-bound kernels held out: each H100 trace's elementwise kernels priced with the HBM
+    # fraction fitted on the other alone meet the 10% bar (measured kernels against the model).
+    mem = [c for c in checks if "elementwise kernel time" in c["name"]]
+    assert len(mem) == 2 and all(c["passed"] and c["group"] == validate.HELD_OUT for c in mem)
+    assert all("fitted on 1 other h100-sxm5-80gb traces" in c["note"] for c in mem)
 
 
 def test_validate_rejects_a_missing_folder(capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,6 +47,10 @@ class Parameters(BaseModel):
     attention_efficiency: float = 0.6
     # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches.
     memory_kernel_efficiency: float = 0.9
+    # The same per kind of memory-bound kernel ("norm", "softmax"), for kinds that reach
+    # less than streaming elementwise work (rows read more than once); `ovsim calibrate --fit
+    # memory` writes the kinds its traces support. A kind not listed takes memory_kernel_efficiency.
+    memory_kind_efficiency: dict[str, float] = Field(default_factory=dict)
     # Fraction of the HBM peak any mix of traffic can reach; the HBM channel's capacity.
     hbm_achievable_fraction: float = 0.9
     # Capacity factor applied to HBM while a communication flow and a kernel share it.
@@ -80,6 +84,11 @@ class Parameters(BaseModel):
     @classmethod
     def _tile_time(cls, v: dict[str, float]) -> dict[str, float]:
         return _each(v, lambda x: 0.0 <= x < 1e-3, "seconds per wave of tiles in [0, 1 ms)")
+
+    @field_validator("memory_kind_efficiency")
+    @classmethod
+    def _memory_eff(cls, v: dict[str, float]) -> dict[str, float]:
+        return _each(v, lambda x: 0.0 < x <= 1.5, "a fraction of the achievable HBM bandwidth in (0, 1.5]")
 
     @field_validator("replay_hbm_fraction")
     @classmethod
@@ -120,6 +129,9 @@ class Parameters(BaseModel):
 
     def gemm_eff(self, precision: str) -> float:
         return self.gemm_efficiency.get(precision, self.gemm_efficiency.get("default", 0.8))
+
+    def memory_eff(self, kind: str) -> float:
+        return self.memory_kind_efficiency.get(kind, self.memory_kernel_efficiency)
 
     def gemm_tile_s(self, precision: str) -> float:
         return self.gemm_tile_overhead_s.get(precision, self.gemm_tile_overhead_s.get("default", 0.0))

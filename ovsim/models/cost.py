@@ -197,8 +197,10 @@ def memory_bound(
     registers_per_thread: int = 32,
     shared_mem_bytes: int = 0,
     blocks: int | None = None,
+    kind: str = "elementwise",
 ) -> KernelDemand:
-    """A streaming kernel (elementwise, norm, softmax): HBM-bound unless it does much math."""
+    """A streaming kernel (elementwise, norm, softmax: ``kind``, whose bandwidth efficiency it
+    takes): HBM-bound unless it does much math."""
     _positive(bytes_moved, "bytes")
     if flops < 0:
         raise OvsimError(f"must not be negative, got {flops}", field="flops")
@@ -206,7 +208,7 @@ def memory_bound(
     if blocks is None:
         elements = bytes_moved / element_size_bytes
         blocks = max(1, math.ceil(elements / (threads * items_per_thread)))
-    bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction * params.memory_kernel_efficiency
+    bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction * params.memory_eff(kind)
     t_mem = bytes_moved / bw
     t_math = flops / gpu.peak_flops_per_s("fp32")
     body = max(t_mem, t_math)

@@ -194,7 +194,8 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
             if blocks is not None:
                 raise OvsimError("give blocks or grid_stride, not both", field="grid_stride")
             blocks = (gpu.sm.count - knobs.sm_carveout) * cost.blocks_per_sm(BlockShape(spec.threads, 32, 0), gpu)
-        base = cost.memory_bound(spec.bytes, gpu, params, flops=spec.flops, threads=spec.threads, blocks=blocks)
+        base = cost.memory_bound(spec.bytes, gpu, params, flops=spec.flops, threads=spec.threads, blocks=blocks,
+                                 kind=spec.kind)
     else:
         assert isinstance(spec, KernelOp)
         block = BlockShape(spec.threads, spec.registers_per_thread, spec.shared_mem_bytes)

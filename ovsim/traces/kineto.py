@@ -158,11 +158,13 @@ class _State:
     launches: dict[int, tuple[Any, Any, Any, Any]] = field(default_factory=dict)
     # record_param_comms ops with metadata: by External id, and by (pid, tid) as (start, end, args).
     rpc_by_ext: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # Operators recorded with their input shapes (record_shapes): External id -> (name, Input Dims).
-    host_ops: dict[int, tuple[Any, Any]] = field(default_factory=dict)
-    # The same operators per host thread as (start, end, name, Input Dims), for traces whose kernels
-    # link to their launch call only by time (older Kineto: a kernel's External id is its correlation).
-    host_spans: dict[tuple[Any, Any], list[tuple[float, float, Any, Any]]] = field(default_factory=dict)
+    # Operators recorded with their input shapes (record_shapes): External id -> (name, Input Dims,
+    # Input type, External id).
+    host_ops: dict[int, tuple[Any, Any, Any, Any]] = field(default_factory=dict)
+    # The same operators per host thread as (start, end, name, Input Dims, Input type, External id),
+    # for traces whose kernels link to their launch call only by time (older Kineto: a kernel's
+    # External id is its correlation).
+    host_spans: dict[tuple[Any, Any], list[tuple[float, float, Any, Any, Any, Any]]] = field(default_factory=dict)
     rpc_by_thread: dict[tuple[Any, Any], list[tuple[float, float, dict[str, Any]]]] = field(default_factory=dict)
     # (device, waiting stream, wait ts, record correlation, recording stream)
     waits: list[tuple[Any, Any, Any, int, Any]] = field(default_factory=list)
@@ -251,12 +253,14 @@ class _State:
                 dims = args.get("Input Dims")
                 if dims is not None:
                     ext = args.get("External id")
+                    types = args.get("Input type")
                     if ext.__class__ is int:
-                        self.host_ops[ext] = (e.get("name"), dims)
+                        self.host_ops[ext] = (e.get("name"), dims, types, ext)
                     dur = e.get("dur")
                     if isinstance(ts, int | float) and isinstance(dur, int | float):
                         key = (_hashable(e.get("pid")), _hashable(e.get("tid")))
-                        self.host_spans.setdefault(key, []).append((float(ts), float(ts) + dur, e.get("name"), dims))
+                        self.host_spans.setdefault(key, []).append((float(ts), float(ts) + dur, e.get("name"), dims,
+                                                                    types, ext))
             elif role == _SYNC:
                 rec = args.get("wait_on_cuda_event_record_corr_id")
                 if rec.__class__ is int and (tsc is float or tsc is int):
@@ -551,7 +555,7 @@ def _file_data(source: str, name: str, meta: dict[str, Any], st: _State) -> _Fil
             if hit is not None:
                 launch[i] = hit[0]
     copy_kind = _copy_kinds(names, kinds, cols[_HINT])
-    host_op = _host_ops(st, cols[_EXT], corr_list)
+    host_op, host_types, host_op_id = _host_ops(st, cols[_EXT], corr_list)
     coll = _collectives(st, names, kinds, cols[_EXT], corr_list, cols[_COMM])
     columns: dict[str, Any] = {
         "device": _ints(cols[_DEV]), "stream": _ints(cols[_STREAM]), "correlation": corr, "name": list(names),
@@ -560,7 +564,8 @@ def _file_data(source: str, name: str, meta: dict[str, Any], st: _State) -> _Fil
         "grid_x": _ints(cols[_GX]), "grid_y": _ints(cols[_GY]), "grid_z": _ints(cols[_GZ]),
         "block_x": _ints(cols[_BX]), "block_y": _ints(cols[_BY]), "block_z": _ints(cols[_BZ]),
         "registers_per_thread": _ints(cols[_REGS]), "shared_mem_bytes": _ints(cols[_SMEM]),
-        "bytes": _floats(cols[_BYTES]), "copy_kind": copy_kind, "host_op": host_op, **coll,
+        "bytes": _floats(cols[_BYTES]), "copy_kind": copy_kind, "host_op": host_op,
+        "host_types": host_types, "host_op_id": _ints(host_op_id), **coll,
     }
     return _FileData(
         source=source, name=name, rank=_meta_int(meta, "distributedInfo", "rank", source),
@@ -569,17 +574,23 @@ def _file_data(source: str, name: str, meta: dict[str, Any], st: _State) -> _Fil
         syncs=_resolve_waits(st, cols[_DEV], cols[_STREAM], corr_list, launch), skipped=dict(st.skipped))
 
 
-def _host_ops(st: _State, ext: tuple[Any, ...], corr: list[int | None]) -> list[str]:
+def _host_ops(st: _State, ext: tuple[Any, ...], corr: list[int | None]) -> tuple[list[str], list[str], list[Any]]:
     """Per row: the launching operator and its input shapes, e.g. ``aten::mm[[64, 128], [128, 256]]``,
-    where the trace recorded shapes; "" otherwise. Replay uses it to tell problem sizes apart.
+    its input types, e.g. ``['c10::BFloat16', 'c10::BFloat16']``, and the operator call's External id,
+    where the trace recorded them; "" (None for the id) otherwise. Replay uses the shapes to tell
+    problem sizes apart; calibration derives the FLOPs and bytes of a kernel from shapes and types,
+    and from the id which kernels one call launched.
 
     The operator is the one whose External id the kernel or its launch call carries, else the
     innermost recorded operator enclosing the launch call on its thread."""
     for thread_spans in st.host_spans.values():
         thread_spans.sort(key=itemgetter(0))
     starts = {k: [sp[0] for sp in v] for k, v in st.host_spans.items()}
-    text: dict[Any, str] = {}
-    out: list[str] = []
+    # One str per distinct operator record, not per row: the rows repeat a few thousand operators.
+    text: dict[int, tuple[str, str]] = {}
+    ops: list[str] = []
+    types: list[str] = []
+    ids: list[Any] = []
     for x, c in zip(ext, corr, strict=True):
         op = st.host_ops.get(x) if x.__class__ is int else None
         launch = st.launches.get(c) if c is not None and op is None else None
@@ -591,15 +602,19 @@ def _host_ops(st: _State, ext: tuple[Any, ...], corr: list[int | None]) -> list[
             if op is None and spans:
                 j = _innermost(spans, starts[key], float(ts), limit=64)
                 if j is not None:
-                    op = (spans[j][2], spans[j][3])
+                    op = spans[j][2:6]
         if op is None:
-            out.append("")
+            ops.append("")
+            types.append("")
+            ids.append(None)
             continue
         t = text.get(id(op[1]))
         if t is None:
-            t = text[id(op[1])] = f"{op[0]}{op[1]}"[:500]
-        out.append(t)
-    return out
+            t = text[id(op[1])] = (f"{op[0]}{op[1]}"[:500], "" if op[2] is None else f"{op[2]}"[:500])
+        ops.append(t[0])
+        types.append(t[1])
+        ids.append(op[3])
+    return ops, types, ids
 
 
 def _ints(values: tuple[Any, ...] | list[Any]) -> pd.arrays.IntegerArray:

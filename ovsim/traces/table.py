@@ -31,6 +31,10 @@ Columns (name: dtype, meaning):
 - ``seq``: Int64, the collective's sequence number in its process group, equal on every rank that runs it
 - ``host_op``: str, the operator that launched it with its input shapes (``aten::mm[[64, 128], [128, 256]]``)
   where the trace records shapes; it tells problem sizes apart that share a kernel and launch shape
+- ``host_types``: str, that operator's input types as the trace records them
+  (``['c10::BFloat16', 'c10::BFloat16']``), "" where it does not
+- ``host_op_id``: Int64, that operator call's id (Kineto's External id): the kernels one call launched
+  share it
 """
 
 from __future__ import annotations
@@ -48,14 +52,14 @@ from ovsim.errors import OvsimError
 KINDS = ("gemm", "attention", "elementwise", "norm", "collective", "copy", "memset", "other")
 
 INT_COLUMNS = ("rank", "device", "stream", "correlation", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
-               "block_z", "registers_per_thread", "shared_mem_bytes", "group_size", "seq")
+               "block_z", "registers_per_thread", "shared_mem_bytes", "group_size", "seq", "host_op_id")
 FLOAT_COLUMNS = ("start_s", "duration_s", "launch_s", "bytes", "message_bytes")
 STR_COLUMNS = ("name", "kind", "copy_kind", "collective", "algorithm", "protocol", "dtype", "process_group",
-               "host_op")
+               "host_op", "host_types")
 COLUMNS = ("rank", "device", "stream", "correlation", "name", "kind", "start_s", "duration_s", "launch_s",
            "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread", "shared_mem_bytes",
            "bytes", "copy_kind", "collective", "algorithm", "protocol", "dtype", "message_bytes", "group_size",
-           "process_group", "seq", "host_op")
+           "process_group", "seq", "host_op", "host_types", "host_op_id")
 REQUIRED = ("rank", "stream", "name", "start_s", "duration_s")
 
 

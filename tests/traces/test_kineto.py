@@ -279,6 +279,29 @@ def test_rows_map_every_field(tmp_path: Path) -> None:
     assert b.gpu_names == {0: "NVIDIA H100 80GB HBM3"} and b.world_size is None and b.syncs is None
 
 
+def test_launching_operator_shapes_types_and_call(tmp_path: Path) -> None:
+    """Two kernels of one operator call (linked by External id) share its shapes, types and id; a
+    kernel of an older trace, whose External id is its correlation, gets the innermost operator
+    enclosing its launch call on the launching thread; a kernel outside any operator gets none."""
+    def op(name: str, ts: float, dur: float, ext: int, dims: Any, types: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 10, "tid": 11, "ts": ts, "dur": dur,
+                "args": {"External id": ext, "Input Dims": dims, "Input type": types}}
+    events = [
+        op("aten::add", 10.0, 20.0, 500, [[4, 8], [4, 8], []], ["float", "float", "Scalar"]),
+        kernel("add_a", 100.0, corr=1), launch(1, 12.0, ext=500),
+        kernel("add_b", 120.0, corr=2), launch(2, 20.0, ext=500),
+        op("aten::linear", 40.0, 20.0, 600, [[2, 3], [5, 3]], ["c10::BFloat16", "c10::BFloat16"]),
+        op("aten::mm", 42.0, 10.0, 601, [[2, 3], [3, 5]], ["c10::BFloat16", "c10::BFloat16"]),
+        kernel("mm", 140.0, corr=3), launch(3, 45.0, ext=3),
+        kernel("lone", 160.0, corr=4), launch(4, 80.0, ext=4),
+    ]
+    k = load_kineto(write(tmp_path / "t.json", doc(events))).kernels
+    assert k["host_op"].tolist() == ["aten::add[[4, 8], [4, 8], []]"] * 2 + ["aten::mm[[2, 3], [3, 5]]", ""]
+    assert k["host_types"].tolist() == ["['float', 'float', 'Scalar']"] * 2 + \
+        ["['c10::BFloat16', 'c10::BFloat16']", ""]
+    assert k["host_op_id"].tolist()[:3] == [500, 500, 601] and pd.isna(k["host_op_id"].iloc[3])
+
+
 @pytest.mark.parametrize(("name", "expected"), [
     ("Memcpy HtoD (Pageable -> Device)", "HtoD"), ("Memcpy DtoH (Device -> Pinned)", "DtoH"),
     ("Memcpy DtoD (Device -> Device)", "DtoD"), ("Memcpy PtoP (Device -> Device)", "PtoP"),
