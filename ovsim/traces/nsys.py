@@ -43,6 +43,8 @@ so every table's columns are read from the file (``PRAGMA table_info``) and look
 - ``gpu_names``: ``TARGET_INFO_GPU.name`` of the device (``id``, else ``cuDevice``) a rank's activity
   ran on most.
 - NVTX ranges are not imported into the table (only the rank marks above are read).
+- ``wall_origin_s`` (the wall time of the session timeline's 0, which aligns power logs) is
+  ``TARGET_INFO_SESSION_START_TIME.utcEpochNs``, where the export has it.
 
 Explicit syncs (``TraceBundle.syncs``: ``rank``, ``waiting_stream``, ``waiting_after_s``,
 ``recorded_correlation``, plus ``inferred``) are derived one of two ways:
@@ -334,7 +336,19 @@ def _read_sqlite(db: _Db, p: Path, rank: int | None) -> TraceBundle:
     ranks = sorted(set(rank_of.values()))
     world = len(procs) if len(procs) > 1 and ranks == list(range(len(procs))) else None
     return TraceBundle(kernels=table, gpu_names=_gpu_names(db, table), world_size=world,
-                       sources={r: src for r in ranks}, skipped=skipped, syncs=syncs)
+                       sources={r: src for r in ranks}, skipped=skipped, syncs=syncs, wall_origin_s=_wall_origin(db))
+
+
+def _wall_origin(db: _Db) -> float | None:
+    """Wall time (s since 1970, UTC) of the session timeline's 0, which the table's times keep:
+    ``TARGET_INFO_SESSION_START_TIME.utcEpochNs``; None where the export has no single such row."""
+    table = "TARGET_INFO_SESSION_START_TIME"
+    if not db.has_columns(table, ("utcEpochNs",)):
+        return None
+    values = db.ints(db.read(table, ("utcEpochNs",)), table, "utcEpochNs").dropna().tolist()
+    if len(set(values)) != 1 or int(str(values[0])) <= 0:
+        return None
+    return int(str(values[0])) * _NS
 
 
 def _strings(db: _Db) -> dict[int, str]:

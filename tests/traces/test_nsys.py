@@ -299,6 +299,22 @@ def test_sqlite_reads_kernels_copies_and_memsets(nsys_db: Path) -> None:
     assert list(k["start_s"]) == sorted(k["start_s"])
 
 
+def test_sqlite_wall_clock_of_the_session_start(nsys_db: Path) -> None:
+    """The session timeline's 0 is TARGET_INFO_SESSION_START_TIME.utcEpochNs (formats research notes
+    section 1.1); an export without that table has no wall clock, and two disagreeing rows none."""
+    assert load_nsys_sqlite(nsys_db).wall_origin_s is None
+    con = sqlite3.connect(nsys_db)
+    con.execute("CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER, utcTime TEXT, localTime TEXT)")
+    con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (1790000000123456789, 'x', 'y')")
+    con.commit()
+    origin = load_nsys_sqlite(nsys_db).wall_origin_s
+    assert origin == pytest.approx(1790000000.123456789, abs=1e-6)
+    con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (1790000009000000000, 'x', 'y')")
+    con.commit()
+    con.close()
+    assert load_nsys_sqlite(nsys_db).wall_origin_s is None
+
+
 def test_sqlite_syncs_inferred_from_runtime_calls(nsys_db: Path) -> None:
     """Without CUPTI sync/event records the runtime table has no stream column (section 1.4): the
     record is the thread's latest cudaEventRecord before the wait, the recorded activity the one it
