@@ -45,7 +45,6 @@ class Traffic:
 
     bytes: float
     op_class: str
-    elements: int
 
 
 def _split(host_op: str) -> tuple[str, list[Any]] | None:
@@ -110,10 +109,9 @@ def traffic(host_op: str, host_types: str) -> Traffic | None:
     if base == "copy" and inplace:
         if len(args) < 2 or args[0] is None or args[1] is None or math.prod(args[0][1]) != math.prod(args[1][1]):
             return None
-        return Traffic(float(size(args[0]) + size(args[1])), "copy", math.prod(args[0][1]))
+        return Traffic(float(size(args[0]) + size(args[1])), "copy")
     if base in _WRITE_ONLY and inplace:
-        return None if not args or args[0] is None else Traffic(float(size(args[0])), "elementwise",
-                                                                 math.prod(args[0][1]))
+        return None if not args or args[0] is None else Traffic(float(size(args[0])), "elementwise")
     if op == "native_layer_norm":
         # input, normalized_shape, weight, bias, eps: y has x's shape and type; mean and rstd
         # (float, one per row) are written too. The profiler records normalized_shape as a
@@ -124,17 +122,17 @@ def traffic(host_op: str, host_types: str) -> Traffic | None:
             return None
         rows = math.prod(x[1]) // math.prod(w[1])
         params = sum(size(t) for t in args[2:4] if t is not None)
-        return Traffic(float(2 * size(x) + params + 2 * 4 * rows), "norm", math.prod(x[1]))
+        return Traffic(float(2 * size(x) + params + 2 * 4 * rows), "norm")
     if op == "_softmax":
         # self, dim, half_to_float: the result is taken to be of self's type; the profiler records
         # half_to_float's type but not its value, and a true one (a float result) writes 2x more.
         x = args[0] if args else None
-        return None if x is None else Traffic(float(2 * size(x)), "softmax", math.prod(x[1]))
+        return None if x is None else Traffic(float(2 * size(x)), "softmax")
     if op == "_softmax_backward_data":
         # grad_output, output, dim, input_dtype: reads both, writes grad_input of grad_output's shape.
         if len(args) < 2 or args[0] is None or args[1] is None:
             return None
-        return Traffic(float(size(args[0]) + size(args[1]) + size(args[0])), "softmax", math.prod(args[0][1]))
+        return Traffic(float(size(args[0]) + size(args[1]) + size(args[0])), "softmax")
     arity = 1 if base in _UNARY else 2 if base in _BINARY else 3 if base in _TERNARY else 0
     if arity == 0:
         return None
@@ -150,7 +148,6 @@ def traffic(host_op: str, host_types: str) -> Traffic | None:
         target = args[0]
         assert target is not None
         written = size(target)
-        elements = math.prod(target[1])
     else:
         elements = math.prod(shape)
         if rest:
@@ -163,4 +160,4 @@ def traffic(host_op: str, host_types: str) -> Traffic | None:
         else:
             out_bytes = max(a[2] for a in (dimensioned or operands))
         written = elements * out_bytes
-    return Traffic(float(sum(size(a) for a in operands) + written), "elementwise", elements)
+    return Traffic(float(sum(size(a) for a in operands) + written), "elementwise")
