@@ -63,7 +63,15 @@ from scipy.optimize import differential_evolution, nnls
 
 from ovsim.engine.channel import max_min_rates
 from ovsim.errors import OvsimError
-from ovsim.hw.calib import CALIB_DIR, VERSIONED_NAME, Parameters, collective_pressure, load_calibration
+from ovsim.hw.calib import (
+    CALIB_DIR,
+    VERSIONED_NAME,
+    Parameters,
+    collective_pressure,
+    load_calibration,
+    newest_file,
+    read_calib_file,
+)
 from ovsim.hw.spec import gpu_file, load_gpu
 from ovsim.models import nccl
 from ovsim.replay import (
@@ -477,6 +485,12 @@ MEMORY_MIN_POINTS = 3
 MEMORY_FITTED = ("elementwise", "norm", "softmax")
 
 
+def memory_mape(t_s: np.ndarray, peak_s: np.ndarray, fraction: float, overhead_s: float) -> float:
+    """Mean absolute relative error of the cost model's streaming-kernel time, ``overhead_s +
+    peak_s / fraction``, against measured times ``t_s`` (``peak_s``: bytes / peak HBM bandwidth)."""
+    return float(np.mean(np.abs(overhead_s + peak_s / fraction - t_s) / t_s))
+
+
 def memory_points(traces: Sequence[TraceInput]) -> tuple[dict[str, list[tuple[float, float]]], dict[str, int]]:
     """Per class of memory-bound kernel (:data:`ovsim.traces.aten.CLASSES`), the kernels
     :func:`fit_memory` uses as (measured s, bytes / peak HBM bandwidth s); and how many kernels with
@@ -489,8 +503,6 @@ def memory_points(traces: Sequence[TraceInput]) -> tuple[dict[str, list[tuple[fl
         gpu = load_gpu(tr.gpu)
         bw = gpu.memory.bandwidth_bytes_per_s
         df = tr.bundle.kernels.reset_index(drop=True)
-        if "host_types" not in df or "host_op_id" not in df:
-            continue
         c = _Cols.of(df)
         overlapped = _overlap_flags(c)
         ids = df["host_op_id"]
@@ -546,7 +558,7 @@ def fit_memory(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[s
         peak_s = np.array([p[1] for p in pts])
 
         def mape(fraction: float, t_s: np.ndarray = t_s, peak_s: np.ndarray = peak_s, ko: float = ko) -> float:
-            return float(np.mean(np.abs(ko + peak_s / fraction - t_s) / t_s))
+            return memory_mape(t_s, peak_s, fraction, ko)
 
         rec: dict[str, Any] = {"points": len(pts), "median_fraction_of_peak": round(float(np.median(peak_s / t_s)), 3),
                                "fit_mape_pct_before": round(mape(ach * params.memory_eff(cls)) * 100, 2)}
@@ -780,13 +792,27 @@ def output_path(out: Path, gpu: str) -> tuple[Path, int]:
     return out, int(m["version"])
 
 
+def write_shipped(report: FitReport, traces: Sequence[TraceInput], gpu: str, command: str, *,
+                  dry_run: bool = False) -> tuple[Path | None, str]:
+    """Write ``report`` as the next shipped version of the GPU's calibration (``default`` for '*'),
+    carrying the newest one over as its base; nothing when the newest already holds every fitted
+    value, or on a dry run. Returns the file written (None if none) and what was done."""
+    stem = "default" if gpu == "*" else gpu_file(gpu).stem
+    base = newest_file(stem, CALIB_DIR)
+    if base is not None and all(read_calib_file(base).parameters.get(k) == v for k, v in report.parameters.items()):
+        return None, f"{base.name} already holds these values; nothing written"
+    if dry_run:
+        return None, "dry run; nothing written"
+    path = write_calibration(report, traces, gpu, CALIB_DIR, command=command, base=base)
+    return path, f"wrote {path.name}"
+
+
 def write_calibration(report: FitReport, traces: Sequence[TraceInput], gpu: str, out: Path,
                       command: str = "", base: Path | None = None) -> Path:
     """Write ``report`` as a new calibration file; an existing file is never replaced. With
     ``base`` (an older version of the same file) the new version carries its parameters and
     sources over, the fitted ones replaced, so it stands alone as the newest version does."""
     from ovsim import __version__
-    from ovsim.hw.calib import read_calib_file
 
     path, version = output_path(out, gpu)
     if path.exists():

@@ -249,7 +249,9 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
     fit, each trace's kernels priced with the bandwidth fractions fitted (``ovsim calibrate --fit
     memory``) on the others; the MAPE per class passes at or below 10% (the calibration issue's
     held-out bar for kernel predictions)."""
-    from ovsim.calibrate import fit_memory, memory_points, trace_input
+    import numpy as np
+
+    from ovsim.calibrate import fit_memory, memory_mape, memory_points, trace_input
 
     checks: list[Check] = []
     for gpu, rels in MEMORY_CASES.items():
@@ -272,7 +274,8 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
                 if cls != "elementwise" and cls not in values.get("memory_kind_efficiency", {}):
                     continue
                 fraction = fitted.hbm_achievable_fraction * fitted.memory_eff(cls)
-                err = sum(abs(params.kernel_overhead_s + peak_s / fraction - t) / t for t, peak_s in pts) / len(pts)
+                t_s, peak_s = np.array(pts).T
+                err = memory_mape(t_s, peak_s, fraction, params.kernel_overhead_s)
                 checks.append(Check(
                     f"{Path(present[i]).name}: {cls} kernel time MAPE ({len(pts)} kernels)", HELD_OUT,
                     MEMORY_TOLERANCE_PCT, err * 100, "% MAPE", 0.0, present[i], rule="at_most",

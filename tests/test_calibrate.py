@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ovsim.calibrate import (
+    FitReport,
     TraceInput,
     calibrate,
     contention_slowdown,
@@ -20,6 +21,7 @@ from ovsim.calibrate import (
     gemm_problem,
     output_path,
     write_calibration,
+    write_shipped,
 )
 from ovsim.cli import main
 from ovsim.errors import OvsimError
@@ -158,6 +160,19 @@ def test_write_with_a_base_carries_the_older_version_over(tmp_path: Path) -> Non
     doc = yaml.safe_load(path.read_text())
     assert path.name == f"{GPU}.v8.yaml"
     assert doc["parameters"]["attention_efficiency"] == 0.5 and "nccl_memory_pressure" in doc["parameters"]
+
+
+def test_shipping_a_fit_the_newest_file_already_holds_writes_nothing() -> None:
+    """The shared-trace scripts rerun without writing when nothing changed; a dry run never writes."""
+    shipped = load_calibration(load_gpu(GPU), GPU).params.memory_kernel_efficiency
+    tr = TraceInput(bundle=contention_trace(), label="t", gpu=GPU)
+    before = sorted(p.name for p in CALIB_DIR.iterdir())
+    same = FitReport(parameters={"memory_kernel_efficiency": shipped})
+    assert write_shipped(same, [tr], GPU, "test") == (None, f"{GPU}.v{SHIPPED}.yaml already holds these values; "
+                                                            "nothing written")
+    other = FitReport(parameters={"memory_kernel_efficiency": shipped / 2})
+    assert write_shipped(other, [tr], GPU, "test", dry_run=True) == (None, "dry run; nothing written")
+    assert sorted(p.name for p in CALIB_DIR.iterdir()) == before
 
 
 def test_output_names_must_carry_a_version(tmp_path: Path) -> None:

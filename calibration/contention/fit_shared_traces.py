@@ -19,8 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from ovsim.calibrate import calibrate, trace_input, write_calibration
-from ovsim.hw.calib import CALIB_DIR, newest_file, read_calib_file
+from ovsim.calibrate import calibrate, trace_input, write_shipped
 from ovsim.validate import TRACE_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,17 +36,9 @@ def main() -> int:
         return 1
     report = calibrate(inputs, "*", quantities=["contention"])
     print(json.dumps({"parameters": report.parameters, "fit": report.fits["contention"]}, indent=1))
-    base = newest_file("default", CALIB_DIR)
-    assert base is not None
-    current = read_calib_file(base).parameters
-    if all(current.get(k) == v for k, v in report.parameters.items()):
-        print(f"{base.name} already holds these values; nothing written")
-        return 0
-    if args.dry_run:
-        return 0
-    path = write_calibration(report, inputs, "*", CALIB_DIR,
-                             command="python calibration/contention/fit_shared_traces.py", base=base)
-    print(f"wrote {path.relative_to(ROOT)}")
+    _, done = write_shipped(report, inputs, "*", "python calibration/contention/fit_shared_traces.py",
+                            dry_run=args.dry_run)
+    print(done)
     return 0
 
 

@@ -26,8 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from ovsim.calibrate import calibrate, trace_input, write_calibration
-from ovsim.hw.calib import CALIB_DIR, newest_file, read_calib_file
+from ovsim.calibrate import calibrate, trace_input, write_shipped
 from ovsim.validate import MEMORY_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,15 +44,9 @@ def main() -> int:
             return 1
         report = calibrate(inputs, gpu, quantities=["memory"])
         print(json.dumps({"gpu": gpu, "parameters": report.parameters, "fit": report.fits["memory"]}, indent=1))
-        base = newest_file(gpu, CALIB_DIR)
-        if base is not None and all(read_calib_file(base).parameters.get(k) == v for k, v in report.parameters.items()):
-            print(f"{base.name} already holds these values; nothing written")
-            continue
-        if args.dry_run:
-            continue
-        path = write_calibration(report, inputs, gpu, CALIB_DIR,
-                                 command="python calibration/memory/fit_shared_traces.py", base=base)
-        print(f"wrote {path.relative_to(ROOT)}")
+        _, done = write_shipped(report, inputs, gpu, "python calibration/memory/fit_shared_traces.py",
+                                dry_run=args.dry_run)
+        print(f"{gpu}: {done}")
     return 0
 
 

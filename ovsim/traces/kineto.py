@@ -510,18 +510,11 @@ _VERSION_KEYS = ("cuda_runtime_version", "cuda_driver_version", "cupti_version",
 
 
 def _versions(meta: dict[str, Any]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k in _VERSION_KEYS:
-        v = meta.get(k)
-        if isinstance(v, str | int | float) and not isinstance(v, bool):
-            out[k] = str(v)
     dist = meta.get("distributedInfo")
+    found = [(k, meta.get(k)) for k in _VERSION_KEYS]
     if isinstance(dist, dict):
-        for k in ("nccl_version", "backend"):
-            v = dist.get(k)
-            if isinstance(v, str | int | float) and not isinstance(v, bool):
-                out[k] = str(v)
-    return out
+        found += [(k, dist.get(k)) for k in ("nccl_version", "backend")]
+    return {k: str(v) for k, v in found if isinstance(v, str | int | float) and not isinstance(v, bool)}
 
 
 def _device_names(meta: dict[str, Any]) -> dict[int, str]:

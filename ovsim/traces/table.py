@@ -81,7 +81,8 @@ class TraceBundle:
     # recorded_stream; importers that guess a wait from the calling thread add inferred=True.
     syncs: pd.DataFrame | None = None
     # Wall-clock time (seconds since 1970) of time 0 on the table's clock, where the trace says
-    # (Kineto's baseTimeNanoseconds, or epoch timestamps); aligns power logs with the trace.
+    # (Kineto's baseTimeNanoseconds or epoch timestamps, Nsight Systems' session start); aligns
+    # power logs with the trace.
     wall_origin_s: float | None = None
     # Software the run used, as the trace records it (e.g. cuda_driver_version, nccl_version);
     # a key whose ranks disagree lists their values joined by ", ".
