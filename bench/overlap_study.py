@@ -6,7 +6,9 @@ arXiv 2606.09200), predicted by ovsim and set against the published figures.
     python bench/overlap_study.py --layers 0 # full depth (about 3.5 minutes)
 
 Compute slowdown = overlapped compute time / the same compute alone - 1; "sequential slower" =
-sequential iteration / overlapped iteration - 1. The reduced-depth matrix keeps every layer's
+sequential iteration / overlapped iteration - 1, with the sequential iteration both simulated and
+accounted for as the study does (``ovsim.api.accounted_sequential_s``: the overlapped iteration
+less its compute slowdown, plus the communication that overlapped compute). The reduced-depth matrix keeps every layer's
 shapes and only cuts the count. It understates whole-iteration slowdowns, because the embedding,
 head, optimizer and the edge layers (little compute to hide under) weigh more in a short model;
 notebooks/overlap_study.ipynb extrapolates to full depth instead; docs/training.md has the full-depth figures.
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ovsim.api import predict
+from ovsim.api import accounted_sequential_s, predict
 from ovsim.scenario import Scenario
 
 MODELS = ["gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "llama2-13b"]
@@ -50,10 +52,12 @@ def run_matrix(layers: int, batches: list[int]) -> pd.DataFrame:
         rows.append({"model": model, "system": system, "parallel": par, "batch": batch,
                      "iteration_ms": o["makespan_s"] * 1e3, "compute_slowdown_pct": o["compute_slowdown"] * 100,
                      "sequential_slower_pct": (s["makespan_s"] / o["makespan_s"] - 1) * 100,
+                     "accounted_slower_pct": (accounted_sequential_s(o, s) / o["makespan_s"] - 1) * 100,
                      "comm_hidden_pct": o["comm_hidden_fraction"] * 100})
         r = rows[-1]
         print(f"{model:<11} {system:<7} {par:<5} b{batch:<3} iter {r['iteration_ms']:9.1f} ms  "
-              f"slowdown {r['compute_slowdown_pct']:5.1f}%  sequential {r['sequential_slower_pct']:+5.1f}%", flush=True)
+              f"slowdown {r['compute_slowdown_pct']:5.1f}%  sequential {r['sequential_slower_pct']:+5.1f}% "
+              f"(accounted {r['accounted_slower_pct']:+5.1f}%)", flush=True)
     return pd.DataFrame(rows)
 
 
@@ -82,7 +86,10 @@ def main() -> None:
           f"max {df['compute_slowdown_pct'].max():.1f}% (published 40%, target 32-48%)")
     print(f"sequential slower than overlapped: mean {df['sequential_slower_pct'].mean():.1f}% "
           f"(published 10.2%, target 6-14%), max {df['sequential_slower_pct'].max():.1f}% (published 26.6%)")
-    print(df.groupby(["parallel", "system"])[["compute_slowdown_pct", "sequential_slower_pct"]].mean().round(1))
+    print(f"  by the study's accounting (ideal + hidden communication): mean {df['accounted_slower_pct'].mean():.1f}%, "
+          f"max {df['accounted_slower_pct'].max():.1f}%")
+    print(df.groupby(["parallel", "system"])[["compute_slowdown_pct", "sequential_slower_pct",
+                                              "accounted_slower_pct"]].mean().round(1))
     print()
     pr = priority_study()
     print(pr.round(2).to_string(index=False))
