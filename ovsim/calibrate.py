@@ -27,10 +27,23 @@ What is fitted, from what, and how
     bus_bytes / bandwidth`` is fitted by non-negative least squares over the sizes. Two distinct
     sizes at least; the prediction uses the fit only for that exact collective and rank count.
 
+``overhead``
+    ``kernel_overhead_s``, the fixed time the cost model adds to every kernel, from elementwise
+    kernels too small for their traffic to count (at most 0.1 us of it at the peak HBM bandwidth)
+    that ran without communication and were their operator call's only kernel; see
+    :func:`fit_overhead`. Fitted first, so the gemm and memory fits of the same call build on it.
+
 ``gemm``
     ``gemm_efficiency`` (of the main loop) and ``gemm_tile_overhead_s`` (fixed time per wave of
     tiles) per precision from GEMM kernels that ran without communication and whose launching
     operator records input shapes; see :func:`fit_gemm`.
+
+``memory``
+    ``memory_kernel_efficiency`` (streaming elementwise kernels), ``memory_kind_efficiency`` (norm,
+    softmax) and, where streaming kernels were measured to move more than it allows,
+    ``hbm_achievable_fraction``, from memory-bound kernels moving at least twice the L2 whose
+    bytes the launching operator's input shapes and types give (:mod:`ovsim.traces.aten`); see
+    :func:`fit_memory`.
 
 ``power``
     ``power_idle_w`` and the power weights (``power_tensor_w``, ``power_fp32_w``,
@@ -84,11 +97,12 @@ from ovsim.replay import (
     isolated_durations,
     protocol_key,
 )
+from ovsim.traces.aten import Traffic, traffic
 from ovsim.traces.table import TraceBundle
 
-QUANTITIES = ("contention", "collectives", "gemm", "memory", "power")
+QUANTITIES = ("contention", "collectives", "overhead", "gemm", "memory", "power")
 # Quantities that belong to one GPU: not fitted for '*'.
-GPU_SPECIFIC = ("collectives", "gemm", "memory", "power")
+GPU_SPECIFIC = ("collectives", "overhead", "gemm", "memory", "power")
 PRESSURE_MAX = 0.9
 # Compute kinds whose replay HBM traffic can be fitted (memory-bound kinds are the anchor).
 FRACTION_KINDS = tuple(k for k in COMPUTE_KINDS if k not in MEMORY_KINDS)
@@ -491,40 +505,63 @@ def memory_mape(t_s: np.ndarray, peak_s: np.ndarray, fraction: float, overhead_s
     return float(np.mean(np.abs(overhead_s + peak_s / fraction - t_s) / t_s))
 
 
+def _memory_kernels(tr: TraceInput) -> tuple[list[tuple[float, Traffic]], dict[str, int]]:
+    """The trace's memory-bound kernels whose bytes :func:`ovsim.traces.aten.traffic` knows and
+    that time one operator call alone (measured s, traffic); and how many were left out, by
+    reason."""
+    df = tr.bundle.kernels.reset_index(drop=True)
+    c = _Cols.of(df)
+    overlapped = _overlap_flags(c)
+    ids = df["host_op_id"]
+    # Kernels per operator call: an operator that launched several kernels cannot be split.
+    calls = df.groupby([df["rank"], ids], dropna=True).size()
+    types = df["host_types"].tolist()
+    ranks, call = df["rank"].tolist(), ids.tolist()
+    candidates = np.isin(np.array(c.kind), ["elementwise", "norm", "other"]) & (df["host_types"] != "").to_numpy()
+    kept: list[tuple[float, Traffic]] = []
+    left: dict[str, int] = {}
+    for i in np.flatnonzero(candidates):
+        t = traffic(c.host_op[i], types[i])
+        if t is None or not c.dur[i] > 0:
+            continue
+        why = ("overlapped communication" if overlapped[i] else
+               "operator call not recorded" if pd.isna(call[i]) else
+               "operator call launched several kernels" if calls.get((ranks[i], call[i]), 0) != 1 else "")
+        if why:
+            left[why] = left.get(why, 0) + 1
+        else:
+            kept.append((float(c.dur[i]), t))
+    return kept, left
+
+
 def memory_points(traces: Sequence[TraceInput]) -> tuple[dict[str, list[tuple[float, float]]], dict[str, int]]:
     """Per class of memory-bound kernel (:data:`ovsim.traces.aten.CLASSES`), the kernels
     :func:`fit_memory` uses as (measured s, bytes / peak HBM bandwidth s); and how many kernels with
     a known traffic were left out, by reason."""
-    from ovsim.traces.aten import traffic
-
     points: dict[str, list[tuple[float, float]]] = {}
     left: dict[str, int] = {}
     for tr in traces:
         gpu = load_gpu(tr.gpu)
         bw = gpu.memory.bandwidth_bytes_per_s
-        df = tr.bundle.kernels.reset_index(drop=True)
-        c = _Cols.of(df)
-        overlapped = _overlap_flags(c)
-        ids = df["host_op_id"]
-        # Kernels per operator call: an operator that launched several kernels cannot be split.
-        calls = df.groupby([df["rank"], ids], dropna=True).size()
-        types = df["host_types"].tolist()
-        ranks, call = df["rank"].tolist(), ids.tolist()
         min_bytes = MEMORY_L2_MULTIPLE * gpu.memory.l2_bytes
-        candidates = np.isin(np.array(c.kind), ["elementwise", "norm", "other"]) & (df["host_types"] != "").to_numpy()
-        for i in np.flatnonzero(candidates):
-            t = traffic(c.host_op[i], types[i])
-            if t is None or not c.dur[i] > 0:
-                continue
-            why = ("overlapped communication" if overlapped[i] else
-                   "operator call not recorded" if pd.isna(call[i]) else
-                   "operator call launched several kernels" if calls.get((ranks[i], call[i]), 0) != 1 else
-                   f"moves less than {MEMORY_L2_MULTIPLE:g}x the L2" if t.bytes < min_bytes else "")
-            if why:
-                left[why] = left.get(why, 0) + 1
-                continue
-            points.setdefault(t.op_class, []).append((float(c.dur[i]), t.bytes / bw))
+        kept, why = _memory_kernels(tr)
+        for k, n in why.items():
+            left[k] = left.get(k, 0) + n
+        for dur_s, t in kept:
+            if t.bytes < min_bytes:
+                k = f"moves less than {MEMORY_L2_MULTIPLE:g}x the L2"
+                left[k] = left.get(k, 0) + 1
+            else:
+                points.setdefault(t.op_class, []).append((dur_s, t.bytes / bw))
     return points, left
+
+
+def published_achievable_fraction() -> float:
+    """``hbm_achievable_fraction`` of the newest default calibration file: measured over peak HBM
+    bandwidth in published bandwidth tests, before any trace raised it."""
+    default = newest_file("default", CALIB_DIR)
+    value = read_calib_file(default).parameters.get("hbm_achievable_fraction") if default is not None else None
+    return float(value) if value is not None else Parameters().hbm_achievable_fraction
 
 
 def fit_memory(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -538,17 +575,20 @@ def fit_memory(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[s
     A fraction is an efficiency of the achievable bandwidth (``hbm_achievable_fraction`` x
     efficiency); where elementwise kernels reach more than the achievable fraction, that fraction
     is what is achievable and rises to it (the HBM channel must carry what a kernel was measured
-    to move), and the efficiencies are of the new one. Only kernels that ran without communication
-    beside them, were their operator call's only kernel and moved at least ``MEMORY_L2_MULTIPLE``
-    times the L2 count; a class with fewer than ``MEMORY_MIN_POINTS`` is not fitted."""
+    to move), and the efficiencies are of the new one. Whenever streaming kernels are fitted, the
+    achievable fraction is re-derived from the published figure
+    (:func:`published_achievable_fraction`), not from what the current calibration holds. Only
+    kernels that ran without communication beside them, were their operator call's only kernel
+    and moved at least ``MEMORY_L2_MULTIPLE`` times the L2 count; a class with fewer than
+    ``MEMORY_MIN_POINTS`` is not fitted."""
     from scipy.optimize import minimize_scalar
 
     points, left = memory_points(traces)
     record: dict[str, Any] = {
         "method": "the cost model's streaming kernel: bytes from the operator's input shapes and types over the "
                   "peak HBM bandwidth times a fraction per class, minimising the mean absolute relative error; "
-                  "efficiency = fraction / hbm_achievable_fraction, which rises to the elementwise fraction "
-                  "where that is higher",
+                  "efficiency = fraction / hbm_achievable_fraction, which is the published bandwidth-test figure "
+                  "or the elementwise fraction, whichever is higher",
         "min_bytes": f"{MEMORY_L2_MULTIPLE:g}x the GPU's L2", "left_out": dict(sorted(left.items())), "classes": {}}
     ko = params.kernel_overhead_s
     ach = params.hbm_achievable_fraction
@@ -580,8 +620,13 @@ def fit_memory(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[s
             "shapes and types of a known memory-bound operator (record_shapes)"
         raise OvsimError(f"no memory-bound kernel could be fitted ({why})", field="memory")
     values: dict[str, Any] = {}
-    if fractions.get("elementwise", 0.0) > ach:
-        ach = values["hbm_achievable_fraction"] = fractions["elementwise"]
+    # Re-derived from the published bandwidth-test figure whenever streaming kernels were fitted, so
+    # that a fraction an older fit raised it to (under other parameters) does not outlive the data
+    # that justified it.
+    if "elementwise" in fractions:
+        new_ach = max(published_achievable_fraction(), fractions["elementwise"])
+        if new_ach != ach:
+            ach = values["hbm_achievable_fraction"] = new_ach
     for cls, f in fractions.items():
         eff = round(f / ach, 3)
         record["classes"][cls]["efficiency"] = eff
@@ -590,6 +635,95 @@ def fit_memory(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[s
         else:
             values.setdefault("memory_kind_efficiency", {})[cls] = eff
     return values, record
+
+
+# A memory-bound kernel times the fixed per-kernel cost when its bytes would stream in at most this
+# long at the peak HBM bandwidth: a few percent of the 1.5-4 us such kernels take on the shared
+# traces, and below the 1 us resolution some of them record.
+OVERHEAD_MAX_BODY_S = 0.1e-6
+OVERHEAD_MIN_POINTS = 10
+
+
+def overhead_points(traces: Sequence[TraceInput]) -> tuple[dict[str, list[tuple[float, str]]], dict[str, int]]:
+    """Per trace label, the kernels :func:`fit_overhead` looks at as (measured s, class):
+    memory-bound kernels that timed one operator call alone and whose bytes take at most
+    ``OVERHEAD_MAX_BODY_S`` at the peak HBM bandwidth; and how many were left out, by reason."""
+    points: dict[str, list[tuple[float, str]]] = {}
+    left: dict[str, int] = {}
+    for tr in traces:
+        max_bytes = OVERHEAD_MAX_BODY_S * load_gpu(tr.gpu).memory.bandwidth_bytes_per_s
+        kept, why = _memory_kernels(tr)
+        for k, n in why.items():
+            left[k] = left.get(k, 0) + n
+        for dur_s, t in kept:
+            if t.bytes > max_bytes:
+                k = f"takes more than {OVERHEAD_MAX_BODY_S * 1e6:g} us at the peak HBM bandwidth"
+                left[k] = left.get(k, 0) + 1
+            else:
+                points.setdefault(tr.label, []).append((dur_s, t.op_class))
+    return points, left
+
+
+# Share of the durations cut from each end of the trimmed mean used for whole-microsecond data.
+OVERHEAD_TRIM = 0.1
+
+
+def whole_microseconds(t_s: np.ndarray) -> bool:
+    """Whether durations were recorded in whole microseconds (Kineto traces of older PyTorch)."""
+    return bool(np.allclose(t_s * 1e6, np.round(t_s * 1e6), rtol=0.0, atol=1e-6))
+
+
+def overhead_estimate(t_s: np.ndarray) -> float:
+    """The constant time that best stands for ``t_s``. Sub-microsecond durations: the one of least
+    mean absolute relative error, their median weighted by 1 / t. Whole-microsecond durations: a
+    median would sit on a whole microsecond (kernels of about 3.5 us record as 3 or 4 about equally
+    often), while end minus start, each cut to the microsecond, is unbiased on average; so their
+    mean, trimmed by ``OVERHEAD_TRIM`` at each end against stray slow kernels."""
+    from scipy.stats import trim_mean
+
+    if whole_microseconds(t_s):
+        return float(trim_mean(t_s, OVERHEAD_TRIM))
+    order = np.argsort(t_s)
+    t, w = t_s[order], 1.0 / t_s[order]
+    cum = np.cumsum(w)
+    return float(t[np.searchsorted(cum, 0.5 * cum[-1])])
+
+
+def fit_overhead(traces: Sequence[TraceInput]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``kernel_overhead_s``, the fixed time the cost model adds to every kernel (launch of the
+    grid, prologue, epilogue, the tail of the last wave), from the kernels that do nothing else:
+    elementwise kernels whose bytes would stream in at most ``OVERHEAD_MAX_BODY_S`` at the peak
+    HBM bandwidth (:func:`overhead_points`). The cost model prices such a kernel at the overhead
+    alone; the fit is :func:`overhead_estimate` of their durations, every kernel of every trace
+    weighted alike. Tiny copies, norms and softmaxes take longer (strided indexing, reductions) and
+    are recorded beside it, not fitted."""
+    points, left = overhead_points(traces)
+    t_s = np.array([t for pts in points.values() for t, _ in pts])
+    classes = np.array([c for pts in points.values() for _, c in pts])
+    use = t_s[classes == "elementwise"]
+    if len(use) < OVERHEAD_MIN_POINTS:
+        raise OvsimError(f"{len(use)} elementwise kernels small enough to time the per-kernel overhead (at most "
+                         f"{OVERHEAD_MAX_BODY_S * 1e6:g} us of traffic at the peak HBM bandwidth, alone, one per "
+                         f"operator call with recorded input shapes and types); {OVERHEAD_MIN_POINTS} are needed",
+                         field="overhead")
+    overhead = round(overhead_estimate(use), 9)
+    whole_us = whole_microseconds(use)
+    record: dict[str, Any] = {
+        "method": (f"mean trimmed by {OVERHEAD_TRIM:g} at each end (durations in whole microseconds)" if whole_us else
+                   "median weighted by 1 / duration (the constant of least mean absolute relative error)")
+                  + " of the durations of elementwise kernels whose traffic takes at most "
+                  f"{OVERHEAD_MAX_BODY_S * 1e6:g} us at the peak HBM bandwidth, alone, one per operator call",
+        "points": len(use),
+        "points_per_trace": {k: sum(c == "elementwise" for _, c in v) for k, v in sorted(points.items())},
+        "left_out": dict(sorted(left.items())),
+        "p10_p90_us": [round(float(np.percentile(use, q)) * 1e6, 3) for q in (10, 90)],
+        "fit_mape_pct": round(float(np.mean(np.abs(overhead - use) / use)) * 100, 2),
+        "median_us_other_classes": {str(c): {"kernels": int(np.sum(classes == c)),
+                                             "median_us": round(float(np.median(t_s[classes == c])) * 1e6, 3)}
+                                    for c in sorted(set(classes.tolist()) - {"elementwise"})},
+        "note": "fit error (on the traces fitted), not prediction error; held-out figures come from `ovsim validate`",
+    }
+    return {"kernel_overhead_s": overhead}, record
 
 
 # Weights of ovsim.hw.power.fit_power -> (the activity that identifies each, the calibration
@@ -747,6 +881,7 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
     fitters: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
         "contention": lambda: fit_contention(traces, params),
         "collectives": lambda: fit_collectives(traces),
+        "overhead": lambda: fit_overhead(traces),
         "gemm": lambda: fit_gemm(traces, params),
         "memory": lambda: fit_memory(traces, params),
         "power": lambda: fit_power_logs(traces, ref, params),
@@ -763,6 +898,8 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
             continue
         report.parameters.update(values)
         report.fits[q] = record
+        # Later fits (gemm, memory: QUANTITIES puts overhead first) build on what was just fitted.
+        params = params.merged(values)
         for k in values:
             report.sources[k] = f"fit: ovsim calibrate ({q}); see provenance.fits.{q}"
     if not report.parameters:

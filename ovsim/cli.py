@@ -389,8 +389,9 @@ def parser() -> argparse.ArgumentParser:
                          "of any GPU")
     cb.add_argument("-o", "--output", required=True,
                     help="file NAME.vN.yaml to write, or a folder (the GPU's next version is written there)")
-    cb.add_argument("--fit", help="comma-separated quantities (contention, collectives, gemm, memory, power); default: "
-                                  "every one the traces support, and an error if one named here cannot be fitted")
+    cb.add_argument("--fit", help="comma-separated quantities (contention, collectives, overhead, gemm, memory, "
+                                  "power); default: every one the traces support, and an error if one named here "
+                                  "cannot be fitted")
     cb.add_argument("--trace-gpu", action="append", metavar="TRACE=GPU",
                     help="GPU spec of a trace that does not record its device (repeatable)")
     cb.add_argument("--power-log", action="append", metavar="[TRACE=]LOG",

@@ -1,6 +1,7 @@
-"""Fit the shipped memory-bound kernel parameters (``memory_kernel_efficiency``,
-``memory_kind_efficiency``, and ``hbm_achievable_fraction`` where streaming kernels were measured
-to reach more) on the shared real traces, and write each GPU's next calibration version.
+"""Fit the shipped per-kernel overhead (``kernel_overhead_s``, from tiny elementwise kernels) and
+memory-bound kernel parameters (``memory_kernel_efficiency``, ``memory_kind_efficiency``, and
+``hbm_achievable_fraction`` where streaming kernels were measured to reach more; priced on top of
+the fitted overhead) on the shared real traces, and write each GPU's next calibration version.
 
 Per GPU, the traces whose device it recorded and whose operators recorded input shapes and types
 (``ovsim.validate.MEMORY_CASES``):
@@ -42,8 +43,8 @@ def main() -> int:
         if not inputs:
             print(f"{gpu}: no shared traces under {args.traces}", file=sys.stderr)
             return 1
-        report = calibrate(inputs, gpu, quantities=["memory"])
-        print(json.dumps({"gpu": gpu, "parameters": report.parameters, "fit": report.fits["memory"]}, indent=1))
+        report = calibrate(inputs, gpu, quantities=["overhead", "memory"])
+        print(json.dumps({"gpu": gpu, "parameters": report.parameters, "fits": report.fits}, indent=1))
         _, done = write_shipped(report, inputs, gpu, "python calibration/memory/fit_shared_traces.py",
                                 dry_run=args.dry_run)
         print(f"{gpu}: {done}")
