@@ -275,6 +275,11 @@ def _calibrate(args: argparse.Namespace) -> int:
             print("  contention fit error (traces fitted on; not a prediction error):")
             for label, naive in rec["naive_mape_pct"].items():
                 print(f"    {label[:40]:<40} naive {naive:6.1f}%  fitted {rec['fit_mape_pct'][label]:6.1f}%")
+        rec = report.fits.get("overhead")
+        if rec:
+            print(f"  overhead from {rec['points']} tiny elementwise kernels (p10-p90 {rec['p10_p90_us'][0]:g}-"
+                  f"{rec['p10_p90_us'][1]:g} us); fit error {rec['fit_mape_pct']:.1f}% (fitted on; not a prediction "
+                  "error)")
         rec = report.fits.get("power")
         if rec:
             print(f"  power fit error on {rec['samples']} samples (fitted on; not a prediction error): "

@@ -389,6 +389,15 @@ def test_overhead_fit_of_whole_microsecond_durations_is_a_trimmed_mean() -> None
     assert report.fits["overhead"]["method"].startswith("mean trimmed by 0.1")
 
 
+def test_overhead_fit_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "tiny.parquet"
+    write_table(overhead_trace([1.25] * 6 + [3.1] * 4).bundle, trace)
+    assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(tmp_path), "--fit", "overhead"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel_overhead_s: 1.25e-06" in out
+    assert "overhead from 10 tiny elementwise kernels (p10-p90 1.25-3.1 us); fit error 23.9%" in out
+
+
 def test_overhead_fit_without_enough_tiny_kernels_says_why() -> None:
     with pytest.raises(OvsimError, match="9 elementwise kernels small enough") as e:
         calibrate([overhead_trace([2.0] * 9)], GPU, quantities=["overhead"])
