@@ -673,9 +673,18 @@ def whole_microseconds(t_s: np.ndarray) -> bool:
     return bool(np.allclose(t_s * 1e6, np.round(t_s * 1e6), rtol=0.0, atol=1e-6))
 
 
+def least_mape_constant(t_s: np.ndarray) -> float:
+    """The constant with the least mean absolute relative error to ``t_s``: their median weighted
+    by 1 / t."""
+    order = np.argsort(t_s)
+    t, w = t_s[order], 1.0 / t_s[order]
+    cum = np.cumsum(w)
+    return float(t[np.searchsorted(cum, 0.5 * cum[-1])])
+
+
 def overhead_estimate(t_s: np.ndarray) -> float:
     """The constant time that best stands for ``t_s``. Sub-microsecond durations: the one of least
-    mean absolute relative error, their median weighted by 1 / t. Whole-microsecond durations: a
+    mean absolute relative error (:func:`least_mape_constant`). Whole-microsecond durations: a
     median would sit on a whole microsecond (kernels of about 3.5 us record as 3 or 4 about equally
     often), while end minus start, each cut to the microsecond, is unbiased on average; so their
     mean, trimmed by ``OVERHEAD_TRIM`` at each end against stray slow kernels."""
@@ -683,10 +692,7 @@ def overhead_estimate(t_s: np.ndarray) -> float:
 
     if whole_microseconds(t_s):
         return float(trim_mean(t_s, OVERHEAD_TRIM))
-    order = np.argsort(t_s)
-    t, w = t_s[order], 1.0 / t_s[order]
-    cum = np.cumsum(w)
-    return float(t[np.searchsorted(cum, 0.5 * cum[-1])])
+    return least_mape_constant(t_s)
 
 
 def fit_overhead(traces: Sequence[TraceInput]) -> tuple[dict[str, Any], dict[str, Any]]:

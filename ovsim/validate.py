@@ -256,6 +256,7 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
         OVERHEAD_MIN_POINTS,
         fit_memory,
         fit_overhead,
+        least_mape_constant,
         memory_mape,
         memory_points,
         overhead_points,
@@ -285,7 +286,7 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
                 continue  # the others cannot time the overhead: nothing here is held out
             if len(tiny[i]) >= OVERHEAD_MIN_POINTS:
                 t_s = tiny[i]
-                own = min(float(np.mean(np.abs(c - t_s) / t_s)) for c in t_s)
+                own = float(np.mean(np.abs(least_mape_constant(t_s) - t_s) / t_s))
                 err = float(np.mean(np.abs(held.kernel_overhead_s - t_s) / t_s))
                 before = float(np.mean(np.abs(assumed_s - t_s) / t_s))
                 checks.append(Check(
