@@ -17,7 +17,7 @@ from typing import Any
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
-from ovsim.hw.spec import gpu_file, load_gpu, load_system
+from ovsim.hw.spec import GpuSpec, gpu_file, load_gpu, load_system
 from ovsim.models import cost, nccl
 
 GB = 1e9
@@ -62,19 +62,36 @@ def _busbw(op: str, size: float, system: str, algorithm: str | None = None) -> f
     return plan.algorithm_bandwidth_bytes_per_s * nccl.bus_factor(plan.op, plan.n_ranks) / GB
 
 
-# Tile shapes CUTLASS/cuBLAS pick among for large BF16 GEMMs; a "best achievable" figure is the best
-# of them, as the reference is the best over shapes and kernels.
-_TILES = ((128, 256, 64), (256, 128, 64), (128, 192, 64), (192, 128, 64), (128, 128, 64), (64, 256, 64),
-          (256, 64, 64), (128, 64, 64), (64, 128, 64))
+# Output tiles CUTLASS/cuBLAS pick among for large GEMMs; a "best achievable" figure is the best of
+# the library's kernels, as the reference is the best over shapes and kernels.
+_TILES_MN = ((128, 256), (256, 128), (128, 192), (192, 128), (128, 128), (64, 256), (256, 64), (128, 64), (64, 128))
+# A main-loop stage reads 128 bytes of K per row (the shared-memory swizzle width): K tiles of 64
+# 16-bit, 128 8-bit or 32 32-bit elements (CUTLASS's Ampere and Hopper tile shapes).
+_K_TILE_BYTES = 128
+# (threads, registers per thread, stages) of a block. Ampere-style multistage kernels: 8 warps.
+# Hopper's warp-specialized cooperative kernels (cuBLAS's on sm90): a producer and two consumer
+# warpgroups holding the SM's registers, one block per SM, a deeper pipeline.
+_MULTISTAGE = (256, 128, 3)
+_WARP_SPECIALIZED = (384, 168, 4)
+
+
+def _gemm_kernels(gpu: GpuSpec, precision: str) -> list[tuple[tuple[int, int, int], int, int, int]]:
+    """(tile, threads, registers per thread, stages) of the library kernels a best figure is over."""
+    tk = max(1, _K_TILE_BYTES // cost.element_bytes(precision))
+    arch = gpu.architecture
+    hopper_or_later = arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
+    blocks = [_MULTISTAGE] + ([_WARP_SPECIALIZED] if hopper_or_later else [])
+    return [((tm, tn, tk), threads, regs, stages) for tm, tn in _TILES_MN for threads, regs, stages in blocks]
 
 
 def _best_gemm_tflops(gpu_name: str, m: int, n: int, k: int, precision: str) -> float:
     gpu = load_gpu(gpu_name)
     params = load_calibration(gpu, gpu_file(gpu_name).stem).params
     best = 0.0
-    for tile in _TILES:
+    for tile, threads, regs, stages in _gemm_kernels(gpu, precision):
         try:
-            d = cost.gemm(m, n, k, precision, gpu, params, tile=tile)
+            d = cost.gemm(m, n, k, precision, gpu, params, tile=tile, threads=threads, registers_per_thread=regs,
+                          stages=stages)
         except OvsimError:
             continue  # the tile does not fit this GPU's shared memory
         best = max(best, 2.0 * m * n * k / d.isolated_s / 1e12)
