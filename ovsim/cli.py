@@ -273,6 +273,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         rec = report.fits.get("contention")
         if rec:
             print("  contention fit error (traces fitted on; not a prediction error):")
+            by_share = ", ".join(f"{f}: {e:.1f}%" for f, e in rec["mean_fit_mape_pct_by_sm_fraction"].items())
+            print(f"    mean by share of a collective's blocks holding SMs: {by_share}")
             for label, naive in rec["naive_mape_pct"].items():
                 print(f"    {label[:40]:<40} naive {naive:6.1f}%  fitted {rec['fit_mape_pct'][label]:6.1f}%")
         rec = report.fits.get("overhead")

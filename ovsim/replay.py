@@ -10,7 +10,8 @@ Reconstruction
 - A collective is one flow over the ranks the bundle has: matched by (process group, ``seq``) where
   the trace numbers them, otherwise the k-th collective kernel of a rank matches the k-th on every
   other rank. Its transfer takes the shortest member's measured duration (the last rank to arrive
-  waited least); the member kernels hold their measured grid of blocks until it completes.
+  waited least); the member kernels hold ``replay_collective_sm_fraction`` of their measured grid
+  of blocks (fitted with the contention parameters; none at 0) until it completes.
 - Copies and memsets are copy-engine flows at their measured rate.
 
 Isolated durations of compute kernels never come from their own overlapped measurement:
@@ -302,8 +303,9 @@ def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Param
         dur = max(float(c.dur[i]), 1e-9)
         if kind == "collective":
             grid, shape = _block(c, i, gpu)
-            kd = KernelDemand(blocks=grid, block=shape, block_time_s=1.0, issue_fraction=1.0, hbm_bytes=0.0,
-                              flops=0.0, isolated_s=dur, clock_sensitive=False)
+            held = math.ceil(grid * params.replay_collective_sm_fraction - 1e-9)
+            kd = KernelDemand(blocks=held, block=shape, block_time_s=1.0, issue_fraction=1.0, hbm_bytes=0.0,
+                              flops=0.0, isolated_s=dur, clock_sensitive=False) if held > 0 else None
             ops.append(Op(kind="collective", kernel=kd, flow=flows[groups[i]], **common))
         elif kind in ("copy", "memset"):
             size = float(c.bytes[i]) if math.isfinite(c.bytes[i]) and c.bytes[i] > 0 else 0.0

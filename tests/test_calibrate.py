@@ -17,6 +17,7 @@ from ovsim.calibrate import (
     calibrate,
     contention_slowdown,
     fit_collectives,
+    fit_contention,
     gemm_precision,
     gemm_problem,
     output_path,
@@ -91,6 +92,31 @@ def test_contention_fit_recovers_the_planted_pressure_and_replay_then_matches() 
     fitted = replay(bundle, gpu=GPU, counters=False, overrides=report.parameters).summary
     assert fitted["mape_pct"] < 2.0
     assert fitted["naive_mape_pct"] > 15
+
+
+def sm_trace(overlapped_us: float) -> TraceInput:
+    """A one-wave GEMM (132 blocks, one per H100 SM) alone three times at 100 us, then five times
+    beside an all-reduce whose 16 NCCL blocks take whole SMs (640 threads x 96 registers), measured
+    at ``overlapped_us``: 200 us is the second wave those 16 SMs force, 100 us is no SM lost."""
+    def gemm(t: float, d: float) -> dict[str, Any]:
+        return kernel("gemm", t, d, kind="gemm", grid=132, block_x=256, registers_per_thread=255)
+
+    rows = [gemm(t, 100.0) for t in (0.0, 200.0, 400.0)]
+    rows.append(kernel("ncclKernel_AllReduce_RING_SIMPLE_Sum_float", 1000.0, 1800.0, stream=9, kind="collective",
+                       grid=16, block_x=640, registers_per_thread=96, collective="all_reduce", protocol="Simple",
+                       algorithm="ring"))
+    rows += [gemm(1100.0 + 300.0 * i, overlapped_us) for i in range(5)]
+    return TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="sm", gpu=GPU)
+
+
+def test_contention_fit_keeps_nccl_blocks_only_when_the_kernels_beside_them_lost_sms() -> None:
+    p = load_calibration(load_gpu(GPU), GPU).params
+    slowed, _ = fit_contention([sm_trace(200.0)], p)
+    assert slowed["replay_collective_sm_fraction"] == 1.0
+    untouched, record = fit_contention([sm_trace(100.0)], p)
+    assert untouched["replay_collective_sm_fraction"] == 0.0
+    by_fraction = record["mean_fit_mape_pct_by_sm_fraction"]
+    assert by_fraction["1.0"] == pytest.approx(100.0, abs=2.0) and by_fraction["0.0"] < 2.0
 
 
 def test_collective_fit_recovers_latency_and_bandwidth() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from ovsim.traces.load import load_trace
 from ovsim.traces.table import TraceBundle, make_table
 
 GPU = "h100-sxm5-80gb"
+# NCCL's design: a collective holds every block of its grid while it runs (the engine's rule).
+ALL_BLOCKS = {"replay_collective_sm_fraction": 1.0}
 
 
 def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -122,9 +125,11 @@ def _simulated_run() -> pd.DataFrame:
 
 def test_replaying_a_simulated_run_beats_the_naive_prediction() -> None:
     """Self-consistency, not validation: the 'measurement' is the engine's own, so replay must
-    recover the contention it put there from the table alone."""
+    recover the contention it put there from the table alone. The engine held every NCCL block for
+    the whole collective, so the replay must too (the shipped replay fraction is fitted on real runs)."""
     df = _simulated_run()
-    res = replay(TraceBundle(kernels=df, gpu_names={0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H100 80GB HBM3"}))
+    res = replay(TraceBundle(kernels=df, gpu_names={0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H100 80GB HBM3"}),
+                 overrides=ALL_BLOCKS)
     s = res.summary
     assert s["overlapped_compute_kernels"] > 0 and s["scored_kernels"] == s["overlapped_compute_kernels"]
     # The GEMMs beside the all-reduce lose SMs to NCCL's blocks: the naive prediction misses that.
@@ -133,6 +138,20 @@ def test_replaying_a_simulated_run_beats_the_naive_prediction() -> None:
     assert abs(s["span_error_pct"]) < 5
     clean = res.kernels[~res.kernels["overlapped"] & (res.kernels["kind"] == "gemm")]
     np.testing.assert_allclose(clean["predicted_duration_s"], clean["measured_duration_s"], rtol=0.02)
+
+
+def test_collectives_hold_the_fitted_share_of_their_grid() -> None:
+    """With no blocks held the GEMMs beside the all-reduce keep every SM: the replay predicts them
+    at their isolated time, as the naive prediction does."""
+    bundle = TraceBundle(kernels=_simulated_run(), gpu_names={0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H100 80GB HBM3"})
+    none = replay(bundle, counters=False, overrides={"replay_collective_sm_fraction": 0.0})
+    coll = [op for op in none.workload.ops if op.kind == "collective"]
+    assert coll and all(op.kernel is None for op in coll)
+    assert none.summary["mape_pct"] == pytest.approx(none.summary["naive_mape_pct"], abs=0.5)
+    half = replay(bundle, counters=False, overrides={"replay_collective_sm_fraction": 0.5})
+    grid = int(_simulated_run().query("kind == 'collective'")["grid_x"].iloc[0])
+    assert {op.kernel.blocks for op in half.workload.ops if op.kind == "collective" and op.kernel} == {
+        math.ceil(grid / 2)}
 
 
 def test_replay_needs_a_known_gpu() -> None:

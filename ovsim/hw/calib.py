@@ -71,6 +71,11 @@ class Parameters(BaseModel):
     # bandwidth moves in its isolated time (a trace records no bytes). Memory-bound kinds move
     # `memory_kernel_efficiency` of it. Fitted with the pressure above.
     replay_hbm_fraction: dict[str, float] = Field(default_factory=dict)
+    # Replay only: the share of a traced collective kernel's grid that holds SMs for the whole
+    # measured collective. 1 is NCCL's design (one block per channel, sharing its SM with no compute
+    # block); less stands for blocks that leave early (a channel with no work left, a p2p channel
+    # waiting on a peer), which a kernel record does not show. Fitted with the pressure above.
+    replay_collective_sm_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
     # Measured collective cost that replaces NCCL's own model for exactly this collective, keyed
     # "op/algorithm/protocol/ranks": latency_s and bus_bandwidth_bytes_per_s (`ovsim calibrate`).
     nccl_fitted: dict[str, dict[str, float]] = Field(default_factory=dict)
