@@ -147,15 +147,16 @@ class ContentionData:
     """A trace's scored kernels (overlapped, isolated duration from clean instances of the same
     signature): measured and isolated duration, the engine's replay without memory contention (one
     row per ``SM_FRACTIONS`` value), the fraction of the measured time a collective was resident on
-    the rank, kind and resident protocols. Prepared once per trace, whatever set of traces a fit
-    uses it in."""
+    the rank, and kind, resident protocols and data-moving share of the isolated time. Prepared
+    once per trace, whatever set of traces a fit uses it in."""
 
     label: str
     measured_s: np.ndarray
     isolated_s: np.ndarray
     baseline_s: np.ndarray  # (len(SM_FRACTIONS), kernels)
     covered: np.ndarray
-    config: list[tuple[str, tuple[str, ...]]]
+    config: list[tuple[str, tuple[str, ...], float]]
+    rows: np.ndarray  # the scored kernels' rows in the trace's kernel table
 
 
 # Memory contention switched off: the engine's prediction without the parameters being fitted.
@@ -168,6 +169,8 @@ NO_CONTENTION: dict[str, Any] = {
 SM_FRACTIONS = (1.0, 0.5, 0.25, 0.0)
 # Mean per-trace MAPE points a smaller SM fraction must gain to replace NCCL's design.
 SM_FRACTION_MARGIN_PCT = 0.5
+# Resolution of a kernel's data-moving share of its time in the contention fit.
+MOVING_STEP = 0.05
 
 
 def contention_data(tr: TraceInput) -> ContentionData:
@@ -180,6 +183,7 @@ def contention_data(tr: TraceInput) -> ContentionData:
     c = _Cols.of(tr.bundle.kernels.reset_index(drop=True))
     overlapped = _overlap_flags(c)
     iso, src = isolated_durations(c, overlapped)
+    overhead_s = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params.kernel_overhead_s
     is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
     sel = np.flatnonzero(overlapped & (src == "signature") & (c.dur > 0))
     rows, covered, config = [], [], []
@@ -193,21 +197,27 @@ def contention_data(tr: TraceInput) -> ContentionData:
             resident = union_intervals(np.maximum(cs[hit], s), np.minimum(ce[hit], e))
             rows.append(i)
             covered.append(min(1.0, sum(b - a for a, b in resident) / c.dur[i]))
-            config.append((c.kind[i], tuple(sorted({protos[j] for j in hit}))))
+            # The share of its time the kernel moves data (the replay's bytes leave out the
+            # overhead), to MOVING_STEP: kernels sharing a config share one slowdown in the fit.
+            moving = max(0.0, iso[i] - overhead_s) / iso[i] if iso[i] > 0 else 1.0
+            config.append((c.kind[i], tuple(sorted({protos[j] for j in hit})),
+                           round(round(moving / MOVING_STEP) * MOVING_STEP, 6)))
     ix = np.array(rows, dtype=np.int64)
     baseline = np.empty((len(SM_FRACTIONS), 0))
     if len(ix):
         baseline = np.array([replay(tr.bundle, gpu=tr.gpu, counters=False,
                                     overrides={**NO_CONTENTION, "replay_collective_sm_fraction": f})
                              .kernels["predicted_duration_s"].to_numpy(dtype=float)[ix] for f in SM_FRACTIONS])
-    return ContentionData(tr.label, c.dur[ix], iso[ix], baseline, np.array(covered, float), config)
+    return ContentionData(tr.label, c.dur[ix], iso[ix], baseline, np.array(covered, float), config, ix)
 
 
 def contention_slowdown(kind: str, protocols: Sequence[str], pressure: dict[str, float],
-                        fraction: dict[str, float], params: Parameters) -> float:
+                        fraction: dict[str, float], params: Parameters, moving: float = 1.0) -> float:
     """Slowdown of a kernel of ``kind`` while collectives of ``protocols`` are resident, by the
-    engine's HBM channel (capacity 1: demands are fractions of the achievable bandwidth)."""
-    demand = params.memory_kernel_efficiency if kind in MEMORY_KINDS else fraction.get(kind, 0.0)
+    engine's HBM channel (capacity 1: demands are fractions of the achievable bandwidth); the
+    kernel moves data ``moving`` of its isolated time, at its full share, and its demand over the
+    whole time is that much lower, as the replay spreads it."""
+    demand = moving * (params.memory_kernel_efficiency if kind in MEMORY_KINDS else fraction.get(kind, 0.0))
     resident = [collective_pressure(pressure, params.nccl_hbm_weight, p) for p in protocols]
     resident = [(share, weight) for share, weight in resident if share > 0]
     if demand <= 0 or not resident:
@@ -218,6 +228,15 @@ def contention_slowdown(kind: str, protocols: Sequence[str], pressure: dict[str,
     return demand / alloc.rates[0] if alloc.rates[0] > 0 else math.inf
 
 
+def _replay_mape(tr: TraceInput, d: ContentionData, overrides: dict[str, Any]) -> float:
+    """The engine's MAPE on a trace's scored kernels, replayed with ``overrides``."""
+    from ovsim.replay import replay
+
+    pred = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=overrides).kernels["predicted_duration_s"]
+    p = pred.to_numpy(dtype=float)[d.rows]
+    return float(np.mean(np.abs(p - d.measured_s) / d.measured_s) * 100)
+
+
 def fit_contention(traces: Sequence[TraceInput], params: Parameters,
                    prepared: Sequence[ContentionData] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fitted ``nccl_memory_pressure``, ``replay_hbm_fraction`` and ``replay_collective_sm_fraction``
@@ -225,13 +244,14 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
     no kernel was measured both alone and beside communication. ``prepared`` are the traces'
     :func:`contention_data` (computed here when not given)."""
     all_data = prepared if prepared is not None else [contention_data(tr) for tr in traces]
-    data = [d for d in all_data if len(d.measured_s)]
+    pairs = [(tr, d) for tr, d in zip(traces, all_data, strict=True) if len(d.measured_s)]
+    data = [d for _, d in pairs]
     if not data:
         raise OvsimError("no compute kernel in these traces was measured both alone and beside a collective "
                          "(same name, grid, block and launching operator): contention cannot be fitted",
                          field="contention")
-    protos = sorted({p for d in data for _, ps in d.config for p in ps})
-    kinds = sorted({k for d in data for k, _ in d.config if k in FRACTION_KINDS})
+    protos = sorted({p for d in data for _, ps, _ in d.config for p in ps})
+    kinds = sorted({k for d in data for k, _, _ in d.config if k in FRACTION_KINDS})
     bounds = [(0.0, PRESSURE_MAX)] * len(protos) + [(0.0, 1.0)] * len(kinds)
     configs = sorted({cfg for d in data for cfg in d.config})
     index = {cfg: i for i, cfg in enumerate(configs)}
@@ -243,7 +263,7 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
 
     def per_trace(x: np.ndarray, j: int) -> list[float]:
         pressure, fraction = unpack(x)
-        slow = np.array([contention_slowdown(k, ps, pressure, fraction, params) for k, ps in configs])
+        slow = np.array([contention_slowdown(k, ps, pressure, fraction, params, m) for k, ps, m in configs])
         out = []
         for d, ix in zip(data, cfg_ix, strict=True):
             pred = d.baseline_s[j] * (1.0 - d.covered + d.covered * slow[ix])
@@ -272,6 +292,21 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
         if err < fits[j_best][1] - SM_FRACTION_MARGIN_PCT:
             j_best = j
     best = fits[j_best][0]
+    # The fit prices memory contention by one kernel beside the collectives; the engine shares HBM
+    # among everything running. Fitted values stand only if the engine, replaying every trace with
+    # them, beats itself without memory contention (the baseline at this SM share).
+    engine_check: dict[str, Any] = {}
+    if np.any(best > 0):
+        pressure, fraction = unpack(best)
+        trial = {"nccl_memory_pressure": pressure, "replay_hbm_fraction": fraction,
+                 "replay_collective_sm_fraction": SM_FRACTIONS[j_best]}
+        with_fit = [_replay_mape(tr, d, trial) for tr, d in pairs]
+        without = per_trace(x0, j_best)
+        engine_check = {"engine_mape_pct_fitted": {d.label: round(v, 2) for d, v in zip(data, with_fit, strict=True)},
+                        "engine_mape_pct_without": {d.label: round(v, 2) for d, v in zip(data, without, strict=True)}}
+        if float(np.mean(with_fit)) >= float(np.mean(without)):
+            engine_check["kept"] = "no memory contention: the fitted values made the engine's mean error worse"
+            best = x0
     pressure, fraction = unpack(best)
     record = {
         "method": "per value of replay_collective_sm_fraction in "
@@ -289,6 +324,7 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
         "mean_fit_mape_pct_by_sm_fraction": {str(f): round(err, 2) for f, (_, err) in zip(SM_FRACTIONS, fits,
                                                                                             strict=True)},
         "fit_mape_pct": {d.label: round(v, 2) for d, v in zip(data, per_trace(best, j_best), strict=True)},
+        **engine_check,
         "note": "fit error (on the traces fitted), not prediction error; held-out figures come from "
                 "`ovsim validate` (leave one trace out)",
     }

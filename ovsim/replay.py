@@ -23,9 +23,10 @@ by more than ``SIGNATURE_SPREAD``: one launch shape, several problem sizes) or `
 ones at the median, and both are counted.
 
 Contention inputs a trace does not carry are assumptions, stated here: memory-bound kinds
-(elementwise, norm) move ``isolated time x achievable HBM bandwidth x memory_kernel_efficiency``
-bytes; GEMM, attention and other kernels are treated as compute-bound with no HBM demand; NCCL
-traffic uses ``hbm_bytes_per_bus_byte`` of the NCCL model when the message size is known and no HBM
+(elementwise, norm) move ``(isolated time - kernel_overhead_s) x achievable HBM bandwidth x
+memory_kernel_efficiency`` bytes (the cost model's form read backwards); GEMM, attention and
+other kernels move ``replay_hbm_fraction`` of what that bandwidth moves in the same time (0 unless
+fitted); NCCL traffic uses ``hbm_bytes_per_bus_byte`` of the NCCL model when the message size is known and no HBM
 otherwise; links are not a constraint (each collective's rate is its measured one).
 """
 
@@ -205,8 +206,11 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
     memory = c.kind[i] in MEMORY_KINDS
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     fraction = params.memory_kernel_efficiency if memory else params.replay_hbm_fraction.get(c.kind[i], 0.0)
+    # The cost model's inverse: a kernel takes the fixed overhead plus its bytes at its bandwidth,
+    # and the overhead (launch, prologue, tail) moves none of them.
+    moving_s = max(0.0, iso_s - params.kernel_overhead_s)
     return cost.demand_from_time(blocks=grid, block=shape, isolated_s=iso_s, flops=0.0,
-                                 hbm_bytes=iso_s * bw * fraction, gpu=gpu,
+                                 hbm_bytes=moving_s * bw * fraction, gpu=gpu,
                                  issue_intensity=params.memory_issue_floor if memory else 1.0,
                                  clock_sensitive=not memory)
 

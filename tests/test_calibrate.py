@@ -37,9 +37,11 @@ from ovsim.traces.table import TraceBundle, make_table
 GPU = "h100-sxm5-80gb"
 H100_NAME = "NVIDIA H100 80GB HBM3"
 # Planted: a resident LL collective keeps this share of HBM busy.
-PRESSURE = 0.25
+PRESSURE = 0.35
 # memory_kernel_efficiency of the shipped H100 calibration: the share of HBM a memory-bound kernel asks.
 MEM_EFF = load_calibration(load_gpu(GPU), GPU).params.memory_kernel_efficiency
+# kernel_overhead_s of the shipped H100 calibration, in microseconds: the time a kernel moves no data.
+OVERHEAD_US = load_calibration(load_gpu(GPU), GPU).params.kernel_overhead_s * 1e6
 # The newest shipped version of the GPU's calibration file.
 SHIPPED = max(int(p.name.split(".v")[-1].removesuffix(".yaml")) for p in CALIB_DIR.glob(f"{GPU}.v*.yaml"))
 
@@ -59,8 +61,12 @@ def kernel(name: str, start_us: float, dur_us: float, *, stream: int = 7, kind: 
 def contention_trace() -> TraceBundle:
     """A 10 us streaming kernel alone three times, then six times beside an LL all-reduce, each
     slowed by the closed form of one HBM channel shared max-min with the collective's pressure:
-    the kernel gets (1 - PRESSURE) of it and needs MEM_EFF, so it takes MEM_EFF / (1 - PRESSURE)."""
-    slowed = 10.0 * MEM_EFF / (1 - PRESSURE)
+    the kernel moves data for all but the per-kernel overhead, so over its 10 us it needs
+    MEM_EFF x (10 - OVERHEAD) / 10 of the channel; it gets (1 - PRESSURE), and stretches by the
+    ratio."""
+    need = MEM_EFF * (10.0 - OVERHEAD_US) / 10.0
+    assert need > 1 - PRESSURE  # so the planted pressure slows it
+    slowed = 10.0 * need / (1 - PRESSURE)
     rows = [kernel("ew", t, 10.0) for t in (0.0, 20.0, 40.0)]
     rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 100.0, 400.0, stream=9, kind="collective", grid=2,
                        collective="all_reduce", protocol="LL", algorithm="ring"))
@@ -88,10 +94,24 @@ def test_contention_fit_recovers_the_planted_pressure_and_replay_then_matches() 
     assert report.parameters["nccl_memory_pressure"]["ll"] == pytest.approx(PRESSURE, abs=0.01)
     rec = report.fits["contention"]
     assert rec["points"] == 6 and rec["naive_mape_pct"]["synthetic"] > 15
+    # The engine, replaying with the fitted values, confirmed them.
+    assert rec["engine_mape_pct_fitted"]["synthetic"] < 2.0 and "kept" not in rec
     # The full engine, with the fitted value, reproduces the slowed kernels; without it, naive.
     fitted = replay(bundle, gpu=GPU, counters=False, overrides=report.parameters).summary
     assert fitted["mape_pct"] < 2.0
     assert fitted["naive_mape_pct"] > 15
+
+
+def test_contention_values_the_engine_does_worse_with_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fit's one-kernel channel is a surrogate; when the full engine replays a trace worse with
+    the fitted values than without, no memory contention is written."""
+    import ovsim.calibrate as cal
+
+    monkeypatch.setattr(cal, "_replay_mape", lambda tr, d, overrides: 1e3)
+    tr = TraceInput(bundle=contention_trace(), label="synthetic", gpu=GPU)
+    values, rec = fit_contention([tr], load_calibration(load_gpu(GPU), GPU).params)
+    assert values["nccl_memory_pressure"]["ll"] == 0.0 and "worse" in rec["kept"]
+    assert rec["engine_mape_pct_fitted"]["synthetic"] == 1e3
 
 
 def sm_trace(overlapped_us: float) -> TraceInput:
