@@ -240,9 +240,9 @@ def _replay_mape(tr: TraceInput, d: ContentionData, overrides: dict[str, Any]) -
 def fit_contention(traces: Sequence[TraceInput], params: Parameters,
                    prepared: Sequence[ContentionData] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fitted ``nccl_memory_pressure``, ``replay_hbm_fraction`` and ``replay_collective_sm_fraction``
-    and the fit's record; raises when
-    no kernel was measured both alone and beside communication. ``prepared`` are the traces'
-    :func:`contention_data` (computed here when not given)."""
+    and the fit's record; raises when no kernel was measured both alone and beside communication.
+    ``prepared`` are the traces' :func:`contention_data` (computed here when not given), in the
+    order of ``traces``."""
     all_data = prepared if prepared is not None else [contention_data(tr) for tr in traces]
     pairs = [(tr, d) for tr, d in zip(traces, all_data, strict=True) if len(d.measured_s)]
     data = [d for _, d in pairs]
@@ -314,7 +314,8 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
                   "on the mean per-trace MAPE of overlapped kernels: the engine's replay without memory "
                   "contention, times the one-kernel HBM-channel slowdown over the measured fraction of the kernel's "
                   "time a collective was resident; the SM fraction with the least error is kept when it beats "
-                  f"NCCL's design (1) by more than {SM_FRACTION_MARGIN_PCT} points",
+                  f"NCCL's design (1) by more than {SM_FRACTION_MARGIN_PCT} points; non-zero memory values are kept "
+                  "only if the engine, replaying every trace with them, beats itself without",
         "points": int(sum(len(d.measured_s) for d in data)),
         "points_per_trace": {d.label: len(d.measured_s) for d in data},
         "naive_mape_pct": {d.label: round(float(np.mean(np.abs(d.isolated_s - d.measured_s)
