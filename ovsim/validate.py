@@ -78,9 +78,8 @@ _WARP_SPECIALIZED = (384, 168, 4)
 def _gemm_kernels(gpu: GpuSpec, precision: str) -> list[tuple[tuple[int, int, int], int, int, int]]:
     """(tile, threads, registers per thread, stages) of the library kernels a best figure is over."""
     tk = max(1, _K_TILE_BYTES // cost.element_bytes(precision))
-    arch = gpu.architecture
-    hopper_or_later = arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
-    blocks = [_MULTISTAGE] + ([_WARP_SPECIALIZED] if hopper_or_later else [])
+    cc = gpu.compute_capability
+    blocks = [_MULTISTAGE] + ([_WARP_SPECIALIZED] if cc is not None and cc >= 90 else [])
     return [((tm, tn, tk), threads, regs, stages) for tm, tn in _TILES_MN for threads, regs, stages in blocks]
 
 

@@ -170,6 +170,13 @@ class GpuSpec(Spec):
             raise ValueError(f"sources must cite every section; missing {', '.join(missing)}")
         return self
 
+    @property
+    def compute_capability(self) -> int | None:
+        """The NVIDIA compute capability of an "smNN" architecture (80, 90, 100; "sm90a" is 90);
+        None for others."""
+        digits = "".join(ch for ch in self.architecture if ch.isdigit())
+        return int(digits) if self.architecture.startswith("sm") and digits else None
+
     def peak_flops_per_s(self, precision: str) -> float:
         """Peak dense rate for `precision` at the compute clock."""
         try:

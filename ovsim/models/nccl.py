@@ -283,11 +283,11 @@ def _compute_capability(gpu: GpuSpec) -> int:
     if gpu.vendor != "nvidia":
         raise OvsimError(f"{gpu.name}: the NCCL model covers NVIDIA GPUs only (RCCL is not modeled)",
                          field="gpu")
-    digits = "".join(ch for ch in gpu.architecture if ch.isdigit())
-    if not gpu.architecture.startswith("sm") or not digits:
+    cc = gpu.compute_capability
+    if cc is None:
         raise OvsimError(f"{gpu.name}: architecture '{gpu.architecture}' is not an smNN compute capability",
                          field="architecture")
-    return int(digits)
+    return cc
 
 
 def _arch_index(gpu: GpuSpec) -> int:

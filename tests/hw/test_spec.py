@@ -312,3 +312,10 @@ def test_spec_path_adds_a_gpu_and_a_system(tmp_path: Path, monkeypatch: pytest.M
     assert load_gpu("h100-sxm5-80gb").name == "H100-SXM5-80GB"
     assert "flat-gpu" not in known_systems()
     assert "lab-node" not in known_gpus()
+
+
+def test_compute_capability_reads_the_sm_architecture() -> None:
+    assert spec.load_gpu("h100-sxm5-80gb").compute_capability == 90
+    assert spec.load_gpu("b200").compute_capability == 100
+    assert spec.load_gpu("v100-sxm2").compute_capability == 70
+    assert spec.load_gpu("mi300x").compute_capability is None  # a gfx target
