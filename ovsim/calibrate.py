@@ -92,6 +92,7 @@ from ovsim.replay import (
     MEMORY_KINDS,
     NCCL_OPS,
     _Cols,
+    _mape,
     _overlap_flags,
     bundle_gpu,
     isolated_durations,
@@ -233,8 +234,7 @@ def _replay_mape(tr: TraceInput, d: ContentionData, overrides: dict[str, Any]) -
     from ovsim.replay import replay
 
     pred = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=overrides).kernels["predicted_duration_s"]
-    p = pred.to_numpy(dtype=float)[d.rows]
-    return float(np.mean(np.abs(p - d.measured_s) / d.measured_s) * 100)
+    return _mape(pred.to_numpy(dtype=float)[d.rows], d.measured_s)
 
 
 def fit_contention(traces: Sequence[TraceInput], params: Parameters,
