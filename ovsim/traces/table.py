@@ -156,9 +156,10 @@ def validate_table(df: pd.DataFrame, source: str = "") -> pd.DataFrame:
 # -- kernel names --------------------------------------------------------------------------------
 
 _NCCL = re.compile(r"^(?:void\s+)?(?:nccl|rccl)|ncclKernel|ncclDevKernel|ncclSymDevKernel")
-# Collectives that are not NCCL's: PyTorch symmetric memory, vLLM/TensorRT-LLM custom all-reduce, DeepEP.
+# Collectives that are not NCCL's: PyTorch symmetric memory, vLLM/TensorRT-LLM custom all-reduce, DeepEP,
+# and the calibration harness's communication-like kernels (NCCL's footprint, one block per channel).
 _OTHER_COMM = re.compile(r"multimem_all_reduce|multimem_all_gather|one_shot_all_reduce|two_shot_all_reduce"
-                         r"|cross_device_reduce|custom_?all_?reduce|dpsk::ep::")
+                         r"|cross_device_reduce|custom_?all_?reduce|dpsk::ep::|^ovsim_channel_")
 _COPY = re.compile(r"^(?:hip)?memcpy|^dma", re.IGNORECASE)
 _MEMSET = re.compile(r"^(?:hip)?memset", re.IGNORECASE)
 _ATTN = re.compile(r"flash|fmha|attention|attn|sdpa|mha_|_mha|softmax_warp_forward.*attn|xformers|cudnn.*sdpa",

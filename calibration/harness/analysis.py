@@ -1,0 +1,131 @@
+"""What a harness run measured, read off its per-block records and kernel tables (no GPU needed).
+
+- :func:`residency`: per launch, the most blocks that were resident on one SM at once and the
+  median block time, from the blocks' own %globaltimer stamps. Across the ``shaping`` part's
+  occupancies this is how one kernel's per-block speed depends on how many of its blocks share an
+  SM, the quantity the engine's SM sharing assumes.
+- :func:`dispatch_order`: whether a later kernel's blocks started before an earlier kernel had
+  placed all of its own (``dispatch`` part): with equal priorities the leftover policy says never;
+  with a higher priority, a later kernel that needs an empty SM starts early only if the scheduler
+  holds the earlier kernel's blocks back until an SM drains.
+- :func:`overlap_slowdowns`: per experiment and kernel signature, the median duration of the
+  instances no collective overlapped against those one did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+BLOCK_COLUMNS = ("kernel", "launch", "block", "smid", "start_ns", "end_ns")
+
+
+class HarnessDataError(ValueError):
+    """A harness file that cannot be read as written; the message names the file and the field."""
+
+
+def read_blocks(path: str | Path) -> pd.DataFrame:
+    """A ``<experiment>.blocks.csv`` file; rows whose block never wrote its record are refused."""
+    p = Path(path)
+    try:
+        df = pd.read_csv(p)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise HarnessDataError(f"{p}: cannot read as CSV ({e})") from e
+    missing = [c for c in BLOCK_COLUMNS if c not in df.columns]
+    if missing:
+        raise HarnessDataError(f"{p}: no column {', '.join(missing)}")
+    for c in BLOCK_COLUMNS[1:]:
+        if not pd.api.types.is_integer_dtype(df[c]):
+            raise HarnessDataError(f"{p}: column {c} holds non-integers")
+    unwritten = df[(df["start_ns"] <= 0) | (df["end_ns"] < df["start_ns"])]
+    if len(unwritten):
+        r = unwritten.iloc[0]
+        raise HarnessDataError(f"{p}: start_ns/end_ns: block {r['block']} of {r['kernel']} launch {r['launch']} "
+                               f"has no valid record ({len(unwritten)} such blocks)")
+    return df[list(BLOCK_COLUMNS)]
+
+
+def max_resident(starts_ns: np.ndarray, ends_ns: np.ndarray) -> int:
+    """Most intervals open at once; an interval ending when another starts does not overlap it."""
+    if len(starts_ns) == 0:
+        return 0
+    # Ends sort before starts at the same instant.
+    t = np.concatenate([np.asarray(ends_ns), np.asarray(starts_ns)])
+    step = np.concatenate([-np.ones(len(ends_ns), int), np.ones(len(starts_ns), int)])
+    order = np.lexsort((step, t))
+    return int(np.max(np.cumsum(step[order])))
+
+
+def residency(blocks: pd.DataFrame) -> pd.DataFrame:
+    """Per (kernel, launch): blocks, SMs used, the most blocks resident on one SM at once, the
+    median block time and the launch's span (first start to last end), in seconds."""
+    rows = []
+    for (kernel, launch), g in blocks.groupby(["kernel", "launch"], sort=True):
+        per_sm = [max_resident(s["start_ns"].to_numpy(), s["end_ns"].to_numpy()) for _, s in g.groupby("smid")]
+        dur = (g["end_ns"] - g["start_ns"]).to_numpy(dtype=float) * 1e-9
+        rows.append({"kernel": kernel, "launch": int(launch), "blocks": len(g), "sms": g["smid"].nunique(),
+                     "max_resident_per_sm": max(per_sm), "block_s_median": float(np.median(dur)),
+                     "span_s": float(g["end_ns"].max() - g["start_ns"].min()) * 1e-9})
+    return pd.DataFrame(rows)
+
+
+def dispatch_order(blocks: pd.DataFrame, first: str, second: str) -> dict[str, float | int | bool]:
+    """How the ``second`` kernel's blocks were placed against the ``first``'s (one launch each).
+
+    ``first_blocks_started_after_second`` counts the first kernel's blocks that started after the
+    second kernel's first block: 0 when the second waited for the first to place all its blocks
+    (leftover policy, or a scheduler that lets lower-priority blocks fill the room the
+    higher-priority kernel cannot use), many when the second kernel went ahead of them.
+    ``second_wait_s`` is from the first kernel's first block to the second's first block."""
+    f = blocks[blocks["kernel"] == first]
+    s = blocks[blocks["kernel"] == second]
+    if f.empty or s.empty:
+        raise HarnessDataError(f"kernel: need blocks of both {first} ({len(f)}) and {second} ({len(s)})")
+    second_start = int(s["start_ns"].min())
+    after = int((f["start_ns"] > second_start).sum())
+    return {"first_blocks": len(f), "second_blocks": len(s),
+            "first_blocks_started_after_second": after,
+            "second_went_ahead": after > 0,
+            "second_wait_s": (second_start - int(f["start_ns"].min())) * 1e-9,
+            "first_last_start_s": (int(f["start_ns"].max()) - int(f["start_ns"].min())) * 1e-9,
+            "second_span_s": (int(s["end_ns"].max()) - second_start) * 1e-9}
+
+
+def overlap_flags(kernels: pd.DataFrame) -> np.ndarray:
+    """Whether each kernel ran while a collective kernel of its rank and device was running (for
+    collectives themselves: always False)."""
+    out = np.zeros(len(kernels), dtype=bool)
+    k = kernels.reset_index(drop=True)
+    start = k["start_s"].to_numpy(dtype=float)
+    end = start + k["duration_s"].to_numpy(dtype=float)
+    is_coll = (k["kind"] == "collective").to_numpy()
+    dev = k["device"].fillna(-1).to_numpy() if "device" in k.columns else np.zeros(len(k))
+    rank = k["rank"].fillna(-1).to_numpy()
+    for i in np.flatnonzero(~is_coll):
+        same = is_coll & (dev == dev[i]) & (rank == rank[i])
+        out[i] = bool(np.any(same & (start < end[i]) & (end > start[i])))
+    return out
+
+
+def overlap_slowdowns(kernels: pd.DataFrame, by: tuple[str, ...] = ("experiment",)) -> pd.DataFrame:
+    """Per group and signature (name, grid, block): instances alone and overlapped, their median
+    durations, and the ratio overlapped / alone (NaN without both)."""
+    rows = []
+    for key, g in kernels.groupby(list(by), sort=True):
+        g = g.reset_index(drop=True)
+        flags = overlap_flags(g)
+        comp = g[(g["kind"] != "collective") & (g["kind"] != "copy") & (g["kind"] != "memset")]
+        sig_cols = [c for c in ("name", "grid_x", "grid_y", "grid_z", "block_x") if c in g.columns]
+        for sig, s in comp.groupby(sig_cols, sort=True, dropna=False):
+            ov = flags[s.index.to_numpy()]
+            alone = s.loc[~ov, "duration_s"].to_numpy(dtype=float)
+            over = s.loc[ov, "duration_s"].to_numpy(dtype=float)
+            a = float(np.median(alone)) if len(alone) else float("nan")
+            o = float(np.median(over)) if len(over) else float("nan")
+            keys = key if isinstance(key, tuple) else (key,)
+            rows.append({**dict(zip(by, keys, strict=True)), "name": sig[0] if isinstance(sig, tuple) else sig,
+                         "alone_n": len(alone), "overlapped_n": len(over), "alone_s_median": a,
+                         "overlapped_s_median": o, "slowdown": o / a if len(alone) and len(over) else float("nan")})
+    return pd.DataFrame(rows)

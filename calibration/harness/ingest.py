@@ -1,0 +1,193 @@
+"""Turn a harness run folder (``run.py --out RUN_DIR``) into a committed data set.
+
+    python calibration/harness/ingest.py RUN_DIR --dest calibration/data/<gpu>/<date> [--raw-limit-mb 25]
+
+Writes under DEST:
+
+- ``tables/<part>/<experiment>.parquet``: each experiment's canonical kernel table (ovsim's trace
+  importer, with the GPU name and wall-clock origin in its metadata), loadable as a trace by
+  ``ovsim replay`` and ``ovsim calibrate``;
+- ``blocks.parquet``: every per-block record (part, experiment, kernel, launch, block, SM, start, end);
+- ``raw/<part>/<experiment>.json.gz``: the profiler traces themselves, when all of them together
+  stay under ``--raw-limit-mb`` (otherwise left out, and PROVENANCE.json says so);
+- ``manifest.json``, ``power.csv``, ``experiments.jsonl`` and ``ncu/metrics.csv`` as the run wrote them;
+- ``summary.json``: slowdowns of kernels overlapped with communication against the same kernels
+  alone, per-block residency of the shaped GEMM, and the dispatch probes' outcome
+  (``analysis.py``);
+- ``PROVENANCE.json``: the harness commit and GPU from the manifest, and the size and SHA-256 of
+  every file written.
+
+A folder that is not a complete run, or a trace the importer cannot read, stops with a one-line
+message naming the file; nothing is written over an existing DEST unless ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from analysis import HarnessDataError, dispatch_order, overlap_slowdowns, read_blocks, residency
+
+from ovsim.errors import OvsimError
+from ovsim.traces.load import load_trace, write_table
+
+SLOWDOWN_PARTS = ("overlap", "shaping", "copy", "power")
+
+
+class IngestError(Exception):
+    pass
+
+
+def _experiments(run: Path) -> list[dict[str, Any]]:
+    out = []
+    for listing in sorted(run.glob("*/experiments.jsonl")):
+        for n, line in enumerate(listing.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise IngestError(f"{listing}:{n}: not JSON ({err.msg})") from None
+            if not isinstance(e, dict) or "label" not in e or "part" not in e:
+                raise IngestError(f"{listing}:{n}: label/part: missing")
+            e["_folder"] = listing.parent
+            out.append(e)
+    if not out:
+        raise IngestError(f"{run}: no <part>/experiments.jsonl: not a harness run folder, or no part finished")
+    return out
+
+
+def _sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False) -> dict[str, Any]:
+    """Write the data set; returns the summary."""
+    manifest_path = run / "manifest.json"
+    if not manifest_path.is_file():
+        raise IngestError(f"{manifest_path}: missing: not a harness run folder")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as err:
+        raise IngestError(f"{manifest_path}: not JSON ({err.msg})") from None
+    experiments = _experiments(run)
+    if dest.exists() and any(dest.iterdir()) and not force:
+        raise IngestError(f"{dest}: exists and is not empty; pass --force to write over it")
+
+    traces: list[tuple[dict[str, Any], Path]] = []
+    for e in experiments:
+        trace = e["_folder"] / f"{e['label']}.json.gz"
+        if not trace.is_file():
+            raise IngestError(f"{trace}: missing (listed in {e['_folder'] / 'experiments.jsonl'})")
+        traces.append((e, trace))
+
+    dest.mkdir(parents=True, exist_ok=True)
+    tables: list[pd.DataFrame] = []
+    blocks: list[pd.DataFrame] = []
+    for e, trace in traces:
+        try:
+            bundle = load_trace(trace)
+        except OvsimError as err:
+            raise IngestError(str(err)) from None
+        out = dest / "tables" / e["part"] / f"{e['label']}.parquet"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_table(bundle, out)
+        tables.append(bundle.kernels.assign(part=e["part"], experiment=e["label"]))
+        rec = e["_folder"] / f"{e['label']}.blocks.csv"
+        if rec.is_file():
+            try:
+                blocks.append(read_blocks(rec).assign(part=e["part"], experiment=e["label"]))
+            except HarnessDataError as err:
+                raise IngestError(str(err)) from None
+    all_blocks = pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
+    if len(all_blocks):
+        all_blocks.to_parquet(dest / "blocks.parquet", index=False)
+
+    raw_total = sum(t.stat().st_size for _, t in traces)
+    raw_kept = raw_total <= raw_limit_bytes
+    if raw_kept:
+        for e, trace in traces:
+            target = dest / "raw" / e["part"] / trace.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(trace, target)
+    with open(dest / "experiments.jsonl", "w") as f:
+        for e in experiments:
+            f.write(json.dumps({k: v for k, v in e.items() if k != "_folder"}) + "\n")
+    for name in ("manifest.json", "power.csv", "ncu/metrics.csv"):
+        if (run / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run / name, dest / name)
+
+    summary = summarize(pd.concat(tables, ignore_index=True), all_blocks, experiments)
+    (dest / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    files = sorted(p for p in dest.rglob("*") if p.is_file() and p.name != "PROVENANCE.json")
+    provenance = {
+        "gpu": manifest.get("gpu"), "driver": manifest.get("driver"), "harness_commit": manifest.get("commit"),
+        "date_utc": manifest.get("date_utc"), "command": "python calibration/harness/run.py, then ingest.py",
+        "raw_traces": "kept" if raw_kept else f"left out: {raw_total / 1e6:.1f} MB over the limit",
+        "files": {str(p.relative_to(dest)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+    }
+    (dest / "PROVENANCE.json").write_text(json.dumps(provenance, indent=1))
+    return summary
+
+
+def summarize(kernels: pd.DataFrame, blocks: pd.DataFrame, experiments: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    sel = kernels[kernels["part"].isin(SLOWDOWN_PARTS)]
+    if len(sel):
+        sd = overlap_slowdowns(sel, by=("part", "experiment"))
+        out["slowdowns"] = sd[sd["overlapped_n"] > 0].to_dict("records")
+    if len(blocks):
+        shaped = blocks[(blocks["part"] == "shaping") & (blocks["kernel"] == "ovsim_gemm_tile64")]
+        rows = []
+        for label, g in shaped.groupby("experiment", sort=True):
+            r = residency(g)
+            rows.append({"experiment": label, "max_resident_per_sm": int(r["max_resident_per_sm"].max()),
+                         "block_s_median": float(r["block_s_median"].median()),
+                         "span_s_median": float(r["span_s"].median())})
+        if rows:
+            out["shaping_residency"] = rows
+        probes = []
+        for label, g in blocks[blocks["part"] == "dispatch"].groupby("experiment", sort=True):
+            second = "ovsim_probe_second" if (g["kernel"] == "ovsim_probe_second").any() else "ovsim_channel_copy"
+            try:
+                probes.append({"experiment": label, **dispatch_order(g, "ovsim_probe_first", second)})
+            except HarnessDataError as err:
+                raise IngestError(f"dispatch/{label}.blocks.csv: {err}") from None
+        if probes:
+            out["dispatch"] = probes
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path, help="the folder run.py --out wrote")
+    ap.add_argument("--dest", type=Path, required=True, help="data set folder to write")
+    ap.add_argument("--raw-limit-mb", type=float, default=25.0, help="keep the raw traces only under this total")
+    ap.add_argument("--force", action="store_true", help="write over a non-empty DEST")
+    args = ap.parse_args(argv)
+    try:
+        summary = ingest(args.run, args.dest, raw_limit_bytes=int(args.raw_limit_mb * 1e6), force=args.force)
+    except IngestError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for row in summary.get("slowdowns", []):
+        print(f"{row['experiment']:<60} {row['name'][:40]:<40} x{row['slowdown']:.3f}")
+    for row in summary.get("dispatch", []):
+        print(f"{row['experiment']:<40} second went ahead: {row['second_went_ahead']} "
+              f"(waited {row['second_wait_s'] * 1e3:.3f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

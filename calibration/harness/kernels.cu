@@ -1,0 +1,231 @@
+// Kernels of the ovsim calibration harness (run.py compiles this file with nvcc to a cubin and
+// launches it through CuPy on PyTorch's streams, so the profiler records these kernels beside
+// cuBLAS's).
+//
+// Every kernel takes `rec`: when it is not null, thread 0 of each block writes three words for its
+// block, the SM it ran on and its start and end on the device's %globaltimer (nanoseconds). Dispatch
+// order, residency and per-block times are then read off the device rather than inferred.
+#include <cuda_fp16.h>
+#include <mma.h>
+#include <stdint.h>
+
+__device__ __forceinline__ uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ uint32_t sm_id() {
+    uint32_t s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+
+__device__ __forceinline__ void write_record(uint64_t* rec, uint64_t start_ns) {
+    if (rec != nullptr && threadIdx.x == 0) {
+        uint64_t* r = rec + 3ull * blockIdx.x;
+        r[0] = sm_id();
+        r[1] = start_ns;
+        r[2] = global_ns();
+    }
+}
+
+// ---- communication-like kernels --------------------------------------------------------------
+// One block per channel, as NCCL runs one block per channel: a channel moves its contiguous slice
+// of the buffer `iters` times, in 16-byte words, staged through shared memory with a block barrier
+// (each word is written to shared memory by one warp and stored to global memory by another), so
+// the kernel holds NCCL's footprint (512-640 threads, ~80 KB dynamic shared memory set at launch)
+// and its traffic pattern (copy: one read and one write per byte; reduce: two reads and a write).
+#define CHANNEL_UNROLL 4
+
+union Word {
+    uint4 u;
+    __half2 h[4];
+};
+
+__device__ __forceinline__ uint4 add_half8(uint4 a, uint4 b) {
+    Word x, y, z;
+    x.u = a;
+    y.u = b;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) z.h[i] = __hadd2(x.h[i], y.h[i]);
+    return z.u;
+}
+
+// NCCL's kernels allocate 96 registers per thread; these loops need about 32. Values kept live
+// across the loop (an empty asm that claims to change them) make the allocation NCCL's, so the
+// kernel leaves an SM the same room for other blocks.
+#define CHANNEL_HELD_REGISTERS 60
+
+template <bool REDUCE>
+__device__ __forceinline__ void channel_body(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                             uint4* __restrict__ dst, long long n_words, int iters,
+                                             uint64_t* rec) {
+    extern __shared__ uint4 stage[];
+    const uint64_t t0 = global_ns();
+    const long long per = (n_words + gridDim.x - 1) / gridDim.x;
+    const long long lo = per * blockIdx.x;
+    const long long hi = lo + per < n_words ? lo + per : n_words;
+    const int nt = blockDim.x;
+    const int tid = threadIdx.x;
+    // The partner one warp over (block sizes are multiples of 64 threads).
+    const int partner = tid ^ 32;
+    uint32_t held[CHANNEL_HELD_REGISTERS];
+#pragma unroll
+    for (int r = 0; r < CHANNEL_HELD_REGISTERS; ++r) held[r] = tid * (r + 1);
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int r = 0; r < CHANNEL_HELD_REGISTERS; ++r) asm volatile("" : "+r"(held[r]));
+        for (long long base = lo; base < hi; base += (long long)nt * CHANNEL_UNROLL) {
+#pragma unroll
+            for (int u = 0; u < CHANNEL_UNROLL; ++u) {
+                const long long i = base + (long long)u * nt + tid;
+                if (i < hi) {
+                    uint4 v = a[i];
+                    if (REDUCE) v = add_half8(v, b[i]);
+                    stage[u * nt + tid] = v;
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int u = 0; u < CHANNEL_UNROLL; ++u) {
+                const long long i = base + (long long)u * nt + partner;
+                if (i < hi) dst[i] = stage[u * nt + partner];
+            }
+            __syncthreads();
+        }
+    }
+    uint32_t sum = 0;
+#pragma unroll
+    for (int r = 0; r < CHANNEL_HELD_REGISTERS; ++r) sum += held[r];
+    // Never true (the sum is tid times a constant below 2^31 for tid < 1024): keeps `held` alive.
+    if (sum == 0xFFFFFFFFu && hi < 0) dst[0] = make_uint4(sum, 0, 0, 0);
+    write_record(rec, t0);
+}
+
+extern "C" __global__ void __launch_bounds__(640) ovsim_channel_copy(const uint4* __restrict__ src,
+                                                                     uint4* __restrict__ dst, long long n_words,
+                                                                     int iters, uint64_t* rec) {
+    channel_body<false>(src, nullptr, dst, n_words, iters, rec);
+}
+
+extern "C" __global__ void __launch_bounds__(640) ovsim_channel_reduce(const uint4* __restrict__ a,
+                                                                       const uint4* __restrict__ b,
+                                                                       uint4* __restrict__ dst, long long n_words,
+                                                                       int iters, uint64_t* rec) {
+    channel_body<true>(a, b, dst, n_words, iters, rec);
+}
+
+// ---- dispatch probes ---------------------------------------------------------------------------
+// Blocks that hold their SM for `spin_ns` and do nothing else; the launch sets threads and dynamic
+// shared memory, which set how many fit on an SM. Two names so a trace tells the two kernels of an
+// experiment apart.
+__device__ __forceinline__ void spin_body(uint64_t spin_ns, uint64_t* rec) {
+    __shared__ uint64_t start;
+    if (threadIdx.x == 0) start = global_ns();
+    __syncthreads();
+    const uint64_t t0 = start;
+    while (global_ns() - t0 < spin_ns) {
+    }
+    __syncthreads();
+    write_record(rec, t0);
+}
+
+extern "C" __global__ void ovsim_probe_first(uint64_t spin_ns, uint64_t* rec) { spin_body(spin_ns, rec); }
+
+extern "C" __global__ void ovsim_probe_second(uint64_t spin_ns, uint64_t* rec) { spin_body(spin_ns, rec); }
+
+// ---- GEMM with shapeable occupancy ---------------------------------------------------------------
+// C (fp32, M x N) = A (fp16, M x K, row-major) . B (fp16, K x N, row-major); one 64x64 output tile
+// per block of 4 warps (32x32 each, 2x2 WMMA 16x16x16 fragments), K in steps of 32 through a
+// two-stage cp.async pipeline: the 64x64x32 tiles of Cui & Pericas's study. Extra dynamic shared
+// memory given at launch is allocated and never touched: it only lowers how many blocks fit on an
+// SM (occupancy shaping). M and N must be multiples of 64, K of 32.
+#define GT_M 64
+#define GT_N 64
+#define GT_K 32
+#define GT_PAD 8
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+extern "C" __global__ void __launch_bounds__(128) ovsim_gemm_tile64(const __half* __restrict__ A,
+                                                                    const __half* __restrict__ B,
+                                                                    float* __restrict__ C, int M, int N, int K,
+                                                                    uint64_t* rec) {
+    using namespace nvcuda;
+    __shared__ __align__(128) __half As[2][GT_M][GT_K + GT_PAD];
+    __shared__ __align__(128) __half Bs[2][GT_K][GT_N + GT_PAD];
+    const uint64_t t0 = global_ns();
+    const int tiles_n = N / GT_N;
+    const int row0 = (blockIdx.x / tiles_n) * GT_M;
+    const int col0 = (blockIdx.x % tiles_n) * GT_N;
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int wm = (warp / 2) * 32;
+    const int wn = (warp % 2) * 32;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    // A tile: 64 rows x 32 halves = 4 chunks of 16 B per row; B tile: 32 rows x 64 halves = 8 per row.
+    auto load = [&](int stage, int k0) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int idx = tid + c * 128;
+            const int ar = idx / 4, ac = (idx % 4) * 8;
+            cp_async16(&As[stage][ar][ac], A + (size_t)(row0 + ar) * K + k0 + ac);
+            const int br = idx / 8, bc = (idx % 8) * 8;
+            cp_async16(&Bs[stage][br][bc], B + (size_t)(k0 + br) * N + col0 + bc);
+        }
+        cp_async_commit();
+    };
+
+    const int steps = K / GT_K;
+    load(0, 0);
+    for (int s = 0; s < steps; ++s) {
+        const int cur = s & 1;
+        if (s + 1 < steps) {
+            load(cur ^ 1, (s + 1) * GT_K);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GT_K; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &As[cur][wm + 16 * i][kk], GT_K + GT_PAD);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &Bs[cur][kk][wn + 16 * j], GT_N + GT_PAD);
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        // The next load overwrites the stage just read.
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(C + (size_t)(row0 + wm + 16 * i) * N + col0 + wn + 16 * j, acc[i][j], N,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    write_record(rec, t0);
+}

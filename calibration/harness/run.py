@@ -1,0 +1,713 @@
+"""The calibration harness: measure, on one NVIDIA GPU, what ovsim's contention, dispatch and power
+parameters are fitted from. Run it on the GPU's machine; it needs PyTorch, CuPy, nvcc and
+nvidia-ml-py there, not ovsim. ``ingest.py`` then turns a run's folder into the committed data set.
+
+    python3 calibration/harness/run.py --out RUN_DIR [--parts gemm,comm,...] [--quick]
+
+Parts (each writes RUN_DIR/<part>/): every experiment is one PyTorch profiler (Kineto) trace,
+``<experiment>.json.gz``, with the kernels' per-block records (SM, start, end from %globaltimer)
+in ``<experiment>.blocks.csv`` when the harness's own kernels ran, and a line in
+``experiments.jsonl`` saying what ran.
+
+- ``gemm``: cuBLAS GEMMs alone, 1024^3 to 16384^3 and skinny and transformer shapes, in BF16,
+  FP16, TF32 and FP8 (where the GPU has it).
+- ``comm``: communication-like kernels alone: one block per channel, 8 to 32 channels of 512 or
+  640 threads with NCCL's ~80 KB of dynamic shared memory and 96 registers, copying or reducing
+  through HBM (``kernels.cu``).
+- ``overlap``: GEMMs and memory-bound kernels measured alone, then again beside those kernels on
+  another stream, at normal and at high stream priority, with the communication launched first
+  and last.
+- ``shaping``: a 64x64x32-tile GEMM alone with its occupancy shaped by extra shared memory (1 to
+  all of its blocks per SM), and beside a communication-like kernel at both priorities.
+- ``dispatch``: probes of the block scheduler: a later kernel, at equal or higher priority, that
+  needs an empty SM or fits beside the first kernel's blocks; a persistent kernel sized to the SM
+  count followed by a communication-like kernel.
+- ``copy``: copy-engine copies (device to device, pinned host to device) alone and beside a GEMM
+  and a memory-bound kernel.
+- ``power``: steady phases of a few seconds each (idle, GEMM, memory-bound, communication-like,
+  GEMM beside communication) for the power model; NVML is sampled through every part anyway.
+- ``ncu``: Nsight Compute metrics of each kernel kind alone (``ncu --clock-control none``: the
+  card's clocks are never locked or changed).
+
+RUN_DIR/manifest.json records the GPU, driver, CUDA, PyTorch, CuPy and nvcc versions, clocks and
+power limit as read, the harness kernels' resource use, and how long each part took;
+RUN_DIR/power.csv holds the NVML samples in nvidia-smi's CSV layout (UTC timestamps), which
+``ovsim calibrate --power-log`` reads.
+
+Inputs are random (never zeros), every kernel is warmed up before the profiled window, and the
+harness GEMM is checked against cuBLAS before anything is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PARTS = ("gemm", "comm", "overlap", "shaping", "dispatch", "copy", "power", "ncu")
+# NCCL's per-block shared memory: 4112 B of scratch per warp for its 20 warps, sized for 640 threads
+# whatever the launch uses (src/include/device.h; research notes, science.md section 1.1).
+CHANNEL_SMEM_BYTES = 4112 * 20
+CHANNEL_BUFFER_BYTES = 256 << 20  # larger than any L2 the harness meets (50-60 MB on H100/H200)
+KINETO_NAME = "{label}.json.gz"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class PowerSampler:
+    """NVML samples on a thread, as fast as NVML answers, written in nvidia-smi's CSV layout."""
+
+    def __init__(self, path: Path, device_index: int, interval_s: float = 0.005) -> None:
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        self.index = device_index
+        self.path = path
+        self.interval_s = interval_s
+        self.rows: list[tuple[int, float, float, float, float]] = []
+        self.instant = self._instant() is not None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _instant(self) -> float | None:
+        """Instantaneous board power (W) where the driver offers it (NVML_FI_DEV_POWER_INSTANT);
+        nvmlDeviceGetPowerUsage is a one-second average on Ampere's successors."""
+        fid = getattr(self.nvml, "NVML_FI_DEV_POWER_INSTANT", None)
+        if fid is None:
+            return None
+        try:
+            v = self.nvml.nvmlDeviceGetFieldValues(self.handle, [fid])[0]
+        except Exception:  # the binding or the driver lacks the field
+            return None
+        if getattr(v, "nvmlReturn", 1) != 0:
+            return None
+        return float(v.value.uiVal) / 1000.0
+
+    def _run(self) -> None:
+        n = self.nvml
+        while not self._stop.is_set():
+            t = time.time_ns()
+            avg = n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
+            inst = self._instant() if self.instant else float("nan")
+            sm = float(n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM))
+            mem = float(n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM))
+            self.rows.append((t, inst, avg, sm, mem))
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> PowerSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.write()
+
+    def write(self) -> None:
+        """power.csv with one power column, the one ovsim reads: the instantaneous reading where the
+        driver gives one, else NVML's average; with an instantaneous reading, NVML's average goes to
+        power_average.csv beside it."""
+        def write_one(path: Path, column: str, pick: int) -> None:
+            with open(path, "w") as f:
+                f.write(f"timestamp, index, {column}, clocks.sm [MHz], clocks.mem [MHz]\n")
+                for row in self.rows:
+                    stamp = dt.datetime.fromtimestamp(row[0] / 1e9, tz=dt.UTC).strftime("%Y/%m/%d %H:%M:%S.%f")
+                    f.write(f"{stamp}, {self.index}, {row[pick]:.2f}, {row[3]:.0f}, {row[4]:.0f}\n")
+
+        if self.instant:
+            write_one(self.path, "power.draw.instant [W]", 1)
+            write_one(self.path.with_name("power_average.csv"), "power.draw.average [W]", 2)
+        else:
+            write_one(self.path, "power.draw [W]", 2)
+
+
+class Harness:
+    def __init__(self, out: Path, quick: bool) -> None:
+        import cupy
+        import torch
+
+        self.torch = torch
+        self.cupy = cupy
+        self.out = out
+        self.quick = quick
+        self.dev = torch.device("cuda")
+        self.props = torch.cuda.get_device_properties(self.dev)
+        # The CUDA runtime's own cudaDeviceProp, for the limits PyTorch does not expose everywhere.
+        self.rt = cupy.cuda.runtime.getDeviceProperties(torch.cuda.current_device())
+        self.sms = int(self.rt["multiProcessorCount"])
+        self.cc = torch.cuda.get_device_capability(self.dev)
+        self.smem_per_sm = int(self.rt["sharedMemPerMultiprocessor"])
+        self.module, self.resource_report = self._build()
+        self.kernels = {name: self.module.get_function(name) for name in (
+            "ovsim_channel_copy", "ovsim_channel_reduce", "ovsim_probe_first", "ovsim_probe_second",
+            "ovsim_gemm_tile64")}
+        optin = int(self.rt.get("sharedMemPerBlockOptin", self.smem_per_sm - 1024))
+        for k in self.kernels.values():
+            # Above 48 KB a block gets dynamic shared memory only once the kernel's limit is raised.
+            k.max_dynamic_shared_size_bytes = optin - k.shared_size_bytes
+        self.high = torch.cuda.Stream(priority=-1)
+        self.normal = torch.cuda.Stream(priority=0)
+        self.compute = torch.cuda.Stream(priority=0)
+        self.gen = torch.Generator(device=self.dev)
+        self.gen.manual_seed(0)
+        self.timing: dict[str, float] = {}
+
+    # -- building and launching ------------------------------------------------------------------
+
+    def _build(self) -> tuple[Any, str]:
+        arch = f"sm_{self.cc[0]}{self.cc[1]}"
+        cubin = self.out / f"kernels.{arch}.cubin"
+        cmd = ["nvcc", "-cubin", f"-arch={arch}", "-O3", "--resource-usage", str(HERE / "kernels.cu"),
+               "-o", str(cubin)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"kernels.cu: nvcc failed:\n{r.stderr}")
+        return self.cupy.RawModule(path=str(cubin)), r.stderr + r.stdout
+
+    def cp_stream(self, s: Any) -> Any:
+        return self.cupy.cuda.ExternalStream(s.cuda_stream)
+
+    def rand(self, *shape: int, dtype: Any = None) -> Any:
+        t = self.torch
+        return t.randn(*shape, device=self.dev, dtype=dtype or t.float16, generator=self.gen)
+
+    def records(self, blocks: int) -> Any:
+        return self.torch.zeros(3 * blocks, dtype=self.torch.int64, device=self.dev)
+
+    def launch(self, name: str, grid: int, threads: int, args: tuple[Any, ...], smem: int, stream: Any) -> None:
+        cp = self.cupy
+        conv = tuple(cp.asarray(a) if hasattr(a, "data_ptr") else a for a in args)
+        with self.cp_stream(stream):
+            self.kernels[name]((grid,), (threads,), conv, shared_mem=smem)
+
+    # -- kernels as callables --------------------------------------------------------------------
+
+    def channel(self, op: str, channels: int, threads: int, iters: int) -> Callable[[Any, Any], None]:
+        """A communication-like launch: (stream, record buffer or None)."""
+        t = self.torch
+        words = CHANNEL_BUFFER_BYTES // 16
+        a = self.rand(CHANNEL_BUFFER_BYTES // 2)
+        b = self.rand(CHANNEL_BUFFER_BYTES // 2)
+        dst = t.empty_like(a)
+        name = "ovsim_channel_copy" if op == "copy" else "ovsim_channel_reduce"
+
+        def run(stream: Any, rec: Any = None) -> None:
+            ptr = rec if rec is not None else self.cupy.uint64(0)
+            args = (a, dst, self.cupy.int64(words), self.cupy.int32(iters), ptr) if op == "copy" else \
+                (a, b, dst, self.cupy.int64(words), self.cupy.int32(iters), ptr)
+            self.launch(name, channels, threads, args, CHANNEL_SMEM_BYTES, stream)
+        return run
+
+    def gemm64(self, m: int, n: int, k: int, extra_smem: int) -> tuple[Callable[[Any, Any], None], int]:
+        a, b = self.rand(m, k), self.rand(k, n)
+        c = self.torch.empty(m, n, device=self.dev, dtype=self.torch.float32)
+        blocks = (m // 64) * (n // 64)
+
+        def run(stream: Any, rec: Any = None) -> None:
+            ptr = rec if rec is not None else self.cupy.uint64(0)
+            i32 = self.cupy.int32
+            self.launch("ovsim_gemm_tile64", blocks, 128, (a, b, c, i32(m), i32(n), i32(k), ptr), extra_smem, stream)
+        return run, blocks
+
+    def check_gemm64(self) -> float:
+        """Relative error of the harness GEMM against cuBLAS in fp32 on fresh random inputs."""
+        t = self.torch
+        m, n, k = 512, 384, 256
+        a, b = self.rand(m, k), self.rand(k, n)
+        c = t.full((m, n), float("nan"), device=self.dev, dtype=t.float32)
+        self.launch("ovsim_gemm_tile64", (m // 64) * (n // 64), 128,
+                    (a, b, c, self.cupy.int32(m), self.cupy.int32(n), self.cupy.int32(k), self.cupy.uint64(0)), 0,
+                    t.cuda.current_stream())
+        t.cuda.synchronize()
+        ref = a.double() @ b.double()
+        err = float((c.double() - ref).norm() / ref.norm())
+        if not err < 1e-3:
+            sys.exit(f"ovsim_gemm_tile64 is wrong: relative error {err} against cuBLAS")
+        return err
+
+    def check_channel(self) -> None:
+        t = self.torch
+        for op in ("copy", "reduce"):
+            words = CHANNEL_BUFFER_BYTES // 16
+            a, b = self.rand(CHANNEL_BUFFER_BYTES // 2), self.rand(CHANNEL_BUFFER_BYTES // 2)
+            dst = t.full_like(a, float("nan"))
+            args = (a, dst, self.cupy.int64(words), self.cupy.int32(1), self.cupy.uint64(0)) if op == "copy" else \
+                (a, b, dst, self.cupy.int64(words), self.cupy.int32(1), self.cupy.uint64(0))
+            self.launch(f"ovsim_channel_{op}", 24, 640, args, CHANNEL_SMEM_BYTES, t.cuda.current_stream())
+            t.cuda.synchronize()
+            want = a if op == "copy" else a + b
+            if not bool(t.equal(dst, want)):
+                sys.exit(f"ovsim_channel_{op} is wrong: its output differs from the input it moved")
+
+    # -- experiments -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def experiment(self, part: str, label: str, **info: Any) -> Iterator[dict[str, Any]]:
+        """Profile the body into <part>/<label>.json.gz; per-block records the body registers in
+        ``ctx['records']`` (name -> (tensor, launch)) go to <label>.blocks.csv."""
+        from torch.profiler import ProfilerActivity, profile
+
+        t = self.torch
+        folder = self.out / part
+        folder.mkdir(parents=True, exist_ok=True)
+        ctx: dict[str, Any] = {"records": []}
+        t.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            yield ctx
+            t.cuda.synchronize()
+        raw = folder / f"{label}.json"
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as src, gzip.open(folder / KINETO_NAME.format(label=label), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        raw.unlink()
+        if ctx["records"]:
+            with open(folder / f"{label}.blocks.csv", "w") as f:
+                f.write("kernel,launch,block,smid,start_ns,end_ns\n")
+                for kernel, launch, rec in ctx["records"]:
+                    r = rec.view(-1, 3).cpu().tolist()
+                    for i, (sm, s, e) in enumerate(r):
+                        f.write(f"{kernel},{launch},{i},{sm},{s},{e}\n")
+        with open(folder / "experiments.jsonl", "a") as f:
+            f.write(json.dumps({"label": label, "part": part, **info}) + "\n")
+
+    def warm(self, fn: Callable[[], Any], n: int = 2) -> None:
+        for _ in range(n):
+            fn()
+        self.torch.cuda.synchronize()
+
+    def time_alone_s(self, fn: Callable[[], Any], reps: int = 3) -> float:
+        t = self.torch
+        self.warm(fn)
+        s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        t.cuda.synchronize()
+        return s.elapsed_time(e) / 1e3 / reps
+
+    # -- parts -----------------------------------------------------------------------------------
+
+    def gemm_ops(self, want: tuple[str, ...] | None = None) -> dict[str, Callable[[], Any]]:
+        """cuBLAS GEMMs by label (only those in ``want`` when given); two input sets each, so
+        back-to-back runs do not hit in L2."""
+        t = self.torch
+        squares = [1024, 2048, 4096, 8192] if self.quick else [1024, 2048, 4096, 8192, 16384]
+        shapes = [(s, s, s) for s in squares]
+        shapes += [(128, 8192, 8192), (512, 8192, 8192), (2048, 8192, 8192), (8192, 8192, 1024),
+                   (4096, 28672, 8192), (4096, 8192, 28672)]
+        dtypes = {"bf16": t.bfloat16, "fp16": t.float16, "tf32": t.float32}
+        ops: dict[str, Callable[[], Any]] = {}
+        for (m, n, k) in shapes:
+            for dname, dtype in dtypes.items():
+                if (self.quick and dname == "tf32" and m * n * k > 8192**3) or \
+                        (want is not None and f"gemm_{dname}_{m}x{n}x{k}" not in want):
+                    continue
+                sets = [(self.rand(m, k, dtype=dtype), self.rand(k, n, dtype=dtype)) for _ in range(2)]
+                ops[f"gemm_{dname}_{m}x{n}x{k}"] = self._rotating(lambda a, b: t.matmul(a, b), sets)
+            if self.cc >= (8, 9) and hasattr(t, "_scaled_mm") and (want is None or f"gemm_fp8_{m}x{n}x{k}" in want):
+                one = t.tensor(1.0, device=self.dev)
+                sets = [(self.rand(m, k).to(t.float8_e4m3fn), self.rand(n, k).to(t.float8_e4m3fn).t())
+                        for _ in range(2)]
+                ops[f"gemm_fp8_{m}x{n}x{k}"] = self._rotating(
+                    lambda a, b, one=one: t._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=t.bfloat16), sets)
+        return ops
+
+    @staticmethod
+    def _rotating(fn: Callable[..., Any], sets: list[tuple[Any, Any]]) -> Callable[[], Any]:
+        state = {"i": 0}
+
+        def run() -> Any:
+            a, b = sets[state["i"] % len(sets)]
+            state["i"] += 1
+            return fn(a, b)
+        return run
+
+    def part_gemm(self) -> None:
+        t = self.torch
+        t.backends.cuda.matmul.allow_tf32 = True
+        for label, fn in self.gemm_ops().items():
+            self.warm(fn, 3)
+            with self.experiment("gemm", label, repeats=10):
+                for _ in range(10):
+                    fn()
+
+    def part_comm(self) -> None:
+        for op in ("copy", "reduce"):
+            for channels in (8, 16, 24, 32):
+                for threads in (512, 640):
+                    run = self.channel(op, channels, threads, iters=2)
+                    self.warm(lambda run=run: run(self.normal))
+                    label = f"channel_{op}_{channels}x{threads}"
+                    with self.experiment("comm", label, op=op, channels=channels, threads=threads,
+                                         bytes_per_launch=2 * CHANNEL_BUFFER_BYTES,
+                                         dynamic_smem_bytes=CHANNEL_SMEM_BYTES) as ctx:
+                        for i in range(5):
+                            rec = self.records(channels)
+                            run(self.normal, rec)
+                            ctx["records"].append((f"ovsim_channel_{op}", i, rec))
+
+    def victims(self) -> dict[str, Callable[[], Any]]:
+        """Kernels measured beside communication: GEMMs of several sizes, memory-bound kernels."""
+        t = self.torch
+        out = self.gemm_ops(("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
+                             "gemm_fp8_8192x8192x8192"))
+        x, y = self.rand(1 << 28, dtype=t.bfloat16), self.rand(1 << 28, dtype=t.bfloat16)
+        out["add_bf16_256M"] = lambda: t.add(x, y)
+        h = self.rand(16384, 8192, dtype=t.bfloat16)
+        w = t.ones(8192, device=self.dev, dtype=t.bfloat16)
+        out["layernorm_bf16_16384x8192"] = lambda: t.nn.functional.layer_norm(h, (8192,), w)
+        out["softmax_bf16_16384x8192"] = lambda: t.softmax(h, dim=-1)
+        return out
+
+    def part_overlap(self) -> None:
+        reps = 6
+        victims = self.victims()
+        if self.quick:
+            victims = {k: v for i, (k, v) in enumerate(victims.items()) if i % 2 == 0}
+        for vname, fn in victims.items():
+            victim_s = self.time_alone_s(fn)
+            for op in ("copy", "reduce"):
+                for channels in (16, 32):
+                    once = self.channel(op, channels, 640, iters=1)
+                    per_iter_s = self.time_alone_s(lambda once=once: once(self.normal))
+                    # Long enough to cover the overlapped repeats with margin.
+                    iters = max(1, int(1.5 * reps * victim_s / per_iter_s) + 1)
+                    comm = self.channel(op, channels, 640, iters=iters)
+                    # Launch order matters where the victim fills the GPU before the channels arrive.
+                    orders = ("comm", "victim") if vname.startswith("gemm") else ("comm",)
+                    for prio in ("normal", "high"):
+                        for first in orders:
+                            label = f"{vname}__{op}_{channels}__{prio}__{first}_first"
+                            stream = self.high if prio == "high" else self.normal
+                            with self.experiment("overlap", label, victim=vname, op=op, channels=channels,
+                                                 priority=prio, first=first, comm_iters=iters,
+                                                 victim_alone_s=victim_s) as ctx:
+                                self._alone_then_beside(fn, comm, stream, first, reps, ctx, op, channels)
+
+    def _alone_then_beside(self, fn: Callable[[], Any], comm: Callable[[Any, Any], None], stream: Any,
+                           first: str, reps: int, ctx: dict[str, Any], op: str, channels: int) -> None:
+        """``reps`` clean instances of the victim, then ``reps`` beside one long communication kernel;
+        the importer tells them apart by whether a collective kernel overlaps each."""
+        t = self.torch
+        with t.cuda.stream(self.compute):
+            for _ in range(reps):
+                fn()
+        t.cuda.synchronize()
+        rec = self.records(channels)
+        if first == "comm":
+            comm(stream, rec)
+            time.sleep(0.0005)  # the channel blocks are resident before the victims arrive
+            with t.cuda.stream(self.compute):
+                for _ in range(reps):
+                    fn()
+        else:
+            with t.cuda.stream(self.compute):
+                for _ in range(reps):
+                    fn()
+            comm(stream, rec)
+        t.cuda.synchronize()
+        ctx["records"].append((f"ovsim_channel_{op}", 0, rec))
+
+    def shaping_paddings(self) -> list[tuple[int, int]]:
+        """(blocks per SM, extra shared memory) from the GEMM's natural occupancy down to one block."""
+        k = self.kernels["ovsim_gemm_tile64"]
+        static = k.shared_size_bytes
+        # Registers are allocated per warp in units of 256.
+        regs = 4 * -(-max(k.num_regs, 1) * 32 // 256) * 256
+        by_regs = int(self.rt["regsPerMultiprocessor"]) // regs
+        by_threads = int(self.rt["maxThreadsPerMultiProcessor"]) // 128
+        reserved = 1024  # per block, sm_80 and later
+        by_smem = self.smem_per_sm // (static + reserved)
+        natural = min(by_regs, by_threads, by_smem, 32)
+        out = [(natural, 0)]
+        for want in range(natural - 1, 0, -1):
+            # The smallest padding that keeps want + 1 blocks from fitting.
+            per_block = self.smem_per_sm // (want + 1) + 1
+            out.append((want, max(0, per_block - static - reserved)))
+        return out
+
+    def part_shaping(self) -> None:
+        size = 4096 if self.quick else 8192
+        paddings = self.shaping_paddings()
+        for occ, pad in paddings:
+            run, blocks = self.gemm64(size, size, size, pad)
+            self.warm(lambda run=run: run(self.compute))
+            with self.experiment("shaping", f"gemm64_{size}_occ{occ}", blocks_per_sm_target=occ,
+                                 extra_smem_bytes=pad) as ctx:
+                for i in range(3):
+                    rec = self.records(blocks)
+                    run(self.compute, rec)
+                    ctx["records"].append(("ovsim_gemm_tile64", i, rec))
+        for occ, pad in (paddings[0], paddings[-1]):
+            run, blocks = self.gemm64(size, size, size, pad)
+            victim_s = self.time_alone_s(lambda run=run: run(self.compute), reps=2)
+            once = self.channel("copy", 16, 544, iters=1)
+            per_iter_s = self.time_alone_s(lambda once=once: once(self.normal))
+            comm = self.channel("copy", 16, 544, iters=max(1, int(1.2 * victim_s / per_iter_s)))
+            for prio in ("normal", "high"):
+                stream = self.high if prio == "high" else self.normal
+                label = f"gemm64_{size}_occ{occ}__copy_16__{prio}__victim_first"
+                with self.experiment("shaping", label, blocks_per_sm_target=occ, extra_smem_bytes=pad,
+                                     priority=prio, first="victim", victim_alone_s=victim_s) as ctx:
+                    grec, crec = self.records(blocks), self.records(16)
+                    run(self.compute, grec)
+                    comm(stream, crec)
+                    ctx["records"] += [("ovsim_gemm_tile64", 0, grec), ("ovsim_channel_copy", 0, crec)]
+
+    def part_dispatch(self) -> None:
+        spin_first_ns, spin_second_ns = 200_000, 100_000
+        per_sm = 4
+        first_smem = self.smem_per_sm // per_sm - 1024 - 64
+        waves = 10
+        first_blocks = self.sms * per_sm * waves
+        cases = {
+            # needs an SM with no first-kernel block on it
+            "empty_sm": (self.smem_per_sm - 1024 - 64, 1024),
+            # fits in the room one retiring first-kernel block leaves
+            "one_slot": (first_smem, 256),
+        }
+        for case, (second_smem, second_threads) in cases.items():
+            for prio in ("equal", "high"):
+                stream = self.high if prio == "high" else self.normal
+                label = f"probe_{case}_{prio}"
+                with self.experiment("dispatch", label, first_blocks=first_blocks, first_smem=first_smem,
+                                     first_spin_ns=spin_first_ns, second_blocks=self.sms // 2,
+                                     second_smem=second_smem, second_threads=second_threads,
+                                     second_spin_ns=spin_second_ns, priority=prio) as ctx:
+                    r1, r2 = self.records(first_blocks), self.records(self.sms // 2)
+                    self.launch("ovsim_probe_first", first_blocks, 256, (self.cupy.uint64(spin_first_ns), r1),
+                                first_smem, self.compute)
+                    time.sleep(0.001)  # the second kernel arrives a few waves in
+                    self.launch("ovsim_probe_second", self.sms // 2, second_threads,
+                                (self.cupy.uint64(spin_second_ns), r2), second_smem, stream)
+                    ctx["records"] += [("ovsim_probe_first", 0, r1), ("ovsim_probe_second", 0, r2)]
+        # A persistent kernel (one wave, every SM) and a communication-like kernel behind it.
+        for prio in ("equal", "high"):
+            stream = self.high if prio == "high" else self.normal
+            comm = self.channel("copy", 16, 640, iters=1)
+            with self.experiment("dispatch", f"persistent_then_channel_{prio}", persistent_blocks=self.sms,
+                                 persistent_spin_ns=2_000_000, priority=prio) as ctx:
+                r1, r2 = self.records(self.sms), self.records(16)
+                self.launch("ovsim_probe_first", self.sms, 1024, (self.cupy.uint64(2_000_000), r1),
+                            self.smem_per_sm // 2, self.compute)
+                time.sleep(0.0005)
+                comm(stream, r2)
+                ctx["records"] += [("ovsim_probe_first", 0, r1), ("ovsim_channel_copy", 0, r2)]
+
+    def part_copy(self) -> None:
+        t = self.torch
+        n = 1 << 29  # 1 GiB of bf16
+        src = self.rand(n, dtype=t.bfloat16)
+        dst = t.empty_like(src)
+        host = t.empty(n, dtype=t.bfloat16, pin_memory=True).copy_(src.cpu())
+        dst2 = t.empty_like(src)
+        victims = self.victims()
+        copies: dict[str, Callable[[], Any]] = {"d2d": lambda: dst.copy_(src, non_blocking=True),
+                                                "h2d": lambda: dst2.copy_(host, non_blocking=True)}
+        for cname, copy in copies.items():
+            with t.cuda.stream(self.normal):
+                self.warm(copy)
+            with self.experiment("copy", f"{cname}_alone", copy=cname, bytes=2 * n), t.cuda.stream(self.normal):
+                for _ in range(3):
+                    copy()
+            for vname in ("gemm_bf16_8192x8192x8192", "add_bf16_256M"):
+                fn = victims[vname]
+                self.warm(fn)
+                with self.experiment("copy", f"{vname}__{cname}", copy=cname, victim=vname, bytes=2 * n):
+                    with t.cuda.stream(self.compute):
+                        for _ in range(4):
+                            fn()
+                    t.cuda.synchronize()
+                    with t.cuda.stream(self.normal):
+                        for _ in range(3):
+                            copy()
+                    with t.cuda.stream(self.compute):
+                        for _ in range(8):
+                            fn()
+
+    def part_power(self) -> None:
+        t = self.torch
+        phase_s = 1.5 if self.quick else 4.0
+        v = self.victims()
+        gemm, add = v["gemm_bf16_8192x8192x8192"], v["add_bf16_256M"]
+        comm_once = self.channel("copy", 32, 640, iters=1)
+        per_iter = self.time_alone_s(lambda: comm_once(self.normal))
+        comm = self.channel("copy", 32, 640, iters=max(1, int(phase_s / per_iter)))
+
+        def loop(fn: Callable[[], Any]) -> None:
+            end = time.perf_counter() + phase_s
+            while time.perf_counter() < end:
+                with t.cuda.stream(self.compute):
+                    fn()
+                t.cuda.synchronize()
+
+        with self.experiment("power", "idle", seconds=phase_s):
+            time.sleep(phase_s)
+        with self.experiment("power", "gemm_bf16_8192", seconds=phase_s):
+            loop(lambda: [gemm() for _ in range(20)])
+        with self.experiment("power", "add_bf16_256M", seconds=phase_s):
+            loop(lambda: [add() for _ in range(20)])
+        with self.experiment("power", "channel_copy_32", seconds=phase_s):
+            comm(self.normal)
+        with self.experiment("power", "gemm_bf16_8192__channel_copy_32", seconds=phase_s):
+            comm(self.high)
+            loop(lambda: [gemm() for _ in range(20)])
+
+    def ncu_subject(self) -> None:
+        """One launch of each kernel kind, alone: what ``part_ncu`` profiles."""
+        t = self.torch
+        launches: list[Callable[[], Any]] = list(self.victims().values())
+        for op in ("copy", "reduce"):
+            chan = self.channel(op, 16, 640, iters=1)
+            launches.append(lambda chan=chan: chan(self.normal))
+        for _, pad in (self.shaping_paddings()[0], self.shaping_paddings()[-1]):
+            gemm = self.gemm64(4096, 4096, 4096, pad)[0]
+            launches.append(lambda gemm=gemm: gemm(self.compute))
+        t.cuda.synchronize()
+        # ncu runs with --profile-from-start off: only launches between these two calls are profiled,
+        # not the random-input generation before them.
+        t.cuda.profiler.start()
+        for fn in launches:
+            fn()
+        t.cuda.synchronize()
+        t.cuda.profiler.stop()
+
+    def part_ncu(self) -> None:
+        metrics = ",".join((
+            "gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+            "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+            "dram__throughput.avg.pct_of_peak_sustained_elapsed", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+            "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum",
+            "dram__bytes_write.sum", "launch__registers_per_thread", "launch__shared_mem_per_block_static",
+            "launch__shared_mem_per_block_dynamic", "launch__grid_size", "launch__block_size",
+            "sm__warps_active.avg.pct_of_peak_sustained_active", "sm__maximum_warps_per_active_cycle_pct",
+            "launch__waves_per_multiprocessor", "launch__occupancy_limit_registers",
+            "launch__occupancy_limit_shared_mem", "launch__occupancy_limit_warps", "launch__occupancy_limit_blocks"))
+        folder = self.out / "ncu"
+        folder.mkdir(parents=True, exist_ok=True)
+        ncu = shutil.which("ncu")
+        if ncu is None:
+            (folder / "SKIPPED").write_text("ncu is not on PATH\n")
+            return
+        cmd = [ncu, "--csv", "--page", "raw", "--clock-control", "none", "--profile-from-start", "off",
+               "--metrics", metrics, "--target-processes", "all", sys.executable, str(Path(__file__).resolve()),
+               "--out", str(self.out / "ncu_subject"), "--ncu-subject"]
+        with open(folder / "metrics.csv", "w") as f, open(folder / "ncu.log", "w") as err:
+            r = subprocess.run(cmd, stdout=f, stderr=err)
+        if r.returncode != 0:
+            log(f"ncu exited {r.returncode}; see {folder / 'ncu.log'}")
+        shutil.rmtree(self.out / "ncu_subject", ignore_errors=True)
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def manifest(self) -> dict[str, Any]:
+        import cupy
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+
+        def read(fn: Callable[[], Any]) -> Any:
+            try:
+                v = fn()
+                return v.decode() if isinstance(v, bytes) else v
+            except Exception as e:  # a query this driver does not answer is recorded as such
+                return f"unavailable: {type(e).__name__}"
+
+        n = pynvml
+        nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+        return {
+            "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "gpu": self.props.name,
+            "compute_capability": f"{self.cc[0]}.{self.cc[1]}",
+            "sm_count": self.sms,
+            "l2_bytes": int(self.rt["l2CacheSize"]),
+            "memory_bytes": self.props.total_memory,
+            "shared_mem_per_sm_bytes": self.smem_per_sm,
+            "registers_per_sm": int(self.rt["regsPerMultiprocessor"]),
+            "driver": read(lambda: n.nvmlSystemGetDriverVersion()),
+            "cuda_driver_version": read(lambda: n.nvmlSystemGetCudaDriverVersion()),
+            "cuda_runtime_version": torch.version.cuda,
+            "torch": torch.__version__,
+            "cupy": cupy.__version__,
+            "nvcc": nvcc[-1] if nvcc else "unavailable",
+            "clocks_mhz_as_read": {
+                "sm_current": read(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
+                "sm_max": read(lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM)),
+                "sm_application": read(lambda: n.nvmlDeviceGetApplicationsClock(h, n.NVML_CLOCK_SM)),
+                "mem_current": read(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
+                "mem_max": read(lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM)),
+            },
+            "power_limit_w_as_read": read(lambda: n.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
+            "power_default_limit_w": read(lambda: n.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0),
+            "persistence_mode": read(lambda: n.nvmlDeviceGetPersistenceMode(h)),
+            "ecc_mode": read(lambda: n.nvmlDeviceGetEccMode(h)[0]),
+            "stream_priorities": {"high": self.high.priority, "normal": self.normal.priority},
+            "kernels": {name: {"registers_per_thread": k.num_regs, "static_shared_mem_bytes": k.shared_size_bytes,
+                               "max_threads_per_block": k.max_threads_per_block}
+                        for name, k in self.kernels.items()},
+            "channel_dynamic_smem_bytes": CHANNEL_SMEM_BYTES,
+            "shaping_paddings": self.shaping_paddings(),
+            "nvcc_resource_usage": self.resource_report,
+            "quick": self.quick,
+            "commit": os.environ.get("OVSIM_COMMIT", "unknown"),
+        }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="run folder (created)")
+    ap.add_argument("--parts", default=",".join(p for p in PARTS if p != "ncu"),
+                    help=f"comma-separated, from {', '.join(PARTS)}")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes and shorter phases (about a third the time)")
+    ap.add_argument("--ncu-subject", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        print(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    h = Harness(args.out, args.quick)
+    if args.ncu_subject:
+        h.ncu_subject()
+        return 0
+    h.check_channel()
+    gemm_err = h.check_gemm64()
+    manifest = h.manifest()
+    manifest["gemm64_relative_error_vs_cublas"] = gemm_err
+    manifest["parts"] = {}
+    with PowerSampler(args.out / "power.csv", h.torch.cuda.current_device()) as sampler:
+        manifest["power_column"] = "power.draw.instant" if sampler.instant else "power.draw (NVML one-second average)"
+        for part in parts:
+            log(f"part {part}")
+            t0 = time.perf_counter()
+            getattr(h, f"part_{part}")()
+            manifest["parts"][part] = {"seconds": round(time.perf_counter() - t0, 1)}
+            (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    for part, v in manifest["parts"].items():
+        print(f"{part:<10} {v['seconds']:8.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

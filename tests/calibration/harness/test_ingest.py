@@ -1,0 +1,99 @@
+"""calibration/harness/ingest.py on a hand-made run folder: what it writes, what it refuses."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from ingest import IngestError, ingest, main
+
+from ovsim.traces.load import read_table
+
+GEMM = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN"
+
+
+def kernel(name: str, ts_us: float, dur_us: float, corr: int, stream: int = 7) -> dict[str, Any]:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts_us, "dur": dur_us,
+            "args": {"device": 0, "stream": stream, "correlation": corr, "registers per thread": 96,
+                     "shared memory": 82240, "grid": [16, 1, 1], "block": [640, 1, 1]}}
+
+
+def trace(events: list[dict[str, Any]]) -> bytes:
+    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+           "baseTimeNanoseconds": 1_700_000_000_000_000_000, "traceEvents": events}
+    return gzip.compress(json.dumps(doc).encode())
+
+
+def make_run(root: Path) -> Path:
+    """One overlap experiment (three 1 ms GEMMs alone, three of 1.25 ms beside a channel kernel) and
+    one dispatch probe whose second kernel waited for the first to place every block."""
+    run = root / "run"
+    (run / "overlap").mkdir(parents=True)
+    (run / "dispatch").mkdir()
+    (run / "manifest.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.1",
+                                                   "commit": "abc123", "date_utc": "2026-11-25T00:00:00+00:00"}))
+    events = [kernel(GEMM, 1000 + 2000 * i, 1000, i + 1) for i in range(3)]
+    events.append(kernel("ovsim_channel_copy", 10_000, 6000, 10, stream=13))
+    events += [kernel(GEMM, 10_100 + 1500 * i, 1250, 20 + i) for i in range(3)]
+    (run / "overlap" / "g__copy_16__high__comm_first.json.gz").write_bytes(trace(events))
+    (run / "dispatch" / "probe_empty_sm_high.json.gz").write_bytes(trace([kernel("ovsim_probe_first", 0, 500, 1)]))
+    lines = ["kernel,launch,block,smid,start_ns,end_ns"]
+    lines += [f"ovsim_probe_first,0,{i},{i % 2},{1000 + (i // 2) * 100_000},{101_000 + (i // 2) * 100_000}"
+              for i in range(8)]
+    lines += [f"ovsim_probe_second,0,{i},{i},{400_000 + i},{500_000}" for i in range(2)]
+    (run / "dispatch" / "probe_empty_sm_high.blocks.csv").write_text("\n".join(lines) + "\n")
+    (run / "overlap" / "experiments.jsonl").write_text(json.dumps(
+        {"label": "g__copy_16__high__comm_first", "part": "overlap", "priority": "high"}) + "\n")
+    (run / "dispatch" / "experiments.jsonl").write_text(json.dumps(
+        {"label": "probe_empty_sm_high", "part": "dispatch"}) + "\n")
+    (run / "power.csv").write_text("timestamp, index, power.draw.instant [W]\n2026/11/25 00:00:00.000, 0, 70.5\n")
+    return run
+
+
+def test_ingest_writes_tables_blocks_summary_and_checksums(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    dest = tmp_path / "data"
+    summary = ingest(run, dest, raw_limit_bytes=10**6)
+    table = read_table(dest / "tables" / "overlap" / "g__copy_16__high__comm_first.parquet")
+    assert table.gpu_names == {0: "NVIDIA H100 80GB HBM3"}
+    assert table.kernels.loc[table.kernels["name"] == "ovsim_channel_copy", "kind"].tolist() == ["collective"]
+    (row,) = summary["slowdowns"]
+    assert (row["alone_n"], row["overlapped_n"]) == (3, 3)
+    assert row["slowdown"] == pytest.approx(1.25)  # 1.25 ms beside the channel kernel, 1 ms alone
+    (probe,) = summary["dispatch"]
+    assert not probe["second_went_ahead"] and probe["second_wait_s"] == pytest.approx(399e-6)
+    blocks = pd.read_parquet(dest / "blocks.parquet")
+    assert len(blocks) == 10 and set(blocks["experiment"]) == {"probe_empty_sm_high"}
+    prov = json.loads((dest / "PROVENANCE.json").read_text())
+    assert prov["harness_commit"] == "abc123" and prov["raw_traces"] == "kept"
+    raw = dest / "raw" / "overlap" / "g__copy_16__high__comm_first.json.gz"
+    assert prov["files"]["raw/overlap/g__copy_16__high__comm_first.json.gz"]["sha256"] == \
+        hashlib.sha256(raw.read_bytes()).hexdigest()
+    assert (dest / "power.csv").read_text() == (run / "power.csv").read_text()
+
+
+def test_raw_traces_over_the_limit_are_left_out_and_said_so(tmp_path: Path) -> None:
+    dest = tmp_path / "data"
+    ingest(make_run(tmp_path), dest, raw_limit_bytes=10)
+    assert not (dest / "raw").exists()
+    assert json.loads((dest / "PROVENANCE.json").read_text())["raw_traces"].startswith("left out")
+
+
+def test_refusals_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path)
+    dest = tmp_path / "data"
+    ingest(run, dest, raw_limit_bytes=0)
+    with pytest.raises(IngestError, match="exists and is not empty"):
+        ingest(run, dest, raw_limit_bytes=0)
+    (run / "dispatch" / "probe_empty_sm_high.json.gz").unlink()
+    with pytest.raises(IngestError, match=r"probe_empty_sm_high\.json\.gz: missing"):
+        ingest(run, tmp_path / "other", raw_limit_bytes=0)
+    (run / "manifest.json").unlink()
+    assert main([str(run), "--dest", str(tmp_path / "third")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "manifest.json: missing" in err
