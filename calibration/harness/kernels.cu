@@ -117,23 +117,29 @@ extern "C" __global__ void __launch_bounds__(640) ovsim_channel_reduce(const uin
 }
 
 // ---- dispatch probes ---------------------------------------------------------------------------
-// Blocks that hold their SM for `spin_ns` and do nothing else; the launch sets threads and dynamic
-// shared memory, which set how many fit on an SM. Two names so a trace tells the two kernels of an
-// experiment apart.
-__device__ __forceinline__ void spin_body(uint64_t spin_ns, uint64_t* rec) {
+// Blocks that hold their SM for a set time and do nothing else; the launch sets threads and dynamic
+// shared memory, which set how many fit on an SM. With `stagger`, block i holds it for
+// spin_ns * (1 + (i % 4) / 4), so the blocks sharing an SM retire one at a time and an SM empties
+// only if the scheduler stops refilling it. Two names so a trace tells an experiment's kernels apart.
+__device__ __forceinline__ void spin_body(uint64_t spin_ns, int stagger, uint64_t* rec) {
     __shared__ uint64_t start;
     if (threadIdx.x == 0) start = global_ns();
     __syncthreads();
     const uint64_t t0 = start;
-    while (global_ns() - t0 < spin_ns) {
+    const uint64_t hold = spin_ns + (stagger ? (blockIdx.x % 4) * (spin_ns / 4) : 0);
+    while (global_ns() - t0 < hold) {
     }
     __syncthreads();
     write_record(rec, t0);
 }
 
-extern "C" __global__ void ovsim_probe_first(uint64_t spin_ns, uint64_t* rec) { spin_body(spin_ns, rec); }
+extern "C" __global__ void ovsim_probe_first(uint64_t spin_ns, int stagger, uint64_t* rec) {
+    spin_body(spin_ns, stagger, rec);
+}
 
-extern "C" __global__ void ovsim_probe_second(uint64_t spin_ns, uint64_t* rec) { spin_body(spin_ns, rec); }
+extern "C" __global__ void ovsim_probe_second(uint64_t spin_ns, int stagger, uint64_t* rec) {
+    spin_body(spin_ns, stagger, rec);
+}
 
 // ---- GEMM with shapeable occupancy ---------------------------------------------------------------
 // C (fp32, M x N) = A (fp16, M x K, row-major) . B (fp16, K x N, row-major); one 64x64 output tile

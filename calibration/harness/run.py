@@ -492,11 +492,12 @@ class Harness:
                                      second_smem=second_smem, second_threads=second_threads,
                                      second_spin_ns=spin_second_ns, priority=prio) as ctx:
                     r1, r2 = self.records(first_blocks), self.records(self.sms // 2)
-                    self.launch("ovsim_probe_first", first_blocks, 256, (self.cupy.uint64(spin_first_ns), r1),
-                                first_smem, self.compute)
+                    # The first kernel's blocks retire one at a time on each SM (stagger 1).
+                    self.launch("ovsim_probe_first", first_blocks, 256,
+                                (self.cupy.uint64(spin_first_ns), self.cupy.int32(1), r1), first_smem, self.compute)
                     time.sleep(0.001)  # the second kernel arrives a few waves in
                     self.launch("ovsim_probe_second", self.sms // 2, second_threads,
-                                (self.cupy.uint64(spin_second_ns), r2), second_smem, stream)
+                                (self.cupy.uint64(spin_second_ns), self.cupy.int32(0), r2), second_smem, stream)
                     ctx["records"] += [("ovsim_probe_first", 0, r1), ("ovsim_probe_second", 0, r2)]
         # A persistent kernel (one wave, every SM) and a communication-like kernel behind it.
         for prio in ("equal", "high"):
@@ -505,8 +506,8 @@ class Harness:
             with self.experiment("dispatch", f"persistent_then_channel_{prio}", persistent_blocks=self.sms,
                                  persistent_spin_ns=2_000_000, priority=prio) as ctx:
                 r1, r2 = self.records(self.sms), self.records(16)
-                self.launch("ovsim_probe_first", self.sms, 1024, (self.cupy.uint64(2_000_000), r1),
-                            self.smem_per_sm // 2, self.compute)
+                self.launch("ovsim_probe_first", self.sms, 1024,
+                            (self.cupy.uint64(2_000_000), self.cupy.int32(0), r1), self.smem_per_sm // 2, self.compute)
                 time.sleep(0.0005)
                 comm(stream, r2)
                 ctx["records"] += [("ovsim_probe_first", 0, r1), ("ovsim_channel_copy", 0, r2)]

@@ -97,3 +97,17 @@ def test_refusals_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main([str(run), "--dest", str(tmp_path / "third")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "manifest.json: missing" in err
+
+
+def test_an_ingested_run_calibrates_contention_in_ovsim(tmp_path: Path) -> None:
+    # The GEMMs run 1.25x beside the channel kernel. Taken as a collective, the channel kernel makes
+    # them the overlapped kernels of a contention fit, and the fitted engine replays them; without
+    # contention the replay is the naive 1 ms, 20% off.
+    from ovsim.calibrate import calibrate, trace_input
+
+    ingest(make_run(tmp_path), tmp_path / "data", raw_limit_bytes=0)
+    table = tmp_path / "data" / "tables" / "overlap" / "g__copy_16__high__comm_first.parquet"
+    fit = calibrate([trace_input([table], None)], "*", quantities=["contention"]).fits["contention"]
+    (label,) = fit["engine_mape_pct_without"]
+    assert fit["engine_mape_pct_without"][label] == pytest.approx(20.0)
+    assert fit["engine_mape_pct_fitted"][label] < 1.0
