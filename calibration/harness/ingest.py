@@ -64,11 +64,8 @@ def _experiments(run: Path) -> list[dict[str, Any]]:
 
 
 def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
     with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False) -> dict[str, Any]:

@@ -68,8 +68,8 @@ __device__ __forceinline__ void channel_body(const uint4* __restrict__ a, const 
     const long long hi = lo + per < n_words ? lo + per : n_words;
     const int nt = blockDim.x;
     const int tid = threadIdx.x;
-    // The partner one warp over (block sizes are multiples of 64 threads).
-    const int partner = tid ^ 32;
+    // The thread one warp over (block sizes are whole warps: 512, 544 or 640 threads).
+    const int partner = tid + 32 < nt ? tid + 32 : tid + 32 - nt;
     uint32_t held[CHANNEL_HELD_REGISTERS];
 #pragma unroll
     for (int r = 0; r < CHANNEL_HELD_REGISTERS; ++r) held[r] = tid * (r + 1);

@@ -60,6 +60,8 @@ PARTS = ("gemm", "comm", "overlap", "shaping", "dispatch", "copy", "power", "ncu
 # NCCL's per-block shared memory: 4112 B of scratch per warp for its 20 warps, sized for 640 threads
 # whatever the launch uses (src/include/device.h; research notes, science.md section 1.1).
 CHANNEL_SMEM_BYTES = 4112 * 20
+# NCCL's kernels take 96 registers per thread; the channel kernels hold values live to come close.
+CHANNEL_MIN_REGISTERS = 88
 CHANNEL_BUFFER_BYTES = 256 << 20  # larger than any L2 the harness meets (50-60 MB on H100/H200)
 KINETO_NAME = "{label}.json.gz"
 
@@ -157,6 +159,10 @@ class Harness:
         self.kernels = {name: self.module.get_function(name) for name in (
             "ovsim_channel_copy", "ovsim_channel_reduce", "ovsim_probe_first", "ovsim_probe_second",
             "ovsim_gemm_tile64")}
+        for name in ("ovsim_channel_copy", "ovsim_channel_reduce"):
+            if self.kernels[name].num_regs < CHANNEL_MIN_REGISTERS:
+                log(f"warning: {name} got {self.kernels[name].num_regs} registers per thread, not NCCL's 96: "
+                    "it leaves other blocks more room than NCCL would (the manifest records the count)")
         optin = int(self.rt.get("sharedMemPerBlockOptin", self.smem_per_sm - 1024))
         for k in self.kernels.values():
             # Above 48 KB a block gets dynamic shared memory only once the kernel's limit is raised.
@@ -292,15 +298,16 @@ class Harness:
         self.torch.cuda.synchronize()
 
     def time_alone_s(self, fn: Callable[[], Any], reps: int = 3) -> float:
+        """Seconds per call, from the host around a device synchronize: ``fn`` may launch on any
+        stream, which events on the current one would not see. Used to size experiments (kernels
+        of 0.1 ms and more, where launch time is small); the profiler gives the durations."""
         t = self.torch
         self.warm(fn)
-        s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-        s.record()
+        t0 = time.perf_counter()
         for _ in range(reps):
             fn()
-        e.record()
         t.cuda.synchronize()
-        return s.elapsed_time(e) / 1e3 / reps
+        return (time.perf_counter() - t0) / reps
 
     # -- parts -----------------------------------------------------------------------------------
 

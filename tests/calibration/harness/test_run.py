@@ -48,3 +48,30 @@ def test_power_log_is_nvidia_smi_csv_that_ovsim_reads(tmp_path: Path) -> None:
     assert df["time_s"].tolist() == pytest.approx([0.0, 0.005])
     # UTC wall clock to the microsecond, for alignment with the trace's baseTimeNanoseconds.
     assert df["wall_time_s"].iloc[0] == pytest.approx(t0 / 1e9, abs=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_kernels_build_with_the_footprints_the_harness_assumes(arch: str, tmp_path: Path) -> None:
+    """nvcc's resource report for kernels.cu: the channel kernels near NCCL's 96 registers, the GEMM
+    as GEMM64 above, nothing spilled. Needs nvcc (skipped without it); the harness checks the same
+    on the GPU's machine and records the counts in its manifest."""
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    from run import CHANNEL_MIN_REGISTERS, HERE
+
+    r = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "--resource-usage", str(HERE / "kernels.cu"),
+                        "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True, check=True)
+    report = r.stdout + r.stderr
+    used = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S))
+    assert {k: int(v) for k, v in used.items()}.keys() == {"ovsim_channel_copy", "ovsim_channel_reduce",
+                                                           "ovsim_probe_first", "ovsim_probe_second",
+                                                           "ovsim_gemm_tile64"}
+    assert int(used["ovsim_channel_copy"]) >= CHANNEL_MIN_REGISTERS
+    assert int(used["ovsim_channel_reduce"]) >= CHANNEL_MIN_REGISTERS
+    assert int(used["ovsim_gemm_tile64"]) == GEMM64.num_regs
+    assert f"{GEMM64.shared_size_bytes} bytes smem" in report
+    assert not re.search(r"[1-9]\d* bytes spill", report)
