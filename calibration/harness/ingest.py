@@ -69,7 +69,23 @@ def _sha256(p: Path) -> str:
 
 
 def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False) -> dict[str, Any]:
-    """Write the data set; returns the summary."""
+    """Write the data set; returns the summary. It is built beside DEST and moved into place only
+    when complete, so a run that stops with an error leaves DEST as it was."""
+    if dest.exists() and any(dest.iterdir()) and not force:
+        raise IngestError(f"{dest}: exists and is not empty; pass --force to write over it")
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        summary = _build(run, partial, raw_limit_bytes)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(dest, ignore_errors=True)
+    partial.rename(dest)
+    return summary
+
+
+def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
     manifest_path = run / "manifest.json"
     if not manifest_path.is_file():
         raise IngestError(f"{manifest_path}: missing: not a harness run folder")
@@ -78,8 +94,6 @@ def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False) 
     except json.JSONDecodeError as err:
         raise IngestError(f"{manifest_path}: not JSON ({err.msg})") from None
     experiments = _experiments(run)
-    if dest.exists() and any(dest.iterdir()) and not force:
-        raise IngestError(f"{dest}: exists and is not empty; pass --force to write over it")
 
     traces: list[tuple[dict[str, Any], Path]] = []
     for e in experiments:
@@ -103,9 +117,16 @@ def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False) 
         rec = e["_folder"] / f"{e['label']}.blocks.csv"
         if rec.is_file():
             try:
-                blocks.append(read_blocks(rec).assign(part=e["part"], experiment=e["label"]))
+                b = read_blocks(rec)
             except HarnessDataError as err:
                 raise IngestError(str(err)) from None
+            # The profiler must have seen the harness's own kernels, or the slowdowns would be
+            # computed with no collective beside them.
+            missing = sorted(set(b["kernel"]) - set(bundle.kernels["name"]))
+            if missing:
+                raise IngestError(f"{trace}: name: no {', '.join(missing)} kernel in the trace, though "
+                                  f"{rec.name} has its blocks: the profiler did not record the harness kernels")
+            blocks.append(b.assign(part=e["part"], experiment=e["label"]))
     all_blocks = pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
     if len(all_blocks):
         all_blocks.to_parquet(dest / "blocks.parquet", index=False)

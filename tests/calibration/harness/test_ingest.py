@@ -41,7 +41,8 @@ def make_run(root: Path) -> Path:
     events.append(kernel("ovsim_channel_copy", 10_000, 6000, 10, stream=13))
     events += [kernel(GEMM, 10_100 + 1500 * i, 1250, 20 + i) for i in range(3)]
     (run / "overlap" / "g__copy_16__high__comm_first.json.gz").write_bytes(trace(events))
-    (run / "dispatch" / "probe_empty_sm_high.json.gz").write_bytes(trace([kernel("ovsim_probe_first", 0, 500, 1)]))
+    (run / "dispatch" / "probe_empty_sm_high.json.gz").write_bytes(trace([kernel("ovsim_probe_first", 0, 500, 1),
+                                                                          kernel("ovsim_probe_second", 400, 100, 2)]))
     lines = ["kernel,launch,block,smid,start_ns,end_ns"]
     lines += [f"ovsim_probe_first,0,{i},{i % 2},{1000 + (i // 2) * 100_000},{101_000 + (i // 2) * 100_000}"
               for i in range(8)]
@@ -90,6 +91,15 @@ def test_refusals_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     ingest(run, dest, raw_limit_bytes=0)
     with pytest.raises(IngestError, match="exists and is not empty"):
         ingest(run, dest, raw_limit_bytes=0)
+    (run / "dispatch" / "probe_empty_sm_high.json.gz").write_bytes(trace([kernel("ovsim_probe_first", 0, 500, 1)]))
+    with pytest.raises(IngestError, match="no ovsim_probe_second kernel in the trace"):
+        ingest(run, tmp_path / "other", raw_limit_bytes=0)
+    # A failed ingest leaves nothing behind, and --force replaces a complete data set only on success.
+    assert not (tmp_path / "other").exists() and not (tmp_path / "other.partial").exists()
+    before = sorted(p.relative_to(dest) for p in dest.rglob("*"))
+    with pytest.raises(IngestError):
+        ingest(run, dest, raw_limit_bytes=0, force=True)
+    assert sorted(p.relative_to(dest) for p in dest.rglob("*")) == before
     (run / "dispatch" / "probe_empty_sm_high.json.gz").unlink()
     with pytest.raises(IngestError, match=r"probe_empty_sm_high\.json\.gz: missing"):
         ingest(run, tmp_path / "other", raw_limit_bytes=0)
