@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ovsim.replay import COMPUTE_KINDS, _Cols, _overlap_flags
+from ovsim.traces.table import validate_table
+
 BLOCK_COLUMNS = ("kernel", "launch", "block", "smid", "start_ns", "end_ns")
 
 
@@ -94,18 +97,13 @@ def dispatch_order(blocks: pd.DataFrame, first: str, second: str) -> dict[str, f
 
 
 def overlap_flags(kernels: pd.DataFrame) -> np.ndarray:
-    """Whether each kernel ran while a collective kernel of its rank and device was running (for
-    collectives themselves: always False)."""
-    out = np.zeros(len(kernels), dtype=bool)
+    """Whether each kernel is a compute kernel that ran while a collective kernel of its rank was
+    running: replay's rule (the one the contention fit uses), applied per device."""
     k = kernels.reset_index(drop=True)
-    start = k["start_s"].to_numpy(dtype=float)
-    end = start + k["duration_s"].to_numpy(dtype=float)
-    is_coll = (k["kind"] == "collective").to_numpy()
-    dev = k["device"].fillna(-1).to_numpy() if "device" in k.columns else np.zeros(len(k))
-    rank = k["rank"].fillna(-1).to_numpy()
-    for i in np.flatnonzero(~is_coll):
-        same = is_coll & (dev == dev[i]) & (rank == rank[i])
-        out[i] = bool(np.any(same & (start < end[i]) & (end > start[i])))
+    out = np.zeros(len(k), dtype=bool)
+    device = k["device"].fillna(-1) if "device" in k.columns else pd.Series(0, index=k.index)
+    for rows in k.groupby(device).indices.values():
+        out[rows] = _overlap_flags(_Cols.of(validate_table(k.iloc[rows])))
     return out
 
 
@@ -116,7 +114,7 @@ def overlap_slowdowns(kernels: pd.DataFrame, by: tuple[str, ...] = ("experiment"
     for key, g in kernels.groupby(list(by), sort=True):
         g = g.reset_index(drop=True)
         flags = overlap_flags(g)
-        comp = g[(g["kind"] != "collective") & (g["kind"] != "copy") & (g["kind"] != "memset")]
+        comp = g[g["kind"].isin(COMPUTE_KINDS)]
         sig_cols = [c for c in ("name", "grid_x", "grid_y", "grid_z", "block_x") if c in g.columns]
         for sig, s in comp.groupby(sig_cols, sort=True, dropna=False):
             ov = flags[s.index.to_numpy()]

@@ -84,8 +84,8 @@ def test_read_blocks_refuses_a_block_that_wrote_no_record(tmp_path: Path) -> Non
 
 
 def kernel_row(name: str, kind: str, start_s: float, duration_s: float, experiment: str = "e") -> dict[str, object]:
-    return {"experiment": experiment, "rank": 0, "device": 0, "name": name, "kind": kind, "start_s": start_s,
-            "duration_s": duration_s, "grid_x": 64, "grid_y": 1, "grid_z": 1, "block_x": 256}
+    return {"experiment": experiment, "rank": 0, "device": 0, "stream": 7, "name": name, "kind": kind,
+            "start_s": start_s, "duration_s": duration_s, "grid_x": 64, "grid_y": 1, "grid_z": 1, "block_x": 256}
 
 
 def test_overlap_slowdowns_split_instances_by_a_resident_collective() -> None:
