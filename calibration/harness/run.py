@@ -172,7 +172,7 @@ class Harness:
         self.compute = torch.cuda.Stream(priority=0)
         self.gen = torch.Generator(device=self.dev)
         self.gen.manual_seed(0)
-        self.timing: dict[str, float] = {}
+        self.channel_pass_s: dict[tuple[str, int, int], float] = {}
 
     # -- building and launching ------------------------------------------------------------------
 
@@ -206,19 +206,38 @@ class Harness:
 
     def channel(self, op: str, channels: int, threads: int, iters: int) -> Callable[[Any, Any], None]:
         """A communication-like launch: (stream, record buffer or None)."""
-        t = self.torch
-        words = CHANNEL_BUFFER_BYTES // 16
         a = self.rand(CHANNEL_BUFFER_BYTES // 2)
         b = self.rand(CHANNEL_BUFFER_BYTES // 2)
-        dst = t.empty_like(a)
+        dst = self.torch.empty_like(a)
         name = "ovsim_channel_copy" if op == "copy" else "ovsim_channel_reduce"
 
         def run(stream: Any, rec: Any = None) -> None:
-            ptr = rec if rec is not None else self.cupy.uint64(0)
-            args = (a, dst, self.cupy.int64(words), self.cupy.int32(iters), ptr) if op == "copy" else \
-                (a, b, dst, self.cupy.int64(words), self.cupy.int32(iters), ptr)
-            self.launch(name, channels, threads, args, CHANNEL_SMEM_BYTES, stream)
+            self.launch(name, channels, threads, self._channel_args(op, a, b, dst, iters, rec), CHANNEL_SMEM_BYTES,
+                        stream)
         return run
+
+    def channel_lasting(self, op: str, channels: int, threads: int, seconds: float,
+                        extra_iters: int = 0) -> tuple[Callable[[Any, Any], None], int]:
+        """A channel launch that passes over its buffer often enough to last about ``seconds``
+        alone (plus ``extra_iters`` passes, at least one), and that count."""
+        key = (op, channels, threads)
+        if key not in self.channel_pass_s:
+            # One pass's time does not depend on what the channels will run beside: measured once.
+            once = self.channel(op, channels, threads, iters=1)
+            self.channel_pass_s[key] = self.time_alone_s(lambda: once(self.normal))
+        per_iter_s = self.channel_pass_s[key]
+        iters = max(1, int(seconds / per_iter_s) + extra_iters)
+        return self.channel(op, channels, threads, iters=iters), iters
+
+    def _channel_args(self, op: str, a: Any, b: Any, dst: Any, iters: int, rec: Any) -> tuple[Any, ...]:
+        """The kernel arguments of ovsim_channel_copy (a -> dst) or ovsim_channel_reduce (a + b -> dst)."""
+        cp = self.cupy
+        tail = (cp.int64(CHANNEL_BUFFER_BYTES // 16), cp.int32(iters), rec if rec is not None else cp.uint64(0))
+        return (a, dst, *tail) if op == "copy" else (a, b, dst, *tail)
+
+    def _gemm64_args(self, a: Any, b: Any, c: Any, m: int, n: int, k: int, rec: Any) -> tuple[Any, ...]:
+        i32 = self.cupy.int32
+        return (a, b, c, i32(m), i32(n), i32(k), rec if rec is not None else self.cupy.uint64(0))
 
     def gemm64(self, m: int, n: int, k: int, extra_smem: int) -> tuple[Callable[[Any, Any], None], int]:
         a, b = self.rand(m, k), self.rand(k, n)
@@ -226,9 +245,7 @@ class Harness:
         blocks = (m // 64) * (n // 64)
 
         def run(stream: Any, rec: Any = None) -> None:
-            ptr = rec if rec is not None else self.cupy.uint64(0)
-            i32 = self.cupy.int32
-            self.launch("ovsim_gemm_tile64", blocks, 128, (a, b, c, i32(m), i32(n), i32(k), ptr), extra_smem, stream)
+            self.launch("ovsim_gemm_tile64", blocks, 128, self._gemm64_args(a, b, c, m, n, k, rec), extra_smem, stream)
         return run, blocks
 
     def check_gemm64(self) -> float:
@@ -237,8 +254,7 @@ class Harness:
         m, n, k = 512, 384, 256
         a, b = self.rand(m, k), self.rand(k, n)
         c = t.full((m, n), float("nan"), device=self.dev, dtype=t.float32)
-        self.launch("ovsim_gemm_tile64", (m // 64) * (n // 64), 128,
-                    (a, b, c, self.cupy.int32(m), self.cupy.int32(n), self.cupy.int32(k), self.cupy.uint64(0)), 0,
+        self.launch("ovsim_gemm_tile64", (m // 64) * (n // 64), 128, self._gemm64_args(a, b, c, m, n, k, None), 0,
                     t.cuda.current_stream())
         t.cuda.synchronize()
         ref = a.double() @ b.double()
@@ -250,12 +266,10 @@ class Harness:
     def check_channel(self) -> None:
         t = self.torch
         for op in ("copy", "reduce"):
-            words = CHANNEL_BUFFER_BYTES // 16
             a, b = self.rand(CHANNEL_BUFFER_BYTES // 2), self.rand(CHANNEL_BUFFER_BYTES // 2)
             dst = t.full_like(a, float("nan"))
-            args = (a, dst, self.cupy.int64(words), self.cupy.int32(1), self.cupy.uint64(0)) if op == "copy" else \
-                (a, b, dst, self.cupy.int64(words), self.cupy.int32(1), self.cupy.uint64(0))
-            self.launch(f"ovsim_channel_{op}", 24, 640, args, CHANNEL_SMEM_BYTES, t.cuda.current_stream())
+            self.launch(f"ovsim_channel_{op}", 24, 640, self._channel_args(op, a, b, dst, 1, None), CHANNEL_SMEM_BYTES,
+                        t.cuda.current_stream())
             t.cuda.synchronize()
             want = a if op == "copy" else a + b
             if not bool(t.equal(dst, want)):
@@ -392,11 +406,8 @@ class Harness:
             victim_s = self.time_alone_s(fn)
             for op in ("copy", "reduce"):
                 for channels in (16, 32):
-                    once = self.channel(op, channels, 640, iters=1)
-                    per_iter_s = self.time_alone_s(lambda once=once: once(self.normal))
                     # Long enough to cover the overlapped repeats with margin.
-                    iters = max(1, int(1.5 * reps * victim_s / per_iter_s) + 1)
-                    comm = self.channel(op, channels, 640, iters=iters)
+                    comm, iters = self.channel_lasting(op, channels, 640, 1.5 * reps * victim_s, extra_iters=1)
                     # Launch order matters where the victim fills the GPU before the channels arrive.
                     orders = ("comm", "victim") if vname.startswith("gemm") else ("comm",)
                     for prio in ("normal", "high"):
@@ -465,9 +476,7 @@ class Harness:
         for occ, pad in (paddings[0], paddings[-1]):
             run, blocks = self.gemm64(size, size, size, pad)
             victim_s = self.time_alone_s(lambda run=run: run(self.compute), reps=2)
-            once = self.channel("copy", 16, 544, iters=1)
-            per_iter_s = self.time_alone_s(lambda once=once: once(self.normal))
-            comm = self.channel("copy", 16, 544, iters=max(1, int(1.2 * victim_s / per_iter_s)))
+            comm, _ = self.channel_lasting("copy", 16, 544, 1.2 * victim_s)
             for prio in ("normal", "high"):
                 stream = self.high if prio == "high" else self.normal
                 label = f"gemm64_{size}_occ{occ}__copy_16__{prio}__victim_first"
@@ -555,9 +564,7 @@ class Harness:
         phase_s = 1.5 if self.quick else 4.0
         v = self.victims()
         gemm, add = v["gemm_bf16_8192x8192x8192"], v["add_bf16_256M"]
-        comm_once = self.channel("copy", 32, 640, iters=1)
-        per_iter = self.time_alone_s(lambda: comm_once(self.normal))
-        comm = self.channel("copy", 32, 640, iters=max(1, int(phase_s / per_iter)))
+        comm, _ = self.channel_lasting("copy", 32, 640, phase_s)
 
         def loop(fn: Callable[[], Any]) -> None:
             end = time.perf_counter() + phase_s
