@@ -95,6 +95,7 @@ from ovsim.replay import (
     _mape,
     _overlap_flags,
     bundle_gpu,
+    data_moving_s,
     isolated_durations,
     protocol_key,
 )
@@ -184,7 +185,7 @@ def contention_data(tr: TraceInput) -> ContentionData:
     c = _Cols.of(tr.bundle.kernels.reset_index(drop=True))
     overlapped = _overlap_flags(c)
     iso, src = isolated_durations(c, overlapped)
-    overhead_s = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params.kernel_overhead_s
+    params = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params
     is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
     sel = np.flatnonzero(overlapped & (src == "signature") & (c.dur > 0))
     rows, covered, config = [], [], []
@@ -198,9 +199,9 @@ def contention_data(tr: TraceInput) -> ContentionData:
             resident = union_intervals(np.maximum(cs[hit], s), np.minimum(ce[hit], e))
             rows.append(i)
             covered.append(min(1.0, sum(b - a for a, b in resident) / c.dur[i]))
-            # The share of its time the kernel moves data (the replay's bytes leave out the
-            # overhead), to MOVING_STEP: kernels sharing a config share one slowdown in the fit.
-            moving = max(0.0, iso[i] - overhead_s) / iso[i] if iso[i] > 0 else 1.0
+            # The share of its time the kernel moves data, as replay prices it, to MOVING_STEP:
+            # kernels sharing a config share one slowdown in the fit.
+            moving = data_moving_s(iso[i], params) / iso[i] if iso[i] > 0 else 1.0
             config.append((c.kind[i], tuple(sorted({protos[j] for j in hit})),
                            round(round(moving / MOVING_STEP) * MOVING_STEP, 6)))
     ix = np.array(rows, dtype=np.int64)

@@ -200,17 +200,21 @@ def _block(c: _Cols, i: int, gpu: GpuSpec) -> tuple[int, BlockShape]:
     return grid, shape
 
 
+def data_moving_s(iso_s: float, params: Parameters) -> float:
+    """The part of a kernel's isolated time that moves data: the cost model read backwards (a
+    kernel takes the fixed ``kernel_overhead_s`` plus its bytes at its bandwidth), since the
+    overhead (launch, prologue, tail) moves none of them."""
+    return max(0.0, iso_s - params.kernel_overhead_s)
+
+
 def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Parameters) -> KernelDemand:
     grid, shape = _block(c, i, gpu)
     iso_s = max(iso_s, 1e-9)
     memory = c.kind[i] in MEMORY_KINDS
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     fraction = params.memory_kernel_efficiency if memory else params.replay_hbm_fraction.get(c.kind[i], 0.0)
-    # The cost model's inverse: a kernel takes the fixed overhead plus its bytes at its bandwidth,
-    # and the overhead (launch, prologue, tail) moves none of them.
-    moving_s = max(0.0, iso_s - params.kernel_overhead_s)
     return cost.demand_from_time(blocks=grid, block=shape, isolated_s=iso_s, flops=0.0,
-                                 hbm_bytes=moving_s * bw * fraction, gpu=gpu,
+                                 hbm_bytes=data_moving_s(iso_s, params) * bw * fraction, gpu=gpu,
                                  issue_intensity=params.memory_issue_floor if memory else 1.0,
                                  clock_sensitive=not memory)
 
