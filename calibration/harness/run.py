@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import gzip
 import json
 import os
@@ -384,8 +385,10 @@ class Harness:
                             run(self.normal, rec)
                             ctx["records"].append((f"ovsim_channel_{op}", i, rec))
 
+    @functools.cached_property
     def victims(self) -> dict[str, Callable[[], Any]]:
-        """Kernels measured beside communication: GEMMs of several sizes, memory-bound kernels."""
+        """Kernels measured beside communication: GEMMs of several sizes, memory-bound kernels.
+        Their inputs are made once and kept for every part that runs them."""
         t = self.torch
         out = self.gemm_ops(("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
                              "gemm_fp8_8192x8192x8192"))
@@ -399,7 +402,7 @@ class Harness:
 
     def part_overlap(self) -> None:
         reps = 6
-        victims = self.victims()
+        victims = self.victims
         if self.quick:
             victims = {k: v for i, (k, v) in enumerate(victims.items()) if i % 2 == 0}
         for vname, fn in victims.items():
@@ -535,7 +538,7 @@ class Harness:
         dst = t.empty_like(src)
         host = t.empty(n, dtype=t.bfloat16, pin_memory=True).copy_(src.cpu())
         dst2 = t.empty_like(src)
-        victims = self.victims()
+        victims = self.victims
         copies: dict[str, Callable[[], Any]] = {"d2d": lambda: dst.copy_(src, non_blocking=True),
                                                 "h2d": lambda: dst2.copy_(host, non_blocking=True)}
         for cname, copy in copies.items():
@@ -562,7 +565,7 @@ class Harness:
     def part_power(self) -> None:
         t = self.torch
         phase_s = 1.5 if self.quick else 4.0
-        v = self.victims()
+        v = self.victims
         gemm, add = v["gemm_bf16_8192x8192x8192"], v["add_bf16_256M"]
         comm, _ = self.channel_lasting("copy", 32, 640, phase_s)
 
@@ -588,7 +591,7 @@ class Harness:
     def ncu_subject(self) -> None:
         """One launch of each kernel kind, alone: what ``part_ncu`` profiles."""
         t = self.torch
-        launches: list[Callable[[], Any]] = list(self.victims().values())
+        launches: list[Callable[[], Any]] = list(self.victims.values())
         for op in ("copy", "reduce"):
             chan = self.channel(op, 16, 640, iters=1)
             launches.append(lambda chan=chan: chan(self.normal))
