@@ -127,7 +127,10 @@ __device__ __forceinline__ void spin_body(uint64_t spin_ns, int stagger, uint64_
     __syncthreads();
     const uint64_t t0 = start;
     const uint64_t hold = spin_ns + (stagger ? (blockIdx.x % 4) * (spin_ns / 4) : 0);
-    while (global_ns() - t0 < hold) {
+    // The SM clock bounds the wait too (16 cycles per nanosecond held: never reached below 16 GHz),
+    // so a %globaltimer that does not advance ends the probe instead of hanging the GPU.
+    const long long c0 = clock64();
+    while (global_ns() - t0 < hold && clock64() - c0 < 16ll * (long long)hold) {
     }
     __syncthreads();
     write_record(rec, t0);

@@ -46,8 +46,10 @@ import datetime as dt
 import functools
 import gzip
 import json
+import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -65,25 +67,107 @@ CHANNEL_SMEM_BYTES = 4112 * 20
 CHANNEL_MIN_REGISTERS = 88
 CHANNEL_BUFFER_BYTES = 256 << 20  # larger than any L2 the harness meets (50-60 MB on H100/H200)
 KINETO_NAME = "{label}.json.gz"
+# cuBLAS GEMMs the overlap, copy and power parts run as victims (labels of ``Harness.gemm_specs``).
+VICTIM_GEMMS = ("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
+                "gemm_fp8_8192x8192x8192")
+# CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT for the harness's own GEMM and probes: the most
+# shared memory. Without it the driver configures an SM with the least shared memory that gives the
+# launching kernel its occupancy (132 KB on an H100 for one padded GEMM block), which leaves no room
+# for a channel block beside it, whatever the paddings computed from the SM's full 228 KB.
+SHAPED_CARVEOUT_PCT = 100
+SHAPED_KERNELS = ("ovsim_gemm_tile64", "ovsim_probe_first", "ovsim_probe_second")
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-class PowerSampler:
-    """NVML samples on a thread, as fast as NVML answers, written in nvidia-smi's CSV layout."""
+def find_tool(name: str) -> str | None:
+    """A CUDA tool on PATH, else in the CUDA toolkit's or Nsight Compute's usual folders."""
+    found = shutil.which(name)
+    if found:
+        return found
+    roots = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
+    candidates = [Path(r) / "bin" / name for r in roots if r]
+    candidates += sorted(Path("/opt/nvidia").glob(f"nsight-compute/*/{name}"), reverse=True)
+    return next((str(c) for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
 
-    def __init__(self, path: Path, device_index: int, interval_s: float = 0.005) -> None:
+
+def nvml_handle(nvml: Any, cuda_index: int, pci_bus_id: str | None) -> Any:
+    """The NVML handle of the GPU that CUDA calls ``cuda_index``: by PCI bus id, since NVML numbers
+    GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES, so the two indices differ on a machine whose
+    process sees a subset of its GPUs."""
+    if pci_bus_id:
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+        except Exception:  # an old binding or an id format the driver does not take
+            pass
+    return nvml.nvmlDeviceGetHandleByIndex(cuda_index)
+
+
+def ncu_has_table(path: Path) -> bool:
+    """Whether ``ncu --csv --page raw`` output holds its table (a header row whose first field is ID)."""
+    import csv
+
+    try:
+        with open(path, newline="", errors="replace") as f:
+            return any(row and row[0].strip() == "ID" for row in csv.reader(f))
+    except OSError:
+        return False
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    """A kill mid-write (a command's time limit) leaves the previous file, never half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+
+
+def prepare_out(out: Path, gpu: str, parts: list[str]) -> dict[str, Any]:
+    """Make ``out`` ready for ``parts``: each part's folder from an earlier run into the same folder
+    is removed (its experiments.jsonl is appended to, so a part run twice would list every
+    experiment twice), and the parts an earlier run finished are returned, to stay in the manifest.
+    A folder holding another GPU's run is refused."""
+    previous: dict[str, Any] = {}
+    manifest = out / "manifest.json"
+    if manifest.is_file():
+        try:
+            old = json.loads(manifest.read_text())
+        except json.JSONDecodeError:
+            old = {}
+        if old.get("gpu") not in (None, gpu):
+            raise SystemExit(f"{out}: holds a run on {old['gpu']}, not {gpu}: give another --out")
+        previous = {p: v for p, v in (old.get("parts") or {}).items() if p not in parts}
+    for part in parts:
+        folder = out / part
+        if not folder.exists():
+            continue
+        made_here = ("experiments.jsonl", "metrics.csv", "ncu.log", "SKIPPED")
+        if any((folder / n).exists() for n in made_here) or not any(folder.iterdir()):
+            log(f"{folder}: from an earlier run; removed, the part runs again")
+            shutil.rmtree(folder)
+        else:
+            raise SystemExit(f"{folder}: exists and is not a harness part's folder: give another --out")
+    return previous
+
+
+class PowerSampler:
+    """NVML samples on a thread, as fast as NVML answers, in nvidia-smi's CSV layout. The files are
+    appended to about once a second, so a run stopped by a time limit keeps what it sampled, and a
+    second run into the same folder continues them (ovsim's reader skips a repeated header)."""
+
+    def __init__(self, path: Path, handle: Any, device_index: int, interval_s: float = 0.005,
+                 flush_s: float = 1.0) -> None:
         import pynvml
 
         self.nvml = pynvml
-        pynvml.nvmlInit()
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        self.handle = handle
         self.index = device_index
         self.path = path
         self.interval_s = interval_s
+        self.flush_s = flush_s
         self.rows: list[tuple[int, float, float, float, float]] = []
+        self.errors = 0
         self.instant = self._instant() is not None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -102,15 +186,25 @@ class PowerSampler:
             return None
         return float(v.value.uiVal) / 1000.0
 
-    def _run(self) -> None:
+    def _sample(self) -> tuple[int, float, float, float, float]:
         n = self.nvml
+        t = time.time_ns()
+        avg = n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
+        inst = self._instant() if self.instant else float("nan")
+        sm = float(n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM))
+        mem = float(n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM))
+        return (t, inst if inst is not None else float("nan"), avg, sm, mem)
+
+    def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.is_set():
-            t = time.time_ns()
-            avg = n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
-            inst = self._instant() if self.instant else float("nan")
-            sm = float(n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM))
-            mem = float(n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM))
-            self.rows.append((t, inst, avg, sm, mem))
+            try:
+                self.rows.append(self._sample())
+            except Exception:  # one failed query loses one sample, not the rest of the log
+                self.errors += 1
+            if time.monotonic() - last >= self.flush_s:
+                self.write()
+                last = time.monotonic()
             time.sleep(self.interval_s)
 
     def __enter__(self) -> PowerSampler:
@@ -121,23 +215,37 @@ class PowerSampler:
         self._stop.set()
         self._thread.join()
         self.write()
+        if self.errors:
+            log(f"power sampler: {self.errors} NVML queries failed; those samples are missing")
+
+    def files(self) -> list[tuple[Path, str, int]]:
+        """(file, power column, row field): power.csv holds the one column ovsim reads, the
+        instantaneous reading where the driver gives one, else NVML's average; with an
+        instantaneous reading, NVML's average goes to power_average.csv beside it."""
+        if self.instant:
+            return [(self.path, "power.draw.instant [W]", 1),
+                    (self.path.with_name("power_average.csv"), "power.draw.average [W]", 2)]
+        return [(self.path, "power.draw [W]", 2)]
 
     def write(self) -> None:
-        """power.csv with one power column, the one ovsim reads: the instantaneous reading where the
-        driver gives one, else NVML's average; with an instantaneous reading, NVML's average goes to
-        power_average.csv beside it."""
-        def write_one(path: Path, column: str, pick: int) -> None:
-            with open(path, "w") as f:
-                f.write(f"timestamp, index, {column}, clocks.sm [MHz], clocks.mem [MHz]\n")
-                for row in self.rows:
+        """Append the rows not written yet (with the header when a file is new or has another)."""
+        done = getattr(self, "_written", 0)
+        rows = self.rows[done:]
+        for path, column, pick in self.files():
+            header = f"timestamp, index, {column}, clocks.sm [MHz], clocks.mem [MHz]"
+            fresh = not path.is_file() or path.stat().st_size == 0
+            if not fresh:
+                with open(path) as f:
+                    fresh = f.readline().strip() != header
+            with open(path, "w" if fresh else "a") as f:
+                if fresh:
+                    f.write(header + "\n")
+                for row in rows:
+                    if not math.isfinite(row[pick]):  # no reading this time
+                        continue
                     stamp = dt.datetime.fromtimestamp(row[0] / 1e9, tz=dt.UTC).strftime("%Y/%m/%d %H:%M:%S.%f")
                     f.write(f"{stamp}, {self.index}, {row[pick]:.2f}, {row[3]:.0f}, {row[4]:.0f}\n")
-
-        if self.instant:
-            write_one(self.path, "power.draw.instant [W]", 1)
-            write_one(self.path.with_name("power_average.csv"), "power.draw.average [W]", 2)
-        else:
-            write_one(self.path, "power.draw [W]", 2)
+        self._written = done + len(rows)
 
 
 class Harness:
@@ -155,6 +263,10 @@ class Harness:
         self.rt = cupy.cuda.runtime.getDeviceProperties(torch.cuda.current_device())
         self.sms = int(self.rt["multiProcessorCount"])
         self.cc = torch.cuda.get_device_capability(self.dev)
+        try:
+            self.pci_bus_id: str | None = cupy.cuda.runtime.deviceGetPCIBusId(torch.cuda.current_device())
+        except Exception:  # recorded as unknown; NVML then goes by index
+            self.pci_bus_id = None
         self.smem_per_sm = int(self.rt["sharedMemPerMultiprocessor"])
         self.module, self.resource_report = self._build()
         self.kernels = {name: self.module.get_function(name) for name in (
@@ -165,9 +277,11 @@ class Harness:
                 log(f"warning: {name} got {self.kernels[name].num_regs} registers per thread, not NCCL's 96: "
                     "it leaves other blocks more room than NCCL would (the manifest records the count)")
         optin = int(self.rt.get("sharedMemPerBlockOptin", self.smem_per_sm - 1024))
-        for k in self.kernels.values():
+        for name, k in self.kernels.items():
             # Above 48 KB a block gets dynamic shared memory only once the kernel's limit is raised.
             k.max_dynamic_shared_size_bytes = optin - k.shared_size_bytes
+            if name in SHAPED_KERNELS:
+                k.preferred_shared_memory_carveout = SHAPED_CARVEOUT_PCT
         self.high = torch.cuda.Stream(priority=-1)
         self.normal = torch.cuda.Stream(priority=0)
         self.compute = torch.cuda.Stream(priority=0)
@@ -180,7 +294,12 @@ class Harness:
     def _build(self) -> tuple[Any, str]:
         arch = f"sm_{self.cc[0]}{self.cc[1]}"
         cubin = self.out / f"kernels.{arch}.cubin"
-        cmd = ["nvcc", "-cubin", f"-arch={arch}", "-O3", "--resource-usage", str(HERE / "kernels.cu"),
+        nvcc = find_tool("nvcc")
+        if nvcc is None:
+            sys.exit("nvcc: not on PATH nor in CUDA_HOME, CUDA_PATH or /usr/local/cuda: the harness builds kernels.cu "
+                     "with it")
+        self.nvcc = nvcc
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "--resource-usage", str(HERE / "kernels.cu"),
                "-o", str(cubin)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
@@ -194,8 +313,17 @@ class Harness:
         t = self.torch
         return t.randn(*shape, device=self.dev, dtype=dtype or t.float16, generator=self.gen)
 
+    def made(self) -> None:
+        """Wait for the tensors just made. PyTorch makes them on the current (default) stream, and
+        the harness's other streams do not wait for it: without this, a kernel launched on one of
+        them can read inputs still being generated, and its blocks' records can be zeroed after
+        they are written."""
+        self.torch.cuda.current_stream().synchronize()
+
     def records(self, blocks: int) -> Any:
-        return self.torch.zeros(3 * blocks, dtype=self.torch.int64, device=self.dev)
+        rec = self.torch.zeros(3 * blocks, dtype=self.torch.int64, device=self.dev)
+        self.made()
+        return rec
 
     def launch(self, name: str, grid: int, threads: int, args: tuple[Any, ...], smem: int, stream: Any) -> None:
         cp = self.cupy
@@ -210,6 +338,7 @@ class Harness:
         a = self.rand(CHANNEL_BUFFER_BYTES // 2)
         b = self.rand(CHANNEL_BUFFER_BYTES // 2)
         dst = self.torch.empty_like(a)
+        self.made()
         name = "ovsim_channel_copy" if op == "copy" else "ovsim_channel_reduce"
 
         def run(stream: Any, rec: Any = None) -> None:
@@ -243,6 +372,7 @@ class Harness:
     def gemm64(self, m: int, n: int, k: int, extra_smem: int) -> tuple[Callable[[Any, Any], None], int]:
         a, b = self.rand(m, k), self.rand(k, n)
         c = self.torch.empty(m, n, device=self.dev, dtype=self.torch.float32)
+        self.made()
         blocks = (m // 64) * (n // 64)
 
         def run(stream: Any, rec: Any = None) -> None:
@@ -276,6 +406,25 @@ class Harness:
             if not bool(t.equal(dst, want)):
                 sys.exit(f"ovsim_channel_{op} is wrong: its output differs from the input it moved")
 
+    def check_profiler(self) -> None:
+        """The PyTorch profiler must record the kernels CuPy launches on PyTorch's streams (CUPTI sees
+        every kernel of the context); every overlap, shaping and dispatch result depends on it, so
+        a profiler that misses them stops the run here rather than after its parts."""
+        from torch.profiler import ProfilerActivity, profile
+
+        chan = self.channel("copy", 8, 512, iters=1)
+        self.warm(lambda: chan(self.normal))
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            chan(self.normal)
+            self.torch.cuda.synchronize()
+        path = self.out / "profiler_check.json"
+        prof.export_chrome_trace(str(path))
+        seen = '"ovsim_channel_copy"' in path.read_text(errors="replace")
+        path.unlink()
+        if not seen:
+            sys.exit("the PyTorch profiler recorded no ovsim_channel_copy kernel: the harness kernels CuPy launches "
+                     "would be missing from every trace")
+
     # -- experiments -----------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -289,6 +438,7 @@ class Harness:
         folder.mkdir(parents=True, exist_ok=True)
         ctx: dict[str, Any] = {"records": []}
         t.cuda.synchronize()
+        t0 = time.perf_counter()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             yield ctx
             t.cuda.synchronize()
@@ -306,6 +456,7 @@ class Harness:
                         f.write(f"{kernel},{launch},{i},{sm},{s},{e}\n")
         with open(folder / "experiments.jsonl", "a") as f:
             f.write(json.dumps({"label": label, "part": part, **info}) + "\n")
+        log(f"  {part}/{label}: {time.perf_counter() - t0:.1f} s")
 
     def warm(self, fn: Callable[[], Any], n: int = 2) -> None:
         for _ in range(n):
@@ -326,29 +477,43 @@ class Harness:
 
     # -- parts -----------------------------------------------------------------------------------
 
-    def gemm_ops(self, want: tuple[str, ...] | None = None) -> dict[str, Callable[[], Any]]:
-        """cuBLAS GEMMs by label (only those in ``want`` when given); two input sets each, so
-        back-to-back runs do not hit in L2."""
-        t = self.torch
+    def gemm_specs(self) -> list[tuple[str, int, int, int, str]]:
+        """(label, m, n, k, dtype name) of every cuBLAS GEMM the ``gemm`` part runs."""
         squares = [1024, 2048, 4096, 8192] if self.quick else [1024, 2048, 4096, 8192, 16384]
         shapes = [(s, s, s) for s in squares]
         shapes += [(128, 8192, 8192), (512, 8192, 8192), (2048, 8192, 8192), (8192, 8192, 1024),
                    (4096, 28672, 8192), (4096, 8192, 28672)]
+        specs = []
+        for (m, n, k) in shapes:
+            for dname in ("bf16", "fp16", "tf32"):
+                if self.quick and dname == "tf32" and m * n * k > 8192**3:
+                    continue
+                specs.append((f"gemm_{dname}_{m}x{n}x{k}", m, n, k, dname))
+            if tuple(self.cc) >= (8, 9):
+                specs.append((f"gemm_fp8_{m}x{n}x{k}", m, n, k, "fp8"))
+        return specs
+
+    def gemm_ops(self, want: tuple[str, ...]) -> dict[str, Callable[[], Any]]:
+        """The cuBLAS GEMMs of ``want`` (labels of ``gemm_specs``), each with two input sets, so
+        back-to-back runs do not hit in L2. Inputs are made here, only for these labels."""
+        t = self.torch
         dtypes = {"bf16": t.bfloat16, "fp16": t.float16, "tf32": t.float32}
         ops: dict[str, Callable[[], Any]] = {}
-        for (m, n, k) in shapes:
-            for dname, dtype in dtypes.items():
-                if (self.quick and dname == "tf32" and m * n * k > 8192**3) or \
-                        (want is not None and f"gemm_{dname}_{m}x{n}x{k}" not in want):
+        for label, m, n, k, dname in self.gemm_specs():
+            if label not in want:
+                continue
+            if dname == "fp8":
+                if not hasattr(t, "_scaled_mm"):
                     continue
-                sets = [(self.rand(m, k, dtype=dtype), self.rand(k, n, dtype=dtype)) for _ in range(2)]
-                ops[f"gemm_{dname}_{m}x{n}x{k}"] = self._rotating(lambda a, b: t.matmul(a, b), sets)
-            if self.cc >= (8, 9) and hasattr(t, "_scaled_mm") and (want is None or f"gemm_fp8_{m}x{n}x{k}" in want):
                 one = t.tensor(1.0, device=self.dev)
-                sets = [(self.rand(m, k).to(t.float8_e4m3fn), self.rand(n, k).to(t.float8_e4m3fn).t())
-                        for _ in range(2)]
-                ops[f"gemm_fp8_{m}x{n}x{k}"] = self._rotating(
-                    lambda a, b, one=one: t._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=t.bfloat16), sets)
+                fp8 = [(self.rand(m, k).to(t.float8_e4m3fn), self.rand(n, k).to(t.float8_e4m3fn).t())
+                       for _ in range(2)]
+                ops[label] = self._rotating(
+                    lambda a, b, one=one: t._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=t.bfloat16), fp8)
+            else:
+                sets = [(self.rand(m, k, dtype=dtypes[dname]), self.rand(k, n, dtype=dtypes[dname])) for _ in range(2)]
+                ops[label] = self._rotating(lambda a, b: t.matmul(a, b), sets)
+        self.made()
         return ops
 
     @staticmethod
@@ -364,11 +529,17 @@ class Harness:
     def part_gemm(self) -> None:
         t = self.torch
         t.backends.cuda.matmul.allow_tf32 = True
-        for label, fn in self.gemm_ops().items():
+        # One GEMM's inputs at a time: all of them at once would hold 28 GiB (14 GiB with --quick).
+        for label, *_ in self.gemm_specs():
+            ops = self.gemm_ops((label,))
+            if label not in ops:
+                continue
+            fn = ops[label]
             self.warm(fn, 3)
             with self.experiment("gemm", label, repeats=10):
                 for _ in range(10):
                     fn()
+            del ops, fn
 
     def part_comm(self) -> None:
         for op in ("copy", "reduce"):
@@ -390,14 +561,14 @@ class Harness:
         """Kernels measured beside communication: GEMMs of several sizes, memory-bound kernels.
         Their inputs are made once and kept for every part that runs them."""
         t = self.torch
-        out = self.gemm_ops(("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
-                             "gemm_fp8_8192x8192x8192"))
+        out = self.gemm_ops(VICTIM_GEMMS)
         x, y = self.rand(1 << 28, dtype=t.bfloat16), self.rand(1 << 28, dtype=t.bfloat16)
         out["add_bf16_256M"] = lambda: t.add(x, y)
         h = self.rand(16384, 8192, dtype=t.bfloat16)
         w = t.ones(8192, device=self.dev, dtype=t.bfloat16)
         out["layernorm_bf16_16384x8192"] = lambda: t.nn.functional.layer_norm(h, (8192,), w)
         out["softmax_bf16_16384x8192"] = lambda: t.softmax(h, dim=-1)
+        self.made()
         return out
 
     def part_overlap(self) -> None:
@@ -476,7 +647,9 @@ class Harness:
                     rec = self.records(blocks)
                     run(self.compute, rec)
                     ctx["records"].append(("ovsim_gemm_tile64", i, rec))
-        for occ, pad in (paddings[0], paddings[-1]):
+        alone = 2
+        # Both ends of the occupancy range (one, when the GEMM's natural occupancy is one block).
+        for occ, pad in dict((paddings[0], paddings[-1])).items():
             run, blocks = self.gemm64(size, size, size, pad)
             victim_s = self.time_alone_s(lambda run=run: run(self.compute), reps=2)
             comm, _ = self.channel_lasting("copy", 16, 544, 1.2 * victim_s)
@@ -484,7 +657,12 @@ class Harness:
                 stream = self.high if prio == "high" else self.normal
                 label = f"gemm64_{size}_occ{occ}__copy_16__{prio}__victim_first"
                 with self.experiment("shaping", label, blocks_per_sm_target=occ, extra_smem_bytes=pad,
-                                     priority=prio, first="victim", victim_alone_s=victim_s) as ctx:
+                                     priority=prio, first="victim", victim_alone_s=victim_s,
+                                     alone_launches=alone) as ctx:
+                    # Instances alone in the same trace, which the summary's slowdown divides by.
+                    for _ in range(alone):
+                        run(self.compute)
+                    self.torch.cuda.synchronize()
                     grec, crec = self.records(blocks), self.records(16)
                     run(self.compute, grec)
                     comm(stream, crec)
@@ -598,50 +776,72 @@ class Harness:
         for _, pad in (self.shaping_paddings()[0], self.shaping_paddings()[-1]):
             gemm = self.gemm64(4096, 4096, 4096, pad)[0]
             launches.append(lambda gemm=gemm: gemm(self.compute))
+        # Once outside the profiled range: cuBLAS's handle and workspace, and any lazily loaded
+        # module, are set up here rather than profiled.
+        for fn in launches:
+            fn()
         t.cuda.synchronize()
         # ncu runs with --profile-from-start off: only launches between these two calls are profiled,
-        # not the random-input generation before them.
+        # not the random-input generation and warm-up before them.
         t.cuda.profiler.start()
         for fn in launches:
             fn()
         t.cuda.synchronize()
         t.cuda.profiler.stop()
 
+    NCU_METRICS = (
+        "gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+        "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+        "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum",
+        "dram__bytes_write.sum", "launch__registers_per_thread", "launch__shared_mem_per_block_static",
+        "launch__shared_mem_per_block_dynamic", "launch__grid_size", "launch__block_size",
+        "sm__warps_active.avg.pct_of_peak_sustained_active", "sm__maximum_warps_per_active_cycle_pct",
+        "launch__waves_per_multiprocessor", "launch__occupancy_limit_registers",
+        "launch__occupancy_limit_shared_mem", "launch__occupancy_limit_warps", "launch__occupancy_limit_blocks")
+    # ncu's own sections holding the metrics above (under whatever names this GPU gives them), for a
+    # second try when ncu refuses a metric name of the first.
+    NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis")
+
     def part_ncu(self) -> None:
-        metrics = ",".join((
-            "gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-            "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
-            "dram__throughput.avg.pct_of_peak_sustained_elapsed", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
-            "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum",
-            "dram__bytes_write.sum", "launch__registers_per_thread", "launch__shared_mem_per_block_static",
-            "launch__shared_mem_per_block_dynamic", "launch__grid_size", "launch__block_size",
-            "sm__warps_active.avg.pct_of_peak_sustained_active", "sm__maximum_warps_per_active_cycle_pct",
-            "launch__waves_per_multiprocessor", "launch__occupancy_limit_registers",
-            "launch__occupancy_limit_shared_mem", "launch__occupancy_limit_warps", "launch__occupancy_limit_blocks"))
         folder = self.out / "ncu"
         folder.mkdir(parents=True, exist_ok=True)
-        ncu = shutil.which("ncu")
+        ncu = find_tool("ncu")
         if ncu is None:
-            (folder / "SKIPPED").write_text("ncu is not on PATH\n")
+            (folder / "SKIPPED").write_text("ncu: not on PATH nor in the CUDA toolkit's or Nsight Compute's folders\n")
             return
-        cmd = [ncu, "--csv", "--page", "raw", "--clock-control", "none", "--profile-from-start", "off",
-               "--metrics", metrics, "--target-processes", "all", sys.executable, str(Path(__file__).resolve()),
-               "--out", str(self.out / "ncu_subject"), "--ncu-subject"]
-        with open(folder / "metrics.csv", "w") as f, open(folder / "ncu.log", "w") as err:
-            r = subprocess.run(cmd, stdout=f, stderr=err)
-        if r.returncode != 0:
-            log(f"ncu exited {r.returncode}; see {folder / 'ncu.log'}")
-        shutil.rmtree(self.out / "ncu_subject", ignore_errors=True)
+        subject = [sys.executable, str(Path(__file__).resolve()), "--out", str(self.out / "ncu_subject"),
+                   "--ncu-subject"]
+        common = [ncu, "--csv", "--page", "raw", "--clock-control", "none", "--profile-from-start", "off",
+                  "--target-processes", "all"]
+        sections = [a for name in self.NCU_SECTIONS for a in ("--section", name)]
+        for attempt, what in enumerate((["--metrics", ",".join(self.NCU_METRICS)], sections)):
+            with open(folder / "metrics.csv", "w") as f, open(folder / "ncu.log", "w") as err:
+                r = subprocess.run([*common, *what, *subject], stdout=f, stderr=err)
+            shutil.rmtree(self.out / "ncu_subject", ignore_errors=True)
+            if r.returncode == 0 and ncu_has_table(folder / "metrics.csv"):
+                return
+            log(f"ncu exited {r.returncode} with {'no' if not ncu_has_table(folder / 'metrics.csv') else 'a'} "
+                f"metrics table; see {folder / 'ncu.log'}")
+            if attempt == 0:
+                for name in ("metrics.csv", "ncu.log"):
+                    (folder / name).replace(folder / f"first_try.{name}")
+                log("ncu: trying again with its sections " + ", ".join(self.NCU_SECTIONS))
 
     # -- the run ---------------------------------------------------------------------------------
+
+    def nvml_handle(self) -> Any:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return nvml_handle(pynvml, self.torch.cuda.current_device(), self.pci_bus_id)
 
     def manifest(self) -> dict[str, Any]:
         import cupy
         import pynvml
         import torch
 
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        h = self.nvml_handle()
 
         def read(fn: Callable[[], Any]) -> Any:
             try:
@@ -651,11 +851,12 @@ class Harness:
                 return f"unavailable: {type(e).__name__}"
 
         n = pynvml
-        nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+        nvcc = subprocess.run([self.nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
         return {
             "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "gpu": self.props.name,
             "compute_capability": f"{self.cc[0]}.{self.cc[1]}",
+            "pci_bus_id": self.pci_bus_id,
             "sm_count": self.sms,
             "l2_bytes": int(self.rt["l2CacheSize"]),
             "memory_bytes": self.props.total_memory,
@@ -680,7 +881,8 @@ class Harness:
             "ecc_mode": read(lambda: n.nvmlDeviceGetEccMode(h)[0]),
             "stream_priorities": {"high": self.high.priority, "normal": self.normal.priority},
             "kernels": {name: {"registers_per_thread": k.num_regs, "static_shared_mem_bytes": k.shared_size_bytes,
-                               "max_threads_per_block": k.max_threads_per_block}
+                               "max_threads_per_block": k.max_threads_per_block,
+                               "preferred_shared_memory_carveout_pct": k.preferred_shared_memory_carveout}
                         for name, k in self.kernels.items()},
             "channel_dynamic_smem_bytes": CHANNEL_SMEM_BYTES,
             "shaping_paddings": self.shaping_paddings(),
@@ -704,24 +906,31 @@ def main() -> int:
         print(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    # A command's time limit ends the run with SIGTERM: exit through the context managers, so the
+    # profiler stops and the power log and manifest keep what was measured.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     h = Harness(args.out, args.quick)
     if args.ncu_subject:
         h.ncu_subject()
         return 0
+    earlier_parts = prepare_out(args.out, h.props.name, parts)
     h.check_channel()
     gemm_err = h.check_gemm64()
+    h.check_profiler()
     manifest = h.manifest()
     manifest["gemm64_relative_error_vs_cublas"] = gemm_err
-    manifest["parts"] = {}
-    with PowerSampler(args.out / "power.csv", h.torch.cuda.current_device()) as sampler:
+    manifest["parts"] = dict(earlier_parts)
+    index = h.torch.cuda.current_device()
+    with PowerSampler(args.out / "power.csv", h.nvml_handle(), index) as sampler:
         manifest["power_column"] = "power.draw.instant" if sampler.instant else "power.draw (NVML one-second average)"
+        write_json_atomic(args.out / "manifest.json", manifest)
         for part in parts:
             log(f"part {part}")
             t0 = time.perf_counter()
             getattr(h, f"part_{part}")()
             manifest["parts"][part] = {"seconds": round(time.perf_counter() - t0, 1)}
-            (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+            write_json_atomic(args.out / "manifest.json", manifest)
+    write_json_atomic(args.out / "manifest.json", manifest)
     for part, v in manifest["parts"].items():
         print(f"{part:<10} {v['seconds']:8.1f} s")
     return 0

@@ -1,13 +1,24 @@
-"""The parts of calibration/harness/run.py that need no GPU: the occupancy-shaping paddings and the
-power log's layout. run.py imports PyTorch, CuPy and NVML only when it measures."""
+"""The parts of calibration/harness/run.py that need no GPU: the occupancy-shaping paddings, the GEMM
+list, the power log, the run folder's preparation and the tools' lookup. run.py imports PyTorch,
+CuPy and NVML only when it measures."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from run import Harness, PowerSampler
+from run import (
+    VICTIM_GEMMS,
+    Harness,
+    PowerSampler,
+    find_tool,
+    ncu_has_table,
+    nvml_handle,
+    prepare_out,
+)
 
 from ovsim.hw.spec import load_gpu
 from ovsim.models.cost import blocks_per_sm
@@ -35,9 +46,15 @@ def test_shaping_paddings_give_each_occupancy_by_ovsims_calculator(gpu_name: str
     assert [occ for occ, _ in plan] == list(range(plan[0][0], 0, -1)) and plan[0] == (6, 0)
 
 
-def test_power_log_is_nvidia_smi_csv_that_ovsim_reads(tmp_path: Path) -> None:
+def sampler(path: Path, instant: bool = True) -> PowerSampler:
+    """A PowerSampler without NVML: rows are set by hand, as its thread would append them."""
     s = object.__new__(PowerSampler)
-    s.path, s.index, s.instant = tmp_path / "power.csv", 0, True
+    s.path, s.index, s.instant, s.rows = path, 0, instant, []
+    return s
+
+
+def test_power_log_is_nvidia_smi_csv_that_ovsim_reads(tmp_path: Path) -> None:
+    s = sampler(tmp_path / "power.csv")
     t0 = 1_764_028_800_000_000_000  # 2025-11-25 00:00:00 UTC
     s.rows = [(t0, 120.5, 100.0, 1980.0, 2619.0), (t0 + 5_000_000, 310.25, 101.0, 1755.0, 2619.0)]
     s.write()
@@ -75,3 +92,123 @@ def test_kernels_build_with_the_footprints_the_harness_assumes(arch: str, tmp_pa
     assert int(used["ovsim_gemm_tile64"]) == GEMM64.num_regs
     assert f"{GEMM64.shared_size_bytes} bytes smem" in report
     assert not re.search(r"[1-9]\d* bytes spill", report)
+
+
+def test_power_log_is_written_as_it_grows_and_continued_by_a_second_run(tmp_path: Path) -> None:
+    """The sampler appends about once a second (a run killed by a time limit keeps its samples), a
+    sample without a reading is left out rather than written as nan, and a second run into the same
+    folder continues the files instead of replacing the first run's samples."""
+    t0 = 1_764_028_800_000_000_000
+    s = sampler(tmp_path / "power.csv")
+    s.rows.append((t0, 120.0, 100.0, 1980.0, 2619.0))
+    s.write()
+    s.rows += [(t0 + 5_000_000, float("nan"), 101.0, 1980.0, 2619.0), (t0 + 10_000_000, 130.0, 102.0, 1980.0, 2619.0)]
+    s.write()
+    s.write()  # nothing new: nothing written twice
+    assert read_power_samples(tmp_path / "power.csv")["power_w"].tolist() == [120.0, 130.0]
+    assert read_power_samples(tmp_path / "power_average.csv")["power_w"].tolist() == [100.0, 101.0, 102.0]
+    second = sampler(tmp_path / "power.csv")
+    second.rows.append((t0 + 60_000_000_000, 300.0, 280.0, 1980.0, 2619.0))
+    second.write()
+    df = read_power_samples(tmp_path / "power.csv")
+    assert df["power_w"].tolist() == [120.0, 130.0, 300.0]
+    assert (tmp_path / "power.csv").read_text().count("timestamp") == 1
+    # A driver without the instantaneous field: one file, NVML's average under nvidia-smi's name.
+    avg = sampler(tmp_path / "other" / "power.csv", instant=False)
+    (tmp_path / "other").mkdir()
+    avg.rows.append((t0, float("nan"), 99.5, 1980.0, 2619.0))
+    avg.write()
+    assert "power.draw [W]" in (tmp_path / "other" / "power.csv").read_text()
+    assert read_power_samples(tmp_path / "other" / "power.csv")["power_w"].tolist() == [99.5]
+    assert not (tmp_path / "other" / "power_average.csv").exists()
+
+
+def harness(cc: tuple[int, int], quick: bool) -> Harness:
+    h = object.__new__(Harness)
+    h.cc, h.quick = cc, quick
+    return h
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_gemm_list_holds_the_victims_and_fp8_only_where_the_gpu_has_it(quick: bool) -> None:
+    hopper, ampere = harness((9, 0), quick).gemm_specs(), harness((8, 0), quick).gemm_specs()
+    labels = [spec[0] for spec in hopper]
+    assert len(labels) == len(set(labels))
+    assert set(VICTIM_GEMMS) <= set(labels)
+    assert set(VICTIM_GEMMS) - {spec[0] for spec in ampere} == {"gemm_fp8_8192x8192x8192"}
+    assert not any(dname == "fp8" for *_, dname in ampere)
+    for label, m, n, k, dname in hopper:
+        assert label == f"gemm_{dname}_{m}x{n}x{k}"
+        # _scaled_mm and the GEMMs' tiles want multiples of 16
+        assert m % 16 == 0 and n % 16 == 0 and k % 16 == 0
+    if quick:
+        # 10 shapes x (bf16, fp16, fp8) and tf32 for the 8 no larger than 8192^3
+        assert len(labels) == 38 and not any(m == 16384 for _, m, *_ in hopper)
+
+
+def test_a_part_run_again_into_the_same_folder_replaces_its_earlier_experiments(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    (out / "dispatch").mkdir(parents=True)
+    (out / "dispatch" / "experiments.jsonl").write_text('{"label": "probe", "part": "dispatch"}\n')
+    (out / "gemm").mkdir()
+    (out / "gemm" / "experiments.jsonl").write_text('{"label": "g", "part": "gemm"}\n')
+    (out / "manifest.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3",
+                                                   "parts": {"gemm": {"seconds": 60.0}, "dispatch": {"seconds": 5.0}}}))
+    earlier = prepare_out(out, "NVIDIA H100 80GB HBM3", ["dispatch", "copy"])
+    assert earlier == {"gemm": {"seconds": 60.0}}  # kept in the new manifest; dispatch runs again
+    assert not (out / "dispatch").exists() and (out / "gemm" / "experiments.jsonl").is_file()
+    with pytest.raises(SystemExit, match="holds a run on NVIDIA H100 80GB HBM3, not NVIDIA H200"):
+        prepare_out(out, "NVIDIA H200", ["copy"])
+    # A manifest cut short by a kill is not a reason to stop.
+    (out / "manifest.json").write_text('{"gpu": "NVI')
+    assert prepare_out(out, "NVIDIA H200", ["copy"]) == {}
+    assert prepare_out(tmp_path / "fresh", "NVIDIA H200", ["gemm"]) == {}
+    # A folder the harness did not write is never removed.
+    (out / "power").mkdir()
+    (out / "power" / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="not a harness part's folder"):
+        prepare_out(out, "NVIDIA H200", ["power"])
+    assert (out / "power" / "notes.txt").is_file()
+
+
+def test_tools_are_found_off_path_and_nvml_goes_by_pci_bus_id(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "cuda" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "nvcc").write_text("#!/bin/sh\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    assert find_tool("nvcc") == str(bin_dir / "nvcc")
+    monkeypatch.delenv("CUDA_HOME")
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    if not os.path.exists("/usr/local/cuda/bin/nvcc"):
+        assert find_tool("nvcc") is None
+
+    calls: list[tuple[str, object]] = []
+
+    class Nvml:
+        @staticmethod
+        def nvmlDeviceGetHandleByPciBusId(bus: str) -> str:
+            calls.append(("bus", bus))
+            if bus == "bad":
+                raise RuntimeError("NVML_ERROR_NOT_FOUND")
+            return f"gpu@{bus}"
+
+        @staticmethod
+        def nvmlDeviceGetHandleByIndex(i: int) -> str:
+            calls.append(("index", i))
+            return f"gpu#{i}"
+
+    # CUDA device 0 of a process that sees only the machine's fourth GPU is NVML's GPU 3: by bus id.
+    assert nvml_handle(Nvml, 0, "0000:9B:00.0") == "gpu@0000:9B:00.0"
+    assert nvml_handle(Nvml, 0, "bad") == "gpu#0"
+    assert nvml_handle(Nvml, 0, None) == "gpu#0"
+
+
+def test_ncu_output_is_recognized_only_with_its_table(tmp_path: Path) -> None:
+    good = tmp_path / "good.csv"
+    good.write_text('==PROF== Connected to process 12\n"ID","Process ID","Kernel Name"\n"","",""\n"0","12","k"\n')
+    bad = tmp_path / "bad.csv"
+    bad.write_text("==PROF== Connected to process 12\n==ERROR== Failed to find metric x\n")
+    assert ncu_has_table(good) and not ncu_has_table(bad) and not ncu_has_table(tmp_path / "missing.csv")
