@@ -9,11 +9,12 @@
   with a higher priority, a later kernel that needs an empty SM starts early only if the scheduler
   holds the earlier kernel's blocks back until an SM drains.
 - :func:`overlap_slowdowns`: per experiment and kernel signature, the median duration of the
-  instances no collective overlapped against those one did.
+  instances no collective (or, for the ``copy`` part, no copy) overlapped against those one did.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -96,24 +97,37 @@ def dispatch_order(blocks: pd.DataFrame, first: str, second: str) -> dict[str, f
             "second_span_s": (int(s["end_ns"].max()) - second_start) * 1e-9}
 
 
-def overlap_flags(kernels: pd.DataFrame) -> np.ndarray:
-    """Whether each kernel is a compute kernel that ran while a collective kernel of its rank was
-    running: replay's rule (the one the contention fit uses), applied per device."""
+OVERLAPPERS = ("collective", "copy")
+
+
+def overlap_flags(kernels: pd.DataFrame, overlapper: str = "collective") -> np.ndarray:
+    """Whether each kernel is a compute kernel that ran while a kernel of kind ``overlapper`` (a
+    collective, or a copy for the ``copy`` part's copy-engine transfers) of its rank was running:
+    replay's rule (the one the contention fit uses), applied per device."""
+    if overlapper not in OVERLAPPERS:
+        raise ValueError(f"overlapper: {overlapper!r}, expected one of {', '.join(OVERLAPPERS)}")
     k = kernels.reset_index(drop=True)
     out = np.zeros(len(k), dtype=bool)
     device = k["device"].fillna(-1) if "device" in k.columns else pd.Series(0, index=k.index)
     for rows in k.groupby(device).indices.values():
-        out[rows] = _overlap_flags(_Cols.of(validate_table(k.iloc[rows])))
+        cols = _Cols.of(validate_table(k.iloc[rows]))
+        if overlapper != "collective":
+            # Replay's rule looks for collectives: the overlapper's rows play them, and the
+            # collectives (none in a copy experiment) take the overlapper's kind, which is not compute.
+            cols = replace(cols, kind=["collective" if x == overlapper else overlapper if x == "collective" else x
+                                       for x in cols.kind])
+        out[rows] = _overlap_flags(cols)
     return out
 
 
-def overlap_slowdowns(kernels: pd.DataFrame, by: tuple[str, ...] = ("experiment",)) -> pd.DataFrame:
-    """Per group and signature (name, grid, block): instances alone and overlapped, their median
-    durations, and the ratio overlapped / alone (NaN without both)."""
+def overlap_slowdowns(kernels: pd.DataFrame, by: tuple[str, ...] = ("experiment",),
+                      overlapper: str = "collective") -> pd.DataFrame:
+    """Per group and signature (name, grid, block): instances alone and overlapped (by a kernel of
+    kind ``overlapper``), their median durations, and the ratio overlapped / alone (NaN without both)."""
     rows = []
     for key, g in kernels.groupby(list(by), sort=True):
         g = g.reset_index(drop=True)
-        flags = overlap_flags(g)
+        flags = overlap_flags(g, overlapper)
         comp = g[g["kind"].isin(COMPUTE_KINDS)]
         sig_cols = [c for c in ("name", "grid_x", "grid_y", "grid_z", "block_x") if c in g.columns]
         for sig, s in comp.groupby(sig_cols, sort=True, dropna=False):

@@ -10,10 +10,11 @@ Writes under DEST:
 - ``blocks.parquet``: every per-block record (part, experiment, kernel, launch, block, SM, start, end);
 - ``raw/<part>/<experiment>.json.gz``: the profiler traces themselves, when all of them together
   stay under ``--raw-limit-mb`` (otherwise left out, and PROVENANCE.json says so);
-- ``manifest.json``, ``power.csv``, ``experiments.jsonl`` and ``ncu/metrics.csv`` as the run wrote them;
-- ``summary.json``: slowdowns of kernels overlapped with communication against the same kernels
-  alone, per-block residency of the shaped GEMM, and the dispatch probes' outcome
-  (``analysis.py``);
+- ``manifest.json``, ``power.csv`` (and ``power_average.csv``), ``experiments.jsonl`` and
+  ``ncu/metrics.csv`` as the run wrote them;
+- ``summary.json``: slowdowns of kernels overlapped with communication (in the ``copy`` part, with
+  copies) against the same kernels alone, per-block residency of the shaped GEMM, and the dispatch
+  probes' outcome (``analysis.py``);
 - ``PROVENANCE.json``: the harness commit and GPU from the manifest, and the size and SHA-256 of
   every file written.
 
@@ -37,7 +38,8 @@ from analysis import HarnessDataError, dispatch_order, overlap_slowdowns, read_b
 from ovsim.errors import OvsimError
 from ovsim.traces.load import load_trace, write_table
 
-SLOWDOWN_PARTS = ("overlap", "shaping", "copy", "power")
+# The parts whose kernels are compared alone and beside something, and what that something is.
+SLOWDOWN_PARTS = {"overlap": "collective", "shaping": "collective", "copy": "copy", "power": "collective"}
 
 
 class IngestError(Exception):
@@ -60,7 +62,10 @@ def _experiments(run: Path) -> list[dict[str, Any]]:
             out.append(e)
     if not out:
         raise IngestError(f"{run}: no <part>/experiments.jsonl: not a harness run folder, or no part finished")
-    return out
+    # A part run twice into one folder (by a harness that appended) lists an experiment twice; its
+    # trace and blocks are the last run's, so the last line describes them.
+    last = {(e["part"], e["label"]): e for e in out}
+    return list(last.values())
 
 
 def _sha256(p: Path) -> str:
@@ -141,7 +146,7 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
     with open(dest / "experiments.jsonl", "w") as f:
         for e in experiments:
             f.write(json.dumps({k: v for k, v in e.items() if k != "_folder"}) + "\n")
-    for name in ("manifest.json", "power.csv", "ncu/metrics.csv"):
+    for name in ("manifest.json", "power.csv", "power_average.csv", "ncu/metrics.csv"):
         if (run / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run / name, dest / name)
@@ -161,10 +166,15 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
 
 def summarize(kernels: pd.DataFrame, blocks: pd.DataFrame, experiments: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    sel = kernels[kernels["part"].isin(SLOWDOWN_PARTS)]
-    if len(sel):
-        sd = overlap_slowdowns(sel, by=("part", "experiment"))
-        out["slowdowns"] = sd[sd["overlapped_n"] > 0].to_dict("records")
+    slowdowns = []
+    for part, overlapper in SLOWDOWN_PARTS.items():
+        sel = kernels[kernels["part"] == part]
+        if len(sel):
+            sd = overlap_slowdowns(sel, by=("part", "experiment"), overlapper=overlapper)
+            if len(sd):
+                slowdowns += sd[sd["overlapped_n"] > 0].to_dict("records")
+    if slowdowns:
+        out["slowdowns"] = sorted(slowdowns, key=lambda r: (r["part"], r["experiment"], str(r["name"])))
     if len(blocks):
         shaped = blocks[(blocks["part"] == "shaping") & (blocks["kernel"] == "ovsim_gemm_tile64")]
         rows = []

@@ -100,3 +100,22 @@ def test_overlap_slowdowns_split_instances_by_a_resident_collective() -> None:
     g = sd[sd["name"] == "gemm"].iloc[0]
     assert (g["alone_n"], g["overlapped_n"]) == (4, 3)
     assert g["slowdown"] == pytest.approx(1.5)
+
+
+def test_copy_part_slowdowns_count_kernels_a_copy_overlapped() -> None:
+    """In the copy part a GEMM runs beside copy-engine transfers, not collectives: measured against
+    copies it has a slowdown; measured against collectives it would have none to report."""
+    rows = [kernel_row("gemm", "gemm", t, 1e-3) for t in (0.0, 2e-3)]
+    rows.append({**kernel_row("Memcpy HtoD (Pinned -> Device)", "copy", 10e-3, 10e-3), "stream": 9})
+    rows += [kernel_row("gemm", "gemm", t, 1.2e-3) for t in (11e-3, 13e-3, 15e-3)]
+    # A collective in the same table is not a copy: it does not count as the overlapper here.
+    rows.append({**kernel_row("ovsim_channel_copy", "collective", 30e-3, 5e-3), "stream": 13})
+    rows.append(kernel_row("gemm", "gemm", 31e-3, 1e-3))
+    df = pd.DataFrame(rows)
+    g = overlap_slowdowns(df, overlapper="copy").set_index("name").loc["gemm"]
+    assert (g["alone_n"], g["overlapped_n"]) == (3, 3)
+    assert g["slowdown"] == pytest.approx(1.2)
+    by_coll = overlap_slowdowns(df).set_index("name").loc["gemm"]
+    assert (by_coll["alone_n"], by_coll["overlapped_n"]) == (5, 1)
+    with pytest.raises(ValueError, match="overlapper"):
+        overlap_slowdowns(df, overlapper="gemm")

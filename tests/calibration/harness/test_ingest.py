@@ -121,3 +121,31 @@ def test_an_ingested_run_calibrates_contention_in_ovsim(tmp_path: Path) -> None:
     (label,) = fit["engine_mape_pct_without"]
     assert fit["engine_mape_pct_without"][label] == pytest.approx(20.0)
     assert fit["engine_mape_pct_fitted"][label] < 1.0
+
+
+def test_copy_part_slowdowns_are_against_copies_and_a_part_listed_twice_counts_once(tmp_path: Path) -> None:
+    """The copy part's GEMMs run beside copy-engine transfers: their slowdown is measured against
+    those (the summary had none when only collectives counted). An experiments.jsonl that lists an
+    experiment twice (a part run twice into one folder) gives one experiment, with one set of blocks;
+    NVML's average power log travels with the instantaneous one."""
+    run = make_run(tmp_path)
+    (run / "copy").mkdir()
+    events = [kernel(GEMM, 1000 + 2000 * i, 1000, i + 1) for i in range(3)]
+    memcpy = kernel("Memcpy HtoD (Pinned -> Device)", 10_000, 8000, 10, stream=13)
+    memcpy["cat"] = "gpu_memcpy"
+    events.append(memcpy)
+    events += [kernel(GEMM, 10_100 + 1500 * i, 1100, 20 + i) for i in range(3)]
+    (run / "copy" / "g__h2d.json.gz").write_bytes(trace(events))
+    (run / "copy" / "experiments.jsonl").write_text(json.dumps({"label": "g__h2d", "part": "copy"}) + "\n")
+    listing = run / "dispatch" / "experiments.jsonl"
+    listing.write_text(listing.read_text() * 2)
+    (run / "power_average.csv").write_text("timestamp, index, power.draw.average [W]\n2026/11/25 00:00:00.000, 0, 70\n")
+    dest = tmp_path / "data"
+    summary = ingest(run, dest, raw_limit_bytes=0)
+    copy = [r for r in summary["slowdowns"] if r["part"] == "copy"]
+    assert len(copy) == 1 and (copy[0]["alone_n"], copy[0]["overlapped_n"]) == (3, 3)
+    assert copy[0]["slowdown"] == pytest.approx(1.1)
+    assert len(pd.read_parquet(dest / "blocks.parquet")) == 10
+    assert [p["experiment"] for p in summary["dispatch"]] == ["probe_empty_sm_high"]
+    assert (dest / "experiments.jsonl").read_text().count("probe_empty_sm_high") == 1
+    assert (dest / "power_average.csv").read_text() == (run / "power_average.csv").read_text()
