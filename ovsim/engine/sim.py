@@ -703,16 +703,19 @@ class Engine:
 
     def _complete(self, gpu: _Gpu) -> None:
         now = self.env.now
+        # Far from 0 a float time resolves less than _TIME_EPS: a timer set for a completion can
+        # land a few ulps short of it, and an absolute tolerance would then never see it complete.
+        eps = max(_TIME_EPS, 4 * math.ulp(now))
         changed = False
         for g in gpu.groups:
             for e in g.entries:
-                if e.rate > 0 and e.remaining <= e.rate * _TIME_EPS:
+                if e.rate > 0 and e.remaining <= e.rate * eps:
                     break
             else:
                 continue
             keep: list[_Entry] = []
             for e in g.entries:
-                if e.rate > 0 and e.remaining <= e.rate * _TIME_EPS:
+                if e.rate > 0 and e.remaining <= e.rate * eps:
                     self._free(g, e)
                     changed = True
                 else:
@@ -728,13 +731,13 @@ class Engine:
                     k.end_s = now
                     self._stream_op_done(k.op)
         for f in list(gpu.flows) if gpu.flows else ():
-            if f.phase == "latency" and f.latency_left_s <= _TIME_EPS:
+            if f.phase == "latency" and f.latency_left_s <= eps:
                 f.phase = "data"
                 self.n_data += 1
                 f.latency_left_s = 0.0
                 for q in f.ranks:
                     self._touch(q)
-            if f.phase == "data" and (f.remaining_bytes <= max(f.rate, 1.0) * _TIME_EPS):
+            if f.phase == "data" and (f.remaining_bytes <= max(f.rate, 1.0) * eps):
                 self._finish_flow(f, now)
 
     def _free(self, g: _Group, e: _Entry) -> None:

@@ -7,6 +7,7 @@ counts from the occupancy rules, flow times from bytes / capacity.
 from __future__ import annotations
 
 import math
+import signal
 
 import pytest
 
@@ -294,3 +295,36 @@ def test_a_resident_collective_presses_on_hbm_per_its_protocol(
                 flow=FlowDemand(**{**coll.__dict__, "protocol": "simple"}) if o.flow else None) for o in ops]
     out = Engine(Workload(ops=tuple(other), streams=tuple(streams), n_ranks=2), machine).run().ops.set_index("id")
     assert out.loc["k", "duration_s"] == pytest.approx(kernel.isolated_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("delay_s", [1e9, 1e12])
+def test_work_long_after_time_zero_completes(delay_s: float, h100: GpuSpec, h100_calib: Calibration,
+                                              h100_node: SystemSpec) -> None:
+    """At 1e9 s a float time step is ~1e-7 s, far coarser than the completion tolerance: a GEMM
+    and an all-reduce that start there still finish, in their isolated times to that resolution,
+    in a handful of events (the engine used to step on without end)."""
+    gemm = big_tile_gemm(264, h100, h100_calib)
+    coll = FlowDemand(group="ar", ranks=(0, 1), bytes=1e8, latency_s=1e-5, rate_cap_bytes_per_s=1e11,
+                      link_coeff=0.0, hbm_coeff=0.0)
+    ops = [Op("g", "g", "gemm", 0, "compute", kernel=gemm, delay_s=delay_s),
+           Op("ar0", "ar", "collective", 0, "comm", kernel=nccl_kernel(1), flow=coll, delay_s=delay_s),
+           Op("ar1", "ar", "collective", 1, "comm", kernel=nccl_kernel(1), flow=coll, delay_s=delay_s)]
+    streams = [StreamSpec(0, "compute"), StreamSpec(0, "comm"), StreamSpec(1, "comm")]
+    engine = Engine(Workload(ops=tuple(ops), streams=tuple(streams), n_ranks=2),
+                    build_machine(h100_node, h100, h100_calib.params, n_ranks=2))
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("the engine did not finish")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        out = engine.run().ops.set_index("id")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert engine.resolves < 100
+    assert out.loc["g", "start_s"] == pytest.approx(delay_s)
+    # Within the float resolution at that time.
+    assert out.loc["g", "duration_s"] == pytest.approx(gemm.isolated_s, abs=8 * math.ulp(delay_s))
+    assert out.loc["ar0", "duration_s"] == pytest.approx(1e-5 + 1e-3, abs=8 * math.ulp(delay_s))
