@@ -122,8 +122,17 @@ def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str
     try:
         system = sc.system.to_spec() if isinstance(sc.system, InlineSystem) else load_system(sc.system)
         gpu = load_gpu(system.gpu)
+    except ValidationError as e:
+        # An inline system that passed its own fields but not the system schema (a mesh without links).
+        err = validation_error(e, source)
+        raise OvsimError(err.message, source=source, field=".".join(p for p in ("system", err.field) if p)) from None
     except OvsimError as e:
-        raise OvsimError(e.message, source=source, field=e.field or "system") from None
+        # A system or GPU file of the user's own keeps its name and field in the message.
+        if e.source:
+            message = ": ".join(p for p in (e.source, e.field, e.message) if p)
+            raise OvsimError(message, source=source, field="system") from None
+        field = "system" if e.field in ("", "system") else f"system.{e.field}"
+        raise OvsimError(e.message, source=source, field=field) from None
     return system, gpu, gpu_file(system.gpu).stem
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from ovsim.errors import OvsimError
 from ovsim.hw.power import PowerSettings
@@ -33,12 +33,12 @@ Mode = Literal["simulate", "analytic"]
 
 
 class InlineSystem(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gpu: str
     gpu_count: PositiveInt
     topology: Literal["nvswitch", "mesh", "pcie"] = "nvswitch"
-    links_per_pair: int = 0
+    links_per_pair: NonNegativeInt = 0
     nccl_ring_channels: PositiveInt | None = None
     nvls: bool = False
 
@@ -50,7 +50,7 @@ class InlineSystem(BaseModel):
 
 
 class Scenario(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     schema_id: Literal["ovsim.scenario/1"] = Field(default="ovsim.scenario/1", alias="schema")
     name: str = "scenario"

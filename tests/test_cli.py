@@ -79,11 +79,26 @@ def _bad(tmp_path: Path, text: str) -> Path:
         (TRAINING.replace("tp: 2", "pp: 4").replace("layers: 2", "layers: 3"),
          "training.parallel.pp: 4 pipeline stages (pp 4 x virtual 1) for 3 layers"),
         (TRAINING.replace("tp: 2", "bucket_bytes: 1.0e12"), "training.parallel.bucket_bytes"),
-        (TRAINING.replace("heads: 16", "heads: 15"), "training"),
-        (TRAINING + "ops:\n  - {name: g, kind: gemm, m: 8, n: 8, k: 8}\n", "not both"),
+        (TRAINING.replace("heads: 16", "heads: 15"),
+         "training.model: hidden size 2048 is not a multiple of the 15 heads"),
+        (TRAINING + "ops:\n  - {name: g, kind: gemm, m: 8, n: 8, k: 8}\n", ": give ops or training, not both"),
+        (GOOD.replace("system: h100x4", "system: {gpu: h100-sxm5-80gb, gpu_count: 4, links_per_pair: -1}"),
+         "system.links_per_pair: Input should be greater than or equal to 0"),
+        (GOOD.replace("system: h100x4", "system: {gpu: h100-sxm5-80gb, gpu_count: 4, topology: mesh}"),
+         "system: a mesh topology needs links_per_pair"),
+        (GOOD.replace("system: h100x4", "system: {gpu: h100-sxm5-80gb, gpu_count: 0}"),
+         "system.gpu_count: Input should be greater than 0"),
+        (GOOD.replace("k: 4096}", "k: 4096, delay_s: .inf}"), "ops.0.gemm.delay_s: Input should be a finite number"),
+        (GOOD.replace("size_bytes: 1.0e8", "size_bytes: .nan"), "ops.1.all_reduce.size_bytes: Input should be a"),
+        (TRAINING.replace("tp: 2", "bucket_bytes: .inf"), "training.parallel.bucket_bytes: Input should be a finite"),
+        (GOOD.replace("k: 4096}", "k: 4096, ranks: []}"), "ops.0.gemm.ranks: List should have at least 1 item"),
+        (GOOD.replace("k: 4096}", "k: 4096, ranks: [-1]}"), "ops.0.gemm.ranks.0: Input should be greater than"),
+        (GOOD.replace("k: 4096}", "k: 4096, stream: ''}"), "ops.0.gemm.stream: String should have at least 1"),
+        (GOOD.replace("k: 4096}", "k: 4096, split_k: 8192}"), "ops.g.split_k: split_k 8192 is more than k 4096"),
     ],
     ids=["yaml", "unknown-system", "negative-size", "cycle", "bad-rank", "unknown-key", "tp-ranks", "pp-layers",
-         "bucket", "heads", "ops-and-training"],
+         "bucket", "heads", "ops-and-training", "negative-links", "mesh-without-links", "no-gpus", "infinite-delay",
+         "nan-size", "infinite-bucket", "no-ranks", "negative-rank", "unnamed-stream", "split-k-over-k"],
 )
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      text: str, expected: str) -> None:
@@ -99,6 +114,19 @@ def test_unknown_gpu_in_inline_system(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["predict", str(path)]) == 2
     err = capsys.readouterr().err
     assert "unknown gpu 'Z9000'" in err and str(path) in err
+
+
+def test_non_utf8_scenario_and_system_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    binary = tmp_path / "system.yaml"
+    binary.write_bytes(b"\xff\xfe\x00gpu: x\n")
+    assert main(["predict", str(binary)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"ovsim: error: {binary}: not UTF-8 text (byte 0xff at offset 0); is it a YAML file?\n"
+    # A system file named by the scenario: both files are named.
+    path = _bad(tmp_path, GOOD.replace("system: h100x4", f"system: {binary}"))
+    assert main(["predict", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ovsim: error: {path}: system: {binary}: not UTF-8") and err.count("\n") == 1
 
 
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:

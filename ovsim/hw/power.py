@@ -60,7 +60,7 @@ class PowerSettings(BaseModel):
     """What the user sets, as with ``nvidia-smi -pl`` (board power limit) and ``nvidia-smi -lgc``
     (locked SM clock). With both, the clock is the lower of the lock and what the cap allows."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     cap_w: PositiveFloat | None = None
     sm_clock_hz: PositiveFloat | None = None

@@ -11,10 +11,11 @@ or by giving a scenario the file's path.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -36,9 +37,10 @@ Precision = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
 
 
 class Spec(BaseModel):
-    """Frozen, and unknown keys are errors: a typo in a spec file must fail loudly."""
+    """Frozen, and unknown keys are errors: a typo in a spec file must fail loudly. No number is
+    .nan or .inf: either would flow into every time computed from it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class SmSpec(Spec):
@@ -161,7 +163,7 @@ class GpuSpec(Spec):
     # Where every number came from: one entry per section above, more are welcome.
     sources: dict[str, str]
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _every_section_sourced(self) -> GpuSpec:
@@ -211,7 +213,7 @@ class SystemSpec(Spec):
     nvls: bool = False
     sources: dict[str, str]
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _topology_fields(self) -> SystemSpec:
@@ -253,11 +255,14 @@ def _schema_of(path: Path) -> str | None:
 def read_yaml(path: Path) -> object:
     """Parse a YAML file; a missing file or a syntax error becomes a one-line OvsimError."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise OvsimError("file not found", source=str(path)) from None
     except OSError as e:
         raise OvsimError(f"cannot read: {e.strerror}", source=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise OvsimError(f"not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); is it a YAML file?",
+                         source=str(path)) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -267,11 +272,55 @@ def read_yaml(path: Path) -> object:
         raise OvsimError(f"YAML error: {problem}", source=str(path), field=where) from None
 
 
+# A location step pydantic adds for one alternative of a union (``str``, ``InlineSystem``,
+# ``literal['all']``, ``list[constrained-int]``): the type tried, not a key of the file. Keys of
+# ovsim's files are lower case, so a capitalised step is a model's name.
+_UNION_STEP = re.compile(r"^(?:str|int|float|bool|none|[a-z][a-z-]*\[.*\]|_?[A-Z]\w*)$")
+
+
+def _union_step(loc: tuple[int | str, ...], i: int) -> bool:
+    step = loc[i] if i < len(loc) else 0
+    return isinstance(step, str) and _UNION_STEP.match(step) is not None
+
+
 def validation_error(e: ValidationError, source: str) -> OvsimError:
-    """The first pydantic error as a one-line OvsimError naming the field."""
-    first = e.errors()[0]
-    field = ".".join(str(p) for p in first["loc"])
-    return OvsimError(first["msg"], source=source, field=field)
+    """The first pydantic error as a one-line OvsimError naming the field.
+
+    A value that matches no alternative of a union gets one error per alternative; the one that
+    got furthest into the value says what is wrong (a mapping for an inline system whose
+    ``gpu_count`` is 0 is not "not a valid string"), and the type step is left out of the field."""
+    errors = e.errors()
+    first = errors[0]
+    loc = tuple(first["loc"])
+    chosen = [first]
+    cut = next((i for i in range(len(loc)) if _union_step(loc, i)), None)
+    if cut is not None:
+        branches = [x for x in errors if tuple(x["loc"])[:cut] == loc[:cut] and _union_step(tuple(x["loc"]), cut)]
+        # One error alone at such a step is a key that looks like a type name, not a union.
+        if len(branches) > 1:
+            # A wrong type for one alternative (a list is not the literal 'all') says less than a
+            # wrong value for another.
+            typed = [x for x in branches if not x["type"].endswith("_type") and x["type"] != "literal_error"] \
+                or branches
+            depth = max(len(x["loc"]) for x in typed)
+            chosen = [x for x in typed if len(x["loc"]) == depth]
+            loc = _without(tuple(chosen[0]["loc"]), cut)
+            chosen = [x for x in chosen if _without(tuple(x["loc"]), cut) == loc]
+    message = ", or ".join(dict.fromkeys(_message(x) for x in chosen))
+    return OvsimError(message, source=source, field=".".join(str(p) for p in loc))
+
+
+def _without(loc: tuple[int | str, ...], i: int) -> tuple[int | str, ...]:
+    return loc[:i] + loc[i + 1:]
+
+
+def _message(error: Any) -> str:
+    # A ValueError raised by a validator reads "Value error, <its text>": the text is the message.
+    msg: str = error["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            return msg[len(prefix):]
+    return msg
 
 
 def _load(path: Path, model: type[Spec]) -> Spec:

@@ -146,6 +146,10 @@ def gemm(
     for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch), ("split_k", split_k)):
         if not isinstance(v, int) or v < 1:
             raise OvsimError(f"must be a positive integer, got {v}", field=name)
+    if split_k > k:
+        # Each split would still be charged a whole K element: more work than the GEMM has.
+        raise OvsimError(f"split_k {split_k} is more than k {k}: some splits would have no K to reduce",
+                         field="split_k")
     tm, tn, tk = tile
     if min(tm, tn, tk) < 1:
         raise OvsimError(f"tile dimensions must be positive, got {tile}", field="tile")

@@ -45,11 +45,11 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
-from ovsim.hw.spec import GpuSpec, SystemSpec
+from ovsim.hw.spec import GpuSpec, SystemSpec, validation_error
 from ovsim.models.ir import Workload
 from ovsim.models.workload import (
     AttentionOp,
@@ -71,7 +71,7 @@ TrainPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 class ModelShape(BaseModel):
     """A decoder-only transformer's dimensions."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     layers: PositiveInt
     hidden: PositiveInt
@@ -127,7 +127,7 @@ ALIASES = {"gpt3-xl": "gpt3-1.3b"}
 class ParallelSpec(BaseModel):
     """How ranks split the model: rank = (dp_index * pp + stage) * tp + tp_index (TP innermost)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # Data-parallel degree; None: whatever the ranks leave after tp x pp.
     dp: PositiveInt | None = None
@@ -150,7 +150,7 @@ class ParallelSpec(BaseModel):
 class TrainingSpec(BaseModel):
     """One training iteration: see docs/training.md."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # A preset name (``gpt3-1.3b`` ... ``llama2-70b``) or the dimensions themselves.
     model: str | ModelShape
@@ -191,9 +191,9 @@ class TrainingSpec(BaseModel):
             return base
         try:
             return ModelShape.model_validate({**base.model_dump(), **over})
-        except ValueError as e:
-            msg = str(e).splitlines()
-            raise OvsimError(msg[-1].strip() if msg else str(e), field="model") from None
+        except ValidationError as e:
+            err = validation_error(e, "")
+            raise OvsimError(err.message, field="model") from None
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,19 @@ from ovsim.hw.spec import GpuSpec, Precision, SystemSpec
 from ovsim.models import cost, nccl
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 
+# A stream's name; "" would be a stream no table can show.
+StreamName = Annotated[str, Field(min_length=1)]
+
 
 class _OpBase(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # .nan and .inf are refused: an infinite delay or size would never finish simulating.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
-    stream: str = "compute"
-    # "all", or the list of ranks that run this op (for a collective: its group).
-    ranks: Literal["all"] | list[NonNegativeInt] = "all"
+    stream: StreamName = "compute"
+    # "all", or the list of ranks that run this op (for a collective: its group); an empty list
+    # would drop the op without a word.
+    ranks: Literal["all"] | Annotated[list[NonNegativeInt], Field(min_length=1)] = "all"
     after: list[str] = Field(default_factory=list)
     # Like ``after``, but each name binds only on the ranks where that op runs (a send waits for
     # the sender's compute, its receive for the receiver's); a name that runs on none of this op's
@@ -101,7 +106,7 @@ CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_a
 
 class CollectiveOpSpec(_OpBase):
     kind: CollectiveKind
-    stream: str = "comm"
+    stream: StreamName = "comm"
     # Bytes as nccl-tests counts them (for all_gather / reduce_scatter the whole gathered buffer).
     size_bytes: PositiveFloat
     algorithm: nccl.Algorithm | None = None
@@ -113,7 +118,7 @@ class CollectiveOpSpec(_OpBase):
 
 class SendRecvOp(_OpBase):
     kind: Literal["send_recv"]
-    stream: str = "comm"
+    stream: StreamName = "comm"
     size_bytes: PositiveFloat
     src: NonNegativeInt
     dst: NonNegativeInt
@@ -124,7 +129,7 @@ class CopyOp(_OpBase):
     """A cudaMemcpyAsync on a copy engine: device-local, to or from the host, or to a peer GPU."""
 
     kind: Literal["copy"]
-    stream: str = "copy"
+    stream: StreamName = "copy"
     size_bytes: PositiveFloat
     direction: Literal["d2d", "h2d", "d2h", "peer"] = "d2d"
     peer: NonNegativeInt | None = None
@@ -144,7 +149,7 @@ OpSpec = Annotated[
 class Knobs(BaseModel):
     """Schedule knobs (DESIGN.md section 1; science.md section 2.4-2.5)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # "high" gives every stream that carries communication a higher priority than compute streams.
     comm_priority: Literal["normal", "high"] = "normal"

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pydantic
 import pytest
 import yaml
 
@@ -197,6 +198,60 @@ def test_inconsistent_power_is_rejected(tmp_path: Path) -> None:
     path = _write(tmp_path / "x.yaml", data)
     with pytest.raises(OvsimError, match="idle_w < min_power_limit_w"):
         load_gpu(str(path))
+
+
+def test_non_utf8_file_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(OvsimError) as err:
+        load_gpu(str(path))
+    assert err.value.source == str(path)
+    assert "not UTF-8" in err.value.one_line() and "0xff" in err.value.one_line()
+
+
+def test_nan_and_inf_in_a_spec_are_rejected(tmp_path: Path) -> None:
+    data = _shipped_data("gpus", "a100-sxm4-40gb")
+    data["memory"]["bandwidth_bytes_per_s"] = float("inf")
+    path = _write(tmp_path / "x.yaml", data)
+    with pytest.raises(OvsimError) as err:
+        load_gpu(str(path))
+    assert err.value.field == "memory.bandwidth_bytes_per_s" and "finite" in err.value.message
+
+
+class _Inline(pydantic.BaseModel):
+    gpu: str
+    gpu_count: pydantic.PositiveInt
+
+
+class _Pick(pydantic.BaseModel):
+    system: str | _Inline
+    ranks: Literal["all"] | list[pydantic.NonNegativeInt] = "all"
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> _Pick:
+        if self.ranks == [7]:
+            raise ValueError("rank 7 is unlucky")
+        return self
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "message"),
+    [
+        # The alternative that got furthest says what is wrong, without the type step in the field.
+        ({"system": {"gpu": "x", "gpu_count": 0}}, "system.gpu_count", "greater than 0"),
+        ({"system": "a", "ranks": [-1]}, "ranks.0", "greater than or equal to 0"),
+        # Every alternative failed on type: each is named.
+        ({"system": 5}, "system", "valid string, or Input should be a valid dictionary or instance of _Inline"),
+        # A validator's own message, without pydantic's "Value error, " prefix.
+        ({"system": "a", "ranks": [7]}, "", "rank 7 is unlucky"),
+    ],
+)
+def test_validation_error_names_the_field_that_is_wrong(data: dict[str, Any], field: str, message: str) -> None:
+    with pytest.raises(pydantic.ValidationError) as err:
+        _Pick.model_validate(data)
+    e = spec.validation_error(err.value, "f.yaml")
+    assert (e.field, e.source) == (field, "f.yaml")
+    assert message in e.message and "Value error" not in e.message and "\n" not in e.one_line()
 
 
 def test_unknown_name_lists_the_known_ones() -> None:
