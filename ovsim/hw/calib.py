@@ -10,11 +10,12 @@ prediction can say exactly which numbers it used.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -22,6 +23,10 @@ from ovsim.errors import OvsimError
 from ovsim.hw.spec import GpuSpec, read_yaml, validation_error
 
 CALIB_DIR = Path(__file__).parent / "calib"
+
+
+# A share of a peak rate: zero would divide by zero, more than the peak is not a rate the part has.
+Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 def _each(v: dict[str, float], ok: Callable[[float], bool], what: str) -> dict[str, float]:
@@ -33,36 +38,42 @@ def _each(v: dict[str, float], ok: Callable[[float], bool], what: str) -> dict[s
 
 
 class Parameters(BaseModel):
-    """Model constants. Defaults here are only placeholders for the schema: values come from files."""
+    """Model constants. Defaults here are only placeholders for the schema: values come from files.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Each is checked for the range its meaning allows, so that a typo in a calibration file (a
+    negative efficiency, a percentage for a fraction) is an error naming it, not a prediction that
+    runs faster than the hardware or never finishes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # Fraction of the dense tensor peak a large, well-shaped GEMM reaches, per precision.
-    gemm_efficiency: dict[str, float] = Field(default_factory=lambda: {"default": 0.8})
+    gemm_efficiency: dict[str, Fraction] = Field(default_factory=lambda: {"default": 0.8})
     # Time each wave of GEMM tiles spends beside its main loop (pipeline fill, epilogue), per
     # precision ("default" for the others); with it, gemm_efficiency is the main loop's. It is what
     # makes short-K and small GEMMs less efficient than tiles and waves alone say. Fitted by
     # `ovsim calibrate --fit gemm`; 0 where no fit says otherwise.
     gemm_tile_overhead_s: dict[str, float] = Field(default_factory=dict)
-    attention_efficiency: float = 0.6
-    # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches.
-    memory_kernel_efficiency: float = 0.9
+    attention_efficiency: Fraction = 0.6
+    # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches;
+    # above 1 where a kernel beats the bandwidth test that set the achievable fraction.
+    memory_kernel_efficiency: float = Field(default=0.9, gt=0, le=1.5)
     # The same per kind of memory-bound kernel ("norm", "softmax"), for kinds that reach
     # less than streaming elementwise work (rows read more than once); `ovsim calibrate --fit
     # memory` writes the kinds its traces support. A kind not listed takes memory_kernel_efficiency.
     memory_kind_efficiency: dict[str, float] = Field(default_factory=dict)
     # Fraction of the HBM peak any mix of traffic can reach; the HBM channel's capacity.
-    hbm_achievable_fraction: float = 0.9
+    hbm_achievable_fraction: Fraction = 0.9
     # Capacity factor applied to HBM while a communication flow and a kernel share it.
-    hbm_mix_efficiency: float = 1.0
+    hbm_mix_efficiency: Fraction = 1.0
     # Launch, prologue and epilogue time of every kernel.
-    kernel_overhead_s: float = 2e-6
+    kernel_overhead_s: float = Field(default=2e-6, ge=0, lt=1e-3)
     # Least share of an SM's issue throughput a memory-bound block uses, at full residency.
-    memory_issue_floor: float = 0.1
+    memory_issue_floor: float = Field(default=0.1, ge=0, le=1)
     # Share of an SM's issue throughput one NCCL block uses.
-    nccl_issue_fraction: float = 0.5
+    nccl_issue_fraction: float = Field(default=0.5, ge=0, le=1)
     # Weight of a collective's traffic in HBM's max-min share, per NCCL protocol.
-    nccl_hbm_weight: dict[str, float] = Field(default_factory=lambda: {"ll": 1.0, "ll128": 1.0, "simple": 1.0})
+    nccl_hbm_weight: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=lambda: {"ll": 1.0, "ll128": 1.0, "simple": 1.0})
     # Share of HBM capacity a resident SM collective keeps busy beyond the data it moves (flag
     # polling, L2 and crossbar traffic), per protocol; "default" covers any other (RCCL, unknown).
     # Fitted by `ovsim calibrate` from kernels measured alone and beside communication.
@@ -106,21 +117,22 @@ class Parameters(BaseModel):
         for k, x in v.items():
             if len(k.split("/")) != 4:
                 raise ValueError(f"{k}: keys are op/algorithm/protocol/ranks")
-            if not (x.get("latency_s", -1.0) >= 0 and x.get("bus_bandwidth_bytes_per_s", 0.0) > 0):
-                raise ValueError(f"{k}: needs latency_s >= 0 and bus_bandwidth_bytes_per_s > 0")
+            latency, bandwidth = x.get("latency_s", -1.0), x.get("bus_bandwidth_bytes_per_s", 0.0)
+            if not (0 <= latency < math.inf and 0 < bandwidth < math.inf):
+                raise ValueError(f"{k}: needs a finite latency_s >= 0 and bus_bandwidth_bytes_per_s > 0")
         return v
     # Copy-engine transfers reach this fraction of the link's per-direction bandwidth.
-    ce_link_efficiency: float = 0.83
+    ce_link_efficiency: Fraction = 0.83
     # Copy-engine local device-to-device copies reach this fraction of achievable HBM bandwidth
     # (they read and write, so half of it moves as copied bytes).
-    ce_local_efficiency: float = 0.8
-    ce_latency_s: float = 1e-5
-    host_link_efficiency: float = 0.8
+    ce_local_efficiency: Fraction = 0.8
+    ce_latency_s: float = Field(default=1e-5, ge=0)
+    host_link_efficiency: Fraction = 0.8
     # Power model (ovsim.hw.power). SM weights are the dynamic power of every SM doing that work at
     # the compute clock; a missing weight is derived from the TDP (see power.power_model).
     # Idle power in place of the GPU spec's (fitted to a power log by ovsim calibrate).
     power_idle_w: float | None = Field(default=None, ge=0)
-    power_tensor_w: dict[str, float] = Field(default_factory=dict)
+    power_tensor_w: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
     power_fp32_w: float | None = Field(default=None, ge=0)
     power_memory_w: float | None = Field(default=None, ge=0)
     power_fp32_fraction_of_tensor: float = Field(default=0.6, ge=0)
@@ -229,6 +241,12 @@ def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = 
         cf = read_calib_file(p)
         if cf.gpu not in ("*", gpu_file_stem) and cf.gpu.lower() != gpu.name.lower():
             raise OvsimError(f"calibration is for GPU '{cf.gpu}', not '{gpu.name}'", source=str(p), field="gpu")
+        try:
+            # Each file on its own, so that a bad value is reported in the file that holds it.
+            Parameters.model_validate(cf.parameters)
+        except ValidationError as e:
+            err = validation_error(e, str(p))
+            raise OvsimError(err.message, source=str(p), field=f"parameters.{err.field}".rstrip(".")) from None
         for k, v in cf.parameters.items():
             if isinstance(v, dict) and isinstance(merged.get(k), dict):
                 merged[k] = {**merged[k], **v}

@@ -1,0 +1,74 @@
+"""Calibration files: the loader's checks on the values a file gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import CALIB_DIR, VERSIONED_NAME, Parameters, load_calibration, read_calib_file
+from ovsim.hw.spec import GpuSpec
+
+
+def _write(path: Path, parameters: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump({"schema": "ovsim.calib/1", "gpu": "*", "version": 1,
+                                    "provenance": {"kind": "test"}, "parameters": parameters,
+                                    "sources": dict.fromkeys(parameters, "test")}))
+    return path
+
+
+@pytest.mark.parametrize("path", sorted(CALIB_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_values_are_in_range(path: Path) -> None:
+    try:
+        cf = read_calib_file(path)
+    except OvsimError:
+        # Only an old version no prediction loads may be unreadable; versions are never edited.
+        newest = max(int(m["version"]) for p in CALIB_DIR.iterdir()
+                     if (m := VERSIONED_NAME.match(p.name)) and m["stem"] == path.name.split(".v")[0])
+        assert f".v{newest}." not in path.name
+        return
+    Parameters.model_validate(cf.parameters)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "field", "message"),
+    [
+        ({"gemm_efficiency": {"fp16": -0.5}}, "parameters.gemm_efficiency.fp16", "greater than 0"),
+        ({"gemm_efficiency": {"fp16": 0.0}}, "parameters.gemm_efficiency.fp16", "greater than 0"),
+        ({"gemm_efficiency": {"fp16": 1.5}}, "parameters.gemm_efficiency.fp16", "less than or equal to 1"),
+        ({"gemm_efficiency": {"fp16": float("nan")}}, "parameters.gemm_efficiency.fp16", "finite"),
+        ({"attention_efficiency": 3.0}, "parameters.attention_efficiency", "less than or equal to 1"),
+        ({"memory_kernel_efficiency": 0.0}, "parameters.memory_kernel_efficiency", "greater than 0"),
+        ({"hbm_achievable_fraction": 2.0}, "parameters.hbm_achievable_fraction", "less than or equal to 1"),
+        ({"hbm_mix_efficiency": -1.0}, "parameters.hbm_mix_efficiency", "greater than 0"),
+        ({"kernel_overhead_s": -1e-6}, "parameters.kernel_overhead_s", "greater than or equal to 0"),
+        ({"nccl_issue_fraction": 5.0}, "parameters.nccl_issue_fraction", "less than or equal to 1"),
+        ({"nccl_hbm_weight": {"simple": -1.0}}, "parameters.nccl_hbm_weight.simple", "greater than 0"),
+        ({"ce_link_efficiency": -0.5}, "parameters.ce_link_efficiency", "greater than 0"),
+        ({"host_link_efficiency": 0.0}, "parameters.host_link_efficiency", "greater than 0"),
+        ({"ce_latency_s": -1.0}, "parameters.ce_latency_s", "greater than or equal to 0"),
+        ({"power_tensor_w": {"default": -100.0}}, "parameters.power_tensor_w.default", "greater than or equal to 0"),
+        ({"nccl_fitted": {"all_reduce/ring/simple/4": {"latency_s": 1e-5, "bus_bandwidth_bytes_per_s": float("inf")}}},
+         "parameters.nccl_fitted.all_reduce/ring/simple/4.bus_bandwidth_bytes_per_s", "finite"),
+        ({"gemm_eficiency": {"fp16": 0.7}}, "parameters.gemm_eficiency", "Extra inputs"),
+    ],
+)
+def test_a_value_out_of_range_names_its_file_and_parameter(tmp_path: Path, a100: GpuSpec, parameters: dict[str, Any],
+                                                            field: str, message: str) -> None:
+    bad = _write(tmp_path / "bad.v1.yaml", parameters)
+    # A good file after it: the error still names the file that holds the value.
+    good = _write(tmp_path / "good.v1.yaml", {"attention_efficiency": 0.5})
+    with pytest.raises(OvsimError) as err:
+        load_calibration(a100, "a100-sxm4-40gb", (str(bad), str(good)))
+    assert (err.value.source, err.value.field) == (str(bad), field)
+    assert message in err.value.message and "\n" not in err.value.one_line()
+
+
+def test_values_in_range_load(tmp_path: Path, a100: GpuSpec) -> None:
+    ok = _write(tmp_path / "ok.v1.yaml", {"gemm_efficiency": {"fp16": 1.0}, "nccl_issue_fraction": 0.0,
+                                          "memory_kernel_efficiency": 1.2, "kernel_overhead_s": 0.0})
+    params = load_calibration(a100, "a100-sxm4-40gb", (str(ok),)).params
+    assert params.gemm_eff("fp16") == 1.0 and params.memory_kernel_efficiency == 1.2
