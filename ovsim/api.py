@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,10 +214,12 @@ def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = N
         s["source"] = sc.name if isinstance(sc, Scenario) else str(sc)
         rows.append(s)
     df = pd.DataFrame(rows)
+    # Against a baseline of zero (a first scenario with no compute, say) a change is undefined:
+    # NaN, not a 0% that reads as "no change".
     base = float(df["makespan_s"].iloc[0])
-    df["vs_first"] = df["makespan_s"] / base - 1 if base > 0 else 0.0
+    df["vs_first"] = df["makespan_s"] / base - 1 if base > 0 else math.nan
     base_compute = float(df["compute_s"].iloc[0])
-    df["compute_vs_first"] = df["compute_s"] / base_compute - 1 if base_compute > 0 else 0.0
+    df["compute_vs_first"] = df["compute_s"] / base_compute - 1 if base_compute > 0 else math.nan
     df["accounted_sequential_s"] = [accounted_sequential_s(row, rows[0]) for row in rows]
     return df
 

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ovsim.errors import OvsimError
 
@@ -79,11 +79,20 @@ def _predict(args: argparse.Namespace) -> int:
     from ovsim.api import predict
     from ovsim.traces.perfetto import write_trace
 
-    result = predict(args.scenario, mode=args.mode, power_cap_w=args.power_cap_w, sm_clock_hz=args.sm_clock_hz)
+    _check_output(args.timeline, "--timeline")
+    # A value out of range that came from a flag is the flag's, not the scenario's power section.
+    flags = {"power.cap_w": "--power-cap-w" if args.power_cap_w is not None else "",
+             "power.sm_clock_hz": "--sm-clock-hz" if args.sm_clock_hz is not None else ""}
+    try:
+        result = predict(args.scenario, mode=args.mode, power_cap_w=args.power_cap_w, sm_clock_hz=args.sm_clock_hz)
+    except OvsimError as e:
+        if flags.get(e.field):
+            raise OvsimError(e.message, source=e.source, field=flags[e.field]) from None
+        raise
     if args.timeline:
         write_trace(result.timeline, args.timeline, label=result.scenario.name)
     if args.json:
-        print(json.dumps(result.to_json(), default=_json_default))
+        print(_json(result.to_json()))
     elif not args.quiet:
         print(_table(result, args.rows))
     return 0
@@ -99,7 +108,7 @@ def _compare(args: argparse.Namespace) -> int:
     finally:
         bar.done()
     if args.json:
-        print(json.dumps({"scenarios": df.to_dict(orient="records")}, default=_json_default))
+        print(_json({"scenarios": df.to_dict(orient="records")}))
     elif not args.quiet:
         print(_compare_table(df))
     return 0
@@ -198,6 +207,8 @@ def _replay(args: argparse.Namespace) -> int:
     from ovsim.traces.load import load_trace
     from ovsim.traces.perfetto import replay_trace_events, write_json
 
+    _check_gpu(args.gpu)
+    _check_output(args.timeline, "--timeline")
     bar = _Progress(args.quiet or args.json)
     bar.stage(f"reading {', '.join(args.traces)}")
     try:
@@ -205,12 +216,15 @@ def _replay(args: argparse.Namespace) -> int:
         bar.stage("building the workload")
         result = replay(bundle, gpu=args.gpu, counters=False, progress=bar.ops if bar.on else None,
                         calibration=args.calibration or ())
+    except OvsimError as e:
+        # Problems found past the importer (a kernel's launch, the span) concern the traces given.
+        raise e.located(", ".join(args.traces)) from None
     finally:
         bar.done()
     if args.timeline:
         write_json(replay_trace_events(result.kernels), args.timeline)
     if args.json:
-        print(json.dumps(result.to_json(), default=_json_default))
+        print(_json(result.to_json()))
     elif not args.quiet:
         print(_replay_table(result, args.rows))
     return 0
@@ -219,14 +233,25 @@ def _replay(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ovsim.calibrate import PowerLog, calibrate, trace_input, write_calibration
+    from ovsim.calibrate import PowerLog, calibrate, output_path, trace_input, write_calibration
 
+    if args.gpu != "*":
+        _check_gpu(args.gpu)
+    # The file name and an existing version are refused before the fit, not after it.
+    out, _ = output_path(Path(args.output), args.gpu)
+    _check_output(str(out), "--output", make_folders=True)
+    if out.exists():
+        raise OvsimError("exists: calibration files are never edited; write a new version", source=str(out),
+                         field="--output")
     bar = _Progress(args.quiet or args.json)
     assumed: dict[str, str] = {}
     for item in args.trace_gpu or []:
         name, sep, gpu = item.rpartition("=")
         if not sep or not name or not gpu:
             raise OvsimError(f"expected TRACE=GPU, got '{item}'", field="--trace-gpu")
+        if name not in args.traces and not any(Path(t).name == name for t in args.traces):
+            raise OvsimError(f"'{name}' is not one of the traces given", field="--trace-gpu")
+        _check_gpu(gpu, "--trace-gpu")
         assumed[name] = gpu
     logs: dict[str, list[PowerLog]] = {}
     for item in args.power_log or []:
@@ -252,6 +277,8 @@ def _calibrate(args: argparse.Namespace) -> int:
                                  fallback_gpu=None if gpu == "*" else gpu)
             except OvsimError as e:
                 raise e.located(t) from None
+            if tr.bundle.kernels.empty:
+                raise OvsimError("the trace has no GPU activity to fit", source=t, field="kernels")
             mine = logs.get(t, []) + (logs.get(Path(t).name, []) if Path(t).name != t else [])
             inputs.append(dataclasses.replace(tr, power_logs=tuple(mine)))
         quantities = [q.strip() for q in args.fit.split(",")] if args.fit else None
@@ -262,8 +289,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     finally:
         bar.done()
     if args.json:
-        print(json.dumps({"file": str(path), "parameters": report.parameters, "fits": report.fits,
-                          "skipped": report.skipped}, default=_json_default))
+        print(_json({"file": str(path), "parameters": report.parameters, "fits": report.fits,
+                     "skipped": report.skipped}))
     elif not args.quiet:
         print(f"wrote {path}")
         for k, v in report.parameters.items():
@@ -295,6 +322,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from ovsim.traces.load import load_trace, write_table
 
+    _check_output(args.output, "--output")
     bar = _Progress(args.quiet)
     bar.stage(f"reading {', '.join(args.traces)}")
     try:
@@ -316,7 +344,7 @@ def _validate(args: argparse.Namespace) -> int:
     from ovsim.validate import run
 
     bar = _Progress(args.quiet or args.json)
-    traces = Path(args.traces) if args.traces else None
+    traces = Path(args.traces) if args.traces is not None else None
     if traces is not None and not traces.is_dir():
         raise OvsimError("not a folder", source=str(traces), field="traces")
     bar.stage("published figures")
@@ -325,7 +353,7 @@ def _validate(args: argparse.Namespace) -> int:
     finally:
         bar.done()
     if args.json:
-        print(json.dumps({"checks": [c.to_json() for c in checks]}, default=_json_default))
+        print(_json({"checks": [c.to_json() for c in checks]}))
     elif not args.quiet:
         print(f"{'check':<58} {'reference':>10} {'ovsim':>10} {'error':>8} {'tol':>6}  result")
         group = ""
@@ -341,10 +369,106 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_output(path: str | None, flag: str, *, make_folders: bool = False) -> None:
+    """Refuse an output path that cannot be written before any work is done for it (a replay or a
+    fit can take minutes)."""
+    from pathlib import Path
+
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise OvsimError("is a folder; give a file name", source=path, field=flag)
+    folder = p.parent
+    if make_folders:
+        # The nearest existing ancestor must be a folder to create the rest in.
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise OvsimError(f"folder '{folder}' {what}", source=path, field=flag)
+
+
+def _check_gpu(name: str | None, flag: str = "--gpu") -> None:
+    from ovsim.hw.spec import load_gpu
+
+    if name is not None:
+        try:
+            load_gpu(name)
+        except OvsimError as e:
+            raise OvsimError(e.message, source=e.source, field=flag) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a usage error on one line, as every other error is (the usage is one --help
+    away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"ovsim: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
+
+
+def _finite(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: '{text}'") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got '{text}'")
+    return x
+
+
+def _positive(text: str) -> float:
+    x = _finite(text)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got '{text}'")
+    return x
+
+
+def _non_negative(text: str) -> float:
+    x = _finite(text)
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got '{text}'")
+    return x
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got '{text}'")
+    return n
+
+
+def _file_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    return text
+
+
 def _json_default(x: Any) -> Any:
     if hasattr(x, "item"):
         return x.item()
     raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def _json(obj: Any) -> str:
+    """One JSON object; a number that is not finite (a MAPE with nothing scored, a change against a
+    zero baseline) is null, since NaN and Infinity are not JSON and strict readers refuse them."""
+    return json.dumps(_nulled(obj), default=_json_default, allow_nan=False)
+
+
+def _nulled(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _nulled(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_nulled(v) for v in x]
+    if not isinstance(x, str | bytes | int) and hasattr(x, "item"):
+        x = x.item()  # a numpy scalar
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
 def _specs(args: argparse.Namespace) -> int:
@@ -356,17 +480,17 @@ def _specs(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ovsim", description="Predict compute-communication overlap on GPUs.")
+    p = _Parser(prog="ovsim", description="Predict compute-communication overlap on GPUs.")
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", help="predict a scenario file")
     pr.add_argument("scenario", help="scenario YAML file")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
-    pr.add_argument("--timeline", metavar="FILE", help="write a Perfetto-loadable trace")
+    pr.add_argument("--timeline", metavar="FILE", type=_file_name, help="write a Perfetto-loadable trace")
     pr.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenario's mode")
-    pr.add_argument("--rows", type=int, default=40, help="ops shown in the table (default 40)")
-    pr.add_argument("--power-cap-w", type=float, metavar="W",
+    pr.add_argument("--rows", type=_count, default=40, help="ops shown in the table (default 40)")
+    pr.add_argument("--power-cap-w", type=_positive, metavar="W",
                     help="board power limit (as nvidia-smi -pl), within the GPU's settable range")
-    pr.add_argument("--sm-clock-hz", type=float, metavar="HZ",
+    pr.add_argument("--sm-clock-hz", type=_positive, metavar="HZ",
                     help="locked SM clock (as nvidia-smi -lgc), e.g. 1.2e9, within the GPU's clock range")
     pr.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     pr.set_defaults(func=_predict)
@@ -383,8 +507,9 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--gpu", help="GPU spec name, when the trace's device name is unknown or to override it")
     rp.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: from the name)")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
-    rp.add_argument("--timeline", metavar="FILE", help="write measured and predicted tracks as a Perfetto trace")
-    rp.add_argument("--rows", type=int, default=30, help="overlapped kernels shown in the table (default 30)")
+    rp.add_argument("--timeline", metavar="FILE", type=_file_name,
+                    help="write measured and predicted tracks as a Perfetto trace")
+    rp.add_argument("--rows", type=_count, default=30, help="overlapped kernels shown in the table (default 30)")
     rp.add_argument("--calibration", action="append", metavar="FILE",
                     help="calibration file on top of the shipped ones (repeatable)")
     rp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
@@ -394,7 +519,7 @@ def parser() -> argparse.ArgumentParser:
     cb.add_argument("--gpu", required=True,
                     help="GPU spec the file is for; '*' fits the GPU-independent contention parameters from traces "
                          "of any GPU")
-    cb.add_argument("-o", "--output", required=True,
+    cb.add_argument("-o", "--output", required=True, type=_file_name,
                     help="file NAME.vN.yaml to write, or a folder (the GPU's next version is written there)")
     cb.add_argument("--fit", help="comma-separated quantities (contention, collectives, overhead, gemm, memory, "
                                   "power); default: every one the traces support, and an error if one named here "
@@ -404,21 +529,22 @@ def parser() -> argparse.ArgumentParser:
     cb.add_argument("--power-log", action="append", metavar="[TRACE=]LOG",
                     help="power log (nvidia-smi CSV, dcgmi dmon, DCGM CSV) recorded during a trace's run; TRACE= "
                          "names the trace when there are several (repeatable)")
-    cb.add_argument("--power-offset-s", type=float,
+    cb.add_argument("--power-offset-s", type=_finite,
                     help="trace time of the power logs' first sample (default: from the wall clocks of both)")
-    cb.add_argument("--power-window-s", type=float,
+    cb.add_argument("--power-window-s", type=_non_negative,
                     help="the power sensor's averaging window (default: the log's median sample interval)")
     cb.add_argument("--json", action="store_true", help="print one JSON object")
     cb.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     cb.set_defaults(func=_calibrate)
     ip = sub.add_parser("import", help="convert traces to the canonical kernel table (parquet)")
     ip.add_argument("traces", nargs="+", help="trace files or folders")
-    ip.add_argument("-o", "--output", required=True, help="parquet file to write")
+    ip.add_argument("-o", "--output", required=True, type=_file_name, help="parquet file to write")
     ip.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: from the name)")
     ip.add_argument("--quiet", action="store_true", help="print nothing")
     ip.set_defaults(func=_import)
     vp = sub.add_parser("validate", help="reproduce published figures and replay real traces; one table")
-    vp.add_argument("--traces", metavar="DIR", help="folder holding the shared real traces (their layout as published)")
+    vp.add_argument("--traces", metavar="DIR", type=_file_name,
+                    help="folder holding the shared real traces (their layout as published)")
     vp.add_argument("--json", action="store_true", help="print one JSON object")
     vp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     vp.set_defaults(func=_validate)
@@ -428,7 +554,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:
+        # A usage error (one line, from _Parser) or --help: the status argparse chose, returned
+        # like every other outcome.
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     try:
         code: int = args.func(args)
         return code

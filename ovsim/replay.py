@@ -60,6 +60,10 @@ DEP_WINDOW_S = 3e-6
 SIGNATURE_SPREAD = 1.5
 # Registers per thread assumed when a trace does not record them.
 DEFAULT_REGISTERS = 32
+# The longest run a table may span (about 11.6 days). Profiled runs last seconds to hours; a longer
+# span is a corrupt timestamp or files on different clocks, and the simulation's float seconds
+# would no longer resolve a kernel's microseconds that far from its start.
+MAX_SPAN_S = 1e6
 COMPUTE_KINDS = ("gemm", "attention", "elementwise", "norm", "other")
 MEMORY_KINDS = ("elementwise", "norm")
 _ENGINE_KIND: dict[str, KernelKind] = {"gemm": "gemm", "attention": "attention", "elementwise": "elementwise",
@@ -186,17 +190,19 @@ def _block(c: _Cols, i: int, gpu: GpuSpec) -> tuple[int, BlockShape]:
     def val(x: float, default: int) -> int:
         return default if not math.isfinite(x) else int(x)
 
+    sm = gpu.sm
     grid = max(1, math.prod(val(x, 1) for x in c.grid[i]))
-    threads = max(1, math.prod(val(x, 1) for x in c.block[i]))
-    regs = val(c.registers[i], DEFAULT_REGISTERS) or DEFAULT_REGISTERS
-    smem = val(c.smem[i], 0)
-    shape = BlockShape(threads=min(threads, gpu.sm.max_threads_per_block), registers_per_thread=regs,
-                       shared_mem_bytes=min(smem, gpu.sm.max_shared_mem_per_block_bytes))
+    threads = min(max(1, math.prod(val(x, 1) for x in c.block[i])), sm.max_threads_per_block)
+    regs = min(val(c.registers[i], DEFAULT_REGISTERS) or DEFAULT_REGISTERS, sm.max_registers_per_thread)
+    smem = min(val(c.smem[i], 0), sm.max_shared_mem_per_block_bytes)
+    # A launch this GPU cannot hold (a trace from a bigger GPU, or bad metadata): keep the grid,
+    # drop what does not fit so the kernel still runs one block per SM.
+    shape = BlockShape(threads=threads, registers_per_thread=regs, shared_mem_bytes=smem)
+    while regs > 0 and cost.registers_per_block(shape, gpu) > sm.registers_per_sm:
+        regs -= 1
+        shape = BlockShape(threads=threads, registers_per_thread=regs, shared_mem_bytes=smem)
     if cost.blocks_per_sm(shape, gpu) == 0:
-        # A launch this GPU cannot hold (a trace from a bigger GPU, or bad metadata): keep the grid,
-        # drop what does not fit so the kernel still runs one block per SM.
-        shape = BlockShape(threads=shape.threads, registers_per_thread=min(regs, 65536 // shape.threads),
-                           shared_mem_bytes=0)
+        shape = BlockShape(threads=threads, registers_per_thread=regs, shared_mem_bytes=0)
     return grid, shape
 
 
@@ -397,6 +403,7 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
     df = bundle.kernels.reset_index(drop=True)
     if df.empty:
         raise OvsimError("the trace has no GPU activity to replay", field="kernels")
+    _check_span(df, bundle)
     gpu_name = gpu if gpu is not None else bundle_gpu(bundle)
     spec = load_gpu(gpu_name)
     calib = load_calibration(spec, gpu_file(gpu_name).stem, tuple(str(p) for p in calibration))
@@ -422,6 +429,19 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
     summary = summarize(out, bundle, gpu_name)
     summary["calibration_files"] = list(calib.files) + (["(overrides)"] if overrides else [])
     return ReplayResult(kernels=out, summary=summary, timeline=timeline, workload=wl, clock_offset_s=clock_offset_s)
+
+
+def _check_span(df: pd.DataFrame, bundle: TraceBundle) -> None:
+    start = df["start_s"].to_numpy(dtype=float)
+    end = start + df["duration_s"].to_numpy(dtype=float)
+    first, last = int(np.argmin(start)), int(np.argmax(end))
+    span = float(end[last] - start[first])
+    if span > MAX_SPAN_S:
+        ranks = [int(df["rank"].iloc[j]) for j in (first, last)]
+        files = list(dict.fromkeys(bundle.sources.get(r, "") for r in ranks))
+        raise OvsimError(f"activities span {span:.3g} s (rank {ranks[0]} from {start[first]:.6g} s, rank {ranks[1]} "
+                         f"to {end[last]:.6g} s), more than {MAX_SPAN_S:g} s: a timestamp is corrupt or the files "
+                         "are on different clocks", source=", ".join(f for f in files if f), field="start_s")
 
 
 def bundle_gpu(bundle: TraceBundle) -> str:

@@ -342,6 +342,12 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
 
 
 def run(traces: Path | None, on_trace: Callable[[str], None] | None = None) -> list[Check]:
+    if traces is not None:
+        known = [rel for rel, _ in TRACE_CASES] + [rel for rels in MEMORY_CASES.values() for rel in rels]
+        if not any((traces / rel).exists() for rel in known):
+            # A wrong folder would otherwise pass with the trace checks silently left out.
+            raise OvsimError(f"none of the {len(set(known))} shared traces is in this folder (looked for e.g. "
+                             f"{known[-1]})", source=str(traces), field="traces")
     checks = published_checks() + power_checks()
     if traces is not None:
         checks += trace_checks(traces, on_trace) + memory_checks(traces, on_trace)

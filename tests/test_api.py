@@ -59,6 +59,18 @@ def test_compare_lines_up_scenarios_against_the_first() -> None:
     assert df["vs_first"].iloc[2] == pytest.approx(solo / df["makespan_s"].iloc[0] - 1)
 
 
+def test_compare_against_a_baseline_with_no_compute_is_undefined_not_zero(tmp_path: Path) -> None:
+    """A communication-only first scenario has no compute to compare with: the change is NaN (the
+    table shows "-"), not a 0% that reads as "no change"."""
+    comm = tmp_path / "comm.yaml"
+    comm.write_text("system: h100x4\nops:\n  - {name: ar, kind: all_reduce, size_bytes: 1.0e8}\n")
+    ex = Path(__file__).parent.parent / "examples"
+    df = ovsim.api.compare([comm, ex / "gemm-allreduce-h100x4-overlapped.yaml"])
+    assert df["compute_s"].iloc[0] == 0.0 and df["compute_s"].iloc[1] > 0
+    assert df["compute_vs_first"].isna().all()
+    assert df["vs_first"].iloc[1] > 0
+
+
 def test_compare_needs_a_scenario() -> None:
     with pytest.raises(ovsim.errors.OvsimError):
         ovsim.api.compare([])

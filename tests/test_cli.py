@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,3 +205,97 @@ def test_compare_with_a_bad_file_is_one_line(tmp_path: Path, capsys: pytest.Capt
     assert main(["compare", str(EXAMPLE), str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(bad) in err
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["predict"], "the following arguments are required: scenario"),
+    (["predict", str(EXAMPLE), "--mode", "fast"], "argument --mode: invalid choice: 'fast'"),
+    (["predict", str(EXAMPLE), "--rows", "-1"], "argument --rows: must not be negative, got '-1'"),
+    (["predict", str(EXAMPLE), "--timeline", ""], "argument --timeline: empty path"),
+    (["replay", "t.json", "--format", "xyz"], "argument --format: invalid choice: 'xyz'"),
+    (["import", "t.json", "-o", " "], "argument -o/--output: empty path"),
+    (["validate", "--traces", ""], "argument --traces: empty path"),
+    (["calibrate", "t.json", "--gpu", "h100", "-o", "c", "--power-offset-s", "nan"],
+     "argument --power-offset-s: must be a finite number, got 'nan'"),
+    (["calibrate", "t.json", "--gpu", "h100", "-o", "c", "--power-window-s=-1"],
+     "argument --power-window-s: must not be negative, got '-1'"),
+    (["calibrate", "t.json", "--gpu", "h100", "-o", "c", "--power-window-s", "inf"],
+     "argument --power-window-s: must be a finite number, got 'inf'"),
+])
+def test_usage_errors_are_one_line(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"ovsim: error: {expected}")
+    assert f"(see 'ovsim {args[0]} --help')" in err
+
+
+@pytest.mark.parametrize(("args", "flag", "words"), [
+    (["predict", str(EXAMPLE), "--timeline", "{d}/nowhere/t.json"], "--timeline",
+     "folder '{d}/nowhere' does not exist"),
+    (["predict", str(EXAMPLE), "--timeline", "{d}/file.txt/t.json"], "--timeline",
+     "folder '{d}/file.txt' is a file, not a folder"),
+    (["predict", str(EXAMPLE), "--timeline", "{d}"], "--timeline", "is a folder; give a file name"),
+    (["replay", "{d}/never-read.json", "--timeline", "{d}/nowhere/t.json"], "--timeline",
+     "folder '{d}/nowhere' does not exist"),
+    (["import", "{d}/never-read.json", "-o", "{d}/nowhere/k.parquet"], "--output",
+     "folder '{d}/nowhere' does not exist"),
+    (["calibrate", "{d}/never-read.json", "--gpu", "h100-sxm5-80gb", "-o", "{d}/file.txt/c"], "--output",
+     "folder '{d}/file.txt' is a file, not a folder"),
+    (["calibrate", "{d}/never-read.json", "--gpu", "h100-sxm5-80gb", "-o", "{d}/h100.v1.yaml"], "--output",
+     "exists: calibration files are never edited"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], flag: str, words: str) -> None:
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "h100.v1.yaml").write_text("x")
+    argv = [a.format(d=tmp_path) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    # Refused before the trace (which does not exist) is read.
+    assert err.count("\n") == 1 and f": {flag}: {words.format(d=tmp_path)}" in err and "never-read" not in err
+
+
+def test_gpu_flags_name_the_flag_and_the_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "run.json"
+    trace.write_text(json.dumps({"traceEvents": []}))
+    assert main(["replay", str(trace), "--gpu", "Z9000"]) == 2
+    assert capsys.readouterr().err.startswith("ovsim: error: --gpu: unknown gpu 'Z9000'")
+    out = str(tmp_path / "c")
+    assert main(["calibrate", str(trace), "--gpu", "Z9000", "-o", out]) == 2
+    assert capsys.readouterr().err.startswith("ovsim: error: --gpu: unknown gpu 'Z9000'")
+    # A GPU for a trace that is not one of those given is refused, not ignored.
+    assert main(["calibrate", str(trace), "--gpu", "h100-sxm5-80gb", "-o", out,
+                 "--trace-gpu", "other.json=h100-sxm5-80gb"]) == 2
+    assert "--trace-gpu: 'other.json' is not one of the traces given" in capsys.readouterr().err
+    # A trace with no GPU activity: named, for replay and calibrate alike (calibrate crashed).
+    assert main(["replay", str(trace), "--gpu", "h100-sxm5-80gb"]) == 2
+    assert capsys.readouterr().err == f"ovsim: error: {trace}: kernels: the trace has no GPU activity to replay\n"
+    assert main(["calibrate", str(trace), "--gpu", "h100-sxm5-80gb", "-o", out]) == 2
+    assert capsys.readouterr().err == f"ovsim: error: {trace}: kernels: the trace has no GPU activity to fit\n"
+
+
+def test_replay_errors_past_the_importer_name_the_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A table written by something else carries no sources; the error still names the file."""
+    import pandas as pd
+
+    table = tmp_path / "k.parquet"
+    pd.DataFrame({"rank": [0, 0], "stream": [7, 7], "name": ["a", "b"], "start_s": [0.0, 5e6],
+                  "duration_s": [1e-5, 1e-5]}).to_parquet(table)
+    assert main(["replay", str(table), "--gpu", "h100-sxm5-80gb"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ovsim: error: {table}: start_s: activities span 5e+06 s") and err.count("\n") == 1
+
+
+def test_json_output_is_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A change against a zero baseline is null, not NaN (which is not JSON), and "-" in the table."""
+    comm = tmp_path / "comm.yaml"
+    comm.write_text("system: h100x4\nops:\n  - {name: ar, kind: all_reduce, size_bytes: 1.0e8}\n")
+
+    def strict(text: str) -> Any:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON output"))
+
+    assert main(["compare", str(comm), str(EXAMPLE), "--json"]) == 0
+    rows = strict(capsys.readouterr().out)["scenarios"]
+    assert [r["compute_vs_first"] for r in rows] == [None, None]
+    assert main(["compare", str(comm), str(EXAMPLE)]) == 0
+    assert capsys.readouterr().out.splitlines()[3].split()[5] == "-"

@@ -161,6 +161,27 @@ def test_replay_needs_a_known_gpu() -> None:
     assert replay(TraceBundle(kernels=df), gpu=GPU).summary["kernels"] == 1
 
 
+@pytest.mark.parametrize("far_us", [2e12, -2e12, 1e300])
+def test_a_timestamp_far_from_the_rest_is_refused(far_us: float) -> None:
+    """Kernels weeks or ages apart are a corrupt timestamp or files on two clocks: replaying them
+    would simulate (or hang on) a run no profiler recorded."""
+    df = table([k("gemm", 0, 10), k("add", 20, 5), k("late", far_us, 5)])
+    bundle = TraceBundle(kernels=df, sources={0: "run.json"})
+    with pytest.raises(OvsimError) as err:
+        replay(bundle, gpu=GPU)
+    assert (err.value.source, err.value.field) == ("run.json", "start_s")
+    assert "activities span" in err.value.message and "different clocks" in err.value.message
+
+
+def test_a_launch_this_gpu_cannot_hold_still_replays() -> None:
+    """Registers past the per-thread limit, or more than an SM holds for the block: the kernel runs
+    at its measured duration with what fits, instead of stopping the replay."""
+    df = table([k("gemm", 0, 10, registers_per_thread=100_000), k("add", 20, 5, block_x=1024,
+                                                                  registers_per_thread=255)])
+    out = replay(TraceBundle(kernels=df), gpu=GPU).kernels
+    np.testing.assert_allclose(out["predicted_duration_s"], out["measured_duration_s"], rtol=1e-9)
+
+
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 

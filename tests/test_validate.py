@@ -102,3 +102,12 @@ def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,
 def test_validate_rejects_a_missing_folder(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--traces", "no/such/folder"]) == 2
     assert "no/such/folder" in capsys.readouterr().err
+
+
+def test_validate_rejects_a_folder_without_the_shared_traces(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A wrong folder would otherwise pass the suite with every trace check left out."""
+    assert main(["validate", "--traces", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"ovsim: error: {tmp_path}: traces: none of the 11 shared traces is in this folder")

@@ -339,7 +339,9 @@ def _archive_inputs(path: Path) -> Iterator[tuple[str, str, bytes]]:
                 found = True
                 yield source, member.name.rsplit("/", 1)[-1], _decompress(handle.read(), source)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
-        raise OvsimError(f"cannot read the archive: {e}", source=str(path), field="archive") from None
+        # tarfile's "could not be opened" lists every compression it tried, one line each.
+        why = "not a tar archive (plain, gzip, bzip2 or xz)" if "could not be opened" in str(e) else str(e)
+        raise OvsimError(f"cannot read the archive: {why}", source=str(path), field="archive") from None
     if not found:
         raise OvsimError("no trace files (*.json, *.json.gz) in the archive", source=str(path), field="path")
 

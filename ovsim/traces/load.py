@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -101,8 +102,6 @@ def write_table(bundle: TraceBundle, path: str | Path) -> None:
 
 
 def read_table(path: str | Path) -> TraceBundle:
-    import json
-
     import pyarrow.parquet as pq
 
     try:
@@ -110,14 +109,52 @@ def read_table(path: str | Path) -> TraceBundle:
     except Exception as e:  # pyarrow raises several types for a file that is not parquet
         raise OvsimError(f"not a readable parquet file ({type(e).__name__})", source=str(path),
                          field="parquet") from None
-    raw = (table.schema.metadata or {}).get(b"ovsim")
-    meta = json.loads(raw) if raw else {}
+    meta = _metadata((table.schema.metadata or {}).get(b"ovsim"), str(path))
     return TraceBundle(
         kernels=validate_table(table.to_pandas(), str(path)),
-        gpu_names={int(k): v for k, v in meta.get("gpu_names", {}).items()},
-        world_size=meta.get("world_size"),
-        sources={int(k): v for k, v in meta.get("sources", {}).items()},
-        skipped=dict(meta.get("skipped", {})),
-        wall_origin_s=meta.get("wall_origin_s"),
-        versions=dict(meta.get("versions", {})),
+        gpu_names=meta["gpu_names"],
+        world_size=meta["world_size"],
+        sources=meta["sources"],
+        skipped=meta["skipped"],
+        wall_origin_s=meta["wall_origin_s"],
+        versions=meta["versions"],
     )
+
+
+def _metadata(raw: bytes | None, source: str) -> dict[str, Any]:
+    """The bundle fields ``write_table`` stored in the parquet metadata, checked: a file written by
+    something else, or edited, must not turn into a wrong GPU or clock."""
+    import json
+
+    try:
+        meta = json.loads(raw) if raw else {}
+    except ValueError as e:
+        raise OvsimError(f"the ovsim metadata is not JSON ({e})", source=source, field="metadata") from None
+    if not isinstance(meta, dict):
+        raise OvsimError("the ovsim metadata is not an object", source=source, field="metadata")
+
+    def mapping(key: str, value_type: type, by_rank: bool) -> dict[Any, Any]:
+        m = meta.get(key) or {}
+        try:
+            ok = isinstance(m, dict) and all(isinstance(v, value_type) and not isinstance(v, bool) for v in m.values())
+            out = {int(k) if by_rank else str(k): v for k, v in m.items()} if ok else None
+        except ValueError:
+            out = None
+        if out is None:
+            kind = "rank" if by_rank else "name"
+            raise OvsimError(f"expected a mapping of {kind} to {value_type.__name__}", source=source,
+                             field=f"metadata.{key}")
+        return out
+
+    def number(key: str, count: bool) -> Any:
+        v = meta.get(key)
+        ok = v is None or (not isinstance(v, bool) and isinstance(v, int if count else int | float)
+                           and math.isfinite(v) and (v >= 1 or not count))
+        if not ok:
+            what = "a positive integer" if count else "a finite number"
+            raise OvsimError(f"expected {what}, got {v!r}", source=source, field=f"metadata.{key}")
+        return v
+
+    return {"gpu_names": mapping("gpu_names", str, True), "sources": mapping("sources", str, True),
+            "skipped": mapping("skipped", int, False), "versions": mapping("versions", str, False),
+            "world_size": number("world_size", True), "wall_origin_s": number("wall_origin_s", False)}

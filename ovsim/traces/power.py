@@ -70,6 +70,7 @@ SAMPLE_COLUMNS = ["time_s", "gpu", "power_w", "sm_clock_hz", "wall_time_s"]
 PowerFormat = Literal["auto", "nvidia-smi", "dcgmi-dmon", "dcgm-csv"]
 POWER_FORMATS: tuple[str, ...] = ("auto", "nvidia-smi", "dcgmi-dmon", "dcgm-csv")
 
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "unknown error", "-", "nan",
             "[insufficient permissions]", "[gpu is lost]", "[requested functionality has been deprecated]"}
 _HZ = {"hz": 1.0, "khz": 1e3, "mhz": 1e6, "ghz": 1e9}
@@ -139,8 +140,11 @@ def _finish(times_ns: list[int], gpus: list[int], power: list[float], clock: lis
     }, columns=SAMPLE_COLUMNS)
     if df["power_w"].isna().all():
         raise OvsimError("every power value is missing (N/A)", source=source, field="power")
-    if (df["power_w"] < 0).any():
-        raise OvsimError("negative power", source=source, field="power")
+    for column, field, unit in (("power_w", "power", "W"), ("sm_clock_hz", "sm_clock", "Hz")):
+        negative = df[column] < 0
+        if negative.any():
+            raise OvsimError(f"negative value ({df[column][negative].iloc[0]:g} {unit} in {int(negative.sum())} "
+                             "sample(s))", source=source, field=field)
     df = df.sort_values(["time_s", "gpu"], kind="stable").reset_index(drop=True)
     df.attrs["source"] = source
     df.attrs["skipped"] = dict(skipped)
@@ -158,7 +162,10 @@ def _number(raw: str, units: dict[str, float], default_unit: str, source: str, f
     unit = (m.group(2) or default_unit).lower()
     if unit not in units:
         raise OvsimError(f"line {line}: unknown unit '{m.group(2)}' in '{s}'", source=source, field=field)
-    return float(m.group(1)) * units[unit]
+    value = float(m.group(1)) * units[unit]
+    if not math.isfinite(value):
+        raise OvsimError(f"line {line}: '{s}' is not a finite number", source=source, field=field)
+    return value
 
 
 _EPOCH_DT = datetime(1970, 1, 1, tzinfo=UTC)
@@ -354,9 +361,20 @@ def _dmon(text: str, source: str, interval_s: float) -> pd.DataFrame:
 
 def _decimal_ns(s: str, unit_ns: int, source: str, line: int) -> int:
     try:
-        return int(Decimal(s) * unit_ns)
+        v = Decimal(s)
     except InvalidOperation:
         raise OvsimError(f"line {line}: cannot read '{s}' as a time", source=source, field="timestamp") from None
+    if not v.is_finite():
+        raise OvsimError(f"line {line}: cannot read '{s}' as a time", source=source, field="timestamp")
+    return _in_range_ns(int(v * unit_ns), s, source, line)
+
+
+def _in_range_ns(ns: int, raw: str, source: str, line: int) -> int:
+    # Times are held as int64 nanoseconds: 1677 to 2262.
+    if not _I64_MIN <= ns <= _I64_MAX:
+        raise OvsimError(f"line {line}: '{raw}' is not a time between 1677 and 2262", source=source,
+                         field="timestamp")
+    return ns
 
 
 def _epoch_ns(raw: str, source: str, line: int) -> int:
@@ -377,7 +395,7 @@ def _epoch_ns(raw: str, source: str, line: int) -> int:
     if not v.is_finite():
         raise OvsimError(f"line {line}: cannot read '{s}' as a time", source=source, field="timestamp")
     scale = 1 if v > 10**17 else 1000 if v > 10**14 else 10**6 if v > 10**11 else 10**9
-    return int(v * scale)
+    return _in_range_ns(int(v * scale), s, source, line)
 
 
 def _dcgm_csv(text: str, source: str) -> pd.DataFrame:

@@ -15,9 +15,10 @@ Columns (name: dtype, meaning):
 - ``kind``: one of :data:`KINDS`
 - ``start_s``, ``duration_s``: float64, start time and duration (s)
 - ``launch_s``: float64, start of the host launch call (s, NaN if the trace has none)
-- ``grid_x``.. ``grid_z``, ``block_x``.. ``block_z``: Int64, launch configuration
-- ``registers_per_thread``: Int64
-- ``shared_mem_bytes``: Int64, static plus dynamic shared memory per block
+- ``grid_x``.. ``grid_z``, ``block_x``.. ``block_z``: Int64, launch configuration (at least 1; a
+  recorded 0 or negative dimension is unknown)
+- ``registers_per_thread``: Int64 (a negative count is unknown)
+- ``shared_mem_bytes``: Int64, static plus dynamic shared memory per block (a negative size is unknown)
 - ``bytes``: float64, bytes moved by a copy or memset (NaN for kernels)
 - ``copy_kind``: str, ``HtoD``, ``DtoH``, ``DtoD``, ``PtoP``, ``HtoH`` for copies
 - ``collective``: str, for NCCL kernels: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
@@ -61,6 +62,7 @@ COLUMNS = ("rank", "device", "stream", "correlation", "name", "kind", "start_s",
            "bytes", "copy_kind", "collective", "algorithm", "protocol", "dtype", "message_bytes", "group_size",
            "process_group", "seq", "host_op", "host_types", "host_op_id")
 REQUIRED = ("rank", "stream", "name", "start_s", "duration_s")
+_LAUNCH_DIMS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 
 
 @dataclass
@@ -129,6 +131,10 @@ def validate_table(df: pd.DataFrame, source: str = "") -> pd.DataFrame:
         except (TypeError, ValueError) as e:
             raise OvsimError(f"cannot read as {'integer' if c in INT_COLUMNS else 'number'}: {e}", source=source,
                              field=c) from None
+    # A launch that could not have run is corrupt metadata, not a shape to replay: unknown, like a
+    # value of the wrong type.
+    for c, least in (*((c, 1) for c in _LAUNCH_DIMS), ("registers_per_thread", 0), ("shared_mem_bytes", 0)):
+        out[c] = out[c].mask(out[c] < least)
     for c in ("rank", "stream"):
         if out[c].isna().any():
             raise OvsimError(f"{int(out[c].isna().sum())} row(s) without a value", source=source, field=c)

@@ -552,6 +552,13 @@ def test_truncated_archive(tmp_path: Path) -> None:
     raises(write(tmp_path / "t.tgz", raw[: len(raw) // 2]), "archive")
 
 
+@pytest.mark.parametrize("content", [b"garbage" * 100, gzip.compress(b"not a tar")])
+def test_a_file_named_as_an_archive_that_is_none_says_so(tmp_path: Path, content: bytes) -> None:
+    # tarfile lists every compression it tried, one per line; the error is one short line.
+    e = raises(write(tmp_path / "run.tar.gz", content), "archive")
+    assert e.message == "cannot read the archive: not a tar archive (plain, gzip, bzip2 or xz)"
+
+
 def test_world_size_disagreement_and_rank_outside_it(tmp_path: Path) -> None:
     write(tmp_path / "a.json", doc([kernel()], rank=0, world=2))
     write(tmp_path / "b.json", doc([kernel()], rank=1, world=4))

@@ -115,9 +115,15 @@ def test_a_repeated_header_is_skipped(tmp_path: Path) -> None:
     ("index, power.draw [W]\nzero, 61 W\n", "index", "GPU index"),
     ("0, 2024/05/01 12:00:00.000, 61.50 W\n", "format", "power log"),
     ("index, power.draw [W]\n0, [N/A]\n", "power", "missing"),
+    ("index, timestamp, power.draw [W]\n0, 2024/05/01 12:00:00.000, 1e400 W\n", "power.draw", "not a finite"),
+    ("index, timestamp, power.draw [W]\n0, 2024/05/01 12:00:00.000, -61 W\n", "power", "negative value (-61 W"),
+    ("index, timestamp, power.draw [W], clocks.sm [MHz]\n0, 2024/05/01 12:00:00.000, 61 W, -1410 MHz\n",
+     "sm_clock", "negative value (-1.41e+09 Hz in 1 sample(s))"),
+    # DCGM CSV: a time past what nanoseconds since 1970 hold, a power that overflows a float.
+    ("timestamp,gpu,DCGM_FI_DEV_POWER_USAGE\n1e300,0,61\n", "timestamp", "line 2: '1e300' is not a time"),
+    ("timestamp,gpu,DCGM_FI_DEV_POWER_USAGE\n1714564800,0,1e400\n", "DCGM_FI_DEV_POWER_USAGE", "not a finite"),
 ])
-def test_bad_nvidia_smi_input_is_one_line_naming_file_and_field(tmp_path: Path, text: str, field: str,
-                                                               words: str) -> None:
+def test_bad_power_log_is_one_line_naming_file_and_field(tmp_path: Path, text: str, field: str, words: str) -> None:
     p = write(tmp_path, "bad.csv", text)
     with pytest.raises(OvsimError) as err:
         read_power_samples(p)

@@ -1,10 +1,17 @@
-"""Kernel kinds from names (ovsim.traces.table.classify)."""
+"""The canonical kernel table: kernel kinds from names (ovsim.traces.table.classify), the checks on
+its columns, and its parquet form (ovsim.traces.load)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
-from ovsim.traces.table import classify
+from ovsim.errors import OvsimError
+from ovsim.traces.load import read_table, write_table
+from ovsim.traces.table import TraceBundle, classify, make_table
 
 
 @pytest.mark.parametrize(("name", "kind"), [
@@ -21,3 +28,35 @@ def test_kind_from_the_kernel_name(name: str, kind: str) -> None:
     # The harness's channel kernels stand in for NCCL's, so a trace of them fits contention as
     # collectives; its probes and GEMM are ordinary kernels.
     assert classify(name) == kind
+
+
+def test_a_launch_that_could_not_have_run_is_unknown() -> None:
+    """A zero or negative grid or block dimension, negative registers or shared memory: corrupt
+    metadata becomes unknown, as a value of the wrong type does, rather than a shape to replay."""
+    t = make_table({"rank": [0, 0, 0], "stream": [7, 7, 7], "name": ["a", "b", "c"], "start_s": [0.0, 1.0, 2.0],
+                    "duration_s": [1.0, 1.0, 1.0], "grid_x": [-5, 0, 4], "block_x": [0, 128, -1],
+                    "registers_per_thread": [-1, 0, 32], "shared_mem_bytes": [-100, 0, 5]})
+    assert t["grid_x"].isna().tolist() == [True, True, False]
+    assert t["block_x"].isna().tolist() == [True, False, True]
+    assert t["registers_per_thread"].tolist()[1:] == [0, 32] and pd.isna(t["registers_per_thread"][0])
+    assert t["shared_mem_bytes"].tolist()[1:] == [0, 5] and pd.isna(t["shared_mem_bytes"][0])
+
+
+@pytest.mark.parametrize(("meta", "field"), [
+    (b"{not json", "metadata"),
+    (b"[1, 2]", "metadata"),
+    (b'{"gpu_names": {"x": "H100"}}', "metadata.gpu_names"),
+    (b'{"gpu_names": [1]}', "metadata.gpu_names"),
+    (b'{"skipped": {"negative duration": "many"}}', "metadata.skipped"),
+    (b'{"world_size": "8"}', "metadata.world_size"),
+    (b'{"wall_origin_s": NaN}', "metadata.wall_origin_s"),
+])
+def test_a_table_with_broken_ovsim_metadata_is_one_line(tmp_path: Path, meta: bytes, field: str) -> None:
+    path = tmp_path / "k.parquet"
+    write_table(TraceBundle(kernels=make_table({"rank": [0], "stream": [7], "name": ["a"], "start_s": [0.0],
+                                                "duration_s": [1.0]})), path)
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"ovsim": meta}), path)
+    with pytest.raises(OvsimError) as err:
+        read_table(path)
+    assert (err.value.source, err.value.field) == (str(path), field) and "\n" not in err.value.one_line()
