@@ -80,6 +80,7 @@ def _predict(args: argparse.Namespace) -> int:
     from ovsim.traces.perfetto import write_trace
 
     _check_output(args.timeline, "--timeline")
+    _check_plot(args.plot)
     # A value out of range that came from a flag is the flag's, not the scenario's power section.
     flags = {"power.cap_w": "--power-cap-w" if args.power_cap_w is not None else "",
              "power.sm_clock_hz": "--sm-clock-hz" if args.sm_clock_hz is not None else ""}
@@ -91,6 +92,11 @@ def _predict(args: argparse.Namespace) -> int:
         raise
     if args.timeline:
         write_trace(result.timeline, args.timeline, label=result.scenario.name)
+    if args.plot:
+        from ovsim.plot import timeline_figure
+
+        _save_plot(timeline_figure(result.timeline, title=f"{result.scenario.name} ({result.system.name})",
+                                   max_ranks=args.plot_ranks), args.plot)
     if args.json:
         print(_json(result.to_json()))
     elif not args.quiet:
@@ -101,12 +107,17 @@ def _predict(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from ovsim.api import compare
 
+    _check_plot(args.plot)
     bar = _Progress(args.quiet or args.json)
     bar.stage(f"predicting {len(args.scenarios)} scenarios")
     try:
         df = compare(args.scenarios, mode=args.mode)
     finally:
         bar.done()
+    if args.plot:
+        from ovsim.plot import compare_figure
+
+        _save_plot(compare_figure(df), args.plot)
     if args.json:
         print(_json({"scenarios": df.to_dict(orient="records")}))
     elif not args.quiet:
@@ -209,6 +220,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     _check_gpu(args.gpu)
     _check_output(args.timeline, "--timeline")
+    _check_plot(args.plot)
     bar = _Progress(args.quiet or args.json)
     bar.stage(f"reading {', '.join(args.traces)}")
     try:
@@ -223,6 +235,11 @@ def _replay(args: argparse.Namespace) -> int:
         bar.done()
     if args.timeline:
         write_json(replay_trace_events(result.kernels), args.timeline)
+    if args.plot:
+        from ovsim.plot import replay_figure
+
+        _save_plot(replay_figure(result, title=f"replay of {', '.join(args.traces)}", max_ranks=args.plot_ranks),
+                   args.plot)
     if args.json:
         print(_json(result.to_json()))
     elif not args.quiet:
@@ -343,6 +360,7 @@ def _validate(args: argparse.Namespace) -> int:
 
     from ovsim.validate import run
 
+    _check_plot(args.plot)
     bar = _Progress(args.quiet or args.json)
     traces = Path(args.traces) if args.traces is not None else None
     if traces is not None and not traces.is_dir():
@@ -352,6 +370,10 @@ def _validate(args: argparse.Namespace) -> int:
         checks = run(traces, on_trace=lambda name: bar.stage(f"replaying {name}"))
     finally:
         bar.done()
+    if args.plot:
+        from ovsim.plot import validate_figure
+
+        _save_plot(validate_figure(checks), args.plot)
     if args.json:
         print(_json({"checks": [c.to_json() for c in checks]}))
     elif not args.quiet:
@@ -387,6 +409,29 @@ def _check_output(path: str | None, flag: str, *, make_folders: bool = False) ->
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise OvsimError(f"folder '{folder}' {what}", source=path, field=flag)
+
+
+def _check_plot(path: str | None) -> None:
+    """A figure's file must be writable, its format known and matplotlib installed, before the work
+    it draws."""
+    if path is None:
+        return
+    from ovsim.plot import check_path
+
+    _check_output(path, "--plot")
+    try:
+        check_path(path)
+    except OvsimError as e:
+        raise OvsimError(e.message, source=e.source, field="--plot") from None
+
+
+def _save_plot(fig: Any, path: str) -> None:
+    from ovsim.plot import save
+
+    try:
+        save(fig, path)
+    except OvsimError as e:
+        raise OvsimError(e.message, source=e.source, field="--plot") from None
 
 
 def _check_gpu(name: str | None, flag: str = "--gpu") -> None:
@@ -441,6 +486,13 @@ def _count(text: str) -> int:
     return n
 
 
+def _at_least_one(text: str) -> int:
+    n = _count(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got '{text}'")
+    return n
+
+
 def _file_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path")
@@ -486,6 +538,11 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("scenario", help="scenario YAML file")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
     pr.add_argument("--timeline", metavar="FILE", type=_file_name, help="write a Perfetto-loadable trace")
+    pr.add_argument("--plot", metavar="FILE", type=_file_name,
+                    help="draw the timeline (a lane per rank and stream, slowed time hatched by reason) and the "
+                         "resource counters to FILE (PNG, PDF or SVG, from the name; needs matplotlib)")
+    pr.add_argument("--plot-ranks", metavar="N", type=_at_least_one, default=4,
+                    help="ranks drawn by --plot (default 4)")
     pr.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenario's mode")
     pr.add_argument("--rows", type=_count, default=40, help="ops shown in the table (default 40)")
     pr.add_argument("--power-cap-w", type=_positive, metavar="W",
@@ -498,6 +555,9 @@ def parser() -> argparse.ArgumentParser:
     cp.add_argument("scenarios", nargs="+", help="scenario YAML files; the first is the baseline")
     cp.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenarios' mode")
     cp.add_argument("--json", action="store_true", help="print one JSON object")
+    cp.add_argument("--plot", metavar="FILE", type=_file_name,
+                    help="draw each scenario's makespan (compute alone, slowdown, exposed communication, idle) and "
+                         "power to FILE (PNG, PDF or SVG, from the name; needs matplotlib)")
     cp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     cp.set_defaults(func=_compare)
     from ovsim.traces.load import FORMATS
@@ -507,6 +567,11 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--gpu", help="GPU spec name, when the trace's device name is unknown or to override it")
     rp.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: from the name)")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
+    rp.add_argument("--plot", metavar="FILE", type=_file_name,
+                    help="draw predicted against measured durations and the measured and predicted lanes to FILE "
+                         "(PNG, PDF or SVG, from the name; needs matplotlib)")
+    rp.add_argument("--plot-ranks", metavar="N", type=_at_least_one, default=2,
+                    help="ranks whose lanes --plot draws (default 2)")
     rp.add_argument("--timeline", metavar="FILE", type=_file_name,
                     help="write measured and predicted tracks as a Perfetto trace")
     rp.add_argument("--rows", type=_count, default=30, help="overlapped kernels shown in the table (default 30)")
@@ -546,6 +611,9 @@ def parser() -> argparse.ArgumentParser:
     vp.add_argument("--traces", metavar="DIR", type=_file_name,
                     help="folder holding the shared real traces (their layout as published)")
     vp.add_argument("--json", action="store_true", help="print one JSON object")
+    vp.add_argument("--plot", metavar="FILE", type=_file_name,
+                    help="draw every check's error against its tolerance to FILE (PNG, PDF or SVG, from the name; "
+                         "needs matplotlib)")
     vp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     vp.set_defaults(func=_validate)
     sp = sub.add_parser("specs", help="list the known GPUs and systems")

@@ -1,0 +1,214 @@
+"""Figures (ovsim.plot) and the --plot flag: what is drawn matches the numbers it draws, on
+hand-made timelines whose geometry is known, and bad --plot input is one line before any work."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ovsim.cli import main
+from ovsim.engine.timeline import REASONS, Timeline, timeline_from_rows
+from ovsim.errors import OvsimError
+from ovsim.plot import (
+    REASON_COLORS,
+    check_path,
+    compare_figure,
+    replay_figure,
+    save,
+    timeline_figure,
+    validate_figure,
+)
+from ovsim.replay import replay
+from ovsim.traces.table import TraceBundle, make_table
+from ovsim.validate import Check
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLE = EXAMPLES / "gemm-allreduce-h100x4-priority.yaml"
+
+
+def op(name: str, rank: int, stream: str, start_s: float, end_s: float, isolated_s: float, *, kind: str = "gemm",
+       **lost: float) -> dict[str, Any]:
+    return {"id": f"{name}@r{rank}", "name": name, "kind": kind, "rank": rank, "stream": stream, "launch_s": 0.0,
+            "start_s": start_s, "end_s": end_s, "isolated_s": isolated_s, "blocks": 1, "bytes": 0.0, **lost}
+
+
+def counter(t: float, rank: int, name: str, value: float) -> dict[str, Any]:
+    return {"time_s": t, "rank": rank, "counter": name, "value": value}
+
+
+def bars(ax: Any, *, hatched: bool) -> list[tuple[float, float, float]]:
+    """(x, width, lane centre) of every bar drawn, hatched (slowed time) or not."""
+    out = []
+    for c in ax.collections:
+        if bool(c.get_hatch()) != hatched:
+            continue
+        for p in c.get_paths():
+            x, y, w, h = p.get_extents().bounds
+            out.append((round(x, 6), round(w, 6), round(y + h / 2, 6)))
+    return sorted(out)
+
+
+def two_rank_timeline() -> Timeline:
+    # Rank 0's GEMM took 3 ms against 2 ms alone, all of it lost waiting for SMs; rank 1's was not
+    # slowed. Their SM counters differ, their HBM counters agree.
+    rows = [op("gemm", 0, "compute", 0.0, 3e-3, 2e-3, wait_sm_s=1e-3),
+            op("ar", 0, "comm", 1e-3, 4e-3, 3e-3, kind="collective"),
+            op("gemm", 1, "compute", 0.0, 2e-3, 2e-3),
+            op("ar", 1, "comm", 1e-3, 4e-3, 3e-3, kind="collective"),
+            op("ar", -1, "", 1e-3, 4e-3, 3e-3, kind="flow")]
+    counters = [counter(0.0, 0, "sm_busy_fraction", 1.0), counter(3e-3, 0, "sm_busy_fraction", 0.25),
+                counter(0.0, 1, "sm_busy_fraction", 1.0), counter(2e-3, 1, "sm_busy_fraction", 0.0),
+                counter(2e-3, 1, "sm_busy_fraction", 0.25),  # same instant: the last one holds
+                *(counter(t, r, "hbm_bytes_per_s", v) for r in (0, 1) for t, v in ((0.0, 1e12), (1e-3, 2e12)))]
+    return timeline_from_rows(rows, counters)
+
+
+def test_every_reason_has_a_colour() -> None:
+    assert set(REASON_COLORS) == set(REASONS.values())
+
+
+def test_timeline_lanes_and_slowed_time() -> None:
+    fig = timeline_figure(two_rank_timeline(), title="t")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["r0 compute", "r0 comm", "r1 compute", "r1 comm"]
+    # Solid bars: each op's start and duration in microseconds (the span is 4 ms), in its lane;
+    # the flow is not drawn.
+    assert bars(ax, hatched=False) == [(0.0, 2000.0, 2.0), (0.0, 3000.0, 0.0), (1000.0, 3000.0, 1.0),
+                                       (1000.0, 3000.0, 3.0)]
+    # Hatched: the 1 ms rank 0's GEMM lost, at its end, in the colour of its reason.
+    assert bars(ax, hatched=True) == [(2000.0, 1000.0, 0.0)]
+    [slowed] = [c for c in ax.collections if c.get_hatch()]
+    assert tuple(slowed.get_edgecolor()[0][:3]) == pytest.approx(
+        tuple(int(REASON_COLORS["waiting for SMs"][i:i + 2], 16) / 255 for i in (1, 3, 5)))
+    assert fig.axes[-1].get_xlabel() == "time (us)"
+
+
+def test_counter_panels_step_with_the_counters_and_merge_identical_ranks() -> None:
+    fig = timeline_figure(two_rank_timeline())
+    sm, hbm = fig.axes[1], fig.axes[2]
+    assert (sm.get_title(loc="left"), hbm.get_title(loc="left")) == ("SMs holding blocks", "HBM traffic")
+    assert len(fig.axes) == 3  # no link, power or clock counters recorded: no panels for them
+    lines = {ln.get_label(): ln for ln in sm.get_lines()}
+    assert set(lines) == {"rank 0", "rank 1"}
+    # Held to the end of the run (4 ms); of two samples at 2 ms the last holds.
+    assert list(lines["rank 1"].get_xdata()) == [0.0, 2000.0, 4000.0]
+    assert list(lines["rank 1"].get_ydata()) == [1.0, 0.25, 0.25]
+    assert lines["rank 0"].get_drawstyle() == "steps-post"
+    [both] = hbm.get_lines()
+    assert both.get_label() == "ranks 0-1"
+    assert list(both.get_ydata()) == pytest.approx([1000.0, 2000.0, 2000.0])  # GB/s
+
+
+def test_max_ranks_limits_the_lanes_and_says_so() -> None:
+    rows = [op("g", r, "compute", 0.0, 1e-3, 1e-3) for r in range(8)]
+    fig = timeline_figure(timeline_from_rows(rows, []), title="eight", max_ranks=2)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["r0 compute", "r1 compute"]
+    assert fig.axes[0].get_title(loc="left") == "eight (ranks 0-1 of 8)"
+    assert len(fig.axes) == 1  # no counters
+    with pytest.raises(OvsimError, match="at least 1"):
+        timeline_figure(timeline_from_rows(rows, []), max_ranks=0)
+
+
+def test_an_empty_timeline_still_draws() -> None:
+    fig = timeline_figure(timeline_from_rows([], []))
+    assert fig.axes[0].get_yticklabels() == [] or [t.get_text() for t in fig.axes[0].get_yticklabels()] == []
+
+
+def _k(name: str, start_us: float, dur_us: float, *, stream: int = 7, kind: str = "") -> dict[str, Any]:
+    return {"rank": 0, "stream": stream, "name": name, "kind": kind, "start_s": start_us * 1e-6,
+            "duration_s": dur_us * 1e-6, "grid_x": 132, "block_x": 256, "registers_per_thread": 64}
+
+
+def test_replay_scatter_has_one_point_per_scored_kernel_and_lanes_per_stream() -> None:
+    rows = [_k("gemm", 0, 10), _k("gemm", 20, 13), _k("nccl", 18, 30, stream=9, kind="collective"),
+            _k("gemm", 60, 10), _k("gemm", 80, 10)]
+    cols = {key: [r.get(key) for r in rows] for key in rows[0]}
+    result = replay(TraceBundle(kernels=make_table(cols)), gpu="h100-sxm5-80gb")
+    fig = replay_figure(result)
+    left, right = fig.axes[0], fig.axes[1]
+    # One overlapped GEMM, scored against the median of its clean twins (10 us): a naive point and
+    # an ovsim point at measured 13 us.
+    naive, ours = left.collections[0].get_offsets(), left.collections[1].get_offsets()
+    assert np.asarray(naive).ravel().tolist() == pytest.approx([13.0, 10.0])
+    assert np.asarray(ours)[:, 0].tolist() == pytest.approx([13.0])
+    assert [t.get_text() for t in right.get_yticklabels()] == [
+        "r0 s7 measured", "r0 s7 predicted", "r0 s9 measured", "r0 s9 predicted"]
+    # The measured lane of stream 7 holds the four GEMMs where the trace has them (us from the first).
+    measured = [b for b in bars(right, hatched=False) if b[2] == 0.0]
+    assert [(x, w) for x, w, _ in measured] == [(0.0, 10.0), (20.0, 13.0), (60.0, 10.0), (80.0, 10.0)]
+
+
+def test_compare_bars_stack_to_the_makespan() -> None:
+    df = pd.DataFrame({"scenario": ["a", "b"], "makespan_s": [5e-3, 4e-3], "compute_s": [1e-3, 1.5e-3],
+                       "compute_isolated_s": [1e-3, 1e-3], "exposed_comm_s": [4e-3, 2e-3]})
+    fig = compare_figure(df)
+    assert len(fig.axes) == 1  # no power columns: no power panel
+    parts = [[p.get_height() for p in c] for c in fig.axes[0].containers]
+    # compute alone, slowdown, exposed communication, idle (b: 4 - 1.5 - 2 = 0.5 ms), in us.
+    assert np.array(parts).ravel().tolist() == pytest.approx([1000, 1000, 0, 500, 4000, 2000, 0, 500])
+    assert np.array(parts).sum(axis=0).tolist() == pytest.approx([5000, 4000])
+    with pytest.raises(OvsimError, match="no scenarios"):
+        compare_figure(df.iloc[:0])
+
+
+def test_validate_bars_are_the_errors_coloured_by_outcome() -> None:
+    checks = [Check("close", "published", 100.0, 104.0, "x", 5.0, "s"),
+              Check("far", "published", 100.0, 80.0, "x", 5.0, "s"),
+              Check("bound", "trace", 10.0, 12.0, "%", 0.0, "s", rule="at_most")]
+    fig = validate_figure(checks)
+    ax = fig.axes[0]
+    errors = [p for p in ax.patches if p.get_height() == 0.5]
+    assert [round(p.get_width(), 6) for p in errors] == [4.0, -20.0, 20.0]
+    green, red = (0.172549, 0.627451, 0.172549), (0.839216, 0.152941, 0.156863)
+    assert [tuple(round(v, 6) for v in p.get_facecolor()[:3]) for p in errors] == [green, red, red]
+    assert ax.get_title(loc="left") == "validation: 1 of 3 checks pass"
+    lo, hi = ax.get_xlim()
+    assert lo < -20 and hi > 20 and lo > -100  # the unbounded band does not set the axis
+
+
+@pytest.mark.parametrize("suffix", [".png", ".pdf", ".svg"])
+def test_save_writes_the_format_its_name_asks_for(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"t{suffix}"
+    save(timeline_figure(two_rank_timeline()), path)
+    magic = {".png": b"\x89PNG", ".pdf": b"%PDF", ".svg": b"<?xml"}[suffix]
+    assert path.read_bytes().startswith(magic)
+
+
+def test_predict_and_compare_plot_from_the_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "p.png"
+    assert main(["predict", str(EXAMPLE), "--plot", str(out), "--quiet"]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG")
+    cmp = tmp_path / "c.svg"
+    assert main(["compare", str(EXAMPLES / "gemm-allreduce-h100x4-sequential.yaml"), str(EXAMPLE),
+                 "--plot", str(cmp), "--quiet"]) == 0
+    assert b"<svg" in cmp.read_bytes()
+
+
+@pytest.mark.parametrize(("command", "name", "words"), [
+    (["predict", "{d}/never-read.yaml"], "{d}/p.xyz", "cannot tell the image format from the name"),
+    (["replay", "{d}/never-read.json"], "{d}/p", "cannot tell the image format from the name"),
+    (["compare", "{d}/never-read.yaml"], "{d}/nowhere/p.png", "folder '{d}/nowhere' does not exist"),
+    (["validate"], "{d}", "is a folder; give a file name"),
+])
+def test_a_plot_that_cannot_be_written_is_refused_before_the_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], name: str, words: str) -> None:
+    argv = [a.format(d=tmp_path) for a in command] + ["--plot", name.format(d=tmp_path), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--plot: {words.format(d=tmp_path)}" in err and "never-read" not in err
+
+
+def test_without_matplotlib_the_plot_flag_says_what_to_install(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", None)
+    with pytest.raises(OvsimError, match=r"pip install 'ovsim\[plot\]'"):
+        check_path(tmp_path / "p.png")
+    assert main(["predict", str(EXAMPLE), "--plot", str(tmp_path / "p.png"), "--quiet"]) == 2
+    assert "--plot: drawing needs matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()
