@@ -141,21 +141,130 @@ def _compare_table(df: Any) -> str:
     lines = [f"{'scenario':<{width}} {'schedule':<10} " + " ".join(f"{h:>10}" for _, h, _ in cols)]
     lines.append("-" * len(lines[0]))
     for rec in df.to_dict(orient="records"):
-        cells = []
-        for key, _, kind in cols:
-            x = rec.get(key)
-            if x is None or (isinstance(x, float) and not math.isfinite(x)):
-                cells.append(f"{'-':>10}")
-            elif kind == "ms":
-                cells.append(f"{x * 1e3:>10.3f}")
-            elif kind == "pct":
-                cells.append(f"{x * 100:>+9.1f}%")
-            elif kind == "frac":
-                cells.append(f"{x * 100:>9.1f}%")
-            else:
-                cells.append(f"{x:>10.1f}")
+        cells = [_cell(rec.get(key), kind) for key, _, kind in cols]
         lines.append(f"{str(rec['scenario'])[:width]:<{width}} {str(rec['schedule'])[:10]:<10} " + " ".join(cells))
     return "\n".join(lines)
+
+
+def _cell(x: Any, kind: str) -> str:
+    """A number of the compare and sweep tables, ten wide."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return f"{'-':>10}"
+    if kind == "ms":
+        return f"{x * 1e3:>10.3f}"
+    if kind == "pct":
+        return f"{x * 100:>+9.1f}%"
+    if kind == "frac":
+        return f"{x * 100:>9.1f}%"
+    if kind == "j":
+        return f"{x:>10.4g}"
+    return f"{x:>10.1f}"
+
+
+# (column, header, format) of the sweep table, after the axes.
+_SWEEP_COLUMNS: list[tuple[str, str, str]] = [
+    ("makespan_s", "iter ms", "ms"), ("compute_s", "compute ms", "ms"), ("compute_slowdown", "slowdown", "pct"),
+    ("comm_s", "comm ms", "ms"), ("exposed_comm_s", "exposed ms", "ms"), ("comm_hidden_fraction", "hidden", "frac"),
+    ("avg_power_w", "avg W", "w"), ("peak_power_w", "peak W", "w"), ("energy_j", "energy J", "j"),
+]
+
+
+def _sweep_table(df: Any, axes: list[str]) -> str:
+    cols = [c for c in _SWEEP_COLUMNS if c[0] in df.columns]
+    widths = [max(len(a), *(len(repr(v)) if v is None else len(str(v)) for v in df[a])) for a in axes]
+    head = " ".join(f"{a:<{w}}" for a, w in zip(axes, widths, strict=True))
+    lines = [head + " " + " ".join(f"{h:>10}" for _, h, _ in cols)]
+    lines.append("-" * len(lines[0]))
+    for rec in df.to_dict(orient="records"):
+        vals = " ".join(f"{'None' if rec[a] is None else str(rec[a]):<{w}}" for a, w in zip(axes, widths, strict=True))
+        cells = [_cell(rec.get(key), kind) for key, _, kind in cols]
+        lines.append(vals + " " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from ovsim.sweep import sweep
+
+    _check_output(args.csv, "--csv")
+    _check_plot(args.plot)
+    axes: dict[str, list[Any]] = {}
+    for item in args.axis:
+        path, sep, values = item.partition("=")
+        if not sep or not path.strip() or not values.strip():
+            raise OvsimError(f"expected PATH=VALUE[,VALUE...], got '{item}'", field="--axis")
+        if path in axes:
+            raise OvsimError(f"'{path}' is given twice", field="--axis")
+        axes[path.strip()] = [_axis_value(v, item) for v in _split_values(values, item)]
+    bar = _Progress(args.quiet or args.json)
+    n = math.prod(len(v) for v in axes.values())
+    bar.stage(f"predicting {n} combinations")
+    try:
+        df = sweep(args.scenario, axes, mode=args.mode, workers=args.workers,
+                   progress=(lambda done, total: bar.stage(f"predicted {done}/{total} combinations"))
+                   if bar.on else None)
+    finally:
+        bar.done()
+    if args.csv:
+        try:
+            df.to_csv(args.csv, index=False)
+        except OSError as e:
+            raise OvsimError(f"cannot write: {e.strerror}", source=args.csv, field="--csv") from None
+    if args.plot:
+        from ovsim.plot import sweep_figure
+
+        _save_plot(sweep_figure(df, list(axes), title=str(args.scenario)), args.plot)
+    if args.json:
+        print(_json({"axes": list(axes), "points": df.to_dict(orient="records")}))
+    elif not args.quiet:
+        print(_sweep_table(df, list(axes)))
+    return 0
+
+
+def _split_values(text: str, item: str) -> list[str]:
+    """Comma-separated values; a comma inside brackets belongs to a list value ([64, 64, 32])."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "[{"
+        depth -= ch in "]}"
+        if depth < 0:
+            raise OvsimError(f"unbalanced brackets in '{item}'", field="--axis")
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth:
+        raise OvsimError(f"unbalanced brackets in '{item}'", field="--axis")
+    out.append(cur)
+    if any(not v.strip() for v in out):
+        raise OvsimError(f"an empty value in '{item}'", field="--axis")
+    return [v.strip() for v in out]
+
+
+def _axis_value(text: str, item: str) -> Any:
+    """A value as a scenario file would hold it: null, true/false, a number (1e8 too, which YAML
+    reads as a string), a [list] or {mapping} in YAML flow style, or else the text."""
+    import yaml
+
+    low = text.lower()
+    if low in ("null", "none", "~"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            x = kind(text)
+        except ValueError:
+            continue
+        if isinstance(x, float) and not math.isfinite(x):
+            raise OvsimError(f"'{text}' is not a finite number in '{item}'", field="--axis")
+        return x
+    if text[0] in "[{":
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise OvsimError(f"cannot read '{text}' in '{item}' as a YAML list or mapping", field="--axis") from None
+    return text
 
 
 def _pct(x: float) -> str:
@@ -560,6 +669,22 @@ def parser() -> argparse.ArgumentParser:
                          "power to FILE (PNG, PDF or SVG, from the name; needs matplotlib)")
     cp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     cp.set_defaults(func=_compare)
+    sw = sub.add_parser("sweep", help="predict every combination of values of a scenario's fields")
+    sw.add_argument("scenario", help="scenario YAML file")
+    sw.add_argument("--axis", action="append", required=True, metavar="PATH=V1,V2,...",
+                    help="a field of the scenario (keys joined by dots, a list item by index or name: "
+                         "ops.gemm.m, training.micro_batch, power.cap_w, knobs.comm_priority) and its values "
+                         "(null, true/false, numbers, text, [lists]); repeat for more axes, the first varying slowest")
+    sw.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenario's mode")
+    sw.add_argument("--workers", type=_count, default=1, metavar="N",
+                    help="processes to predict in (default 1; 0: one per CPU core)")
+    sw.add_argument("--json", action="store_true", help="print one JSON object")
+    sw.add_argument("--csv", metavar="FILE", type=_file_name, help="write the table, every summary column, as CSV")
+    sw.add_argument("--plot", metavar="FILE", type=_file_name,
+                    help="draw makespan, compute slowdown, exposed communication and energy against the first "
+                         "axis, a line per combination of the others (PNG, PDF or SVG; needs matplotlib)")
+    sw.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    sw.set_defaults(func=_sweep)
     from ovsim.traces.load import FORMATS
 
     rp = sub.add_parser("replay", help="replay measured traces with contention and compare with the measurement")

@@ -372,3 +372,53 @@ def validate_figure(checks: Sequence[Check], *, title: str = "") -> Figure:
     ax.set_title(title or f"validation: {passed} of {len(checks)} checks pass", loc="left")
     ax.grid(axis="x", alpha=0.3)
     return fig
+
+
+_MAX_SWEEP_LINES = 12
+# (column, title, scale, unit) of the sweep panels; energy only when the predictions tracked power.
+_SWEEP_PANELS: tuple[tuple[str, str, float, str], ...] = (
+    ("makespan_s", "makespan", 1e3, "ms"),
+    ("compute_slowdown", "compute slowdown (vs alone)", 100.0, "%"),
+    ("exposed_comm_s", "exposed communication", 1e3, "ms per rank"),
+    ("energy_j", "energy per iteration", 1.0, "J per GPU"),
+)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool | np.bool_)
+
+
+def sweep_figure(df: pd.DataFrame, axes: Sequence[str], *, title: str = "") -> Figure:
+    """:func:`ovsim.sweep.sweep`'s table against its first axis (a number line when every value is
+    a number, else one position per value), one line per combination of the other axes."""
+    if df.empty or not axes:
+        raise OvsimError("no sweep points to draw", field="points")
+    missing = [a for a in axes if a not in df.columns]
+    if missing:
+        raise OvsimError(f"not a column of the sweep: {', '.join(missing)}", field="axes")
+    x_axis, others = axes[0], list(axes[1:])
+    xs = list(dict.fromkeys(df[x_axis].tolist()))
+    numeric = all(_is_number(v) for v in xs)
+    groups = list(df.groupby(others, sort=False, dropna=False)) if others else [((), df)]
+    panels = [p for p in _SWEEP_PANELS if p[0] in df.columns and df[p[0]].notna().any()]
+    fig = _figure(figsize=(6 * len(panels) / 2 + 4, 4.2), layout="constrained")
+    axs = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (col, name, factor, unit) in zip(axs, panels, strict=True):
+        for key, g in groups[:_MAX_SWEEP_LINES]:
+            pos = g[x_axis].tolist() if numeric else [xs.index(v) for v in g[x_axis]]
+            keys = key if isinstance(key, tuple) else (key,)
+            label = ", ".join(f"{a}={v}" for a, v in zip(others, keys, strict=True)) or None
+            ax.plot(pos, g[col].to_numpy(float) * factor, marker="o", markersize=4, label=label)
+        if not numeric:
+            ax.set_xticks(range(len(xs)), [str(v) for v in xs], rotation=20, ha="right")
+        ax.set_xlabel(x_axis)
+        ax.set_ylabel(unit)
+        ax.set_title(name, loc="left")
+        ax.grid(alpha=0.3)
+    if others:
+        more = f" (first {_MAX_SWEEP_LINES} of {len(groups)})" if len(groups) > _MAX_SWEEP_LINES else ""
+        axs[-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False,
+                       title=f"lines{more}")
+    if title:
+        fig.suptitle(title, x=0.01, ha="left")
+    return fig

@@ -19,7 +19,7 @@ See docs/scenario.md for the schema with examples. In short::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
@@ -84,9 +84,14 @@ def load_scenario(path: str | Path) -> Scenario:
     if not isinstance(data, dict):
         raise OvsimError("expected a mapping at the top level", source=str(p))
     try:
-        sc = Scenario.model_validate(data)
+        return scenario_from_mapping(data, p)
     except ValidationError as e:
         raise validation_error(e, str(p)) from None
-    # Relative calibration paths are relative to the scenario file.
-    cal = [str((p.parent / c) if not Path(c).is_absolute() else Path(c)) for c in sc.calibration]
+
+
+def scenario_from_mapping(data: dict[str, Any], path: Path) -> Scenario:
+    """A scenario from a file's parsed mapping (raises pydantic's ValidationError): relative
+    calibration paths are relative to the file."""
+    sc = Scenario.model_validate(data)
+    cal = [str((path.parent / c) if not Path(c).is_absolute() else Path(c)) for c in sc.calibration]
     return sc.model_copy(update={"calibration": cal})

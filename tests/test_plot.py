@@ -20,6 +20,7 @@ from ovsim.plot import (
     compare_figure,
     replay_figure,
     save,
+    sweep_figure,
     timeline_figure,
     validate_figure,
 )
@@ -212,3 +213,31 @@ def test_without_matplotlib_the_plot_flag_says_what_to_install(
     assert main(["predict", str(EXAMPLE), "--plot", str(tmp_path / "p.png"), "--quiet"]) == 2
     assert "--plot: drawing needs matplotlib" in capsys.readouterr().err
     assert not (tmp_path / "p.png").exists()
+
+
+def test_sweep_lines_follow_the_first_axis_one_per_other_combination() -> None:
+    df = pd.DataFrame({"a": [1, 1, 2, 2, 4, 4], "b": ["x", "y"] * 3,
+                       "makespan_s": [1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3],
+                       "compute_slowdown": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5], "exposed_comm_s": [0.0] * 6})
+    fig = sweep_figure(df, ["a", "b"])
+    assert len(fig.axes) == 3  # no energy column: no energy panel
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    assert set(lines) == {"b=x", "b=y"}
+    # A number line for a numeric axis (1, 2, 4 where they fall), makespan in ms.
+    assert list(lines["b=y"].get_xdata()) == [1, 2, 4]
+    assert list(lines["b=y"].get_ydata()) == pytest.approx([2.0, 4.0, 6.0])
+    assert list(fig.axes[1].get_lines()[0].get_ydata()) == pytest.approx([0.0, 20.0, 40.0])  # %
+    # A None among the values (no power cap) makes the axis categorical, in the order swept.
+    cap = pd.DataFrame({"cap": pd.Series([None, 300, 150], dtype=object), "makespan_s": [1.0, 1.1, 1.5]})
+    fig = sweep_figure(cap, ["cap"])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["None", "300", "150"]
+    assert list(fig.axes[0].get_lines()[0].get_xdata()) == [0, 1, 2]
+    with pytest.raises(OvsimError, match="not a column"):
+        sweep_figure(df, ["c"])
+
+
+def test_sweep_plots_from_the_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "s.png"
+    assert main(["sweep", str(EXAMPLE), "--axis", "ops.gemm.m=1024,2048", "--mode", "analytic", "--plot", str(out),
+                 "--quiet"]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG")

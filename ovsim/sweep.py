@@ -1,0 +1,161 @@
+"""Parameter sweeps: one scenario, axes of values, every combination predicted.
+
+    sweep("examples/training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml",
+          {"training.micro_batch": [1, 2, 4], "power.cap_w": [None, 250, 150]})
+
+gives a DataFrame with one row per combination (the first axis varies slowest): the axes' values,
+then :meth:`ovsim.api.Result.summary` of that prediction (makespan, compute slowdown, exposed
+communication, power, energy, ...).
+
+An axis is a path into the scenario's mapping as its YAML file spells it: keys joined by dots, a
+list item by its index (``ops.0.m``) or, in a list of named items such as ``ops``, by its name
+(``ops.gemm.m``). A mapping on the way that the file leaves out is created (``power.cap_w`` on a
+scenario without a ``power`` section). Every combination is validated before any is predicted; a
+bad one names the scenario, the axis and the value.
+
+Predictions are independent, so ``workers`` > 1 runs them in that many processes; the result is
+the same, row for row, as with one.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import ValidationError
+
+from ovsim.api import predict
+from ovsim.errors import OvsimError
+from ovsim.hw.spec import read_yaml, validation_error
+from ovsim.scenario import Mode, Scenario, scenario_from_mapping
+
+Progress = Callable[[int, int], None]
+
+
+def _set(data: Any, path: str, value: Any) -> Any:
+    """A copy of ``data`` with ``path`` set to ``value`` (the input is not changed)."""
+    head, _, rest = path.partition(".")
+    if isinstance(data, list):
+        index = _index(data, head, path)
+        out = list(data)
+        out[index] = _set(out[index], rest, value) if rest else value
+        return out
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"'{head}' is inside a {type(data).__name__}, not a mapping or a list")
+    if not head:
+        raise ValueError("an empty key")
+    out_map = dict(data)
+    out_map[head] = _set(out_map.get(head), rest, value) if rest else value
+    return out_map
+
+
+def _index(items: list[Any], key: str, path: str) -> int:
+    if key.lstrip("-").isdigit():
+        i = int(key)
+        if not 0 <= i < len(items):
+            raise ValueError(f"no item {i} in a list of {len(items)}")
+        return i
+    names = [it.get("name") for it in items if isinstance(it, dict)]
+    if key not in names:
+        known = ", ".join(str(n) for n in names if n is not None) or "none"
+        raise ValueError(f"no item named '{key}' (named: {known})")
+    return names.index(key)
+
+
+def _base(scenario: str | Path | Scenario) -> tuple[dict[str, Any], Path | None, str]:
+    if isinstance(scenario, Scenario):
+        return scenario.model_dump(mode="json", by_alias=True, exclude_unset=True), None, scenario.name
+    path = Path(scenario)
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise OvsimError("expected a mapping at the top level", source=str(path))
+    return data, path, str(path)
+
+
+def points(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]]) -> list[tuple[dict[str, Any], Scenario]]:
+    """Every combination of the axes' values (the first axis slowest) and its validated scenario."""
+    data, path, source = _base(scenario)
+    if not axes:
+        raise OvsimError("no axes to sweep", source=source, field="axes")
+    for name, values in axes.items():
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence) or len(values) == 0:
+            raise OvsimError("expected a non-empty list of values", source=source, field=name)
+    out = []
+    for combo in itertools.product(*axes.values()):
+        point = dict(zip(axes, combo, strict=True))
+        edited: Any = data
+        for name, value in point.items():
+            try:
+                edited = _set(edited, name, value)
+            except ValueError as e:
+                raise OvsimError(str(e), source=source, field=name) from None
+        try:
+            sc = scenario_from_mapping(edited, path) if path is not None else Scenario.model_validate(edited)
+        except ValidationError as e:
+            err = validation_error(e, source)
+            raise OvsimError(f"{err.field}: {err.message}" if err.field else err.message, source=source,
+                             field=_where(point)) from None
+        except OvsimError as e:
+            raise OvsimError(f"{e.field}: {e.message}" if e.field else e.message, source=source,
+                             field=_where(point)) from None
+        out.append((point, sc))
+    return out
+
+
+def _where(point: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in point.items())
+
+
+def _predict_summary(sc: Scenario, mode: Mode | None, source: str) -> dict[str, Any]:
+    try:
+        return predict(sc, mode=mode, counters=False).summary()
+    except OvsimError as e:
+        raise e.located(source) from None
+
+
+def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *, mode: Mode | None = None,
+          workers: int = 1, progress: Progress | None = None) -> pd.DataFrame:
+    """Predict every combination of ``axes`` on ``scenario``; one row each, the axes first.
+
+    ``workers``: processes to run predictions in (1: this process; 0: one per CPU core).
+    ``progress(done, total)`` is called as predictions finish."""
+    if workers < 0:
+        raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
+    grid = points(scenario, axes)
+    source = scenario.name if isinstance(scenario, Scenario) else str(scenario)
+    n = len(grid)
+    jobs = workers or os.cpu_count() or 1
+    summaries: list[dict[str, Any]] = []
+    if jobs == 1 or n == 1:
+        for i, (point, sc) in enumerate(grid):
+            summaries.append(_located(point, source, functools.partial(_predict_summary, sc, mode, source)))
+            if progress is not None:
+                progress(i + 1, n)
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, n)) as pool:
+            futures = [pool.submit(_predict_summary, sc, mode, source) for _, sc in grid]
+            for i, ((point, _), fut) in enumerate(zip(grid, futures, strict=True)):
+                summaries.append(_located(point, source, fut.result))
+                if progress is not None:
+                    progress(i + 1, n)
+    df = pd.DataFrame(summaries)
+    # The axes as given: a None stays None (no power cap), not a NaN in a float column.
+    axis_columns = pd.DataFrame({a: pd.Series([p[a] for p, _ in grid], dtype=object) for a in axes})
+    return pd.concat([axis_columns, df.drop(columns=[a for a in axes if a in df.columns])], axis=1)
+
+
+def _located(point: Mapping[str, Any], source: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A prediction's error, said of the combination that raised it."""
+    try:
+        return run()
+    except OvsimError as e:
+        detail = ": ".join(p for p in (e.field, e.message) if p)
+        raise OvsimError(detail, source=source, field=_where(point)) from None
