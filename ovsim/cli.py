@@ -641,7 +641,10 @@ def _specs(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from ovsim import __version__
+
     p = _Parser(prog="ovsim", description="Predict compute-communication overlap on GPUs.")
+    p.add_argument("--version", action="version", version=f"ovsim {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", help="predict a scenario file")
     pr.add_argument("scenario", help="scenario YAML file")

@@ -299,3 +299,10 @@ def test_json_output_is_strict_json(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert [r["compute_vs_first"] for r in rows] == [None, None]
     assert main(["compare", str(comm), str(EXAMPLE)]) == 0
     assert capsys.readouterr().out.splitlines()[3].split()[5] == "-"
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"ovsim {version('ovsim')}\n"
