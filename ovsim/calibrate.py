@@ -74,7 +74,7 @@ import pandas as pd
 import yaml
 from scipy.optimize import differential_evolution, nnls
 
-from ovsim.engine.channel import max_min_rates
+from ovsim.engine.channel import one_channel_rate
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import (
     CALIB_DIR,
@@ -226,8 +226,8 @@ def contention_slowdown(kind: str, protocols: Sequence[str], pressure: dict[str,
         return 1.0
     caps = [demand] + [share for share, _ in resident]
     weights = [1.0] + [weight for _, weight in resident]
-    alloc = max_min_rates(caps, weights, [[(0, 1.0)]] * len(caps), [params.hbm_mix_efficiency])
-    return demand / alloc.rates[0] if alloc.rates[0] > 0 else math.inf
+    rate = one_channel_rate(caps, weights, params.hbm_mix_efficiency)
+    return demand / rate if rate > 0 else math.inf
 
 
 def _replay_mape(tr: TraceInput, d: ContentionData, overrides: dict[str, Any]) -> float:

@@ -81,12 +81,39 @@ def max_min_rates(
                     if not frozen[a] and a not in newly:
                         newly.append(a)
                         bottleneck[a] = r
-        if not newly:  # numerical guard: freeze the slowest-growing activity
-            newly.append(active[0])
+        if not newly:
+            # Numerical guard: a headroom below the float resolution (a subnormal cap over its
+            # weight) made the step zero; that activity is at its cap.
+            a_min = min(active, key=lambda a: (caps[a] - rates[a]) / weights[a])
+            rates[a_min] = caps[a_min]
+            newly.append(a_min)
         for a in newly:
             frozen[a] = True
         active = [a for a in active if not frozen[a]]
     return Allocation(rates=rates, bottleneck=bottleneck)
+
+
+def one_channel_rate(caps: Sequence[float], weights: Sequence[float], capacity: float) -> float:
+    """The rate of activity 0 in :func:`max_min_rates` when every activity uses one channel of
+    ``capacity`` at one byte per unit of rate: weighted water-filling in closed form (activities in
+    order of cap over weight each take their cap while it is below their weight times the level
+    the rest would get). The fit of the contention parameters calls this millions of times."""
+    if any(not (0 < w < float("inf")) for w in weights):
+        raise ValueError("activity weights must be positive and finite")
+    if caps[0] <= 0:
+        return 0.0
+    if sum(caps) <= capacity * (1 + 1e-9):
+        return float(caps[0])
+    left = capacity
+    weight_left = sum(w for c, w in zip(caps, weights, strict=True) if c > 0)
+    for a in sorted((a for a in range(len(caps)) if caps[a] > 0), key=lambda a: caps[a] / weights[a]):
+        if caps[a] > weights[a] * left / weight_left * (1 + _EPS):
+            break
+        if a == 0:
+            return float(caps[0])
+        left -= caps[a]
+        weight_left -= weights[a]
+    return weights[0] * max(0.0, left) / weight_left
 
 
 def water_fill(demands: Sequence[float], counts: Sequence[int], capacity: float) -> list[float]:
