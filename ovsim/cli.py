@@ -476,7 +476,7 @@ def _validate(args: argparse.Namespace) -> int:
         raise OvsimError("not a folder", source=str(traces), field="traces")
     bar.stage("published figures")
     try:
-        checks = run(traces, on_trace=lambda name: bar.stage(f"replaying {name}"))
+        checks = run(traces, on_trace=lambda name: bar.stage(f"replaying {name}"), workers=args.workers)
     finally:
         bar.done()
     if args.plot:
@@ -738,6 +738,8 @@ def parser() -> argparse.ArgumentParser:
     vp = sub.add_parser("validate", help="reproduce published figures and replay real traces; one table")
     vp.add_argument("--traces", metavar="DIR", type=_file_name,
                     help="folder holding the shared real traces (their layout as published)")
+    vp.add_argument("--workers", type=_count, default=1, metavar="N",
+                    help="processes to replay the held-out traces in (default 1; 0: one per CPU core)")
     vp.add_argument("--json", action="store_true", help="print one JSON object")
     vp.add_argument("--plot", metavar="FILE", type=_file_name,
                     help="draw every check's error against its tolerance to FILE (PNG, PDF or SVG, from the name; "

@@ -10,15 +10,20 @@ as a prediction error.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.spec import GpuSpec, gpu_file, load_gpu, load_system
 from ovsim.models import cost, nccl
+
+if TYPE_CHECKING:
+    from ovsim.calibrate import ContentionData, TraceInput
 
 GB = 1e9
 GIB = 2**30
@@ -194,7 +199,7 @@ TRACE_CASES: tuple[tuple[str, str | None], ...] = (
 )
 
 
-def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> list[Check]:
+def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, workers: int = 1) -> list[Check]:
     """Replay every known trace present under ``folder``, twice.
 
     Held out (leave one trace out): the contention parameters are fitted (``ovsim calibrate``) on
@@ -203,9 +208,11 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None) ->
     MAPE (the calibration issue's targets). Fit: the trace replayed with the shipped calibration,
     whose contention parameters were fitted on all of these traces, so its MAPE is a fit error; it
     passes when it is no worse than the naive prediction.
+
+    The traces' preparation and the folds are independent: ``workers`` > 1 runs them in that many
+    processes, with the same checks.
     """
-    from ovsim.calibrate import contention_data, fit_contention, trace_input
-    from ovsim.replay import replay
+    from ovsim.calibrate import contention_data, trace_input
 
     present = [(rel, gpu) for rel, gpu in TRACE_CASES if (folder / rel).exists()]
     inputs = []
@@ -213,30 +220,33 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None) ->
         if on_trace is not None:
             on_trace(f"reading {Path(rel).name}")
         inputs.append(trace_input([folder / rel], gpu))
-    prepared = []
-    for (rel, _), tr in zip(present, inputs, strict=True):
-        if on_trace is not None:
-            on_trace(f"replaying {Path(rel).name} without contention")
-        prepared.append(contention_data(tr))
+    names = [Path(rel).name for rel, _ in present]
+    jobs = min(workers, len(inputs))
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            if on_trace is not None:
+                on_trace(f"replaying {len(inputs)} traces without contention in {jobs} processes")
+            prepared = list(pool.map(contention_data, inputs))
+            futures = [pool.submit(_fold, i, inputs, prepared) for i in range(len(inputs))]
+            folds = []
+            for name, fut in zip(names, futures, strict=True):
+                if on_trace is not None:
+                    on_trace(f"replaying {name} (held out) in {jobs} processes")
+                folds.append(fut.result())
+    else:
+        prepared = []
+        for name, tr in zip(names, inputs, strict=True):
+            if on_trace is not None:
+                on_trace(f"replaying {name} without contention")
+            prepared.append(contention_data(tr))
+        folds = []
+        for i, name in enumerate(names):
+            if on_trace is not None:
+                on_trace(f"replaying {name}")
+            folds.append(_fold(i, inputs, prepared))
     held_out: list[Check] = []
     fitted: list[Check] = []
-    for i, ((rel, _), tr) in enumerate(zip(present, inputs, strict=True)):
-        name = Path(rel).name
-        if on_trace is not None:
-            on_trace(f"replaying {name}")
-        rest = inputs[:i] + inputs[i + 1:]
-        rest_prepared = prepared[:i] + prepared[i + 1:]
-        overrides: dict[str, Any] | None = None
-        fitted_on = "no other trace"
-        if rest:
-            params = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params
-            try:
-                overrides, _ = fit_contention(rest, params, rest_prepared)
-                fitted_on = f"{len(rest)} other traces"
-            except OvsimError:
-                overrides = None
-        held = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=overrides).summary
-        fit = replay(tr.bundle, gpu=tr.gpu, counters=False).summary
+    for (rel, _), name, (held, fit, fitted_on) in zip(present, names, folds, strict=True):
         naive = float(held["naive_mape_pct"])
         held_out.append(Check(f"{name}: span", HELD_OUT, held["measured_span_s"] * 1e3,
                          held["predicted_span_s"] * 1e3, "ms", 5.0, rel, note=f"contention fitted on {fitted_on}"))
@@ -250,6 +260,30 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None) ->
                          note="fit error: the shipped contention parameters were fitted on this trace too; "
                               "passes at or below naive"))
     return held_out + fitted
+
+
+def _fold(i: int, inputs: Sequence[TraceInput], prepared: Sequence[ContentionData]) -> tuple[dict[str, Any],
+                                                                                          dict[str, Any], str]:
+    """Trace ``i`` replayed with contention fitted on the others (held out) and with the shipped
+    calibration (fit): the two replay summaries and what the held-out fit was made on."""
+    from ovsim.calibrate import fit_contention
+    from ovsim.replay import replay
+
+    tr = inputs[i]
+    rest = [*inputs[:i], *inputs[i + 1:]]
+    rest_prepared = [*prepared[:i], *prepared[i + 1:]]
+    overrides: dict[str, Any] | None = None
+    fitted_on = "no other trace"
+    if rest:
+        params = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params
+        try:
+            overrides, _ = fit_contention(rest, params, rest_prepared)
+            fitted_on = f"{len(rest)} other traces"
+        except OvsimError:
+            overrides = None
+    held = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=overrides).summary
+    fit = replay(tr.bundle, gpu=tr.gpu, counters=False).summary
+    return held, fit, fitted_on
 
 
 _H100 = "TraceLens/tests/traces/h100/"
@@ -341,7 +375,12 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
     return checks
 
 
-def run(traces: Path | None, on_trace: Callable[[str], None] | None = None) -> list[Check]:
+def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, workers: int = 1) -> list[Check]:
+    """Every check: published figures and power, and with ``traces`` the shared traces replayed
+    (their folds in ``workers`` processes when more than 1; 0: one per CPU core)."""
+    if workers < 0:
+        raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
+    workers = workers or os.cpu_count() or 1
     if traces is not None:
         known = [rel for rel, _ in TRACE_CASES] + [rel for rels in MEMORY_CASES.values() for rel in rels]
         if not any((traces / rel).exists() for rel in known):
@@ -350,6 +389,6 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None) -> l
                              f"{known[-1]})", source=str(traces), field="traces")
     checks = published_checks() + power_checks()
     if traces is not None:
-        checks += trace_checks(traces, on_trace) + memory_checks(traces, on_trace)
+        checks += trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
     return checks
 

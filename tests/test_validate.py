@@ -9,6 +9,7 @@ import pytest
 
 from ovsim import validate
 from ovsim.cli import main
+from ovsim.errors import OvsimError
 from ovsim.validate import Check
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -111,3 +112,17 @@ def test_validate_rejects_a_folder_without_the_shared_traces(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith(f"ovsim: error: {tmp_path}: traces: none of the 11 shared traces is in this folder")
+
+
+def test_held_out_folds_in_processes_give_the_same_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not TRACES.exists():
+        pytest.skip(f"shared traces not found at {TRACES}")
+    monkeypatch.setattr(validate, "TRACE_CASES", (
+        ("HolisticTraceAnalysis/tests/data/negative_queue_length_values_check/rank0.json.gz", None),
+        ("HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz", "a100-sxm4-80gb")))
+    one = validate.trace_checks(TRACES, workers=1)
+    two = validate.trace_checks(TRACES, workers=2)
+    assert [c.to_json() for c in two] == [c.to_json() for c in one]
+    assert len(one) == 6 and all("fitted on 1 other traces" in c.note for c in one if c.group == validate.HELD_OUT)
+    with pytest.raises(OvsimError, match="workers"):
+        validate.run(None, workers=-1)
