@@ -7,12 +7,13 @@ unexpected failure prints one line and exits with status 3 (set OVSIM_DEBUG=1 fo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from ovsim.errors import OvsimError
@@ -171,12 +172,12 @@ _SWEEP_COLUMNS: list[tuple[str, str, str]] = [
 
 def _sweep_table(df: Any, axes: list[str]) -> str:
     cols = [c for c in _SWEEP_COLUMNS if c[0] in df.columns]
-    widths = [max(len(a), *(len(repr(v)) if v is None else len(str(v)) for v in df[a])) for a in axes]
+    widths = [max(len(a), *(len(str(v)) for v in df[a])) for a in axes]
     head = " ".join(f"{a:<{w}}" for a, w in zip(axes, widths, strict=True))
     lines = [head + " " + " ".join(f"{h:>10}" for _, h, _ in cols)]
     lines.append("-" * len(lines[0]))
     for rec in df.to_dict(orient="records"):
-        vals = " ".join(f"{'None' if rec[a] is None else str(rec[a]):<{w}}" for a, w in zip(axes, widths, strict=True))
+        vals = " ".join(f"{rec[a]!s:<{w}}" for a, w in zip(axes, widths, strict=True))
         cells = [_cell(rec.get(key), kind) for key, _, kind in cols]
         lines.append(vals + " " + " ".join(cells))
     return "\n".join(lines)
@@ -528,29 +529,33 @@ def _check_plot(path: str | None) -> None:
     from ovsim.plot import check_path
 
     _check_output(path, "--plot")
-    try:
+    with _flag("--plot"):
         check_path(path)
-    except OvsimError as e:
-        raise OvsimError(e.message, source=e.source, field="--plot") from None
 
 
 def _save_plot(fig: Any, path: str) -> None:
     from ovsim.plot import save
 
-    try:
+    with _flag("--plot"):
         save(fig, path)
-    except OvsimError as e:
-        raise OvsimError(e.message, source=e.source, field="--plot") from None
 
 
 def _check_gpu(name: str | None, flag: str = "--gpu") -> None:
     from ovsim.hw.spec import load_gpu
 
     if name is not None:
-        try:
+        with _flag(flag):
             load_gpu(name)
-        except OvsimError as e:
-            raise OvsimError(e.message, source=e.source, field=flag) from None
+
+
+@contextlib.contextmanager
+def _flag(flag: str) -> Iterator[None]:
+    """An error inside is the flag's: the value came from it, whatever field the code that checked
+    it names."""
+    try:
+        yield
+    except OvsimError as e:
+        raise OvsimError(e.message, source=e.source, field=flag) from None
 
 
 class _Parser(argparse.ArgumentParser):

@@ -57,11 +57,14 @@ _HIDDEN_KINDS = ("flow", "delay")
 _MAX_LANES = 48
 
 
+_NO_MATPLOTLIB = "drawing needs matplotlib: pip install 'ovsim[plot]'"
+
+
 def _figure(**kwargs: Any) -> Figure:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise OvsimError("drawing needs matplotlib: pip install 'ovsim[plot]'", field="plot") from None
+        raise OvsimError(_NO_MATPLOTLIB, field="plot") from None
     return Figure(**kwargs)
 
 
@@ -70,8 +73,7 @@ def check_path(path: str | Path) -> None:
     try:
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
-        raise OvsimError("drawing needs matplotlib: pip install 'ovsim[plot]'", source=str(path),
-                         field="plot") from None
+        raise OvsimError(_NO_MATPLOTLIB, source=str(path), field="plot") from None
     formats = FigureCanvasBase.get_supported_filetypes()
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in formats:

@@ -19,11 +19,11 @@ the same, row for row, as with one.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -100,25 +100,22 @@ def points(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]]) -
         try:
             sc = scenario_from_mapping(edited, path) if path is not None else Scenario.model_validate(edited)
         except ValidationError as e:
-            err = validation_error(e, source)
-            raise OvsimError(f"{err.field}: {err.message}" if err.field else err.message, source=source,
-                             field=_where(point)) from None
+            raise _of_point(validation_error(e, source), point, source) from None
         except OvsimError as e:
-            raise OvsimError(f"{e.field}: {e.message}" if e.field else e.message, source=source,
-                             field=_where(point)) from None
+            raise _of_point(e, point, source) from None
         out.append((point, sc))
     return out
 
 
-def _where(point: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in point.items())
+def _of_point(e: OvsimError, point: Mapping[str, Any], source: str) -> OvsimError:
+    """``e`` said of the combination that raised it: the combination is the field, the error's own
+    field leads its message."""
+    where = ", ".join(f"{k}={v!r}" for k, v in point.items())
+    return OvsimError(": ".join(p for p in (e.field, e.message) if p), source=source, field=where)
 
 
-def _predict_summary(sc: Scenario, mode: Mode | None, source: str) -> dict[str, Any]:
-    try:
-        return predict(sc, mode=mode, counters=False).summary()
-    except OvsimError as e:
-        raise e.located(source) from None
+def _predict_summary(sc: Scenario, mode: Mode | None) -> dict[str, Any]:
+    return predict(sc, mode=mode, counters=False).summary()
 
 
 def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *, mode: Mode | None = None,
@@ -134,28 +131,20 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
     n = len(grid)
     jobs = workers or os.cpu_count() or 1
     summaries: list[dict[str, Any]] = []
-    if jobs == 1 or n == 1:
-        for i, (point, sc) in enumerate(grid):
-            summaries.append(_located(point, source, functools.partial(_predict_summary, sc, mode, source)))
+    pool = ProcessPoolExecutor(max_workers=min(jobs, n)) if jobs > 1 and n > 1 else None
+    with pool or nullcontext():
+        # The pool's map starts every prediction at once; the built-in one predicts each as it is
+        # asked for. Either gives results in the grid's order.
+        results = (pool.map if pool is not None else map)(_predict_summary, [sc for _, sc in grid],
+                                                          itertools.repeat(mode))
+        for i, (point, _) in enumerate(grid):
+            try:
+                summaries.append(next(results))
+            except OvsimError as e:
+                raise _of_point(e, point, source) from None
             if progress is not None:
                 progress(i + 1, n)
-    else:
-        with ProcessPoolExecutor(max_workers=min(jobs, n)) as pool:
-            futures = [pool.submit(_predict_summary, sc, mode, source) for _, sc in grid]
-            for i, ((point, _), fut) in enumerate(zip(grid, futures, strict=True)):
-                summaries.append(_located(point, source, fut.result))
-                if progress is not None:
-                    progress(i + 1, n)
     df = pd.DataFrame(summaries)
     # The axes as given: a None stays None (no power cap), not a NaN in a float column.
     axis_columns = pd.DataFrame({a: pd.Series([p[a] for p, _ in grid], dtype=object) for a in axes})
     return pd.concat([axis_columns, df.drop(columns=[a for a in axes if a in df.columns])], axis=1)
-
-
-def _located(point: Mapping[str, Any], source: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """A prediction's error, said of the combination that raised it."""
-    try:
-        return run()
-    except OvsimError as e:
-        detail = ": ".join(p for p in (e.field, e.message) if p)
-        raise OvsimError(detail, source=source, field=_where(point)) from None

@@ -9,10 +9,12 @@ as a prediction error.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -222,28 +224,24 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, wo
         inputs.append(trace_input([folder / rel], gpu))
     names = [Path(rel).name for rel, _ in present]
     jobs = min(workers, len(inputs))
-    if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            if on_trace is not None:
-                on_trace(f"replaying {len(inputs)} traces without contention in {jobs} processes")
-            prepared = list(pool.map(contention_data, inputs))
-            futures = [pool.submit(_fold, i, inputs, prepared) for i in range(len(inputs))]
-            folds = []
-            for name, fut in zip(names, futures, strict=True):
-                if on_trace is not None:
-                    on_trace(f"replaying {name} (held out) in {jobs} processes")
-                folds.append(fut.result())
-    else:
+    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    with pool or nullcontext():
+        # The pool's map starts every trace at once; the built-in one replays each as it is asked
+        # for. Either gives results in the traces' order.
+        run = pool.map if pool is not None else map
+        how = f" in {jobs} processes" if pool is not None else ""
+        replayed = run(contention_data, inputs)
         prepared = []
-        for name, tr in zip(names, inputs, strict=True):
+        for name in names:
             if on_trace is not None:
-                on_trace(f"replaying {name} without contention")
-            prepared.append(contention_data(tr))
+                on_trace(f"replaying {name} without contention{how}")
+            prepared.append(next(replayed))
+        folded = run(_fold, range(len(inputs)), itertools.repeat(inputs), itertools.repeat(prepared))
         folds = []
-        for i, name in enumerate(names):
+        for name in names:
             if on_trace is not None:
-                on_trace(f"replaying {name}")
-            folds.append(_fold(i, inputs, prepared))
+                on_trace(f"replaying {name}{how}")
+            folds.append(next(folded))
     held_out: list[Check] = []
     fitted: list[Check] = []
     for (rel, _), name, (held, fit, fitted_on) in zip(present, names, folds, strict=True):
