@@ -109,9 +109,10 @@ def points(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]]) -
 
 def _of_point(e: OvsimError, point: Mapping[str, Any], source: str) -> OvsimError:
     """``e`` said of the combination that raised it: the combination is the field, the error's own
-    field leads its message."""
+    file (when another than the scenario: a calibration file it names) and field lead its message."""
     where = ", ".join(f"{k}={v!r}" for k, v in point.items())
-    return OvsimError(": ".join(p for p in (e.field, e.message) if p), source=source, field=where)
+    own = e.source if e.source != source else ""
+    return OvsimError(": ".join(p for p in (own, e.field, e.message) if p), source=source, field=where)
 
 
 def _predict_summary(sc: Scenario, mode: Mode | None) -> dict[str, Any]:

@@ -145,3 +145,15 @@ def test_sweep_command_bad_axis_is_one_line(axis: str, words: str, capsys: pytes
     assert main(["sweep", str(EXAMPLE), "--axis", axis]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_error_in_a_file_the_scenario_names_keeps_that_files_name(tmp_path: Path, workers: int) -> None:
+    (tmp_path / "bad.v1.yaml").write_text("schema: ovsim.calib/1\ngpu: '*'\nversion: 1\nprovenance: {}\n"
+                                          "parameters: {attention_efficiency: 2.0}\nsources: {}\n")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(EXAMPLE.read_text() + "calibration: [bad.v1.yaml]\n")
+    with pytest.raises(OvsimError) as err:
+        sweep(scenario, {"ops.gemm.m": [1024, 2048]}, workers=workers)
+    assert (err.value.source, err.value.field) == (str(scenario), "ops.gemm.m=1024")
+    assert err.value.message.startswith(f"{tmp_path / 'bad.v1.yaml'}: sources: ")
