@@ -89,6 +89,7 @@ import orjson
 import pandas as pd
 
 from ovsim.errors import OvsimError
+from ovsim.gcpause import paused_gc
 from ovsim.traces.table import (
     DTYPE_BYTES,
     TraceBundle,
@@ -158,13 +159,15 @@ class _State:
     launches: dict[int, tuple[Any, Any, Any, Any]] = field(default_factory=dict)
     # record_param_comms ops with metadata: by External id, and by (pid, tid) as (start, end, args).
     rpc_by_ext: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # Operators recorded with their input shapes (record_shapes): External id -> (name, Input Dims,
-    # Input type, External id).
-    host_ops: dict[int, tuple[Any, Any, Any, Any]] = field(default_factory=dict)
-    # The same operators per host thread as (start, end, name, Input Dims, Input type, External id),
-    # for traces whose kernels link to their launch call only by time (older Kineto: a kernel's
-    # External id is its correlation).
-    host_spans: dict[tuple[Any, Any], list[tuple[float, float, Any, Any, Any, Any]]] = field(default_factory=dict)
+    # Operators recorded with their input shapes (record_shapes): External id -> ((operator with its
+    # shapes, input types) as text, External id).
+    host_ops: dict[int, tuple[tuple[str, str], Any]] = field(default_factory=dict)
+    # The same operators per host thread as (start, end, texts, External id), for traces whose
+    # kernels link to their launch call only by time (older Kineto: a kernel's External id is its
+    # correlation).
+    host_spans: dict[tuple[Any, Any], list[tuple[float, float, tuple[str, str], Any]]] = field(default_factory=dict)
+    # (name, Input Dims as JSON, Input type as JSON) -> the texts of host_ops, shared.
+    op_texts: dict[tuple[str, bytes, bytes], tuple[str, str]] = field(default_factory=dict)
     rpc_by_thread: dict[tuple[Any, Any], list[tuple[float, float, dict[str, Any]]]] = field(default_factory=dict)
     # (device, waiting stream, wait ts, record correlation, recording stream)
     waits: list[tuple[Any, Any, Any, int, Any]] = field(default_factory=list)
@@ -253,14 +256,13 @@ class _State:
                 dims = args.get("Input Dims")
                 if dims is not None:
                     ext = args.get("External id")
-                    types = args.get("Input type")
+                    texts = self._op_texts(e.get("name"), dims, args.get("Input type"))
                     if ext.__class__ is int:
-                        self.host_ops[ext] = (e.get("name"), dims, types, ext)
+                        self.host_ops[ext] = (texts, ext)
                     dur = e.get("dur")
                     if isinstance(ts, int | float) and isinstance(dur, int | float):
                         key = (_hashable(e.get("pid")), _hashable(e.get("tid")))
-                        self.host_spans.setdefault(key, []).append((float(ts), float(ts) + dur, e.get("name"), dims,
-                                                                    types, ext))
+                        self.host_spans.setdefault(key, []).append((float(ts), float(ts) + dur, texts, ext))
             elif role == _SYNC:
                 rec = args.get("wait_on_cuda_event_record_corr_id")
                 if rec.__class__ is int and (tsc is float or tsc is int):
@@ -269,6 +271,17 @@ class _State:
                     self.waits.append((e.get("pid") if device is None else device,
                                        e.get("tid") if stream is None else stream, ts, rec,
                                        args.get("wait_on_stream")))
+
+    def _op_texts(self, name: Any, dims: Any, types: Any) -> tuple[str, str]:
+        """The operator with its input shapes, e.g. ``aten::mm[[64, 128], [128, 256]]``, and its input
+        types as text, one shared tuple per distinct operator record: holding the parsed lists of
+        every call instead was most of the importer's memory. A value's compact JSON keys its text
+        (equal JSON, equal text), which is cheaper to make than the text itself."""
+        key = (f"{name}", orjson.dumps(dims), orjson.dumps(types))
+        texts = self.op_texts.get(key)
+        if texts is None:
+            texts = self.op_texts[key] = (f"{name}{dims}"[:500], "" if types is None else f"{types}"[:500])
+        return texts
 
     def _add_rpc(self, e: dict[str, Any], args: dict[str, Any], ts: Any) -> None:
         ext = args.get("External id")
@@ -581,8 +594,6 @@ def _host_ops(st: _State, ext: tuple[Any, ...], corr: list[int | None]) -> tuple
     for thread_spans in st.host_spans.values():
         thread_spans.sort(key=itemgetter(0))
     starts = {k: [sp[0] for sp in v] for k, v in st.host_spans.items()}
-    # One str per distinct operator record, not per row: the rows repeat a few thousand operators.
-    text: dict[int, tuple[str, str]] = {}
     ops: list[str] = []
     types: list[str] = []
     ids: list[Any] = []
@@ -597,18 +608,15 @@ def _host_ops(st: _State, ext: tuple[Any, ...], corr: list[int | None]) -> tuple
             if op is None and spans:
                 j = _innermost(spans, starts[key], float(ts), limit=64)
                 if j is not None:
-                    op = spans[j][2:6]
+                    op = spans[j][2:4]
         if op is None:
             ops.append("")
             types.append("")
             ids.append(None)
             continue
-        t = text.get(id(op[1]))
-        if t is None:
-            t = text[id(op[1])] = (f"{op[0]}{op[1]}"[:500], "" if op[2] is None else f"{op[2]}"[:500])
-        ops.append(t[0])
-        types.append(t[1])
-        ids.append(op[3])
+        ops.append(op[0][0])
+        types.append(op[0][1])
+        ids.append(op[1])
     return ops, types, ids
 
 
@@ -847,10 +855,11 @@ def load_kineto(path: str | Path) -> TraceBundle:
     if not p.exists():
         raise OvsimError("no such file or folder", source=str(p), field="path")
     files: list[_FileData] = []
-    for item in _inputs(p):
-        files.append(_parse_file(*item))
-        # Drop this file's bytes before the next file is read.
-        del item
+    with paused_gc():
+        for item in _inputs(p):
+            files.append(_parse_file(*item))
+            # Drop this file's bytes before the next file is read.
+            del item
     ranks = _assign_ranks(files, p)
     bases = [f.base_ns for f in files]
     known = [b for b in bases if b is not None]

@@ -66,6 +66,7 @@ import numpy as np
 import pandas as pd
 
 from ovsim.errors import OvsimError
+from ovsim.gcpause import paused_gc
 
 _IDENT = {"ID": "id", "Process ID": "process_id", "Process Name": "process", "Kernel Name": "name",
           "Context": "context", "Stream": "stream", "Device": "device", "CC": "cc"}
@@ -152,7 +153,8 @@ def load_ncu_csv(path: str | Path) -> pd.DataFrame:
     except OSError as e:
         raise OvsimError(f"cannot read: {e.strerror}", source=src, field="path") from None
     try:
-        rows = list(csv.reader(io.StringIO(text)))
+        with paused_gc():
+            rows = list(csv.reader(io.StringIO(text)))
     except csv.Error as e:
         raise OvsimError(f"not readable as CSV: {e}", source=src, field="file") from None
     start = next((i for i, r in enumerate(rows) if r and r[0].strip() == "ID"), None)

@@ -302,6 +302,28 @@ def test_launching_operator_shapes_types_and_call(tmp_path: Path) -> None:
     assert k["host_op_id"].tolist()[:3] == [500, 500, 601] and pd.isna(k["host_op_id"].iloc[3])
 
 
+def test_operator_records_that_differ_in_any_value_keep_their_own_text(tmp_path: Path) -> None:
+    """Equal operator records share one text; records differing only in an int against a float
+    shape, or in their types (or having none), keep their own (the importer keys texts by the
+    records' JSON)."""
+    def op(ts: float, ext: int, dims: Any, types: Any) -> dict[str, Any]:
+        args: dict[str, Any] = {"External id": ext, "Input Dims": dims}
+        if types is not None:
+            args["Input type"] = types
+        return {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 10, "tid": 11, "ts": ts, "dur": 5.0,
+                "args": args}
+    records = [([[2, 3]], ["float"]), ([[2.0, 3]], ["float"]), ([[2, 3]], None), ([[2, 3]], ["double"]),
+               ([[2, 3]], ["float"])]
+    events: list[dict[str, Any]] = []
+    for i, (dims, types) in enumerate(records):
+        events += [op(10.0 * i, 700 + i, dims, types), kernel(f"k{i}", 100.0 + 10 * i, corr=i + 1),
+                   launch(i + 1, 10.0 * i + 1, ext=700 + i)]
+    k = load_kineto(write(tmp_path / "t.json", doc(events))).kernels
+    assert k["host_op"].tolist() == ["aten::mm[[2, 3]]", "aten::mm[[2.0, 3]]"] + ["aten::mm[[2, 3]]"] * 3
+    assert k["host_types"].tolist() == ["['float']", "['float']", "", "['double']", "['float']"]
+    assert k["host_op_id"].tolist() == [700, 701, 702, 703, 704]
+
+
 @pytest.mark.parametrize(("name", "expected"), [
     ("Memcpy HtoD (Pageable -> Device)", "HtoD"), ("Memcpy DtoH (Device -> Pinned)", "DtoH"),
     ("Memcpy DtoD (Device -> Device)", "DtoD"), ("Memcpy PtoP (Device -> Device)", "PtoP"),
