@@ -280,7 +280,9 @@ class _State:
         key = (f"{name}", orjson.dumps(dims), orjson.dumps(types))
         texts = self.op_texts.get(key)
         if texts is None:
-            texts = self.op_texts[key] = (f"{name}{dims}"[:500], "" if types is None else f"{types}"[:500])
+            texts = (f"{name}{dims}"[:500], "" if types is None else f"{types}"[:500])
+            # orjson's bytes keep a 4 KiB buffer whatever their length: keep exact-size copies.
+            self.op_texts[(key[0], bytes(memoryview(key[1])), bytes(memoryview(key[2])))] = texts
         return texts
 
     def _add_rpc(self, e: dict[str, Any], args: dict[str, Any], ts: Any) -> None:
