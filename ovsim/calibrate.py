@@ -142,6 +142,16 @@ class FitReport:
     sources: dict[str, str] = field(default_factory=dict)
     fits: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    # Every measured point a fit used beside what the written parameters predict for it
+    # (POINT_COLUMNS); filled when calibrate() is asked for points.
+    points: pd.DataFrame | None = None
+
+
+# FitReport.points: the fit, the group a point belongs to (precision, class, collective, kernel
+# kind, power log), its trace, the unit of the values ("s" or "W"), the measured value, the value
+# the written parameters give, and the prediction the fit is judged against where it has one
+# (contention: the naive isolated duration; power: the calibration in use before the fit).
+POINT_COLUMNS = ("quantity", "group", "trace", "unit", "measured", "fitted", "baseline")
 
 
 @dataclass(frozen=True)
@@ -230,6 +240,13 @@ def contention_slowdown(kind: str, protocols: Sequence[str], pressure: dict[str,
     return demand / rate if rate > 0 else math.inf
 
 
+def contention_time_s(d: ContentionData, j: int, slowdown: np.ndarray) -> np.ndarray:
+    """The fit's duration of ``d``'s kernels: the replay without memory contention at
+    ``SM_FRACTIONS[j]``, slowed by ``slowdown`` over the share of each kernel's time a collective
+    was resident."""
+    return np.asarray(d.baseline_s[j] * (1.0 - d.covered + d.covered * slowdown))
+
+
 def _replay_mape(tr: TraceInput, d: ContentionData, overrides: dict[str, Any]) -> float:
     """The engine's MAPE on a trace's scored kernels, replayed with ``overrides``."""
     from ovsim.replay import replay
@@ -267,7 +284,7 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
         slow = np.array([contention_slowdown(k, ps, pressure, fraction, params, m) for k, ps, m in configs])
         out = []
         for d, ix in zip(data, cfg_ix, strict=True):
-            pred = d.baseline_s[j] * (1.0 - d.covered + d.covered * slow[ix])
+            pred = contention_time_s(d, j, slow[ix])
             out.append(float(np.mean(np.abs(pred - d.measured_s) / d.measured_s) * 100))
         return out
 
@@ -358,6 +375,11 @@ def _collective_rows(bundle: TraceBundle) -> dict[str, list[tuple[float, float]]
     return {k: sorted(v.items()) for k, v in out.items()}
 
 
+def collective_time_s(bus_bytes: np.ndarray, latency_s: float, bus_bandwidth_bytes_per_s: float) -> np.ndarray:
+    """The fitted time of a collective moving ``bus_bytes`` (bus bytes, as NCCL's tests count them)."""
+    return np.asarray(latency_s + bus_bytes / bus_bandwidth_bytes_per_s)
+
+
 def fit_collectives(traces: Sequence[TraceInput]) -> tuple[dict[str, Any], dict[str, Any]]:
     rows: dict[str, dict[float, float]] = {}
     for tr in traces:
@@ -383,7 +405,7 @@ def fit_collectives(traces: Sequence[TraceInput]) -> tuple[dict[str, Any], dict[
             record["collectives"][key] = {"points": len(pts), "fitted": False,
                                           "why": "no growth of time with size in the data"}
             continue
-        pred = lat + b_bytes * inv_bw
+        pred = collective_time_s(b_bytes, lat, 1.0 / inv_bw)
         fitted[key] = {"latency_s": float(f"{lat:.4g}"), "bus_bandwidth_bytes_per_s": float(f"{1 / inv_bw:.4g}")}
         record["collectives"][key] = {
             "points": len(pts), "fitted": True, "bus_bytes_range": [float(b_bytes.min()), float(b_bytes.max())],
@@ -485,6 +507,13 @@ def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, flo
     return work
 
 
+def gemm_time_s(main_loop_s: np.ndarray, waves: np.ndarray, inverse_efficiency: float, tile_s: float,
+                overhead_s: float) -> np.ndarray:
+    """The fit's GEMM time: the overhead, the main loop (its time at efficiency 1, from
+    :func:`gemm_points`) over the efficiency, and a fixed time per wave of tiles."""
+    return np.asarray(overhead_s + main_loop_s * inverse_efficiency + waves * tile_s)
+
+
 def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
     """``gemm_efficiency`` and ``gemm_tile_overhead_s`` per precision from GEMM kernels that ran
     without communication and whose launching operator records its input shapes.
@@ -516,7 +545,7 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
 
         def mape(inv_eff: float, tile_s: float, t_s: np.ndarray = t_s, w_s: np.ndarray = w_s,
                  n_waves: np.ndarray = n_waves) -> float:
-            return float(np.mean(np.abs(ko + w_s * inv_eff + n_waves * tile_s - t_s) / t_s))
+            return float(np.mean(np.abs(gemm_time_s(w_s, n_waves, inv_eff, tile_s, ko) - t_s) / t_s))
 
         one = minimize_scalar(lambda e: mape(1.0 / e, 0.0), bounds=(0.01, 1.0), method="bounded",
                               options={"xatol": 1e-4})
@@ -536,7 +565,7 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
                 note = "main-loop efficiency and a fixed time per wave of tiles"
             else:
                 note = "a fixed time per wave did not lower the error of the efficiency alone"
-        pred = ko + w_s / eff + n_waves * tile
+        pred = gemm_time_s(w_s, n_waves, 1.0 / eff, tile, ko)
         rel = np.abs(pred - t_s) / t_s
         big = gflop >= np.median(gflop)
         effs[prec] = eff
@@ -565,7 +594,13 @@ MEMORY_FITTED = ("elementwise", "norm", "softmax")
 def memory_mape(t_s: np.ndarray, peak_s: np.ndarray, fraction: float, overhead_s: float) -> float:
     """Mean absolute relative error of the cost model's streaming-kernel time, ``overhead_s +
     peak_s / fraction``, against measured times ``t_s`` (``peak_s``: bytes / peak HBM bandwidth)."""
-    return float(np.mean(np.abs(overhead_s + peak_s / fraction - t_s) / t_s))
+    return float(np.mean(np.abs(memory_time_s(peak_s, fraction, overhead_s) - t_s) / t_s))
+
+
+def memory_time_s(peak_s: np.ndarray, fraction: float, overhead_s: float) -> np.ndarray:
+    """The cost model's streaming-kernel time: ``overhead_s + peak_s / fraction`` (``peak_s``: its
+    bytes over the peak HBM bandwidth; ``fraction``: of the peak it reaches)."""
+    return np.asarray(overhead_s + peak_s / fraction)
 
 
 def _memory_kernels(tr: TraceInput) -> tuple[list[tuple[float, Traffic]], dict[str, int]]:
@@ -876,12 +911,15 @@ def power_samples(tr: TraceInput, log: PowerLog) -> PowerSamples:
     return PowerSamples(tr.label, Path(log.path).name, table, window)
 
 
-def fit_power_logs(traces: Sequence[TraceInput], gpu: str, params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
+def fit_power_logs(traces: Sequence[TraceInput], gpu: str, params: Parameters,
+                   prepared: Sequence[PowerSamples] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fitted power parameters and the fit's record; raises when no trace has a power log or no
-    sample falls inside its trace."""
+    sample falls inside its trace. ``prepared``: the traces' :func:`power_samples` (computed here
+    when not given)."""
     from ovsim.hw.power import FIT_COLUMNS, fit_power, power_model
 
-    data = [power_samples(tr, log) for tr in traces for log in tr.power_logs]
+    data = list(prepared) if prepared is not None else [power_samples(tr, log) for tr in traces
+                                                          for log in tr.power_logs]
     if not data:
         raise OvsimError("no power log given with the traces (--power-log)", field="power")
     spec = load_gpu(gpu)
@@ -923,10 +961,81 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def fit_points(quantity: str, traces: Sequence[TraceInput], params: Parameters, values: dict[str, Any], *,
+               contention: Sequence[ContentionData] | None = None,
+               power: Sequence[PowerSamples] | None = None) -> pd.DataFrame:
+    """The measured points the fit of ``quantity`` used, each beside what ``params`` with the fitted
+    ``values`` on top predict for it (columns :data:`POINT_COLUMNS`). ``params`` are the ones the fit
+    started from; ``contention`` and ``power``: the prepared data of those fits, in trace order."""
+    p = params.merged(values)
+    rows: list[tuple[str, str, str, str, float, float, float]] = []
+
+    def add(group: str, trace: str, unit: str, measured: Any, fitted: Any, baseline: Any = None) -> None:
+        m, f = np.asarray(measured, dtype=float), np.asarray(fitted, dtype=float)
+        b = np.full(len(m), np.nan) if baseline is None else np.asarray(baseline, dtype=float)
+        rows.extend((quantity, group, trace, unit, float(x), float(y), float(z))
+                    for x, y, z in zip(m, f, b, strict=True))
+
+    if quantity == "overhead":
+        for label, timed in overhead_points(traces)[0].items():
+            t = [d for d, cls in timed if cls == "elementwise"]
+            add("elementwise", label, "s", t, [p.kernel_overhead_s] * len(t))
+    elif quantity == "gemm":
+        for tr in traces:
+            for prec, gemms in sorted(gemm_points([tr]).items()):
+                if prec not in values.get("gemm_efficiency", {}):
+                    continue
+                arr = np.array(gemms, dtype=float)
+                add(prec, tr.label, "s", arr[:, 0],
+                    gemm_time_s(arr[:, 1], arr[:, 2], 1.0 / p.gemm_eff(prec), p.gemm_tile_s(prec), p.kernel_overhead_s))
+    elif quantity == "memory":
+        fitted_classes = ({"elementwise"} if "memory_kernel_efficiency" in values else set()) | \
+            set(values.get("memory_kind_efficiency", {}))
+        for tr in traces:
+            for cls, streams in sorted(memory_points([tr])[0].items()):
+                if cls in fitted_classes:
+                    arr = np.array(streams, dtype=float)
+                    add(cls, tr.label, "s", arr[:, 0],
+                        memory_time_s(arr[:, 1], p.hbm_achievable_fraction * p.memory_eff(cls), p.kernel_overhead_s))
+    elif quantity == "collectives":
+        for tr in traces:
+            for key, sizes in _collective_rows(tr.bundle).items():
+                fit = values.get("nccl_fitted", {}).get(key)
+                if fit is not None:
+                    arr = np.array(sizes, dtype=float)
+                    add(key, tr.label, "s", arr[:, 1],
+                        collective_time_s(arr[:, 0], fit["latency_s"], fit["bus_bandwidth_bytes_per_s"]))
+    elif quantity == "contention":
+        data = contention if contention is not None else [contention_data(tr) for tr in traces]
+        j = SM_FRACTIONS.index(p.replay_collective_sm_fraction)
+        pressure, fraction = values.get("nccl_memory_pressure", {}), values.get("replay_hbm_fraction", {})
+        for d in data:
+            slow = np.array([contention_slowdown(k, ps, pressure, fraction, params, m) for k, ps, m in d.config])
+            kinds = [k for k, _, _ in d.config]
+            pred = contention_time_s(d, j, slow) if len(slow) else np.empty(0)
+            for kind in sorted(set(kinds)):
+                sel = np.array([k == kind for k in kinds])
+                add(kind, d.label, "s", d.measured_s[sel], pred[sel], d.isolated_s[sel])
+    elif quantity == "power":
+        from ovsim.hw.power import fit_table_power_w, power_model
+
+        # A power fit is of one GPU (GPU_SPECIFIC): every trace ran on it.
+        model = power_model(load_gpu(traces[0].gpu), p)
+        for s in power if power is not None else [power_samples(tr, log) for tr in traces for log in tr.power_logs]:
+            cols = {c: s.table[c].to_numpy(dtype=float) for c in s.table.columns}
+            add(s.log, s.label, "W", cols["power_w"], fit_table_power_w(cols, model), cols["predicted_w"])
+    else:
+        raise OvsimError(f"unknown quantity '{quantity}' (known: {', '.join(QUANTITIES)})", field="fit")
+    frame = pd.DataFrame(rows, columns=list(POINT_COLUMNS))
+    kept: pd.DataFrame = frame[np.isfinite(frame["measured"]) & np.isfinite(frame["fitted"])].reset_index(drop=True)
+    return kept
+
+
 def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[str] | None = None,
-              on_step: Callable[[str], None] | None = None) -> FitReport:
+              on_step: Callable[[str], None] | None = None, points: bool = False) -> FitReport:
     """Fit ``quantities`` (default: every one the traces support) for ``gpu`` ("*" for parameters
-    that apply to any GPU, from traces of several GPUs)."""
+    that apply to any GPU, from traces of several GPUs). With ``points``, the report also holds
+    every fitted point beside what the written parameters predict for it (:func:`fit_points`)."""
     if not traces:
         raise OvsimError("no traces to calibrate on", field="traces")
     if gpu != "*":
@@ -947,14 +1056,26 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
     ref = gpu if gpu != "*" else traces[0].gpu
     params = load_calibration(load_gpu(ref), gpu_file(ref).stem).params
     report = FitReport()
+    # Data the fits and their points share (each costs replays of every trace).
+    prepared: dict[str, Any] = {}
+
+    def contention_fit() -> tuple[dict[str, Any], dict[str, Any]]:
+        prepared["contention"] = [contention_data(tr) for tr in traces]
+        return fit_contention(traces, params, prepared["contention"])
+
+    def power_fit() -> tuple[dict[str, Any], dict[str, Any]]:
+        prepared["power"] = [power_samples(tr, log) for tr in traces for log in tr.power_logs]
+        return fit_power_logs(traces, ref, params, prepared["power"])
+
     fitters: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
-        "contention": lambda: fit_contention(traces, params),
+        "contention": contention_fit,
         "collectives": lambda: fit_collectives(traces),
         "overhead": lambda: fit_overhead(traces),
         "gemm": lambda: fit_gemm(traces, params),
         "memory": lambda: fit_memory(traces, params),
-        "power": lambda: fit_power_logs(traces, ref, params),
+        "power": power_fit,
     }
+    frames: list[pd.DataFrame] = []
     for q in wanted:
         if on_step is not None:
             on_step(q)
@@ -965,6 +1086,9 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
                 raise
             report.skipped[q] = e.message
             continue
+        if points:
+            frames.append(fit_points(q, traces, params, values, contention=prepared.get("contention"),
+                                     power=prepared.get("power")))
         report.parameters.update(values)
         report.fits[q] = record
         # Later fits (gemm, memory: QUANTITIES puts overhead first) build on what was just fitted.
@@ -974,6 +1098,9 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
     if not report.parameters:
         why = "; ".join(f"{q}: {m}" for q, m in report.skipped.items())
         raise OvsimError(f"nothing could be fitted from these traces ({why})", field="traces")
+    if points:
+        report.points = (pd.concat(frames, ignore_index=True) if frames
+                         else pd.DataFrame(columns=list(POINT_COLUMNS)))
     return report
 
 

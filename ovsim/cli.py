@@ -370,6 +370,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if out.exists():
         raise OvsimError("exists: calibration files are never edited; write a new version", source=str(out),
                          field="--output")
+    _check_plot(args.plot)
     bar = _Progress(args.quiet or args.json)
     assumed: dict[str, str] = {}
     for item in args.trace_gpu or []:
@@ -409,12 +410,18 @@ def _calibrate(args: argparse.Namespace) -> int:
             mine = logs.get(t, []) + (logs.get(Path(t).name, []) if Path(t).name != t else [])
             inputs.append(dataclasses.replace(tr, power_logs=tuple(mine)))
         quantities = [q.strip() for q in args.fit.split(",")] if args.fit else None
-        report = calibrate(inputs, gpu, quantities=quantities, on_step=lambda q: bar.stage(f"fitting {q}"))
+        report = calibrate(inputs, gpu, quantities=quantities, on_step=lambda q: bar.stage(f"fitting {q}"),
+                           points=bool(args.plot))
         command = "ovsim calibrate " + " ".join(Path(t).name for t in args.traces) + f" --gpu {gpu}" + "".join(
             f" --power-log {Path(lg.path).name}" for tr in inputs for lg in tr.power_logs)
         path = write_calibration(report, inputs, gpu, Path(args.output), command=command)
     finally:
         bar.done()
+    if args.plot and report.points is not None:
+        from ovsim.plot import calibration_figure
+
+        _save_plot(calibration_figure(report.points, title=f"{path.name}: fitted against measured (fit error, on the "
+                                                           "points fitted)"), args.plot)
     if args.json:
         print(_json({"file": str(path), "parameters": report.parameters, "fits": report.fits,
                      "skipped": report.skipped}))
@@ -731,6 +738,9 @@ def parser() -> argparse.ArgumentParser:
                     help="trace time of the power logs' first sample (default: from the wall clocks of both)")
     cb.add_argument("--power-window-s", type=_non_negative,
                     help="the power sensor's averaging window (default: the log's median sample interval)")
+    cb.add_argument("--plot", metavar="FILE", type=_file_name,
+                    help="draw every point each fit used, measured against fitted, to FILE (PNG, PDF or SVG, "
+                         "from the name; needs matplotlib)")
     cb.add_argument("--json", action="store_true", help="print one JSON object")
     cb.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     cb.set_defaults(func=_calibrate)

@@ -1,7 +1,8 @@
-"""Figures of a prediction, a replay, a comparison and the validation suite.
+"""Figures of a prediction, a replay, a comparison, a calibration and the validation suite.
 
 What a person would rather look at than read (``--plot FILE`` on ``predict``, ``replay``,
-``compare`` and ``validate``; in a notebook each function returns a matplotlib ``Figure``):
+``compare``, ``calibrate``, ``validate`` and ``sweep``; in a notebook each function returns a
+matplotlib ``Figure``):
 
 - :func:`timeline_figure`: one lane per rank and stream, each op coloured by kind; the part of an
   op's duration beyond its isolated time is hatched in the colour of what slowed it. Below, the
@@ -11,6 +12,9 @@ What a person would rather look at than read (``--plot FILE`` on ``predict``, ``
 - :func:`compare_figure`: each scenario's time split into compute alone, compute slowdown,
   exposed communication and idle time; power and energy when tracked.
 - :func:`validate_figure`: each check's error against its tolerance, pass or fail.
+- :func:`calibration_figure`: for each quantity ``ovsim calibrate`` fitted, every point it used,
+  measured against what the written parameters predict, with the prediction before the fit where
+  the fit has one.
 
 matplotlib is an optional dependency (``pip install 'ovsim[plot]'``); it is imported only here, and
 figures are made without pyplot so that nothing depends on a display or on global state.
@@ -423,4 +427,81 @@ def sweep_figure(df: pd.DataFrame, axes: Sequence[str], *, title: str = "") -> F
                        title=f"lines{more}")
     if title:
         fig.suptitle(title, x=0.01, ha="left")
+    return fig
+
+
+_MAX_POINT_GROUPS = 8
+# How each fit's reference prediction is named (calibrate's POINT_COLUMNS "baseline").
+_BASELINE_LABELS = {"contention": "naive (isolated time)", "power": "before the fit"}
+
+
+def calibration_figure(points: pd.DataFrame, *, title: str = "") -> Figure:
+    """One panel per fitted quantity of :attr:`ovsim.calibrate.FitReport.points`: each point's
+    measured value against the value the written parameters give (log axes for times, µs; linear
+    for watts), coloured by group, on the line of equality with a ±10% band; grey rings are the
+    prediction the fit is judged against, where it has one. Each panel's title gives the fit
+    error (on the points fitted: not a prediction error)."""
+    need = {"quantity", "group", "unit", "measured", "fitted", "baseline"}
+    if points is None or points.empty or not need <= set(points.columns):
+        raise OvsimError("no fitted points to draw", field="points")
+    quantities = list(dict.fromkeys(points["quantity"]))
+    cols = min(3, len(quantities))
+    rows = -(-len(quantities) // cols)
+    fig = _figure(figsize=(4.6 * cols, 4.2 * rows + 0.4), layout="constrained")
+    axs = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    for ax in axs[len(quantities):]:
+        ax.set_visible(False)
+    for ax, q in zip(axs, quantities, strict=False):
+        d = points[points["quantity"] == q]
+        watts = bool((d["unit"] == "W").all())
+        scale, unit = (1.0, "W") if watts else (1e6, "µs")
+        meas = d["measured"].to_numpy(float) * scale
+        fit = d["fitted"].to_numpy(float) * scale
+        base = d["baseline"].to_numpy(float) * scale
+        has_base = np.isfinite(base)
+        if has_base.any():
+            ax.scatter(meas[has_base], base[has_base], s=18, facecolors="none", edgecolors="#b0b0b0",
+                       linewidths=0.8, label=_BASELINE_LABELS.get(q, "before"), zorder=1)
+        groups = d["group"].value_counts().index.tolist()
+        shown, rest = groups[:_MAX_POINT_GROUPS], groups[_MAX_POINT_GROUPS:]
+        for i, g in enumerate(shown + (["other"] if rest else [])):
+            sel = (d["group"].isin(rest) if g == "other" else d["group"] == g).to_numpy()
+            ax.scatter(meas[sel], fit[sel], s=12, color=f"C{i % 10}", label=f"{g[:40]} ({int(sel.sum())})", zorder=2)
+        both = np.concatenate([meas, fit, base[has_base]])
+        both = both[np.isfinite(both) & ((both > 0) | watts)]
+        lo, hi = float(both.min()), float(both.max())
+        if not watts:
+            from matplotlib.ticker import FuncFormatter, NullFormatter
+
+            lo, hi = lo / 1.5, hi * 1.5
+            plain = FuncFormatter(lambda v, _: f"{v:g}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):
+                # Plain numbers; the minor ticks labelled only within about a decade, where a log
+                # axis has few major ticks (and would write them as 2x10^0).
+                axis.set_major_formatter(plain)
+                axis.set_minor_formatter(plain if hi / lo < 20 else NullFormatter())
+        else:
+            pad = 0.05 * (hi - lo) or 1.0
+            lo, hi = lo - pad, hi + pad
+        line = np.array([lo, hi])
+        ax.plot(line, line, color="black", linewidth=0.8, zorder=0)
+        ax.fill_between(line, line * 0.9, line * 1.1, color="#e5e5e5", zorder=0, label="±10%")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"fitted ({unit})")
+        ok = meas != 0
+        err = float(np.mean(np.abs(fit[ok] - meas[ok]) / np.abs(meas[ok])) * 100) if ok.any() else math.nan
+        head = f"{q}: {len(d)} points, fit error {err:.1f}%"
+        if has_base.any():
+            okb = ok & has_base
+            berr = float(np.mean(np.abs(base[okb] - meas[okb]) / np.abs(meas[okb])) * 100)
+            head += f"\n{_BASELINE_LABELS.get(q, 'before')}: {berr:.1f}%"
+        ax.set_title(head, loc="left", fontsize="medium")
+        ax.legend(fontsize="x-small", loc="upper left")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "calibration: fitted against measured (fit error, on the points fitted)",
+                 x=0.01, ha="left")
     return fig

@@ -606,3 +606,70 @@ def test_a_power_log_of_a_multi_host_trace_is_refused(tmp_path: Path) -> None:
     params = load_calibration(load_gpu("a100-sxm4-80gb"), "a100-sxm4-80gb").params
     with pytest.raises(OvsimError, match="ranks 0 and 1 both ran on device 3"):
         fit_power_logs([tr], "a100-sxm4-80gb", params)
+
+
+# -- fitted points (calibrate(points=True), calibrate --plot) ----------------------------------------
+
+def test_points_of_planted_fits_lie_on_the_measured_values() -> None:
+    """Kernels timed by each fit's closed form: what the written parameters predict for every point
+    the fits used is the planted (measured) time, to the parameters' rounding; each point says which
+    fit, group and trace it came from."""
+    gemms = planted_gemms(((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256),
+                           (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), 0.7, 4e-6)
+    memory = planted_memory(0.7, 0.25)
+    report = calibrate([gemms, memory], GPU, quantities=["gemm", "memory"], points=True)
+    pts = report.points
+    assert pts is not None and list(pts.columns) == ["quantity", "group", "trace", "unit", "measured", "fitted",
+                                                     "baseline"]
+    assert pts.groupby(["quantity", "group", "trace"]).size().to_dict() == {
+        ("gemm", "bf16", "g"): 5, ("memory", "elementwise", "m"): 3, ("memory", "softmax", "m"): 3}
+    assert (pts["unit"] == "s").all() and pts["baseline"].isna().all()
+    assert pts["fitted"].to_numpy() == pytest.approx(pts["measured"].to_numpy(), rel=5e-3)
+    # The memory distractors (each 10x too fast) are not among the points.
+    assert pts.loc[pts["quantity"] == "memory", "measured"].min() > 50e-6
+
+
+def test_points_of_a_collective_fit_follow_latency_plus_bytes_over_bandwidth() -> None:
+    lat, bw = 20e-6, 100e9
+    rows = []
+    for i, size in enumerate((1 << 20, 4 << 20, 16 << 20)):
+        bus = size * nccl.bus_factor("all_reduce", 8)
+        rows.append(kernel("ncclKernel_AllReduce_RING_SIMPLE_Sum_float", 1000.0 * i, (lat + bus / bw) * 1e6, stream=9,
+                           kind="collective", grid=8, collective="all_reduce", protocol="Simple", algorithm="ring",
+                           message_bytes=size, group_size=8))
+    tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="ar", gpu=GPU)
+    pts = calibrate([tr], GPU, quantities=["collectives"], points=True).points
+    assert pts is not None and pts["group"].tolist() == ["all_reduce/ring/simple/8"] * 3
+    expected = [lat + s * nccl.bus_factor("all_reduce", 8) / bw for s in (1 << 20, 4 << 20, 16 << 20)]
+    assert sorted(pts["fitted"]) == pytest.approx(expected, rel=1e-3)
+
+
+def test_points_of_the_contention_fit_carry_the_naive_prediction() -> None:
+    report = calibrate([TraceInput(bundle=contention_trace(), label="synthetic", gpu=GPU)], GPU,
+                       quantities=["contention"], points=True)
+    pts = report.points
+    assert pts is not None and len(pts) == report.fits["contention"]["points"]
+    err = ((pts["fitted"] - pts["measured"]).abs() / pts["measured"]).mean() * 100
+    naive = ((pts["baseline"] - pts["measured"]).abs() / pts["measured"]).mean() * 100
+    assert err == pytest.approx(report.fits["contention"]["fit_mape_pct"]["synthetic"], abs=0.01)
+    assert naive == pytest.approx(report.fits["contention"]["naive_mape_pct"]["synthetic"], abs=0.01)
+
+
+def test_points_of_a_power_fit_against_the_model_before_it(tmp_path: Path) -> None:
+    from ovsim.calibrate import PowerLog
+
+    bundle = power_trace()
+    log = tmp_path / "smi.csv"
+    write_smi_log(log, bundle)
+    tr = TraceInput(bundle=bundle, label="power", gpu="a100-sxm4-80gb", power_logs=(PowerLog(str(log), window_s=0.0),))
+    report = calibrate([tr], "a100-sxm4-80gb", quantities=["power"], points=True)
+    pts = report.points
+    assert pts is not None and len(pts) == report.fits["power"]["samples"]
+    assert (pts["unit"] == "W").all() and set(pts["group"]) == {"smi.csv"}
+    assert pts["fitted"].to_numpy() == pytest.approx(pts["measured"].to_numpy(), rel=1e-3)
+    before = ((pts["baseline"] - pts["measured"]).abs() / pts["measured"]).mean() * 100
+    assert before == pytest.approx(report.fits["power"]["shipped_model_mape_pct"], abs=1e-3)
+
+
+def test_no_points_unless_asked() -> None:
+    assert calibrate([overhead_trace([1.25] * 10)], GPU, quantities=["overhead"]).points is None

@@ -16,6 +16,7 @@ from ovsim.engine.timeline import REASONS, Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
 from ovsim.plot import (
     REASON_COLORS,
+    calibration_figure,
     check_path,
     compare_figure,
     replay_figure,
@@ -195,6 +196,8 @@ def test_predict_and_compare_plot_from_the_command_line(tmp_path: Path) -> None:
     (["replay", "{d}/never-read.json"], "{d}/p", "cannot tell the image format from the name"),
     (["compare", "{d}/never-read.yaml"], "{d}/nowhere/p.png", "folder '{d}/nowhere' does not exist"),
     (["validate"], "{d}", "is a folder; give a file name"),
+    (["calibrate", "{d}/never-read.json", "--gpu", "h100-sxm5-80gb", "-o", "{d}"], "{d}/p.bmpx",
+     "cannot tell the image format from the name"),
 ])
 def test_a_plot_that_cannot_be_written_is_refused_before_the_work(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], name: str, words: str) -> None:
@@ -241,3 +244,47 @@ def test_sweep_plots_from_the_command_line(tmp_path: Path) -> None:
     assert main(["sweep", str(EXAMPLE), "--axis", "ops.gemm.m=1024,2048", "--mode", "analytic", "--plot", str(out),
                  "--quiet"]) == 0
     assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_calibration_points_are_drawn_where_they_are_measured_and_fitted() -> None:
+    """Times in µs on log axes, one panel per fit, coloured by group; watts on linear axes; the
+    prediction before a fit as rings where the fit has one; the fit errors in the titles."""
+    nan = float("nan")
+    points = pd.DataFrame([
+        ("gemm", "bf16", "t", "s", 10e-6, 11e-6, nan), ("gemm", "bf16", "t", "s", 100e-6, 90e-6, nan),
+        ("gemm", "fp16", "t", "s", 1e-3, 1e-3, nan),
+        ("contention", "gemm", "t", "s", 20e-6, 20e-6, 10e-6),
+        ("power", "smi.csv", "t", "W", 300.0, 330.0, 200.0), ("power", "smi.csv", "t", "W", 400.0, 400.0, 300.0),
+    ], columns=["quantity", "group", "trace", "unit", "measured", "fitted", "baseline"])
+    fig = calibration_figure(points)
+    gemm, contention, power = (ax for ax in fig.axes if ax.get_visible())
+    assert gemm.get_xscale() == "log" and power.get_xscale() == "linear"
+    offsets = [np.ravel(c.get_offsets()).tolist() for c in gemm.collections if len(c.get_offsets())]
+    assert offsets[0] == pytest.approx([10.0, 11.0, 100.0, 90.0]) and offsets[1] == pytest.approx([1000.0, 1000.0])
+    assert [t.get_text() for t in gemm.get_legend().get_texts()][:2] == ["bf16 (2)", "fp16 (1)"]
+    # (10% + 10% + 0%) / 3
+    assert gemm.get_title(loc="left") == "gemm: 3 points, fit error 6.7%"
+    assert np.ravel(contention.collections[0].get_offsets()).tolist() == pytest.approx([20.0, 10.0])
+    assert contention.get_title(loc="left").endswith("naive (isolated time): 50.0%")
+    assert np.ravel(power.collections[1].get_offsets()).tolist() == pytest.approx([300.0, 330.0, 400.0, 400.0])
+    assert power.get_title(loc="left") == "power: 2 points, fit error 5.0%\nbefore the fit: 29.2%"
+    with pytest.raises(OvsimError, match="no fitted points"):
+        calibration_figure(points.iloc[:0])
+
+
+def test_calibrate_plots_from_the_command_line(tmp_path: Path) -> None:
+    from ovsim.traces.load import write_table
+
+    rows = [{"rank": 0, "stream": 7, "name": "add", "kind": "elementwise", "start_s": i * 1e-3,
+             "duration_s": (1.5 + 0.1 * (i % 3)) * 1e-6, "grid_x": 4, "grid_y": 1, "grid_z": 1, "block_x": 128,
+             "block_y": 1, "block_z": 1, "registers_per_thread": 32, "shared_mem_bytes": 0,
+             "host_op": "aten::add[[1024], [1024], []]", "host_types": "['c10::BFloat16', 'c10::BFloat16', 'Scalar']",
+             "host_op_id": i} for i in range(12)]
+    keys = sorted(rows[0])
+    trace = tmp_path / "run.parquet"
+    write_table(TraceBundle(kernels=make_table({k: [r[k] for r in rows] for k in keys}),
+                            gpu_names={0: "NVIDIA H100 80GB HBM3"}), trace)
+    out = tmp_path / "fit.png"
+    assert main(["calibrate", str(trace), "--gpu", "h100-sxm5-80gb", "-o", str(tmp_path), "--fit", "overhead",
+                 "--plot", str(out), "--quiet"]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG") and len(list(tmp_path.glob("*.yaml"))) == 1

@@ -284,6 +284,32 @@ def _scale(c: np.ndarray, vk: float, ck: float) -> np.ndarray:
     return np.asarray(c * v * v)
 
 
+def _fit_values(model: PowerModel) -> dict[str, float]:
+    """The model's parameters as :func:`fit_power` fits them (tensor work as one class)."""
+    return {"idle_w": model.idle_w, "tensor_w": model.tensor_w["default"], "fp32_w": model.fp32_w,
+            "memory_w": model.memory_w, "hbm_w": model.hbm_w, "link_w": model.link_w,
+            "knee_voltage_fraction": model.knee_voltage_fraction, "knee_clock_fraction": model.knee_clock_fraction}
+
+
+def _table_power_w(cols: Mapping[str, np.ndarray], values: Mapping[str, float], model: PowerModel) -> np.ndarray:
+    c = cols["sm_clock_hz"] / model.compute_clock_hz
+    uh = np.minimum(1.0, cols["hbm_bytes_per_s"] / model.hbm_peak_bytes_per_s)
+    ul = (np.minimum(1.0, cols["link_bytes_per_s"] / model.link_peak_bytes_per_s)
+          if model.link_peak_bytes_per_s > 0 else np.zeros(len(c)))
+    s = _scale(c, values["knee_voltage_fraction"], values["knee_clock_fraction"])
+    return np.asarray(values["idle_w"] + s * (values["tensor_w"] * cols["sm_tensor_fraction"]
+                                              + values["fp32_w"] * cols["sm_fp32_fraction"]
+                                              + values["memory_w"] * cols["sm_memory_fraction"])
+                      + values["hbm_w"] * uh + values["link_w"] * ul)
+
+
+def fit_table_power_w(table: Mapping[str, Sequence[float] | np.ndarray], model: PowerModel) -> np.ndarray:
+    """Board power ``model`` gives for each row of a fit table (:data:`FIT_COLUMNS`' activity, tensor
+    work at its "default" weight, as :func:`fit_power` fits it); NaN where the row lacks a value."""
+    cols = {c: np.asarray(table[c], dtype=float) for c in FIT_COLUMNS if c != "power_w"}
+    return _table_power_w(cols, _fit_values(model), model)
+
+
 def fit_power(table: Mapping[str, Sequence[float] | np.ndarray], model: PowerModel, *, fit_idle: bool = True,
               fit_voltage: bool = False) -> PowerFit:
     """Least-squares fit of the component model to measured power and the activity behind it.
@@ -307,20 +333,11 @@ def fit_power(table: Mapping[str, Sequence[float] | np.ndarray], model: PowerMod
     if n < len(names):
         raise OvsimError(f"{n} usable samples for {len(names)} parameters", field="power")
     p_meas = cols["power_w"][ok]
-    c = cols["sm_clock_hz"][ok] / model.compute_clock_hz
-    ut, uf, um = (cols[k][ok] for k in ("sm_tensor_fraction", "sm_fp32_fraction", "sm_memory_fraction"))
-    uh = np.minimum(1.0, cols["hbm_bytes_per_s"][ok] / model.hbm_peak_bytes_per_s)
-    ul = (np.minimum(1.0, cols["link_bytes_per_s"][ok] / model.link_peak_bytes_per_s)
-          if model.link_peak_bytes_per_s > 0 else np.zeros(n))
-    start = {"idle_w": model.idle_w, "tensor_w": model.tensor_w["default"], "fp32_w": model.fp32_w,
-             "memory_w": model.memory_w, "hbm_w": model.hbm_w, "link_w": model.link_w,
-             "knee_voltage_fraction": model.knee_voltage_fraction, "knee_clock_fraction": model.knee_clock_fraction}
+    usable = {k: v[ok] for k, v in cols.items()}
+    start = _fit_values(model)
 
     def predict(values: dict[str, float]) -> np.ndarray:
-        s = _scale(c, values["knee_voltage_fraction"], values["knee_clock_fraction"])
-        return np.asarray(values["idle_w"] + s * (values["tensor_w"] * ut + values["fp32_w"] * uf
-                                                  + values["memory_w"] * um)
-                          + values["hbm_w"] * uh + values["link_w"] * ul)
+        return _table_power_w(usable, values, model)
 
     def residual(x: np.ndarray) -> np.ndarray:
         return np.asarray(predict({**start, **dict(zip(names, x.tolist(), strict=True))}) - p_meas)
