@@ -443,6 +443,15 @@ def _calibrate(args: argparse.Namespace) -> int:
             print(f"  overhead from {rec['points']} tiny elementwise kernels (p10-p90 {rec['p10_p90_us'][0]:g}-"
                   f"{rec['p10_p90_us'][1]:g} us); fit error {rec['fit_mape_pct']:.1f}% (fitted on; not a prediction "
                   "error)")
+        rec = report.fits.get("gemm")
+        for prec, r in (rec or {}).get("precisions", {}).items():
+            print(f"  gemm {prec} from {r['points']} GEMMs ({r['note']}): fit error {r['fit_mape_pct']:.1f}% (fitted "
+                  "on; not a prediction error)")
+        rec = report.fits.get("memory")
+        for cls, r in (rec or {}).get("classes", {}).items():
+            if r.get("fitted"):
+                print(f"  memory {cls} from {r['points']} kernels: {r['fraction_of_peak']:g} of the HBM peak; fit "
+                      f"error {r['fit_mape_pct']:.1f}% (fitted on; not a prediction error)")
         rec = report.fits.get("power")
         if rec:
             print(f"  power fit error on {rec['samples']} samples (fitted on; not a prediction error): "

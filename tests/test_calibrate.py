@@ -673,3 +673,19 @@ def test_points_of_a_power_fit_against_the_model_before_it(tmp_path: Path) -> No
 
 def test_no_points_unless_asked() -> None:
     assert calibrate([overhead_trace([1.25] * 10)], GPU, quantities=["overhead"]).points is None
+
+
+def test_gemm_and_memory_fits_report_their_errors_on_the_command_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gemms = planted_gemms(((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256),
+                           (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), 0.7, 4e-6)
+    memory = planted_memory(0.7, 0.25)
+    for name, tr in (("g.parquet", gemms), ("m.parquet", memory)):
+        write_table(tr.bundle, tmp_path / name)
+    assert main(["calibrate", str(tmp_path / "g.parquet"), str(tmp_path / "m.parquet"), "--gpu", GPU, "-o",
+                 str(tmp_path), "--fit", "gemm,memory"]) == 0
+    out = capsys.readouterr().out
+    assert ("gemm bf16 from 5 GEMMs (main-loop efficiency and a fixed time per wave of tiles): fit error 0.0% "
+            "(fitted on; not a prediction error)") in out
+    assert "memory softmax from 3 kernels: 0.25 of the HBM peak; fit error 0.0%" in out
+    assert "memory elementwise from 3 kernels: 0.7 of the HBM peak; fit error 0.0%" in out
