@@ -16,6 +16,8 @@ from dataclasses import dataclass
 # Relative slack when testing caps and saturation; rates are compared in their own scale.
 _EPS = 1e-12
 
+_INF = float("inf")
+
 CAP = -1  # bottleneck marker: limited by its own cap, not by a channel
 
 
@@ -34,14 +36,19 @@ def max_min_rates(
 ) -> Allocation:
     """Weighted max-min fair rates. ``usage[a]`` lists (channel, bytes per unit of a's rate)."""
     n = len(caps)
-    if any(not (0 < w < float("inf")) for w in weights):
-        raise ValueError("activity weights must be positive and finite")
+    for w in weights:
+        if not (0 < w < _INF):
+            raise ValueError("activity weights must be positive and finite")
     # Fast path: when every channel can carry every activity at its cap, nobody is constrained.
+    # (The engine solves every event with counters on, mostly here: plain loops, no generators.)
     load = [0.0] * len(capacity)
-    for a in range(n):
-        for r, c in usage[a]:
-            load[r] += c * caps[a]
-    if all(load[r] <= capacity[r] * (1 + 1e-9) for r in range(len(capacity))):
+    for use, cap in zip(usage, caps, strict=True):
+        for r, c in use:
+            load[r] += c * cap
+    for used, cap in zip(load, capacity, strict=True):
+        if not used <= cap * (1 + 1e-9):
+            break
+    else:
         return Allocation(rates=list(caps), bottleneck=[CAP] * n)
 
     rates = [0.0] * n

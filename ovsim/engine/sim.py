@@ -43,9 +43,10 @@ from ovsim.engine.machine import GpuModel, LinkKey, MachineModel
 from ovsim.engine.power import CLOCK_COUNTER, POWER_COUNTER, PowerConfig, op_power_class
 from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
+from ovsim.gcpause import paused_gc
 from ovsim.hw.power import MEMORY, TENSOR
 from ovsim.models.cost import allocated_registers
-from ovsim.models.ir import FlowDemand, Op, Workload
+from ovsim.models.ir import FlowDemand, KernelDemand, Op, Workload
 
 _INF = float("inf")
 # Work left below this many seconds at the current rate counts as finished (float round-off).
@@ -63,7 +64,7 @@ class _Kernel:
     )
 
     def __init__(self, op: Op, gpu: _Gpu, priority: int, seq: int, now: float, nccl_issue: float,
-                 power: PowerConfig | None = None) -> None:
+                 shape: tuple[int, int, int, int, int], power: PowerConfig | None = None) -> None:
         self.op = op
         self.id = op.id
         self.rank = op.rank
@@ -84,23 +85,14 @@ class _Kernel:
         self.undispatched = k.blocks
         self.resident = 0
         self.batched = 0  # blocks of later waves held by a fast-forwarded entry (see Engine._batch)
-        m = gpu.model
-        self.threads = math.ceil(k.block.threads / m.warp_size) * m.warp_size
-        self.regs = allocated_registers(k.block.threads, k.block.registers_per_thread, m.warp_size,
-                                        m.register_alloc_unit)
-        self.smem = k.block.shared_mem_bytes + m.reserved_smem_per_block_bytes
+        self.threads, self.regs, self.smem, self.blocks_per_sm_alone, self.max_resident = shape
         self.t_block = k.block_time_s
         self.issue = k.issue_fraction
         # NCCL blocks ask for a fixed share of an SM's issue slots, whatever the kernel says.
         self.ask = nccl_issue if op.flow is not None else k.issue_fraction
         self.clock_sensitive = k.clock_sensitive
         self.bytes_per_block = k.hbm_bytes / k.blocks
-        self.partitions = ("main",) if op.partition == "compute" else ("main", "reserved")
-        self.blocks_per_sm_alone = max(1, _fit(gpu.model.threads_per_sm, gpu.model.registers_per_sm,
-                                               gpu.model.shared_mem_per_sm_bytes, gpu.model.blocks_per_sm, self))
-        # Blocks resident at once were the kernel alone on the SMs it may use.
-        allowed = m.sm_count - (m.comm_reserved_sms if self.partitions == ("main",) else 0)
-        self.max_resident = allowed * self.blocks_per_sm_alone
+        self.partitions = _MAIN if op.partition == "compute" else _BOTH
         # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 tensor cores.
         self.clock_cls = 1 if k.clock_sensitive and op.flow is None else 0
         self.pw_tensor = False
@@ -119,14 +111,30 @@ class _Kernel:
         return (self.priority, self.seq)
 
 
-def _fit(threads: int, regs: int, smem: int, blocks: int, k: _Kernel) -> int:
-    n = threads // k.threads
+_MAIN = ("main",)
+_BOTH = ("main", "reserved")
+
+
+def _block_shape(k: KernelDemand, m: GpuModel, main_only: bool) -> tuple[int, int, int, int, int]:
+    """A kernel's block on a GPU: threads, registers and shared memory it holds, blocks per SM and
+    blocks resident at once with the kernel alone on the SMs it may use."""
+    threads = math.ceil(k.block.threads / m.warp_size) * m.warp_size
+    regs = allocated_registers(k.block.threads, k.block.registers_per_thread, m.warp_size, m.register_alloc_unit)
+    smem = k.block.shared_mem_bytes + m.reserved_smem_per_block_bytes
+    per_sm = max(1, _fit(m.threads_per_sm, m.registers_per_sm, m.shared_mem_per_sm_bytes, m.blocks_per_sm,
+                         threads, regs, smem))
+    allowed = m.sm_count - (m.comm_reserved_sms if main_only else 0)
+    return threads, regs, smem, per_sm, allowed * per_sm
+
+
+def _fit(threads: int, regs: int, smem: int, blocks: int, k_threads: int, k_regs: int, k_smem: int) -> int:
+    n = threads // k_threads
     if blocks < n:
         n = blocks
-    if k.regs and regs // k.regs < n:
-        n = regs // k.regs
-    if k.smem and smem // k.smem < n:
-        n = smem // k.smem
+    if k_regs and regs // k_regs < n:
+        n = regs // k_regs
+    if k_smem and smem // k_smem < n:
+        n = smem // k_smem
     return n if n > 0 else 0
 
 
@@ -164,14 +172,26 @@ class _Group:
 
     def clone(self, n: int) -> _Group:
         g = _Group(n, self.part, self.threads, self.regs, self.smem, self.blocks)
-        g.entries = [_Entry(e.k, e.per_sm, e.remaining, e.born) for e in self.entries]
-        for src, dst in zip(self.entries, g.entries, strict=True):
+        entries = g.entries
+        for src in self.entries:
+            dst = _Entry(src.k, src.per_sm, src.remaining, src.born)
             dst.rate, dst.share = src.rate, src.share
+            entries.append(dst)
         return g
 
     def key(self) -> tuple[Any, ...]:
         return (self.part, self.threads, self.regs, self.smem, self.blocks,
                 tuple((id(e.k), e.per_sm, e.remaining) for e in self.entries))
+
+    def same(self, o: _Group) -> bool:
+        """``self.key() == o.key()`` without building the keys."""
+        if (self.part != o.part or self.threads != o.threads or self.regs != o.regs or self.smem != o.smem
+                or self.blocks != o.blocks or len(self.entries) != len(o.entries)):
+            return False
+        for a, b in zip(self.entries, o.entries, strict=True):
+            if a.k is not b.k or a.per_sm != b.per_sm or a.remaining != b.remaining:
+                return False
+        return True
 
 
 class _Gpu:
@@ -312,10 +332,15 @@ class Engine:
         self.streams: dict[tuple[int, str], _Stream] = {}
         self.released: list[_Stream] = []  # streams to move on once this instant's dispatching is done
         self.kernels: list[_Kernel] = []
+        # Block shapes by (id of the kernel demand, id of the GPU model, main partition only); the
+        # workload and the machine keep both alive, so the ids are not reused during the run.
+        self.shapes: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {}
         self.flows: dict[str, _Flow] = {}
         self.seq = 0
         self.resolves = 0  # events the engine handled (a figure for benchmarks)
         self.resolve_pending = False
+        self.now = 0.0  # the time of the resolve under way, and its completion tolerance
+        self.eps = _TIME_EPS
         # Inputs gathered between resolves: GPUs whose timer fired, ops whose host delay ended,
         # clock changes.
         self.fired: list[int] = []
@@ -357,7 +382,11 @@ class Engine:
             for gpu in self.gpus:
                 self._record_power(gpu, 0.0, (0.0,) * 8)
         self._request_resolve()
-        self.env.run()
+        # The engine's objects (kernels, entries, flows, simpy's events) form no garbage cycles:
+        # reference counting frees them, and the cyclic collector's passes over the growing heap
+        # of a long run only cost time (about 5% of it).
+        with paused_gc():
+            self.env.run()
         unfinished = [op.id for op in self.workload.ops if op.id not in self.finished]
         if unfinished:
             waiting = [f.demand.group for f in self.flows.values() if f.phase == "waiting"]
@@ -428,14 +457,25 @@ class Engine:
 
     def _launch(self, op: Op, priority: int) -> None:
         self._touch(op.rank)
-        now = self.env.now
+        now = self.now
         gpu = self.gpus[op.rank]
         kernel: _Kernel | None = None
         if op.kernel is not None:
             self.seq += 1
-            kernel = _Kernel(op, gpu, priority, self.seq, now, self.nccl_issue, self.power)
+            # Ops of a repeated layer share their demand: its block shape is worked out once.
+            main_only = op.partition == "compute"
+            key = (id(op.kernel), id(gpu.model), main_only)
+            shape = self.shapes.get(key)
+            if shape is None:
+                shape = self.shapes[key] = _block_shape(op.kernel, gpu.model, main_only)
+            kernel = _Kernel(op, gpu, priority, self.seq, now, self.nccl_issue, shape, self.power)
             self.kernels.append(kernel)
-            bisect.insort(gpu.pending, kernel, key=_Kernel.sort_key)
+            pending = gpu.pending
+            # Launch order is seq order: a kernel of no higher priority than the last goes last.
+            if not pending or pending[-1].priority <= priority:
+                pending.append(kernel)
+            else:
+                bisect.insort(pending, kernel, key=_Kernel.sort_key)
             self.to_dispatch.add(op.rank)
             if op.flow is None:
                 gpu.running.append(kernel)
@@ -454,7 +494,7 @@ class Engine:
         flow = self.flows.get(demand.group)
         if flow is None:
             flow = _Flow(demand=demand, latency_left_s=demand.latency_s, remaining_bytes=demand.bytes,
-                         last_t=self.env.now)
+                         last_t=self.now)
             flow.usage = self._flow_usage(demand)
             ranks = set(demand.ranks)
             for key, _ in flow.usage:
@@ -557,6 +597,11 @@ class Engine:
 
     def _resolve(self, _: simpy.Event | None) -> None:
         self.resolve_pending = False
+        # Time stands still during a resolve.
+        self.now = now = self.env.now
+        # Far from 0 a float time resolves less than _TIME_EPS: a timer set for a completion can
+        # land a few ulps short of it, and an absolute tolerance would then never see it complete.
+        self.eps = max(_TIME_EPS, 4 * math.ulp(now))
         self.resolves += 1
         if self.opts.progress is not None and self.resolves % 4096 == 0:
             self.opts.progress(len(self.finished), len(self.workload.ops))
@@ -573,26 +618,30 @@ class Engine:
                 g.mult = [1.0, factor, factor]
                 g.throttled = factor < 1.0
         self.released, self.woken = self.woken, []
+        gpus = self.gpus
+        to_complete = self.to_complete
+        to_dispatch = self.to_dispatch
+        touched = self.touched
         while True:
-            while self.to_complete:
-                self._complete(self.gpus[self.to_complete.pop()])
-            if self.to_dispatch:
-                for r in sorted(self.to_dispatch):
-                    self._dispatch(self.gpus[r])
-                self.to_dispatch.clear()
+            while to_complete:
+                self._complete(gpus[to_complete.pop()])
+            if to_dispatch:
+                for r in sorted(to_dispatch):
+                    self._dispatch(gpus[r])
+                to_dispatch.clear()
             if self.n_waiting:
                 self._arrivals()
             if self.n_data:
                 # Rates of a GPU carrying data for a collective depend on every GPU it uses.
                 seen: set[int] = set()
-                for r in list(self.touched):
-                    for f in self.gpus[r].flows:
+                for r in list(touched):
+                    for f in gpus[r].flows:
                         if f.phase == "data" and id(f) not in seen:
                             seen.add(id(f))
                             for q in f.ranks:
-                                if q not in self.touched:
+                                if q not in touched:
                                     self._touch(q)
-            if self.to_complete or self.to_dispatch:
+            if to_complete or to_dispatch:
                 continue
             if not self.released:
                 break
@@ -603,26 +652,30 @@ class Engine:
             self.released = []
             for s in released:
                 self._pump(s)
-        ranks = sorted(self.touched) if len(self.touched) > 1 else list(self.touched)
+        ranks = sorted(touched) if len(touched) > 1 else list(touched)
         self._rates(ranks)
         if self.power is not None:
             self._power(ranks)
-        if self.opts.fast_forward:
-            for r in ranks:
-                self._batch(self.gpus[r])
+        fast_forward = self.opts.fast_forward
         for r in ranks:
-            self._schedule_next(self.gpus[r])
+            # A GPU's batching reads and changes only its own SMs, so each GPU can be done at once.
+            gpu = gpus[r]
+            if fast_forward:
+                self._batch(gpu)
+            self._schedule_next(gpu)
 
     def _advance(self, gpu: _Gpu) -> None:
-        now = self.env.now
+        now = self.now
         dt = now - gpu.last_t
         if dt > 0:
             gpu.last_t = now
             for g in gpu.groups:
                 for e in g.entries:
-                    if e.rate > 0:
-                        e.remaining -= e.rate * dt
+                    rate = e.rate
+                    if rate > 0:
+                        e.remaining -= rate * dt
             throttled = gpu.throttled
+            mult = gpu.mult
             for k in gpu.running:
                 # Slow-down reasons (inlined: this runs for every kernel at every event).
                 if k.resident == 0:
@@ -636,7 +689,7 @@ class Engine:
                 k.wait_sm_s += dt * (1 - f_res)
                 k.share_sm_s += dt * f_res * (1 - f_issue)
                 if throttled:
-                    m = gpu.mult[k.clock_cls]
+                    m = mult[k.clock_cls]
                     if m < 1.0:
                         k.clock_s += dt * f_res * f_issue * (1 - m)
                         f_issue *= m
@@ -675,22 +728,23 @@ class Engine:
         dt = _INF
         for g in gpu.groups:
             for e in g.entries:
+                rate = e.rate
                 theta = e.k.theta
                 if theta < 1.0:
-                    e.rate *= theta
-                if e.rate > 0 and e.remaining < dt * e.rate:
-                    dt = e.remaining / e.rate
+                    e.rate = rate = rate * theta
+                if rate > 0 and e.remaining < dt * rate:
+                    dt = e.remaining / rate
         for f in gpu.flows:
             if f.phase == "latency":
                 if f.latency_left_s < dt:
                     dt = f.latency_left_s
             elif f.phase == "data" and f.rate > 0 and f.remaining_bytes < dt * f.rate:
                 dt = f.remaining_bytes / f.rate
-        now = self.env.now
-        at = now + max(0.0, dt)
+        now = self.now
+        at = now + (dt if dt > 0.0 else 0.0)
         # The same completion recomputed after an unrelated event: keep the timer already set.
         # (Firing a femtosecond early or late is harmless: completion tests allow _TIME_EPS.)
-        if abs(at - gpu.timer_at) <= 1e-15 * max(1.0, at):
+        if abs(at - gpu.timer_at) <= 1e-15 * (at if at > 1.0 else 1.0):
             return
         gpu.timer += 1  # an older timer of this GPU is stale now
         gpu.timer_at = at
@@ -702,10 +756,8 @@ class Engine:
     # -- completions ---------------------------------------------------------------------------
 
     def _complete(self, gpu: _Gpu) -> None:
-        now = self.env.now
-        # Far from 0 a float time resolves less than _TIME_EPS: a timer set for a completion can
-        # land a few ulps short of it, and an absolute tolerance would then never see it complete.
-        eps = max(_TIME_EPS, 4 * math.ulp(now))
+        now = self.now
+        eps = self.eps
         changed = False
         for g in gpu.groups:
             for e in g.entries:
@@ -785,16 +837,32 @@ class Engine:
     def _merge(self, gpu: _Gpu) -> None:
         if len(gpu.groups) < 2:
             return
-        merged: dict[tuple[Any, ...], _Group] = {}
-        out: list[_Group] = []
-        for g in gpu.groups:
-            key = g.key()
-            if key in merged:
-                merged[key].n += g.n
+        groups = gpu.groups
+        if len(groups) > 8:
+            merged: dict[tuple[Any, ...], _Group] = {}
+            out: list[_Group] = []
+            for g in groups:
+                key = g.key()
+                if key in merged:
+                    merged[key].n += g.n
+                else:
+                    merged[key] = g
+                    out.append(g)
+            gpu.groups = out
+            return
+        # Groups are usually two to four: comparing each with the groups kept beats hashing a key
+        # of every group (the quadratic cost would not, past a few).
+        out = [groups[0]]
+        for i in range(1, len(groups)):
+            g = groups[i]
+            for h in out:
+                if h.same(g):
+                    h.n += g.n
+                    break
             else:
-                merged[key] = g
                 out.append(g)
-        gpu.groups = out
+        if len(out) < len(groups):
+            gpu.groups = out
 
     # -- fast-forwarding waves -----------------------------------------------------------------
 
@@ -820,17 +888,18 @@ class Engine:
         for k in gpu.pending:
             if k.undispatched > 0:
                 for p in k.partitions:
-                    first.setdefault(p, k)
+                    if p not in first:
+                        first[p] = k
         if not first:
             return
-        held: dict[int, list[tuple[_Group, _Entry]]] = {}
-        for g in gpu.groups:
-            for e in g.entries:
-                held.setdefault(id(e.k), []).append((g, e))
-        for k in {id(k): k for k in first.values()}.values():
-            where = held.get(id(k))
-            if (k.flow is not None or not where or len({id(g) for g, _ in where}) < len(where)
-                    or any(first.get(g.part) is not k or e.extra or e.rate <= 0 for g, e in where)):
+        # A kernel first on both partitions counts once.
+        for k in {id(k): k for k in first.values()}.values() if len(first) > 1 else first.values():
+            if k.flow is not None:
+                continue
+            where = [(g, e) for g in gpu.groups for e in g.entries if e.k is k]
+            if not where or (len(where) > 1 and len({id(g) for g, _ in where}) < len(where)):
+                continue
+            if any(first.get(g.part) is not k or e.extra or e.rate <= 0 for g, e in where):
                 continue
             # The blocks a kernel short of SMs would fill them with stay waiting: the slow-down
             # attribution (Engine._advance) counts them while the waves run.
@@ -878,12 +947,12 @@ class Engine:
         earlier kernel (in priority, then launch order) still has blocks waiting. A carve-out
         partitions the SMs, so a compute kernel waiting for room on the main SMs does not hold a
         collective back from the reserved ones."""
-        now = self.env.now
+        now = self.now
         placed_any = False
         blocked: set[str] = set()
         any_done = False
         for k in gpu.pending:
-            allowed = tuple(p for p in k.partitions if p not in blocked)
+            allowed = tuple(p for p in k.partitions if p not in blocked) if blocked else k.partitions
             if allowed:
                 before = k.undispatched
                 self._place(gpu, k, now, allowed)
@@ -906,6 +975,7 @@ class Engine:
         Layers the greedy choice would put on the same group in a row are placed at once: one
         block more takes exactly one off the group's fit, so the best group keeps winning until
         its fit falls to the runner-up's."""
+        kt, kr, ks = k.threads, k.regs, k.smem
         while k.undispatched > 0:
             best: _Group | None = None
             best_fit = 0
@@ -914,7 +984,14 @@ class Engine:
             for g in gpu.groups:
                 if g.part not in partitions:
                     continue
-                fit = _fit(g.threads, g.regs, g.smem, g.blocks, k)
+                # _fit, inlined: this runs for every group at every placement.
+                fit = g.threads // kt
+                if g.blocks < fit:
+                    fit = g.blocks
+                if kr and g.regs // kr < fit:
+                    fit = g.regs // kr
+                if ks and g.smem // ks < fit:
+                    fit = g.smem // ks
                 if fit <= 0:
                     continue
                 if best is None or fit > best_fit or (fit == best_fit and g.n > best.n):
@@ -933,9 +1010,9 @@ class Engine:
             else:
                 wins = best_fit - second_fit + (1 if best.n > second_n else 0)
                 layers = max(1, min(wins, best_fit, k.undispatched // best.n))
-            best.threads -= layers * k.threads
-            best.regs -= layers * k.regs
-            best.smem -= layers * k.smem
+            best.threads -= layers * kt
+            best.regs -= layers * kr
+            best.smem -= layers * ks
             best.blocks -= layers
             for e in best.entries:
                 if e.k is k and e.born == now and e.remaining == 1.0:
@@ -949,7 +1026,7 @@ class Engine:
                 k.start_s = now
 
     def _arrivals(self) -> None:
-        now = self.env.now
+        now = self.now
         seen: set[int] = set()
         for r in list(self.touched):
             for f in list(self.gpus[r].flows):
@@ -979,51 +1056,62 @@ class Engine:
     def _rates(self, ranks: list[int]) -> None:
         """Rates of everything on the GPUs in ``ranks``: closed over running flows, so no flow or
         channel outside them is affected."""
-        kernel_demand: dict[_Kernel, float] = {}
+        # HBM bytes/s each kernel would move at its block rates, one dict per GPU (in rank order).
+        demands: list[tuple[int, dict[_Kernel, float]]] = []
+        gpus = self.gpus
         for r in ranks:
-            gpu = self.gpus[r]
+            gpu = gpus[r]
             mult = gpu.mult
-            for g in gpu.groups:
+            groups = gpu.groups
+            for g in groups:
+                for e in g.entries:
+                    e.k.issued = 0.0
+            demand: dict[_Kernel, float] = {}
+            for g in groups:
                 entries = g.entries
                 if not entries:
                     continue
                 if len(entries) == 1:
                     e = entries[0]
                     ask = e.k.ask
-                    e.share = min(1.0, 1.0 / (ask * e.per_sm)) if ask > 0 else 1.0
+                    if ask > 0:
+                        x = 1.0 / (ask * e.per_sm)
+                        e.share = x if x < 1.0 else 1.0
+                    else:
+                        e.share = 1.0
                 else:
                     asks = [e.k.ask for e in entries]
                     shares = water_fill(asks, [e.per_sm for e in entries], 1.0)
                     for e, ask, got in zip(entries, asks, shares, strict=True):
                         e.share = got / ask if ask > 0 else 1.0
+                n = g.n
                 for e in entries:
-                    e.k.issued = 0.0
-            for g in gpu.groups:
-                for e in g.entries:
                     k = e.k
-                    blocks = g.n * e.per_sm
+                    blocks = n * e.per_sm
                     k.issued += blocks * e.share
                     if k.flow is not None:
                         e.rate = 0.0
                         continue
                     e.rate = e.share * mult[k.clock_cls] / k.t_block
                     if k.bytes_per_block > 0:
-                        kernel_demand[k] = kernel_demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
+                        demand[k] = demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
             for k in gpu.running:
                 k.theta = 1.0
+            if demand:
+                demands.append((r, demand))
 
         # Only flows moving data take bandwidth; the others' rates are never read.
         flows: list[_Flow] = []
         if self.n_data:
             seen: set[int] = set()
             for r in ranks:
-                for f in self.gpus[r].flows:
+                for f in gpus[r].flows:
                     if f.phase == "data" and id(f) not in seen:
                         seen.add(id(f))
                         flows.append(f)
-        pressure = self._pressure(ranks)
+        pressure = self._pressure(ranks) if self.has_pressure else []
         if not flows and not pressure and not self.opts.counters and not self.opts.check_invariants:
-            self._hbm_only(ranks, kernel_demand)
+            self._hbm_only(demands)
             return
 
         # Channels: HBM of each GPU in ranks, then the links the flows use.
@@ -1035,12 +1123,14 @@ class Engine:
         owners: list[_Kernel | _Flow | None] = []
         hbm_has_kernel: set[int] = set()
         hbm_has_flow: set[int] = set()
-        for k, demand in kernel_demand.items():
-            caps.append(demand)
-            weights.append(1.0)
-            usage.append([(channel[("hbm", k.rank)], 1.0)])
-            owners.append(k)
-            hbm_has_kernel.add(k.rank)
+        for r, demand in demands:
+            hbm = [(channel[("hbm", r)], 1.0)]
+            for k, asked in demand.items():
+                caps.append(asked)
+                weights.append(1.0)
+                usage.append(hbm)
+                owners.append(k)
+            hbm_has_kernel.add(r)
         for f in flows:
             d = f.demand
             factor = 1.0
@@ -1108,21 +1198,17 @@ class Engine:
                     out.append((r, share, weight))
         return out
 
-    def _hbm_only(self, ranks: list[int], kernel_demand: dict[_Kernel, float]) -> None:
+    def _hbm_only(self, demands: list[tuple[int, dict[_Kernel, float]]]) -> None:
         """No flow moves data on these GPUs: each HBM is shared among its kernels alone (max-min
         with demand caps, which is a water fill)."""
-        if not kernel_demand:
-            return
-        by_rank: dict[int, list[_Kernel]] = {}
-        for k in kernel_demand:
-            by_rank.setdefault(k.rank, []).append(k)
-        for r, ks in by_rank.items():
-            demands = [kernel_demand[k] for k in ks]
+        for r, demand in demands:
             cap = self.gpus[r].model.hbm_bytes_per_s
-            if sum(demands) <= cap * (1 + 1e-9):
+            if sum(demand.values()) <= cap * (1 + 1e-9):
                 continue
-            got = water_fill(demands, [1] * len(ks), cap)
-            for k, d, x in zip(ks, demands, got, strict=True):
+            ks = list(demand)
+            asked = list(demand.values())
+            got = water_fill(asked, [1] * len(ks), cap)
+            for k, d, x in zip(ks, asked, got, strict=True):
                 k.theta = x / d if d > 0 else 1.0
 
     def _check(self, ranks: list[int], capacity: list[float], rates: list[float],
@@ -1234,7 +1320,7 @@ class Engine:
                     break
                 self._rates(ranks)
                 acts.clear()
-        now = self.env.now
+        now = self.now
         for r in ranks:
             gpu = self.gpus[r]
             a = acts[r] if r in acts else self._activity(gpu)
@@ -1272,7 +1358,7 @@ class Engine:
 
     def _sample(self, ranks: list[int], channel: dict[Any, int], capacity: list[float], rates: list[float],
                 usage: list[list[tuple[int, float]]]) -> None:
-        now = self.env.now
+        now = self.now
         load = [0.0] * len(capacity)
         for x, use in zip(rates, usage, strict=True):
             for r, c in use:
@@ -1283,7 +1369,10 @@ class Engine:
                 link_out[key[1]] += load[i]
         for r in ranks:
             gpu = self.gpus[r]
-            busy = sum(g.n for g in gpu.groups if g.entries)
+            busy = 0
+            for g in gpu.groups:
+                if g.entries:
+                    busy += g.n
             self._counter(now, r, "sm_busy_fraction", busy / gpu.model.sm_count)
             self._counter(now, r, "hbm_bytes_per_s", load[channel[("hbm", r)]])
             self._counter(now, r, "clock_factor", gpu.clock_factor)
@@ -1330,5 +1419,6 @@ class Engine:
                 "wait_sm_s": 0.0, "share_sm_s": 0.0, "share_hbm_s": 0.0, "share_link_s": 0.0,
                 "wait_peers_s": 0.0, "blocks": 0, "bytes": f.demand.bytes,
             })
-        counters = [dict(zip(COUNTER_COLUMNS, r, strict=True)) for r in self.counter_rows]
+        c_t, c_rank, c_name, c_value = COUNTER_COLUMNS  # a dict display per row: a long run records many
+        counters = [{c_t: t, c_rank: r, c_name: n, c_value: v} for t, r, n, v in self.counter_rows]
         return timeline_from_rows(rows, counters)
