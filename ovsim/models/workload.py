@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -326,8 +327,7 @@ def build_workload(
     if knobs.sm_carveout >= gpu.sm.count:
         raise OvsimError(f"carve-out of {knobs.sm_carveout} SMs on a {gpu.sm.count}-SM GPU", source=source,
                          field="knobs.sm_carveout")
-    names = [s.name for s in specs]
-    dup = sorted({n for n in names if names.count(n) > 1})
+    dup = sorted(n for n, count in Counter(s.name for s in specs).items() if count > 1)
     if dup:
         raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
     by_name = {s.name: s for s in specs}
