@@ -2,12 +2,13 @@
 
 CUTLASS-style kernel names carry ``alignN``: the elements each load of A and B moves. A problem
 whose leading dimensions are not a multiple of 16 bytes cannot use the widest loads, and the
-library picks a narrower (``align1``, ``align2``) kernel. The cost model prices every GEMM with one
-efficiency per precision, whatever its alignment; this prints, per group of kernels, how far that
-is from what they reached: for each precision and alignment tag, the GEMMs ``ovsim calibrate --fit
-gemm`` would use (``ovsim.calibrate.gemm_points``), the median of their achieved FLOP rate over
-the dense peak, and the main-loop efficiency that fits them alone (no time per wave) with its
-error (fit error, on the kernels fitted).
+library picks a narrower (``align1``, ``align2``) kernel. The cost model tells such GEMMs apart by
+their shapes (``ovsim.models.cost.gemm_aligned``) and prices them at ``gemm_unaligned_efficiency``;
+this shows what the library's own choice says: for each precision and alignment tag, the GEMMs
+``ovsim calibrate --fit gemm`` would use (``ovsim.calibrate.gemm_points``), how many of them the
+shape rule calls aligned, the median of their achieved FLOP rate over the dense peak, and the
+main-loop efficiency that fits them alone (no time per wave) with its error (fit error, on the
+kernels fitted).
 
     python bench/gemm_alignment.py [--traces DIR]
 """
@@ -57,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
     args = ap.parse_args(argv)
-    print(f"{'gpu':<16} {'precision':<9} {'kernel':<8} {'GEMMs':>6} {'median of peak':>14} {'fitted eff':>10} "
-          f"{'fit error':>9}")
+    print(f"{'gpu':<16} {'precision':<9} {'kernel':<8} {'GEMMs':>6} {'aligned':>7} {'median of peak':>14} "
+          f"{'fitted eff':>10} {'fit error':>9}")
     for gpu_name, rels in TRACES.items():
         paths = [args.traces / r for r in rels if (args.traces / r).exists()]
         if not paths:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                  "name"]})
         for group in groups:
             for prec, pts in sorted(gemm_points([only(tr, group) for tr in inputs]).items()):
-                t, w, waves, flops = (np.array(c, dtype=float) for c in zip(*pts, strict=True))
+                t, w, waves, flops, aligned = (np.array(c, dtype=float) for c in zip(*pts, strict=True))
 
                 def mape(eff: float, t: np.ndarray = t, w: np.ndarray = w, waves: np.ndarray = waves,
                          ko: float = overhead_s) -> float:
@@ -81,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                 eff = float(minimize_scalar(mape, bounds=(0.002, 1.0), method="bounded",
                                             options={"xatol": 1e-5}).x)
                 of_peak = float(np.median(flops / t / gpu.peak_flops_per_s(prec)))
-                print(f"{gpu_name:<16} {prec:<9} {group:<8} {len(t):>6} {of_peak:>14.3f} {eff:>10.3f} "
-                      f"{mape(eff) * 100:>8.1f}%")
+                print(f"{gpu_name:<16} {prec:<9} {group:<8} {len(t):>6} {int(aligned.sum()):>7} {of_peak:>14.3f} "
+                      f"{eff:>10.3f} {mape(eff) * 100:>8.1f}%")
     return 0
 
 

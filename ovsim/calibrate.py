@@ -477,15 +477,16 @@ def gemm_precision(kernel_name: str) -> str | None:
     return "tf32" if shape == "1688" else None
 
 
-def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, float, float, float]]]:
+def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, float, float, float, bool]]]:
     """Per precision, the GEMM kernels :func:`fit_gemm` uses: ran without communication beside
     them, launching operator with input shapes, precision in the name; split-K reductions and GEMV
     kernels left out. Each is (measured s, main-loop s at efficiency 1 = waves x blocks_per_sm x
-    flops_per_block / (peak / SMs), waves, FLOPs), at the measured grid and occupancy."""
+    flops_per_block / (peak / SMs), waves, FLOPs, whether its leading dimensions are aligned as
+    :func:`ovsim.models.cost.gemm_aligned` says), at the measured grid and occupancy."""
     from ovsim.models import cost
     from ovsim.replay import _block
 
-    work: dict[str, list[tuple[float, float, float, float]]] = {}
+    work: dict[str, list[tuple[float, float, float, float, bool]]] = {}
     for tr in traces:
         gpu = load_gpu(tr.gpu)
         df = tr.bundle.kernels.reset_index(drop=True)
@@ -503,8 +504,13 @@ def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, flo
             flops = 2.0 * prob[0] * prob[1] * prob[2] * prob[3]
             waves = math.ceil(grid / (gpu.sm.count * occ))
             w = waves * occ * (flops / grid) / (gpu.peak_flops_per_s(prec) / gpu.sm.count)
-            work.setdefault(prec, []).append((float(c.dur[i]), w, float(waves), flops))
+            aligned = cost.gemm_aligned(prob[1], prob[2], prec)
+            work.setdefault(prec, []).append((float(c.dur[i]), w, float(waves), flops, aligned))
     return work
+
+
+# Unaligned GEMMs a precision needs for their own efficiency to be fitted.
+GEMM_MIN_UNALIGNED = 3
 
 
 def gemm_time_s(main_loop_s: np.ndarray, waves: np.ndarray, inverse_efficiency: float, tile_s: float,
@@ -524,8 +530,12 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
     short-K and small GEMMs less efficient. Both minimise the mean absolute relative error (Powell,
     bounded, from the relative least-squares solution). The fixed time is fitted only where the
     points identify it (main-loop work per wave differing by 2x or more between them) and kept
-    only where it lowers the error of the efficiency alone, which is fitted and recorded too."""
-    from scipy.optimize import lsq_linear, minimize, minimize_scalar
+    only where it lowers the error of the efficiency alone, which is fitted and recorded too.
+
+    These are fitted on aligned GEMMs (:func:`ovsim.models.cost.gemm_aligned`). Unaligned ones run
+    on other kernels: with at least ``GEMM_MIN_UNALIGNED`` of them, their own main-loop efficiency
+    (``gemm_unaligned_efficiency``) is fitted at the same time per wave."""
+    from scipy.optimize import minimize_scalar
 
     work = gemm_points(traces)
     if not work:
@@ -535,50 +545,86 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
     tiles: dict[str, float] = {}
     record: dict[str, Any] = {"method": "the cost model's waves at the measured grid: main-loop efficiency and a "
                                         "fixed time per wave of tiles, minimising the mean absolute relative "
-                                        "error (Powell, bounded)", "precisions": {}}
+                                        "error (Powell, bounded), on GEMMs whose n and k are on 16 bytes; the "
+                                        "others' own efficiency at that time per wave (bounded scalar)",
+                              "precisions": {}}
     ko = params.kernel_overhead_s
+    unaligned: dict[str, float] = {}
     for prec, pts in sorted(work.items()):
-        t_s = np.array([p[0] for p in pts])
-        w_s = np.array([p[1] for p in pts])
-        n_waves = np.array([p[2] for p in pts])
-        gflop = np.array([p[3] for p in pts]) / 1e9
+        main = [p for p in pts if p[4]]
+        rec: dict[str, Any] = {"points": 0, "note": "no aligned GEMM: gemm_efficiency not fitted"}
+        tile = params.gemm_tile_s(prec)
+        if main:
+            effs[prec], tile, rec = _fit_gemm_main(main, ko)
+            tiles[prec] = tile
+        odd = [p for p in pts if not p[4]]
+        if len(odd) >= GEMM_MIN_UNALIGNED:
+            t_s, w_s, n_waves = (np.array([p[j] for p in odd]) for j in range(3))
 
-        def mape(inv_eff: float, tile_s: float, t_s: np.ndarray = t_s, w_s: np.ndarray = w_s,
-                 n_waves: np.ndarray = n_waves) -> float:
-            return float(np.mean(np.abs(gemm_time_s(w_s, n_waves, inv_eff, tile_s, ko) - t_s) / t_s))
+            def odd_mape(eff: float, t_s: np.ndarray = t_s, w_s: np.ndarray = w_s, n_waves: np.ndarray = n_waves,
+                         tile: float = tile) -> float:
+                return float(np.mean(np.abs(gemm_time_s(w_s, n_waves, 1.0 / eff, tile, ko) - t_s) / t_s))
 
-        one = minimize_scalar(lambda e: mape(1.0 / e, 0.0), bounds=(0.01, 1.0), method="bounded",
-                              options={"xatol": 1e-4})
-        eff, tile = round(float(one.x), 3), 0.0
-        per_wave = w_s / n_waves
-        identified = len(pts) >= 3 and float(per_wave.max()) >= 2.0 * float(per_wave.min())
-        note = "the points do not identify a fixed time per wave (their main-loop work per wave is too alike)"
-        if identified:
-            # Relative least squares (rows divided by the time) gives the start; L1 refines it.
-            a = np.column_stack([w_s, n_waves]) / t_s[:, None]
-            start = lsq_linear(a, (t_s - ko) / t_s, bounds=([1.0, 0.0], [100.0, 1e-3])).x
-            res = minimize(lambda x: mape(x[0], x[1] * 1e-6), x0=[start[0], start[1] * 1e6], method="Powell",
-                           bounds=[(1.0, 100.0), (0.0, 1000.0)], options={"xtol": 1e-6, "ftol": 1e-9})
-            e2, t2 = round(1.0 / float(res.x[0]), 3), round(float(res.x[1]) * 1e-6, 9)
-            if mape(1.0 / e2, t2) < mape(1.0 / eff, 0.0):
-                eff, tile = e2, t2
-                note = "main-loop efficiency and a fixed time per wave of tiles"
-            else:
-                note = "a fixed time per wave did not lower the error of the efficiency alone"
-        pred = gemm_time_s(w_s, n_waves, 1.0 / eff, tile, ko)
-        rel = np.abs(pred - t_s) / t_s
-        big = gflop >= np.median(gflop)
-        effs[prec] = eff
-        tiles[prec] = tile
-        record["precisions"][prec] = {
-            "points": len(pts), "fit_mape_pct": round(float(rel.mean() * 100), 2),
-            "fit_mape_pct_efficiency_only": round(mape(1.0 / round(float(one.x), 3), 0.0) * 100, 2),
-            "efficiency_only": round(float(one.x), 3),
-            "fit_mape_pct_larger_half": round(float(rel[big].mean() * 100), 2),
-            "fit_mape_pct_smaller_half": round(float(rel[~big].mean() * 100), 2),
-            "gflop_range": [round(float(gflop.min()), 4), round(float(gflop.max()), 2)],
-            "note": note}
-    return {"gemm_efficiency": effs, "gemm_tile_overhead_s": tiles}, record
+            eff_u = round(float(minimize_scalar(odd_mape, bounds=(0.002, 1.0), method="bounded",
+                                                options={"xatol": 1e-5}).x), 3)
+            unaligned[prec] = eff_u
+            rec["unaligned"] = {"points": len(odd), "efficiency": eff_u,
+                                "fit_mape_pct": round(odd_mape(eff_u) * 100, 2), "time_per_wave_s": tile}
+        elif odd:
+            rec["unaligned"] = {"points": len(odd), "fitted": False,
+                                "why": f"fewer than {GEMM_MIN_UNALIGNED} unaligned GEMMs"}
+        if main or prec in unaligned:
+            record["precisions"][prec] = rec
+    if not record["precisions"]:
+        raise OvsimError("no precision has an aligned GEMM or enough unaligned ones to fit", field="gemm")
+    values: dict[str, Any] = {"gemm_efficiency": effs, "gemm_tile_overhead_s": tiles}
+    if unaligned:
+        values["gemm_unaligned_efficiency"] = unaligned
+    return values, record
+
+
+def _fit_gemm_main(pts: list[tuple[float, float, float, float, bool]], ko: float
+                   ) -> tuple[float, float, dict[str, Any]]:
+    """:func:`fit_gemm` on aligned GEMMs: (main-loop efficiency, time per wave, record)."""
+    from scipy.optimize import lsq_linear, minimize, minimize_scalar
+
+    t_s = np.array([p[0] for p in pts])
+    w_s = np.array([p[1] for p in pts])
+    n_waves = np.array([p[2] for p in pts])
+    gflop = np.array([p[3] for p in pts]) / 1e9
+
+    def mape(inv_eff: float, tile_s: float) -> float:
+        return float(np.mean(np.abs(gemm_time_s(w_s, n_waves, inv_eff, tile_s, ko) - t_s) / t_s))
+
+    one = minimize_scalar(lambda e: mape(1.0 / e, 0.0), bounds=(0.01, 1.0), method="bounded",
+                          options={"xatol": 1e-4})
+    eff, tile = round(float(one.x), 3), 0.0
+    per_wave = w_s / n_waves
+    identified = len(pts) >= 3 and float(per_wave.max()) >= 2.0 * float(per_wave.min())
+    note = "the points do not identify a fixed time per wave (their main-loop work per wave is too alike)"
+    if identified:
+        # Relative least squares (rows divided by the time) gives the start; L1 refines it.
+        a = np.column_stack([w_s, n_waves]) / t_s[:, None]
+        start = lsq_linear(a, (t_s - ko) / t_s, bounds=([1.0, 0.0], [100.0, 1e-3])).x
+        res = minimize(lambda x: mape(x[0], x[1] * 1e-6), x0=[start[0], start[1] * 1e6], method="Powell",
+                       bounds=[(1.0, 100.0), (0.0, 1000.0)], options={"xtol": 1e-6, "ftol": 1e-9})
+        e2, t2 = round(1.0 / float(res.x[0]), 3), round(float(res.x[1]) * 1e-6, 9)
+        if mape(1.0 / e2, t2) < mape(1.0 / eff, 0.0):
+            eff, tile = e2, t2
+            note = "main-loop efficiency and a fixed time per wave of tiles"
+        else:
+            note = "a fixed time per wave did not lower the error of the efficiency alone"
+    pred = gemm_time_s(w_s, n_waves, 1.0 / eff, tile, ko)
+    rel = np.abs(pred - t_s) / t_s
+    big = gflop >= np.median(gflop)
+    return eff, tile, {
+        "points": len(pts), "fit_mape_pct": round(float(rel.mean() * 100), 2),
+        "fit_mape_pct_efficiency_only": round(mape(1.0 / round(float(one.x), 3), 0.0) * 100, 2),
+        "efficiency_only": round(float(one.x), 3),
+        "fit_mape_pct_larger_half": round(float(rel[big].mean() * 100), 2),
+        "fit_mape_pct_smaller_half": round(float(rel[~big].mean() * 100), 2),
+        "gflop_range": [round(float(gflop.min()), 4), round(float(gflop.max()), 2)],
+        "note": note}
 
 
 # A memory kernel's bytes count as HBM traffic only when they exceed the L2 this many times: below
@@ -982,12 +1028,16 @@ def fit_points(quantity: str, traces: Sequence[TraceInput], params: Parameters, 
             add("elementwise", label, "s", t, [p.kernel_overhead_s] * len(t))
     elif quantity == "gemm":
         for tr in traces:
+            aligned_eff, unaligned_eff = values.get("gemm_efficiency", {}), values.get("gemm_unaligned_efficiency", {})
             for prec, gemms in sorted(gemm_points([tr]).items()):
-                if prec not in values.get("gemm_efficiency", {}):
-                    continue
-                arr = np.array(gemms, dtype=float)
-                add(prec, tr.label, "s", arr[:, 0],
-                    gemm_time_s(arr[:, 1], arr[:, 2], 1.0 / p.gemm_eff(prec), p.gemm_tile_s(prec), p.kernel_overhead_s))
+                for aligned, group, fitted in ((True, prec, aligned_eff), (False, f"{prec} unaligned", unaligned_eff)):
+                    rows_of = [g for g in gemms if g[4] == aligned]
+                    if prec not in fitted or not rows_of:
+                        continue
+                    arr = np.array([g[:4] for g in rows_of], dtype=float)
+                    inverse = 1.0 / p.gemm_eff(prec, aligned)
+                    add(group, tr.label, "s", arr[:, 0],
+                        gemm_time_s(arr[:, 1], arr[:, 2], inverse, p.gemm_tile_s(prec), p.kernel_overhead_s))
     elif quantity == "memory":
         fitted_classes = ({"elementwise"} if "memory_kernel_efficiency" in values else set()) | \
             set(values.get("memory_kind_efficiency", {}))

@@ -445,8 +445,13 @@ def _calibrate(args: argparse.Namespace) -> int:
                   "error)")
         rec = report.fits.get("gemm")
         for prec, r in (rec or {}).get("precisions", {}).items():
-            print(f"  gemm {prec} from {r['points']} GEMMs ({r['note']}): fit error {r['fit_mape_pct']:.1f}% (fitted "
-                  "on; not a prediction error)")
+            if "fit_mape_pct" in r:
+                print(f"  gemm {prec} from {r['points']} GEMMs ({r['note']}): fit error {r['fit_mape_pct']:.1f}% "
+                      "(fitted on; not a prediction error)")
+            u = r.get("unaligned", {})
+            if "efficiency" in u:
+                print(f"  gemm {prec} unaligned (n or k not on 16 bytes) from {u['points']} GEMMs: efficiency "
+                      f"{u['efficiency']:g}; fit error {u['fit_mape_pct']:.1f}% (fitted on; not a prediction error)")
         rec = report.fits.get("memory")
         for cls, r in (rec or {}).get("classes", {}).items():
             if r.get("fitted"):

@@ -689,3 +689,34 @@ def test_gemm_and_memory_fits_report_their_errors_on_the_command_line(
             "(fitted on; not a prediction error)") in out
     assert "memory softmax from 3 kernels: 0.25 of the HBM peak; fit error 0.0%" in out
     assert "memory elementwise from 3 kernels: 0.7 of the HBM peak; fit error 0.0%" in out
+
+
+def test_gemm_fit_gives_unaligned_gemms_their_own_efficiency() -> None:
+    """Aligned GEMMs planted at 0.7 plus 4 us per wave, and GEMMs whose k or n is not on 16 bytes
+    (258 and 1030 x 2 bytes, 2050 x 2 bytes) at 0.1 with the same time per wave: the fit must give
+    both efficiencies back and keep the unaligned ones out of the aligned fit."""
+    import dataclasses
+
+    aligned = planted_gemms(((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256),
+                             (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), 0.7, 4e-6)
+    odd = dataclasses.replace(planted_gemms(((4096, 4096, 258, 1024), (2048, 2050, 4096, 256),
+                                             (1024, 1024, 1030, 64)), 0.1, 4e-6), label="odd")
+    report = calibrate([aligned, odd], GPU, quantities=["gemm"], points=True)
+    assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(0.7, abs=2e-3)
+    assert report.parameters["gemm_tile_overhead_s"]["bf16"] == pytest.approx(4e-6, rel=0.02)
+    assert report.parameters["gemm_unaligned_efficiency"]["bf16"] == pytest.approx(0.1, abs=2e-3)
+    rec = report.fits["gemm"]["precisions"]["bf16"]
+    assert rec["points"] == 5 and rec["unaligned"]["points"] == 3 and rec["unaligned"]["fit_mape_pct"] < 1.0
+    pts = report.points
+    assert pts is not None
+    assert pts.groupby(["group", "trace"]).size().to_dict() == {("bf16", "g"): 5, ("bf16 unaligned", "odd"): 3}
+    assert pts["fitted"].to_numpy() == pytest.approx(pts["measured"].to_numpy(), rel=0.02)
+
+
+def test_too_few_unaligned_gemms_are_recorded_not_fitted() -> None:
+    aligned = planted_gemms(((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256)), 0.6, 0.0)
+    odd = planted_gemms(((4096, 4096, 258, 1024),), 0.1, 0.0)
+    report = calibrate([aligned, odd], GPU, quantities=["gemm"])
+    assert "gemm_unaligned_efficiency" not in report.parameters
+    assert report.fits["gemm"]["precisions"]["bf16"]["unaligned"] == {
+        "points": 1, "fitted": False, "why": "fewer than 3 unaligned GEMMs"}

@@ -53,6 +53,11 @@ class Parameters(BaseModel):
     # makes short-K and small GEMMs less efficient than tiles and waves alone say. Fitted by
     # `ovsim calibrate --fit gemm`; 0 where no fit says otherwise.
     gemm_tile_overhead_s: dict[str, float] = Field(default_factory=dict)
+    # Main-loop efficiency of GEMMs whose n or k is not a multiple of 16 bytes, per precision: the
+    # libraries run them on narrower-load kernels (CUTLASS's align1, align2), measured at a tenth of
+    # the aligned efficiency on H100 traces. A precision not listed takes gemm_efficiency. Fitted
+    # by `ovsim calibrate --fit gemm`.
+    gemm_unaligned_efficiency: dict[str, Fraction] = Field(default_factory=dict)
     attention_efficiency: Fraction = 0.6
     # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches;
     # above 1 where a kernel beats the bandwidth test that set the achievable fraction.
@@ -144,7 +149,9 @@ class Parameters(BaseModel):
     power_tensor_reference_clock_fraction: float = Field(default=1.0, gt=0)
     power_clock_step_hz: float = Field(default=15e6, ge=0)
 
-    def gemm_eff(self, precision: str) -> float:
+    def gemm_eff(self, precision: str, aligned: bool = True) -> float:
+        if not aligned and precision in self.gemm_unaligned_efficiency:
+            return self.gemm_unaligned_efficiency[precision]
         return self.gemm_efficiency.get(precision, self.gemm_efficiency.get("default", 0.8))
 
     def memory_eff(self, kind: str) -> float:

@@ -112,6 +112,20 @@ def demand_from_time(
     )
 
 
+# The widest (128-bit) loads of A and B need leading dimensions on this many bytes; libraries run
+# other GEMMs on narrower-load kernels (CUTLASS's alignN names say which).
+GEMM_ALIGN_BYTES = 16
+
+
+def gemm_aligned(n: int, k: int, precision: str) -> bool:
+    """Whether a GEMM's leading dimensions fit the widest loads: k (A is m x k, a linear layer's
+    weight n x k) and n (B k x n, and C) on multiples of ``GEMM_ALIGN_BYTES``; m is never one. On
+    the shared H100 traces this tells the align1/align2 kernels from the others for all 1,869
+    GEMMs with recorded shapes."""
+    eb = element_bytes(precision)
+    return (n * eb) % GEMM_ALIGN_BYTES == 0 and (k * eb) % GEMM_ALIGN_BYTES == 0
+
+
 def gemm_blocks(m: int, n: int, tile_m: int, tile_n: int, batch: int = 1, split_k: int = 1) -> int:
     return math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch * split_k
 
@@ -137,7 +151,9 @@ def gemm(
 
     Time is the roofline per tile (tensor rate per SM times the calibrated efficiency, plus the
     calibrated fixed time of a wave of tiles, or the tile's share of HBM) times the number of waves,
-    so tile and wave quantization emerge from the grid.
+    so tile and wave quantization emerge from the grid. A GEMM whose leading dimensions are not on
+    16 bytes (:func:`gemm_aligned`) runs at ``gemm_unaligned_efficiency`` where the calibration
+    has one.
     ``sm_count`` plans the grid for fewer SMs (cuBLASLt's SM_COUNT_TARGET); the block count is
     unchanged, only the waves are. ``extra_shared_mem_bytes`` shapes occupancy: the padded blocks
     do the same work at the same per-block speed, but fewer fit on an SM, so the SM is less busy and
@@ -172,7 +188,8 @@ def gemm(
     sms = sm_count if sm_count is not None else gpu.sm.count
     k_per_block = math.ceil(k / split_k)
     flops_tile = 2.0 * tm * tn * k_per_block
-    per_sm_rate = gpu.peak_flops_per_s(precision) / gpu.sm.count * params.gemm_eff(precision)
+    per_sm_rate = gpu.peak_flops_per_s(precision) / gpu.sm.count * params.gemm_eff(precision,
+                                                                                 gemm_aligned(n, k, precision))
     # Co-resident tiles share the SM's tensor throughput: at its natural occupancy a block takes
     # `occ_natural` tile-times and uses 1/occ_natural of the SM. The fill and epilogue of a wave's
     # tiles add a fixed time (calibrated; co-resident tiles overlap theirs).

@@ -1,11 +1,13 @@
-"""Occupancy closed forms (the CUDA occupancy calculator's rules) on shipped specs."""
+"""Occupancy closed forms (the CUDA occupancy calculator's rules) on shipped specs, and the GEMM
+cost's alignment rule and wave form."""
 
 from __future__ import annotations
 
 import pytest
 
+from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu
-from ovsim.models.cost import blocks_per_sm
+from ovsim.models.cost import blocks_per_sm, gemm, gemm_aligned
 from ovsim.models.ir import BlockShape
 
 
@@ -20,3 +22,38 @@ from ovsim.models.ir import BlockShape
 ])
 def test_blocks_per_sm(gpu: str, block: BlockShape, expected: int) -> None:
     assert blocks_per_sm(block, load_gpu(gpu)) == expected
+
+
+@pytest.mark.parametrize(("n", "k", "precision", "aligned"), [
+    (4096, 4096, "bf16", True),
+    (3137, 64, "bf16", False),  # TimeSformer's attention bmm: n is 6,274 bytes
+    (64, 3137, "bf16", False),
+    (4100, 4096, "bf16", False),  # 8,200 bytes: on 8, not 16
+    (4, 4, "tf32", True),  # 16 bytes
+    (16, 32, "fp8", True),
+    (8, 32, "fp8", False),
+])
+def test_gemm_alignment_is_n_and_k_on_16_bytes(n: int, k: int, precision: str, aligned: bool) -> None:
+    assert gemm_aligned(n, k, precision) is aligned
+
+
+def test_an_unaligned_gemm_runs_at_the_unaligned_efficiency_where_one_is_calibrated() -> None:
+    """8192 x 4096 tiles of 128 x 256, one per H100 SM: 1,024 tiles in ceil(1024 / 132) = 8 waves;
+    k = 516 is 1,032 bytes (not on 16), k = 520 is 1,040 (on 16)."""
+    h100 = load_gpu("h100-sxm5-80gb")
+    base = load_calibration(h100, "h100-sxm5-80gb").params.merged(
+        {"gemm_efficiency": {"bf16": 0.8}, "gemm_tile_overhead_s": {"bf16": 2e-6}})
+    p = base.merged({"gemm_unaligned_efficiency": {"bf16": 0.1}})
+    per_sm = h100.peak_flops_per_s("bf16") / h100.sm.count
+
+    def expected(k: int, eff: float) -> float:
+        return p.kernel_overhead_s + 8 * (2.0 * 128 * 256 * k / (per_sm * eff) + 2e-6)
+
+    odd = gemm(8192, 4096, 516, "bf16", h100, p, tile=(128, 256, 64))
+    assert odd.isolated_s == pytest.approx(expected(516, 0.1), rel=1e-12)
+    assert gemm(8192, 4096, 520, "bf16", h100, p, tile=(128, 256, 64)).isolated_s == pytest.approx(
+        expected(520, 0.8), rel=1e-12)
+    # Without an unaligned efficiency for the precision, the aligned one prices it.
+    plain = base.merged({"gemm_unaligned_efficiency": {"fp16": 0.1}})
+    assert gemm(8192, 4096, 516, "bf16", h100, plain, tile=(128, 256, 64)).isolated_s == pytest.approx(
+        expected(516, 0.8), rel=1e-12)
