@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
-from ovsim.calibrate import TraceInput, gemm_points, gemm_time_s, trace_input
+from ovsim.calibrate import TraceInput, gemm_efficiency_at, gemm_points, trace_input
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu
 
@@ -75,15 +74,10 @@ def main(argv: list[str] | None = None) -> int:
             for prec, pts in sorted(gemm_points([only(tr, group) for tr in inputs]).items()):
                 t, w, waves, flops, aligned = (np.array(c, dtype=float) for c in zip(*pts, strict=True))
 
-                def mape(eff: float, t: np.ndarray = t, w: np.ndarray = w, waves: np.ndarray = waves,
-                         ko: float = overhead_s) -> float:
-                    return float(np.mean(np.abs(gemm_time_s(w, waves, 1.0 / eff, 0.0, ko) - t) / t))
-
-                eff = float(minimize_scalar(mape, bounds=(0.002, 1.0), method="bounded",
-                                            options={"xatol": 1e-5}).x)
+                eff, err = gemm_efficiency_at(t, w, waves, 0.0, overhead_s)
                 of_peak = float(np.median(flops / t / gpu.peak_flops_per_s(prec)))
                 print(f"{gpu_name:<16} {prec:<9} {group:<8} {len(t):>6} {int(aligned.sum()):>7} {of_peak:>14.3f} "
-                      f"{eff:>10.3f} {mape(eff) * 100:>8.1f}%")
+                      f"{eff:>10.3f} {err * 100:>8.1f}%")
     return 0
 
 

@@ -12,27 +12,12 @@ from __future__ import annotations
 
 import sys
 
-from ovsim.errors import OvsimError
-from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu
-from ovsim.models import cost
-from ovsim.validate import _gemm_kernels
+from ovsim.validate import best_gemm_tflops
 
 GPU = "h100-sxm5-80gb"
 PUBLISHED_TFLOPS = {1024: 177.0, 2048: 677.0, 4096: 789.0, 8192: 798.0, 10240: 720.0}
-
-
-def best_tflops(params: Parameters, size: int) -> float:
-    gpu = load_gpu(GPU)
-    best = 0.0
-    for tile, threads, regs, stages in _gemm_kernels(gpu, "bf16"):
-        try:
-            d = cost.gemm(size, size, size, "bf16", gpu, params, tile=tile, threads=threads,
-                          registers_per_thread=regs, stages=stages)
-        except OvsimError:
-            continue  # the tile does not fit the SM's shared memory
-        best = max(best, 2.0 * size**3 / d.isolated_s / 1e12)
-    return best
 
 
 def main(argv: list[str]) -> int:
@@ -42,7 +27,7 @@ def main(argv: list[str]) -> int:
     print(f"{'calibration':<40} " + " ".join(f"{s:>6}" for s in PUBLISHED_TFLOPS) + "  mean error")
     print(f"{'published (TFLOPS)':<40} " + " ".join(f"{v:>6.0f}" for v in PUBLISHED_TFLOPS.values()))
     for label, params in runs:
-        got = {s: best_tflops(params, s) for s in PUBLISHED_TFLOPS}
+        got = {s: best_gemm_tflops(GPU, s, s, s, "bf16", params) for s in PUBLISHED_TFLOPS}
         err = sum(abs(got[s] - v) / v for s, v in PUBLISHED_TFLOPS.items()) / len(PUBLISHED_TFLOPS) * 100
         print(f"{label[-40:]:<40} " + " ".join(f"{v:>6.0f}" for v in got.values()) + f"  {err:>9.1f}%")
     return 0

@@ -520,6 +520,19 @@ def gemm_time_s(main_loop_s: np.ndarray, waves: np.ndarray, inverse_efficiency: 
     return np.asarray(overhead_s + main_loop_s * inverse_efficiency + waves * tile_s)
 
 
+def gemm_efficiency_at(t_s: np.ndarray, main_loop_s: np.ndarray, waves: np.ndarray, tile_s: float,
+                       overhead_s: float) -> tuple[float, float]:
+    """The main-loop efficiency (to 0.001) of least mean absolute relative error for GEMMs measured
+    at ``t_s``, at a given time per wave, and that error (a fraction)."""
+    from scipy.optimize import minimize_scalar
+
+    def mape(eff: float) -> float:
+        return float(np.mean(np.abs(gemm_time_s(main_loop_s, waves, 1.0 / eff, tile_s, overhead_s) - t_s) / t_s))
+
+    eff = round(float(minimize_scalar(mape, bounds=(0.002, 1.0), method="bounded", options={"xatol": 1e-5}).x), 3)
+    return eff, mape(eff)
+
+
 def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
     """``gemm_efficiency`` and ``gemm_tile_overhead_s`` per precision from GEMM kernels that ran
     without communication and whose launching operator records its input shapes.
@@ -535,8 +548,6 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
     These are fitted on aligned GEMMs (:func:`ovsim.models.cost.gemm_aligned`). Unaligned ones run
     on other kernels: with at least ``GEMM_MIN_UNALIGNED`` of them, their own main-loop efficiency
     (``gemm_unaligned_efficiency``) is fitted at the same time per wave."""
-    from scipy.optimize import minimize_scalar
-
     work = gemm_points(traces)
     if not work:
         raise OvsimError("no GEMM kernel without communication beside it has a launching operator with input "
@@ -560,16 +571,10 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
         odd = [p for p in pts if not p[4]]
         if len(odd) >= GEMM_MIN_UNALIGNED:
             t_s, w_s, n_waves = (np.array([p[j] for p in odd]) for j in range(3))
-
-            def odd_mape(eff: float, t_s: np.ndarray = t_s, w_s: np.ndarray = w_s, n_waves: np.ndarray = n_waves,
-                         tile: float = tile) -> float:
-                return float(np.mean(np.abs(gemm_time_s(w_s, n_waves, 1.0 / eff, tile, ko) - t_s) / t_s))
-
-            eff_u = round(float(minimize_scalar(odd_mape, bounds=(0.002, 1.0), method="bounded",
-                                                options={"xatol": 1e-5}).x), 3)
+            eff_u, err = gemm_efficiency_at(t_s, w_s, n_waves, tile, ko)
             unaligned[prec] = eff_u
-            rec["unaligned"] = {"points": len(odd), "efficiency": eff_u,
-                                "fit_mape_pct": round(odd_mape(eff_u) * 100, 2), "time_per_wave_s": tile}
+            rec["unaligned"] = {"points": len(odd), "efficiency": eff_u, "fit_mape_pct": round(err * 100, 2),
+                                "time_per_wave_s": tile}
         elif odd:
             rec["unaligned"] = {"points": len(odd), "fitted": False,
                                 "why": f"fewer than {GEMM_MIN_UNALIGNED} unaligned GEMMs"}
