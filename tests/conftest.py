@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from ovsim.hw.calib import Calibration, load_calibration
 from ovsim.hw.spec import GpuSpec, SystemSpec, load_gpu
+
+# Property tests draw the same examples on every run, so that a run (CI's included) passes or fails
+# by the code alone; HYPOTHESIS_PROFILE=explore draws new ones each time, to look for failures.
+settings.register_profile("default", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")

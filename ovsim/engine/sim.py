@@ -264,18 +264,22 @@ class _Flow:
     ranks: tuple[int, ...] = ()
 
 
-def _interleave(sizes: list[int], first_end_s: list[float], period_s: list[float], blocks: int) -> list[int]:
+def _interleave(sizes: list[int], first_end_s: list[float], period_s: list[float], blocks: int,
+                keep_last: bool = True) -> list[int]:
     """Whole waves each group of SMs runs from ``blocks`` waiting blocks, groups refilling themselves
     as their waves end (group i: ``sizes[i]`` blocks a wave, current wave ending at
     ``first_end_s[i]``, then one every ``period_s[i]``), counted up to the first wave end that finds
-    too few blocks for every group ending then (within float round-off, ends are simultaneous)."""
+    too few blocks for every group ending then (within float round-off, ends are simultaneous).
+    With ``keep_last``, the wave that would take the last blocks is not given either: the moment
+    the kernel has none left waiting is when a kernel behind it may dispatch, which must be an
+    event."""
     given = [0] * len(sizes)
     ends = list(first_end_s)
     while True:
         t = min(ends)
         tie = [i for i, x in enumerate(ends) if x <= t + 1e-9 * max(t, 1e-9)]
         need = sum(sizes[i] for i in tie)
-        if need > blocks:
+        if need > blocks or (keep_last and need == blocks):
             return given
         blocks -= need
         for i in tie:
@@ -878,7 +882,8 @@ class Engine:
         the kernel's blocks run short. Which group gets which of the remaining blocks follows from
         the order in which their waves end; the waves given away are those that end before the
         first moment a group would find too few blocks (or groups ending together would compete
-        for them). The entries hold them as ``extra`` (their blocks move from ``undispatched`` to
+        for them), or, with another kernel pending, would take the kernel's last ones: that one
+        may dispatch then. The entries hold them as ``extra`` (their blocks move from ``undispatched`` to
         ``batched``); any event that touches the GPU first returns the waves not begun
         (:meth:`_unbatch`), so the dispatcher and every rate see exactly what they would have seen.
         Runs after the rates are set: a group's wave lasts ``1 / rate``."""
@@ -894,6 +899,9 @@ class Engine:
             return
         # A kernel first on both partitions counts once.
         for k in {id(k): k for k in first.values()}.values() if len(first) > 1 else first.values():
+            # A kernel waiting behind k may dispatch the moment k has no blocks left waiting, so the
+            # wave that takes k's last blocks must begin at an event (a kernel launched later is one).
+            behind = len(gpu.pending) > 1
             if k.flow is not None:
                 continue
             where = [(g, e) for g in gpu.groups for e in g.entries if e.k is k]
@@ -909,10 +917,10 @@ class Engine:
             if len(where) == 1:
                 g, e = where[0]
                 wave = g.n * e.per_sm
-                self._give(gpu, k, e, wave, spare // wave)
+                self._give(gpu, k, e, wave, (spare - 1) // wave if behind else spare // wave)
                 continue
             waves = _interleave([g.n * e.per_sm for g, e in where], [e.remaining / e.rate for _, e in where],
-                                [1.0 / e.rate for _, e in where], spare)
+                                [1.0 / e.rate for _, e in where], spare, keep_last=behind)
             for (g, e), n in zip(where, waves, strict=True):
                 self._give(gpu, k, e, g.n * e.per_sm, n)
 

@@ -168,3 +168,23 @@ def test_fast_forwarding_waves_changes_no_timeline(wl: Workload) -> None:
     for col in ("launch_s", "start_s", "end_s", "duration_s", "wait_sm_s", "share_sm_s", "share_hbm_s",
                 "share_link_s", "wait_peers_s"):
         assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), rel=1e-9, abs=1e-15), col
+
+
+def test_a_kernel_behind_a_fast_forwarded_one_dispatches_when_the_last_blocks_do() -> None:
+    """Found by the property above: k2's waves were fast-forwarded up to its very last blocks, so
+    nothing happened at the moment it had none left waiting, and k1 (same priority, launched later,
+    held back by the leftover policy) started one wave late. It must start then, as without
+    fast-forwarding."""
+    def kd(blocks: int, threads: int, regs: int, smem: int, block_s: float, issue: float, iso_s: float) -> KernelDemand:
+        return KernelDemand(blocks=blocks, block=BlockShape(threads, regs, smem), block_time_s=block_s,
+                            issue_fraction=issue, hbm_bytes=0.0, flops=0.0, isolated_s=iso_s, clock_sensitive=True)
+
+    ks = {"k0": ("a", kd(1, 64, 16, 0, 2.0**-14, 1 / 32, 2.0**-14)),
+          "k1": ("a", kd(1, 64, 16, 0, 1e-6, 1 / 32, 1e-6)),
+          "k2": ("c", kd(419, 64, 16, 200_000, 2.0935e-05, 1.0, 8.374e-05)),
+          "k3": ("b", kd(384, 256, 96, 0, 2.0**-14, 0.5, 2.0**-13))}
+    wl = Workload(ops=tuple(Op(n, n, "generic", 0, s, kernel=k) for n, (s, k) in ks.items()),
+                  streams=(StreamSpec(0, "a", 0), StreamSpec(0, "b", -1), StreamSpec(0, "c", 0)), n_ranks=1)
+    fast, slow = simulate(wl), simulate(wl, fast_forward=False)
+    for col in ("start_s", "end_s"):
+        assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), rel=1e-9, abs=1e-15), col
