@@ -3,7 +3,7 @@ seed-and-validation-numbers.md) and the GEMM + all-reduce priority/shaping study
 arXiv 2606.09200), predicted by ovsim and set against the published figures.
 
     python bench/overlap_study.py            # the matrix with 4 layers per model (about 30 s)
-    python bench/overlap_study.py --layers 0 # full depth (about 3.5 minutes)
+    python bench/overlap_study.py --layers 0 # full depth (about 70 s)
 
 Compute slowdown = overlapped compute time / the same compute alone - 1; "sequential slower" =
 sequential iteration / overlapped iteration - 1, with the sequential iteration both simulated and

@@ -621,13 +621,16 @@ def _fit_gemm_main(pts: list[tuple[float, float, float, float, bool]], ko: float
             note = "a fixed time per wave did not lower the error of the efficiency alone"
     pred = gemm_time_s(w_s, n_waves, 1.0 / eff, tile, ko)
     rel = np.abs(pred - t_s) / t_s
-    big = gflop >= np.median(gflop)
+    # The larger and smaller half by rank, not by the median: with many GEMMs of the median's size,
+    # a median split could leave one half empty.
+    big = np.zeros(len(pts), dtype=bool)
+    big[np.argsort(gflop, kind="stable")[len(pts) // 2:]] = True
     return eff, tile, {
         "points": len(pts), "fit_mape_pct": round(float(rel.mean() * 100), 2),
         "fit_mape_pct_efficiency_only": round(mape(1.0 / round(float(one.x), 3), 0.0) * 100, 2),
         "efficiency_only": round(float(one.x), 3),
         "fit_mape_pct_larger_half": round(float(rel[big].mean() * 100), 2),
-        "fit_mape_pct_smaller_half": round(float(rel[~big].mean() * 100), 2),
+        "fit_mape_pct_smaller_half": round(float(rel[~big].mean() * 100), 2) if (~big).any() else None,
         "gflop_range": [round(float(gflop.min()), 4), round(float(gflop.max()), 2)],
         "note": note}
 
@@ -1229,8 +1232,20 @@ def write_calibration(report: FitReport, traces: Sequence[TraceInput], gpu: str,
         sources.update(old.sources)
         carried = {"base": f"{base.name} (version {old.version}): every parameter not fitted here is carried over "
                            "unchanged", "base_provenance": old.provenance}
-    parameters.update(report.parameters)
-    sources.update(report.sources)
+    for name, value in report.parameters.items():
+        kept = parameters.get(name)
+        if isinstance(value, dict) and isinstance(kept, dict) and set(kept) - set(value):
+            # A fit of some keys of a mapping (one precision, one protocol) keeps the base's other
+            # keys, as the file stack would if both files were loaded; the source says which is which.
+            parameters[name] = {**kept, **value}
+            sources[name] = (f"{', '.join(map(str, value))}: {report.sources.get(name, 'fitted')}; "
+                             f"{', '.join(map(str, sorted(set(kept) - set(value))))}: carried from the base "
+                             f"({sources.get(name, 'no source given')})")
+        else:
+            parameters[name] = value
+            if name in report.sources:
+                sources[name] = report.sources[name]
+    sources.update({k: v for k, v in report.sources.items() if k not in report.parameters})
     doc = {
         "schema": "ovsim.calib/1",
         "gpu": gpu,

@@ -208,6 +208,23 @@ def test_write_with_a_base_carries_the_older_version_over(tmp_path: Path) -> Non
     assert doc["parameters"]["attention_efficiency"] == 0.5 and "nccl_memory_pressure" in doc["parameters"]
 
 
+def test_write_with_a_base_keeps_the_keys_a_fit_did_not_touch(tmp_path: Path) -> None:
+    """A fit of one precision on top of a file with several: the others stay (as loading both files
+    would give), and the source tells the fitted keys from the carried ones."""
+    base = tmp_path / "h100-sxm5-80gb.v7.yaml"
+    base.write_text(yaml.safe_dump({"schema": "ovsim.calib/1", "gpu": GPU, "version": 7,
+                                    "provenance": {"kind": "x"},
+                                    "parameters": {"gemm_efficiency": {"bf16": 0.5, "fp8": 0.7}},
+                                    "sources": {"gemm_efficiency": "MAMF"}}))
+    tr = TraceInput(bundle=contention_trace(), label="synthetic", gpu=GPU)
+    report = FitReport(parameters={"gemm_efficiency": {"bf16": 0.9}}, sources={"gemm_efficiency": "fit: gemm"})
+    doc = yaml.safe_load(write_calibration(report, [tr], GPU, tmp_path, base=base).read_text())
+    assert doc["parameters"]["gemm_efficiency"] == {"bf16": 0.9, "fp8": 0.7}
+    assert doc["sources"]["gemm_efficiency"] == "bf16: fit: gemm; fp8: carried from the base (MAMF)"
+    stacked = load_calibration(load_gpu(GPU), GPU, (str(base),)).params.merged(report.parameters)
+    assert stacked.gemm_efficiency["fp8"] == doc["parameters"]["gemm_efficiency"]["fp8"]
+
+
 def test_shipping_a_fit_the_newest_file_already_holds_writes_nothing() -> None:
     """The shared-trace scripts rerun without writing when nothing changed; a dry run never writes."""
     shipped = load_calibration(load_gpu(GPU), GPU).params.memory_kernel_efficiency

@@ -41,13 +41,15 @@ def run(ops: list[Op], streams: list[StreamSpec], system: SystemSpec, gpu: GpuSp
 def test_lone_gemm_is_its_roofline_with_waves(h100: GpuSpec, h100_calib: Calibration,
                                               h100_node: SystemSpec) -> None:
     """Closed form: waves = ceil(tiles / SMs) at one 128x256 tile per SM; each wave computes one
-    tile per SM at the per-SM tensor rate times the calibrated efficiency."""
+    tile per SM at the per-SM tensor rate times the calibrated main-loop efficiency, plus the
+    calibrated fixed time per wave."""
     m = n = k = 8192
-    gemm = cost.gemm(m, n, k, "bf16", h100, h100_calib.params, tile=(128, 256, 64))
+    params = h100_calib.params
+    gemm = cost.gemm(m, n, k, "bf16", h100, params, tile=(128, 256, 64))
     tiles = (m // 128) * (n // 256)
     waves = math.ceil(tiles / 132)
-    per_sm = 989.4e12 / 132 * 0.803
-    expected = waves * (2 * 128 * 256 * k) / per_sm + h100_calib.params.kernel_overhead_s
+    per_sm = 989.4e12 / 132 * params.gemm_eff("bf16")
+    expected = waves * ((2 * 128 * 256 * k) / per_sm + params.gemm_tile_s("bf16")) + params.kernel_overhead_s
     out = run([Op("g", "g", "gemm", 0, "s", kernel=gemm)], [StreamSpec(0, "s")], h100_node, h100, h100_calib)
     assert out.loc["g", "duration_s"] == pytest.approx(expected, rel=1e-9)
     assert waves == 16  # 2048 tiles on 132 SMs: 15.5 waves quantize to 16
