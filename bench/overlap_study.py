@@ -1,9 +1,9 @@
 """The overlap study's configuration matrix (Lee et al., arXiv 2507.03114, as summarised in
 seed-and-validation-numbers.md) and the GEMM + all-reduce priority/shaping study (Cui & Pericas,
-arXiv 2606.09200), predicted by ovsim and set against the published figures.
+arXiv 2606.09200), predicted by ovsim (``ovsim.studies``) and set against the published figures.
 
-    python bench/overlap_study.py            # the matrix with 4 layers per model (about 30 s)
-    python bench/overlap_study.py --layers 0 # full depth (about 70 s)
+    python bench/overlap_study.py            # the matrix with 4 layers per model (about 15 s)
+    python bench/overlap_study.py --layers 0 # full depth (about 70 s; ovsim validate --studies checks it)
 
 Compute slowdown = overlapped compute time / the same compute alone - 1; "sequential slower" =
 sequential iteration / overlapped iteration - 1, with the sequential iteration both simulated and
@@ -17,69 +17,26 @@ notebooks/overlap_study.ipynb extrapolates to full depth instead; docs/training.
 from __future__ import annotations
 
 import argparse
-import itertools
 import time
-from pathlib import Path
+from typing import Any
 
-import pandas as pd
-
-from ovsim.api import accounted_sequential_s, predict
-from ovsim.scenario import Scenario
-
-MODELS = ["gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "llama2-13b"]
-SYSTEMS = ["a100x4", "h100x4"]
-BATCHES = [8, 16, 32, 64]
-PARALLEL = {"fsdp": {"dp_mode": "fsdp"}, "pp": {"pp": 4, "pipeline": "1f1b"}}
+from ovsim import studies
 
 
-def run_matrix(layers: int, batches: list[int]) -> pd.DataFrame:
-    rows = []
-    for model, system, par, batch in itertools.product(MODELS, SYSTEMS, PARALLEL, batches):
-        training: dict[str, object] = {"model": model, "precision": "fp16", "parallel": PARALLEL[par]}
-        if par == "fsdp":
-            training["micro_batch_size"] = batch
-        else:
-            # The global batch split into 8 micro-batches down the pipeline.
-            training.update(micro_batch_size=max(1, batch // 8), micro_batches=8)
-        if layers:
-            training["layers"] = layers
-        out = {}
-        for schedule in ("overlapped", "sequential"):
-            sc = Scenario.model_validate({"name": f"{model}-{par}-{system}-b{batch}", "system": system,
-                                          "schedule": schedule, "training": training})
-            out[schedule] = predict(sc, counters=False).summary()
-        o, s = out["overlapped"], out["sequential"]
-        rows.append({"model": model, "system": system, "parallel": par, "batch": batch,
-                     "iteration_ms": o["makespan_s"] * 1e3, "compute_slowdown_pct": o["compute_slowdown"] * 100,
-                     "sequential_slower_pct": (s["makespan_s"] / o["makespan_s"] - 1) * 100,
-                     "accounted_slower_pct": (accounted_sequential_s(o, s) / o["makespan_s"] - 1) * 100,
-                     "comm_hidden_pct": o["comm_hidden_fraction"] * 100})
-        r = rows[-1]
-        print(f"{model:<11} {system:<7} {par:<5} b{batch:<3} iter {r['iteration_ms']:9.1f} ms  "
-              f"slowdown {r['compute_slowdown_pct']:5.1f}%  sequential {r['sequential_slower_pct']:+5.1f}% "
-              f"(accounted {r['accounted_slower_pct']:+5.1f}%)", flush=True)
-    return pd.DataFrame(rows)
-
-
-def priority_study() -> pd.DataFrame:
-    ex = Path(__file__).parent.parent / "examples"
-    rows = []
-    for system in ("a100x4", "h100x4"):
-        t = {k: predict(ex / f"gemm-allreduce-{system}-{k}.yaml", counters=False).summary()["makespan_s"]
-             for k in ("overlapped", "priority", "shaped", "sequential")}
-        rows.append({"system": system, **{f"{k}_ms": v * 1e3 for k, v in t.items()},
-                     "priority_vs_naive_pct": (t["priority"] / t["overlapped"] - 1) * 100,
-                     "priority_shaping_vs_naive_pct": (t["shaped"] / t["overlapped"] - 1) * 100})
-    return pd.DataFrame(rows)
+def show(r: dict[str, Any]) -> None:
+    print(f"{r['model']:<11} {r['system']:<7} {r['parallel']:<5} b{r['batch']:<3} iter {r['iteration_ms']:9.1f} ms  "
+          f"slowdown {r['compute_slowdown_pct']:5.1f}%  sequential {r['sequential_slower_pct']:+5.1f}% "
+          f"(accounted {r['accounted_slower_pct']:+5.1f}%)", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4, help="layers per model (0: the model's own)")
-    ap.add_argument("--batches", type=int, nargs="+", default=BATCHES)
+    ap.add_argument("--batches", type=int, nargs="+", default=list(studies.LEE_BATCHES))
+    ap.add_argument("--workers", type=int, default=1, help="processes (0: one per CPU core)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    df = run_matrix(args.layers, args.batches)
+    df = studies.lee_matrix(args.layers, args.batches, workers=args.workers, on_row=show)
     print()
     print(f"matrix: {len(df)} configurations x 2 schedules in {time.perf_counter() - t0:.0f} s")
     print(f"compute slowdown: mean {df['compute_slowdown_pct'].mean():.1f}% (published 18.9%, target 15-23%), "
@@ -91,8 +48,11 @@ def main() -> None:
     print(df.groupby(["parallel", "system"])[["compute_slowdown_pct", "sequential_slower_pct",
                                               "accounted_slower_pct"]].mean().round(1))
     print()
-    pr = priority_study()
-    print(pr.round(2).to_string(index=False))
+    pr = studies.cui_pericas().pivot(index="system", columns="schedule", values="iteration_ms")
+    pr = pr[list(studies.CUI_SCHEDULES)]
+    for s in ("priority", "priority + shaping"):
+        pr[f"{s} vs naive %"] = (pr[s] / pr["naive overlap"] - 1) * 100
+    print(pr.round(2).to_string())
     print("published: priority + occupancy shaping up to 25.5% less time than naive overlap (target 15-30%)")
 
 

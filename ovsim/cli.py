@@ -498,7 +498,7 @@ def _validate(args: argparse.Namespace) -> int:
         raise OvsimError("not a folder", source=str(traces), field="traces")
     bar.stage("published figures")
     try:
-        checks = run(traces, on_trace=lambda name: bar.stage(f"replaying {name}"), workers=args.workers)
+        checks = run(traces, on_trace=bar.stage, workers=args.workers, studies=args.studies)
     finally:
         bar.done()
     if args.plot:
@@ -514,9 +514,12 @@ def _validate(args: argparse.Namespace) -> int:
             if c.group != group:
                 group = c.group
                 print(f"-- {group}")
-            tol = {"within": f"{c.tolerance_pct:.0f}%", "at_most": "<= ref", "range": f"({c.low:g}, ref]"}[c.rule]
+            tol = {"within": f"{c.tolerance_pct:.0f}%", "at_most": "<= ref", "range": f"({c.low:g}, ref]",
+                   "band": f"{c.low:g}-{c.high:g}"}[c.rule]
             print(f"{c.name[:58]:<58} {c.reference:>10.2f} {c.predicted:>10.2f} {c.error_pct:>+7.1f}% {tol:>6}  "
                   f"{'pass' if c.passed else 'FAIL'}  {c.unit}{'; ' + c.note if c.note else ''}")
+        if not args.studies:
+            print("(no --studies: the overlap studies' configurations not run)")
         if traces is None:
             print("(no --traces folder given: replays of real traces not run)")
     return 0
@@ -767,8 +770,11 @@ def parser() -> argparse.ArgumentParser:
     vp = sub.add_parser("validate", help="reproduce published figures and replay real traces; one table")
     vp.add_argument("--traces", metavar="DIR", type=_file_name,
                     help="folder holding the shared real traces (their layout as published)")
+    vp.add_argument("--studies", action="store_true",
+                    help="also predict the published overlap studies' configurations (about a minute on one core)")
     vp.add_argument("--workers", type=_count, default=1, metavar="N",
-                    help="processes to replay the held-out traces in (default 1; 0: one per CPU core)")
+                    help="processes to replay the held-out traces and predict the studies in (default 1; 0: one per "
+                         "CPU core)")
     vp.add_argument("--json", action="store_true", help="print one JSON object")
     vp.add_argument("--plot", metavar="FILE", type=_file_name,
                     help="draw every check's error against its tolerance to FILE (PNG, PDF or SVG, from the name; "

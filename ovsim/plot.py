@@ -343,7 +343,7 @@ def compare_figure(df: pd.DataFrame, *, title: str = "") -> Figure:
 
 def validate_figure(checks: Sequence[Check], *, title: str = "") -> Figure:
     """Each check's error (predicted against reference, %) as a bar, green when it passes and red
-    when it fails, with its tolerance as a grey band; a range check shows its allowed interval."""
+    when it fails, with its tolerance as a grey band; a range or band check shows its allowed interval."""
     if not checks:
         raise OvsimError("no checks to draw", field="checks")
     fig = _figure(figsize=(11, 0.3 * len(checks) + 1.4), layout="constrained")
@@ -361,6 +361,10 @@ def validate_figure(checks: Sequence[Check], *, title: str = "") -> Figure:
             lo = (c.low - c.reference) / c.reference * 100
             ax.barh(i, -lo, left=lo, height=0.8, color="#e5e5e5")
             seen.append(lo)
+        elif c.rule == "band" and c.reference:
+            lo, hi = ((b - c.reference) / c.reference * 100 for b in (c.low, c.high))
+            ax.barh(i, hi - lo, left=lo, height=0.8, color="#e5e5e5")
+            seen += [lo, hi]
         elif c.rule == "at_most":
             ax.barh(i, -1e4, left=0.0, height=0.8, color="#e5e5e5")
         if math.isfinite(err):

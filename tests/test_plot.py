@@ -173,6 +173,14 @@ def test_validate_bars_are_the_errors_coloured_by_outcome() -> None:
     assert lo < -20 and hi > 20 and lo > -100  # the unbounded band does not set the axis
 
 
+def test_a_band_check_draws_its_interval_around_the_reference() -> None:
+    """A target band of 15-23 around a published 18.9 is the allowed interval, in % of 18.9."""
+    fig = validate_figure([Check("band", "study", 18.9, 1.7, "%", 0.0, "s", rule="band", low=15.0, high=23.0)])
+    (band,) = [p for p in fig.axes[0].patches if p.get_height() == 0.8]
+    assert band.get_x() == pytest.approx((15.0 - 18.9) / 18.9 * 100)
+    assert band.get_x() + band.get_width() == pytest.approx((23.0 - 18.9) / 18.9 * 100)
+
+
 @pytest.mark.parametrize("suffix", [".png", ".pdf", ".svg"])
 def test_save_writes_the_format_its_name_asks_for(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"t{suffix}"

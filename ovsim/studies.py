@@ -1,0 +1,120 @@
+"""The published overlap studies' setups as scenarios, predicted by ovsim: what ``ovsim validate
+--studies``, ``bench/overlap_study.py`` and the notebooks set against the published figures.
+
+- **Lee et al.**, arXiv 2507.03114 (ISPASS 2025), as a secondary reading note of the paper
+  describes its runs: GPT-3 1.3B to 13B and LLaMA2-13B trained with FSDP and with pipeline
+  parallelism, on 4x A100 and 4x H100, FP16, batch 8 to 64. Published: compute kernels overlapped
+  with communication run 18.9% slower on average (at most 40%), and sequential execution is 10.2%
+  slower than overlapped on average (at most 26.6%).
+- **Cui & Pericas**, arXiv 2606.09200: a GEMM (8192^3, 64x64x32 tiles) beside an 896 MB all-reduce
+  on 4x A100 and 4x H100; communication priority plus occupancy shaping (shared-memory padding of
+  the GEMM's blocks) cut total time by up to 25.5%.
+
+The sequential figure of Lee et al. is not a sequential run but accounted from the overlapped one
+(:func:`ovsim.api.accounted_sequential_s`); both are reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from typing import Any
+
+import pandas as pd
+
+from ovsim.api import accounted_sequential_s, predict
+from ovsim.errors import OvsimError
+from ovsim.scenario import Scenario
+
+LEE_MODELS = ("gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "llama2-13b")
+LEE_SYSTEMS = ("a100x4", "h100x4")
+LEE_BATCHES = (8, 16, 32, 64)
+# FSDP; and a 4-stage 1F1B pipeline over the global batch split into 8 micro-batches.
+LEE_PARALLEL: dict[str, dict[str, Any]] = {"fsdp": {"dp_mode": "fsdp"}, "pp": {"pp": 4, "pipeline": "1f1b"}}
+PP_MICRO_BATCHES = 8
+
+
+def lee_training(model: str, parallel: str, batch: int, layers: int = 0) -> dict[str, Any]:
+    """The ``training`` section of one configuration of the matrix (``layers`` 0: the model's own
+    depth; fewer keep every layer's shapes and cut the count)."""
+    training: dict[str, Any] = {"model": model, "precision": "fp16", "parallel": LEE_PARALLEL[parallel]}
+    if parallel == "fsdp":
+        training["micro_batch_size"] = batch
+    else:
+        training.update(micro_batch_size=max(1, batch // PP_MICRO_BATCHES), micro_batches=PP_MICRO_BATCHES)
+    if layers:
+        training["layers"] = layers
+    return training
+
+
+def _pair(model: str, system: str, parallel: str, batch: int, layers: int) -> dict[str, Any]:
+    training = lee_training(model, parallel, batch, layers)
+    out = {}
+    for schedule in ("overlapped", "sequential"):
+        sc = Scenario.model_validate({"name": f"{model}-{parallel}-{system}-b{batch}", "system": system,
+                                      "schedule": schedule, "training": training})
+        out[schedule] = predict(sc, counters=False).summary()
+    o, s = out["overlapped"], out["sequential"]
+    return {"model": model, "system": system, "parallel": parallel, "batch": batch,
+            "iteration_ms": o["makespan_s"] * 1e3, "compute_slowdown_pct": o["compute_slowdown"] * 100,
+            "sequential_slower_pct": (s["makespan_s"] / o["makespan_s"] - 1) * 100,
+            "accounted_slower_pct": (accounted_sequential_s(o, s) / o["makespan_s"] - 1) * 100,
+            "comm_hidden_pct": o["comm_hidden_fraction"] * 100}
+
+
+def lee_matrix(layers: int = 0, batches: Sequence[int] = LEE_BATCHES, *, workers: int = 1,
+               on_row: Callable[[dict[str, Any]], None] | None = None) -> pd.DataFrame:
+    """Every configuration of the matrix, overlapped and sequential: one row each with iteration
+    time, compute slowdown, sequential slower than overlapped (simulated, and accounted as the
+    study does) and the share of communication hidden, all in percent. ``workers``: processes
+    (1: this one; 0: one per CPU core); ``on_row`` is called with each row as it arrives, in order."""
+    if workers < 0:
+        raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
+    configs = list(itertools.product(LEE_MODELS, LEE_SYSTEMS, LEE_PARALLEL, batches))
+    jobs = min(workers or os.cpu_count() or 1, len(configs))
+    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    rows = []
+    with pool or nullcontext():
+        run = pool.map if pool is not None else map
+        for row in run(_pair, *zip(*configs, strict=True), itertools.repeat(layers)):
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    return pd.DataFrame(rows)
+
+
+CUI_SYSTEMS = ("a100x4", "h100x4")
+# The padding of the bundled examples: one 64x64x32 GEMM block per SM, the rest of the SM's shared
+# memory left to NCCL's blocks.
+CUI_SHAPING_SMEM_BYTES = {"a100x4": 59392, "h100x4": 92160}
+CUI_SCHEDULES = ("naive overlap", "priority", "priority + shaping", "sequential")
+
+
+def cui_pericas_scenario(system: str, schedule: str, n: int = 8192) -> Scenario:
+    """GEMM 8192 x ``n`` x 8192 (FP16, 64x64x32 tiles) beside an 896 MB all-reduce, under one of
+    ``CUI_SCHEDULES``."""
+    if schedule not in CUI_SCHEDULES:
+        raise OvsimError(f"unknown schedule '{schedule}'; one of {', '.join(CUI_SCHEDULES)}", field="schedule")
+    knobs = {"comm_priority": "high" if "priority" in schedule else "normal",
+             "occupancy_shaping_smem_bytes": CUI_SHAPING_SMEM_BYTES[system] if "shaping" in schedule else 0}
+    ops = [{"name": "gemm", "kind": "gemm", "m": 8192, "n": n, "k": 8192, "precision": "fp16", "stream": "compute",
+            "tile": [64, 64, 32], "threads": 128, "registers_per_thread": 96, "stages": 3},
+           {"name": "allreduce", "kind": "all_reduce", "size_bytes": 896e6, "stream": "comm"}]
+    return Scenario.model_validate({
+        "name": f"{system} gemm 8192x{n}x8192 {schedule}", "system": system,
+        "schedule": "sequential" if schedule == "sequential" else "overlapped", "knobs": knobs,
+        "streams": {"compute": 0, "comm": 0}, "ops": ops})
+
+
+def cui_pericas(systems: Sequence[str] = CUI_SYSTEMS, n: int = 8192) -> pd.DataFrame:
+    """One row per system and schedule: iteration time and its change against naive overlap (%)."""
+    rows = []
+    for system in systems:
+        ms = {s: predict(cui_pericas_scenario(system, s, n), counters=False).summary()["makespan_s"] * 1e3
+              for s in CUI_SCHEDULES}
+        rows += [{"system": system, "schedule": s, "iteration_ms": v,
+                  "vs_naive_pct": (v / ms["naive overlap"] - 1) * 100} for s, v in ms.items()]
+    return pd.DataFrame(rows)
