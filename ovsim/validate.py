@@ -9,6 +9,7 @@ as a prediction error.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -307,6 +308,27 @@ MEMORY_CASES: dict[str, tuple[str, ...]] = {
     "v100-sxm2": ("HolisticTraceAnalysis/tests/data/trace_diff/test/test.json.gz",),
 }
 MEMORY_TOLERANCE_PCT = 10.0
+
+
+def _read_cases(folder: Path, rels: Sequence[str], gpu: str, on_trace: Callable[[str], None] | None
+                ) -> tuple[list[str], list[TraceInput]]:
+    """The cases' traces present in ``folder`` and each read as a calibration input on ``gpu``."""
+    present = [rel for rel in rels if (folder / rel).exists()]
+    inputs = []
+    for rel in present:
+        if on_trace is not None:
+            on_trace(f"reading {Path(rel).name}")
+        inputs.append(_trace_input(str(folder / rel), gpu, (folder / rel).stat().st_mtime_ns))
+    return present, inputs
+
+
+@functools.lru_cache(maxsize=16)
+def _trace_input(path: str, gpu: str, mtime_ns: int) -> TraceInput:
+    # The memory and GEMM checks read the same H100 traces: each is read once per process (and
+    # again if the file changes).
+    from ovsim.calibrate import trace_input
+
+    return trace_input([path], gpu)
 # Per GPU, the shared traces with GEMMs of recorded shapes that the shipped GEMM fit uses
 # (calibration/gemm/fit_shared_traces.py).
 GEMM_CASES: dict[str, tuple[str, ...]] = {"h100-sxm5-80gb": MEMORY_CASES["h100-sxm5-80gb"]}
@@ -328,17 +350,11 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
         memory_mape,
         memory_points,
         overhead_points,
-        trace_input,
     )
 
     checks: list[Check] = []
     for gpu, rels in MEMORY_CASES.items():
-        present = [rel for rel in rels if (folder / rel).exists()]
-        inputs = []
-        for rel in present:
-            if on_trace is not None:
-                on_trace(f"reading {Path(rel).name}")
-            inputs.append(trace_input([folder / rel], gpu))
+        present, inputs = _read_cases(folder, rels, gpu, on_trace)
         points = [memory_points([tr])[0] for tr in inputs]
         tiny = [np.array([t for pts in overhead_points([tr])[0].values() for t, c in pts if c == "elementwise"])
                 for tr in inputs]
@@ -394,16 +410,11 @@ def gemm_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> 
     before the fit was shipped, the published best-shape efficiency with no time per wave."""
     import numpy as np
 
-    from ovsim.calibrate import fit_gemm, gemm_points, gemm_time_s, trace_input
+    from ovsim.calibrate import fit_gemm, gemm_points, gemm_time_s
 
     checks: list[Check] = []
     for gpu, rels in GEMM_CASES.items():
-        present = [rel for rel in rels if (folder / rel).exists()]
-        inputs = []
-        for rel in present:
-            if on_trace is not None:
-                on_trace(f"reading {Path(rel).name}")
-            inputs.append(trace_input([folder / rel], gpu))
+        present, inputs = _read_cases(folder, rels, gpu, on_trace)
         points = [gemm_points([tr]) for tr in inputs]
         params = load_calibration(load_gpu(gpu), gpu_file(gpu).stem).params
         for i in range(len(inputs)):
