@@ -166,7 +166,7 @@ def _gemm_power_scenario(system: str) -> Any:
 
 
 def power_checks() -> list[Check]:
-    """The power figures of the power issue: the A100 GEMM at its 400 W limit and the H100 at full
+    """The published power figures: the A100 GEMM at its 400 W limit and the H100 at full
     load (the power weights were fitted or derived on them: consistency), and Lee et al.'s overlap
     figures read through a secondary note (nothing was fitted on them: predictions)."""
     from ovsim.api import predict
@@ -218,7 +218,7 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, wo
     Held out (leave one trace out): the contention parameters are fitted (``ovsim calibrate``) on
     every other trace and the trace is replayed with them; its span error (tolerance 5%) and the
     MAPE of its overlapped kernels, which passes at 10% or less and at most a third of the naive
-    MAPE (the calibration issue's targets). Fit: the trace replayed with the shipped calibration,
+    MAPE (ovsim's held-out targets). Fit: the trace replayed with the shipped calibration,
     whose contention parameters were fitted on all of these traces, so its MAPE is a fit error; it
     passes when it is no worse than the naive prediction.
 
@@ -339,7 +339,7 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
     fit, each trace's kernels priced with parameters fitted on the others alone: the per-kernel
     overhead (``ovsim calibrate --fit overhead``) for its tiny elementwise kernels, and the
     bandwidth fractions (``--fit memory``, on top of that overhead) for its large ones. Each MAPE
-    passes at or below 10% (the calibration issue's held-out bar for kernel predictions)."""
+    passes at or below 10% (ovsim's held-out bar for kernel predictions)."""
     import numpy as np
 
     from ovsim.calibrate import (
@@ -405,8 +405,8 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
 def gemm_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> list[Check]:
     """GEMM times held out: per GPU of ``GEMM_CASES``, each trace's aligned GEMMs (those the
     shipped fit uses) priced with the main-loop efficiency and time per wave fitted on the other
-    traces alone (``ovsim calibrate --fit gemm``). Each MAPE passes at or below 10% (the calibration
-    issue's held-out bar for kernel predictions); the note gives the shipped calibration's error
+    traces alone (``ovsim calibrate --fit gemm``). Each MAPE passes at or below 10% (ovsim's
+    held-out bar for kernel predictions); the note gives the shipped calibration's error
     before the fit was shipped, the published best-shape efficiency with no time per wave."""
     import numpy as np
 

@@ -188,7 +188,7 @@ TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 @pytest.mark.parametrize("rel", ["param/et_replay/tests/inputs/dlrm_kineto.tar.gz",
                                  "HolisticTraceAnalysis/tests/data/nccl_parser_config/nccl_data.json.gz"])
 def test_replayed_span_of_a_real_run_is_within_5_percent(rel: str) -> None:
-    """The measured span is the reference (issue target: span error at most 5%)."""
+    """The measured span is the reference (ovsim's target: span error at most 5%)."""
     path = TRACES / rel
     if not path.exists():
         pytest.skip(f"shared traces not found at {TRACES}")

@@ -59,7 +59,7 @@ def test_hopper_kernels_join_the_best_gemm_search_only_on_hopper() -> None:
 
 
 def test_power_figures_are_reported_against_their_sources() -> None:
-    """The power issue's figures: the A100 GEMM at 400 W within 5% of thonking.ai's 258 TFLOPS and
+    """The published power figures: the A100 GEMM at 400 W within 5% of thonking.ai's 258 TFLOPS and
     the H100 at full load within 10% of its TDP (consistency: the weights were fitted or derived on
     them), and Lee et al.'s overlap figures (secondary source) as predictions with their own rules."""
     rows = {c.name: c for c in validate.power_checks()}
