@@ -27,6 +27,7 @@ from ovsim.hw.power import PowerSettings, check_settings, power_model
 from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu, load_system, validation_error
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy
 from ovsim.models.ir import Workload
+from ovsim.models.memory import MemoryEstimate, memory_estimate
 from ovsim.models.training import build_training_workload
 from ovsim.models.workload import build_workload
 from ovsim.scenario import InlineSystem, Mode, Scenario, load_scenario
@@ -51,6 +52,21 @@ class Result:
     @property
     def ops(self) -> pd.DataFrame:
         return self.timeline.ops
+
+    def memory(self) -> MemoryEstimate | None:
+        """The peak memory of one GPU of a training scenario, estimated in closed form
+        (:mod:`ovsim.models.memory`: model states, FSDP buffers, activations, logits; not the CUDA
+        context, workspaces or fragmentation); None for a list of ops."""
+        if self.scenario.training is None:
+            return None
+        return memory_estimate(self.scenario.training, self.workload.n_ranks)
+
+    def _memory_summary(self) -> dict[str, Any]:
+        est = self.memory()
+        if est is None:
+            return {}
+        return {"memory_per_gpu_bytes": est.total_bytes, "memory_capacity_bytes": self.gpu.memory.capacity_bytes,
+                "fits_memory": est.total_bytes <= self.gpu.memory.capacity_bytes}
 
     def power(self, window_s: float = 0.0) -> pd.DataFrame:
         """Per GPU over the iteration: average and peak power, energy, average and lowest SM clock;
@@ -104,6 +120,7 @@ class Result:
                                      if any(r.comm_busy_s for r in ranks) else 0.0),
             "idle_s": sum(r.idle_s for r in ranks) / n,
             **self._power_summary(),
+            **self._memory_summary(),
             "calibration_files": list(self.calibration.files),
         }
 

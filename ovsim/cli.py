@@ -36,6 +36,7 @@ def _table(result: Any, max_rows: int) -> str:
         f"comm       {_fmt_s(s['comm_s'])} ms per rank, exposed {_fmt_s(s['exposed_comm_s'])} ms, "
         f"{s['comm_hidden_fraction'] * 100:.1f}% hidden under compute",
         *_power_lines(s),
+        *_memory_lines(result),
         f"calibrated {', '.join(s['calibration_files'])}",
         "",
     ]
@@ -58,6 +59,19 @@ def _table(result: Any, max_rows: int) -> str:
     if len(ops) > max_rows:
         lines.append(f"... {len(ops) - max_rows} more ops (use --json for all)")
     return "\n".join(lines)
+
+
+def _memory_lines(result: Any) -> list[str]:
+    est = result.memory()
+    if est is None:
+        return []
+    cap = result.gpu.memory.capacity_bytes
+    parts = [("model states", est.weights_bytes + est.gradients_bytes + est.optimizer_bytes),
+             ("gathered", est.gathered_bytes), ("activations", est.activations_bytes), ("logits", est.logits_bytes)]
+    verdict = "fits" if est.total_bytes <= cap else "DOES NOT FIT: a real run would run out of memory"
+    return [f"memory     {est.total_bytes / 1e9:.1f} GB per GPU estimated ("
+            + ", ".join(f"{name} {b / 1e9:.1f}" for name, b in parts if b > 0)
+            + f"; pipeline stage {est.stage}) of {cap / 1e9:.0f} GB: {verdict}"]
 
 
 def _power_lines(s: dict[str, Any]) -> list[str]:
@@ -771,7 +785,7 @@ def parser() -> argparse.ArgumentParser:
     vp.add_argument("--traces", metavar="DIR", type=_file_name,
                     help="folder holding the shared real traces (their layout as published)")
     vp.add_argument("--studies", action="store_true",
-                    help="also predict the published overlap studies' configurations (about a minute on one core)")
+                    help="also predict the published overlap studies' configurations (a few minutes on one core)")
     vp.add_argument("--workers", type=_count, default=1, metavar="N",
                     help="processes to replay the held-out traces and predict the studies in (default 1; 0: one per "
                          "CPU core)")

@@ -37,40 +37,101 @@ LEE_PARALLEL: dict[str, dict[str, Any]] = {"fsdp": {"dp_mode": "fsdp"}, "pp": {"
 PP_MICRO_BATCHES = 8
 
 
-def lee_training(model: str, parallel: str, batch: int, layers: int = 0) -> dict[str, Any]:
-    """The ``training`` section of one configuration of the matrix (``layers`` 0: the model's own
-    depth; fewer keep every layer's shapes and cut the count)."""
+# How the reading note's "batch size" becomes a configuration (it does not say whether per GPU or
+# global, nor the micro-batch, sequence length or recomputation):
+# - "literal": FSDP runs the batch as one micro-batch per GPU; the pipeline splits it into 8
+#   micro-batches; the model's own sequence length; no recomputation. Most of these configurations
+#   would not fit in the GPUs' memory (ovsim.models.memory).
+# - "fits": the same batch per GPU (FSDP) or per pipeline, run as a framework user would make it fit:
+#   FSDP takes the largest power-of-two micro-batch whose estimated memory is at most
+#   MEMORY_HEADROOM of the GPU's and accumulates gradients over the rest (ZeRO-3 gathers every layer
+#   each micro-batch); the pipeline keeps its 8 micro-batches; full recomputation only where
+#   nothing fits without it; a configuration that fits in no way (GPT-3 13B's 16 bytes a parameter
+#   of model states alone exceed a 40 GB A100 under 4-way sharding) is not run.
+READINGS = ("literal", "fits")
+# The memory estimate leaves out the CUDA context, library workspaces and fragmentation (1-2 GB
+# and more); a configuration must leave a tenth of the GPU's memory for them.
+MEMORY_HEADROOM = 0.9
+
+
+def lee_training(model: str, parallel: str, batch: int, layers: int = 0, *, reading: str = "literal",
+                 system: str = "a100x4") -> dict[str, Any] | None:
+    """The ``training`` section of one configuration of the matrix under a reading of
+    ``READINGS`` (``layers`` 0: the model's own depth; fewer keep every layer's shapes and cut the
+    count, and do not change the micro-batch the full depth needs). None: the configuration fits
+    in no way ("fits" reading)."""
+    if reading not in READINGS:
+        raise OvsimError(f"unknown reading '{reading}'; one of {', '.join(READINGS)}", field="reading")
     training: dict[str, Any] = {"model": model, "precision": "fp16", "parallel": LEE_PARALLEL[parallel]}
     if parallel == "fsdp":
         training["micro_batch_size"] = batch
     else:
         training.update(micro_batch_size=max(1, batch // PP_MICRO_BATCHES), micro_batches=PP_MICRO_BATCHES)
+    if reading == "fits":
+        found = _fitting(training, parallel, batch, system)
+        if found is None:
+            return None
+        training = found
     if layers:
         training["layers"] = layers
     return training
 
 
-def _pair(model: str, system: str, parallel: str, batch: int, layers: int) -> dict[str, Any]:
-    training = lee_training(model, parallel, batch, layers)
+def _fitting(training: dict[str, Any], parallel: str, batch: int, system: str) -> dict[str, Any] | None:
+    from ovsim.hw.spec import load_gpu, load_system
+    from ovsim.models.memory import memory_estimate
+    from ovsim.models.training import TrainingSpec
+
+    spec_sys = load_system(system)
+    budget = MEMORY_HEADROOM * load_gpu(spec_sys.gpu).memory.capacity_bytes
+    if parallel == "fsdp":
+        sizes = [m for m in (2**i for i in range(batch.bit_length() - 1, -1, -1)) if batch % m == 0]
+        options = [{**training, "micro_batch_size": m, "micro_batches": batch // m} for m in sizes]
+    else:
+        options = [training]
+    for recompute in (False, True):
+        for t in options:
+            t = {**t, "recompute": recompute}
+            if memory_estimate(TrainingSpec.model_validate(t), spec_sys.gpu_count).total_bytes <= budget:
+                return t
+    return None
+
+
+def _pair(model: str, system: str, parallel: str, batch: int, layers: int, reading: str = "literal"
+          ) -> dict[str, Any]:
+    training = lee_training(model, parallel, batch, layers, reading=reading, system=system)
+    head = {"model": model, "system": system, "parallel": parallel, "batch": batch}
+    if training is None:
+        nan = float("nan")
+        return {**head, "micro_batch_size": 0, "micro_batches": 0, "recompute": False, "iteration_ms": nan,
+                "compute_slowdown_pct": nan, "sequential_slower_pct": nan, "accounted_slower_pct": nan,
+                "comm_hidden_pct": nan, "memory_per_gpu_gb": nan, "fits_memory": False}
     out = {}
     for schedule in ("overlapped", "sequential"):
         sc = Scenario.model_validate({"name": f"{model}-{parallel}-{system}-b{batch}", "system": system,
                                       "schedule": schedule, "training": training})
         out[schedule] = predict(sc, counters=False).summary()
     o, s = out["overlapped"], out["sequential"]
-    return {"model": model, "system": system, "parallel": parallel, "batch": batch,
+    return {**head, "micro_batch_size": training["micro_batch_size"],
+            "micro_batches": training.get("micro_batches", 1), "recompute": bool(training.get("recompute", False)),
             "iteration_ms": o["makespan_s"] * 1e3, "compute_slowdown_pct": o["compute_slowdown"] * 100,
             "sequential_slower_pct": (s["makespan_s"] / o["makespan_s"] - 1) * 100,
             "accounted_slower_pct": (accounted_sequential_s(o, s) / o["makespan_s"] - 1) * 100,
-            "comm_hidden_pct": o["comm_hidden_fraction"] * 100}
+            "comm_hidden_pct": o["comm_hidden_fraction"] * 100,
+            "memory_per_gpu_gb": o["memory_per_gpu_bytes"] / 1e9, "fits_memory": o["fits_memory"]}
 
 
 def lee_matrix(layers: int = 0, batches: Sequence[int] = LEE_BATCHES, *, workers: int = 1,
-               on_row: Callable[[dict[str, Any]], None] | None = None) -> pd.DataFrame:
+               on_row: Callable[[dict[str, Any]], None] | None = None, reading: str = "literal") -> pd.DataFrame:
     """Every configuration of the matrix, overlapped and sequential: one row each with iteration
     time, compute slowdown, sequential slower than overlapped (simulated, and accounted as the
-    study does) and the share of communication hidden, all in percent. ``workers``: processes
-    (1: this one; 0: one per CPU core); ``on_row`` is called with each row as it arrives, in order."""
+    study does) and the share of communication hidden, all in percent, and the estimated memory
+    per GPU and whether it fits (:mod:`ovsim.models.memory`), under a reading of ``READINGS``
+    (the micro-batch, micro-batches and recomputation it gives are columns; a configuration that
+    fits in no way has NaN figures). ``workers``: processes (1: this one; 0: one per CPU core);
+    ``on_row`` is called with each row as it arrives, in order."""
+    if reading not in READINGS:
+        raise OvsimError(f"unknown reading '{reading}'; one of {', '.join(READINGS)}", field="reading")
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
     configs = list(itertools.product(LEE_MODELS, LEE_SYSTEMS, LEE_PARALLEL, batches))
@@ -79,7 +140,7 @@ def lee_matrix(layers: int = 0, batches: Sequence[int] = LEE_BATCHES, *, workers
     rows = []
     with pool or nullcontext():
         run = pool.map if pool is not None else map
-        for row in run(_pair, *zip(*configs, strict=True), itertools.repeat(layers)):
+        for row in run(_pair, *zip(*configs, strict=True), itertools.repeat(layers), itertools.repeat(reading)):
             rows.append(row)
             if on_row is not None:
                 on_row(row)

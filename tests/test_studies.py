@@ -65,7 +65,7 @@ def test_validate_studies_reports_each_published_figure(monkeypatch: pytest.Monk
     published comparison), each with its target band; without it the table says they were not run."""
     full = studies.lee_matrix
     monkeypatch.setattr(studies, "LEE_MODELS", ("gpt3-1.3b",))
-    monkeypatch.setattr(studies, "lee_matrix", lambda layers, workers=1, **kw: full(4, (8,), workers=workers))
+    monkeypatch.setattr(studies, "lee_matrix", lambda layers, workers=1, **kw: full(4, (8,), workers=workers, **kw))
     assert main(["validate", "--studies", "--json"]) == 0
     rows = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["group"] == validate.STUDY]
     assert [(c["reference"], c["low"], c["high"]) for c in rows] == [
@@ -73,3 +73,31 @@ def test_validate_studies_reports_each_published_figure(monkeypatch: pytest.Monk
     assert all(c["rule"] == "band" and math.isfinite(c["predicted"]) for c in rows)
     assert main(["validate"]) == 0
     assert "(no --studies: the overlap studies' configurations not run)" in capsys.readouterr().out
+
+
+def test_the_fits_reading_takes_the_largest_micro_batch_that_fits() -> None:
+    """GPT-3 1.3B, FSDP, batch 8 per GPU: one micro-batch of 8 needs about 36 GB by the estimate,
+    more than 0.9 of a 40 GB A100, so it runs as 2 micro-batches of 4; on an 80 GB H100 as one of
+    8. GPT-3 13B's model states alone, 16 bytes a parameter over 4 GPUs (52 GB), fit no A100 40 GB."""
+    from ovsim.hw.spec import load_gpu
+    from ovsim.models.memory import memory_estimate
+    from ovsim.models.training import TrainingSpec
+
+    a100 = studies.lee_training("gpt3-1.3b", "fsdp", 8, reading="fits", system="a100x4")
+    h100 = studies.lee_training("gpt3-1.3b", "fsdp", 8, reading="fits", system="h100x4")
+    assert a100 is not None and (a100["micro_batch_size"], a100["micro_batches"], a100["recompute"]) == (4, 2, False)
+    assert h100 is not None and (h100["micro_batch_size"], h100["micro_batches"]) == (8, 1)
+    budget = studies.MEMORY_HEADROOM * load_gpu("a100-sxm4-40gb").memory.capacity_bytes
+    bigger = TrainingSpec.model_validate({**a100, "micro_batch_size": 8, "micro_batches": 1})
+    assert memory_estimate(bigger, 4).total_bytes > budget >= memory_estimate(TrainingSpec.model_validate(a100),
+                                                                              4).total_bytes
+    assert studies.lee_training("gpt3-13b", "fsdp", 8, reading="fits", system="a100x4") is None
+    with pytest.raises(OvsimError, match="reading"):
+        studies.lee_training("gpt3-1.3b", "fsdp", 8, reading="per token")
+
+
+def test_a_configuration_that_fits_nowhere_is_counted_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(studies, "LEE_MODELS", ("gpt3-13b",))
+    monkeypatch.setattr(studies, "LEE_SYSTEMS", ("a100x4",))
+    df = studies.lee_matrix(4, (8,), reading="fits")
+    assert len(df) == 2 and df["compute_slowdown_pct"].isna().all() and not df["fits_memory"].any()

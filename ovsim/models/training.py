@@ -269,13 +269,13 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     return Layout(dp=dp, tp=p.tp, pp=p.pp, v=v)
 
 
-def _comm_bytes(precision: str) -> int:
+def wire_element_bytes(precision: str) -> int:
     """Bytes per element of gradients and gathered parameters on the wire: fp32 for fp32/tf32
     training, 16-bit otherwise (FP8 training keeps 16-bit weights and gradients)."""
     return 4 if precision in ("fp32", "tf32") else 2
 
 
-def _act_bytes(precision: str) -> int:
+def activation_element_bytes(precision: str) -> int:
     return 4 if precision in ("fp32", "tf32") else 2
 
 
@@ -307,7 +307,7 @@ def params_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> int:
 
 
 def grad_bytes_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> float:
-    return float(params_per_rank(spec, m, tp, pp) * _comm_bytes(spec.precision))
+    return float(params_per_rank(spec, m, tp, pp) * wire_element_bytes(spec.precision))
 
 
 # -- pipeline schedules --------------------------------------------------------------------------
@@ -443,8 +443,8 @@ class _Gen:
         self.peer: list[tuple[str, str, dict[int, int]]] = []
         self.stages = [_Stage(ranks=lay.stage_ranks(s)) for s in range(lay.pp)]
         self.gemm_precision = spec.precision
-        self.act_b = _act_bytes(spec.precision)
-        self.comm_b = _comm_bytes(spec.precision)
+        self.act_b = activation_element_bytes(spec.precision)
+        self.comm_b = wire_element_bytes(spec.precision)
         # fp32 tiles must fit the shared memory with 4-byte elements.
         self.tile = (128, 128, 32) if self.act_b == 4 else (128, 256, 64)
         self.tokens = spec.micro_batch_size * self.m.seq_len

@@ -1,0 +1,141 @@
+"""How much GPU memory one rank of a training iteration holds at its peak: an estimate in closed
+form, so that a what-if study can tell a configuration that would run out of memory.
+
+Model states (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", SC'20, section 3.1): with Adam in mixed precision (FP16, BF16, FP8 training with 16-bit
+weights) a parameter costs 2 bytes of weight, 2 of gradient and 12 of optimizer state (FP32 master
+weight, momentum, variance); in FP32/TF32 training 4 + 4 + 8. 16 bytes either way. FSDP / ZeRO-3
+shards all three over the data-parallel ranks and holds, besides, the unsharded 16-bit weights of
+the layers being gathered (the layer computing and ``fsdp_prefetch`` ahead) and one unsharded
+layer's gradients before their reduce-scatter.
+
+Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+MLSys 2023, section 4): per layer and micro-batch, with s tokens, b sequences, hidden h, t-way
+tensor parallelism, ``sbh (10 + 24/t + 5as/(ht))`` bytes for GPT's layer, 16-bit activations;
+with sequence parallelism everything divides by t, ``sbh/t (34 + 5as/h)``; with full
+recomputation only the layer's input, ``2sbh`` (over t with sequence parallelism). Generalised
+here, term by term as the paper derives them, to grouped-query attention (K and V of ``kv/a`` the
+size) and to any MLP width and gated MLPs (both FC1 halves stored). ovsim's attention is one fused
+kernel (FlashAttention-style) that stores no s x s scores, so the ``5as/h`` term is left out. The
+loss keeps FP32 logits, ``4sbv/t`` (the paper's output-layer term). With pipeline parallelism a
+stage holds the activations of every micro-batch whose forward has run and whose backward has
+not: counted from the schedule ovsim runs (:func:`ovsim.models.training.stage_order`), not from a
+formula.
+
+Not counted: the CUDA context and library workspaces (about 0.5-2 GB), allocator fragmentation,
+communication buffers, DDP's gradient buckets (views of the gradients), input data. The estimate
+is therefore a lower bound on what a framework would reserve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ovsim.models.training import (
+    ModelShape,
+    TrainingSpec,
+    activation_element_bytes,
+    layer_params,
+    layout,
+    stage_order,
+    wire_element_bytes,
+)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one rank of the most loaded pipeline stage holds at its peak."""
+
+    stage: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    # FSDP: the unsharded weights of the layers being gathered and one layer's unsharded gradients.
+    gathered_bytes: float
+    activations_bytes: float
+    # The loss's FP32 logits (last stage).
+    logits_bytes: float
+    # Micro-batch forward passes (of one model chunk each) whose activations the stage holds at once.
+    in_flight: int
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.gathered_bytes
+                + self.activations_bytes + self.logits_bytes)
+
+
+def layer_activation_bytes(m: ModelShape, tokens: int, tp: int, sequence_parallel: bool, recompute: bool,
+                           act_bytes: int = 2) -> float:
+    """Activation bytes one layer keeps for its backward, per micro-batch of ``tokens`` (s x b)
+    tokens on one tensor-parallel rank (Korthikanti et al. 2023, generalised; module docstring).
+    ``act_bytes`` scales the 16-bit figures (4: FP32 training)."""
+    sbh = float(tokens) * m.hidden
+    scale = act_bytes / 2
+    split = tp if sequence_parallel else 1
+    if recompute:
+        return 2 * sbh * scale / split
+    r = m.kv / m.heads
+    g = 2 if m.gated_mlp else 1
+    f = m.ffn / m.hidden
+    # Outside the tensor-parallel regions: both norms' inputs (4), the QKV and FC1 inputs (2 + 2),
+    # two dropout masks of a byte (2).
+    replicated = 10.0
+    # Inside: Q (2), K and V (2r each), the projection's input (2), the activation's input(s)
+    # (2gf) and FC2's input (2f), in units of sbh.
+    parallel = 2 + 4 * r + 2 + (2 * g + 2) * f
+    if sequence_parallel:
+        return sbh * scale * (replicated + parallel) / tp
+    return sbh * scale * (replicated + parallel / tp)
+
+
+def _in_flight(pipeline: str, p: int, s: int, m: int, v: int) -> int:
+    held = peak = 0
+    for phase, _, _ in stage_order(pipeline, p, s, m, v):
+        held += 1 if phase == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
+    """The peak memory of one rank of ``spec`` on ``n_ranks`` ranks: the pipeline stage that holds
+    the most (see the module docstring for what is and is not counted)."""
+    lay = layout(spec, n_ranks)
+    m = spec.shape()
+    par = spec.parallel
+    p, v, tp = lay.pp, lay.v, lay.tp
+    weight_b = 4 if spec.precision in ("fp32", "tf32") else 2
+    grad_b = wire_element_bytes(spec.precision)
+    opt_b = (8 if weight_b == 4 else 12) if spec.optimizer else 0
+    fsdp = par.dp_mode == "fsdp" and lay.dp > 1
+    shard = lay.dp if fsdp else 1
+    layer_p = layer_params(m, tp)
+    table = m.vocab * m.hidden // tp
+    positions = m.seq_len * m.hidden if m.tied_embeddings else 0
+    tokens = spec.micro_batch_size * m.seq_len
+    act_b = activation_element_bytes(spec.precision)
+    per_layer = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, spec.recompute, act_b)
+    # With full recomputation the layer in backward holds its whole activations again for a moment.
+    recomputed = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, False, act_b) if spec.recompute else 0.0
+    best: MemoryEstimate | None = None
+    for s in range(p):
+        params = m.layers // p * layer_p
+        if spec.embedding_and_head:
+            # The input embedding (and learned positions) on the first stage; the head on the last.
+            # A head tied to the embedding (GPT-3) is the same table, of which a last stage other
+            # than the first keeps a copy (Megatron-LM).
+            own_head = not m.tied_embeddings or p > 1
+            params += (table + positions if s == 0 else 0) + (table if s == p - 1 and own_head else 0)
+        in_flight = _in_flight(par.pipeline, p, s, spec.micro_batches, v)
+        est = MemoryEstimate(
+            stage=s,
+            weights_bytes=params * weight_b / shard,
+            gradients_bytes=params * grad_b / shard,
+            optimizer_bytes=params * opt_b / shard,
+            gathered_bytes=((1 + par.fsdp_prefetch) * weight_b + grad_b) * layer_p if fsdp else 0.0,
+            activations_bytes=in_flight * (m.layers // (p * v)) * per_layer + recomputed,
+            logits_bytes=4.0 * tokens * m.vocab / tp if spec.embedding_and_head and s == p - 1 else 0.0,
+            in_flight=in_flight)
+        if best is None or est.total_bytes > best.total_bytes:
+            best = est
+    assert best is not None  # p >= 1
+    return best

@@ -1,0 +1,95 @@
+"""The training memory estimate (ovsim.models.memory) against the closed forms it comes from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ovsim.api import predict
+from ovsim.cli import main
+from ovsim.models.memory import layer_activation_bytes, memory_estimate
+from ovsim.models.training import PRESETS, TrainingSpec
+
+GPT = PRESETS["gpt3-1.3b"]  # multi-head attention, 4h MLP, not gated: the paper's layer
+S, B, H = GPT.seq_len, 4, GPT.hidden
+SBH = S * B * H
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def spec(**kw: Any) -> TrainingSpec:
+    parallel = kw.pop("parallel", {})
+    return TrainingSpec.model_validate({"model": "gpt3-1.3b", "micro_batch_size": B, "precision": "fp16",
+                                        "parallel": parallel, **kw})
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_layer_activations_are_korthikantis_with_a_fused_attention(tp: int) -> None:
+    """Korthikanti et al. (MLSys 2023), eq. 1-4 for 16-bit activations, with the 5as/h attention
+    score term dropped (a fused attention kernel stores no s x s scores): sbh(10 + 24/t) with
+    tensor parallelism, 34sbh/t with sequence parallelism, 2sbh with full recomputation."""
+    assert layer_activation_bytes(GPT, S * B, tp, False, False) == pytest.approx(SBH * (10 + 24 / tp))
+    if tp > 1:
+        assert layer_activation_bytes(GPT, S * B, tp, True, False) == pytest.approx(SBH * 34 / tp)
+    assert layer_activation_bytes(GPT, S * B, tp, False, True) == pytest.approx(2 * SBH)
+    assert layer_activation_bytes(GPT, S * B, 1, False, False, act_bytes=4) == pytest.approx(2 * 34 * SBH)
+
+
+def test_grouped_query_attention_and_a_gated_mlp_store_what_they_produce() -> None:
+    """LLaMA2-70B: K and V an eighth the size of Q, FC1 two ffn-wide halves; per layer, in units
+    of sbh: 10 outside the TP regions, Q 2 + K, V 2/8 each + projection input 2 + both FC1 halves
+    2 x 2f/h + FC2 input 2f/h inside."""
+    m = PRESETS["llama2-70b"]
+    f = m.ffn / m.hidden
+    expected = 10 + 2 + 2 * 2 / 8 + 2 + (4 + 2) * f
+    assert layer_activation_bytes(m, 1000, 1, False, False) == pytest.approx(1000 * m.hidden * expected)
+
+
+def test_model_states_are_sixteen_bytes_a_parameter_sharded_by_fsdp() -> None:
+    """ZeRO (Rajbhandari et al., SC'20, 3.1): mixed-precision Adam holds 2 + 2 + 12 bytes per
+    parameter; ZeRO-3 divides them by the data-parallel degree. GPT's parameters are about
+    12 L h^2 + (V + s) h (layers, token and position embeddings)."""
+    psi = 12 * GPT.layers * H**2 + (GPT.vocab + S) * H
+    ddp = memory_estimate(spec(), 1)
+    states = ddp.weights_bytes + ddp.gradients_bytes + ddp.optimizer_bytes
+    assert states == pytest.approx(16 * psi, rel=0.005)
+    assert (ddp.weights_bytes, ddp.gradients_bytes) == pytest.approx((2 * psi, 2 * psi), rel=0.005)
+    fsdp = memory_estimate(spec(parallel={"dp_mode": "fsdp"}), 4)
+    assert fsdp.weights_bytes + fsdp.gradients_bytes + fsdp.optimizer_bytes == pytest.approx(states / 4)
+    # Besides the shards: the unsharded 16-bit weights of the layer computing and the one being
+    # prefetched, and one layer's unsharded gradients (about 12h^2 parameters a layer).
+    assert fsdp.gathered_bytes == pytest.approx((2 + 2 + 2) * 12 * H**2, rel=0.005)
+    fp32 = memory_estimate(spec(precision="fp32"), 1)
+    assert fp32.weights_bytes + fp32.gradients_bytes + fp32.optimizer_bytes == pytest.approx(states)
+
+
+@pytest.mark.parametrize(("pipeline", "v", "held"), [
+    ("gpipe", 1, 8),  # every micro-batch's forward runs before the first backward
+    ("1f1b", 1, 4),  # the first stage holds p micro-batches (Narayanan et al., SC'21)
+    ("interleaved", 2, 11),  # p (1 + (p-1)/(pv)) stage-activations = 4 x 11/8, in chunks of L/(pv) layers
+])
+def test_the_first_pipeline_stage_holds_what_its_schedule_keeps_in_flight(pipeline: str, v: int, held: int) -> None:
+    p, m = 4, 8
+    est = memory_estimate(spec(micro_batches=m, embedding_and_head=False,
+                               parallel={"pp": p, "pipeline": pipeline, "virtual_stages": v}), p)
+    assert est.stage == 0 and est.in_flight == held
+    per_chunk = GPT.layers // (p * v)
+    assert est.activations_bytes == pytest.approx(held * per_chunk * SBH * 34)
+
+
+def test_recomputation_keeps_layer_inputs_and_one_whole_layer() -> None:
+    est = memory_estimate(spec(recompute=True), 1)
+    assert est.activations_bytes == pytest.approx(GPT.layers * 2 * SBH + 34 * SBH)
+    # The loss's FP32 logits on the (only) stage: 4 s b V bytes.
+    assert est.logits_bytes == pytest.approx(4 * S * B * GPT.vocab)
+
+
+def test_predictions_say_whether_a_training_iteration_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    ok = predict(EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", counters=False).summary()
+    assert ok["fits_memory"] and ok["memory_per_gpu_bytes"] < ok["memory_capacity_bytes"] == 40e9
+    too_big = EXAMPLES.parent / "examples" / "training-gpt3-13b-pp4-1f1b-h100x4.yaml"
+    assert main(["predict", str(too_big), "--rows", "0"]) == 0
+    assert "GB per GPU estimated" in capsys.readouterr().out
+    ops = predict(EXAMPLES / "gemm-allreduce-h100x4-priority.yaml", counters=False)
+    assert ops.memory() is None and "fits_memory" not in ops.summary()
