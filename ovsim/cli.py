@@ -68,7 +68,12 @@ def _memory_lines(result: Any) -> list[str]:
     cap = result.gpu.memory.capacity_bytes
     parts = [("model states", est.weights_bytes + est.gradients_bytes + est.optimizer_bytes),
              ("gathered", est.gathered_bytes), ("activations", est.activations_bytes), ("logits", est.logits_bytes)]
-    verdict = "fits" if est.total_bytes <= cap else "DOES NOT FIT: a real run would run out of memory"
+    if est.total_bytes > cap:
+        verdict = "DOES NOT FIT: a real run would run out of memory"
+    elif est.total_bytes > 0.9 * cap:
+        verdict = "tight: the estimate leaves out the CUDA context, workspaces and fragmentation (1-2 GB and more)"
+    else:
+        verdict = "fits"
     return [f"memory     {est.total_bytes / 1e9:.1f} GB per GPU estimated ("
             + ", ".join(f"{name} {b / 1e9:.1f}" for name, b in parts if b > 0)
             + f"; pipeline stage {est.stage}) of {cap / 1e9:.0f} GB: {verdict}"]

@@ -88,8 +88,9 @@ def test_recomputation_keeps_layer_inputs_and_one_whole_layer() -> None:
 def test_predictions_say_whether_a_training_iteration_fits(capsys: pytest.CaptureFixture[str]) -> None:
     ok = predict(EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", counters=False).summary()
     assert ok["fits_memory"] and ok["memory_per_gpu_bytes"] < ok["memory_capacity_bytes"] == 40e9
-    too_big = EXAMPLES.parent / "examples" / "training-gpt3-13b-pp4-1f1b-h100x4.yaml"
-    assert main(["predict", str(too_big), "--rows", "0"]) == 0
-    assert "GB per GPU estimated" in capsys.readouterr().out
+    # 36.2 of 40 GB: within the tenth the estimate leaves out (CUDA context, workspaces), said so.
+    assert main(["predict", str(EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"), "--rows", "0"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("memory"))
+    assert "36.2 GB per GPU estimated" in line and "of 40 GB: tight:" in line
     ops = predict(EXAMPLES / "gemm-allreduce-h100x4-priority.yaml", counters=False)
     assert ops.memory() is None and "fits_memory" not in ops.summary()
