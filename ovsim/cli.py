@@ -151,7 +151,7 @@ _COMPARE_COLUMNS: list[tuple[str, str, str]] = [
     ("compute_vs_first", "cmp vs 1st", "pct"), ("compute_slowdown", "slowdown", "pct"), ("comm_s", "comm ms", "ms"),
     ("exposed_comm_s", "exposed ms", "ms"),
     ("comm_hidden_fraction", "hidden", "frac"), ("avg_power_w", "avg W", "w"), ("peak_power_w", "peak W", "w"),
-    ("energy_j", "energy J", "j"),
+    ("energy_j", "energy J", "j"), ("memory_per_gpu_bytes", "mem GB", "gb"),
 ]
 
 
@@ -178,6 +178,8 @@ def _cell(x: Any, kind: str) -> str:
         return f"{x * 100:>9.1f}%"
     if kind == "j":
         return f"{x:>10.4g}"
+    if kind == "gb":
+        return f"{x / 1e9:>10.1f}"
     return f"{x:>10.1f}"
 
 
@@ -186,6 +188,7 @@ _SWEEP_COLUMNS: list[tuple[str, str, str]] = [
     ("makespan_s", "iter ms", "ms"), ("compute_s", "compute ms", "ms"), ("compute_slowdown", "slowdown", "pct"),
     ("comm_s", "comm ms", "ms"), ("exposed_comm_s", "exposed ms", "ms"), ("comm_hidden_fraction", "hidden", "frac"),
     ("avg_power_w", "avg W", "w"), ("peak_power_w", "peak W", "w"), ("energy_j", "energy J", "j"),
+    ("memory_per_gpu_bytes", "mem GB", "gb"),
 ]
 
 
