@@ -308,3 +308,13 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"ovsim {version('ovsim')}\n"
+
+
+def test_compare_shows_each_training_scenarios_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """The estimated peak memory per GPU (ovsim.models.memory); '-' for a list of ops."""
+    ex = Path(__file__).resolve().parents[1] / "examples"
+    assert main(["compare", str(ex / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"),
+                 str(ex / "gemm-allreduce-a100x4-priority.yaml")]) == 0
+    head, _, training, ops = capsys.readouterr().out.splitlines()
+    assert head.split()[-2:] == ["mem", "GB"]
+    assert training.split()[-1] == "36.2" and ops.split()[-1] == "-"
