@@ -117,8 +117,19 @@ def _pair(model: str, system: str, parallel: str, batch: int, layers: int, readi
             "iteration_ms": o["makespan_s"] * 1e3, "compute_slowdown_pct": o["compute_slowdown"] * 100,
             "sequential_slower_pct": (s["makespan_s"] / o["makespan_s"] - 1) * 100,
             "accounted_slower_pct": (accounted_sequential_s(o, s) / o["makespan_s"] - 1) * 100,
-            "comm_hidden_pct": o["comm_hidden_fraction"] * 100,
-            "memory_per_gpu_gb": o["memory_per_gpu_bytes"] / 1e9, "fits_memory": o["fits_memory"]}
+            "comm_hidden_pct": o["comm_hidden_fraction"] * 100, **_memory(training, system)}
+
+
+def _memory(training: dict[str, Any], system: str) -> dict[str, Any]:
+    """The memory per GPU of the configuration at the model's own depth, whatever depth ran."""
+    from ovsim.hw.spec import load_gpu, load_system
+    from ovsim.models.memory import memory_estimate
+    from ovsim.models.training import TrainingSpec
+
+    spec_sys = load_system(system)
+    full = {k: v for k, v in training.items() if k != "layers"}
+    total = memory_estimate(TrainingSpec.model_validate(full), spec_sys.gpu_count).total_bytes
+    return {"memory_per_gpu_gb": total / 1e9, "fits_memory": total <= load_gpu(spec_sys.gpu).memory.capacity_bytes}
 
 
 def lee_matrix(layers: int = 0, batches: Sequence[int] = LEE_BATCHES, *, workers: int = 1,
@@ -126,7 +137,8 @@ def lee_matrix(layers: int = 0, batches: Sequence[int] = LEE_BATCHES, *, workers
     """Every configuration of the matrix, overlapped and sequential: one row each with iteration
     time, compute slowdown, sequential slower than overlapped (simulated, and accounted as the
     study does) and the share of communication hidden, all in percent, and the estimated memory
-    per GPU and whether it fits (:mod:`ovsim.models.memory`), under a reading of ``READINGS``
+    per GPU at the model's own depth and whether it fits (:mod:`ovsim.models.memory`), under a
+    reading of ``READINGS``
     (the micro-batch, micro-batches and recomputation it gives are columns; a configuration that
     fits in no way has NaN figures). ``workers``: processes (1: this one; 0: one per CPU core);
     ``on_row`` is called with each row as it arrives, in order."""

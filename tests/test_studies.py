@@ -47,6 +47,12 @@ def test_matrix_rows_in_processes_are_the_same(monkeypatch: pytest.MonkeyPatch) 
     # FSDP overlaps its all-gathers with compute: some communication is hidden and compute slows.
     fsdp = one[one["parallel"] == "fsdp"]
     assert (fsdp["comm_hidden_pct"] > 0).all() and (fsdp["compute_slowdown_pct"] >= 0).all()
+    # Memory is the configuration's at the model's own depth, not at the 4 layers simulated.
+    from ovsim.models.memory import memory_estimate
+    from ovsim.models.training import TrainingSpec
+
+    full = memory_estimate(TrainingSpec.model_validate(studies.lee_training("gpt3-1.3b", "fsdp", 8)), 4)
+    assert fsdp["memory_per_gpu_gb"].tolist() == pytest.approx([full.total_bytes / 1e9] * 2)
     with pytest.raises(OvsimError, match="workers"):
         studies.lee_matrix(2, (8,), workers=-1)
 
