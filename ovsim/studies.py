@@ -62,6 +62,8 @@ def lee_training(model: str, parallel: str, batch: int, layers: int = 0, *, read
     in no way ("fits" reading)."""
     if reading not in READINGS:
         raise OvsimError(f"unknown reading '{reading}'; one of {', '.join(READINGS)}", field="reading")
+    if parallel not in LEE_PARALLEL:
+        raise OvsimError(f"unknown layout '{parallel}'; one of {', '.join(LEE_PARALLEL)}", field="parallel")
     training: dict[str, Any] = {"model": model, "precision": "fp16", "parallel": LEE_PARALLEL[parallel]}
     if parallel == "fsdp":
         training["micro_batch_size"] = batch

@@ -100,6 +100,8 @@ def test_the_fits_reading_takes_the_largest_micro_batch_that_fits() -> None:
     assert studies.lee_training("gpt3-13b", "fsdp", 8, reading="fits", system="a100x4") is None
     with pytest.raises(OvsimError, match="reading"):
         studies.lee_training("gpt3-1.3b", "fsdp", 8, reading="per token")
+    with pytest.raises(OvsimError, match="layout 'ddp'"):
+        studies.lee_training("gpt3-1.3b", "ddp", 8)
 
 
 def test_a_configuration_that_fits_nowhere_is_counted_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
