@@ -62,6 +62,8 @@ def _table(result: Any, max_rows: int) -> str:
 
 
 def _memory_lines(result: Any) -> list[str]:
+    from ovsim.models.memory import USABLE_FRACTION
+
     est = result.memory()
     if est is None:
         return []
@@ -70,7 +72,7 @@ def _memory_lines(result: Any) -> list[str]:
              ("gathered", est.gathered_bytes), ("activations", est.activations_bytes), ("logits", est.logits_bytes)]
     if est.total_bytes > cap:
         verdict = "DOES NOT FIT: a real run would run out of memory"
-    elif est.total_bytes > 0.9 * cap:
+    elif est.total_bytes > USABLE_FRACTION * cap:
         verdict = "tight: the estimate leaves out the CUDA context, workspaces and fragmentation (1-2 GB and more)"
     else:
         verdict = "fits"

@@ -27,6 +27,7 @@ import pandas as pd
 
 from ovsim.api import accounted_sequential_s, predict
 from ovsim.errors import OvsimError
+from ovsim.models.memory import USABLE_FRACTION
 from ovsim.scenario import Scenario
 
 LEE_MODELS = ("gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "llama2-13b")
@@ -51,7 +52,7 @@ PP_MICRO_BATCHES = 8
 READINGS = ("literal", "fits")
 # The memory estimate leaves out the CUDA context, library workspaces and fragmentation (1-2 GB
 # and more); a configuration must leave a tenth of the GPU's memory for them.
-MEMORY_HEADROOM = 0.9
+MEMORY_HEADROOM = USABLE_FRACTION
 
 
 def lee_training(model: str, parallel: str, batch: int, layers: int = 0, *, reading: str = "literal",

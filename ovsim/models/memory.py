@@ -41,6 +41,10 @@ from ovsim.models.training import (
     wire_element_bytes,
 )
 
+# The share of a GPU's memory a configuration may take by this estimate and still be expected to
+# run: the rest is for what it leaves out (CUDA context, workspaces, fragmentation; 1-2 GB and more).
+USABLE_FRACTION = 0.9
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
