@@ -520,6 +520,13 @@ def gemm_time_s(main_loop_s: np.ndarray, waves: np.ndarray, inverse_efficiency: 
     return np.asarray(overhead_s + main_loop_s * inverse_efficiency + waves * tile_s)
 
 
+def gemm_mape(t_s: np.ndarray, main_loop_s: np.ndarray, waves: np.ndarray, efficiency: float, tile_s: float,
+              overhead_s: float) -> float:
+    """Mean absolute relative error (a fraction) of :func:`gemm_time_s` at ``efficiency`` against
+    the measured ``t_s``."""
+    return float(np.mean(np.abs(gemm_time_s(main_loop_s, waves, 1.0 / efficiency, tile_s, overhead_s) - t_s) / t_s))
+
+
 def gemm_efficiency_at(t_s: np.ndarray, main_loop_s: np.ndarray, waves: np.ndarray, tile_s: float,
                        overhead_s: float) -> tuple[float, float]:
     """The main-loop efficiency (to 0.001) of least mean absolute relative error for GEMMs measured
@@ -527,7 +534,7 @@ def gemm_efficiency_at(t_s: np.ndarray, main_loop_s: np.ndarray, waves: np.ndarr
     from scipy.optimize import minimize_scalar
 
     def mape(eff: float) -> float:
-        return float(np.mean(np.abs(gemm_time_s(main_loop_s, waves, 1.0 / eff, tile_s, overhead_s) - t_s) / t_s))
+        return gemm_mape(t_s, main_loop_s, waves, eff, tile_s, overhead_s)
 
     eff = round(float(minimize_scalar(mape, bounds=(0.002, 1.0), method="bounded", options={"xatol": 1e-5}).x), 3)
     return eff, mape(eff)

@@ -45,14 +45,12 @@ PP_MICRO_BATCHES = 8
 #   would not fit in the GPUs' memory (ovsim.models.memory).
 # - "fits": the same batch per GPU (FSDP) or per pipeline, run as a framework user would make it fit:
 #   FSDP takes the largest power-of-two micro-batch whose estimated memory is at most
-#   MEMORY_HEADROOM of the GPU's and accumulates gradients over the rest (ZeRO-3 gathers every layer
-#   each micro-batch); the pipeline keeps its 8 micro-batches; full recomputation only where
-#   nothing fits without it; a configuration that fits in no way (GPT-3 13B's 16 bytes a parameter
-#   of model states alone exceed a 40 GB A100 under 4-way sharding) is not run.
+#   USABLE_FRACTION (ovsim.models.memory) of the GPU's and accumulates gradients over the rest
+#   (ZeRO-3 gathers every layer each micro-batch); the pipeline keeps its 8 micro-batches; full
+#   recomputation only where nothing fits without it; a configuration that fits in no way (GPT-3
+#   13B's 16 bytes a parameter of model states alone exceed a 40 GB A100 under 4-way sharding) is
+#   not run.
 READINGS = ("literal", "fits")
-# The memory estimate leaves out the CUDA context, library workspaces and fragmentation (1-2 GB
-# and more); a configuration must leave a tenth of the GPU's memory for them.
-MEMORY_HEADROOM = USABLE_FRACTION
 
 
 def lee_training(model: str, parallel: str, batch: int, layers: int = 0, *, reading: str = "literal",
@@ -80,13 +78,20 @@ def lee_training(model: str, parallel: str, batch: int, layers: int = 0, *, read
     return training
 
 
-def _fitting(training: dict[str, Any], parallel: str, batch: int, system: str) -> dict[str, Any] | None:
+def _memory_bytes(training: dict[str, Any], system: str) -> tuple[float, float]:
+    """(estimated peak memory per GPU, the GPU's memory) of a configuration on ``system``, at the
+    model's own depth whatever depth is simulated."""
     from ovsim.hw.spec import load_gpu, load_system
     from ovsim.models.memory import memory_estimate
     from ovsim.models.training import TrainingSpec
 
     spec_sys = load_system(system)
-    budget = MEMORY_HEADROOM * load_gpu(spec_sys.gpu).memory.capacity_bytes
+    full = {k: v for k, v in training.items() if k != "layers"}
+    total = memory_estimate(TrainingSpec.model_validate(full), spec_sys.gpu_count).total_bytes
+    return total, load_gpu(spec_sys.gpu).memory.capacity_bytes
+
+
+def _fitting(training: dict[str, Any], parallel: str, batch: int, system: str) -> dict[str, Any] | None:
     if parallel == "fsdp":
         sizes = [m for m in (2**i for i in range(batch.bit_length() - 1, -1, -1)) if batch % m == 0]
         options = [{**training, "micro_batch_size": m, "micro_batches": batch // m} for m in sizes]
@@ -95,7 +100,8 @@ def _fitting(training: dict[str, Any], parallel: str, batch: int, system: str) -
     for recompute in (False, True):
         for t in options:
             t = {**t, "recompute": recompute}
-            if memory_estimate(TrainingSpec.model_validate(t), spec_sys.gpu_count).total_bytes <= budget:
+            total, capacity = _memory_bytes(t, system)
+            if total <= USABLE_FRACTION * capacity:
                 return t
     return None
 
@@ -124,15 +130,8 @@ def _pair(model: str, system: str, parallel: str, batch: int, layers: int, readi
 
 
 def _memory(training: dict[str, Any], system: str) -> dict[str, Any]:
-    """The memory per GPU of the configuration at the model's own depth, whatever depth ran."""
-    from ovsim.hw.spec import load_gpu, load_system
-    from ovsim.models.memory import memory_estimate
-    from ovsim.models.training import TrainingSpec
-
-    spec_sys = load_system(system)
-    full = {k: v for k, v in training.items() if k != "layers"}
-    total = memory_estimate(TrainingSpec.model_validate(full), spec_sys.gpu_count).total_bytes
-    return {"memory_per_gpu_gb": total / 1e9, "fits_memory": total <= load_gpu(spec_sys.gpu).memory.capacity_bytes}
+    total, capacity = _memory_bytes(training, system)
+    return {"memory_per_gpu_gb": total / 1e9, "fits_memory": total <= capacity}
 
 
 def lee_matrix(layers: int = 0, batches: Sequence[int] = LEE_BATCHES, *, workers: int = 1,

@@ -329,6 +329,8 @@ def _trace_input(path: str, gpu: str, mtime_ns: int) -> TraceInput:
     from ovsim.calibrate import trace_input
 
     return trace_input([path], gpu)
+
+
 # Per GPU, the shared traces with GEMMs of recorded shapes that the shipped GEMM fit uses
 # (calibration/gemm/fit_shared_traces.py).
 GEMM_CASES: dict[str, tuple[str, ...]] = {"h100-sxm5-80gb": MEMORY_CASES["h100-sxm5-80gb"]}
@@ -410,7 +412,7 @@ def gemm_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> 
     before the fit was shipped, the published best-shape efficiency with no time per wave."""
     import numpy as np
 
-    from ovsim.calibrate import fit_gemm, gemm_points, gemm_time_s
+    from ovsim.calibrate import fit_gemm, gemm_mape, gemm_points
 
     checks: list[Check] = []
     for gpu, rels in GEMM_CASES.items():
@@ -431,23 +433,22 @@ def gemm_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> 
                     continue
                 t_s, main_s, waves = (np.array([p[j] for p in aligned]) for j in range(3))
                 eff, tile_s = values["gemm_efficiency"][prec], values["gemm_tile_overhead_s"].get(prec, 0.0)
-                err = float(np.mean(np.abs(gemm_time_s(main_s, waves, 1.0 / eff, tile_s, params.kernel_overhead_s)
-                                           - t_s) / t_s))
-                mamf = float(np.mean(np.abs(gemm_time_s(main_s, waves, 1.0 / _MAMF_EFFICIENCY[gpu], 0.0,
-                                                        params.kernel_overhead_s) - t_s) / t_s))
+                err = gemm_mape(t_s, main_s, waves, eff, tile_s, params.kernel_overhead_s)
+                mamf = gemm_mape(t_s, main_s, waves, MAMF_EFFICIENCY[gpu], 0.0, params.kernel_overhead_s)
                 checks.append(Check(
                     f"{Path(present[i]).name}: {prec} GEMM time MAPE ({len(aligned)} aligned GEMMs)", HELD_OUT,
                     MEMORY_TOLERANCE_PCT, err * 100, "% MAPE", 0.0, present[i], rule="at_most",
                     note=f"main-loop efficiency {eff:.3f} and {tile_s * 1e6:.2f} us per wave fitted on the other "
                          f"{len(others)} {gpu} traces (the published best-shape efficiency "
-                         f"{_MAMF_EFFICIENCY[gpu]:.3f} alone: {mamf * 100:.1f}%); {len(pts) - len(aligned)} "
+                         f"{MAMF_EFFICIENCY[gpu]:.3f} alone: {mamf * 100:.1f}%); {len(pts) - len(aligned)} "
                          f"unaligned GEMMs not scored; passes at or below {MEMORY_TOLERANCE_PCT:g}%"))
     return checks
 
 
 # What the shipped GEMM efficiency was before the trace fit: MAMF's best shape over the dense peak
-# (794.5 of 989 TFLOPS BF16, published_checks' source), the baseline of gemm_checks' notes.
-_MAMF_EFFICIENCY = {"h100-sxm5-80gb": 0.803}
+# (794.5 of 989 TFLOPS BF16, published_checks' source), the baseline of gemm_checks' notes and of
+# bench/gemm_square_sweep.py.
+MAMF_EFFICIENCY = {"h100-sxm5-80gb": 0.803}
 
 
 STUDY = "overlap studies (published; not fitted)"

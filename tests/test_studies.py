@@ -86,14 +86,14 @@ def test_the_fits_reading_takes_the_largest_micro_batch_that_fits() -> None:
     more than 0.9 of a 40 GB A100, so it runs as 2 micro-batches of 4; on an 80 GB H100 as one of
     8. GPT-3 13B's model states alone, 16 bytes a parameter over 4 GPUs (52 GB), fit no A100 40 GB."""
     from ovsim.hw.spec import load_gpu
-    from ovsim.models.memory import memory_estimate
+    from ovsim.models.memory import USABLE_FRACTION, memory_estimate
     from ovsim.models.training import TrainingSpec
 
     a100 = studies.lee_training("gpt3-1.3b", "fsdp", 8, reading="fits", system="a100x4")
     h100 = studies.lee_training("gpt3-1.3b", "fsdp", 8, reading="fits", system="h100x4")
     assert a100 is not None and (a100["micro_batch_size"], a100["micro_batches"], a100["recompute"]) == (4, 2, False)
     assert h100 is not None and (h100["micro_batch_size"], h100["micro_batches"]) == (8, 1)
-    budget = studies.MEMORY_HEADROOM * load_gpu("a100-sxm4-40gb").memory.capacity_bytes
+    budget = USABLE_FRACTION * load_gpu("a100-sxm4-40gb").memory.capacity_bytes
     bigger = TrainingSpec.model_validate({**a100, "micro_batch_size": 8, "micro_batches": 1})
     assert memory_estimate(bigger, 4).total_bytes > budget >= memory_estimate(TrainingSpec.model_validate(a100),
                                                                               4).total_bytes

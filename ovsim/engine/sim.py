@@ -897,11 +897,11 @@ class Engine:
                         first[p] = k
         if not first:
             return
+        # A kernel waiting behind k may dispatch the moment k has no blocks left waiting, so the wave
+        # that takes k's last blocks must begin at an event (a kernel launched later is one).
+        behind = len(gpu.pending) > 1
         # A kernel first on both partitions counts once.
         for k in {id(k): k for k in first.values()}.values() if len(first) > 1 else first.values():
-            # A kernel waiting behind k may dispatch the moment k has no blocks left waiting, so the
-            # wave that takes k's last blocks must begin at an event (a kernel launched later is one).
-            behind = len(gpu.pending) > 1
             if k.flow is not None:
                 continue
             where = [(g, e) for g in gpu.groups for e in g.entries if e.k is k]
