@@ -54,6 +54,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -921,19 +922,28 @@ def main() -> int:
     manifest["gemm64_relative_error_vs_cublas"] = gemm_err
     manifest["parts"] = dict(earlier_parts)
     index = h.torch.cuda.current_device()
+    failed: list[str] = []
     with PowerSampler(args.out / "power.csv", h.nvml_handle(), index) as sampler:
         manifest["power_column"] = "power.draw.instant" if sampler.instant else "power.draw (NVML one-second average)"
         write_json_atomic(args.out / "manifest.json", manifest)
         for part in parts:
             log(f"part {part}")
             t0 = time.perf_counter()
-            getattr(h, f"part_{part}")()
-            manifest["parts"][part] = {"seconds": round(time.perf_counter() - t0, 1)}
+            try:
+                getattr(h, f"part_{part}")()
+                manifest["parts"][part] = {"seconds": round(time.perf_counter() - t0, 1)}
+            except Exception as e:  # one part's failure must not cost the others' data
+                # The experiments it finished stay on disk; the manifest says it did not finish.
+                traceback.print_exc()
+                manifest["parts"][part] = {"seconds": round(time.perf_counter() - t0, 1),
+                                           "error": f"{type(e).__name__}: {e}"}
+                failed.append(part)
+                h.torch.cuda.synchronize()
             write_json_atomic(args.out / "manifest.json", manifest)
     write_json_atomic(args.out / "manifest.json", manifest)
     for part, v in manifest["parts"].items():
-        print(f"{part:<10} {v['seconds']:8.1f} s")
-    return 0
+        print(f"{part:<10} {v['seconds']:8.1f} s{'  FAILED: ' + v['error'] if 'error' in v else ''}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
