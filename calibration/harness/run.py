@@ -256,6 +256,8 @@ class Harness:
 
         self.torch = torch
         self.cupy = cupy
+        # 'tf32' GEMMs are float32 inputs on the tensor cores, in every part that runs one.
+        torch.backends.cuda.matmul.allow_tf32 = True
         self.out = out
         self.quick = quick
         self.dev = torch.device("cuda")
@@ -528,8 +530,6 @@ class Harness:
         return run
 
     def part_gemm(self) -> None:
-        t = self.torch
-        t.backends.cuda.matmul.allow_tf32 = True
         # One GEMM's inputs at a time: all of them at once would hold 28 GiB (14 GiB with --quick).
         for label, *_ in self.gemm_specs():
             ops = self.gemm_ops((label,))
@@ -759,6 +759,16 @@ class Harness:
             time.sleep(phase_s)
         with self.experiment("power", "gemm_bf16_8192", seconds=phase_s):
             loop(lambda: [gemm() for _ in range(20)])
+        # The same GEMM in other precisions: the power model's dynamic power depends on precision.
+        for dname in ("tf32", "fp8"):
+            label = f"gemm_{dname}_8192x8192x8192"
+            other = self.gemm_ops((label,)).get(label)
+            if other is None:  # no FP8 on this GPU or in this PyTorch
+                continue
+            self.warm(other)
+            with self.experiment("power", f"gemm_{dname}_8192", seconds=phase_s):
+                loop(lambda other=other: [other() for _ in range(20)])
+            del other
         with self.experiment("power", "add_bf16_256M", seconds=phase_s):
             loop(lambda: [add() for _ in range(20)])
         with self.experiment("power", "channel_copy_32", seconds=phase_s):
