@@ -39,7 +39,8 @@ from ovsim.errors import OvsimError
 from ovsim.traces.load import load_trace, write_table
 
 # The parts whose kernels are compared alone and beside something, and what that something is.
-SLOWDOWN_PARTS = {"overlap": "collective", "shaping": "collective", "copy": "copy", "power": "collective"}
+SLOWDOWN_PARTS = {"overlap": "collective", "smloss": "other", "shaping": "collective", "copy": "copy",
+                  "power": "collective"}
 
 
 class IngestError(Exception):

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PARTS = ("gemm", "comm", "overlap", "shaping", "dispatch", "copy", "power", "ncu")
+PARTS = ("gemm", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "ncu")
 # NCCL's per-block shared memory: 4112 B of scratch per warp for its 20 warps, sized for 640 threads
 # whatever the launch uses (src/include/device.h; research notes, science.md section 1.1).
 CHANNEL_SMEM_BYTES = 4112 * 20
@@ -594,6 +594,38 @@ class Harness:
                                                  victim_alone_s=victim_s) as ctx:
                                 self._alone_then_beside(fn, comm, stream, first, reps, ctx, op, channels)
 
+    # SMs the ``smloss`` part takes from its victims: from a few to half the GPU.
+    SMLOSS_HELD = (8, 16, 32, 66)
+
+    def part_smloss(self) -> None:
+        """Victims alone, then beside a kernel that only holds SMs: one warp per SM spinning on the
+        clock with all of the SM's shared memory, so no block that needs shared memory fits beside it
+        and it moves no data. Against the ``overlap`` part (channel blocks, which hold SMs and move
+        data), this separates the SMs a collective takes from the memory traffic it adds."""
+        t = self.torch
+        reps = 6
+        hold_smem = self.smem_per_sm - 1024 - 64
+        for vname in ("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "add_bf16_256M"):
+            fn = self.victims[vname]
+            victim_s = self.time_alone_s(fn)
+            spin_ns = int(1.5 * reps * victim_s * 1e9) + 1_000_000
+            for held in self.SMLOSS_HELD:
+                with self.experiment("smloss", f"{vname}__hold_{held}", victim=vname, held_sms=held, hold_threads=32,
+                                     hold_smem_bytes=hold_smem, hold_spin_ns=spin_ns, victim_alone_s=victim_s) as ctx:
+                    with t.cuda.stream(self.compute):
+                        for _ in range(reps):
+                            fn()
+                    t.cuda.synchronize()
+                    rec = self.records(held)
+                    self.launch("ovsim_probe_first", held, 32, (self.cupy.uint64(spin_ns), self.cupy.int32(0), rec),
+                                hold_smem, self.normal)
+                    time.sleep(0.0005)  # the holding blocks are resident before the victims arrive
+                    with t.cuda.stream(self.compute):
+                        for _ in range(reps):
+                            fn()
+                    t.cuda.synchronize()
+                    ctx["records"].append(("ovsim_probe_first", 0, rec))
+
     def _alone_then_beside(self, fn: Callable[[], Any], comm: Callable[[Any, Any], None], stream: Any,
                            first: str, reps: int, ctx: dict[str, Any], op: str, channels: int) -> None:
         """``reps`` clean instances of the victim, then ``reps`` beside one long communication kernel;
@@ -753,7 +785,9 @@ class Harness:
             while time.perf_counter() < end:
                 with t.cuda.stream(self.compute):
                     fn()
-                t.cuda.synchronize()
+                # The compute stream only: a device-wide wait would also wait for a channel kernel
+                # running beside the loop, and the rest of the phase would run the GEMMs alone.
+                self.compute.synchronize()
 
         with self.experiment("power", "idle", seconds=phase_s):
             time.sleep(phase_s)
