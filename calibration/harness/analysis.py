@@ -97,12 +97,14 @@ def dispatch_order(blocks: pd.DataFrame, first: str, second: str) -> dict[str, f
             "second_span_s": (int(s["end_ns"].max()) - second_start) * 1e-9}
 
 
-OVERLAPPERS = ("collective", "copy")
+# "other": the smloss part's SM-holding probe, which the importer classifies as neither.
+OVERLAPPERS = ("collective", "copy", "other")
 
 
 def overlap_flags(kernels: pd.DataFrame, overlapper: str = "collective") -> np.ndarray:
     """Whether each kernel is a compute kernel that ran while a kernel of kind ``overlapper`` (a
-    collective, or a copy for the ``copy`` part's copy-engine transfers) of its rank was running:
+    collective, a copy for the ``copy`` part's copy-engine transfers, or the ``smloss`` part's
+    SM-holding probe, kind "other") of its rank was running:
     replay's rule (the one the contention fit uses), applied per device."""
     if overlapper not in OVERLAPPERS:
         raise ValueError(f"overlapper: {overlapper!r}, expected one of {', '.join(OVERLAPPERS)}")
@@ -113,7 +115,7 @@ def overlap_flags(kernels: pd.DataFrame, overlapper: str = "collective") -> np.n
         cols = _Cols.of(validate_table(k.iloc[rows]))
         if overlapper != "collective":
             # Replay's rule looks for collectives: the overlapper's rows play them, and the
-            # collectives (none in a copy experiment) take the overlapper's kind, which is not compute.
+            # collectives (none in a copy or smloss experiment) take the overlapper's kind.
             cols = replace(cols, kind=["collective" if x == overlapper else overlapper if x == "collective" else x
                                        for x in cols.kind])
         out[rows] = _overlap_flags(cols)

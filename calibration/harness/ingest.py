@@ -170,6 +170,11 @@ def summarize(kernels: pd.DataFrame, blocks: pd.DataFrame, experiments: list[dic
     slowdowns = []
     for part, overlapper in SLOWDOWN_PARTS.items():
         sel = kernels[kernels["part"] == part]
+        if overlapper == "other":
+            # The SM-holding probe computes nothing; ovsim's importer files unknown names as
+            # elementwise, which would make it a victim rather than what the victims ran beside.
+            probe = sel["name"].astype(str).str.startswith("ovsim_probe_")
+            sel = sel.assign(kind=sel["kind"].where(~probe, "other"))
         if len(sel):
             sd = overlap_slowdowns(sel, by=("part", "experiment"), overlapper=overlapper)
             if len(sd):

@@ -149,3 +149,23 @@ def test_copy_part_slowdowns_are_against_copies_and_a_part_listed_twice_counts_o
     assert [p["experiment"] for p in summary["dispatch"]] == ["probe_empty_sm_high"]
     assert (dest / "experiments.jsonl").read_text().count("probe_empty_sm_high") == 1
     assert (dest / "power_average.csv").read_text() == (run / "power_average.csv").read_text()
+
+
+def test_smloss_slowdowns_are_against_the_sm_holding_probe_and_an_elementwise_victim_stays_a_victim(
+        tmp_path: Path) -> None:
+    """The smloss part's probe holds SMs and computes nothing; ovsim's importer files its unknown name
+    as elementwise, like the add it runs beside. The add's slowdown is measured against the probe,
+    and the probe itself is not reported as a victim."""
+    run = make_run(tmp_path)
+    (run / "smloss").mkdir()
+    add = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >"
+    events = [kernel(add, 1000 + 2000 * i, 500, i + 1) for i in range(3)]
+    events.append(kernel("ovsim_probe_first", 10_000, 6000, 10, stream=13))
+    events += [kernel(add, 10_100 + 1500 * i, 600, 20 + i) for i in range(3)]
+    (run / "smloss" / "add__hold_16.json.gz").write_bytes(trace(events))
+    (run / "smloss" / "experiments.jsonl").write_text(json.dumps({"label": "add__hold_16", "part": "smloss"}) + "\n")
+    summary = ingest(run, tmp_path / "data", raw_limit_bytes=0)
+    held = [r for r in summary["slowdowns"] if r["part"] == "smloss"]
+    assert [r["name"] for r in held] == [add]
+    assert (held[0]["alone_n"], held[0]["overlapped_n"]) == (3, 3)
+    assert held[0]["slowdown"] == pytest.approx(1.2)
