@@ -99,7 +99,7 @@ from ovsim.replay import (
     isolated_durations,
     protocol_key,
 )
-from ovsim.traces.aten import Traffic, traffic
+from ovsim.traces.aten import Traffic, gemm_problem, traffic
 from ovsim.traces.table import TraceBundle
 
 QUANTITIES = ("contention", "collectives", "overhead", "gemm", "memory", "power")
@@ -415,34 +415,6 @@ def fit_collectives(traces: Sequence[TraceInput]) -> tuple[dict[str, Any], dict[
             "no collective of known message size ran without compute beside it"
         raise OvsimError(f"no collective could be fitted ({why})", field="collectives")
     return {"nccl_fitted": fitted}, record
-
-
-_SHAPES = re.compile(r"^(aten::(?:mm|addmm|bmm|baddbmm|matmul|linear))\[(.*)\]$")
-
-
-def gemm_problem(host_op: str) -> tuple[int, int, int, int] | None:
-    """(M, N, K, batch) of a matrix product from its launching operator's input shapes."""
-    m = _SHAPES.match(host_op.strip())
-    if m is None:
-        return None
-    try:
-        shapes = yaml.safe_load("[" + m[2] + "]")
-    except yaml.YAMLError:
-        return None
-    op = m[1]
-    if op in ("aten::addmm", "aten::baddbmm") and len(shapes) >= 3:
-        shapes = shapes[1:3]
-    if op == "aten::linear" and len(shapes) >= 2 and len(shapes[1]) == 2 and shapes[0]:
-        a, w = shapes[0], shapes[1]
-        return (math.prod(a[:-1]), w[0], a[-1], 1) if a[-1] == w[1] else None
-    if len(shapes) < 2 or not all(isinstance(x, list) for x in shapes[:2]):
-        return None
-    a, b = shapes[0], shapes[1]
-    if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
-        return a[0], b[1], a[1], 1
-    if len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
-        return a[1], b[2], a[2], a[0]
-    return None
 
 
 # CUTLASS and cuBLAS tensor-op names: accumulator letter, MMA instruction shape, "gemm".

@@ -13,6 +13,9 @@ Reconstruction
   waited least); the member kernels hold ``replay_collective_sm_fraction`` of their measured grid
   of blocks (fitted with the contention parameters; none at 0) until it completes.
 - Copies and memsets are copy-engine flows at their measured rate.
+- A GEMM launched as a persistent kernel (a grid of one full wave whose blocks loop over more output
+  tiles than there are blocks, :func:`persistent_tiles`) is simulated as its tiles, one block each,
+  so that the SMs another kernel holds cost it rounds of tiles, not a second wave of blocks.
 
 Isolated durations of compute kernels never come from their own overlapped measurement:
 ``self`` (the kernel did not overlap communication), ``signature`` (median of the same name, grid,
@@ -51,7 +54,8 @@ from ovsim.hw.power import power_model
 from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu
 from ovsim.models import cost, nccl
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
-from ovsim.traces.table import TraceBundle
+from ovsim.traces.aten import gemm_problem
+from ovsim.traces.table import TraceBundle, gemm_tile
 
 # A kernel that starts this soon after another stream's activity ends was waiting for it.
 DEP_WINDOW_S = 3e-6
@@ -213,13 +217,38 @@ def data_moving_s(iso_s: float, params: Parameters) -> float:
     return max(0.0, iso_s - params.kernel_overhead_s)
 
 
+def persistent_tiles(c: _Cols, i: int, grid: int, shape: BlockShape, gpu: GpuSpec) -> int | None:
+    """The output tiles of a GEMM launched as a persistent kernel, or None for any other launch.
+
+    A persistent kernel (cuBLAS's Hopper GEMMs: one block per SM, each looping over output tiles)
+    is recognized by a grid of exactly one full wave and more tiles than blocks, the tiles counted
+    from the launching operator's shapes and the tile in the kernel's name. Its blocks are not its
+    work: held alone, they would make every block that finds its SM taken a second wave (x2.0),
+    where the resident blocks in fact share the tiles (measured on an H100 with 8 to 66 SMs held,
+    calibration/data/README.md)."""
+    if c.kind[i] != "gemm" or grid != gpu.sm.count * cost.blocks_per_sm(shape, gpu):
+        return None
+    problem, tile = gemm_problem(c.host_op[i]), gemm_tile(c.name[i])
+    if problem is None or tile is None:
+        return None
+    m, n, _, batch = problem
+    a, b = tile
+    # Libraries may compute the transposed product: the orientation with fewer tiles.
+    tiles = batch * min(math.ceil(m / a) * math.ceil(n / b), math.ceil(m / b) * math.ceil(n / a))
+    return tiles if tiles > grid else None
+
+
 def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Parameters) -> KernelDemand:
     grid, shape = _block(c, i, gpu)
     iso_s = max(iso_s, 1e-9)
     memory = c.kind[i] in MEMORY_KINDS
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     fraction = params.memory_kernel_efficiency if memory else params.replay_hbm_fraction.get(c.kind[i], 0.0)
-    return cost.demand_from_time(blocks=grid, block=shape, isolated_s=iso_s, flops=0.0,
+    # A persistent GEMM replays as its tiles, one block each on the kernel's footprint: alone it
+    # takes the rounds of tiles it was measured in, and with SMs taken the rounds its resident
+    # blocks need.
+    tiles = persistent_tiles(c, i, grid, shape, gpu)
+    return cost.demand_from_time(blocks=tiles or grid, block=shape, isolated_s=iso_s, flops=0.0,
                                  hbm_bytes=data_moving_s(iso_s, params) * bw * fraction, gpu=gpu,
                                  issue_intensity=params.memory_issue_floor if memory else 1.0,
                                  clock_sensitive=not memory)

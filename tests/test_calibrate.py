@@ -19,7 +19,6 @@ from ovsim.calibrate import (
     fit_collectives,
     fit_contention,
     gemm_precision,
-    gemm_problem,
     output_path,
     write_calibration,
     write_shipped,
@@ -268,25 +267,6 @@ def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     out = json.loads(capsys.readouterr().out)
     assert out["file"].endswith(f"{GPU}.v{SHIPPED + 1}.yaml") and "contention" in out["fits"]
     assert out["skipped"]["collectives"]
-
-
-def test_gemm_problems_from_launching_operators() -> None:
-    assert gemm_problem("aten::addmm[[1024], [8944, 1024], [1024, 2048], [], []]") == (8944, 2048, 1024, 1)
-    assert gemm_problem("aten::mm[[128, 5], [5, 64]]") == (128, 64, 5, 1)
-    assert gemm_problem("aten::bmm[[12, 32, 64], [12, 64, 559]]") == (32, 559, 64, 12)
-    assert gemm_problem("aten::linear[[4, 16, 512], [1024, 512], [1024]]") == (64, 1024, 512, 1)
-    assert gemm_problem("aten::mm[[128, 5], [6, 64]]") is None  # inner sizes disagree
-    assert gemm_problem("aten::cudnn_convolution[[1, 3, 224, 224], [768, 3, 16, 16]]") is None
-    assert gemm_precision("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "bf16"
-    assert gemm_precision("volta_sgemm_32x128_tn") is None
-    # CUTLASS names carry the instruction, not always the input type.
-    assert gemm_precision("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nt_align4>(") == "tf32"
-    assert gemm_precision("cutlass_80_tensorop_h16816gemm_256x128_32x3_nn_align8") == "fp16"
-    assert gemm_precision("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn") == "fp16"
-    assert gemm_precision("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn") == "bf16"
-    assert gemm_precision("cutlass_80_tensorop_d884gemm_64x64_16x4_nn_align1") == "fp64"
-    assert gemm_precision("cutlass_80_tensorop_s16816gemm_64x64_32x6_nn") is None  # input type unsaid
-    assert gemm_precision("ampere_sgemm_128x64_nn") is None
 
 
 def planted_gemms(shapes: tuple[tuple[int, int, int, int], ...], eff: float, tile_s: float) -> TraceInput:
@@ -737,3 +717,16 @@ def test_too_few_unaligned_gemms_are_recorded_not_fitted() -> None:
     assert "gemm_unaligned_efficiency" not in report.parameters
     assert report.fits["gemm"]["precisions"]["bf16"]["unaligned"] == {
         "points": 1, "fitted": False, "why": "fewer than 3 unaligned GEMMs"}
+
+
+def test_gemm_precision_from_kernel_names() -> None:
+    assert gemm_precision("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "bf16"
+    assert gemm_precision("volta_sgemm_32x128_tn") is None
+    # CUTLASS names carry the instruction, not always the input type.
+    assert gemm_precision("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nt_align4>(") == "tf32"
+    assert gemm_precision("cutlass_80_tensorop_h16816gemm_256x128_32x3_nn_align8") == "fp16"
+    assert gemm_precision("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn") == "fp16"
+    assert gemm_precision("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn") == "bf16"
+    assert gemm_precision("cutlass_80_tensorop_d884gemm_64x64_16x4_nn_align1") == "fp64"
+    assert gemm_precision("cutlass_80_tensorop_s16816gemm_64x64_32x6_nn") is None  # input type unsaid
+    assert gemm_precision("ampere_sgemm_128x64_nn") is None

@@ -154,6 +154,54 @@ def test_collectives_hold_the_fitted_share_of_their_grid() -> None:
         math.ceil(grid / 2)}
 
 
+NVJET = "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT"
+# cuBLAS's persistent launch on an H100: one 384-thread block per SM (as the harness recorded it).
+PERSISTENT = {"grid_x": 2, "grid_y": 66, "block_x": 384, "registers_per_thread": 168, "shared_mem_bytes": 188_636}
+
+
+def _beside_channels(name: str, host_op: str, **launch: Any) -> pd.DataFrame:
+    """Three GEMMs alone (1 ms each), then three beside a 16-channel collective with NCCL's block."""
+    gemms = [k(name, 2000 * i, 1000, kind="gemm", host_op=host_op, **launch) for i in range(3)]
+    chan = k("ovsim_channel_copy", 6000, 20_000, stream=13, kind="collective", grid_x=16, block_x=640,
+             registers_per_thread=96, shared_mem_bytes=82_240)
+    later = [k(name, 6100 + 3000 * i, 1300, kind="gemm", host_op=host_op, **launch) for i in range(3)]
+    return table([*gemms, chan, *later])
+
+
+def test_a_persistent_gemm_beside_held_sms_takes_the_rounds_of_tiles_its_resident_blocks_need() -> None:
+    """An 8192^3 GEMM on 320x128 tiles has 26 x 64 = 1664 tiles: ceil(1664/132) = 13 rounds on every
+    SM, ceil(1664/116) = 15 with 16 SMs held by channel blocks (which leave no room for its block),
+    so x15/13; as 132 blocks it would be two waves (x2). The harness measured x1.27 beside 16 copy
+    channels and x1.22 beside 16 SMs held without traffic (calibration/data/README.md)."""
+    host_op = "aten::mm[[8192, 8192], [8192, 8192]]"
+    out = replay(TraceBundle(kernels=_beside_channels(NVJET, host_op, **PERSISTENT)), gpu=GPU, counters=False,
+                 overrides=ALL_BLOCKS).kernels
+    beside = out[out["overlapped"] & (out["kind"] == "gemm")]
+    assert len(beside) == 3
+    np.testing.assert_allclose(beside["predicted_duration_s"] / beside["isolated_s"], 15 / 13, rtol=1e-6)
+    alone = out[~out["overlapped"] & (out["kind"] == "gemm")].iloc[:3]
+    np.testing.assert_allclose(alone["predicted_duration_s"], alone["measured_duration_s"], rtol=1e-9)
+
+
+@pytest.mark.parametrize(("what", "slowdown"), [("no shapes", 2.0), ("no tile in the name", 2.0),
+                                                ("more than one wave", 1.5)])
+def test_a_gemm_not_known_to_be_persistent_keeps_its_blocks(what: str, slowdown: float) -> None:
+    """Without the problem's shapes or the kernel's tile, or with a grid of more than one wave, the
+    blocks are the work: with 16 of 132 SMs held, 132 blocks take two waves instead of one (x2), and
+    264 blocks ceil(264/116) = 3 instead of 2 (x1.5)."""
+    name, host_op, launch = NVJET, "aten::mm[[8192, 8192], [8192, 8192]]", dict(PERSISTENT)
+    if what == "no shapes":
+        host_op = "aten::mm"
+    elif what == "no tile in the name":
+        name = "nvjet_sm90_persistent_kernel"
+    else:
+        launch["grid_x"] = 4
+    out = replay(TraceBundle(kernels=_beside_channels(name, host_op, **launch)), gpu=GPU, counters=False,
+                 overrides=ALL_BLOCKS).kernels
+    beside = out[out["overlapped"] & (out["kind"] == "gemm")]
+    np.testing.assert_allclose(beside["predicted_duration_s"] / beside["isolated_s"], slowdown, rtol=1e-6)
+
+
 def test_replay_needs_a_known_gpu() -> None:
     df = table([k("gemm", 0, 10)])
     with pytest.raises(OvsimError, match="--gpu"):

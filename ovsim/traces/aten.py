@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,3 +162,35 @@ def traffic(host_op: str, host_types: str) -> Traffic | None:
             out_bytes = max(a[2] for a in (dimensioned or operands))
         written = elements * out_bytes
     return Traffic(float(sum(size(a) for a in operands) + written), "elementwise")
+
+
+_MATMUL = re.compile(r"^(aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm))\[(.*)\]$")
+
+
+def gemm_problem(host_op: str) -> tuple[int, int, int, int] | None:
+    """(M, N, K, batch) of a matrix product from its launching operator's input shapes (the
+    profiler's ``aten::mm[[M, K], [K, N]]``), or None when the operator is not one or its shapes
+    do not agree."""
+    m = _MATMUL.match(host_op.strip())
+    if m is None:
+        return None
+    try:
+        shapes = ast.literal_eval("[" + m[2] + "]")
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    op = m[1]
+    if op in ("aten::addmm", "aten::baddbmm") and len(shapes) >= 3:
+        shapes = shapes[1:3]
+    if not all(isinstance(x, list) and all(isinstance(d, int) for d in x) for x in shapes[:2]):
+        return None
+    if op == "aten::linear" and len(shapes) >= 2 and len(shapes[1]) == 2 and shapes[0]:
+        a, w = shapes[0], shapes[1]
+        return (math.prod(a[:-1]), w[0], a[-1], 1) if a[-1] == w[1] else None
+    if len(shapes) < 2:
+        return None
+    a, b = shapes[0], shapes[1]
+    if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
+        return a[0], b[1], a[1], 1
+    if len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
+        return a[1], b[2], a[2], a[0]
+    return None

@@ -197,6 +197,20 @@ def classify(name: str) -> str:
     return "elementwise"
 
 
+# A GEMM kernel's output tile in its name: cuBLAS's nvjet ("_320x128_64x3_"), CUTLASS
+# ("_128x256_64x3_") and xmma ("tilesize128x256x32") spell it as tile M x N, then K and stages.
+_TILE = re.compile(r"(?:tilesize|_)(\d{2,3})x(\d{2,3})(?:x\d{2,3}|_\d{2,3}x\d{1,2})(?:_|$)")
+
+
+def gemm_tile(name: str) -> tuple[int, int] | None:
+    """The output tile (rows, columns) a GEMM kernel's name gives, or None where it gives none."""
+    m = _TILE.search(name)
+    if m is None:
+        return None
+    a, b = int(m[1]), int(m[2])
+    return (a, b) if 16 <= a <= 512 and 16 <= b <= 512 else None
+
+
 _COLL_NAMES = {
     "allreduce": "all_reduce", "allgather": "all_gather", "allgatherv": "all_gather",
     "reducescatter": "reduce_scatter", "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv",

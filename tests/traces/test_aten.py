@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ovsim.traces.aten import traffic
+from ovsim.traces.aten import gemm_problem, traffic
 
 BF16 = "c10::BFloat16"
 
@@ -83,3 +83,14 @@ def test_layer_norm_and_softmax() -> None:
 ])
 def test_anything_unknown_gives_none(op: str, types: str) -> None:
     assert traffic(op, types) is None
+
+
+def test_gemm_problems_from_launching_operators() -> None:
+    assert gemm_problem("aten::addmm[[1024], [8944, 1024], [1024, 2048], [], []]") == (8944, 2048, 1024, 1)
+    assert gemm_problem("aten::mm[[128, 5], [5, 64]]") == (128, 64, 5, 1)
+    assert gemm_problem("aten::bmm[[12, 32, 64], [12, 64, 559]]") == (32, 559, 64, 12)
+    assert gemm_problem("aten::linear[[4, 16, 512], [1024, 512], [1024]]") == (64, 1024, 512, 1)
+    assert gemm_problem("aten::mm[[128, 5], [6, 64]]") is None  # inner sizes disagree
+    assert gemm_problem("aten::cudnn_convolution[[1, 3, 224, 224], [768, 3, 16, 16]]") is None
+    assert gemm_problem("aten::_scaled_mm[[8192, 8192], [8192, 8192], [], [], [], [], [], []]") == (8192, 8192, 8192, 1)
+    assert gemm_problem("aten::mm[[128, 5], [5, 64]") is None  # cut short

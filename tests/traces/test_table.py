@@ -11,7 +11,7 @@ import pytest
 
 from ovsim.errors import OvsimError
 from ovsim.traces.load import read_table, write_table
-from ovsim.traces.table import TraceBundle, classify, make_table
+from ovsim.traces.table import TraceBundle, classify, gemm_tile, make_table
 
 
 @pytest.mark.parametrize(("name", "kind"), [
@@ -60,3 +60,17 @@ def test_a_table_with_broken_ovsim_metadata_is_one_line(tmp_path: Path, meta: by
     with pytest.raises(OvsimError) as err:
         read_table(path)
     assert (err.value.source, err.value.field) == (str(path), field) and "\n" not in err.value.one_line()
+
+
+@pytest.mark.parametrize(("name", "tile"), [
+    ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", (320, 128)),
+    ("nvjet_sm90_qqtst_144x128_128x6_1x2_h_bz_coopA_NNT", (144, 128)),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x256x32_warpgroupsize2x1x1_execute_segment_k_off_kernel",
+     (128, 256)),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_128x256_64x3_tn_align8>(Params)", (128, 256)),
+    ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", None),  # no K and stages after the tile
+    ("nvjet_sm90_persistent_kernel", None),
+])
+def test_gemm_tile_from_the_kernel_name(name: str, tile: tuple[int, int] | None) -> None:
+    assert gemm_tile(name) == tile
+
