@@ -248,10 +248,10 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
     # takes the rounds of tiles it was measured in, and with SMs taken the rounds its resident
     # blocks need.
     tiles = persistent_tiles(c, i, grid, shape, gpu)
-    return cost.demand_from_time(blocks=tiles or grid, block=shape, isolated_s=iso_s, flops=0.0,
-                                 hbm_bytes=data_moving_s(iso_s, params) * bw * fraction, gpu=gpu,
-                                 issue_intensity=params.memory_issue_floor if memory else 1.0,
-                                 clock_sensitive=not memory)
+    d = cost.demand_from_time(blocks=tiles or grid, block=shape, isolated_s=iso_s, flops=0.0,
+                              hbm_bytes=data_moving_s(iso_s, params) * bw * fraction, gpu=gpu,
+                              issue_intensity=params.memory_issue_floor if memory else 1.0, clock_sensitive=not memory)
+    return cost.bandwidth_bound(d, gpu, params) if memory else d
 
 
 def _collective_groups(c: _Cols) -> dict[int, str]:

@@ -58,9 +58,10 @@ class _Kernel:
 
     __slots__ = (
         "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "clock_cls", "clock_s", "clock_sensitive",
-        "end_s", "flow", "gpu", "id", "issue", "issued", "launch_s", "max_resident", "op", "partitions", "priority",
-        "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s", "share_link_s", "share_sm_s",
-        "smem", "start_s", "t_block", "theta", "threads", "undispatched", "wait_peers_s", "wait_sm_s",
+        "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "launch_s", "max_resident", "op", "partitions",
+        "priority", "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s", "share_link_s",
+        "share_sm_s", "smem", "start_s", "t_block", "theta", "theta_self", "threads", "undispatched", "wait_peers_s",
+        "wait_sm_s",
     )
 
     def __init__(self, op: Op, gpu: _Gpu, priority: int, seq: int, now: float, nccl_issue: float,
@@ -75,7 +76,11 @@ class _Kernel:
         self.start_s = _INF
         self.end_s = _INF
         self.flow: _Flow | None = None
+        # theta: the share of its blocks' pace the kernel's HBM grant allows; theta_self: the share
+        # its own bandwidth cap allows (a bandwidth-bound kernel alone), so theta / theta_self is
+        # what contention costs it.
         self.theta = 1.0
+        self.theta_self = 1.0
         self.issued = 0.0  # resident blocks weighted by the share of their issue demand they get
         self.wait_sm_s = self.share_sm_s = self.share_hbm_s = self.share_link_s = self.wait_peers_s = 0.0
         self.clock_s = 0.0
@@ -92,6 +97,7 @@ class _Kernel:
         self.ask = nccl_issue if op.flow is not None else k.issue_fraction
         self.clock_sensitive = k.clock_sensitive
         self.bytes_per_block = k.hbm_bytes / k.blocks
+        self.hbm_cap = k.hbm_cap_bytes_per_s
         self.partitions = _MAIN if op.partition == "compute" else _BOTH
         # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 tensor cores.
         self.clock_cls = 1 if k.clock_sensitive and op.flow is None else 0
@@ -697,7 +703,7 @@ class Engine:
                     if m < 1.0:
                         k.clock_s += dt * f_res * f_issue * (1 - m)
                         f_issue *= m
-                k.share_hbm_s += dt * f_res * f_issue * (1 - k.theta)
+                k.share_hbm_s += dt * f_res * f_issue * (1 - k.theta / k.theta_self)
         for f in gpu.flows:
             fdt = now - f.last_t
             if fdt > 0:
@@ -1104,7 +1110,11 @@ class Engine:
                     if k.bytes_per_block > 0:
                         demand[k] = demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
             for k in gpu.running:
-                k.theta = 1.0
+                k.theta = k.theta_self = 1.0
+            for k, raw in demand.items():
+                if raw > k.hbm_cap:
+                    k.theta = k.theta_self = k.hbm_cap / raw
+                    demand[k] = k.hbm_cap
             if demand:
                 demands.append((r, demand))
 
@@ -1183,7 +1193,7 @@ class Engine:
             if owner is None:
                 continue
             if isinstance(owner, _Kernel):
-                owner.theta = x / caps[i] if caps[i] > 0 else 1.0
+                owner.theta = (x / caps[i] if caps[i] > 0 else 1.0) * owner.theta_self
             else:
                 owner.rate = x
                 b = alloc.bottleneck[i]
@@ -1217,7 +1227,7 @@ class Engine:
             asked = list(demand.values())
             got = water_fill(asked, [1] * len(ks), cap)
             for k, d, x in zip(ks, asked, got, strict=True):
-                k.theta = x / d if d > 0 else 1.0
+                k.theta = (x / d if d > 0 else 1.0) * k.theta_self
 
     def _check(self, ranks: list[int], capacity: list[float], rates: list[float],
                usage: list[list[tuple[int, float]]]) -> None:
@@ -1274,7 +1284,7 @@ class Engine:
                         other += x * k.pw_w
                         xm += x
                     continue
-                x = n * e.per_sm * k.pw_unit * e.share * k.theta
+                x = n * e.per_sm * k.pw_unit * e.share * k.theta / k.theta_self
                 if k.pw_tensor:
                     tensor += x * k.pw_w
                     xt += x

@@ -74,6 +74,11 @@ class Parameters(BaseModel):
     kernel_overhead_s: float = Field(default=2e-6, ge=0, lt=1e-3)
     # Least share of an SM's issue throughput a memory-bound block uses, at full residency.
     memory_issue_floor: float = Field(default=0.1, ge=0, le=1)
+    # How much faster than its HBM lets it a memory-bound kernel's blocks could move data: on a
+    # 1/headroom share of the SMs it still reaches the bandwidth it reached on all of them. 1 (the
+    # schema default) makes its time follow its SMs; measured by the calibration harness's smloss
+    # part where a GPU's file says so.
+    memory_sm_headroom: float = Field(default=1.0, ge=1.0, le=16.0)
     # Share of an SM's issue throughput one NCCL block uses.
     nccl_issue_fraction: float = Field(default=0.5, ge=0, le=1)
     # Weight of a collective's traffic in HBM's max-min share, per NCCL protocol.

@@ -9,6 +9,7 @@ runs alone. Formulas: science.md section 2.1 (occupancy) and 4.1 (tiles and wave
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
@@ -110,6 +111,47 @@ def demand_from_time(
         isolated_s=isolated_s,
         clock_sensitive=clock_sensitive,
     )
+
+
+def bandwidth_bound(d: KernelDemand, gpu: GpuSpec, params: Parameters, sm_count: int | None = None) -> KernelDemand:
+    """A memory-bound kernel priced so that it keeps its bandwidth on fewer SMs.
+
+    Its isolated time is its HBM bandwidth's, not its blocks' pace: each resident block could pull
+    ``memory_sm_headroom`` times its share of that bandwidth, and the kernel never takes more than
+    it reached alone (``hbm_cap_bytes_per_s``). Alone it then takes ``d.isolated_s`` exactly: its
+    waves move their bytes at the cap, and a last wave too small to reach the cap takes one
+    block's time. With a headroom of 1 the kernel is ``d`` unchanged (its time follows its SMs)."""
+    headroom = params.memory_sm_headroom
+    if headroom <= 1.0 or d.hbm_bytes <= 0:
+        return d
+    slots = (sm_count if sm_count is not None else gpu.sm.count) * blocks_per_sm(d.block, gpu)
+    waves = math.ceil(d.blocks / slots)
+    last = d.blocks - (waves - 1) * slots
+    per_block = d.hbm_bytes / d.blocks
+    # Alone: (blocks - last) * per_block at the cap, then the last wave at the cap or, with fewer
+    # blocks than slots / headroom, at their own pace, which moves slots / headroom blocks' bytes.
+    cap = per_block * ((d.blocks - last) + max(last, slots / headroom)) / d.isolated_s
+    hbm = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
+    if cap <= hbm:
+        return replace(d, block_time_s=per_block * slots / (headroom * cap), hbm_cap_bytes_per_s=cap)
+    # A last wave too small to use the headroom would need more than HBM gives in the others: they
+    # run at HBM's rate, and the last wave takes what is left of the isolated time at its pace,
+    # provided the full waves still outpace HBM at that pace (else the blocks' pace sets it all).
+    t_block = d.isolated_s - per_block * (d.blocks - last) / hbm
+    if last * per_block / hbm <= t_block <= slots * per_block / hbm:
+        return replace(d, block_time_s=t_block, hbm_cap_bytes_per_s=hbm)
+    return d
+
+
+def alone_time_s(d: KernelDemand, slots: int) -> float:
+    """How long ``d`` takes alone with ``slots`` blocks resident at once: each wave at its blocks'
+    pace, or, for a kernel with an HBM cap, no faster than the cap moves the wave's bytes."""
+    waves = math.ceil(d.blocks / slots)
+    last = d.blocks - (waves - 1) * slots
+    per_block = d.hbm_bytes / d.blocks
+    cap = d.hbm_cap_bytes_per_s
+    return ((waves - 1) * max(d.block_time_s, slots * per_block / cap)
+            + max(d.block_time_s, last * per_block / cap))
 
 
 # The widest (128-bit) loads of A and B need leading dimensions on this many bytes; libraries run
@@ -234,9 +276,9 @@ def memory_bound(
     t_math = flops / gpu.peak_flops_per_s("fp32")
     body = max(t_mem, t_math)
     intensity = max(params.memory_issue_floor, t_math / body) if body > 0 else 1.0
-    return demand_from_time(blocks=blocks, block=block, isolated_s=body + params.kernel_overhead_s, flops=flops,
-                            hbm_bytes=bytes_moved, gpu=gpu, issue_intensity=intensity,
-                            clock_sensitive=t_math >= t_mem)
+    d = demand_from_time(blocks=blocks, block=block, isolated_s=body + params.kernel_overhead_s, flops=flops,
+                         hbm_bytes=bytes_moved, gpu=gpu, issue_intensity=intensity, clock_sensitive=t_math >= t_mem)
+    return d if t_math >= t_mem else bandwidth_bound(d, gpu, params)
 
 
 def attention(
@@ -317,5 +359,6 @@ def generic(
         isolated = max(t_math, t_mem) + params.kernel_overhead_s
     body = max(t_math, t_mem)
     intensity = 1.0 if body == 0 or t_math >= t_mem else max(params.memory_issue_floor, t_math / body)
-    return demand_from_time(blocks=grid, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
-                            gpu=gpu, issue_intensity=intensity, clock_sensitive=t_math >= t_mem)
+    d = demand_from_time(blocks=grid, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
+                         gpu=gpu, issue_intensity=intensity, clock_sensitive=t_math >= t_mem)
+    return d if t_math >= t_mem else bandwidth_bound(d, gpu, params)

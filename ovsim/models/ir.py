@@ -47,6 +47,10 @@ class KernelDemand:
     isolated_s: float
     # Compute-bound work slows with the SM clock; memory- and link-bound work does not.
     clock_sensitive: bool = True
+    # The most HBM bandwidth the kernel takes, whatever its blocks could pull. A memory-bound
+    # kernel's blocks could move data faster than HBM lets all of them (memory_sm_headroom), so it
+    # keeps its bandwidth on fewer SMs; infinite for a kernel whose blocks' pace sets its traffic.
+    hbm_cap_bytes_per_s: float = float("inf")
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,10 @@ def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> K
     occ_new = cost.blocks_per_sm(block, gpu)
     if occ_new == 0:
         raise OvsimError("occupancy shaping leaves no room for one block", field="occupancy_shaping_smem_bytes")
+    if math.isfinite(base.hbm_cap_bytes_per_s):
+        # A bandwidth-bound kernel: its blocks keep their pace and its cap, fewer SMs cost it only
+        # what its pace on them can no longer move.
+        return dataclasses.replace(base, block=block, isolated_s=cost.alone_time_s(base, sms * occ_new))
     waves = math.ceil(base.blocks / (sms * occ_new))
     return cost.demand_from_time(blocks=base.blocks, block=block, isolated_s=waves * base.block_time_s,
                                  flops=base.flops, hbm_bytes=base.hbm_bytes, gpu=gpu, issue_intensity=1.0,
