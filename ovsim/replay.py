@@ -250,7 +250,9 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
     tiles = persistent_tiles(c, i, grid, shape, gpu)
     d = cost.demand_from_time(blocks=tiles or grid, block=shape, isolated_s=iso_s, flops=0.0,
                               hbm_bytes=data_moving_s(iso_s, params) * bw * fraction, gpu=gpu,
-                              issue_intensity=params.memory_issue_floor if memory else 1.0, clock_sensitive=not memory)
+                              issue_intensity=params.memory_issue_floor if memory else 1.0, clock_sensitive=not memory,
+                              cap=None if memory else cost.issue_cap(shape, gpu, params,
+                                                                     1.0 / cost.blocks_per_sm(shape, gpu)))
     return cost.bandwidth_bound(d, gpu, params) if memory else d
 
 

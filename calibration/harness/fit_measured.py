@@ -5,6 +5,12 @@ write each GPU's next calibration version, with the data set's files and checksu
   kernel that holds 8 to 66 SMs and moves no data. With ``h`` of ``S`` SMs held the engine's
   bandwidth-bound kernel runs ``1 / min(1, headroom * (S - h) / S)`` slower; the fit is the
   headroom with the least squared relative error over the held counts.
+- ``block_issue_share_per_warp``: from the ``shaping`` part, the median block time of a 4-warp
+  GEMM (64x64x32 tiles) with 1 to 6 of its blocks on each SM. The engine runs a block at
+  min(cap, 1 / resident) of its SM against 1 / natural at full residency, so its time with ``n``
+  resident is ``(1 / natural) / min(cap, 1 / n)`` of its time at full residency; the fit is the cap
+  with the least squared error of the logarithms, divided by the block's warps. A second data set
+  of the same GPU, where there is one, is reported against the fit (not fitted on).
 
     python calibration/harness/fit_measured.py [--dry-run]
 
@@ -29,7 +35,11 @@ DATA = ROOT / "calibration" / "data"
 COMMAND = "python calibration/harness/fit_measured.py"
 # The data sets each GPU's fits read (folders under calibration/data/).
 SMLOSS = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-b"}
+# (fitted on, held out or None)
+SHAPING = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb/2026-11-26-repeat"),
+           "h200-sxm": ("h200-sxm/2026-11-26", None)}
 HEADROOM_BOUNDS = (1.0, 16.0)
+SHAPED_WARPS = 4  # ovsim_gemm_tile64: 128 threads
 
 
 def smloss_points(folder: Path, victim: str) -> list[tuple[int, float]]:
@@ -63,6 +73,65 @@ def fit_headroom(points: list[tuple[int, float]], sms: int) -> dict[str, Any]:
             "fit_mape_pct": round(float(np.mean(np.abs(fitted - measured) / measured) * 100), 2)}
 
 
+def shaping_points(folder: Path) -> list[tuple[int, float]]:
+    """(blocks per SM, median block time) of the shaped GEMM alone, by the experiment's target."""
+    target = {e["label"]: e["blocks_per_sm_target"]
+              for e in map(json.loads, (folder / "experiments.jsonl").read_text().splitlines())
+              if e.get("part") == "shaping" and "priority" not in e}
+    summary = json.loads((folder / "summary.json").read_text())
+    return sorted((int(target[r["experiment"]]), float(r["block_s_median"]))
+                  for r in summary.get("shaping_residency", []) if r["experiment"] in target)
+
+
+def shaped_time_ratio(cap: float, resident: np.ndarray, natural: int) -> np.ndarray:
+    """Block time with ``resident`` blocks on its SM over its time at the natural occupancy."""
+    return np.asarray((1.0 / natural) / np.maximum(1.0 / natural, np.minimum(cap, 1.0 / resident)))
+
+
+def fit_issue_cap(points: list[tuple[int, float]]) -> tuple[float, dict[str, Any]]:
+    natural = max(n for n, _ in points)
+    full = dict(points)[natural]
+    resident = np.array([n for n, _ in points], dtype=float)
+    measured = np.array([t / full for _, t in points])
+
+    def loss(cap: float) -> float:
+        return float(np.sum(np.log(shaped_time_ratio(cap, resident, natural) / measured) ** 2))
+
+    cap = float(minimize_scalar(loss, bounds=(1.0 / natural, 1.0), method="bounded").x)
+    fitted = shaped_time_ratio(cap, resident, natural)
+    return cap, {"natural_blocks_per_sm": natural, "resident": resident.astype(int).tolist(),
+                 "measured_time_ratio": measured.round(4).tolist(), "fitted_time_ratio": fitted.round(4).tolist(),
+                 "fit_mape_pct": round(float(np.mean(np.abs(fitted - measured) / measured) * 100), 2)}
+
+
+def issue_cap_report(gpu: str) -> tuple[FitReport, list[Path]]:
+    fit_on, held_out = SHAPING[gpu]
+    cap, fit = fit_issue_cap(shaping_points(DATA / fit_on))
+    per_warp = round(cap / SHAPED_WARPS, 4)
+    record: dict[str, Any] = {
+        "method": "bounded scalar least squares on log block-time ratios of (1/natural)/min(cap, 1/resident), "
+                  f"per warp = cap / {SHAPED_WARPS}", "data_set": f"calibration/data/{fit_on}",
+        "cap": round(cap, 4), **fit}
+    if held_out is not None:
+        pts = shaping_points(DATA / held_out)
+        natural = max(n for n, _ in pts)
+        full = dict(pts)[natural]
+        measured = np.array([t / full for _, t in pts])
+        pred = shaped_time_ratio(per_warp * SHAPED_WARPS, np.array([n for n, _ in pts], dtype=float), natural)
+        record["held_out"] = {
+            "data_set": f"calibration/data/{held_out}", "measured_time_ratio": measured.round(4).tolist(),
+            "predicted_time_ratio": pred.round(4).tolist(),
+            "mape_pct": round(float(np.mean(np.abs(pred - measured) / measured) * 100), 2)}
+    report = FitReport(
+        parameters={"block_issue_share_per_warp": per_warp},
+        sources={"block_issue_share_per_warp": (
+            f"measured: calibration/data/{fit_on} (shaping part: a 4-warp WMMA GEMM, 64x64x32 tiles, with 1 to its "
+            f"natural 6 blocks per SM), least squares on the block times; {COMMAND}")},
+        fits={"block_issue_share_per_warp": record})
+    tables = sorted((DATA / fit_on / "tables" / "shaping").glob("gemm64_*_occ?.parquet"))
+    return report, tables
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="print the fits, write nothing")
@@ -87,6 +156,11 @@ def main() -> int:
                 "data_set": f"calibration/data/{rel}", **fit}})
         print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
         _, done = write_shipped(report, inputs, gpu, COMMAND, dry_run=args.dry_run)
+        print(f"{gpu}: {done}")
+    for gpu in SHAPING:
+        report, tables = issue_cap_report(gpu)
+        print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
+        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
         print(f"{gpu}: {done}")
     return 0
 

@@ -57,11 +57,11 @@ class _Kernel:
     """A launched kernel (or the SM-resident part of a collective) on one GPU."""
 
     __slots__ = (
-        "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "clock_cls", "clock_s", "clock_sensitive",
-        "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "launch_s", "max_resident", "op", "partitions",
-        "priority", "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s", "share_link_s",
-        "share_sm_s", "smem", "start_s", "t_block", "theta", "theta_self", "threads", "undispatched", "wait_peers_s",
-        "wait_sm_s",
+        "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "cap", "clock_cls", "clock_s",
+        "clock_sensitive", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "launch_s", "max_resident", "op",
+        "partitions", "priority", "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s",
+        "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "theta_self", "threads", "undispatched",
+        "wait_peers_s", "wait_sm_s",
     )
 
     def __init__(self, op: Op, gpu: _Gpu, priority: int, seq: int, now: float, nccl_issue: float,
@@ -95,6 +95,8 @@ class _Kernel:
         self.issue = k.issue_fraction
         # NCCL blocks ask for a fixed share of an SM's issue slots, whatever the kernel says.
         self.ask = nccl_issue if op.flow is not None else k.issue_fraction
+        # The most of an SM a block uses with room to spare; it runs cap / ask times its pace there.
+        self.cap = self.ask if op.flow is not None or k.issue_cap is None else max(self.ask, k.issue_cap)
         self.clock_sensitive = k.clock_sensitive
         self.bytes_per_block = k.hbm_bytes / k.blocks
         self.hbm_cap = k.hbm_cap_bytes_per_s
@@ -696,6 +698,8 @@ class Engine:
                     alone = k.max_resident
                 f_res = k.resident / alone if k.resident < alone else 1.0
                 f_issue = k.issued / k.resident
+                if f_issue > 1.0:  # blocks with room run faster than at full residency: no loss
+                    f_issue = 1.0
                 k.wait_sm_s += dt * (1 - f_res)
                 k.share_sm_s += dt * f_res * (1 - f_issue)
                 if throttled:
@@ -1089,14 +1093,15 @@ class Engine:
                     e = entries[0]
                     ask = e.k.ask
                     if ask > 0:
-                        x = 1.0 / (ask * e.per_sm)
-                        e.share = x if x < 1.0 else 1.0
+                        x = 1.0 / e.per_sm
+                        cap = e.k.cap
+                        e.share = (x if x < cap else cap) / ask
                     else:
                         e.share = 1.0
                 else:
-                    asks = [e.k.ask for e in entries]
-                    shares = water_fill(asks, [e.per_sm for e in entries], 1.0)
-                    for e, ask, got in zip(entries, asks, shares, strict=True):
+                    shares = water_fill([e.k.cap for e in entries], [e.per_sm for e in entries], 1.0)
+                    for e, got in zip(entries, shares, strict=True):
+                        ask = e.k.ask
                         e.share = got / ask if ask > 0 else 1.0
                 n = g.n
                 for e in entries:

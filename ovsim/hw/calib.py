@@ -81,6 +81,12 @@ class Parameters(BaseModel):
     memory_sm_headroom: float = Field(default=1.0, ge=1.0, le=16.0)
     # Share of an SM's issue throughput one NCCL block uses.
     nccl_issue_fraction: float = Field(default=0.5, ge=0, le=1)
+    # The most of an SM's issue throughput one block of a compute-bound kernel can use, per warp of
+    # the block (capped at the whole SM), when fewer of its kernel's blocks share the SM than fit
+    # (occupancy shaping, a last wave, an SM shared with other kernels). None (the schema default):
+    # a block never runs faster than at its kernel's full residency. Measured by the calibration
+    # harness's shaping part where a GPU's file says so.
+    block_issue_share_per_warp: float | None = Field(default=None, gt=0, le=1)
     # Weight of a collective's traffic in HBM's max-min share, per NCCL protocol.
     nccl_hbm_weight: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: {"ll": 1.0, "ll128": 1.0, "simple": 1.0})

@@ -76,6 +76,31 @@ def blocks_per_sm(block: BlockShape, gpu: GpuSpec) -> int:
     return max(0, min(by_threads, by_regs, by_smem, sm.max_blocks_per_sm))
 
 
+def issue_cap(block: BlockShape, gpu: GpuSpec, params: Parameters, issue_fraction: float) -> float:
+    """The most of an SM one block of a compute-bound kernel uses when fewer of its kernel's blocks
+    share the SM: ``block_issue_share_per_warp`` per warp, at least its share at full residency and
+    at most the SM; that share itself where the calibration measured none."""
+    per_warp = params.block_issue_share_per_warp
+    if per_warp is None:
+        return issue_fraction
+    warps = math.ceil(block.threads / gpu.sm.warp_size)
+    return max(issue_fraction, min(1.0, warps * per_warp))
+
+
+def alone_block_times(blocks: int, per_sm: int, sms: int, issue_fraction: float, cap: float) -> float:
+    """How many block times (each at ``issue_fraction`` of its SM) a kernel takes alone with
+    ``per_sm`` blocks resident per SM: its full waves, then a last wave spread over the SMs, a block
+    running at min(``cap``, 1 / the blocks on its SM) of its SM, as the engine shares an SM."""
+    slots = sms * per_sm
+    waves = math.ceil(blocks / slots)
+    last = blocks - (waves - 1) * slots
+
+    def wave(resident: int) -> float:
+        return issue_fraction / max(issue_fraction, min(cap, 1.0 / resident))
+
+    return (waves - 1) * wave(per_sm) + wave(math.ceil(last / sms))
+
+
 def demand_from_time(
     *,
     blocks: int,
@@ -88,28 +113,33 @@ def demand_from_time(
     clock_sensitive: bool,
     sm_count: int | None = None,
     issue_fraction: float | None = None,
+    cap: float | None = None,
 ) -> KernelDemand:
     """Spread an isolated duration over the kernel's waves.
 
     ``issue_intensity`` is the share of an SM's issue throughput the kernel uses when its blocks fill
-    the SM; 1 for compute-bound kernels. The engine reproduces ``isolated_s`` exactly for a kernel
-    running alone because every wave then takes ``block_time_s``.
+    the SM; 1 for compute-bound kernels. ``cap`` is the most of an SM one block uses with fewer of
+    them on it (:func:`issue_cap`). The engine reproduces ``isolated_s`` exactly for a kernel running
+    alone: every full wave takes ``block_time_s`` and a last wave of fewer blocks per SM what
+    :func:`alone_block_times` counts for it.
     """
     if blocks < 1:
         raise OvsimError(f"grid must have at least one block, got {blocks}", field="grid")
     _positive(isolated_s, "duration_s")
     occ = blocks_per_sm(block, gpu)
     sms = sm_count if sm_count is not None else gpu.sm.count
-    waves = math.ceil(blocks / (sms * occ))
+    ask = issue_fraction if issue_fraction is not None else min(1.0, max(issue_intensity, 1e-3)) / occ
+    most = max(ask, cap) if cap is not None else ask
     return KernelDemand(
         blocks=blocks,
         block=block,
-        block_time_s=isolated_s / waves,
-        issue_fraction=issue_fraction if issue_fraction is not None else min(1.0, max(issue_intensity, 1e-3)) / occ,
+        block_time_s=isolated_s / alone_block_times(blocks, occ, sms, ask, most),
+        issue_fraction=ask,
         hbm_bytes=hbm_bytes,
         flops=flops,
         isolated_s=isolated_s,
         clock_sensitive=clock_sensitive,
+        issue_cap=most if most > ask else None,
     )
 
 
@@ -236,16 +266,23 @@ def gemm(
     # `occ_natural` tile-times and uses 1/occ_natural of the SM. The fill and epilogue of a wave's
     # tiles add a fixed time (calibrated; co-resident tiles overlap theirs).
     t_wave = occ_natural * flops_tile / per_sm_rate + params.gemm_tile_s(precision)
-    waves = math.ceil(blocks / (sms * occ))
+    ask = 1.0 / occ_natural
+    most = issue_cap(block, gpu, params, ask)
+    compute_s = math.ceil(blocks / (sms * occ_natural)) * t_wave
+    if occ < occ_natural:
+        # Shaped: the same blocks at the same pace, fewer to an SM; a block with room runs up to
+        # `most` of its SM, so the SM loses less than in proportion.
+        compute_s *= (alone_block_times(blocks, occ, sms, ask, most)
+                      / alone_block_times(blocks, occ_natural, sms, ask, most))
     flops = 2.0 * m * n * k * batch
     # A and B read about twice (tile re-reads that miss L2), C written once: an assumption until
     # co-run measurements fit it; it only matters when HBM is contended.
     hbm_bytes = float(batch * eb * (2 * (m * k + k * n) + m * n))
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
-    isolated = max(waves * t_wave, hbm_bytes / bw) + params.kernel_overhead_s
+    isolated = max(compute_s, hbm_bytes / bw) + params.kernel_overhead_s
     return demand_from_time(blocks=blocks, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
                             gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
-                            issue_fraction=1.0 / occ_natural)
+                            issue_fraction=ask, cap=most)
 
 
 def memory_bound(
@@ -276,9 +313,11 @@ def memory_bound(
     t_math = flops / gpu.peak_flops_per_s("fp32")
     body = max(t_mem, t_math)
     intensity = max(params.memory_issue_floor, t_math / body) if body > 0 else 1.0
+    compute = t_math >= t_mem
     d = demand_from_time(blocks=blocks, block=block, isolated_s=body + params.kernel_overhead_s, flops=flops,
-                         hbm_bytes=bytes_moved, gpu=gpu, issue_intensity=intensity, clock_sensitive=t_math >= t_mem)
-    return d if t_math >= t_mem else bandwidth_bound(d, gpu, params)
+                         hbm_bytes=bytes_moved, gpu=gpu, issue_intensity=intensity, clock_sensitive=compute,
+                         cap=issue_cap(block, gpu, params, 1.0 / blocks_per_sm(block, gpu)) if compute else None)
+    return d if compute else bandwidth_bound(d, gpu, params)
 
 
 def attention(
@@ -321,7 +360,7 @@ def attention(
     t_mem = hbm_bytes / (gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction)
     return demand_from_time(blocks=blocks, block=block, isolated_s=max(t_math, t_mem) + params.kernel_overhead_s,
                             flops=flops, hbm_bytes=hbm_bytes, gpu=gpu, issue_intensity=1.0,
-                            clock_sensitive=t_math >= t_mem)
+                            clock_sensitive=t_math >= t_mem, cap=issue_cap(block, gpu, params, 1.0 / occ))
 
 
 def generic(
@@ -359,6 +398,8 @@ def generic(
         isolated = max(t_math, t_mem) + params.kernel_overhead_s
     body = max(t_math, t_mem)
     intensity = 1.0 if body == 0 or t_math >= t_mem else max(params.memory_issue_floor, t_math / body)
+    compute = t_math >= t_mem
     d = demand_from_time(blocks=grid, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
-                         gpu=gpu, issue_intensity=intensity, clock_sensitive=t_math >= t_mem)
-    return d if t_math >= t_mem else bandwidth_bound(d, gpu, params)
+                         gpu=gpu, issue_intensity=intensity, clock_sensitive=compute,
+                         cap=issue_cap(block, gpu, params, 1.0 / occ) if compute else None)
+    return d if compute else bandwidth_bound(d, gpu, params)

@@ -47,6 +47,9 @@ class KernelDemand:
     isolated_s: float
     # Compute-bound work slows with the SM clock; memory- and link-bound work does not.
     clock_sensitive: bool = True
+    # The most of an SM one block uses when it has room to (fewer blocks of its kernel on the SM):
+    # block_time_s is its time at issue_fraction, faster in proportion above it. None: issue_fraction.
+    issue_cap: float | None = None
     # The most HBM bandwidth the kernel takes, whatever its blocks could pull. A memory-bound
     # kernel's blocks could move data faster than HBM lets all of them (memory_sm_headroom), so it
     # keeps its bandwidth on fewer SMs; infinite for a kernel whose blocks' pace sets its traffic.

@@ -215,7 +215,8 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
 
 def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> KernelDemand:
     """The same kernel with a padded block or an SM budget: each block does the same work at the same
-    speed and SM share, only the waves (hence the isolated time) follow the new residency."""
+    pace at its share of an SM; the waves follow the new residency, and a block with room on its SM
+    runs up to the kernel's issue cap."""
     occ_new = cost.blocks_per_sm(block, gpu)
     if occ_new == 0:
         raise OvsimError("occupancy shaping leaves no room for one block", field="occupancy_shaping_smem_bytes")
@@ -223,11 +224,12 @@ def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> K
         # A bandwidth-bound kernel: its blocks keep their pace and its cap, fewer SMs cost it only
         # what its pace on them can no longer move.
         return dataclasses.replace(base, block=block, isolated_s=cost.alone_time_s(base, sms * occ_new))
-    waves = math.ceil(base.blocks / (sms * occ_new))
-    return cost.demand_from_time(blocks=base.blocks, block=block, isolated_s=waves * base.block_time_s,
-                                 flops=base.flops, hbm_bytes=base.hbm_bytes, gpu=gpu, issue_intensity=1.0,
-                                 clock_sensitive=base.clock_sensitive, sm_count=sms,
-                                 issue_fraction=base.issue_fraction)
+    ask = base.issue_fraction
+    most = base.issue_cap if base.issue_cap is not None else ask
+    isolated = cost.alone_block_times(base.blocks, occ_new, sms, ask, most) * base.block_time_s
+    return cost.demand_from_time(blocks=base.blocks, block=block, isolated_s=isolated, flops=base.flops,
+                                 hbm_bytes=base.hbm_bytes, gpu=gpu, issue_intensity=1.0,
+                                 clock_sensitive=base.clock_sensitive, sm_count=sms, issue_fraction=ask, cap=most)
 
 
 def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list[int], gpu: GpuSpec,

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fit_measured import DATA, SMLOSS, fit_headroom, headroom_slowdown, smloss_points
+from fit_measured import (
+    DATA,
+    SHAPING,
+    SMLOSS,
+    fit_headroom,
+    fit_issue_cap,
+    headroom_slowdown,
+    shaped_time_ratio,
+    shaping_points,
+    smloss_points,
+)
 
 
 @pytest.mark.parametrize("headroom", [1.0, 1.5, 1.923, 3.0])
@@ -24,3 +34,21 @@ def test_the_shipped_data_set_gives_the_adds_slowdowns_by_sms_held() -> None:
     points = smloss_points(folder, "add_bf16_256M")
     assert [h for h, _ in points] == [8, 16, 32, 66]
     assert all(0.95 < s < 1.1 for _, s in points)
+
+
+@pytest.mark.parametrize("cap", [1 / 6, 0.3, 0.5564, 1.0])
+def test_issue_cap_fit_recovers_the_cap_of_closed_form_block_times(cap: float) -> None:
+    resident = np.arange(1, 7)
+    points = list(zip(resident.tolist(), (2e-4 * shaped_time_ratio(cap, resident.astype(float), 6)).tolist(),
+                      strict=True))
+    fitted, record = fit_issue_cap(points)
+    assert fitted == pytest.approx(cap, abs=1e-3)
+    assert record["natural_blocks_per_sm"] == 6 and record["fit_mape_pct"] < 0.1
+
+
+def test_the_shipped_shaping_data_sets_give_a_block_time_per_occupancy() -> None:
+    for fit_on, _ in SHAPING.values():
+        points = shaping_points(DATA / fit_on)
+        assert [n for n, _ in points] == [1, 2, 3, 4, 5, 6]
+        times = [t for _, t in points]
+        assert times == sorted(times)  # more blocks on an SM, each slower
