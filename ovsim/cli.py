@@ -522,7 +522,7 @@ def _validate(args: argparse.Namespace) -> int:
         raise OvsimError("not a folder", source=str(traces), field="traces")
     bar.stage("published figures")
     try:
-        checks = run(traces, on_trace=bar.stage, workers=args.workers, studies=args.studies)
+        checks = run(traces, on_trace=bar.stage, workers=args.workers, studies=args.studies, measured=args.measured)
     finally:
         bar.done()
     if args.plot:
@@ -544,6 +544,8 @@ def _validate(args: argparse.Namespace) -> int:
                   f"{'pass' if c.passed else 'FAIL'}  {c.unit}{'; ' + c.note if c.note else ''}")
         if not args.studies:
             print("(no --studies: the overlap studies' configurations not run)")
+        if not args.measured:
+            print("(no --measured: the calibration harness's measured kernels not replayed)")
         if traces is None:
             print("(no --traces folder given: replays of real traces not run)")
     return 0
@@ -796,9 +798,13 @@ def parser() -> argparse.ArgumentParser:
                     help="folder holding the shared real traces (their layout as published)")
     vp.add_argument("--studies", action="store_true",
                     help="also predict the published overlap studies' configurations (a few minutes on one core)")
+    vp.add_argument("--measured", action="store_true",
+                    help="also replay the calibration harness's kernels measured beside communication-like kernels "
+                         "(calibration/data/), held out: leave one victim kernel out, and another GPU (a minute on "
+                         "one core)")
     vp.add_argument("--workers", type=_count, default=1, metavar="N",
-                    help="processes to replay the held-out traces and predict the studies in (default 1; 0: one per "
-                         "CPU core)")
+                    help="processes to replay the held-out traces and measured kernels and predict the studies in "
+                         "(default 1; 0: one per CPU core)")
     vp.add_argument("--json", action="store_true", help="print one JSON object")
     vp.add_argument("--plot", metavar="FILE", type=_file_name,
                     help="draw every check's error against its tolerance to FILE (PNG, PDF or SVG, from the name; "

@@ -494,11 +494,118 @@ def study_checks(workers: int = 1, on_stage: Callable[[str], None] | None = None
     return checks
 
 
+# The calibration harness's measured data sets, shipped with the repository (calibration/data/).
+MEASURED_DATA = Path(__file__).resolve().parent.parent / "calibration" / "data"
+# Data sets whose overlap part the contention checks replay, and their GPU spec: the first is
+# folded (leave one victim kernel out); the others are predicted from a fit on all of the first.
+MEASURED_OVERLAP: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
+                                                ("h200-sxm/2026-11-26", "h200-sxm"))
+MEASURED = "measured kernels beside communication (calibration harness; held out)"
+
+
+def _victim(label: str) -> str:
+    """The kernel an overlap experiment measured (its label is ``<victim>__<channels>__...``)."""
+    return label.split("__", 1)[0]
+
+
+def _scored(tr: TraceInput, overrides: dict[str, Any] | None) -> tuple[list[float], list[float], list[float]]:
+    """(measured, predicted, isolated) durations of a trace's scored kernels, replayed with ``overrides``."""
+    from ovsim.replay import replay
+
+    k = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=overrides).kernels
+    sel = k["overlapped"] & (k["isolated_source"] == "signature")
+    return (k.loc[sel, "measured_duration_s"].tolist(), k.loc[sel, "predicted_duration_s"].tolist(),
+            k.loc[sel, "isolated_s"].tolist())
+
+
+def _fitted(inputs: Sequence[TraceInput], prepared: Sequence[ContentionData], leave_out: str | None) -> dict[str, Any]:
+    """Contention parameters fitted on the ``inputs`` of every victim kernel but ``leave_out``."""
+    from ovsim.calibrate import fit_contention
+
+    keep = [i for i, tr in enumerate(inputs) if _victim(tr.label) != leave_out]
+    params = load_calibration(load_gpu(inputs[0].gpu), gpu_file(inputs[0].gpu).stem).params
+    overrides, _ = fit_contention([inputs[i] for i in keep], params, [prepared[i] for i in keep])
+    return overrides
+
+
+def _pooled(targets: Sequence[TraceInput], overrides: dict[str, Any]) -> list[list[float]]:
+    """(measured, predicted, isolated) durations of the scored kernels of every trace in ``targets``."""
+    pooled: list[list[float]] = [[], [], []]
+    for tr in targets:
+        for acc, xs in zip(pooled, _scored(tr, overrides), strict=True):
+            acc.extend(xs)
+    return pooled
+
+
+def _measured_fold(victim: str, inputs: Sequence[TraceInput], prepared: Sequence[ContentionData]
+                   ) -> list[list[float]]:
+    """``victim``'s experiments replayed with contention fitted on every other victim's."""
+    return _pooled([tr for tr in inputs if _victim(tr.label) == victim], _fitted(inputs, prepared, victim))
+
+
+def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
+                    on_stage: Callable[[str], None] | None = None) -> list[Check]:
+    """The harness's kernels measured beside communication-like kernels, predicted with contention
+    parameters fitted on other measurements.
+
+    On the first data set of ``MEASURED_OVERLAP``, leave one victim kernel out: the contention
+    parameters are fitted (``ovsim calibrate``'s fit) on the experiments of every other victim, and
+    the victim's experiments are replayed with them. On each further data set (another GPU), the
+    fit is on all of the first data set's experiments, which never saw that GPU. Each row pools a
+    victim's overlapped instances: its MAPE passes at 10% or less and at most a third of the naive
+    MAPE (the held-out targets of ``trace_checks``).
+    """
+    from ovsim.calibrate import contention_data, trace_input
+
+    sets = [(gpu, rel) for rel, gpu in MEASURED_OVERLAP if (folder / rel / "tables" / "overlap").is_dir()]
+    if not sets:
+        return []
+    inputs = [[trace_input([p], gpu) for p in sorted((folder / rel / "tables" / "overlap").glob("*.parquet"))]
+              for gpu, rel in sets]
+    base = inputs[0]
+    victims = sorted({_victim(tr.label) for tr in base})
+    jobs = min(workers, len(victims))
+    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    rows: list[tuple[tuple[str, str], str, list[list[float]], str]] = []
+    with pool or nullcontext():
+        run = pool.map if pool is not None else map
+        if on_stage is not None:
+            on_stage(f"replaying {len(base)} harness experiments without contention")
+        prepared = list(run(contention_data, base))
+        if on_stage is not None:
+            on_stage(f"{len(victims)} folds, one victim kernel left out of each")
+        folds = run(_measured_fold, victims, itertools.repeat(base), itertools.repeat(prepared))
+        rows += [(sets[0], v, pooled, f"fitted on {len(victims) - 1} other victim kernels' experiments, not this one's")
+                 for v, pooled in zip(victims, folds, strict=True)]
+        if len(sets) > 1:
+            every = _fitted(base, prepared, None)
+            for s, trs in zip(sets[1:], inputs[1:], strict=True):
+                names = sorted({_victim(tr.label) for tr in trs})
+                pooled = run(_pooled, [[tr for tr in trs if _victim(tr.label) == v] for v in names],
+                             itertools.repeat(every))
+                rows += [(s, v, x, f"fitted on every {sets[0][0]} experiment") for v, x in zip(names, pooled,
+                                                                                              strict=True)]
+    checks: list[Check] = []
+    for (gpu, rel), victim, (meas, pred, iso), note in rows:
+        if not meas:
+            continue
+        naive = _mape_pct(iso, meas)
+        checks.append(Check(f"{gpu}: {victim} ({len(meas)} kernels)", MEASURED, min(10.0, naive / 3),
+                            _mape_pct(pred, meas), "% MAPE", 0.0, f"calibration/data/{rel}", rule="at_most",
+                            note=f"naive {naive:.1f}%; {note}"))
+    return checks
+
+
+def _mape_pct(pred: Sequence[float], meas: Sequence[float]) -> float:
+    return float(sum(abs(p - m) / m for p, m in zip(pred, meas, strict=True)) / len(meas) * 100)
+
+
 def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, workers: int = 1,
-        studies: bool = False) -> list[Check]:
-    """Every check: published figures and power, with ``studies`` the overlap studies' figures, and
-    with ``traces`` the shared traces replayed (their folds, and the studies' configurations, in
-    ``workers`` processes when more than 1; 0: one per CPU core)."""
+        studies: bool = False, measured: bool = False) -> list[Check]:
+    """Every check: published figures and power, with ``studies`` the overlap studies' figures, with
+    ``measured`` the calibration harness's kernels beside communication (:func:`measured_checks`),
+    and with ``traces`` the shared traces replayed (their folds, the measured folds and the studies'
+    configurations in ``workers`` processes when more than 1; 0: one per CPU core)."""
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
     workers = workers or os.cpu_count() or 1
@@ -511,6 +618,8 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
     checks = published_checks() + power_checks()
     if studies:
         checks += study_checks(workers, on_trace)
+    if measured:
+        checks += measured_checks(MEASURED_DATA, workers, on_trace)
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
                    + gemm_checks(traces, on_trace))

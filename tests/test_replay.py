@@ -23,8 +23,11 @@ from ovsim.traces.load import load_trace
 from ovsim.traces.table import TraceBundle, make_table
 
 GPU = "h100-sxm5-80gb"
-# NCCL's design: a collective holds every block of its grid while it runs (the engine's rule).
-ALL_BLOCKS = {"replay_collective_sm_fraction": 1.0}
+# NCCL's design: a collective holds every block of its grid while it runs (the engine's rule), and
+# no memory contention beyond that: the tables these tests replay record no protocol and no bytes,
+# which the shipped H100 pressure and GEMM traffic (fitted on the harness's kernels) would price.
+ALL_BLOCKS = {"replay_collective_sm_fraction": 1.0, "nccl_memory_pressure": {"default": 0.0},
+              "replay_hbm_fraction": {"gemm": 0.0}}
 
 
 def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -144,11 +147,11 @@ def test_collectives_hold_the_fitted_share_of_their_grid() -> None:
     """With no blocks held the GEMMs beside the all-reduce keep every SM: the replay predicts them
     at their isolated time, as the naive prediction does."""
     bundle = TraceBundle(kernels=_simulated_run(), gpu_names={0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H100 80GB HBM3"})
-    none = replay(bundle, counters=False, overrides={"replay_collective_sm_fraction": 0.0})
+    none = replay(bundle, counters=False, overrides={**ALL_BLOCKS, "replay_collective_sm_fraction": 0.0})
     coll = [op for op in none.workload.ops if op.kind == "collective"]
     assert coll and all(op.kernel is None for op in coll)
     assert none.summary["mape_pct"] == pytest.approx(none.summary["naive_mape_pct"], abs=0.5)
-    half = replay(bundle, counters=False, overrides={"replay_collective_sm_fraction": 0.5})
+    half = replay(bundle, counters=False, overrides={**ALL_BLOCKS, "replay_collective_sm_fraction": 0.5})
     grid = int(_simulated_run().query("kind == 'collective'")["grid_x"].iloc[0])
     assert {op.kernel.blocks for op in half.workload.ops if op.kind == "collective" and op.kernel} == {
         math.ceil(grid / 2)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,30 @@ def test_held_out_folds_in_processes_give_the_same_checks(monkeypatch: pytest.Mo
     assert len(one) == 6 and all("fitted on 1 other traces" in c.note for c in one if c.group == validate.HELD_OUT)
     with pytest.raises(OvsimError, match="workers"):
         validate.run(None, workers=-1)
+
+
+def test_measured_kernels_are_predicted_with_contention_fitted_on_other_kernels_and_another_gpu(
+        tmp_path: Path) -> None:
+    """Two victims of the harness's overlap part (the add and the FP8 GEMM, each beside 16 and 32
+    copy and reduce channels): each H100 victim is replayed with contention fitted on the other one
+    alone, and the H200's with a fit on both H100 victims. The replay must beat the naive prediction
+    (the kernels' isolated durations), which misses their measured slowdowns of 5 to 42%."""
+    from ovsim.validate import MEASURED, MEASURED_DATA, MEASURED_OVERLAP, measured_checks
+
+    for rel, _ in MEASURED_OVERLAP:
+        dest = tmp_path / rel / "tables" / "overlap"
+        dest.mkdir(parents=True)
+        for victim in ("add_bf16_256M", "gemm_fp8_8192x8192x8192"):
+            for f in (MEASURED_DATA / rel / "tables" / "overlap").glob(f"{victim}__*_first.parquet"):
+                if "__normal__" in f.name:
+                    shutil.copy(f, dest / f.name)
+    checks = measured_checks(tmp_path)
+    assert [c.name.split(" (")[0] for c in checks] == [
+        "h100-sxm5-80gb: add_bf16_256M", "h100-sxm5-80gb: gemm_fp8_8192x8192x8192",
+        "h200-sxm: add_bf16_256M", "h200-sxm: gemm_fp8_8192x8192x8192"]
+    assert {c.group for c in checks} == {MEASURED}
+    assert "1 other victim kernels' experiments, not this one's" in checks[0].note
+    assert "every h100-sxm5-80gb experiment" in checks[2].note
+    for c in checks:
+        naive = float(c.note.split("naive ")[1].split("%")[0])
+        assert 0 <= c.predicted < naive, c

@@ -11,6 +11,11 @@ write each GPU's next calibration version, with the data set's files and checksu
   resident is ``(1 / natural) / min(cap, 1 / n)`` of its time at full residency; the fit is the cap
   with the least squared error of the logarithms, divided by the block's warps. A second data set
   of the same GPU, where there is one, is reported against the fit (not fitted on).
+- the contention parameters (``nccl_memory_pressure``, ``replay_hbm_fraction``,
+  ``replay_collective_sm_fraction``): ``ovsim calibrate``'s contention fit on every experiment of
+  the ``overlap`` part (GEMMs and memory-bound kernels alone and beside communication-like
+  kernels). Their held-out errors (leave one victim kernel out, and another GPU) are
+  ``ovsim validate --measured``'s rows.
 
     python calibration/harness/fit_measured.py [--dry-run]
 
@@ -28,7 +33,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from ovsim.calibrate import FitReport, trace_input, write_shipped
+from ovsim.calibrate import FitReport, calibrate, trace_input, write_shipped
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "calibration" / "data"
@@ -40,6 +45,8 @@ SHAPING = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb/2026-
            "h200-sxm": ("h200-sxm/2026-11-26", None)}
 HEADROOM_BOUNDS = (1.0, 16.0)
 SHAPED_WARPS = 4  # ovsim_gemm_tile64: 128 threads
+OVERLAP = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26"}
+NCCL_PROTOCOLS = ("ll", "ll128", "simple")
 
 
 def smloss_points(folder: Path, victim: str) -> list[tuple[int, float]]:
@@ -161,6 +168,24 @@ def main() -> int:
         report, tables = issue_cap_report(gpu)
         print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
         _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
+        print(f"{gpu}: {done}")
+    # After the two above: the contention fit replays with the newest calibration, which they set.
+    for gpu, rel in OVERLAP.items():
+        inputs = [trace_input([t], gpu) for t in sorted((DATA / rel / "tables" / "overlap").glob("*.parquet"))]
+        report = calibrate(inputs, gpu, quantities=["contention"])
+        report.sources = {k: f"measured: calibration/data/{rel} (overlap part); {v}; {COMMAND}"
+                          for k, v in report.sources.items()}
+        # The harness's channel kernels record no protocol, and replay knows no message size for
+        # them, so the pressure fitted under "default" stands for their own data traffic. NCCL's
+        # protocols keep none: a collective of known protocol and size moves its data as a flow,
+        # which charges HBM itself (0 is what the shared traces' fit gave them, default.v4).
+        report.parameters["nccl_memory_pressure"] = {**dict.fromkeys(NCCL_PROTOCOLS, 0.0),
+                                                     **report.parameters["nccl_memory_pressure"]}
+        report.sources["nccl_memory_pressure"] += (
+            f"; {', '.join(NCCL_PROTOCOLS)}: 0, set with it: the fitted default stands for the data traffic of "
+            "collectives that record no protocol, which NCCL's flows of known protocol and size charge themselves")
+        print(json.dumps({"gpu": gpu, "parameters": report.parameters}, indent=1))
+        _, done = write_shipped(report, inputs, gpu, COMMAND, dry_run=args.dry_run)
         print(f"{gpu}: {done}")
     return 0
 
