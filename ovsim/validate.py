@@ -180,7 +180,8 @@ def power_checks() -> list[Check]:
         Check("A100 8192^3 BF16 GEMM under the 400 W limit", POWER_CONSISTENCY, 258.0, 2.0 * 8192**3 / d / 1e12,
               "TFLOPS", 5.0, src_thonking),
         Check("H100 8192^3 BF16 GEMM power under the 700 W limit", POWER_CONSISTENCY, 700.0,
-              float(h100.summary()["peak_power_w"]), "W", 10.0, "H100 SXM TDP; tensor power weight derived from it"),
+              float(h100.summary()["peak_power_w"]), "W", 10.0,
+              "H100 SXM TDP; the tensor power weight was fitted on power measured at this limit (calibration/data)"),
     ]
     fsdp = _EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-{}.yaml"
     if fsdp.parent.is_dir():
@@ -596,6 +597,68 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
     return checks
 
 
+# Data sets whose power part the power checks predict, and their GPU spec and system.
+MEASURED_POWER: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26-b", "h100-sxm5-80gb", "hgx-h100"),
+                                                    ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200"))
+# Phase -> (the op it repeats, the power calibration fitted on it): the power of a fitted phase is
+# a consistency check, every time and the power of the others predictions.
+_POWER_PHASES: dict[str, tuple[dict[str, Any], bool]] = {
+    "gemm_bf16_8192": ({"kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "bf16"}, True),
+    "gemm_fp8_8192": ({"kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "fp8"}, False),
+    "add_bf16_256M": ({"kind": "elementwise", "bytes": 3 * 2**29}, True),
+}
+MEASURED_POWER_FIT = "measured power (calibration harness; calibration source)"
+MEASURED_POWER_HELD_OUT = "measured power and clocks (calibration harness; predicted)"
+_SETTLE_S = 1.0  # a phase's first second: the clock and the sensor settling
+
+
+def measured_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
+    """The harness's steady power phases (a kernel repeated for seconds at the board's power limit)
+    against ``predict`` of the same kernel repeated under the same limit: board power, the SM
+    clock the cap solver settles on, and the time per kernel. Only the BF16 GEMM's and the add's
+    power were fitted (``calibration/harness/fit_measured.py``); clocks and times never were."""
+    from ovsim.api import predict
+    from ovsim.scenario import Scenario
+    from ovsim.traces.load import load_trace
+    from ovsim.traces.power import read_power_samples
+
+    checks: list[Check] = []
+    for rel, gpu, system in MEASURED_POWER:
+        data = folder / rel
+        if not (data / "power.csv").is_file():
+            continue
+        samples = read_power_samples(data / "power.csv")
+        limit = float(load_gpu(gpu).power.tdp_w)
+        for phase, (op, fitted) in _POWER_PHASES.items():
+            table = data / "tables" / "power" / f"{phase}.parquet"
+            if not table.is_file():
+                continue
+            bundle = load_trace(table)
+            k = bundle.kernels
+            main = k[k["kind"] == ("gemm" if op["kind"] == "gemm" else "elementwise")]
+            if bundle.wall_origin_s is None or main.empty:
+                continue
+            start = bundle.wall_origin_s + float(main["start_s"].min())
+            end = bundle.wall_origin_s + float((main["start_s"] + main["duration_s"]).max())
+            settled = main[main["start_s"] + bundle.wall_origin_s > start + _SETTLE_S]
+            window = samples[(samples["wall_time_s"] > start + _SETTLE_S) & (samples["wall_time_s"] < end)]
+            n = 20
+            sc = Scenario.model_validate({"name": phase, "system": system, "ranks": 1,
+                                          "ops": [{"name": f"k{i}", **op} for i in range(n)]})
+            res = predict(sc, power_cap_w=limit, counters=False).summary()
+            src = f"calibration/data/{rel} (power part, {phase}; {len(window)} samples)"
+            what = f"{gpu}: {phase.replace('_', ' ')} at the {limit:.0f} W limit"
+            checks.append(Check(f"{what}: power", MEASURED_POWER_FIT if fitted else MEASURED_POWER_HELD_OUT,
+                                float(window["power_w"].mean()), float(res["avg_power_w"]), "W", 10.0, src))
+            checks.append(Check(f"{what}: SM clock", MEASURED_POWER_HELD_OUT,
+                                float(window["sm_clock_hz"].median()) / 1e6, float(res["avg_sm_clock_hz"]) / 1e6,
+                                "MHz", 10.0, src, note="median of the samples; ovsim: time-weighted mean"))
+            checks.append(Check(f"{what}: time per kernel", MEASURED_POWER_HELD_OUT,
+                                float(settled["duration_s"].median()) * 1e3, float(res["makespan_s"]) / n * 1e3,
+                                "ms", 10.0, src, note="median of the kernels after the first second"))
+    return checks
+
+
 def _mape_pct(pred: Sequence[float], meas: Sequence[float]) -> float:
     return float(sum(abs(p - m) / m for p, m in zip(pred, meas, strict=True)) / len(meas) * 100)
 
@@ -619,7 +682,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
     if studies:
         checks += study_checks(workers, on_trace)
     if measured:
-        checks += measured_checks(MEASURED_DATA, workers, on_trace)
+        checks += measured_checks(MEASURED_DATA, workers, on_trace) + measured_power_checks(MEASURED_DATA)
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
                    + gemm_checks(traces, on_trace))

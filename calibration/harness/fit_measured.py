@@ -11,6 +11,15 @@ write each GPU's next calibration version, with the data set's files and checksu
   resident is ``(1 / natural) / min(cap, 1 / n)`` of its time at full residency; the fit is the cap
   with the least squared error of the logarithms, divided by the block's warps. A second data set
   of the same GPU, where there is one, is reported against the fit (not fitted on).
+- the power parameters (``power_idle_w``, ``power_tensor_w``, ``power_memory_w``,
+  ``power_hbm_j_per_byte``): ovsim's least-squares power fit (``ovsim.hw.power.fit_power``) on
+  the ``power`` part's NVML samples, each phase's last seconds, with the activity the harness
+  knows it ran: idle; the 8192^3 BF16 GEMM (tensor work on the SMs its kernels kept busy, and
+  the cost model's GEMM traffic); the streaming add (memory work, 3 x 2^29 B a launch); 32 copy
+  channels (memory work on 32 SMs, their traffic as the comm part measured it alone). The SM clock
+  is the one each sample read, so the GEMM phases, held at the power limit, tell the tensor
+  weight at the clocks they ran. The TF32 and FP8 GEMM phases and the GEMM beside the channels are
+  held out: ``held_out`` reports them against the fit.
 - the contention parameters (``nccl_memory_pressure``, ``replay_hbm_fraction``,
   ``replay_collective_sm_fraction``): ``ovsim calibrate``'s contention fit on every experiment of
   the ``overlap`` part (GEMMs and memory-bound kernels alone and beside communication-like
@@ -25,15 +34,20 @@ A GPU whose newest calibration file already holds the fitted values gets no new 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy.optimize import minimize_scalar
 
 from ovsim.calibrate import FitReport, calibrate, trace_input, write_shipped
+from ovsim.hw.calib import load_calibration
+from ovsim.hw.power import FIT_COLUMNS, fit_power, fit_table_power_w, power_model
+from ovsim.hw.spec import gpu_file, load_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "calibration" / "data"
@@ -47,6 +61,15 @@ HEADROOM_BOUNDS = (1.0, 16.0)
 SHAPED_WARPS = 4  # ovsim_gemm_tile64: 128 threads
 OVERLAP = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26"}
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
+# (power data set, data set whose comm part gives the 32 channels' traffic)
+POWER = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26-b", "h100-sxm5-80gb/2026-11-26"),
+         "h200-sxm": ("h200-sxm/2026-11-26", "h200-sxm/2026-11-26")}
+POWER_FITTED = ("idle", "gemm_bf16_8192", "add_bf16_256M", "channel_copy_32")
+POWER_HELD_OUT = ("gemm_tf32_8192", "gemm_fp8_8192", "gemm_bf16_8192__channel_copy_32")
+# Phases recorded before the harness fixed its power loop (calibration/data/README.md): not used.
+POWER_DEFECTIVE = {"h200-sxm/2026-11-26": ("gemm_bf16_8192__channel_copy_32",)}
+POWER_SETTLE_S = 1.0  # the first second of a phase: the clock and the sensor settling
+CHANNEL_BUFFER_BYTES = 256 << 20  # run.py's
 
 
 def smloss_points(folder: Path, victim: str) -> list[tuple[int, float]]:
@@ -139,6 +162,103 @@ def issue_cap_report(gpu: str) -> tuple[FitReport, list[Path]]:
     return report, tables
 
 
+def _phase_window(raw: Path) -> tuple[float, float, list[dict[str, Any]]]:
+    """(start, end) on the wall clock of a phase's profiled activity, and its kernels."""
+    doc = json.loads(gzip.decompress(raw.read_bytes()))
+    base = doc["baseTimeNanoseconds"] / 1e9
+    spans = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "ts" in e]
+    kernels = [e for e in spans if e.get("cat") == "kernel"]
+    use = kernels or spans
+    return (base + min(e["ts"] for e in use) / 1e6, base + max(e["ts"] + e.get("dur", 0) for e in use) / 1e6,
+            kernels)
+
+
+def _busy(kernels: list[dict[str, Any]], start_s: float, end_s: float, base_s: float, name: str) -> tuple[float, float]:
+    """(share of the window kernels named ``name`` ran, their median duration)."""
+    ks = [e for e in kernels if name in e["name"]]
+    if not ks:
+        return 0.0, float("nan")
+    busy = min(1.0, sum(e["dur"] for e in ks) / 1e6 / (end_s - start_s))
+    return busy, float(np.median([e["dur"] for e in ks])) / 1e6
+
+
+def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> pd.DataFrame | None:
+    """One row per NVML sample in each phase's window (less its first second): measured power and
+    clock, and the activity the harness ran (``ovsim.hw.power.FIT_COLUMNS``)."""
+    folder = DATA / rel
+    spec = load_gpu(gpu)
+    sms = spec.sm.count
+    log = pd.read_csv(folder / "power.csv", skipinitialspace=True)
+    stamps = pd.to_datetime(log["timestamp"], format="%Y/%m/%d %H:%M:%S.%f")
+    t = (stamps - pd.Timestamp("1970-01-01")).dt.total_seconds()
+    power_col = next(c for c in log.columns if c.startswith("power.draw"))
+    comm = pd.read_parquet(DATA / comm_rel / "tables" / "comm" / "channel_copy_32x640.parquet")
+    # The comm part's launch makes 2 passes, each reading and writing the buffer once.
+    channel_bps = 2 * 2 * CHANNEL_BUFFER_BYTES / float(comm.loc[comm["kind"] == "collective", "duration_s"].median())
+    rows = []
+    for phase in phases:
+        raw = folder / "raw" / "power" / f"{phase}.json.gz"
+        if not raw.is_file() or phase in POWER_DEFECTIVE.get(rel, ()):
+            continue
+        start, end, kernels = _phase_window(raw)
+        base = 0.0
+        act = dict.fromkeys(FIT_COLUMNS[2:], 0.0)
+        if phase.startswith("gemm_"):
+            prec = phase.split("_")[1]
+            busy, dur = _busy(kernels, start, end, base, "gemm" if prec == "tf32" else "nvjet")
+            eb = {"bf16": 2, "fp8": 1, "tf32": 4}[prec]
+            gemm_bps = eb * (2 * (2 * 8192 * 8192) + 8192 * 8192) / dur if busy else 0.0
+            held = 32 / sms if "channel" in phase else 0.0
+            act["sm_tensor_fraction"] = busy * (1 - held)
+            act["sm_memory_fraction"] = held
+            act["hbm_bytes_per_s"] = busy * gemm_bps + (channel_bps if held else 0.0)
+        elif phase.startswith("add_"):
+            busy, dur = _busy(kernels, start, end, base, "elementwise")
+            act["sm_memory_fraction"] = busy
+            act["hbm_bytes_per_s"] = busy * 3 * 2**29 / dur
+        elif phase.startswith("channel_"):
+            act["sm_memory_fraction"] = 32 / sms
+            act["hbm_bytes_per_s"] = channel_bps
+        sel = (t > start + POWER_SETTLE_S) & (t < end)
+        rows.append(pd.DataFrame({"phase": phase, "power_w": log.loc[sel, power_col].to_numpy(float),
+                                  "sm_clock_hz": log.loc[sel, "clocks.sm [MHz]"].to_numpy(float) * 1e6, **act}))
+    return pd.concat(rows, ignore_index=True) if rows else None
+
+
+def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
+    rel, comm_rel = POWER[gpu]
+    spec = load_gpu(gpu)
+    model = power_model(spec, load_calibration(spec, gpu_file(gpu).stem).params)
+    table = power_table(gpu, rel, comm_rel, POWER_FITTED)
+    if table is None:
+        raise SystemExit(f"{gpu}: calibration/data/{rel}: no power phase to fit")
+    fit = fit_power({c: table[c].to_numpy(float) for c in FIT_COLUMNS}, model)
+    v = fit.params
+    values = {"power_idle_w": round(v["idle_w"], 1), "power_tensor_w": {"default": round(v["tensor_w"], 1)},
+              "power_memory_w": round(v["memory_w"], 1),
+              "power_hbm_j_per_byte": float(f"{v['hbm_w'] / spec.memory.bandwidth_bytes_per_s:.4g}")}
+    by_phase = {}
+    fitted_model = power_model(spec, load_calibration(spec, gpu_file(gpu).stem).params.merged(values))
+    for name, tbl in (("fitted", table), ("held_out", power_table(gpu, rel, comm_rel, POWER_HELD_OUT))):
+        if tbl is None:
+            continue
+        pred = fit_table_power_w({c: tbl[c].to_numpy(float) for c in FIT_COLUMNS[1:]}, fitted_model)
+        for phase, g in tbl.assign(pred=pred).groupby("phase", sort=False):
+            m, p_ = float(g["power_w"].mean()), float(g["pred"].mean())
+            by_phase[phase] = {"set": name, "samples": len(g), "measured_w": round(m, 1), "predicted_w": round(p_, 1),
+                               "error_pct": round((p_ - m) / m * 100, 1),
+                               "sm_clock_mhz_median": round(float(g["sm_clock_hz"].median()) / 1e6)}
+    src = (f"measured: calibration/data/{rel} (power part: NVML instantaneous power, phases "
+           f"{', '.join(POWER_FITTED)}), ovsim.hw.power.fit_power; {COMMAND}")
+    report = FitReport(parameters=values, sources=dict.fromkeys(values, src),
+                       fits={"power": {"method": "ovsim.hw.power.fit_power (least squares, non-negative weights) on "
+                                                 "each phase's samples after its first second, at the clocks read",
+                                       "data_set": f"calibration/data/{rel}", "samples": fit.n_samples,
+                                       "fit_mape_pct": round(fit.mape_pct, 2), "fit_rmse_w": round(fit.rmse_w, 1),
+                                       "phases": by_phase}})
+    return report, sorted((DATA / rel / "tables" / "power").glob("*.parquet"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="print the fits, write nothing")
@@ -168,6 +288,12 @@ def main() -> int:
         report, tables = issue_cap_report(gpu)
         print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
         _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
+        print(f"{gpu}: {done}")
+    for gpu in POWER:
+        report, tables = power_report(gpu)
+        print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
+        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables if "idle" not in t.name], gpu,
+                                COMMAND, dry_run=args.dry_run)
         print(f"{gpu}: {done}")
     # After the two above: the contention fit replays with the newest calibration, which they set.
     for gpu, rel in OVERLAP.items():

@@ -57,10 +57,14 @@ def test_hbm_and_link_power_do_not_follow_the_sm_clock(a100_40: PowerModel) -> N
 
 
 @pytest.mark.parametrize(("stem", "low", "high"), [
-    # science.md section 6.2: A100 idle ~56-88 W observed, H100-class ~70-115 W.
+    # science.md section 6.2: A100 idle ~56-88 W observed.
     ("a100-sxm4-40gb", 56.0, 88.0),
     ("a100-sxm4-80gb", 56.0, 88.0),
-    ("h100-sxm5-80gb", 70.0, 115.0),
+    # Measured (calibration/data, H100 power part): 124.7 W idle between phases, the clocks still at
+    # 1980 MHz (science.md's 70-115 W is an H100 left idle long enough to drop its clocks; the
+    # harness's nvidia-smi read 72 W before it started). The model's idle is a GPU between
+    # kernels; the power fit put it at 134 W. Tolerance 10%.
+    ("h100-sxm5-80gb", 124.7 * 0.9, 124.7 * 1.1 + 2.0),
 ])
 def test_idle_power_is_in_the_published_range(stem: str, low: float, high: float) -> None:
     """An idle GPU draws its idle power at any clock: the model adds nothing without activity.
@@ -108,17 +112,20 @@ def test_an_fp32_gemm_draws_the_fp32_stress_figure_and_is_not_throttled_at_400_w
 
 
 def test_gpus_without_fitted_weights_get_them_from_the_tdp() -> None:
-    """H200 has no power file of its own: a fully busy tensor GEMM at the reference clock, with a
+    """B200 has no power fit of its own: a fully busy tensor GEMM at the reference clock, with a
     tenth of peak HBM traffic, then draws exactly the TDP."""
-    m = model_of("h200-sxm")
+    m = model_of("b200")
     assert "power_tensor_w" in m.derived and "power_memory_w" in m.derived
     a = Activity(sm_tensor_w=m.tensor_w["default"], hbm_bytes_per_s=0.1 * m.hbm_peak_bytes_per_s)
     assert m.power_w(a, m.tensor_reference_clock_fraction) == pytest.approx(m.tdp_w, rel=1e-9)
 
 
 def test_h100_weights_are_explicit(h100_model: PowerModel) -> None:
-    assert "power_tensor_w" not in h100_model.derived
-    assert h100_model.tensor_w["default"] > h100_model.fp32_w > h100_model.memory_w > 0
+    """Fitted on the harness's measured power phases: the tensor weight, and memory-bound work priced
+    by its HBM bytes (the fit gave the SM side of a streaming kernel no weight of its own)."""
+    assert "power_tensor_w" not in h100_model.derived and "power_memory_w" not in h100_model.derived
+    assert h100_model.tensor_w["default"] > h100_model.fp32_w > 0 and h100_model.memory_w >= 0
+    assert h100_model.hbm_w > 0
 
 
 # -- the clock solver -------------------------------------------------------------------------------
