@@ -250,7 +250,7 @@ class PowerSampler:
 
 
 class Harness:
-    def __init__(self, out: Path, quick: bool) -> None:
+    def __init__(self, out: Path, quick: bool, overlap_channels: tuple[int, ...] = (16, 32)) -> None:
         import cupy
         import torch
 
@@ -260,6 +260,7 @@ class Harness:
         torch.backends.cuda.matmul.allow_tf32 = True
         self.out = out
         self.quick = quick
+        self.overlap_channels = overlap_channels
         self.dev = torch.device("cuda")
         self.props = torch.cuda.get_device_properties(self.dev)
         # The CUDA runtime's own cudaDeviceProp, for the limits PyTorch does not expose everywhere.
@@ -580,7 +581,7 @@ class Harness:
         for vname, fn in victims.items():
             victim_s = self.time_alone_s(fn)
             for op in ("copy", "reduce"):
-                for channels in (16, 32):
+                for channels in self.overlap_channels:
                     # Long enough to cover the overlapped repeats with margin.
                     comm, iters = self.channel_lasting(op, channels, 640, 1.5 * reps * victim_s, extra_iters=1)
                     # Launch order matters where the victim fills the GPU before the channels arrive.
@@ -937,12 +938,24 @@ class Harness:
         }
 
 
+def _channel_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated channel counts, got {text!r}") from None
+    if not counts or any(not 1 <= c <= 64 for c in counts):
+        raise argparse.ArgumentTypeError(f"channel counts from 1 to 64 (NCCL's most), got {text!r}")
+    return counts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="run folder (created)")
     ap.add_argument("--parts", default=",".join(p for p in PARTS if p != "ncu"),
                     help=f"comma-separated, from {', '.join(PARTS)}")
     ap.add_argument("--quick", action="store_true", help="fewer shapes and shorter phases (about a third the time)")
+    ap.add_argument("--overlap-channels", type=_channel_counts, default=(16, 32), metavar="N,N",
+                    help="channel counts the overlap part runs its victims beside (default 16,32)")
     ap.add_argument("--ncu-subject", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -954,7 +967,7 @@ def main() -> int:
     # A command's time limit ends the run with SIGTERM: exit through the context managers, so the
     # profiler stops and the power log and manifest keep what was measured.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    h = Harness(args.out, args.quick)
+    h = Harness(args.out, args.quick, args.overlap_channels)
     if args.ncu_subject:
         h.ncu_subject()
         return 0
