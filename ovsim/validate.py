@@ -498,8 +498,11 @@ def study_checks(workers: int = 1, on_stage: Callable[[str], None] | None = None
 # The calibration harness's measured data sets, shipped with the repository (calibration/data/).
 MEASURED_DATA = Path(__file__).resolve().parent.parent / "calibration" / "data"
 # Data sets whose overlap part the contention checks replay, and their GPU spec: the first is
-# folded (leave one victim kernel out); the others are predicted from a fit on all of the first.
+# folded (leave one victim kernel out); the others are predicted from a fit on all of the first:
+# the same kernels beside 8 and 24 channels (the first has 16 and 32) on another H100 machine,
+# and beside 16 and 32 on an H200.
 MEASURED_OVERLAP: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
+                                                ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb"),
                                                 ("h200-sxm/2026-11-26", "h200-sxm"))
 MEASURED = "measured kernels beside communication (calibration harness; held out)"
 
@@ -584,14 +587,15 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
                 names = sorted({_victim(tr.label) for tr in trs})
                 pooled = run(_pooled, [[tr for tr in trs if _victim(tr.label) == v] for v in names],
                              itertools.repeat(every))
-                rows += [(s, v, x, f"fitted on every {sets[0][0]} experiment") for v, x in zip(names, pooled,
-                                                                                              strict=True)]
+                rows += [(s, v, x, f"fitted on every experiment of calibration/data/{sets[0][1]}")
+                         for v, x in zip(names, pooled, strict=True)]
     checks: list[Check] = []
     for (gpu, rel), victim, (meas, pred, iso), note in rows:
         if not meas:
             continue
         naive = _mape_pct(iso, meas)
-        checks.append(Check(f"{gpu}: {victim} ({len(meas)} kernels)", MEASURED, min(10.0, naive / 3),
+        label = f"{gpu} {rel.rsplit('/', 1)[-1]}"
+        checks.append(Check(f"{label}: {victim} ({len(meas)} kernels)", MEASURED, min(10.0, naive / 3),
                             _mape_pct(pred, meas), "% MAPE", 0.0, f"calibration/data/{rel}", rule="at_most",
                             note=f"naive {naive:.1f}%; {note}"))
     return checks

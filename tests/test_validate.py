@@ -147,7 +147,8 @@ def test_measured_kernels_are_predicted_with_contention_fitted_on_other_kernels_
         tmp_path: Path) -> None:
     """Two victims of the harness's overlap part (the add and the FP8 GEMM, each beside 16 and 32
     copy and reduce channels): each H100 victim is replayed with contention fitted on the other one
-    alone, and the H200's with a fit on both H100 victims. The replay must beat the naive prediction
+    alone, and the same kernels beside 8 and 24 channels (another H100) and the H200's with a fit on
+    both H100 victims. The replay must beat the naive prediction
     (the kernels' isolated durations), which misses their measured slowdowns of 5 to 42%."""
     from ovsim.validate import MEASURED, MEASURED_DATA, MEASURED_OVERLAP, measured_checks
 
@@ -160,11 +161,12 @@ def test_measured_kernels_are_predicted_with_contention_fitted_on_other_kernels_
                     shutil.copy(f, dest / f.name)
     checks = measured_checks(tmp_path)
     assert [c.name.split(" (")[0] for c in checks] == [
-        "h100-sxm5-80gb: add_bf16_256M", "h100-sxm5-80gb: gemm_fp8_8192x8192x8192",
-        "h200-sxm: add_bf16_256M", "h200-sxm: gemm_fp8_8192x8192x8192"]
+        "h100-sxm5-80gb 2026-11-26: add_bf16_256M", "h100-sxm5-80gb 2026-11-26: gemm_fp8_8192x8192x8192",
+        "h100-sxm5-80gb 2026-11-26-c: add_bf16_256M", "h100-sxm5-80gb 2026-11-26-c: gemm_fp8_8192x8192x8192",
+        "h200-sxm 2026-11-26: add_bf16_256M", "h200-sxm 2026-11-26: gemm_fp8_8192x8192x8192"]
     assert {c.group for c in checks} == {MEASURED}
     assert "1 other victim kernels' experiments, not this one's" in checks[0].note
-    assert "every h100-sxm5-80gb experiment" in checks[2].note
+    assert "every experiment of calibration/data/h100-sxm5-80gb/2026-11-26" in checks[4].note
     for c in checks:
         naive = float(c.note.split("naive ")[1].split("%")[0])
         assert 0 <= c.predicted < naive, c
