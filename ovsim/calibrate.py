@@ -78,6 +78,7 @@ from ovsim.engine.channel import one_channel_rate
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import (
     CALIB_DIR,
+    PRESSURE_MAX,
     VERSIONED_NAME,
     Parameters,
     collective_pressure,
@@ -105,7 +106,8 @@ from ovsim.traces.table import TraceBundle
 QUANTITIES = ("contention", "collectives", "overhead", "gemm", "memory", "power")
 # Quantities that belong to one GPU: not fitted for '*'.
 GPU_SPECIFIC = ("collectives", "overhead", "gemm", "memory", "power")
-PRESSURE_MAX = 0.9
+# The largest share of HBM one block of a collective can be fitted to keep busy (all a collective may).
+PRESSURE_PER_BLOCK_MAX = PRESSURE_MAX
 # Compute kinds whose replay HBM traffic can be fitted (memory-bound kinds are the anchor).
 FRACTION_KINDS = tuple(k for k in COMPUTE_KINDS if k not in MEMORY_KINDS)
 _REGULARIZE = 1e-6
@@ -167,7 +169,7 @@ class ContentionData:
     isolated_s: np.ndarray
     baseline_s: np.ndarray  # (len(SM_FRACTIONS), kernels)
     covered: np.ndarray
-    config: list[tuple[str, tuple[str, ...], float]]
+    config: list[tuple[str, tuple[tuple[str, int], ...], float]]
     rows: np.ndarray  # the scored kernels' rows in the trace's kernel table
 
 
@@ -203,6 +205,7 @@ def contention_data(tr: TraceInput) -> ContentionData:
         colls = np.flatnonzero(is_coll & (c.rank == r))
         cs, ce = c.start[colls], c.end[colls]
         protos = [protocol_key(c.protocol[j]) for j in colls]
+        grids = [int(np.prod(np.where(np.isfinite(c.grid[j]), c.grid[j], 1.0))) for j in colls]
         for i in sel[c.rank[sel] == r]:
             s, e = c.start[i], c.end[i]
             hit = np.flatnonzero((cs < e) & (ce > s))
@@ -212,7 +215,7 @@ def contention_data(tr: TraceInput) -> ContentionData:
             # The share of its time the kernel moves data, as replay prices it, to MOVING_STEP:
             # kernels sharing a config share one slowdown in the fit.
             moving = data_moving_s(iso[i], params) / iso[i] if iso[i] > 0 else 1.0
-            config.append((c.kind[i], tuple(sorted({protos[j] for j in hit})),
+            config.append((c.kind[i], tuple(sorted((protos[j], max(1, grids[j])) for j in hit)),
                            round(round(moving / MOVING_STEP) * MOVING_STEP, 6)))
     ix = np.array(rows, dtype=np.int64)
     baseline = np.empty((len(SM_FRACTIONS), 0))
@@ -223,21 +226,31 @@ def contention_data(tr: TraceInput) -> ContentionData:
     return ContentionData(tr.label, c.dur[ix], iso[ix], baseline, np.array(covered, float), config, ix)
 
 
-def contention_slowdown(kind: str, protocols: Sequence[str], pressure: dict[str, float],
+def contention_slowdown(kind: str, collectives: Sequence[tuple[str, int]], pressure: dict[str, float],
                         fraction: dict[str, float], params: Parameters, moving: float = 1.0) -> float:
-    """Slowdown of a kernel of ``kind`` while collectives of ``protocols`` are resident, by the
-    engine's HBM channel (capacity 1: demands are fractions of the achievable bandwidth); the
-    kernel moves data ``moving`` of its isolated time, at its full share, and its demand over the
-    whole time is that much lower, as the replay spreads it."""
+    """Slowdown of a kernel of ``kind`` while ``collectives`` ((protocol, blocks holding SMs) each)
+    are resident, by the engine's HBM channel (capacity 1: demands are fractions of the achievable
+    bandwidth; a collective presses with its protocol's share per block, at most
+    ``PRESSURE_MAX``); the kernel moves data ``moving`` of its isolated time, at its full share,
+    and its demand over the whole time is that much lower, as the replay spreads it."""
     demand = moving * (params.memory_kernel_efficiency if kind in MEMORY_KINDS else fraction.get(kind, 0.0))
-    resident = [collective_pressure(pressure, params.nccl_hbm_weight, p) for p in protocols]
-    resident = [(share, weight) for share, weight in resident if share > 0]
+    resident = []
+    for protocol, blocks in collectives:
+        share, weight = collective_pressure(pressure, params.nccl_hbm_weight, protocol)
+        if share > 0 and blocks > 0:
+            resident.append((min(PRESSURE_MAX, share * blocks), weight))
     if demand <= 0 or not resident:
         return 1.0
     caps = [demand] + [share for share, _ in resident]
     weights = [1.0] + [weight for _, weight in resident]
     rate = one_channel_rate(caps, weights, params.hbm_mix_efficiency)
     return demand / rate if rate > 0 else math.inf
+
+
+def held(collectives: Sequence[tuple[str, int]], j: int) -> list[tuple[str, int]]:
+    """(protocol, blocks holding SMs) of resident collectives of these grids, as replay holds them
+    at ``SM_FRACTIONS[j]``."""
+    return [(p, math.ceil(grid * SM_FRACTIONS[j] - 1e-9)) for p, grid in collectives]
 
 
 def contention_time_s(d: ContentionData, j: int, slowdown: np.ndarray) -> np.ndarray:
@@ -256,11 +269,16 @@ def _replay_mape(tr: TraceInput, d: ContentionData, overrides: dict[str, Any]) -
 
 
 def fit_contention(traces: Sequence[TraceInput], params: Parameters,
-                   prepared: Sequence[ContentionData] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                   prepared: Sequence[ContentionData] | None = None,
+                   sm_fraction: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fitted ``nccl_memory_pressure``, ``replay_hbm_fraction`` and ``replay_collective_sm_fraction``
     and the fit's record; raises when no kernel was measured both alone and beside communication.
     ``prepared`` are the traces' :func:`contention_data` (computed here when not given), in the
-    order of ``traces``."""
+    order of ``traces``. ``sm_fraction`` (one of ``SM_FRACTIONS``) fixes the share of a collective's
+    grid that holds SMs where it is known, instead of choosing it: the calibration harness's
+    per-block records show its channel blocks resident for the whole kernel."""
+    if sm_fraction is not None and sm_fraction not in SM_FRACTIONS:
+        raise OvsimError(f"must be one of {list(SM_FRACTIONS)}, got {sm_fraction}", field="sm_fraction")
     all_data = prepared if prepared is not None else [contention_data(tr) for tr in traces]
     pairs = [(tr, d) for tr, d in zip(traces, all_data, strict=True) if len(d.measured_s)]
     data = [d for _, d in pairs]
@@ -268,9 +286,9 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
         raise OvsimError("no compute kernel in these traces was measured both alone and beside a collective "
                          "(same name, grid, block and launching operator): contention cannot be fitted",
                          field="contention")
-    protos = sorted({p for d in data for _, ps, _ in d.config for p in ps})
+    protos = sorted({p for d in data for _, ps, _ in d.config for p, _ in ps})
     kinds = sorted({k for d in data for k, _, _ in d.config if k in FRACTION_KINDS})
-    bounds = [(0.0, PRESSURE_MAX)] * len(protos) + [(0.0, 1.0)] * len(kinds)
+    bounds = [(0.0, PRESSURE_PER_BLOCK_MAX)] * len(protos) + [(0.0, 1.0)] * len(kinds)
     configs = sorted({cfg for d in data for cfg in d.config})
     index = {cfg: i for i, cfg in enumerate(configs)}
     cfg_ix = [np.array([index[cfg] for cfg in d.config]) for d in data]
@@ -281,7 +299,7 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
 
     def per_trace(x: np.ndarray, j: int) -> list[float]:
         pressure, fraction = unpack(x)
-        slow = np.array([contention_slowdown(k, ps, pressure, fraction, params, m) for k, ps, m in configs])
+        slow = np.array([contention_slowdown(k, held(ps, j), pressure, fraction, params, m) for k, ps, m in configs])
         out = []
         for d, ix in zip(data, cfg_ix, strict=True):
             pred = contention_time_s(d, j, slow[ix])
@@ -303,10 +321,11 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
         return best, loss(best)
 
     x0 = np.zeros(len(bounds))
-    fits = [fit_at(j) for j in range(len(SM_FRACTIONS))]
+    tried = range(len(SM_FRACTIONS)) if sm_fraction is None else [SM_FRACTIONS.index(sm_fraction)]
+    fits = {j: fit_at(j) for j in tried}
     # NCCL's design (the first value) stays unless a smaller share fits better by a clear margin.
-    j_best = 0
-    for j, (_, err) in enumerate(fits):
+    j_best = min(fits)
+    for j, (_, err) in fits.items():
         if err < fits[j_best][1] - SM_FRACTION_MARGIN_PCT:
             j_best = j
     best = fits[j_best][0]
@@ -340,8 +359,8 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
                                                                       / d.measured_s) * 100), 2) for d in data},
         "no_contention_mape_pct": {d.label: round(v, 2)
                                    for d, v in zip(data, per_trace(x0, 0), strict=True)},
-        "mean_fit_mape_pct_by_sm_fraction": {str(f): round(err, 2) for f, (_, err) in zip(SM_FRACTIONS, fits,
-                                                                                            strict=True)},
+        "mean_fit_mape_pct_by_sm_fraction": {str(SM_FRACTIONS[j]): round(err, 2) for j, (_, err) in fits.items()},
+        **({"sm_fraction": f"{sm_fraction}: given, not chosen"} if sm_fraction is not None else {}),
         "fit_mape_pct": {d.label: round(v, 2) for d, v in zip(data, per_trace(best, j_best), strict=True)},
         **engine_check,
         "note": "fit error (on the traces fitted), not prediction error; held-out figures come from "
@@ -1047,7 +1066,8 @@ def fit_points(quantity: str, traces: Sequence[TraceInput], params: Parameters, 
         j = SM_FRACTIONS.index(p.replay_collective_sm_fraction)
         pressure, fraction = values.get("nccl_memory_pressure", {}), values.get("replay_hbm_fraction", {})
         for d in data:
-            slow = np.array([contention_slowdown(k, ps, pressure, fraction, params, m) for k, ps, m in d.config])
+            slow = np.array([contention_slowdown(k, held(ps, j), pressure, fraction, params, m)
+                             for k, ps, m in d.config])
             kinds = [k for k, _, _ in d.config]
             pred = contention_time_s(d, j, slow) if len(slow) else np.empty(0)
             for kind in sorted(set(kinds)):
@@ -1069,10 +1089,13 @@ def fit_points(quantity: str, traces: Sequence[TraceInput], params: Parameters, 
 
 
 def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[str] | None = None,
-              on_step: Callable[[str], None] | None = None, points: bool = False) -> FitReport:
+              on_step: Callable[[str], None] | None = None, points: bool = False,
+              sm_fraction: float | None = None) -> FitReport:
     """Fit ``quantities`` (default: every one the traces support) for ``gpu`` ("*" for parameters
     that apply to any GPU, from traces of several GPUs). With ``points``, the report also holds
-    every fitted point beside what the written parameters predict for it (:func:`fit_points`)."""
+    every fitted point beside what the written parameters predict for it (:func:`fit_points`).
+    ``sm_fraction`` fixes the contention fit's share of a collective's grid holding SMs
+    (:func:`fit_contention`)."""
     if not traces:
         raise OvsimError("no traces to calibrate on", field="traces")
     if gpu != "*":
@@ -1098,7 +1121,7 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
 
     def contention_fit() -> tuple[dict[str, Any], dict[str, Any]]:
         prepared["contention"] = [contention_data(tr) for tr in traces]
-        return fit_contention(traces, params, prepared["contention"])
+        return fit_contention(traces, params, prepared["contention"], sm_fraction)
 
     def power_fit() -> tuple[dict[str, Any], dict[str, Any]]:
         prepared["power"] = [power_samples(tr, log) for tr in traces for log in tr.power_logs]

@@ -505,6 +505,8 @@ MEASURED_OVERLAP: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "
                                                 ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb"),
                                                 ("h200-sxm/2026-11-26", "h200-sxm"))
 MEASURED = "measured kernels beside communication (calibration harness; held out)"
+# The harness's channel kernels hold every block's SM for the whole kernel (its per-block records).
+HARNESS_SM_FRACTION = 1.0
 
 
 def _victim(label: str) -> str:
@@ -528,7 +530,9 @@ def _fitted(inputs: Sequence[TraceInput], prepared: Sequence[ContentionData], le
 
     keep = [i for i, tr in enumerate(inputs) if _victim(tr.label) != leave_out]
     params = load_calibration(load_gpu(inputs[0].gpu), gpu_file(inputs[0].gpu).stem).params
-    overrides, _ = fit_contention([inputs[i] for i in keep], params, [prepared[i] for i in keep])
+    # The harness's records show every channel block resident for its whole kernel, as NCCL's are.
+    overrides, _ = fit_contention([inputs[i] for i in keep], params, [prepared[i] for i in keep],
+                                  sm_fraction=HARNESS_SM_FRACTION)
     return overrides
 
 

@@ -35,8 +35,10 @@ from ovsim.traces.table import TraceBundle, make_table
 
 GPU = "h100-sxm5-80gb"
 H100_NAME = "NVIDIA H100 80GB HBM3"
-# Planted: a resident LL collective keeps this share of HBM busy.
+# Planted: a resident LL collective keeps this share of HBM busy, with its 2 blocks (channels): the
+# calibration's share is per block.
 PRESSURE = 0.35
+PRESSURE_PER_BLOCK = PRESSURE / 2
 # memory_kernel_efficiency of the shipped H100 calibration: the share of HBM a memory-bound kernel asks.
 MEM_EFF = load_calibration(load_gpu(GPU), GPU).params.memory_kernel_efficiency
 # kernel_overhead_s of the shipped H100 calibration, in microseconds: the time a kernel moves no data.
@@ -76,21 +78,26 @@ def contention_trace() -> TraceBundle:
 def test_slowdown_is_the_hbm_channel_closed_form() -> None:
     # A memory-bound kernel asking 0.9 of the channel beside a collective's pressure.
     p = Parameters().merged({"memory_kernel_efficiency": 0.9, "hbm_mix_efficiency": 1.0})
-    assert contention_slowdown("elementwise", ("ll",), {"ll": 0.3}, {}, p) == pytest.approx(0.9 / 0.7)
+    assert contention_slowdown("elementwise", [("ll", 1)], {"ll": 0.3}, {}, p) == pytest.approx(0.9 / 0.7)
+    # The share is per block: three blocks at 0.1 press as one at 0.3.
+    assert contention_slowdown("elementwise", [("ll", 3)], {"ll": 0.1}, {}, p) == pytest.approx(0.9 / 0.7)
     # Past half the channel both are held at the fair half (equal weights).
-    assert contention_slowdown("norm", ("ll",), {"ll": 0.7}, {}, p) == pytest.approx(0.9 / 0.5)
+    assert contention_slowdown("norm", [("ll", 1)], {"ll": 0.7}, {}, p) == pytest.approx(0.9 / 0.5)
+    # A collective's pressure stops at 0.9 of HBM however many blocks it holds; none with no block.
+    assert contention_slowdown("norm", [("ll", 64)], {"ll": 0.1}, {}, p) == pytest.approx(0.9 / 0.5)
+    assert contention_slowdown("norm", [("ll", 0)], {"ll": 0.7}, {}, p) == 1.0
     # A compute kernel with no HBM traffic, or a protocol with no pressure, is not slowed.
-    assert contention_slowdown("gemm", ("ll",), {"ll": 0.7}, {}, p) == 1.0
-    assert contention_slowdown("elementwise", ("simple",), {"ll": 0.7}, {}, p) == 1.0
+    assert contention_slowdown("gemm", [("ll", 1)], {"ll": 0.7}, {}, p) == 1.0
+    assert contention_slowdown("elementwise", [("simple", 1)], {"ll": 0.7}, {}, p) == 1.0
     # Demands that fit together do not slow each other.
-    assert contention_slowdown("gemm", ("ll",), {"ll": 0.3}, {"gemm": 0.6}, p) == 1.0
+    assert contention_slowdown("gemm", [("ll", 1)], {"ll": 0.3}, {"gemm": 0.6}, p) == 1.0
 
 
 def test_contention_fit_recovers_the_planted_pressure_and_replay_then_matches() -> None:
     bundle = contention_trace()
     tr = TraceInput(bundle=bundle, label="synthetic", gpu=GPU)
     report = calibrate([tr], GPU, quantities=["contention"])
-    assert report.parameters["nccl_memory_pressure"]["ll"] == pytest.approx(PRESSURE, abs=0.01)
+    assert report.parameters["nccl_memory_pressure"]["ll"] == pytest.approx(PRESSURE_PER_BLOCK, abs=0.005)
     rec = report.fits["contention"]
     assert rec["points"] == 6 and rec["naive_mape_pct"]["synthetic"] > 15
     # The engine, replaying with the fitted values, confirmed them.
@@ -186,7 +193,7 @@ def test_calibration_file_is_a_new_version_with_provenance(tmp_path: Path) -> No
     assert set(doc["parameters"]) <= set(doc["sources"])
     # The file loads on top of the shipped calibration and a replay records it.
     calib = load_calibration(load_gpu(GPU), GPU, (str(files[0]),))
-    assert calib.params.nccl_memory_pressure["ll"] == pytest.approx(PRESSURE, abs=0.01)
+    assert calib.params.nccl_memory_pressure["ll"] == pytest.approx(PRESSURE_PER_BLOCK, abs=0.005)
     assert calib.files[-1] == files[0].name
     # Old versions are never edited: the same path again is refused; the folder gets the next.
     assert main(["calibrate", str(trace), "--gpu", GPU, "-o", str(files[0]), "--quiet"]) == 2

@@ -52,6 +52,7 @@ from ovsim.calibrate import FitReport, calibrate, trace_input, write_shipped
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.power import FIT_COLUMNS, fit_power, fit_table_power_w, power_model
 from ovsim.hw.spec import gpu_file, load_gpu
+from ovsim.validate import HARNESS_SM_FRACTION
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "calibration" / "data"
@@ -313,7 +314,8 @@ def main() -> int:
     # After the ones above: the contention fit replays with the newest calibration, which they set.
     for gpu, rel in OVERLAP.items():
         inputs = [trace_input([t], gpu) for t in sorted((DATA / rel / "tables" / "overlap").glob("*.parquet"))]
-        report = calibrate(inputs, gpu, quantities=["contention"])
+        # Every channel block holds its SM for the whole kernel (the per-block records): not fitted.
+        report = calibrate(inputs, gpu, quantities=["contention"], sm_fraction=HARNESS_SM_FRACTION)
         report.sources = {k: f"measured: calibration/data/{rel} (overlap part); {v}; {COMMAND}"
                           for k, v in report.sources.items()}
         # The harness's channel kernels record no protocol, and replay knows no message size for

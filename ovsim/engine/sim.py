@@ -44,6 +44,7 @@ from ovsim.engine.power import CLOCK_COUNTER, POWER_COUNTER, PowerConfig, op_pow
 from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
+from ovsim.hw.calib import PRESSURE_MAX
 from ovsim.hw.power import MEMORY, TENSOR
 from ovsim.models.cost import allocated_registers
 from ovsim.models.ir import FlowDemand, KernelDemand, Op, Workload
@@ -1207,7 +1208,8 @@ class Engine:
             self._sample(ranks, channel, capacity, alloc.rates, usage)
 
     def _pressure(self, ranks: list[int]) -> list[tuple[int, float, float]]:
-        """(rank, share of HBM, weight) of every SM collective with blocks resident on ``ranks``."""
+        """(rank, share of HBM, weight) of every SM collective with blocks resident on ``ranks``: its
+        protocol's share per block times its resident blocks, at most ``PRESSURE_MAX``."""
         out: list[tuple[int, float, float]] = []
         if not self.has_pressure:
             return out
@@ -1218,7 +1220,8 @@ class Engine:
                     continue
                 share, weight = self.machine.pressure_of(f.demand.protocol)
                 if share > 0:
-                    out.append((r, share, weight))
+                    total = share * m.kernel.resident
+                    out.append((r, total if total < PRESSURE_MAX else PRESSURE_MAX, weight))
         return out
 
     def _hbm_only(self, demands: list[tuple[int, dict[_Kernel, float]]]) -> None:

@@ -90,9 +90,10 @@ class Parameters(BaseModel):
     # Weight of a collective's traffic in HBM's max-min share, per NCCL protocol.
     nccl_hbm_weight: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: {"ll": 1.0, "ll128": 1.0, "simple": 1.0})
-    # Share of HBM capacity a resident SM collective keeps busy beyond the data it moves (flag
-    # polling, L2 and crossbar traffic), per protocol; "default" covers any other (RCCL, unknown).
-    # Fitted by `ovsim calibrate` from kernels measured alone and beside communication.
+    # Share of HBM capacity each resident block (channel) of an SM collective keeps busy beyond the
+    # data it moves (flag polling, L2 and crossbar traffic), per protocol; "default" covers any
+    # other (RCCL, unknown). A collective's total is at most 0.9. Fitted by `ovsim calibrate` from
+    # kernels measured alone and beside communication.
     nccl_memory_pressure: dict[str, float] = Field(default_factory=dict)
     # Replay only: HBM traffic of a compute-bound kernel kind, as a fraction of what the achievable
     # bandwidth moves in its isolated time (a trace records no bytes). Memory-bound kinds move
@@ -180,10 +181,14 @@ class Parameters(BaseModel):
         return Parameters.model_validate(data)
 
 
+# The most of HBM's capacity one collective's pressure takes, whatever its blocks.
+PRESSURE_MAX = 0.9
+
+
 def collective_pressure(pressure: dict[str, float], weights: dict[str, float], protocol: str) -> tuple[float, float]:
-    """(share of HBM capacity, max-min weight) of a resident SM collective of ``protocol``, from
-    ``nccl_memory_pressure`` and ``nccl_hbm_weight``: a protocol without its own share takes
-    "default", one without its own weight 1."""
+    """(share of HBM capacity per resident block, max-min weight) of a resident SM collective of
+    ``protocol``, from ``nccl_memory_pressure`` and ``nccl_hbm_weight``: a protocol without its own
+    share takes "default", one without its own weight 1."""
     p = protocol.lower()
     return pressure.get(p, pressure.get("default", 0.0)), weights.get(p, 1.0)
 

@@ -265,15 +265,18 @@ def test_progress_is_reported_with_finished_and_total_ops(h100: GpuSpec, h100_ca
     assert [d for d, _ in seen] == sorted(d for d, _ in seen) and 0 < seen[-1][0] <= 9000
 
 
-@pytest.mark.parametrize(("share", "expected"), [
+@pytest.mark.parametrize(("share", "blocks", "expected"), [
     # Max-min on one HBM channel, capacity C: the kernel asks 0.9 C (memory_kernel_efficiency), a
-    # resident collective's pressure asks share x C with weight 1. 0.3: the pressure gets its ask
-    # and the kernel the rest, 0.9 / 0.7. 0.6: both are held at the fair half, 0.9 / 0.5.
-    (0.3, 0.9 / 0.7),
-    (0.6, 0.9 / 0.5),
+    # resident collective's pressure asks share x blocks x C with weight 1. 0.3: the pressure gets
+    # its ask and the kernel the rest, 0.9 / 0.7. 0.6: both are held at the fair half, 0.9 / 0.5.
+    # 0.15 a block with two blocks: 0.3 again.
+    (0.3, 1, 0.9 / 0.7),
+    (0.6, 1, 0.9 / 0.5),
+    (0.15, 2, 0.9 / 0.7),
 ])
-def test_a_resident_collective_presses_on_hbm_per_its_protocol(
-        share: float, expected: float, h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+def test_a_resident_collective_presses_on_hbm_per_its_protocol_and_blocks(
+        share: float, blocks: int, expected: float, h100: GpuSpec, h100_calib: Calibration,
+        h100_node: SystemSpec) -> None:
     p = h100_calib.params.merged({"nccl_memory_pressure": {"ll": share}, "memory_kernel_efficiency": 0.9})
     kernel = cost.memory_bound(4e9, h100, p, blocks=264)
     # The collective's data moves through no channel (a replayed measured rate), so only its
@@ -281,9 +284,9 @@ def test_a_resident_collective_presses_on_hbm_per_its_protocol(
     coll = FlowDemand(group="ar", ranks=(0, 1), bytes=1.0, latency_s=0.0, rate_cap_bytes_per_s=1e6,
                       link_coeff=0.0, hbm_coeff=0.0, protocol="ll")
     late = 10 * kernel.isolated_s
-    ops = [Op("ar0", "nccl", "collective", 0, "comm", kernel=nccl_kernel(1), flow=coll),
+    ops = [Op("ar0", "nccl", "collective", 0, "comm", kernel=nccl_kernel(blocks), flow=coll),
            Op("k", "k", "elementwise", 0, "compute", kernel=kernel),
-           Op("ar1", "nccl", "collective", 1, "comm", kernel=nccl_kernel(1), flow=coll, delay_s=late)]
+           Op("ar1", "nccl", "collective", 1, "comm", kernel=nccl_kernel(blocks), flow=coll, delay_s=late)]
     streams = [StreamSpec(0, "comm"), StreamSpec(0, "compute"), StreamSpec(1, "comm")]
     machine = build_machine(h100_node, h100, p, n_ranks=2)
     out = Engine(Workload(ops=tuple(ops), streams=tuple(streams), n_ranks=2), machine).run().ops.set_index("id")
