@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "calibration" / "data"
 COMMAND = "python calibration/harness/fit_measured.py"
 # The data sets each GPU's fits read (folders under calibration/data/).
-SMLOSS = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-b"}
+SMLOSS = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-b", "h200-sxm": "h200-sxm/2026-11-26-b"}
 # (fitted on, held out or None)
 SHAPING = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb/2026-11-26-repeat"),
            "h200-sxm": ("h200-sxm/2026-11-26", None)}

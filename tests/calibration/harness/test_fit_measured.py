@@ -29,11 +29,11 @@ def test_headroom_fit_recovers_the_value_of_closed_form_points(headroom: float) 
     assert fit["fit_mape_pct"] < 0.1
 
 
-def test_the_shipped_data_set_gives_the_adds_slowdowns_by_sms_held() -> None:
-    folder = DATA / SMLOSS["h100-sxm5-80gb"]
-    points = smloss_points(folder, "add_bf16_256M")
+@pytest.mark.parametrize("gpu", sorted(SMLOSS))
+def test_the_shipped_data_sets_give_the_adds_slowdowns_by_sms_held(gpu: str) -> None:
+    points = smloss_points(DATA / SMLOSS[gpu], "add_bf16_256M")
     assert [h for h, _ in points] == [8, 16, 32, 66]
-    assert all(0.95 < s < 1.1 for _, s in points)
+    assert all(0.95 < s < 1.25 for _, s in points)
 
 
 @pytest.mark.parametrize("cap", [1 / 6, 0.3, 0.5564, 1.0])
