@@ -29,6 +29,7 @@ import hashlib
 import json
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,9 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
             raise IngestError(str(err)) from None
         out = dest / "tables" / e["part"] / f"{e['label']}.parquet"
         out.parent.mkdir(parents=True, exist_ok=True)
+        # The trace's path inside the run, not on the machine that ingested it: the data set is
+        # committed, and its raw traces (when kept) sit under raw/ at that path.
+        bundle = replace(bundle, sources={k: f"{e['part']}/{trace.name}" for k in bundle.sources})
         write_table(bundle, out)
         tables.append(bundle.kernels.assign(part=e["part"], experiment=e["label"]))
         rec = e["_folder"] / f"{e['label']}.blocks.csv"

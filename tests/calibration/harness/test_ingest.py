@@ -62,6 +62,8 @@ def test_ingest_writes_tables_blocks_summary_and_checksums(tmp_path: Path) -> No
     summary = ingest(run, dest, raw_limit_bytes=10**6)
     table = read_table(dest / "tables" / "overlap" / "g__copy_16__high__comm_first.parquet")
     assert table.gpu_names == {0: "NVIDIA H100 80GB HBM3"}
+    # The table names its trace by its place in the run, never by the ingesting machine's path.
+    assert table.sources == {0: "overlap/g__copy_16__high__comm_first.json.gz"}
     assert table.kernels.loc[table.kernels["name"] == "ovsim_channel_copy", "kind"].tolist() == ["collective"]
     (row,) = summary["slowdowns"]
     assert (row["alone_n"], row["overlapped_n"]) == (3, 3)
