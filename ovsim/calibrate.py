@@ -106,8 +106,6 @@ from ovsim.traces.table import TraceBundle
 QUANTITIES = ("contention", "collectives", "overhead", "gemm", "memory", "power")
 # Quantities that belong to one GPU: not fitted for '*'.
 GPU_SPECIFIC = ("collectives", "overhead", "gemm", "memory", "power")
-# The largest share of HBM one block of a collective can be fitted to keep busy (all a collective may).
-PRESSURE_PER_BLOCK_MAX = PRESSURE_MAX
 # Compute kinds whose replay HBM traffic can be fitted (memory-bound kinds are the anchor).
 FRACTION_KINDS = tuple(k for k in COMPUTE_KINDS if k not in MEMORY_KINDS)
 _REGULARIZE = 1e-6
@@ -288,7 +286,8 @@ def fit_contention(traces: Sequence[TraceInput], params: Parameters,
                          field="contention")
     protos = sorted({p for d in data for _, ps, _ in d.config for p, _ in ps})
     kinds = sorted({k for d in data for k, _, _ in d.config if k in FRACTION_KINDS})
-    bounds = [(0.0, PRESSURE_PER_BLOCK_MAX)] * len(protos) + [(0.0, 1.0)] * len(kinds)
+    # One block may be fitted to press as much as a whole collective may.
+    bounds = [(0.0, PRESSURE_MAX)] * len(protos) + [(0.0, 1.0)] * len(kinds)
     configs = sorted({cfg for d in data for cfg in d.config})
     index = {cfg: i for i, cfg in enumerate(configs)}
     cfg_ix = [np.array([index[cfg] for cfg in d.config]) for d in data]

@@ -563,7 +563,10 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
     victim's overlapped instances: its MAPE passes at 10% or less and at most a third of the naive
     MAPE (the held-out targets of ``trace_checks``).
     """
+    import numpy as np
+
     from ovsim.calibrate import contention_data, trace_input
+    from ovsim.replay import _mape
 
     sets = [(gpu, rel) for rel, gpu in MEASURED_OVERLAP if (folder / rel / "tables" / "overlap").is_dir()]
     if not sets:
@@ -594,13 +597,14 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
                 rows += [(s, v, x, f"fitted on every experiment of calibration/data/{sets[0][1]}")
                          for v, x in zip(names, pooled, strict=True)]
     checks: list[Check] = []
-    for (gpu, rel), victim, (meas, pred, iso), note in rows:
-        if not meas:
+    for (gpu, rel), victim, series, note in rows:
+        meas, pred, iso = (np.asarray(x, dtype=float) for x in series)
+        if not len(meas):
             continue
-        naive = _mape_pct(iso, meas)
+        naive = _mape(iso, meas)
         label = f"{gpu} {rel.rsplit('/', 1)[-1]}"
         checks.append(Check(f"{label}: {victim} ({len(meas)} kernels)", MEASURED, min(10.0, naive / 3),
-                            _mape_pct(pred, meas), "% MAPE", 0.0, f"calibration/data/{rel}", rule="at_most",
+                            _mape(pred, meas), "% MAPE", 0.0, f"calibration/data/{rel}", rule="at_most",
                             note=f"naive {naive:.1f}%; {note}"))
     return checks
 
@@ -670,10 +674,6 @@ def measured_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
                                 float(settled["duration_s"].median()) * 1e3, float(res["makespan_s"]) / n * 1e3,
                                 "ms", 10.0, src, note="median of the kernels after the first second"))
     return checks
-
-
-def _mape_pct(pred: Sequence[float], meas: Sequence[float]) -> float:
-    return float(sum(abs(p - m) / m for p, m in zip(pred, meas, strict=True)) / len(meas) * 100)
 
 
 def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, workers: int = 1,

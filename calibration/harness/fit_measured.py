@@ -180,7 +180,7 @@ def _phase_window(raw: Path) -> tuple[float, float, list[dict[str, Any]]]:
             kernels)
 
 
-def _busy(kernels: list[dict[str, Any]], start_s: float, end_s: float, base_s: float, name: str) -> tuple[float, float]:
+def _busy(kernels: list[dict[str, Any]], start_s: float, end_s: float, name: str) -> tuple[float, float]:
     """(share of the window kernels named ``name`` ran, their median duration)."""
     ks = [e for e in kernels if name in e["name"]]
     if not ks:
@@ -208,11 +208,10 @@ def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> p
         if not raw.is_file() or phase in POWER_DEFECTIVE.get(rel, ()):
             continue
         start, end, kernels = _phase_window(raw)
-        base = 0.0
         act = dict.fromkeys(FIT_COLUMNS[2:], 0.0)
         if phase.startswith("gemm_"):
             prec = phase.split("_")[1]
-            busy, dur = _busy(kernels, start, end, base, "gemm" if prec == "tf32" else "nvjet")
+            busy, dur = _busy(kernels, start, end, "gemm" if prec == "tf32" else "nvjet")
             eb = {"bf16": 2, "fp8": 1, "tf32": 4}[prec]
             gemm_bps = eb * (2 * (2 * 8192 * 8192) + 8192 * 8192) / dur if busy else 0.0
             held = 32 / sms if "channel" in phase else 0.0
@@ -220,7 +219,7 @@ def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> p
             act["sm_memory_fraction"] = held
             act["hbm_bytes_per_s"] = busy * gemm_bps + (channel_bps if held else 0.0)
         elif phase.startswith("add_"):
-            busy, dur = _busy(kernels, start, end, base, "elementwise")
+            busy, dur = _busy(kernels, start, end, "elementwise")
             act["sm_memory_fraction"] = busy
             act["hbm_bytes_per_s"] = busy * 3 * 2**29 / dur
         elif phase.startswith("channel_"):
