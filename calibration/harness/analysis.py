@@ -143,3 +143,48 @@ def overlap_slowdowns(kernels: pd.DataFrame, by: tuple[str, ...] = ("experiment"
                          "alone_n": len(alone), "overlapped_n": len(over), "alone_s_median": a,
                          "overlapped_s_median": o, "slowdown": o / a if len(alone) and len(over) else float("nan")})
     return pd.DataFrame(rows)
+
+
+PROBE_COLUMNS = ("launch", "smid", "start_ns", "end_ns", "sm_cycles")
+CLOCK_PROBE = "ovsim_clock_probe"
+
+
+def read_clock_probes(path: str | Path) -> pd.DataFrame:
+    """A ``<experiment>.clock.csv`` file (``clock`` part), with each probe's SM clock in Hz:
+    cycles counted over its window of the global timer."""
+    p = Path(path)
+    try:
+        df = pd.read_csv(p)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise HarnessDataError(f"{p}: cannot read as CSV ({e})") from e
+    missing = [c for c in PROBE_COLUMNS if c not in df.columns]
+    if missing:
+        raise HarnessDataError(f"{p}: no column {', '.join(missing)}")
+    bad = df[(df["end_ns"] <= df["start_ns"]) | (df["sm_cycles"] <= 0)]
+    if len(bad):
+        raise HarnessDataError(f"{p}: start_ns/end_ns/sm_cycles: probe {int(bad['launch'].iloc[0])} has no valid "
+                               f"record ({len(bad)} such probes)")
+    if not (df["launch"].to_numpy() == np.arange(len(df))).all():
+        raise HarnessDataError(f"{p}: launch: probes are not numbered 0..{len(df) - 1} in order")
+    return df.assign(sm_clock_hz=df["sm_cycles"] / ((df["end_ns"] - df["start_ns"]) * 1e-9))
+
+
+def clock_points(kernels: pd.DataFrame, probes: pd.DataFrame) -> pd.DataFrame:
+    """Each kernel of a ``clock`` experiment with the SM clock it ran at: the mean of the probes
+    launched just before and just after it on its stream (the probes bracket every group of
+    kernels, and nothing else runs on the stream). ``clock_step_hz`` is the difference of those two
+    probes: how much the clock moved across the group. Kernels after the last probe are dropped."""
+    k = kernels[~kernels["kind"].isin(("memset", "memcpy"))].sort_values("start_s", kind="stable")
+    is_probe = (k["name"] == CLOCK_PROBE).to_numpy()
+    if int(is_probe.sum()) != len(probes):
+        raise HarnessDataError(f"name: {int(is_probe.sum())} {CLOCK_PROBE} kernels in the trace, {len(probes)} "
+                               "probe records: the trace and the probe file are not of one experiment")
+    if len(probes) < 2:
+        return pd.DataFrame(columns=["name", "start_s", "duration_s", "sm_clock_hz", "clock_step_hz"])
+    before = np.cumsum(is_probe) - 1  # the last probe launched before each kernel
+    hz = probes["sm_clock_hz"].to_numpy(float)
+    keep = ~is_probe & (before >= 0) & (before + 1 < len(hz))
+    b = before[keep]
+    return pd.DataFrame({"name": k["name"].to_numpy()[keep], "start_s": k["start_s"].to_numpy(float)[keep],
+                         "duration_s": k["duration_s"].to_numpy(float)[keep],
+                         "sm_clock_hz": 0.5 * (hz[b] + hz[b + 1]), "clock_step_hz": np.abs(hz[b + 1] - hz[b])})

@@ -8,6 +8,9 @@ Writes under DEST:
   importer, with the GPU name and wall-clock origin in its metadata), loadable as a trace by
   ``ovsim replay`` and ``ovsim calibrate``;
 - ``blocks.parquet``: every per-block record (part, experiment, kernel, launch, block, SM, start, end);
+- ``clock.parquet``: every kernel of the ``clock`` part with the SM clock its probes counted
+  (part, experiment, name, start, duration, clock, how far the clock moved across its group), and
+  ``probes.parquet`` the probes' own records (SM, start and end on the global timer, cycles);
 - ``raw/<part>/<experiment>.json.gz``: the profiler traces themselves, when all of them together
   stay under ``--raw-limit-mb`` (otherwise left out, and PROVENANCE.json says so);
 - ``manifest.json``, ``power.csv`` (and ``power_average.csv``), ``experiments.jsonl`` and
@@ -34,7 +37,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from analysis import HarnessDataError, dispatch_order, overlap_slowdowns, read_blocks, residency
+from analysis import (
+    HarnessDataError,
+    clock_points,
+    dispatch_order,
+    overlap_slowdowns,
+    read_blocks,
+    read_clock_probes,
+    residency,
+)
 
 from ovsim.errors import OvsimError
 from ovsim.traces.load import load_trace, write_table
@@ -112,6 +123,8 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
     dest.mkdir(parents=True, exist_ok=True)
     tables: list[pd.DataFrame] = []
     blocks: list[pd.DataFrame] = []
+    clocks: list[pd.DataFrame] = []
+    probes: list[pd.DataFrame] = []
     for e, trace in traces:
         try:
             bundle = load_trace(trace)
@@ -137,9 +150,22 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
                 raise IngestError(f"{trace}: name: no {', '.join(missing)} kernel in the trace, though "
                                   f"{rec.name} has its blocks: the profiler did not record the harness kernels")
             blocks.append(b.assign(part=e["part"], experiment=e["label"]))
+        probe_file = e["_folder"] / f"{e['label']}.clock.csv"
+        if probe_file.is_file():
+            try:
+                probe = read_clock_probes(probe_file)
+                points = clock_points(bundle.kernels, probe)
+            except HarnessDataError as err:
+                raise IngestError(f"{probe_file}: {err}") from None
+            clocks.append(points.assign(part=e["part"], experiment=e["label"]))
+            probes.append(probe.assign(part=e["part"], experiment=e["label"]))
     all_blocks = pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
     if len(all_blocks):
         all_blocks.to_parquet(dest / "blocks.parquet", index=False)
+
+    if clocks:
+        pd.concat(clocks, ignore_index=True).to_parquet(dest / "clock.parquet", index=False)
+        pd.concat(probes, ignore_index=True).to_parquet(dest / "probes.parquet", index=False)
 
     raw_total = sum(t.stat().st_size for _, t in traces)
     raw_kept = raw_total <= raw_limit_bytes

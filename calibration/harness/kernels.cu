@@ -144,6 +144,28 @@ extern "C" __global__ void ovsim_probe_second(uint64_t spin_ns, int stagger, uin
     spin_body(spin_ns, stagger, rec);
 }
 
+// ---- clock probe ---------------------------------------------------------------------------------
+// One thread reads its SM's cycle counter and the global timer, spins on the timer for window_ns and
+// reads both again: the SM clock over the window, as the SM counted it (NVML's clock reading is a
+// sample the driver reports, not a count). Launched between the kernels of one stream, it gives the
+// clock they ran at. Writes four words at out + 4 * slot: SM, start and end (ns), cycles elapsed.
+extern "C" __global__ void ovsim_clock_probe(uint64_t window_ns, int slot, uint64_t* out) {
+    if (threadIdx.x != 0) return;
+    const uint64_t t0 = global_ns();
+    const long long c0 = clock64();
+    uint64_t t1 = t0;
+    long long c1 = c0;
+    while (t1 - t0 < window_ns) {
+        c1 = clock64();
+        t1 = global_ns();
+    }
+    uint64_t* r = out + 4ull * slot;
+    r[0] = sm_id();
+    r[1] = t0;
+    r[2] = t1;
+    r[3] = (uint64_t)(c1 - c0);
+}
+
 // ---- GEMM with shapeable occupancy ---------------------------------------------------------------
 // C (fp32, M x N) = A (fp16, M x K, row-major) . B (fp16, K x N, row-major); one 64x64 output tile
 // per block of 4 warps (32x32 each, 2x2 WMMA 16x16x16 fragments), K in steps of 32 through a

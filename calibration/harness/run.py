@@ -26,6 +26,11 @@ in ``<experiment>.blocks.csv`` when the harness's own kernels ran, and a line in
   and a memory-bound kernel.
 - ``power``: steady phases of a few seconds each (idle, GEMM, memory-bound, communication-like,
   GEMM beside communication) for the power model; NVML is sampled through every part anyway.
+- ``clock``: kernels run back to back for a few seconds from a cool start, so the card's power
+  limit walks the SM clock down, with a probe between every few kernels that counts the SM's
+  cycles over 100 us of the global timer: each kernel's duration at the clock it ran at, for how
+  much of a kernel's time follows the SM clock. Memory-bound kernels run between GEMMs that
+  hold the clock down.
 - ``ncu``: Nsight Compute metrics of each kernel kind alone (``ncu --clock-control none``: the
   card's clocks are never locked or changed).
 
@@ -60,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PARTS = ("gemm", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "ncu")
+PARTS = ("gemm", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "clock", "ncu")
 # NCCL's per-block shared memory: 4112 B of scratch per warp for its 20 warps, sized for 640 threads
 # whatever the launch uses (src/include/device.h; research notes, science.md section 1.1).
 CHANNEL_SMEM_BYTES = 4112 * 20
@@ -275,7 +280,7 @@ class Harness:
         self.module, self.resource_report = self._build()
         self.kernels = {name: self.module.get_function(name) for name in (
             "ovsim_channel_copy", "ovsim_channel_reduce", "ovsim_probe_first", "ovsim_probe_second",
-            "ovsim_gemm_tile64")}
+            "ovsim_gemm_tile64", "ovsim_clock_probe")}
         for name in ("ovsim_channel_copy", "ovsim_channel_reduce"):
             if self.kernels[name].num_regs < CHANNEL_MIN_REGISTERS:
                 log(f"warning: {name} got {self.kernels[name].num_regs} registers per thread, not NCCL's 96: "
@@ -811,6 +816,76 @@ class Harness:
         with self.experiment("power", "gemm_bf16_8192__channel_copy_32", seconds=phase_s):
             comm(self.high)
             loop(lambda: [gemm() for _ in range(20)])
+
+    # Victims of the ``clock`` part: cuBLAS GEMMs alone, and memory-bound kernels after GEMMs
+    # (alone they stay below the power limit, so the clock would never move under them).
+    CLOCK_GEMMS = ("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
+                   "gemm_fp8_8192x8192x8192", "gemm_tf32_8192x8192x8192")
+    CLOCK_MEMORY = ("add_bf16_256M", "layernorm_bf16_16384x8192", "softmax_bf16_16384x8192")
+    CLOCK_WINDOW_NS = 100_000
+    # Kernels between two probes: about this long, so the probes cost ~2% of the phase.
+    CLOCK_GROUP_S = 0.005
+
+    def part_clock(self) -> None:
+        """Per kernel, the SM clock it ran at, counted by probes between the kernels of its stream.
+
+        Each phase starts after an idle pause (the clock back at its highest) and runs for a few
+        seconds, while the power limit lowers the clock: the kernels' durations then span the clocks
+        the firmware picks, which the harness never sets. The probes run on the same stream as the
+        kernels, so none overlaps them; a kernel's clock is the mean of the probes on either side."""
+        t = self.torch
+        phase_s, cool_s = (2.0, 1.0) if self.quick else (5.0, 2.0)
+        heater = self.victims["gemm_bf16_8192x8192x8192"]
+        heater_s = self.time_alone_s(heater)
+        ops = dict(self.victims)
+        ops.update(self.gemm_ops(tuple(g for g in self.CLOCK_GEMMS if g not in ops)))
+        # Enough slots for the densest phase; a probe past the end would write out of bounds.
+        slots = int(2 * phase_s / (self.CLOCK_GROUP_S + self.CLOCK_WINDOW_NS * 1e-9)) + 64
+        for vname in self.CLOCK_GEMMS + self.CLOCK_MEMORY:
+            fn = ops.get(vname)
+            if fn is None:  # no FP8 on this GPU or in this PyTorch
+                continue
+            victim_s = self.time_alone_s(fn)
+            group = max(1, round(self.CLOCK_GROUP_S / victim_s))
+            memory = vname in self.CLOCK_MEMORY
+            heat = max(1, round(self.CLOCK_GROUP_S / heater_s)) if memory else 0
+            out = t.zeros(4 * slots, dtype=t.int64, device=self.dev)
+            self.made()
+            time.sleep(cool_s)
+            label = f"{vname}__after_gemm" if memory else vname
+            with self.experiment("clock", label, victim=vname, group=group, heater_group=heat,
+                                 heater="gemm_bf16_8192x8192x8192" if memory else None,
+                                 window_ns=self.CLOCK_WINDOW_NS, seconds=phase_s, victim_alone_s=victim_s):
+                slot = 0
+                pending: list[Any] = []
+                end = time.perf_counter() + phase_s
+                while time.perf_counter() < end and slot + 3 < slots:
+                    for f, n in ((heater, heat), (fn, group)):
+                        if n == 0:
+                            continue
+                        slot = self._clock_probe(out, slot)
+                        with t.cuda.stream(self.compute):
+                            for _ in range(n):
+                                f()
+                    ev = t.cuda.Event()
+                    ev.record(self.compute)
+                    pending.append(ev)
+                    # Two groups queued ahead: the GPU never idles, the host never runs far ahead.
+                    if len(pending) > 2:
+                        pending.pop(0).synchronize()
+                slot = self._clock_probe(out, slot)
+                t.cuda.synchronize()
+                rows = out[: 4 * slot].view(-1, 4).cpu().tolist()
+            with open(self.out / "clock" / f"{label}.clock.csv", "w") as f:
+                f.write("launch,smid,start_ns,end_ns,sm_cycles\n")
+                for i, (sm, s0, s1, cyc) in enumerate(rows):
+                    f.write(f"{i},{sm},{s0},{s1},{cyc}\n")
+
+    def _clock_probe(self, out: Any, slot: int) -> int:
+        """Launch a clock probe writing slot ``slot`` of ``out`` on the compute stream; the next slot."""
+        self.launch("ovsim_clock_probe", 1, 32, (self.cupy.uint64(self.CLOCK_WINDOW_NS), self.cupy.int32(slot), out),
+                    0, self.compute)
+        return slot + 1
 
     def ncu_subject(self) -> None:
         """One launch of each kernel kind, alone: what ``part_ncu`` profiles."""

@@ -8,11 +8,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from analysis import (
+    CLOCK_PROBE,
     HarnessDataError,
+    clock_points,
     dispatch_order,
     max_resident,
     overlap_slowdowns,
     read_blocks,
+    read_clock_probes,
     residency,
 )
 
@@ -119,3 +122,58 @@ def test_copy_part_slowdowns_count_kernels_a_copy_overlapped() -> None:
     assert (by_coll["alone_n"], by_coll["overlapped_n"]) == (5, 1)
     with pytest.raises(ValueError, match="overlapper"):
         overlap_slowdowns(df, overlapper="gemm")
+
+
+def probe_file(tmp_path: Path, clocks_hz: list[float], window_ns: int = 100_000) -> Path:
+    rows = [{"launch": i, "smid": 3, "start_ns": 10**9 + i * 10**7, "end_ns": 10**9 + i * 10**7 + window_ns,
+             "sm_cycles": round(hz * window_ns * 1e-9)} for i, hz in enumerate(clocks_hz)]
+    p = tmp_path / "x.clock.csv"
+    pd.DataFrame(rows).to_csv(p, index=False)
+    return p
+
+
+def test_a_probe_clock_is_its_cycles_over_its_window(tmp_path: Path) -> None:
+    probes = read_clock_probes(probe_file(tmp_path, [1.98e9, 1.5e9]))
+    assert probes["sm_clock_hz"].tolist() == pytest.approx([1.98e9, 1.5e9], rel=1e-6)
+
+
+@pytest.mark.parametrize("field,value", [("sm_cycles", 0), ("end_ns", 0), ("launch", 7)])
+def test_a_probe_record_never_written_or_out_of_order_is_refused(tmp_path: Path, field: str, value: int) -> None:
+    p = probe_file(tmp_path, [1.98e9, 1.5e9, 1.4e9])
+    df = pd.read_csv(p)
+    df.loc[1, field] = value
+    df.to_csv(p, index=False)
+    with pytest.raises(HarnessDataError, match=r"x\.clock\.csv"):
+        read_clock_probes(p)
+
+
+def clock_trace(groups: list[list[float]]) -> pd.DataFrame:
+    """Probe, a group of kernels (durations in s), probe, ...: the clock part's stream; a memset
+    between the first two kernels, as PyTorch launches some on the same stream."""
+    rows, t = [], 0.0
+    for durs in groups:
+        rows.append({"name": CLOCK_PROBE, "kind": "elementwise", "start_s": t, "duration_s": 1e-4})
+        t += 1e-4
+        for i, d in enumerate(durs):
+            rows.append({"name": "gemm", "kind": "gemm", "start_s": t, "duration_s": d})
+            t += d
+            if i == 0:
+                rows.append({"name": "Memset (Device)", "kind": "memset", "start_s": t, "duration_s": 1e-6})
+    rows.append({"name": CLOCK_PROBE, "kind": "elementwise", "start_s": t, "duration_s": 1e-4})
+    # Rows out of time order, as a table may hold them.
+    return pd.DataFrame(rows[::-1])
+
+
+def test_each_kernel_gets_the_mean_clock_of_the_probes_around_its_group(tmp_path: Path) -> None:
+    kernels = clock_trace([[1e-3, 2e-3], [3e-3]])
+    probes = read_clock_probes(probe_file(tmp_path, [1.9e9, 1.7e9, 1.5e9]))
+    pts = clock_points(kernels, probes).sort_values("start_s")
+    assert pts["duration_s"].tolist() == [1e-3, 2e-3, 3e-3]
+    assert pts["sm_clock_hz"].tolist() == pytest.approx([1.8e9, 1.8e9, 1.6e9], rel=1e-6)
+    assert pts["clock_step_hz"].tolist() == pytest.approx([2e8, 2e8, 2e8], rel=1e-6)
+
+
+def test_probes_and_trace_of_different_experiments_are_refused(tmp_path: Path) -> None:
+    kernels = clock_trace([[1e-3], [1e-3]])
+    with pytest.raises(HarnessDataError, match="3 ovsim_clock_probe kernels in the trace, 2 probe records"):
+        clock_points(kernels, read_clock_probes(probe_file(tmp_path, [1.9e9, 1.7e9])))
