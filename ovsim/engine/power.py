@@ -60,9 +60,11 @@ class PowerConfig:
             hi = min(hi, self.settings.sm_clock_hz / m.compute_clock_hz)
         return hi
 
-    def multipliers(self, c: float) -> tuple[float, float, float]:
-        """Rate multipliers at clock fraction c: (not clock-bound, CUDA-core, tensor)."""
-        return (1.0, c, c / self.model.tensor_reference_clock_fraction)
+    def multipliers(self, c: float) -> tuple[float, ...]:
+        """Rate multipliers at clock fraction c: not clock-bound, CUDA-core, then tensor work of
+        each saturation clock (``PowerModel.tensor_saturations``; :func:`tensor_clock_class`)."""
+        m = self.model
+        return (1.0, c, *(m.tensor_rate(c, x) for x in m.tensor_saturations))
 
 
 def op_power_class(op: Op, model: PowerModel) -> tuple[str, float]:
@@ -72,6 +74,13 @@ def op_power_class(op: Op, model: PowerModel) -> tuple[str, float]:
     precision = op.info.get("precision")
     prec = precision if isinstance(precision, str) else None
     return model.sm_weight_w(op.kind, prec, k.clock_sensitive and op.flow is None)
+
+
+def tensor_clock_class(op: Op, model: PowerModel) -> int:
+    """The index of a tensor op's rate in :meth:`PowerConfig.multipliers`."""
+    precision = op.info.get("precision")
+    return 2 + model.tensor_saturations.index(model.tensor_saturation(precision if isinstance(precision, str)
+                                                                       else None))
 
 
 # -- energy from counters ---------------------------------------------------------------------------
@@ -191,10 +200,16 @@ def isolated_activity(op: Op, gpu: GpuSpec, model: PowerModel) -> _OpPower:
     return _OpPower(cls, sm_w, hbm, link)
 
 
-def _solo_clock(a: _OpPower, cfg: PowerConfig) -> float:
+def _solo_clock(a: _OpPower, cfg: PowerConfig, saturation: float = math.inf) -> float:
+    """The clock the cap gives an op alone (a tensor op's rate saturating at ``saturation``)."""
     m = cfg.model
     follow = a.hbm_bytes_per_s if a.cls in (TENSOR, "fp32") else 0.0
     ref = m.tensor_reference_clock_fraction if a.cls == TENSOR else 1.0
+    if a.cls == TENSOR and math.isfinite(saturation):
+        # Its traffic at the saturation clock, from the calibrated traffic at the reference clock.
+        at_sat = follow * saturation / min(ref, saturation)
+        return m.solve_clock(cfg.cap_w, a.sm_w, a.hbm_bytes_per_s - follow, 0.0, a.link_bytes_per_s,
+                             cfg.max_clock_fraction, hbm_saturating=((at_sat, saturation),))
     return m.solve_clock(cfg.cap_w, a.sm_w, a.hbm_bytes_per_s - follow, follow / ref,
                          a.link_bytes_per_s, cfg.max_clock_fraction)
 
@@ -206,13 +221,14 @@ def throttled_workload(workload: Workload, gpu: GpuSpec, cfg: PowerConfig) -> tu
     clocks: dict[str, float] = {}
     for op in workload.ops:
         a = isolated_activity(op, gpu, cfg.model)
-        c = _solo_clock(a, cfg)
+        cls = tensor_clock_class(op, cfg.model) if a.cls == TENSOR else 1
+        c = _solo_clock(a, cfg, cfg.model.tensor_saturations[cls - 2] if a.cls == TENSOR else math.inf)
         clocks[op.id] = c
         k = op.kernel
         if k is None or op.flow is not None or not k.clock_sensitive:
             ops.append(op)
             continue
-        mult = cfg.multipliers(c)[2 if a.cls == TENSOR else 1]
+        mult = cfg.multipliers(c)[cls]
         k2 = dataclasses.replace(k, block_time_s=k.block_time_s / mult, isolated_s=k.isolated_s / mult)
         ops.append(dataclasses.replace(op, kernel=k2))
     return dataclasses.replace(workload, ops=tuple(ops)), clocks

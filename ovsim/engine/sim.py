@@ -40,7 +40,7 @@ import simpy
 
 from ovsim.engine.channel import CAP, max_min_rates, water_fill
 from ovsim.engine.machine import GpuModel, LinkKey, MachineModel
-from ovsim.engine.power import CLOCK_COUNTER, POWER_COUNTER, PowerConfig, op_power_class
+from ovsim.engine.power import CLOCK_COUNTER, POWER_COUNTER, PowerConfig, op_power_class, tensor_clock_class
 from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
@@ -102,7 +102,8 @@ class _Kernel:
         self.bytes_per_block = k.hbm_bytes / k.blocks
         self.hbm_cap = k.hbm_cap_bytes_per_s
         self.partitions = _MAIN if op.partition == "compute" else _BOTH
-        # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 tensor cores.
+        # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 and up tensor
+        # cores (one class per saturation clock, engine.power.tensor_clock_class).
         self.clock_cls = 1 if k.clock_sensitive and op.flow is None else 0
         self.pw_tensor = False
         self.pw_w = 0.0
@@ -111,7 +112,7 @@ class _Kernel:
             cls, self.pw_w = op_power_class(op, power.model)
             self.pw_tensor = cls == TENSOR
             if self.clock_cls and self.pw_tensor:
-                self.clock_cls = 2
+                self.clock_cls = tensor_clock_class(op, power.model)
             # Compute blocks count by the issue share they use (occupancy shaping leaves SMs partly
             # idle); memory-bound blocks and NCCL's copy loops by the block slots they hold.
             self.pw_unit = 1.0 / self.blocks_per_sm_alone if cls == MEMORY else self.issue
@@ -201,6 +202,11 @@ class _Group:
             if a.k is not b.k or a.per_sm != b.per_sm or a.remaining != b.remaining:
                 return False
         return True
+
+
+# A GPU's power inputs (Sim._activity): tensor and other SM watts, fixed and clock-following HBM
+# bytes/s, link bytes/s, busy SM fractions of three classes, and saturating tensor HBM traffic.
+_Activity = tuple[float, float, float, float, float, float, float, float, tuple[tuple[float, float], ...]]
 
 
 class _Gpu:
@@ -378,6 +384,13 @@ class Engine:
             m = self.power.model
             # Dynamic-power scale of tensor and other work without power management.
             self.s_calibrated = (m.dynamic_scale(m.tensor_reference_clock_fraction), m.dynamic_scale(1.0))
+            for gpu in self.gpus:
+                gpu.mult = [1.0] * (2 + len(m.tensor_saturations))
+        # Rate classes of tensor kernels that saturate, and their saturation clock fractions.
+        self.saturating_cls: dict[int, float] = {}
+        if self.power is not None:
+            sats = self.power.model.tensor_saturations
+            self.saturating_cls = {2 + i: x for i, x in enumerate(sats) if math.isfinite(x)}
         if self.power is not None and self.managed:
             c0 = self.power.max_clock_fraction  # an idle GPU fits any settable cap
             for gpu in self.gpus:
@@ -393,7 +406,7 @@ class Engine:
         self.woken = list(self.streams.values())
         if self.power is not None:
             for gpu in self.gpus:
-                self._record_power(gpu, 0.0, (0.0,) * 8)
+                self._record_power(gpu, 0.0, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ()))
         self._request_resolve()
         # The engine's objects (kernels, entries, flows, simpy's events) form no garbage cycles:
         # reference counting frees them, and the cyclic collector's passes over the growing heap
@@ -628,7 +641,7 @@ class Engine:
             g = self.gpus[r]
             g.clock_factor = factor
             if not self.managed:
-                g.mult = [1.0, factor, factor]
+                g.mult = [1.0] + [factor] * (len(g.mult) - 1)
                 g.throttled = factor < 1.0
         self.released, self.woken = self.woken, []
         gpus = self.gpus
@@ -1273,12 +1286,15 @@ class Engine:
         gpu.mult = list(self.power.multipliers(c))
         gpu.throttled = min(gpu.mult) < 1.0
 
-    def _activity(self, gpu: _Gpu) -> tuple[float, ...]:
+    def _activity(self, gpu: _Gpu) -> _Activity:
         """Power inputs of a GPU from its current rates (before HBM shares are applied to block
         rates): tensor and other SM dynamic watts at c = 1, HBM bytes/s that do not follow the SM
         clock, HBM bytes/s of clock-bound kernels, link bytes/s in plus out, and the busy SM count
         of tensor, CUDA-core and memory work."""
         tensor = other = fixed = follow = link = xt = xf = xm = 0.0
+        # HBM bytes/s of tensor kernels whose rate saturates, per rate class: they follow the clock
+        # only up to their saturation clock.
+        saturating: dict[int, float] = {}
         r = gpu.rank
         for g in gpu.groups:
             n = g.n
@@ -1304,7 +1320,9 @@ class Engine:
                         xm += x
                 if k.bytes_per_block > 0:
                     b = n * e.per_sm * e.rate * k.theta * k.bytes_per_block
-                    if k.clock_cls:
+                    if k.clock_cls in self.saturating_cls:
+                        saturating[k.clock_cls] = saturating.get(k.clock_cls, 0.0) + b
+                    elif k.clock_cls:
                         follow += b
                     else:
                         fixed += b
@@ -1318,7 +1336,11 @@ class Engine:
                 elif key[0] in ("egress", "ingress", "link") and (key[1] == r or key[2] == r):
                     link += f.rate * c
         sms = gpu.model.sm_count
-        return tensor / sms, other / sms, fixed, follow, link, xt / sms, xf / sms, xm / sms
+        c = gpu.clock_frac
+        # As (bytes/s at the saturation clock, that clock), the form the clock solver takes.
+        sat = tuple((b * self.saturating_cls[i] / min(c, self.saturating_cls[i]), self.saturating_cls[i])
+                    for i, b in saturating.items())
+        return tensor / sms, other / sms, fixed, follow, link, xt / sms, xf / sms, xm / sms, sat
 
     def _power(self, ranks: list[int]) -> None:
         """Set each GPU's clock under its power policy, then record its power.
@@ -1330,7 +1352,7 @@ class Engine:
         assert self.power is not None
         pc = self.power
         model = pc.model
-        acts: dict[int, tuple[float, ...]] = {}
+        acts: dict[int, _Activity] = {}
         if self.managed:
             cap, hi = pc.cap_w, pc.max_clock_fraction
             for _ in range(4):
@@ -1338,7 +1360,8 @@ class Engine:
                 for r in ranks:
                     gpu = self.gpus[r]
                     a = acts[r] = self._activity(gpu)
-                    c = model.solve_clock(cap, a[0] + a[1], a[2], a[3] / gpu.clock_frac, a[4], hi)
+                    c = model.solve_clock(cap, a[0] + a[1], a[2], a[3] / gpu.clock_frac, a[4], hi,
+                                          hbm_saturating=a[8])
                     if c != gpu.clock_frac:
                         self._set_clock(gpu, c)
                         changed = True
@@ -1352,7 +1375,7 @@ class Engine:
             a = acts[r] if r in acts else self._activity(gpu)
             self._record_power(gpu, now, a)
 
-    def _record_power(self, gpu: _Gpu, now: float, a: tuple[float, ...]) -> None:
+    def _record_power(self, gpu: _Gpu, now: float, a: _Activity) -> None:
         assert self.power is not None
         model = self.power.model
         if self.managed:
@@ -1368,6 +1391,7 @@ class Engine:
             else:
                 s_tensor, s_other = model.dynamic_scale(c_tensor), model.dynamic_scale(c)
         tensor, other, fixed, follow, link = a[0], a[1], a[2], a[3], a[4]
+        follow += sum(b * min(gpu.clock_frac, sat) / sat for b, sat in a[8])
         hbm = (fixed + follow) / model.hbm_peak_bytes_per_s
         lp = model.link_peak_bytes_per_s
         lk = link / lp if lp > 0 else 0.0

@@ -159,6 +159,10 @@ class Parameters(BaseModel):
     power_knee_clock_fraction: float = Field(default=0.6, gt=0, lt=1)
     power_knee_voltage_fraction: float = Field(default=0.65, gt=0, le=1)
     power_tensor_reference_clock_fraction: float = Field(default=1.0, gt=0)
+    # The SM clock above which a tensor kernel's rate stops following the clock (something off the
+    # SM clock, L2 or HBM, limits it there), by precision, "default" for the rest. None given: its
+    # rate follows the clock all the way up.
+    power_tensor_saturation_clock_hz: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
     power_clock_step_hz: float = Field(default=15e6, ge=0)
 
     def gemm_eff(self, precision: str, aligned: bool = True) -> float:

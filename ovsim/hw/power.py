@@ -32,6 +32,7 @@ fraction on the GPU's clock grid whose predicted power fits, within the settable
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,9 @@ class PowerModel:
     # on a GPU throttled by its default power limit); other kernels' rates hold at c = 1.
     tensor_reference_clock_fraction: float
     tensor_precisions: frozenset[str]
+    # Clock fractions above which tensor kernels' rates stop following the clock, by precision
+    # ("default" for the rest); a precision with neither follows the clock all the way up.
+    tensor_saturation_clock_fraction: Mapping[str, float] = dataclasses.field(default_factory=dict)
     derived: tuple[str, ...] = ()  # parameters derived from the TDP rather than given
 
     # -- the model ---------------------------------------------------------------------------------
@@ -117,6 +121,25 @@ class PowerModel:
     @property
     def max_clock_fraction(self) -> float:
         return self.max_clock_hz / self.compute_clock_hz
+
+    def tensor_saturation(self, precision: str | None) -> float:
+        """The clock fraction above which a tensor kernel of ``precision`` stops speeding up
+        (infinity: it follows the clock all the way up)."""
+        sat = self.tensor_saturation_clock_fraction
+        return sat.get(precision or "", sat.get("default", math.inf))
+
+    @property
+    def tensor_saturations(self) -> tuple[float, ...]:
+        """The distinct saturation clocks tensor kernels can have, in a fixed order (the engine's
+        rate classes; infinity, for precisions without one, first)."""
+        return (math.inf, *sorted(set(self.tensor_saturation_clock_fraction.values())))
+
+    def tensor_rate(self, c: float, saturation: float = math.inf) -> float:
+        """A tensor kernel's rate at clock fraction ``c`` relative to its calibrated rate: it follows
+        the clock up to its saturation clock and holds there, ``min(c, sat) / min(c_ref, sat)``
+        (the calibrated rate holds at the tensor reference clock)."""
+        ref = self.tensor_reference_clock_fraction
+        return min(c, saturation) / min(ref, saturation)
 
     def voltage_fraction(self, c: float) -> float:
         """V(c)/V(1)."""
@@ -159,14 +182,17 @@ class PowerModel:
                 + self.hbm_w * (hbm if hbm < 1.0 else 1.0) + self.link_w * (link if link < 1.0 else 1.0))
 
     def solve_clock(self, cap_w: float, sm_w: float, hbm_fixed_bytes_per_s: float, hbm_per_c_bytes_per_s: float,
-                    link_bytes_per_s: float, hi: float) -> float:
+                    link_bytes_per_s: float, hi: float,
+                    hbm_saturating: Sequence[tuple[float, float]] = ()) -> float:
         """The highest clock fraction in [min clock, ``hi``] on the clock grid whose power fits
         ``cap_w`` (``hi`` itself, a locked clock, counts too), or the minimum clock when none does
         (the GPU then draws more than the cap, as a real one would before its hardware slowdown
         engages).
 
         ``sm_w`` is the SM dynamic power at c = 1; compute-bound kernels' HBM traffic scales with
-        the clock (``hbm_per_c_bytes_per_s · c``), the rest does not. P(c) grows with c, so a binary
+        the clock (``hbm_per_c_bytes_per_s · c``), those of tensor kernels that saturate only up to
+        their saturation clock (each (bytes/s at it, its clock fraction) of ``hbm_saturating``), the
+        rest does not. P(c) grows with c, so a binary
         search over the grid finds the crossing (about seven evaluations on a 15 MHz grid)."""
         lo = self.min_clock_fraction
         if hi <= lo:
@@ -179,7 +205,10 @@ class PowerModel:
 
         def fits(c: float) -> bool:
             v = vk if c <= k else vk + slope * (c - k)
-            hbm = (hbm_fixed_bytes_per_s + hbm_per_c_bytes_per_s * c) / hbm_peak
+            moved = hbm_fixed_bytes_per_s + hbm_per_c_bytes_per_s * c
+            for b, sat in hbm_saturating:
+                moved += b * (c if c < sat else sat) / sat
+            hbm = moved / hbm_peak
             return idle + c * v * v * sm_w + hbm_w * (hbm if hbm < 1.0 else 1.0) + link <= cap_w
 
         if fits(hi):
@@ -228,6 +257,8 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
         knee_voltage_fraction=p.power_knee_voltage_fraction,
         tensor_reference_clock_fraction=p.power_tensor_reference_clock_fraction,
         tensor_precisions=frozenset(gpu.compute.tensor_precisions),
+        tensor_saturation_clock_fraction={k: v / gpu.clocks.compute_clock_hz
+                                          for k, v in p.power_tensor_saturation_clock_hz.items()},
     )
     tensor = dict(p.power_tensor_w)
     if "default" not in tensor:

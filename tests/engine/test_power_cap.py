@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from ovsim.api import Result, predict
 from ovsim.engine.power import POWER_COUNTER
@@ -130,6 +131,48 @@ def test_locked_clock_scales_a_compute_bound_kernel_exactly() -> None:
     assert g["duration_s"] == pytest.approx(g["isolated_s"] * 1830 / 1200, rel=1e-9)
     assert g["slowed_by"] == "lowered clock"
     assert r.summary()["avg_sm_clock_hz"] == pytest.approx(1.2e9, rel=1e-9)
+
+
+def saturating_gemm(tmp_path: Path, saturation_hz: float, m: int = 1024, k: int = 8192) -> Scenario:
+    """The H100 GEMM scenario with its BF16 tensor rate saturating at ``saturation_hz`` and its
+    efficiency holding at the 1830 MHz compute clock. The default shape fills a quarter of the
+    SMs, so no clock of the test brings it to the 700 W limit."""
+    (tmp_path / "sat.v1.yaml").write_text(yaml.safe_dump({
+        "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {},
+        "parameters": {"power_tensor_saturation_clock_hz": {"bf16": saturation_hz},
+                       "power_tensor_reference_clock_fraction": 1.0},
+        "sources": {"power_tensor_saturation_clock_hz": "test", "power_tensor_reference_clock_fraction": "test"}}))
+    sc = gemm_scenario("hgx-h100", m, m, k)
+    return sc.model_copy(update={"calibration": [str(tmp_path / "sat.v1.yaml")]})
+
+
+@pytest.mark.parametrize("lock_hz,expected_ratio", [
+    (1.2e9, 1.5e9 / 1.2e9),  # below saturation: the clock's ratio to it
+    (1.6e9, 1.0),  # above saturation, below the reference clock: no slower
+    (1.98e9, 1.0),  # above both: no faster
+])
+def test_a_saturating_tensor_kernel_follows_the_clock_only_below_its_saturation(
+        tmp_path: Path, lock_hz: float, expected_ratio: float) -> None:
+    """Closed form of the law: rate min(c, sat) / min(c_ref, sat) (saturation 1500 MHz, reference
+    1830 MHz), in the engine's clock-lock loop."""
+    r = predict(saturating_gemm(tmp_path, 1.5e9), sm_clock_hz=lock_hz)
+    g = r.ops.set_index("id").loc["g@r0"]
+    assert r.summary()["avg_sm_clock_hz"] == pytest.approx(lock_hz, rel=1e-9)
+    assert g["duration_s"] == pytest.approx(g["isolated_s"] * expected_ratio, rel=1e-9)
+
+
+def test_a_saturating_kernel_under_a_cap_runs_at_the_clock_the_solver_gives_it(tmp_path: Path) -> None:
+    """Under a cap low enough to hold the clock below saturation, time is the isolated time times
+    saturation over the clock the engine settled on; its HBM traffic and power follow the same rate."""
+    r = predict(saturating_gemm(tmp_path, 1.7e9, 8192, 8192), power_cap_w=450.0)
+    g = r.ops.set_index("id").loc["g@r0"]
+    clk = segments(r, 0, "sm_clock_hz")
+    busy = clk[(clk["start"] >= g["start_s"]) & (clk["end"] <= g["end_s"])]
+    c_hz = float(np.dot(busy["value"], busy["end"] - busy["start"]) / (busy["end"] - busy["start"]).sum())
+    assert c_hz < 1.7e9
+    assert g["duration_s"] == pytest.approx(g["isolated_s"] * 1.7e9 / c_hz, rel=0.02)
+    pw = segments(r, 0, POWER_COUNTER)
+    assert pw[(pw["start"] >= g["start_s"]) & (pw["end"] <= g["end_s"])]["value"].max() <= 450.0 + 1e-6
 
 
 def test_predictions_under_a_cap_are_deterministic() -> None:

@@ -128,6 +128,13 @@ def test_h100_weights_are_explicit(h100_model: PowerModel) -> None:
     assert h100_model.hbm_w > 0
 
 
+def test_a_tensor_rate_follows_the_clock_up_to_its_saturation_and_holds(a100_40: PowerModel) -> None:
+    ref = a100_40.tensor_reference_clock_fraction
+    assert a100_40.tensor_rate(0.5) == pytest.approx(0.5 / ref)
+    assert a100_40.tensor_rate(0.5, 0.7) == pytest.approx(0.5 / min(ref, 0.7))
+    assert a100_40.tensor_rate(0.9, 0.7) == pytest.approx(0.7 / min(ref, 0.7))
+
+
 # -- the clock solver -------------------------------------------------------------------------------
 
 
@@ -144,6 +151,21 @@ def test_solved_clock_is_the_highest_grid_clock_that_fits(a100_40: PowerModel, c
     f_hz = c * m.compute_clock_hz
     steps = (f_hz - m.min_clock_hz) / m.clock_step_hz
     assert steps == pytest.approx(round(steps), abs=1e-6)  # on the 15 MHz grid
+    nxt = c + m.clock_step_hz / m.compute_clock_hz
+    assert nxt > m.max_clock_fraction or p(nxt) > cap_w
+
+
+@pytest.mark.parametrize("cap_w", [150.0, 250.0, 330.0, 399.0])
+def test_saturating_traffic_follows_the_clock_only_up_to_its_saturation(a100_40: PowerModel, cap_w: float) -> None:
+    """HBM traffic of a tensor kernel that saturates at 0.8 of the compute clock: b·min(c, 0.8)/0.8."""
+    m = a100_40
+    sm_w, b, sat = m.tensor_w["default"], 1.2e12, 0.8
+    c = m.solve_clock(cap_w, sm_w, 0.0, 0.0, 0.0, m.max_clock_fraction, hbm_saturating=((b, sat),))
+
+    def p(x: float) -> float:
+        return m.power_w(Activity(sm_other_w=sm_w, hbm_bytes_per_s=b * min(x, sat) / sat), x)
+
+    assert p(c) <= cap_w
     nxt = c + m.clock_step_hz / m.compute_clock_hz
     assert nxt > m.max_clock_fraction or p(nxt) > cap_w
 
