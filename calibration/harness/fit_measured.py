@@ -11,15 +11,19 @@ write each GPU's next calibration version, with the data set's files and checksu
   resident is ``(1 / natural) / min(cap, 1 / n)`` of its time at full residency; the fit is the cap
   with the least squared error of the logarithms, divided by the block's warps. A second data set
   of the same GPU, where there is one, is reported against the fit (not fitted on).
+- ``power_tensor_saturation_clock_hz``: from the ``clock`` part, cuBLAS GEMMs at the clocks the
+  power limit walks them through, each with the SM clock its probes counted; per precision the
+  clock ``sat`` for which ``max(sat / f, 1)`` times each experiment's own time at saturation fits
+  the durations best (least squares on their logarithm).
 - the power parameters (``power_idle_w``, ``power_tensor_w``, ``power_memory_w``,
   ``power_hbm_j_per_byte``): ovsim's least-squares power fit (``ovsim.hw.power.fit_power``) on
-  the ``power`` part's NVML samples, each phase's last seconds, with the activity the harness
-  knows it ran: idle; the 8192^3 BF16 GEMM (tensor work on the SMs its kernels kept busy, and
-  the cost model's GEMM traffic); the streaming add (memory work, 3 x 2^29 B a launch); 32 copy
-  channels (memory work on 32 SMs, their traffic as the comm part measured it alone). The SM clock
-  is the one each sample read, so the GEMM phases, held at the power limit, tell the tensor
-  weight at the clocks they ran. The TF32 and FP8 GEMM phases and the GEMM beside the channels are
-  held out: ``held_out`` reports them against the fit.
+  NVML samples after each phase's first second, with the activity the harness knows it ran: the
+  ``power`` part's idle, streaming add (memory work, 3 x 2^29 B a launch) and 32 copy channels
+  (memory work on 32 SMs, their traffic as the comm part measured it alone), at the clock each
+  sample read; and the ``clock`` part's 8192^3 BF16 GEMM at the 700 W limit (tensor work on the
+  SMs its kernels kept busy, the cost model's GEMM traffic) at the clock its probes counted, since
+  NVML's readings under the limit fall below it. The ``power`` part's GEMM phases are held out:
+  ``held_out`` reports them against the fit at NVML's clocks.
 - the H200's memory-bound kernel parameters (``hbm_achievable_fraction``, ``memory_kernel_efficiency``,
   ``memory_kind_efficiency``): ``ovsim calibrate``'s memory fit on the clean instances of the
   ``overlap`` part's add, layer norm and softmax (the H200 had no trace to fit them on; the H100's
@@ -71,11 +75,20 @@ MEMORY_VICTIMS = ("add_bf16_256M", "layernorm_bf16_16384x8192", "softmax_bf16_16
 # (power data set, data set whose comm part gives the 32 channels' traffic)
 POWER = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26-b", "h100-sxm5-80gb/2026-11-26"),
          "h200-sxm": ("h200-sxm/2026-11-26", "h200-sxm/2026-11-26")}
-POWER_FITTED = ("idle", "gemm_bf16_8192", "add_bf16_256M", "channel_copy_32")
-POWER_HELD_OUT = ("gemm_tf32_8192", "gemm_fp8_8192", "gemm_bf16_8192__channel_copy_32")
+# The GEMM phases are held out: NVML's clock readings under the power limit fall up to 9% below
+# the clock the SMs count (the clock part), so the tensor weight is fitted on the clock part's
+# GEMM phase at its counted clocks instead (``clock_power_rows``).
+POWER_FITTED = ("idle", "add_bf16_256M", "channel_copy_32")
+POWER_HELD_OUT = ("gemm_bf16_8192", "gemm_tf32_8192", "gemm_fp8_8192", "gemm_bf16_8192__channel_copy_32")
 # Phases recorded before the harness fixed its power loop (calibration/data/README.md): not used.
 POWER_DEFECTIVE = {"h200-sxm/2026-11-26": ("gemm_bf16_8192__channel_copy_32",)}
 POWER_SETTLE_S = 1.0  # the first second of a phase: the clock and the sensor settling
+# Data sets of the ``clock`` part: each kernel with the SM clock its probes counted.
+CLOCK = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-d", "h200-sxm": "h200-sxm/2026-11-26-c"}
+CLOCK_STEADY_HZ = 30e6  # a group whose probes differ by more ran while the clock moved: left out
+# The clock part's GEMM phase that stands in for the power part's when the power weights are
+# fitted at counted clocks (the power part's GEMM phases have only NVML's clock readings).
+CLOCK_POWER_PHASE = "gemm_bf16_8192x8192x8192"
 CHANNEL_BUFFER_BYTES = 256 << 20  # run.py's
 
 
@@ -231,6 +244,97 @@ def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> p
     return pd.concat(rows, ignore_index=True) if rows else None
 
 
+def clock_points_of(rel: str) -> pd.DataFrame:
+    """The clock part's GEMM kernels (the most frequent kernel of each ``gemm_*`` experiment) that
+    ran at a steady clock, with their precision."""
+    pts = pd.read_parquet(DATA / rel / "clock.parquet")
+    pts = pts[pts["experiment"].str.startswith("gemm_") & (pts["clock_step_hz"] < CLOCK_STEADY_HZ)]
+    out = []
+    for exp, g in pts.groupby("experiment", sort=True):
+        victim = g["name"].value_counts().index[0]
+        out.append(g[g["name"] == victim].assign(precision=exp.split("_")[1]))
+    return pd.concat(out, ignore_index=True)
+
+
+def saturating_time(sat_hz: float, clock_hz: np.ndarray) -> np.ndarray:
+    """A saturating kernel's time at each clock, relative to its time at or above saturation."""
+    return np.maximum(sat_hz / clock_hz, 1.0)
+
+
+def fit_saturation(points: pd.DataFrame) -> dict[str, Any]:
+    """The saturation clock shared by the experiments in ``points`` (each its own time at
+    saturation), least squares on the logarithm of the durations."""
+    groups = [(g["sm_clock_hz"].to_numpy(float), np.log(g["duration_s"].to_numpy(float)))
+              for _, g in points.groupby("experiment", sort=True)]
+
+    def loss(sat: float) -> float:
+        err = 0.0
+        for clk, logt in groups:
+            r = logt - np.log(saturating_time(sat, clk))
+            err += float(((r - r.mean()) ** 2).sum())  # each experiment's own time at saturation
+        return err
+
+    lo, hi = float(points["sm_clock_hz"].min()), float(points["sm_clock_hz"].max())
+    res = minimize_scalar(loss, bounds=(lo, 1.25 * hi), method="bounded", options={"xatol": 1e5})
+    sat = float(res.x)
+    n = sum(len(c) for c, _ in groups)
+    rms = float(np.sqrt(loss(sat) / n))
+    # Against the law without saturation (time in proportion to 1 / clock), on the same points.
+    rms_prop = float(np.sqrt(loss(1e30) / n))
+    return {"value_hz": round(sat, -6), "points": n, "experiments": sorted(points["experiment"].unique()),
+            "clock_mhz_range": [round(lo / 1e6), round(hi / 1e6)], "rms_log_residual": round(rms, 4),
+            "rms_log_residual_if_time_followed_the_clock": round(rms_prop, 4)}
+
+
+def clock_report(gpu: str) -> tuple[FitReport, list[Path]]:
+    rel = CLOCK[gpu]
+    pts = clock_points_of(rel)
+    fits = {prec: fit_saturation(g) for prec, g in pts.groupby("precision", sort=True)}
+    values = {prec: f["value_hz"] for prec, f in fits.items()}
+    notes = ""
+    if "bf16" in values and "fp16" not in values:
+        # Not measured: FP16 runs the same tensor-core rate and operand width as BF16.
+        values["fp16"] = values["bf16"]
+        notes = "; fp16: BF16's, not measured (the same tensor-core rate and operand width)"
+    src = (f"measured: calibration/data/{rel} (clock part: cuBLAS GEMMs run from a cool start down to the 700 W "
+           f"limit's clocks, each at the SM clock its probes counted), per precision the clock above which time "
+           f"stops falling, max(sat/f, 1) fitted in log least squares{notes}; {COMMAND}")
+    report = FitReport(parameters={"power_tensor_saturation_clock_hz": values},
+                       sources={"power_tensor_saturation_clock_hz": src},
+                       fits={"power_tensor_saturation_clock_hz": {
+                           "method": "bounded scalar least squares on log duration; each experiment's time at "
+                                     "saturation free", "data_set": f"calibration/data/{rel}", **fits}})
+    tables = sorted(DATA / rel / "tables" / "clock" / f"{e}.parquet" for e in pts["experiment"].unique())
+    return report, tables
+
+
+def clock_power_rows(rel: str) -> pd.DataFrame:
+    """Power-fit rows (``FIT_COLUMNS``) from the clock part's BF16 8192^3 GEMM phase: each NVML
+    sample after its first second, at the SM clock of the probe nearest it on the global timer
+    (UTC, as NVML's timestamps are), the GEMMs' share of the phase as tensor work."""
+    folder = DATA / rel
+    probes = pd.read_parquet(folder / "probes.parquet")
+    probes = probes[probes["experiment"] == CLOCK_POWER_PHASE]
+    pts = pd.read_parquet(folder / "clock.parquet")
+    pts = pts[pts["experiment"] == CLOCK_POWER_PHASE]
+    victim = pts["name"].value_counts().index[0]
+    gemm = pts[pts["name"] == victim]
+    start_s, end_s = probes["start_ns"].min() * 1e-9, probes["end_ns"].max() * 1e-9
+    busy = min(1.0, float(gemm["duration_s"].sum()) / (end_s - start_s))
+    gemm_bps = 2 * (2 * (2 * 8192 * 8192) + 8192 * 8192) / float(gemm["duration_s"].median())
+    log = pd.read_csv(folder / "power.csv", skipinitialspace=True)
+    stamps = pd.to_datetime(log["timestamp"], format="%Y/%m/%d %H:%M:%S.%f")
+    t = (stamps - pd.Timestamp("1970-01-01")).dt.total_seconds().to_numpy()
+    power_col = next(c for c in log.columns if c.startswith("power.draw"))
+    sel = (t > start_s + POWER_SETTLE_S) & (t < end_s)
+    mid = ((probes["start_ns"] + probes["end_ns"]) * 0.5e-9).to_numpy()
+    nearest = np.clip(np.searchsorted(mid, t[sel]), 0, len(mid) - 1)
+    clock = probes["sm_clock_hz"].to_numpy(float)[nearest]
+    return pd.DataFrame({"phase": f"clock:{CLOCK_POWER_PHASE}", "power_w": log.loc[sel, power_col].to_numpy(float),
+                         "sm_clock_hz": clock, "sm_tensor_fraction": busy, "sm_fp32_fraction": 0.0,
+                         "sm_memory_fraction": 0.0, "hbm_bytes_per_s": busy * gemm_bps, "link_bytes_per_s": 0.0})
+
+
 def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     rel, comm_rel = POWER[gpu]
     spec = load_gpu(gpu)
@@ -238,6 +342,7 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     table = power_table(gpu, rel, comm_rel, POWER_FITTED)
     if table is None:
         raise SystemExit(f"{gpu}: calibration/data/{rel}: no power phase to fit")
+    table = pd.concat([table, clock_power_rows(CLOCK[gpu])], ignore_index=True)
     fit = fit_power({c: table[c].to_numpy(float) for c in FIT_COLUMNS}, model)
     v = fit.params
     values = {"power_idle_w": round(v["idle_w"], 1), "power_tensor_w": {"default": round(v["tensor_w"], 1)},
@@ -255,14 +360,18 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
                                "error_pct": round((p_ - m) / m * 100, 1),
                                "sm_clock_mhz_median": round(float(g["sm_clock_hz"].median()) / 1e6)}
     src = (f"measured: calibration/data/{rel} (power part: NVML instantaneous power, phases "
-           f"{', '.join(POWER_FITTED)}), ovsim.hw.power.fit_power; {COMMAND}")
+           f"{', '.join(POWER_FITTED)}) and calibration/data/{CLOCK[gpu]} (clock part: {CLOCK_POWER_PHASE} "
+           f"at the SM clocks its probes counted), ovsim.hw.power.fit_power; {COMMAND}")
     report = FitReport(parameters=values, sources=dict.fromkeys(values, src),
                        fits={"power": {"method": "ovsim.hw.power.fit_power (least squares, non-negative weights) on "
-                                                 "each phase's samples after its first second, at the clocks read",
-                                       "data_set": f"calibration/data/{rel}", "samples": fit.n_samples,
+                                                 "each phase's samples after its first second, at the clocks read "
+                                                 "(power part) or counted (clock part)",
+                                       "data_set": f"calibration/data/{rel}", "clock_data_set":
+                                       f"calibration/data/{CLOCK[gpu]}", "samples": fit.n_samples,
                                        "fit_mape_pct": round(fit.mape_pct, 2), "fit_rmse_w": round(fit.rmse_w, 1),
                                        "phases": by_phase}})
-    return report, sorted((DATA / rel / "tables" / "power").glob("*.parquet"))
+    tables = sorted((DATA / rel / "tables" / "power").glob("*.parquet"))
+    return report, [*tables, DATA / CLOCK[gpu] / "tables" / "clock" / f"{CLOCK_POWER_PHASE}.parquet"]
 
 
 def main() -> int:
@@ -293,6 +402,11 @@ def main() -> int:
     for gpu in SHAPING:
         report, tables = issue_cap_report(gpu)
         print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
+        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
+        print(f"{gpu}: {done}")
+    for gpu in CLOCK:
+        report, tables = clock_report(gpu)
+        print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
         _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
         print(f"{gpu}: {done}")
     for gpu in POWER:

@@ -58,7 +58,9 @@ class GemmOp(_OpBase):
     n: PositiveInt
     k: PositiveInt
     precision: Precision = "bf16"
-    tile: tuple[PositiveInt, PositiveInt, PositiveInt] = (128, 256, 64)
+    # None: 128x256x64, or 128x256x32 for 4-byte elements (three stages of the former do not fit
+    # in an SM's shared memory; cuBLAS's Hopper TF32 kernel uses the latter, the harness's traces).
+    tile: tuple[PositiveInt, PositiveInt, PositiveInt] | None = None
     threads: PositiveInt = 256
     registers_per_thread: PositiveInt = 128
     stages: PositiveInt = 3
@@ -188,7 +190,8 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
     extra = knobs.occupancy_shaping_smem_bytes
     sms = gpu.sm.count - knobs.sm_carveout
     if isinstance(spec, GemmOp):
-        return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile, threads=spec.threads,
+        tile = spec.tile or ((128, 256, 32) if cost.element_bytes(spec.precision) >= 4 else (128, 256, 64))
+        return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=tile, threads=spec.threads,
                          registers_per_thread=spec.registers_per_thread, stages=spec.stages,
                          extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k, sm_count=sms)
     if isinstance(spec, AttentionOp):

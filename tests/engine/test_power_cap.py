@@ -124,11 +124,14 @@ def test_memory_bound_work_does_not_follow_the_clock() -> None:
 
 
 def test_locked_clock_scales_a_compute_bound_kernel_exactly() -> None:
-    """H100's calibrated efficiency holds at its 1830 MHz compute clock; locked at 1200 MHz (well
-    within the 700 W limit) a GEMM takes 1830/1200 of its time."""
+    """H100's calibrated efficiency holds at its 1830 MHz compute clock, and its BF16 GEMMs stop
+    speeding up above the measured saturation clock (below 1830); locked at 1200 MHz (well within
+    the 700 W limit) a GEMM takes saturation/1200 of its time."""
     r = predict(gemm_scenario("hgx-h100", 4096, 4096, 4096), sm_clock_hz=1.2e9)
+    sat_hz = r.calibration.params.power_tensor_saturation_clock_hz["bf16"]
+    assert 1.2e9 < sat_hz < 1.83e9
     g = r.ops.set_index("id").loc["g@r0"]
-    assert g["duration_s"] == pytest.approx(g["isolated_s"] * 1830 / 1200, rel=1e-9)
+    assert g["duration_s"] == pytest.approx(g["isolated_s"] * sat_hz / 1.2e9, rel=1e-9)
     assert g["slowed_by"] == "lowered clock"
     assert r.summary()["avg_sm_clock_hz"] == pytest.approx(1.2e9, rel=1e-9)
 

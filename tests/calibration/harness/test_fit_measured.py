@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from fit_measured import (
     DATA,
@@ -10,6 +11,7 @@ from fit_measured import (
     SMLOSS,
     fit_headroom,
     fit_issue_cap,
+    fit_saturation,
     headroom_slowdown,
     shaped_time_ratio,
     shaping_points,
@@ -52,3 +54,18 @@ def test_the_shipped_shaping_data_sets_give_a_block_time_per_occupancy() -> None
         assert [n for n, _ in points] == [1, 2, 3, 4, 5, 6]
         times = [t for _, t in points]
         assert times == sorted(times)  # more blocks on an SM, each slower
+
+
+@pytest.mark.parametrize("sat_hz", [1.3e9, 1.6e9, 1.77e9])
+def test_the_saturation_fit_recovers_the_clock_its_durations_were_made_with(sat_hz: float) -> None:
+    """Two experiments of different sizes, time max(sat / f, 1) x their own, 1% noise."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for exp, t_sat in (("a", 1.4e-3), ("b", 1.7e-4)):
+        f = rng.uniform(1.1e9, 1.98e9, 400)
+        d = t_sat * np.maximum(sat_hz / f, 1.0) * rng.lognormal(0.0, 0.01, len(f))
+        rows.append(pd.DataFrame({"experiment": exp, "sm_clock_hz": f, "duration_s": d}))
+    fit = fit_saturation(pd.concat(rows, ignore_index=True))
+    assert fit["value_hz"] == pytest.approx(sat_hz, rel=0.01)
+    assert fit["rms_log_residual"] == pytest.approx(0.01, rel=0.15)
+    assert fit["rms_log_residual_if_time_followed_the_clock"] > fit["rms_log_residual"]
