@@ -627,14 +627,25 @@ MEASURED_POWER_HELD_OUT = "measured power and clocks (calibration harness; predi
 _SETTLE_S = 1.0  # a phase's first second: the clock and the sensor settling
 
 
+_REPEATS = 20  # kernels a steady phase is predicted as
+
+
+def _repeated_at_limit(name: str, system: str, op: dict[str, Any], limit_w: float) -> dict[str, Any]:
+    """``predict``'s summary of ``op`` repeated back to back on one GPU under a power cap."""
+    from ovsim.api import predict
+    from ovsim.scenario import Scenario
+
+    sc = Scenario.model_validate({"name": name, "system": system, "ranks": 1,
+                                  "ops": [{"name": f"k{i}", **op} for i in range(_REPEATS)]})
+    return predict(sc, power_cap_w=limit_w, counters=False).summary()
+
+
 def measured_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     """The harness's steady power phases (a kernel repeated for seconds at the board's power limit)
     against ``predict`` of the same kernel repeated under the same limit: board power, the SM
     clock the cap solver settles on, and the time per kernel. Only the BF16 GEMM's and the add's
     power were fitted (``calibration/harness/fit_measured.py``), and the H200 add's time (its
     memory-bound parameters); the clocks and the other times never were."""
-    from ovsim.api import predict
-    from ovsim.scenario import Scenario
     from ovsim.traces.load import load_trace
     from ovsim.traces.power import read_power_samples
 
@@ -658,10 +669,8 @@ def measured_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             end = bundle.wall_origin_s + float((main["start_s"] + main["duration_s"]).max())
             settled = main[main["start_s"] + bundle.wall_origin_s > start + _SETTLE_S]
             window = samples[(samples["wall_time_s"] > start + _SETTLE_S) & (samples["wall_time_s"] < end)]
-            n = 20
-            sc = Scenario.model_validate({"name": phase, "system": system, "ranks": 1,
-                                          "ops": [{"name": f"k{i}", **op} for i in range(n)]})
-            res = predict(sc, power_cap_w=limit, counters=False).summary()
+            n = _REPEATS
+            res = _repeated_at_limit(phase, system, op, limit)
             src = f"calibration/data/{rel} (power part, {phase}; {len(window)} samples)"
             what = f"{gpu}: {phase.replace('_', ' ')} at the {limit:.0f} W limit"
             checks.append(Check(f"{what}: power", MEASURED_POWER_FIT if fitted else MEASURED_POWER_HELD_OUT,
@@ -694,9 +703,6 @@ def measured_clock_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     checks; the FP8 and TF32 clocks are predictions (one tensor weight for every precision)."""
     import pandas as pd
 
-    from ovsim.api import predict
-    from ovsim.scenario import Scenario
-
     checks: list[Check] = []
     for rel, gpu, system in MEASURED_CLOCK:
         path = folder / rel / "clock.parquet"
@@ -710,10 +716,8 @@ def measured_clock_checks(folder: Path = MEASURED_DATA) -> list[Check]:
                 continue
             g = g[g["name"] == g["name"].value_counts().index[0]]
             steady = g[g["start_s"] > float(g["start_s"].min()) + _SETTLE_S]
-            n = 20
-            sc = Scenario.model_validate({"name": phase, "system": system, "ranks": 1,
-                                          "ops": [{"name": f"k{i}", **op} for i in range(n)]})
-            res = predict(sc, power_cap_w=limit, counters=False).summary()
+            n = _REPEATS
+            res = _repeated_at_limit(phase, system, op, limit)
             src = f"calibration/data/{rel} (clock part, {phase}; {len(steady)} kernels)"
             what = f"{gpu}: gemm {op['precision']} 8192 at the {limit:.0f} W limit"
             bf16 = op["precision"] == "bf16"

@@ -30,16 +30,22 @@ class HarnessDataError(ValueError):
     """A harness file that cannot be read as written; the message names the file and the field."""
 
 
-def read_blocks(path: str | Path) -> pd.DataFrame:
-    """A ``<experiment>.blocks.csv`` file; rows whose block never wrote its record are refused."""
-    p = Path(path)
+def _read_csv(p: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """A harness CSV file that must have ``columns``."""
     try:
         df = pd.read_csv(p)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise HarnessDataError(f"{p}: cannot read as CSV ({e})") from e
-    missing = [c for c in BLOCK_COLUMNS if c not in df.columns]
+    missing = [c for c in columns if c not in df.columns]
     if missing:
         raise HarnessDataError(f"{p}: no column {', '.join(missing)}")
+    return df
+
+
+def read_blocks(path: str | Path) -> pd.DataFrame:
+    """A ``<experiment>.blocks.csv`` file; rows whose block never wrote its record are refused."""
+    p = Path(path)
+    df = _read_csv(p, BLOCK_COLUMNS)
     for c in BLOCK_COLUMNS[1:]:
         if not pd.api.types.is_integer_dtype(df[c]):
             raise HarnessDataError(f"{p}: column {c} holds non-integers")
@@ -153,13 +159,7 @@ def read_clock_probes(path: str | Path) -> pd.DataFrame:
     """A ``<experiment>.clock.csv`` file (``clock`` part), with each probe's SM clock in Hz:
     cycles counted over its window of the global timer."""
     p = Path(path)
-    try:
-        df = pd.read_csv(p)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise HarnessDataError(f"{p}: cannot read as CSV ({e})") from e
-    missing = [c for c in PROBE_COLUMNS if c not in df.columns]
-    if missing:
-        raise HarnessDataError(f"{p}: no column {', '.join(missing)}")
+    df = _read_csv(p, PROBE_COLUMNS)
     bad = df[(df["end_ns"] <= df["start_ns"]) | (df["sm_cycles"] <= 0)]
     if len(bad):
         raise HarnessDataError(f"{p}: start_ns/end_ns/sm_cycles: probe {int(bad['launch'].iloc[0])} has no valid "
