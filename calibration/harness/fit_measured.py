@@ -56,6 +56,7 @@ from ovsim.calibrate import FitReport, calibrate, trace_input, write_shipped
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.power import FIT_COLUMNS, fit_power, fit_table_power_w, power_model
 from ovsim.hw.spec import gpu_file, load_gpu
+from ovsim.traces.power import read_power_samples
 from ovsim.validate import HARNESS_SM_FRACTION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +91,8 @@ CLOCK_STEADY_HZ = 30e6  # a group whose probes differ by more ran while the cloc
 # fitted at counted clocks (the power part's GEMM phases have only NVML's clock readings).
 CLOCK_POWER_PHASE = "gemm_bf16_8192x8192x8192"
 CHANNEL_BUFFER_BYTES = 256 << 20  # run.py's
+# Compulsory HBM traffic of an 8192^3 GEMM, in elements: A and B read, C written.
+GEMM_8192_ELEMENTS = 2 * (2 * 8192 * 8192) + 8192 * 8192
 
 
 def smloss_points(folder: Path, victim: str) -> list[tuple[int, float]]:
@@ -202,16 +205,19 @@ def _busy(kernels: list[dict[str, Any]], start_s: float, end_s: float, name: str
     return busy, float(np.median([e["dur"] for e in ks])) / 1e6
 
 
+def _main_kernel(points: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the most frequent kernel: a clock experiment's victim (the rest are PyTorch's)."""
+    return points[points["name"] == points["name"].value_counts().index[0]]
+
+
 def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> pd.DataFrame | None:
     """One row per NVML sample in each phase's window (less its first second): measured power and
     clock, and the activity the harness ran (``ovsim.hw.power.FIT_COLUMNS``)."""
     folder = DATA / rel
     spec = load_gpu(gpu)
     sms = spec.sm.count
-    log = pd.read_csv(folder / "power.csv", skipinitialspace=True)
-    stamps = pd.to_datetime(log["timestamp"], format="%Y/%m/%d %H:%M:%S.%f")
-    t = (stamps - pd.Timestamp("1970-01-01")).dt.total_seconds()
-    power_col = next(c for c in log.columns if c.startswith("power.draw"))
+    log = read_power_samples(folder / "power.csv")  # wall_time_s: UTC
+    t = log["wall_time_s"]
     comm = pd.read_parquet(DATA / comm_rel / "tables" / "comm" / "channel_copy_32x640.parquet")
     # The comm part's launch makes 2 passes, each reading and writing the buffer once.
     channel_bps = 2 * 2 * CHANNEL_BUFFER_BYTES / float(comm.loc[comm["kind"] == "collective", "duration_s"].median())
@@ -226,7 +232,7 @@ def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> p
             prec = phase.split("_")[1]
             busy, dur = _busy(kernels, start, end, "gemm" if prec == "tf32" else "nvjet")
             eb = {"bf16": 2, "fp8": 1, "tf32": 4}[prec]
-            gemm_bps = eb * (2 * (2 * 8192 * 8192) + 8192 * 8192) / dur if busy else 0.0
+            gemm_bps = eb * GEMM_8192_ELEMENTS / dur if busy else 0.0
             held = 32 / sms if "channel" in phase else 0.0
             act["sm_tensor_fraction"] = busy * (1 - held)
             act["sm_memory_fraction"] = held
@@ -239,8 +245,8 @@ def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> p
             act["sm_memory_fraction"] = 32 / sms
             act["hbm_bytes_per_s"] = channel_bps
         sel = (t > start + POWER_SETTLE_S) & (t < end)
-        rows.append(pd.DataFrame({"phase": phase, "power_w": log.loc[sel, power_col].to_numpy(float),
-                                  "sm_clock_hz": log.loc[sel, "clocks.sm [MHz]"].to_numpy(float) * 1e6, **act}))
+        rows.append(pd.DataFrame({"phase": phase, "power_w": log.loc[sel, "power_w"].to_numpy(float),
+                                  "sm_clock_hz": log.loc[sel, "sm_clock_hz"].to_numpy(float), **act}))
     return pd.concat(rows, ignore_index=True) if rows else None
 
 
@@ -251,8 +257,7 @@ def clock_points_of(rel: str) -> pd.DataFrame:
     pts = pts[pts["experiment"].str.startswith("gemm_") & (pts["clock_step_hz"] < CLOCK_STEADY_HZ)]
     out = []
     for exp, g in pts.groupby("experiment", sort=True):
-        victim = g["name"].value_counts().index[0]
-        out.append(g[g["name"] == victim].assign(precision=exp.split("_")[1]))
+        out.append(_main_kernel(g).assign(precision=exp.split("_")[1]))
     return pd.concat(out, ignore_index=True)
 
 
@@ -310,27 +315,25 @@ def clock_report(gpu: str) -> tuple[FitReport, list[Path]]:
 
 def clock_power_rows(rel: str) -> pd.DataFrame:
     """Power-fit rows (``FIT_COLUMNS``) from the clock part's BF16 8192^3 GEMM phase: each NVML
-    sample after its first second, at the SM clock of the probe nearest it on the global timer
-    (UTC, as NVML's timestamps are), the GEMMs' share of the phase as tensor work."""
+    sample after its first second, at the SM clock of the first probe whose middle is not before
+    it on the global timer (UTC, as NVML's timestamps are), the GEMMs' share of the phase as
+    tensor work."""
     folder = DATA / rel
     probes = pd.read_parquet(folder / "probes.parquet")
     probes = probes[probes["experiment"] == CLOCK_POWER_PHASE]
     pts = pd.read_parquet(folder / "clock.parquet")
     pts = pts[pts["experiment"] == CLOCK_POWER_PHASE]
-    victim = pts["name"].value_counts().index[0]
-    gemm = pts[pts["name"] == victim]
+    gemm = _main_kernel(pts)
     start_s, end_s = probes["start_ns"].min() * 1e-9, probes["end_ns"].max() * 1e-9
     busy = min(1.0, float(gemm["duration_s"].sum()) / (end_s - start_s))
-    gemm_bps = 2 * (2 * (2 * 8192 * 8192) + 8192 * 8192) / float(gemm["duration_s"].median())
-    log = pd.read_csv(folder / "power.csv", skipinitialspace=True)
-    stamps = pd.to_datetime(log["timestamp"], format="%Y/%m/%d %H:%M:%S.%f")
-    t = (stamps - pd.Timestamp("1970-01-01")).dt.total_seconds().to_numpy()
-    power_col = next(c for c in log.columns if c.startswith("power.draw"))
+    gemm_bps = 2 * GEMM_8192_ELEMENTS / float(gemm["duration_s"].median())  # BF16: 2 bytes an element
+    log = read_power_samples(folder / "power.csv")  # wall_time_s: UTC
+    t = log["wall_time_s"].to_numpy(float)
     sel = (t > start_s + POWER_SETTLE_S) & (t < end_s)
     mid = ((probes["start_ns"] + probes["end_ns"]) * 0.5e-9).to_numpy()
-    nearest = np.clip(np.searchsorted(mid, t[sel]), 0, len(mid) - 1)
-    clock = probes["sm_clock_hz"].to_numpy(float)[nearest]
-    return pd.DataFrame({"phase": f"clock:{CLOCK_POWER_PHASE}", "power_w": log.loc[sel, power_col].to_numpy(float),
+    following = np.clip(np.searchsorted(mid, t[sel]), 0, len(mid) - 1)
+    clock = probes["sm_clock_hz"].to_numpy(float)[following]
+    return pd.DataFrame({"phase": f"clock:{CLOCK_POWER_PHASE}", "power_w": log.loc[sel, "power_w"].to_numpy(float),
                          "sm_clock_hz": clock, "sm_tensor_fraction": busy, "sm_fp32_fraction": 0.0,
                          "sm_memory_fraction": 0.0, "hbm_bytes_per_s": busy * gemm_bps, "link_bytes_per_s": 0.0})
 
