@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
-from ovsim.hw.spec import GpuSpec, gpu_file, load_gpu, load_system
+from ovsim.hw.spec import gpu_file, load_gpu, load_system
 from ovsim.models import cost, nccl
 
 if TYPE_CHECKING:
@@ -81,50 +81,22 @@ def _busbw(op: str, size: float, system: str, algorithm: str | None = None) -> f
     return plan.algorithm_bandwidth_bytes_per_s * nccl.bus_factor(plan.op, plan.n_ranks) / GB
 
 
-# Output tiles CUTLASS/cuBLAS pick among for large GEMMs; a "best achievable" figure is the best of
-# the library's kernels, as the reference is the best over shapes and kernels.
-_TILES_MN = ((128, 256), (256, 128), (128, 192), (192, 128), (128, 128), (64, 256), (256, 64), (128, 64), (64, 128))
-# A main-loop stage reads 128 bytes of K per row (the shared-memory swizzle width): K tiles of 64
-# 16-bit, 128 8-bit or 32 32-bit elements (CUTLASS's Ampere and Hopper tile shapes).
-_K_TILE_BYTES = 128
-# (threads, registers per thread, stages) of a block. Ampere-style multistage kernels: 8 warps.
-# Hopper's warp-specialized cooperative kernels (cuBLAS's on sm90): a producer and two consumer
-# warpgroups holding the SM's registers, one block per SM, a deeper pipeline.
-_MULTISTAGE = (256, 128, 3)
-_WARP_SPECIALIZED = (384, 168, 4)
-
-
-def _gemm_kernels(gpu: GpuSpec, precision: str) -> list[tuple[tuple[int, int, int], int, int, int]]:
-    """(tile, threads, registers per thread, stages) of the library kernels a best figure is over."""
-    tk = max(1, _K_TILE_BYTES // cost.element_bytes(precision))
-    cc = gpu.compute_capability
-    blocks = [_MULTISTAGE] + ([_WARP_SPECIALIZED] if cc is not None and cc >= 90 else [])
-    return [((tm, tn, tk), threads, regs, stages) for tm, tn in _TILES_MN for threads, regs, stages in blocks]
-
-
 def best_gemm_tflops(gpu_name: str, m: int, n: int, k: int, precision: str, params: Parameters | None = None
                      ) -> float:
-    """The cost model's best throughput for the GEMM over the library kernels ovsim knows, with
-    ``params`` (default: the GPU's shipped calibration)."""
+    """The cost model's best throughput for the GEMM over the library kernels ovsim knows
+    (:func:`ovsim.models.cost.best_gemm`), with ``params`` (default: the GPU's shipped
+    calibration)."""
     gpu = load_gpu(gpu_name)
     if params is None:
         params = load_calibration(gpu, gpu_file(gpu_name).stem).params
-    best = 0.0
-    for tile, threads, regs, stages in _gemm_kernels(gpu, precision):
-        try:
-            d = cost.gemm(m, n, k, precision, gpu, params, tile=tile, threads=threads, registers_per_thread=regs,
-                          stages=stages)
-        except OvsimError:
-            continue  # the tile does not fit this GPU's shared memory
-        best = max(best, 2.0 * m * n * k / d.isolated_s / 1e12)
-    return best
+    return 2.0 * m * n * k / cost.best_gemm(m, n, k, precision, gpu, params).isolated_s / 1e12
 
 
 # NCCL figures are predictions: the NCCL model comes from NCCL's own tuning tables, not from them.
-# The A100 BF16 and H100 FP8 GEMM efficiencies in the shipped calibration were read off these very
-# figures, so their rows only check that the cost model (tiles, waves) carries the calibration
-# through: consistency, not prediction. The H100 BF16 one is fitted on the shared H100 traces
-# (calibration/gemm/fit_shared_traces.py), so its MAMF row is a prediction.
+# The A100 BF16 GEMM efficiency in the shipped calibration was read off its figure, so that row only
+# checks that the cost model (tiles, waves) carries the calibration through: consistency, not
+# prediction. The H100 BF16 and FP8 ones are fitted on the calibration harness's cuBLAS GEMMs
+# (calibration/harness/fit_measured.py), so their MAMF rows are predictions.
 PREDICTED = "published (not fitted)"
 CONSISTENCY = "published (calibration source)"
 HELD_OUT = "trace (held out: leave one trace out)"
@@ -145,11 +117,12 @@ def published_checks() -> list[Check]:
               src_nccl + "; 476 GB/s per the NVIDIA maintainer in NVIDIA/nccl-tests#290"),
         Check("best BF16 GEMM, H100 SXM, 2048x2048x13312", PREDICTED, 794.5,
               best_gemm_tflops("h100-sxm5-80gb", 2048, 2048, 13312, "bf16"), "TFLOPS", 5.0,
-              src_mamf + "; the BF16 efficiency is fitted on the TraceLens H100 traces"),
+              src_mamf + "; the BF16 efficiency is fitted on the harness's measured GEMMs"),
         Check("best BF16 GEMM, A100 SXM, 1024x10240x5120", CONSISTENCY, 271.2,
               best_gemm_tflops("a100-sxm4-80gb", 1024, 10240, 5120, "bf16"), "TFLOPS", 5.0, src_mamf),
-        Check("best FP8 GEMM, H100 SXM, 1024x9216x14336", CONSISTENCY, 1402.6,
-              best_gemm_tflops("h100-sxm5-80gb", 1024, 9216, 14336, "fp8"), "TFLOPS", 5.0, src_mamf),
+        Check("best FP8 GEMM, H100 SXM, 1024x9216x14336", PREDICTED, 1402.6,
+              best_gemm_tflops("h100-sxm5-80gb", 1024, 9216, 14336, "fp8"), "TFLOPS", 5.0,
+              src_mamf + "; the FP8 efficiency is fitted on the harness's measured GEMMs"),
     ]
 
 
@@ -450,6 +423,9 @@ def gemm_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> 
 # (794.5 of 989 TFLOPS BF16, published_checks' source), the baseline of gemm_checks' notes and of
 # bench/gemm_square_sweep.py.
 MAMF_EFFICIENCY = {"h100-sxm5-80gb": 0.803}
+# MAMF's best-shape efficiencies on the H100 by precision (published_checks' source): BF16 794.5 of
+# 989 TFLOPS, FP8 1,402.6 of 1,979; FP16 runs the same tensor cores as BF16. No figure for TF32.
+_MAMF_BY_PRECISION = {"bf16": 0.803, "fp16": 0.803, "fp8": 0.709}
 
 
 STUDY = "overlap studies (published; not fitted)"
@@ -699,8 +675,7 @@ def measured_clock_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     """The clock part's GEMMs, run back to back at the board's power limit, against ``predict`` of
     the same GEMM repeated under the limit: the SM clock the SMs counted (after the phase's first
     second) and the time per kernel. The saturation clocks were fitted on these kernels' times and
-    the tensor power weight on the BF16 phase, so the BF16 rows and every time row are consistency
-    checks; the FP8 and TF32 clocks are predictions (one tensor weight for every precision)."""
+    each precision's tensor power weight on its phase, so every row is a consistency check."""
     import pandas as pd
 
     checks: list[Check] = []
@@ -720,13 +695,79 @@ def measured_clock_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             res = _repeated_at_limit(phase, system, op, limit)
             src = f"calibration/data/{rel} (clock part, {phase}; {len(steady)} kernels)"
             what = f"{gpu}: gemm {op['precision']} 8192 at the {limit:.0f} W limit"
-            bf16 = op["precision"] == "bf16"
-            checks.append(Check(f"{what}: counted SM clock", MEASURED_CLOCK_FIT if bf16 else MEASURED_CLOCK_HELD_OUT,
+            checks.append(Check(f"{what}: counted SM clock", MEASURED_CLOCK_FIT,
                                 float(steady["sm_clock_hz"].median()) / 1e6, float(res["avg_sm_clock_hz"]) / 1e6,
                                 "MHz", 10.0, src, note="median over the kernels after the first second"))
             checks.append(Check(f"{what}: time per kernel", MEASURED_CLOCK_FIT,
                                 float(steady["duration_s"].median()) * 1e3, float(res["makespan_s"]) / n * 1e3,
                                 "ms", 10.0, src, note="median of the kernels after the first second"))
+    return checks
+
+
+# Data sets of the harness's gemm part (cuBLAS GEMMs alone, 10 repeats each after 3 warm-ups).
+MEASURED_GEMM: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
+                                              ("h200-sxm/2026-11-26", "h200-sxm"))
+MEASURED_GEMM_PRECISIONS = ("bf16", "fp16", "fp8", "tf32")
+# The gemm part's shapes that ran at the top clock: the squares up to 8192^3 ran first, within the
+# part's first 0.35 s, each repeat within 1% of the others and NVML reading 1980 MHz throughout;
+# the 16384^3 GEMMs that came next drove the card to its 700 W limit (NVML: 1335-1815 MHz, their
+# times rising through the repeats, FP8's by half), and the part's other shapes ran after them at
+# clocks no record gives (NVML's readings there are stale: one value for up to 0.1 s).
+GEMM_AT_TOP_CLOCK = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192))
+MEASURED_GEMM_GROUP = "measured GEMMs (calibration harness gemm part; held out: leave one shape out)"
+
+
+def measured_gemm_points(folder: Path, precision: str) -> list[tuple[int, int, int, float]]:
+    """(m, n, k, median measured s) of the gemm part's GEMMs of ``precision`` that ran at the top
+    clock (``GEMM_AT_TOP_CLOCK``), as far as ``folder`` (a data set) holds them."""
+    import pandas as pd
+
+    out = []
+    for m, n, k in GEMM_AT_TOP_CLOCK:
+        path = folder / "tables" / "gemm" / f"gemm_{precision}_{m}x{n}x{k}.parquet"
+        if not path.is_file():
+            continue
+        t = pd.read_parquet(path, columns=["kind", "duration_s"])
+        t = t[t["kind"] == "gemm"]
+        if not t.empty:
+            out.append((m, n, k, float(t["duration_s"].median())))
+    return out
+
+
+def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
+    """The gemm part's GEMMs at the top clock held out: per GPU and precision, each shape priced
+    as a scenario prices it (the library kernel the cost model picks,
+    :func:`ovsim.models.cost.best_gemm`) with the efficiency and time per wave fitted on the other
+    shapes alone (:func:`ovsim.calibrate.fit_library_gemm`). Each MAPE passes at or below 10%;
+    the note gives the roofline at the published best-shape efficiency (MAMF's, where there is one
+    for the precision) with no time per wave."""
+    from ovsim.calibrate import fit_library_gemm, library_gemm_mape
+
+    checks: list[Check] = []
+    for rel, gpu_name in MEASURED_GEMM:
+        gpu = load_gpu(gpu_name)
+        params = load_calibration(gpu, gpu_file(gpu_name).stem).params
+        for prec in MEASURED_GEMM_PRECISIONS:
+            pts = measured_gemm_points(folder / rel, prec)
+            if len(pts) < 3:
+                continue  # two shapes cannot fit two parameters and leave one out
+            errs = []
+            for i in range(len(pts)):
+                eff, tile_s, _ = fit_library_gemm(pts[:i] + pts[i + 1:], prec, gpu, params)
+                fitted = params.merged({"gemm_efficiency": {prec: eff}, "gemm_tile_overhead_s": {prec: tile_s}})
+                errs.append(library_gemm_mape([pts[i]], prec, gpu, fitted) * 100)
+            mamf = _MAMF_BY_PRECISION.get(prec)
+            naive = ""
+            if mamf is not None:
+                at_mamf = params.merged({"gemm_efficiency": {prec: mamf}, "gemm_tile_overhead_s": {prec: 0.0}})
+                naive = (f"; the roofline at MAMF's best-shape efficiency {mamf:.3f}: "
+                         f"{library_gemm_mape(pts, prec, gpu, at_mamf) * 100:.1f}%")
+            shapes = ", ".join(f"{m}^3 {e:.1f}%" for (m, _, _, _), e in zip(pts, errs, strict=True))
+            checks.append(Check(f"{gpu_name}: {prec} GEMM time MAPE ({len(pts)} shapes at the top clock)",
+                                MEASURED_GEMM_GROUP, MEMORY_TOLERANCE_PCT, sum(errs) / len(errs), "% MAPE", 0.0,
+                                f"calibration/data/{rel} (gemm part)", rule="at_most",
+                                note=f"each shape at the fit on the others: {shapes}{naive}; passes at or below "
+                                     f"{MEMORY_TOLERANCE_PCT:g}%"))
     return checks
 
 
@@ -750,7 +791,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
         checks += study_checks(workers, on_trace)
     if measured:
         checks += (measured_checks(MEASURED_DATA, workers, on_trace) + measured_power_checks(MEASURED_DATA)
-                   + measured_clock_checks(MEASURED_DATA))
+                   + measured_clock_checks(MEASURED_DATA) + measured_gemm_checks(MEASURED_DATA))
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
                    + gemm_checks(traces, on_trace))

@@ -244,6 +244,13 @@ def test_shipping_a_fit_the_newest_file_already_holds_writes_nothing() -> None:
                                                             "nothing written")
     other = FitReport(parameters={"memory_kernel_efficiency": shipped / 2})
     assert write_shipped(other, [tr], GPU, "test", dry_run=True) == (None, "dry run; nothing written")
+    # A fit of some keys of a mapping (one precision's efficiency) is held when those keys are: the
+    # file's other keys were not the fit's to give, so they do not make a new version.
+    effs = load_calibration(load_gpu(GPU), GPU).params.gemm_efficiency
+    some = FitReport(parameters={"gemm_efficiency": {"bf16": effs["bf16"]}})
+    assert write_shipped(some, [tr], GPU, "test")[0] is None
+    changed = FitReport(parameters={"gemm_efficiency": {"bf16": effs["bf16"] / 2}})
+    assert write_shipped(changed, [tr], GPU, "test", dry_run=True) == (None, "dry run; nothing written")
     assert sorted(p.name for p in CALIB_DIR.iterdir()) == before
 
 
@@ -740,3 +747,40 @@ def test_gemm_precision_from_kernel_names() -> None:
     assert gemm_precision("cutlass_80_tensorop_d884gemm_64x64_16x4_nn_align1") == "fp64"
     assert gemm_precision("cutlass_80_tensorop_s16816gemm_64x64_32x6_nn") is None  # input type unsaid
     assert gemm_precision("ampere_sgemm_128x64_nn") is None
+
+
+def test_gemm_precision_from_the_operators_input_types_where_the_name_says_none() -> None:
+    """cuBLAS's generated kernels (the harness's H100 GEMMs: nvjet_sm90_tst_..., _hsh_...,
+    _qqtst_...) name no input type; the profiler's record of the operator's inputs does. FP32
+    inputs do not say whether tensor cores ran them, and a CUDA-core kernel keeps its None."""
+    bf16 = "['c10::BFloat16', 'c10::BFloat16']"
+    assert gemm_precision("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", bf16) == "bf16"
+    assert gemm_precision("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT", "['c10::Half', 'c10::Half']") == "fp16"
+    assert gemm_precision("nvjet_sm90_qqtst_128x64_128x8_1x2_h_bz_algo2_TNT",
+                          "['c10::Float8_e4m3fn', 'c10::Float8_e4m3fn', 'float', 'float']") == "fp8"
+    assert gemm_precision("nvjet_sm90_sss_128x64", "['float', 'float']") is None
+    assert gemm_precision("nvjet_sm90_x", "['c10::BFloat16', 'c10::Half']") is None  # mixed: unsaid
+    assert gemm_precision("nvjet_sm90_x", "not a list") is None
+    assert gemm_precision("volta_sgemm_32x128_tn", "['c10::Half', 'c10::Half']") is None
+    # The name wins where it says one.
+    assert gemm_precision("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x256x32", bf16) == "tf32"
+
+
+def test_the_library_gemm_fit_recovers_planted_parameters() -> None:
+    """Times made by the scenario's own GEMM (the cost model's library choice) at an efficiency
+    of 0.75 and 3 us per wave, on four square shapes: the fit finds both back, with no error."""
+    from ovsim.calibrate import fit_library_gemm
+    from ovsim.hw.calib import load_calibration
+    from ovsim.hw.spec import load_gpu
+    from ovsim.models.cost import best_gemm
+
+    gpu = load_gpu("h100-sxm5-80gb")
+    base = load_calibration(gpu, "h100-sxm5-80gb").params
+    planted = base.merged({"gemm_efficiency": {"fp16": 0.75}, "gemm_tile_overhead_s": {"fp16": 3e-6}})
+    problems = [(s, s, s, best_gemm(s, s, s, "fp16", gpu, planted).isolated_s) for s in (1024, 2048, 4096, 8192)]
+    eff, tile_s, err = fit_library_gemm(problems, "fp16", gpu, base)
+    assert eff == pytest.approx(0.75, abs=0.002)
+    assert tile_s == pytest.approx(3e-6, rel=0.02)
+    assert err < 1e-3
+    with pytest.raises(OvsimError, match="no fp16 GEMM"):
+        fit_library_gemm([], "fp16", gpu, base)

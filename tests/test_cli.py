@@ -97,11 +97,12 @@ def _bad(tmp_path: Path, text: str) -> Path:
         (GOOD.replace("k: 4096}", "k: 4096, stream: ''}"), "ops.0.gemm.stream: String should have at least 1"),
         (GOOD.replace("k: 4096}", "k: 4096, split_k: 8192}"), "ops.g.split_k: split_k 8192 is more than k 4096"),
         (GOOD.replace("name: ar", "name: g"), "ops: op name 'g' is used twice"),
+        (GOOD.replace("k: 4096}", "k: 4096, stages: 4}"), "stages describes a kernel of your own: give its tile too"),
     ],
     ids=["yaml", "unknown-system", "negative-size", "cycle", "bad-rank", "unknown-key", "tp-ranks", "pp-layers",
          "bucket", "heads", "ops-and-training", "negative-links", "mesh-without-links", "no-gpus", "infinite-delay",
          "nan-size", "infinite-bucket", "no-ranks", "negative-rank", "unnamed-stream", "split-k-over-k",
-         "duplicate-name"],
+         "duplicate-name", "block-without-tile"],
 )
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      text: str, expected: str) -> None:

@@ -32,31 +32,20 @@ def test_rules() -> None:
 
 def test_nccl_and_h100_gemm_figures_are_predicted_within_tolerance() -> None:
     """Bus bandwidths from NCCL's tuning model against nccl-tests measurements, and the H100 BF16
-    MAMF figure (794.5 TFLOPS, stas00/ml-engineering) from the GEMM fit on the TraceLens H100
-    traces: none was fitted to its figure."""
+    and FP8 MAMF figures (794.5 and 1,402.6 TFLOPS, stas00/ml-engineering) from the GEMM fit on
+    the harness's measured cuBLAS GEMMs: none was fitted to its figure. FP8 needs Hopper's
+    one-block-per-SM kernels with 128-byte K tiles; the multistage kernels alone lose a third wave."""
     rows = [c for c in validate.published_checks() if c.group == validate.PREDICTED]
-    assert [c.name.split(",")[0] for c in rows] == ["NCCL all-reduce busbw"] * 3 + ["best BF16 GEMM"]
+    assert [c.name.split(",")[0] for c in rows] == ["NCCL all-reduce busbw"] * 3 + ["best BF16 GEMM", "best FP8 GEMM"]
     assert all(c.passed for c in rows), [(c.name, c.error_pct) for c in rows]
 
 
 def test_best_gemm_figures_carry_the_calibration_through() -> None:
-    """The A100 BF16 and H100 FP8 best-GEMM rows (MAMF, stas00/ml-engineering) are the source of
-    those efficiencies, so they check that tiles, waves and occupancy carry them through: within 5%.
-    FP8 needs Hopper's one-block-per-SM kernels with 128-byte K tiles; the multistage kernels alone
-    lose a third wave."""
+    """The A100 BF16 best-GEMM row (MAMF, stas00/ml-engineering) is the source of that efficiency,
+    so it checks that tiles, waves and occupancy carry it through: within 5%."""
     rows = [c for c in validate.published_checks() if c.group == validate.CONSISTENCY]
-    assert [c.name.split(",")[0] for c in rows] == ["best BF16 GEMM", "best FP8 GEMM"]
+    assert [c.name.split(",")[0] for c in rows] == ["best BF16 GEMM"]
     assert all(c.passed for c in rows), [(c.name, c.error_pct) for c in rows]
-
-
-def test_hopper_kernels_join_the_best_gemm_search_only_on_hopper() -> None:
-    from ovsim.hw.spec import load_gpu
-
-    a100 = validate._gemm_kernels(load_gpu("a100-sxm4-80gb"), "bf16")
-    h100 = validate._gemm_kernels(load_gpu("h100-sxm5-80gb"), "fp8")
-    assert {threads for _, threads, _, _ in a100} == {256}
-    assert {threads for _, threads, _, _ in h100} == {256, 384}
-    assert {tile[2] for tile, _, _, _ in a100} == {64} and {tile[2] for tile, _, _, _ in h100} == {128}
 
 
 def test_power_figures_are_reported_against_their_sources() -> None:
@@ -182,6 +171,18 @@ def test_measured_clocks_are_predicted_for_the_clock_parts_gemms() -> None:
         what = f"{gpu}: gemm bf16 8192 at the 700 W limit"
         assert checks[f"{what}: counted SM clock"].group == MEASURED_CLOCK_FIT
         assert checks[f"{what}: counted SM clock"].passed and checks[f"{what}: time per kernel"].passed
+
+
+def test_measured_gemms_are_predicted_held_out_within_the_bar() -> None:
+    """The gemm part's cuBLAS GEMMs at the top clock (1024^3 to 8192^3), each priced as a scenario
+    prices it with the parameters fitted on the other shapes: every GPU and precision within 10%
+    MAPE (they were 0.9 to 13.9% per shape when this was written)."""
+    from ovsim.validate import MEASURED_GEMM_GROUP, measured_gemm_checks
+
+    checks = measured_gemm_checks()
+    assert {c.name.split(":")[0] for c in checks} == {"h100-sxm5-80gb", "h200-sxm"}
+    assert len(checks) == 8 and all(c.group == MEASURED_GEMM_GROUP for c in checks)
+    assert all(c.passed for c in checks), [(c.name, c.predicted) for c in checks]
 
 
 def test_measured_power_phases_are_predicted_at_the_power_limit() -> None:

@@ -16,6 +16,11 @@ did not overlap communication and whose operator records its input shapes; the f
   the aligned rate. A calibration from a trace of one's own kernels can carry it.
 - FP8, TF32, FP32 keep the earlier values (MAMF's FP8 figure; assumptions).
 
+Superseded where measured: ``h100-sxm5-80gb.v12`` holds the GEMM parameters fitted on the
+calibration harness's cuBLAS GEMMs (``calibration/harness/fit_measured.py``), in the frame a
+scenario prices a GEMM in; this script then prints its fit and writes nothing, so that it never
+puts the traces' fit back over a measurement.
+
 The held-out figures (each trace's GEMMs at the fit on the other four) come from
 ``ovsim validate --traces``; against the published square-GEMM sweep, ``python
 bench/gemm_square_sweep.py``.
@@ -34,9 +39,12 @@ import sys
 from pathlib import Path
 
 from ovsim.calibrate import calibrate, trace_input, write_shipped
+from ovsim.hw.calib import CALIB_DIR, load_calibration, read_calib_file
+from ovsim.hw.spec import gpu_file, load_gpu
 from ovsim.validate import GEMM_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
+MEASURED = "measured: calibration/data/"
 FITTED = "bf16"
 ALSO = {"fp16": "the BF16 fit (same tensor cores and peak; no shared H100 trace has an FP16 GEMM)"}
 NOT_SHIPPED = ("gemm_unaligned_efficiency: fitted, not written; 384 of its 390 GEMMs are attention bmm's on three "
@@ -63,6 +71,10 @@ def main() -> int:
             "written": f"{FITTED} and, as {FITTED}, " + ", ".join(ALSO), "not_written": NOT_SHIPPED}}}
         shipped = dataclasses.replace(report, parameters=params, sources=sources, fits=fits)
         print(json.dumps({"gpu": gpu, "parameters": params, "fits": fits}, indent=1))
+        newest = load_calibration(load_gpu(gpu), gpu_file(gpu).stem).files[-1]
+        if MEASURED in read_calib_file(CALIB_DIR / newest).sources.get("gemm_efficiency", ""):
+            print(f"{gpu}: {newest} holds GEMM parameters fitted on measured data; nothing written")
+            continue
         _, done = write_shipped(shipped, inputs, gpu, "python calibration/gemm/fit_shared_traces.py",
                                 dry_run=args.dry_run)
         print(f"{gpu}: {done}")

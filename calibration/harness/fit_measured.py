@@ -1,6 +1,12 @@
 """Fit engine parameters from the calibration harness's measured data sets (calibration/data/) and
 write each GPU's next calibration version, with the data set's files and checksums as provenance.
 
+- ``gemm_efficiency`` and ``gemm_tile_overhead_s`` (BF16, FP16, FP8, TF32): from the ``gemm`` part,
+  the cuBLAS GEMMs that ran at the top clock (``ovsim.validate.GEMM_AT_TOP_CLOCK``: 1024^3 to
+  8192^3), median of 10 repeats; fitted in the frame a scenario prices a GEMM in, the library
+  kernel the cost model picks for the shape (``ovsim.calibrate.fit_library_gemm``: least mean
+  absolute relative error). They replace the H100's fit on the shared traces (BF16) and the
+  published or assumed values (FP8, TF32, and the H200's copy of the H100's).
 - ``memory_sm_headroom``: from the ``smloss`` part, a streaming add measured alone and beside a
   kernel that holds 8 to 66 SMs and moves no data. With ``h`` of ``S`` SMs held the engine's
   bandwidth-bound kernel runs ``1 / min(1, headroom * (S - h) / S)`` slower; the fit is the
@@ -52,12 +58,19 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize_scalar
 
-from ovsim.calibrate import FitReport, calibrate, trace_input, write_shipped
+from ovsim.calibrate import FitReport, calibrate, fit_library_gemm, trace_input, write_shipped
 from ovsim.hw.calib import load_calibration
-from ovsim.hw.power import FIT_COLUMNS, fit_power, fit_table_power_w, power_model
+from ovsim.hw.power import FIT_COLUMNS, fit_power, fit_table_power_w, fit_tensor_weight, power_model
 from ovsim.hw.spec import gpu_file, load_gpu
+from ovsim.models.cost import element_bytes
 from ovsim.traces.power import read_power_samples
-from ovsim.validate import HARNESS_SM_FRACTION
+from ovsim.validate import (
+    GEMM_AT_TOP_CLOCK,
+    HARNESS_SM_FRACTION,
+    MEASURED_GEMM,
+    MEASURED_GEMM_PRECISIONS,
+    measured_gemm_points,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "calibration" / "data"
@@ -90,6 +103,8 @@ CLOCK_STEADY_HZ = 30e6  # a group whose probes differ by more ran while the cloc
 # The clock part's GEMM phase that stands in for the power part's when the power weights are
 # fitted at counted clocks (the power part's GEMM phases have only NVML's clock readings).
 CLOCK_POWER_PHASE = "gemm_bf16_8192x8192x8192"
+# The clock part's other GEMMs, each fitting its precision's own tensor weight with the rest held.
+CLOCK_PRECISION_PHASES = {"fp8": "gemm_fp8_8192x8192x8192", "tf32": "gemm_tf32_8192x8192x8192"}
 CHANNEL_BUFFER_BYTES = 256 << 20  # run.py's
 # Compulsory HBM traffic of an 8192^3 GEMM, in elements: A and B read, C written.
 GEMM_8192_ELEMENTS = 2 * (2 * 8192 * 8192) + 8192 * 8192
@@ -231,8 +246,7 @@ def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> p
         if phase.startswith("gemm_"):
             prec = phase.split("_")[1]
             busy, dur = _busy(kernels, start, end, "gemm" if prec == "tf32" else "nvjet")
-            eb = {"bf16": 2, "fp8": 1, "tf32": 4}[prec]
-            gemm_bps = eb * GEMM_8192_ELEMENTS / dur if busy else 0.0
+            gemm_bps = element_bytes(prec) * GEMM_8192_ELEMENTS / dur if busy else 0.0
             held = 32 / sms if "channel" in phase else 0.0
             act["sm_tensor_fraction"] = busy * (1 - held)
             act["sm_memory_fraction"] = held
@@ -291,6 +305,35 @@ def fit_saturation(points: pd.DataFrame) -> dict[str, Any]:
             "rms_log_residual_if_time_followed_the_clock": round(rms_prop, 4)}
 
 
+def gemm_report(gpu: str, rel: str) -> tuple[FitReport, list[Path]]:
+    """The GEMM efficiency and time per wave of every precision the data set holds, fitted in the
+    scenario's frame on the GEMMs that ran at the top clock."""
+    g = load_gpu(gpu)
+    params = load_calibration(g, gpu_file(gpu).stem).params
+    effs: dict[str, float] = {}
+    tiles: dict[str, float] = {}
+    fits: dict[str, Any] = {}
+    for prec in MEASURED_GEMM_PRECISIONS:
+        pts = measured_gemm_points(DATA / rel, prec)
+        if not pts:
+            continue
+        effs[prec], tiles[prec], err = fit_library_gemm(pts, prec, g, params)
+        fits[prec] = {"points": len(pts), "shapes": [f"{m}x{n}x{k}" for m, n, k, _ in pts],
+                      "measured_median_s": [t for *_, t in pts], "fit_mape_pct": round(err * 100, 2)}
+    shapes = ", ".join(f"{m}^3" for m, _, _ in GEMM_AT_TOP_CLOCK)
+    src = (f"measured: calibration/data/{rel} (gemm part: cuBLAS GEMMs alone at the top clock, {shapes}, median "
+           f"of 10 repeats), fitted through the library kernel the cost model picks for each shape "
+           f"(ovsim.calibrate.fit_library_gemm); {COMMAND}")
+    report = FitReport(parameters={"gemm_efficiency": effs, "gemm_tile_overhead_s": tiles},
+                       sources={"gemm_efficiency": src, "gemm_tile_overhead_s": src},
+                       fits={"gemm": {"method": "least mean absolute relative error (Powell, bounded, three starts) of "
+                                                "ovsim.models.cost.best_gemm against the median measured time",
+                                      "data_set": f"calibration/data/{rel}", "precisions": fits}})
+    tables = [DATA / rel / "tables" / "gemm" / f"gemm_{prec}_{m}x{n}x{k}.parquet"
+              for prec, f in fits.items() for m, n, k in (map(int, s.split("x")) for s in f["shapes"])]
+    return report, tables
+
+
 def clock_report(gpu: str) -> tuple[FitReport, list[Path]]:
     rel = CLOCK[gpu]
     pts = clock_points_of(rel)
@@ -313,27 +356,28 @@ def clock_report(gpu: str) -> tuple[FitReport, list[Path]]:
     return report, tables
 
 
-def clock_power_rows(rel: str) -> pd.DataFrame:
-    """Power-fit rows (``FIT_COLUMNS``) from the clock part's BF16 8192^3 GEMM phase: each NVML
+def clock_power_rows(rel: str, phase: str = CLOCK_POWER_PHASE) -> pd.DataFrame:
+    """Power-fit rows (``FIT_COLUMNS``) from one of the clock part's 8192^3 GEMM phases: each NVML
     sample after its first second, at the SM clock of the first probe whose middle is not before
     it on the global timer (UTC, as NVML's timestamps are), the GEMMs' share of the phase as
-    tensor work."""
+    tensor work and the cost model's GEMM traffic (its element size) as HBM traffic."""
     folder = DATA / rel
     probes = pd.read_parquet(folder / "probes.parquet")
-    probes = probes[probes["experiment"] == CLOCK_POWER_PHASE]
+    probes = probes[probes["experiment"] == phase]
     pts = pd.read_parquet(folder / "clock.parquet")
-    pts = pts[pts["experiment"] == CLOCK_POWER_PHASE]
+    pts = pts[pts["experiment"] == phase]
     gemm = _main_kernel(pts)
     start_s, end_s = probes["start_ns"].min() * 1e-9, probes["end_ns"].max() * 1e-9
     busy = min(1.0, float(gemm["duration_s"].sum()) / (end_s - start_s))
-    gemm_bps = 2 * GEMM_8192_ELEMENTS / float(gemm["duration_s"].median())  # BF16: 2 bytes an element
+    eb = element_bytes(phase.split("_")[1])
+    gemm_bps = eb * GEMM_8192_ELEMENTS / float(gemm["duration_s"].median())
     log = read_power_samples(folder / "power.csv")  # wall_time_s: UTC
     t = log["wall_time_s"].to_numpy(float)
     sel = (t > start_s + POWER_SETTLE_S) & (t < end_s)
     mid = ((probes["start_ns"] + probes["end_ns"]) * 0.5e-9).to_numpy()
     following = np.clip(np.searchsorted(mid, t[sel]), 0, len(mid) - 1)
     clock = probes["sm_clock_hz"].to_numpy(float)[following]
-    return pd.DataFrame({"phase": f"clock:{CLOCK_POWER_PHASE}", "power_w": log.loc[sel, "power_w"].to_numpy(float),
+    return pd.DataFrame({"phase": f"clock:{phase}", "power_w": log.loc[sel, "power_w"].to_numpy(float),
                          "sm_clock_hz": clock, "sm_tensor_fraction": busy, "sm_fp32_fraction": 0.0,
                          "sm_memory_fraction": 0.0, "hbm_bytes_per_s": busy * gemm_bps, "link_bytes_per_s": 0.0})
 
@@ -351,12 +395,29 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     values = {"power_idle_w": round(v["idle_w"], 1), "power_tensor_w": {"default": round(v["tensor_w"], 1)},
               "power_memory_w": round(v["memory_w"], 1),
               "power_hbm_j_per_byte": float(f"{v['hbm_w'] / spec.memory.bandwidth_bytes_per_s:.4g}")}
+    shipped = load_calibration(spec, gpu_file(gpu).stem).params
+    by_precision: dict[str, Any] = {}
+    for prec, phase in CLOCK_PRECISION_PHASES.items():
+        rows = clock_power_rows(CLOCK[gpu], phase)
+        w, err = fit_tensor_weight({c: rows[c].to_numpy(float) for c in FIT_COLUMNS},
+                                   power_model(spec, shipped.merged(values)))
+        values["power_tensor_w"][prec] = round(w, 1)
+        table = pd.concat([table, rows], ignore_index=True)
+        by_precision[prec] = {"phase": f"clock:{phase}", "samples": len(rows), "fit_mape_pct": round(err, 2)}
+
+    def phase_model(phase: str) -> Any:
+        # A phase's tensor work at its precision's weight, as the engine prices it.
+        prec = phase.split(":")[-1].split("_")[1] if "gemm_" in phase else "default"
+        w = values["power_tensor_w"].get(prec, values["power_tensor_w"]["default"])
+        return power_model(spec, shipped.merged({**values, "power_tensor_w": {"default": w}}))
+
     by_phase = {}
-    fitted_model = power_model(spec, load_calibration(spec, gpu_file(gpu).stem).params.merged(values))
     for name, tbl in (("fitted", table), ("held_out", power_table(gpu, rel, comm_rel, POWER_HELD_OUT))):
         if tbl is None:
             continue
-        pred = fit_table_power_w({c: tbl[c].to_numpy(float) for c in FIT_COLUMNS[1:]}, fitted_model)
+        pred = np.concatenate([fit_table_power_w({c: g[c].to_numpy(float) for c in FIT_COLUMNS[1:]}, phase_model(ph))
+                               for ph, g in tbl.groupby("phase", sort=False)])
+        tbl = pd.concat([g for _, g in tbl.groupby("phase", sort=False)], ignore_index=True)
         for phase, g in tbl.assign(pred=pred).groupby("phase", sort=False):
             m, p_ = float(g["power_w"].mean()), float(g["pred"].mean())
             by_phase[phase] = {"set": name, "samples": len(g), "measured_w": round(m, 1), "predicted_w": round(p_, 1),
@@ -365,22 +426,37 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     src = (f"measured: calibration/data/{rel} (power part: NVML instantaneous power, phases "
            f"{', '.join(POWER_FITTED)}) and calibration/data/{CLOCK[gpu]} (clock part: {CLOCK_POWER_PHASE} "
            f"at the SM clocks its probes counted), ovsim.hw.power.fit_power; {COMMAND}")
-    report = FitReport(parameters=values, sources=dict.fromkeys(values, src),
+    sources = dict.fromkeys(values, src)
+    sources["power_tensor_w"] = (
+        f"default: {src}; " + ", ".join(CLOCK_PRECISION_PHASES) + f": calibration/data/{CLOCK[gpu]} (clock part: "
+        + ", ".join(CLOCK_PRECISION_PHASES.values()) + " at the SM clocks their probes counted), each precision's "
+        f"weight with the others held, ovsim.hw.power.fit_tensor_weight; {COMMAND}")
+    report = FitReport(parameters=values, sources=sources,
                        fits={"power": {"method": "ovsim.hw.power.fit_power (least squares, non-negative weights) on "
                                                  "each phase's samples after its first second, at the clocks read "
                                                  "(power part) or counted (clock part)",
                                        "data_set": f"calibration/data/{rel}", "clock_data_set":
                                        f"calibration/data/{CLOCK[gpu]}", "samples": fit.n_samples,
                                        "fit_mape_pct": round(fit.mape_pct, 2), "fit_rmse_w": round(fit.rmse_w, 1),
+                                       "tensor_w_by_precision": {
+                                           "method": "ovsim.hw.power.fit_tensor_weight (linear least squares, "
+                                                     "the other weights as fitted) on the phase's samples",
+                                           **by_precision},
                                        "phases": by_phase}})
     tables = sorted((DATA / rel / "tables" / "power").glob("*.parquet"))
-    return report, [*tables, DATA / CLOCK[gpu] / "tables" / "clock" / f"{CLOCK_POWER_PHASE}.parquet"]
+    clock = [CLOCK_POWER_PHASE, *CLOCK_PRECISION_PHASES.values()]
+    return report, [*tables, *(DATA / CLOCK[gpu] / "tables" / "clock" / f"{ph}.parquet" for ph in clock)]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="print the fits, write nothing")
     args = ap.parse_args()
+    for rel, gpu in MEASURED_GEMM:
+        report, tables = gemm_report(gpu, rel)
+        print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
+        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
+        print(f"{gpu}: {done}")
     for gpu, rel in SMLOSS.items():
         folder = DATA / rel
         manifest = json.loads((folder / "manifest.json").read_text())

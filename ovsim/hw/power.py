@@ -341,6 +341,24 @@ def fit_table_power_w(table: Mapping[str, Sequence[float] | np.ndarray], model: 
     return _table_power_w(cols, _fit_values(model), model)
 
 
+def fit_tensor_weight(table: Mapping[str, Sequence[float] | np.ndarray], model: PowerModel) -> tuple[float, float]:
+    """The tensor weight (W at full tensor activity on every SM at the compute clock) that best
+    explains samples of tensor work in one precision, every other weight held at ``model``'s, and
+    its fit error (MAPE, %): linear least squares, not below zero. For a precision whose kernels
+    draw more or less than the one :func:`fit_power` fitted its tensor term on."""
+    cols = {c: np.asarray(table[c], dtype=float) for c in FIT_COLUMNS}
+    ok = np.all([np.isfinite(v) for v in cols.values()], axis=0) & (cols["sm_tensor_fraction"] > 0)
+    if not ok.any():
+        raise OvsimError("no sample with tensor work", field="power")
+    usable = {k: v[ok] for k, v in cols.items()}
+    values = _fit_values(model)
+    rest = _table_power_w(usable, {**values, "tensor_w": 0.0}, model)
+    per_watt = _table_power_w(usable, {**values, "tensor_w": 1.0}, model) - rest
+    w = max(0.0, float(np.dot(per_watt, usable["power_w"] - rest) / np.dot(per_watt, per_watt)))
+    err = rest + w * per_watt - usable["power_w"]
+    return w, float(np.mean(np.abs(err) / np.maximum(usable["power_w"], 1e-9)) * 100)
+
+
 def fit_power(table: Mapping[str, Sequence[float] | np.ndarray], model: PowerModel, *, fit_idle: bool = True,
               fit_voltage: bool = False) -> PowerFit:
     """Least-squares fit of the component model to measured power and the activity behind it.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
@@ -403,3 +404,67 @@ def generic(
                          gpu=gpu, issue_intensity=intensity, clock_sensitive=compute,
                          cap=issue_cap(block, gpu, params, 1.0 / occ) if compute else None)
     return d if compute else bandwidth_bound(d, gpu, params)
+
+
+class GemmKernel(NamedTuple):
+    """A library GEMM kernel as the cost model sees it: its tiles and its block."""
+
+    tile: tuple[int, int, int]
+    threads: int
+    registers_per_thread: int
+    stages: int
+
+
+# Output tiles CUTLASS and cuBLAS pick among.
+_TILES_MN = ((128, 256), (256, 128), (128, 192), (192, 128), (128, 128), (64, 256), (256, 64), (128, 64), (64, 128))
+# A main-loop stage reads 128 bytes of K per row (the shared-memory swizzle width): K tiles of 64
+# 16-bit, 128 8-bit or 32 32-bit elements (CUTLASS's Ampere and Hopper tile shapes).
+_K_TILE_BYTES = 128
+# (threads, registers per thread, stages) of a block. Ampere-style multistage kernels: 8 warps.
+# Hopper's warp-specialized cooperative kernels (cuBLAS's on sm90, 384 threads in every kernel the
+# harness's GEMMs ran): a producer and two consumer warpgroups holding the SM's registers, one
+# block per SM, a deeper pipeline.
+_MULTISTAGE = (256, 128, 3)
+_WARP_SPECIALIZED = (384, 168, 4)
+
+
+def library_gemm_kernels(gpu: GpuSpec, precision: str) -> list[GemmKernel]:
+    """The library kernels ovsim knows for a GEMM on ``gpu``: every output tile of ``_TILES_MN``
+    as a multistage kernel and, from compute capability 9.0, as a warp-specialized one."""
+    tk = max(1, _K_TILE_BYTES // element_bytes(precision))
+    cc = gpu.compute_capability
+    blocks = [_MULTISTAGE] + ([_WARP_SPECIALIZED] if cc is not None and cc >= 90 else [])
+    return [GemmKernel((tm, tn, tk), threads, regs, stages) for tm, tn in _TILES_MN for threads, regs, stages in blocks]
+
+
+# The refusals of a kernel that does not launch on the GPU (or with the padding), as against bad
+# problem dimensions, which every kernel refuses.
+_DOES_NOT_LAUNCH = ("tile", "extra_shared_mem_bytes", "shared_mem_bytes", "threads", "registers_per_thread")
+
+
+def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters, *,
+              extra_shared_mem_bytes: int = 0, batch: int = 1, split_k: int = 1,
+              sm_count: int | None = None) -> KernelDemand:
+    """The GEMM on the fastest of :func:`library_gemm_kernels` that launches with
+    ``extra_shared_mem_bytes`` on ``sm_count`` SMs, as a library's heuristic would pick it
+    (cuBLAS chooses among its kernels per shape; the GEMM efficiency and time per wave shipped
+    for Hopper are fitted on measured cuBLAS GEMMs through this very choice)."""
+    best: KernelDemand | None = None
+    refusal: OvsimError | None = None
+    for kern in library_gemm_kernels(gpu, precision):
+        try:
+            d = gemm(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
+                     registers_per_thread=kern.registers_per_thread, stages=kern.stages,
+                     extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split_k,
+                     sm_count=sm_count)
+        except OvsimError as e:
+            if e.field not in _DOES_NOT_LAUNCH:
+                raise
+            refusal = refusal or e
+            continue
+        if best is None or d.isolated_s < best.isolated_s:
+            best = d
+    if best is None:
+        assert refusal is not None
+        raise refusal
+    return best

@@ -21,6 +21,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    model_validator,
 )
 
 from ovsim.errors import OvsimError
@@ -58,14 +59,23 @@ class GemmOp(_OpBase):
     n: PositiveInt
     k: PositiveInt
     precision: Precision = "bf16"
-    # None: 128x256x64, or 128x256x32 for 4-byte elements (three stages of the former do not fit
-    # in an SM's shared memory; cuBLAS's Hopper TF32 kernel uses the latter, the harness's traces).
+    # None: the fastest of the library kernels ovsim knows (ovsim.models.cost.best_gemm), as a
+    # library's heuristic picks one; the block fields then stay unset. With a tile, the block
+    # fields default to 256 threads, 128 registers per thread and 3 stages.
     tile: tuple[PositiveInt, PositiveInt, PositiveInt] | None = None
-    threads: PositiveInt = 256
-    registers_per_thread: PositiveInt = 128
-    stages: PositiveInt = 3
+    threads: PositiveInt | None = None
+    registers_per_thread: PositiveInt | None = None
+    stages: PositiveInt | None = None
     batch: PositiveInt = 1
     split_k: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _block_needs_tile(self) -> GemmOp:
+        given = [f for f in ("threads", "registers_per_thread", "stages") if getattr(self, f) is not None]
+        if self.tile is None and given:
+            raise ValueError(f"{given[0]} describes a kernel of your own: give its tile too (without one, the "
+                             "library kernel is chosen whole)")
+        return self
 
 
 class AttentionOp(_OpBase):
@@ -190,10 +200,13 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
     extra = knobs.occupancy_shaping_smem_bytes
     sms = gpu.sm.count - knobs.sm_carveout
     if isinstance(spec, GemmOp):
-        tile = spec.tile or ((128, 256, 32) if cost.element_bytes(spec.precision) >= 4 else (128, 256, 64))
-        return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=tile, threads=spec.threads,
-                         registers_per_thread=spec.registers_per_thread, stages=spec.stages,
-                         extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k, sm_count=sms)
+        if spec.tile is None:
+            return cost.best_gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, extra_shared_mem_bytes=extra,
+                                  batch=spec.batch, split_k=spec.split_k, sm_count=sms)
+        return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile,
+                         threads=spec.threads or 256, registers_per_thread=spec.registers_per_thread or 128,
+                         stages=spec.stages or 3, extra_shared_mem_bytes=extra, batch=spec.batch,
+                         split_k=spec.split_k, sm_count=sms)
     if isinstance(spec, AttentionOp):
         base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
                               causal=spec.causal, backward=spec.backward)

@@ -11,7 +11,16 @@ import pytest
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import load_calibration
-from ovsim.hw.power import FIT_COLUMNS, Activity, PowerModel, PowerSettings, check_settings, fit_power, power_model
+from ovsim.hw.power import (
+    FIT_COLUMNS,
+    Activity,
+    PowerModel,
+    PowerSettings,
+    check_settings,
+    fit_power,
+    fit_tensor_weight,
+    power_model,
+)
 from ovsim.hw.spec import GpuSpec, load_gpu
 
 
@@ -257,3 +266,23 @@ def test_fit_needs_every_column(a100_40: PowerModel) -> None:
     del table["hbm_bytes_per_s"]
     with pytest.raises(OvsimError, match="hbm_bytes_per_s"):
         fit_power(table, a100_40)
+
+
+def test_a_precisions_tensor_weight_comes_back_with_the_others_held(a100_40: PowerModel) -> None:
+    """Samples of one precision's tensor work drawn with a tensor weight of 520 W and every other
+    weight the model's own: the weight comes back exactly without noise, within 1% with 2 W of
+    noise (samples without tensor work say nothing of it and are left out); a table with none is
+    refused."""
+    truth = {**TRUTH, **{k: v for k, v in _model_values(a100_40).items() if k != "tensor_w"}, "tensor_w": 520.0}
+    table = synthetic_table(a100_40, truth, 400, seed=5, noise_w=0.0)
+    w, err = fit_tensor_weight(table, a100_40)
+    assert w == pytest.approx(520.0, rel=1e-9) and err < 1e-9
+    noisy = synthetic_table(a100_40, truth, 4000, seed=6, noise_w=2.0)
+    assert fit_tensor_weight(noisy, a100_40)[0] == pytest.approx(520.0, rel=0.01)
+    with pytest.raises(OvsimError, match="no sample with tensor work"):
+        fit_tensor_weight({**table, "sm_tensor_fraction": np.zeros(400)}, a100_40)
+
+
+def _model_values(m: PowerModel) -> dict[str, float]:
+    return {"idle_w": m.idle_w, "fp32_w": m.fp32_w, "memory_w": m.memory_w, "hbm_w": m.hbm_w, "link_w": m.link_w,
+            "knee_voltage_fraction": m.knee_voltage_fraction, "knee_clock_fraction": m.knee_clock_fraction}

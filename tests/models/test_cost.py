@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from ovsim.errors import OvsimError
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu
-from ovsim.models.cost import blocks_per_sm, gemm, gemm_aligned
+from ovsim.models.cost import best_gemm, blocks_per_sm, gemm, gemm_aligned, library_gemm_kernels
 from ovsim.models.ir import BlockShape
 
 
@@ -57,3 +58,36 @@ def test_an_unaligned_gemm_runs_at_the_unaligned_efficiency_where_one_is_calibra
     plain = base.merged({"gemm_unaligned_efficiency": {"fp16": 0.1}})
     assert gemm(8192, 4096, 516, "bf16", h100, plain, tile=(128, 256, 64)).isolated_s == pytest.approx(
         expected(516, 0.8), rel=1e-12)
+
+
+def test_hopper_kernels_join_the_library_only_on_hopper() -> None:
+    a100 = library_gemm_kernels(load_gpu("a100-sxm4-80gb"), "bf16")
+    h100 = library_gemm_kernels(load_gpu("h100-sxm5-80gb"), "fp8")
+    assert {kern.threads for kern in a100} == {256}
+    assert {kern.threads for kern in h100} == {256, 384}
+    assert {kern.tile[2] for kern in a100} == {64} and {kern.tile[2] for kern in h100} == {128}
+
+
+def test_best_gemm_is_the_fastest_library_kernel_that_launches() -> None:
+    """A 1024^3 BF16 GEMM on an H100 with no time per wave: 64 x 128 tiles make 128 blocks, one
+    wave on 132 SMs, each block one tile of 2 x 64 x 128 x 1024 FLOPs at its SM's rate, unless the
+    cost model's HBM traffic (A and B read twice, C written once) takes longer; no library tile
+    makes more than 132 blocks of a shorter tile time (128 x 128: 64 blocks), so that is the
+    closed-form best. With padding that leaves a 384-thread block no room, the multistage kernels
+    are all that remain."""
+    h100 = load_gpu("h100-sxm5-80gb")
+    p = load_calibration(h100, "h100-sxm5-80gb").params.merged(
+        {"gemm_efficiency": {"bf16": 0.8}, "gemm_tile_overhead_s": {"bf16": 0.0}})
+    per_sm = h100.peak_flops_per_s("bf16") / h100.sm.count * 0.8
+    d = best_gemm(1024, 1024, 1024, "bf16", h100, p)
+    assert d.blocks == 128
+    hbm_s = 2 * (2 * (2 * 1024 * 1024) + 1024 * 1024) / (h100.memory.bandwidth_bytes_per_s * p.hbm_achievable_fraction)
+    assert d.isolated_s == pytest.approx(p.kernel_overhead_s + max(2.0 * 64 * 128 * 1024 / per_sm, hbm_s), rel=1e-12)
+    every = [gemm(1024, 1024, 1024, "bf16", h100, p, tile=kern.tile, threads=kern.threads,
+                  registers_per_thread=kern.registers_per_thread, stages=kern.stages).isolated_s
+             for kern in library_gemm_kernels(h100, "bf16")]
+    assert d.isolated_s == min(every)
+    padded = best_gemm(1024, 1024, 1024, "bf16", h100, p, extra_shared_mem_bytes=150_000)
+    assert padded.block.threads == 256
+    with pytest.raises(OvsimError, match="shared memory"):
+        best_gemm(1024, 1024, 1024, "bf16", h100, p, extra_shared_mem_bytes=230_000)
