@@ -771,6 +771,85 @@ def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     return checks
 
 
+# The copy part's copies alone (a 1 GiB cudaMemcpyAsync, 3 in a row), by direction: the data set,
+# its GPU and a system holding it.
+MEASURED_COPY: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100"),
+                                                   ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200"))
+COPY_DIRECTIONS = ("d2d", "h2d")
+# What default.v4 assumes for both copy efficiencies, the baseline of the copy rows' notes.
+COPY_ASSUMED_EFFICIENCY = 0.8
+MEASURED_COPY_GROUP = "measured copies alone (calibration harness copy part; held out: the other GPU's fit)"
+
+
+def measured_copy_times(folder: Path) -> dict[str, tuple[float, float]]:
+    """Per direction, (bytes, median seconds) of the copy part's copies alone in ``folder`` (a data
+    set), as far as it holds them."""
+    import pandas as pd
+
+    out: dict[str, tuple[float, float]] = {}
+    for direction in COPY_DIRECTIONS:
+        path = folder / "tables" / "copy" / f"{direction}_alone.parquet"
+        if not path.is_file():
+            continue
+        t = pd.read_parquet(path, columns=["kind", "duration_s", "bytes"])
+        t = t[(t["kind"] == "copy") & (t["bytes"] > 0)]
+        if not t.empty:
+            out[direction] = (float(t["bytes"].median()), float(t["duration_s"].median()))
+    return out
+
+
+def copy_scenario_s(system: str, direction: str, size_bytes: float, calibration: Sequence[str] = ()) -> float:
+    """``predict``'s time for one copy alone on one GPU of ``system``, with ``calibration`` files on
+    top of the shipped ones."""
+    from ovsim.api import predict
+    from ovsim.scenario import Scenario
+
+    sc = Scenario.model_validate({"name": f"{direction} copy", "system": system, "ranks": 1,
+                                  "calibration": list(calibration),
+                                  "ops": [{"name": "copy", "kind": "copy", "size_bytes": size_bytes,
+                                           "direction": direction}]})
+    return float(predict(sc, counters=False).summary()["makespan_s"])
+
+
+def measured_copy_checks(folder: Path = MEASURED_DATA) -> list[Check]:
+    """The copy part's copies alone, each GPU's predicted with the copy efficiencies fitted on the
+    other GPU's (``ce_local_efficiency``, ``host_link_efficiency``: the fraction of achievable HBM
+    bandwidth, counting read and write, and of the PCIe link a copy reaches). Within 10%."""
+    import tempfile
+
+    import yaml
+
+    keys = {"d2d": "ce_local_efficiency", "h2d": "host_link_efficiency"}
+    present = [(rel, gpu, system) for rel, gpu, system in MEASURED_COPY if measured_copy_times(folder / rel)]
+    checks: list[Check] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        assumed = Path(tmp) / "assumed.v1.yaml"
+        assumed.write_text(yaml.safe_dump({
+            "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {"kind": "the assumption"},
+            "parameters": dict.fromkeys(keys.values(), COPY_ASSUMED_EFFICIENCY),
+            "sources": dict.fromkeys(keys.values(), "default.v4's assumption")}))
+        for rel, gpu, system in present:
+            others = [g for _, g, _ in present if g != gpu]
+            if not others:
+                continue
+            other = load_calibration(load_gpu(others[0]), gpu_file(others[0]).stem).params
+            path = Path(tmp) / f"{others[0]}-copies.v1.yaml"
+            path.write_text(yaml.safe_dump({
+                "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {"kind": "held out"},
+                "parameters": {k: getattr(other, k) for k in keys.values()},
+                "sources": {k: f"the {others[0]} fit" for k in keys.values()}}))
+            for direction, (size, t_s) in measured_copy_times(folder / rel).items():
+                pred = copy_scenario_s(system, direction, size, (str(path),))
+                before = copy_scenario_s(system, direction, size, (str(assumed),))
+                checks.append(Check(
+                    f"{gpu}: {direction} copy of {size / GIB:g} GiB alone", MEASURED_COPY_GROUP, t_s * 1e3,
+                    pred * 1e3, "ms", 10.0, f"calibration/data/{rel} (copy part, {direction}_alone)",
+                    note=f"{keys[direction]} {getattr(other, keys[direction]):.3f} fitted on {others[0]}; "
+                         f"measured {size / t_s / GB:.0f} GB/s; at the {COPY_ASSUMED_EFFICIENCY:g} assumed before: "
+                         f"{(before - t_s) / t_s * 100:+.1f}%"))
+    return checks
+
+
 def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, workers: int = 1,
         studies: bool = False, measured: bool = False) -> list[Check]:
     """Every check: published figures and power, with ``studies`` the overlap studies' figures, with
@@ -791,7 +870,8 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
         checks += study_checks(workers, on_trace)
     if measured:
         checks += (measured_checks(MEASURED_DATA, workers, on_trace) + measured_power_checks(MEASURED_DATA)
-                   + measured_clock_checks(MEASURED_DATA) + measured_gemm_checks(MEASURED_DATA))
+                   + measured_clock_checks(MEASURED_DATA) + measured_gemm_checks(MEASURED_DATA)
+                   + measured_copy_checks(MEASURED_DATA))
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
                    + gemm_checks(traces, on_trace))

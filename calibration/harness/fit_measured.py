@@ -7,12 +7,18 @@ write each GPU's next calibration version, with the data set's files and checksu
   kernel the cost model picks for the shape (``ovsim.calibrate.fit_library_gemm``: least mean
   absolute relative error). They replace the H100's fit on the shared traces (BF16) and the
   published or assumed values (FP8, TF32, and the H200's copy of the H100's).
+- ``ce_local_efficiency`` and ``host_link_efficiency``: from the ``copy`` part, a 1 GiB
+  device-to-device and host-to-device cudaMemcpyAsync alone (median of 3): the fraction of the
+  achievable HBM bandwidth (counting the read and the write) and of the PCIe link's bandwidth the
+  copy reached, past the per-kernel overhead ovsim charges it. The copies beside kernels are not
+  fitted (calibration/data/README.md says why).
 - ``memory_sm_headroom``: from the ``smloss`` part, a streaming add measured alone and beside a
   kernel that holds 8 to 66 SMs and moves no data. With ``h`` of ``S`` SMs held the engine's
   bandwidth-bound kernel runs ``1 / min(1, headroom * (S - h) / S)`` slower; the fit is the
   headroom with the least squared relative error over the held counts.
 - ``block_issue_share_per_warp``: from the ``shaping`` part, the median block time of a 4-warp
-  GEMM (64x64x32 tiles) with 1 to 6 of its blocks on each SM. The engine runs a block at
+  GEMM (64x64x32 tiles) with 1 to 6 of its blocks on each SM (the A100s take the H100's, a stated
+  assumption: ``SHAPING_CARRIED``). The engine runs a block at
   min(cap, 1 / resident) of its SM against 1 / natural at full residency, so its time with ``n``
   resident is ``(1 / natural) / min(cap, 1 / n)`` of its time at full residency; the fit is the cap
   with the least squared error of the logarithms, divided by the block's warps. A second data set
@@ -67,8 +73,10 @@ from ovsim.traces.power import read_power_samples
 from ovsim.validate import (
     GEMM_AT_TOP_CLOCK,
     HARNESS_SM_FRACTION,
+    MEASURED_COPY,
     MEASURED_GEMM,
     MEASURED_GEMM_PRECISIONS,
+    measured_copy_times,
     measured_gemm_points,
 )
 
@@ -82,6 +90,13 @@ SHAPING = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb/2026-
            "h200-sxm": ("h200-sxm/2026-11-26", None)}
 HEADROOM_BOUNDS = (1.0, 16.0)
 SHAPED_WARPS = 4  # ovsim_gemm_tile64: 128 threads
+# GPUs the harness has not measured take the H100's per-warp issue share, as a stated assumption:
+# an Ampere SM issues from the same four sub-partitions, one warp scheduler each, so a 4-warp block
+# alone on it has every scheduler too; its tensor cores peak at half the H100's dense work a clock
+# (312 TFLOPS on 108 SMs at 1.41 GHz: 2,048 FLOPs an SM a clock; the H100 989 on 132 at 1.83:
+# 4,096), so fewer warps keep them busy and the H100's share is if anything low for it. The assumption
+# it replaces (a block never faster than at full residency) is the one both measured GPUs refute.
+SHAPING_CARRIED = {"a100-sxm4-80gb": "h100-sxm5-80gb", "a100-sxm4-40gb": "h100-sxm5-80gb"}
 OVERLAP = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26"}
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
 MEMORY = {"h200-sxm": "h200-sxm/2026-11-26"}
@@ -334,6 +349,30 @@ def gemm_report(gpu: str, rel: str) -> tuple[FitReport, list[Path]]:
     return report, tables
 
 
+def copy_report(gpu: str, rel: str) -> tuple[FitReport, list[Path]]:
+    """The copy efficiencies from the copy part's copies alone."""
+    g = load_gpu(gpu)
+    params = load_calibration(g, gpu_file(gpu).stem).params
+    times = measured_copy_times(DATA / rel)
+    values: dict[str, float] = {}
+    fits: dict[str, Any] = {}
+    for direction, (size, t_s) in times.items():
+        rate = size / (t_s - params.kernel_overhead_s)
+        if direction == "d2d":
+            key, peak = "ce_local_efficiency", g.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction / 2
+        else:
+            key, peak = "host_link_efficiency", g.pcie.bandwidth_bytes_per_s
+        values[key] = round(min(1.0, rate / peak), 3)
+        fits[key] = {"direction": direction, "bytes": size, "median_s": t_s, "bytes_per_s": round(rate),
+                     "model_peak_bytes_per_s": peak}
+    src = (f"measured: calibration/data/{rel} (copy part: a 1 GiB cudaMemcpyAsync alone, median of 3), its rate "
+           f"past kernel_overhead_s over the model's peak (achievable HBM bandwidth / 2 for a device-local copy, "
+           f"the PCIe link for a host copy); {COMMAND}")
+    report = FitReport(parameters=values, sources=dict.fromkeys(values, src),
+                       fits={"copies": {"data_set": f"calibration/data/{rel}", **fits}})
+    return report, [DATA / rel / "tables" / "copy" / f"{d}_alone.parquet" for d in times]
+
+
 def clock_report(gpu: str) -> tuple[FitReport, list[Path]]:
     rel = CLOCK[gpu]
     pts = clock_points_of(rel)
@@ -457,6 +496,11 @@ def main() -> int:
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
         _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
         print(f"{gpu}: {done}")
+    for rel, gpu, _ in MEASURED_COPY:
+        report, tables = copy_report(gpu, rel)
+        print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
+        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
+        print(f"{gpu}: {done}")
     for gpu, rel in SMLOSS.items():
         folder = DATA / rel
         manifest = json.loads((folder / "manifest.json").read_text())
@@ -482,6 +526,15 @@ def main() -> int:
         report, tables = issue_cap_report(gpu)
         print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
         _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
+        print(f"{gpu}: {done}")
+    for gpu, measured in SHAPING_CARRIED.items():
+        report, tables = issue_cap_report(measured)
+        report.sources = {"block_issue_share_per_warp": (
+            f"assumption: the {measured} fit carried over (the same four schedulers per SM; not measured on this "
+            f"GPU; see SHAPING_CARRIED in calibration/harness/fit_measured.py): "
+            f"{report.sources['block_issue_share_per_warp']}")}
+        _, done = write_shipped(report, [trace_input([t], measured) for t in tables], gpu, COMMAND,
+                                dry_run=args.dry_run)
         print(f"{gpu}: {done}")
     for gpu in CLOCK:
         report, tables = clock_report(gpu)
