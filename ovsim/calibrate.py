@@ -65,7 +65,7 @@ import datetime as _dt
 import hashlib
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -500,22 +500,11 @@ def _precision_in_name(kernel_name: str) -> str | None:
     return "tf32" if shape == "1688" else None
 
 
-def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, float, float, float, bool]]]:
-    """Per precision, the GEMM kernels :func:`fit_gemm` uses: ran without communication beside
-    them, launching operator with input shapes, precision in the name or the operator's input
-    types (:func:`gemm_precision`); split-K reductions and GEMV kernels left out. Each is
-    (measured s, main-loop s at efficiency 1 = waves x blocks_per_sm x flops_per_tile / (peak /
-    SMs), waves, FLOPs, whether its leading dimensions are aligned as
-    :func:`ovsim.models.cost.gemm_aligned` says), at the measured grid and occupancy.
-
-    A persistent kernel's waves are its launched grid's, not rounds of its tiles: counting rounds
-    of the tiles its name gives (:func:`ovsim.replay.persistent_tiles`) raised the fit error on the
-    1,479 aligned GEMMs of the shared H100 traces from 4.1% to 10.6% (their tile schedulers spread
-    the tiles' work over the SMs more evenly than whole rounds)."""
-    from ovsim.models import cost
-    from ovsim.replay import _block
-
-    work: dict[str, list[tuple[float, float, float, float, bool]]] = {}
+def _clean_gemms(traces: Sequence[TraceInput]) -> Iterator[tuple[GpuSpec, _Cols, int, tuple[int, int, int, int], str]]:
+    """(GPU, kernel columns, row, (m, n, k, batch), precision) of every GEMM kernel the GEMM fits
+    can use: ran without communication beside it, launching operator with input shapes, precision
+    in the name or the operator's input types (:func:`gemm_precision`), a peak for that precision;
+    split-K reductions and GEMV kernels left out."""
     for tr in traces:
         gpu = load_gpu(tr.gpu)
         df = tr.bundle.kernels.reset_index(drop=True)
@@ -529,14 +518,44 @@ def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, flo
             prob, prec = gemm_problem(c.host_op[i]), gemm_precision(c.name[i], host_types[i])
             if prob is None or prec is None or prec not in gpu.compute.peak_flops_per_s:
                 continue
-            grid, shape = _block(c, int(i), gpu)
-            occ = max(1, cost.blocks_per_sm(shape, gpu))
-            flops = 2.0 * prob[0] * prob[1] * prob[2] * prob[3]
-            waves = math.ceil(grid / (gpu.sm.count * occ))
-            w = waves * occ * (flops / grid) / (gpu.peak_flops_per_s(prec) / gpu.sm.count)
-            aligned = cost.gemm_aligned(prob[1], prob[2], prec)
-            work.setdefault(prec, []).append((float(c.dur[i]), w, float(waves), flops, aligned))
+            yield gpu, c, int(i), prob, prec
+
+
+def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, float, float, float, bool]]]:
+    """Per precision, the GEMM kernels :func:`fit_gemm` uses (:func:`_clean_gemms`). Each is
+    (measured s, main-loop s at efficiency 1 = waves x blocks_per_sm x flops_per_tile / (peak /
+    SMs), waves, FLOPs, whether its leading dimensions are aligned as
+    :func:`ovsim.models.cost.gemm_aligned` says), at the measured grid and occupancy.
+
+    A persistent kernel's waves are its launched grid's, not rounds of its tiles: counting rounds
+    of the tiles its name gives (:func:`ovsim.replay.persistent_tiles`) raised the fit error on the
+    1,479 aligned GEMMs of the shared H100 traces from 4.1% to 10.6% (their tile schedulers spread
+    the tiles' work over the SMs more evenly than whole rounds)."""
+    from ovsim.models import cost
+    from ovsim.replay import _block
+
+    work: dict[str, list[tuple[float, float, float, float, bool]]] = {}
+    for gpu, c, i, prob, prec in _clean_gemms(traces):
+        grid, shape = _block(c, i, gpu)
+        occ = max(1, cost.blocks_per_sm(shape, gpu))
+        flops = 2.0 * prob[0] * prob[1] * prob[2] * prob[3]
+        waves = math.ceil(grid / (gpu.sm.count * occ))
+        w = waves * occ * (flops / grid) / (gpu.peak_flops_per_s(prec) / gpu.sm.count)
+        aligned = cost.gemm_aligned(prob[1], prob[2], prec)
+        work.setdefault(prec, []).append((float(c.dur[i]), w, float(waves), flops, aligned))
     return work
+
+
+def gemm_shapes(traces: Sequence[TraceInput]) -> dict[str, list[tuple[int, int, int, int, float, bool]]]:
+    """Per precision, the same GEMM kernels as :func:`gemm_points` by their problem: (m, n, k,
+    batch, measured s, aligned), for pricing them as a scenario does (the library kernel the cost
+    model picks) rather than at their measured grid."""
+    from ovsim.models import cost
+
+    out: dict[str, list[tuple[int, int, int, int, float, bool]]] = {}
+    for _, c, i, (m, n, k, batch), prec in _clean_gemms(traces):
+        out.setdefault(prec, []).append((m, n, k, batch, float(c.dur[i]), cost.gemm_aligned(n, k, prec)))
+    return out
 
 
 # Unaligned GEMMs a precision needs for their own efficiency to be fitted.
@@ -704,14 +723,15 @@ def fit_library_gemm(problems: Sequence[tuple[int, int, int, float]], precision:
         raise OvsimError(f"no {precision} GEMM to fit", field="gemm")
 
     def mape(x: np.ndarray) -> float:
-        eff, tile_us = float(x[0]), float(x[1])
+        # Powell's bounded steps can land a rounding error outside the bounds.
+        eff, tile_us = min(1.0, max(0.01, float(x[0]))), max(0.0, float(x[1]))
         p = params.merged({"gemm_efficiency": {precision: eff}, "gemm_tile_overhead_s": {precision: tile_us * 1e-6}})
         return library_gemm_mape(problems, precision, gpu, p)
 
     best = min((minimize(mape, np.array(x0), method="Powell", bounds=[(0.01, 1.0), (0.0, 1000.0)],
                          options={"xtol": 1e-4, "ftol": 1e-7})
                 for x0 in _LIBRARY_STARTS), key=lambda r: float(r.fun))
-    eff, tile_s = round(float(best.x[0]), 3), round(float(best.x[1]) * 1e-6, 9)
+    eff, tile_s = round(min(1.0, max(0.01, float(best.x[0]))), 3), round(max(0.0, float(best.x[1])) * 1e-6, 9)
     p = params.merged({"gemm_efficiency": {precision: eff}, "gemm_tile_overhead_s": {precision: tile_s}})
     return eff, tile_s, library_gemm_mape(problems, precision, gpu, p)
 

@@ -392,7 +392,9 @@ def gemm_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> 
     for gpu, rels in GEMM_CASES.items():
         present, inputs = _read_cases(folder, rels, gpu, on_trace)
         points = [gemm_points([tr]) for tr in inputs]
-        params = load_calibration(load_gpu(gpu), gpu_file(gpu).stem).params
+        shipped = load_calibration(load_gpu(gpu), gpu_file(gpu).stem)
+        params = shipped.params
+        checks += _scenario_gemm_checks(gpu, present, inputs, params, shipped.files[-1])
         for i in range(len(inputs)):
             others = [inputs[j] for j in range(len(inputs)) if j != i]
             if not others or not points[i]:
@@ -416,6 +418,42 @@ def gemm_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> 
                          f"{len(others)} {gpu} traces (the published best-shape efficiency "
                          f"{MAMF_EFFICIENCY[gpu]:.3f} alone: {mamf * 100:.1f}%); {len(pts) - len(aligned)} "
                          f"unaligned GEMMs not scored; passes at or below {MEMORY_TOLERANCE_PCT:g}%"))
+    return checks
+
+
+SCENARIO_GEMM = "trace GEMMs priced as a scenario prices them (shipped calibration; not fitted on the traces)"
+
+
+def _scenario_gemm_checks(gpu_name: str, present: Sequence[str], inputs: Sequence[TraceInput],
+                          params: Parameters, source: str) -> list[Check]:
+    """Each trace's aligned GEMMs priced as a scenario GEMM of the same problem (the library kernel
+    the cost model picks, :func:`ovsim.models.cost.best_gemm`) with the shipped calibration, whose
+    GEMM parameters the traces had no part in where they come from measured data."""
+    import numpy as np
+
+    from ovsim.calibrate import gemm_shapes
+
+    gpu = load_gpu(gpu_name)
+    checks: list[Check] = []
+    for rel, tr in zip(present, inputs, strict=True):
+        for prec, rows in sorted(gemm_shapes([tr]).items()):
+            aligned = [r for r in rows if r[5]]
+            if not aligned:
+                continue
+            times: dict[tuple[int, int, int, int], float] = {}
+            for m, n, k, batch, _, _ in aligned:
+                if (m, n, k, batch) not in times:
+                    times[(m, n, k, batch)] = cost.best_gemm(m, n, k, prec, gpu, params, batch=batch).isolated_s
+            err = np.array([abs(times[(m, n, k, b)] - t) / t for m, n, k, b, t, _ in aligned])
+            small = np.array([t < 10e-6 for *_, t, _ in aligned])
+            split = (f"; below 10 us ({int(small.sum())}): {err[small].mean() * 100:.1f}%, the rest: "
+                     f"{err[~small].mean() * 100:.1f}%" if small.any() and (~small).any() else "")
+            checks.append(Check(
+                f"{Path(rel).name}: {prec} GEMM time MAPE as a scenario ({len(aligned)} aligned GEMMs, "
+                f"{len(times)} shapes)", SCENARIO_GEMM, MEMORY_TOLERANCE_PCT, float(err.mean() * 100), "% MAPE",
+                0.0, rel, rule="at_most",
+                note=f"efficiency {params.gemm_eff(prec):.3f}, {params.gemm_tile_s(prec) * 1e6:.2f} us per wave "
+                     f"({source}){split}; passes at or below {MEMORY_TOLERANCE_PCT:g}%"))
     return checks
 
 

@@ -18,7 +18,9 @@ from ovsim.calibrate import (
     contention_slowdown,
     fit_collectives,
     fit_contention,
+    gemm_points,
     gemm_precision,
+    gemm_shapes,
     output_path,
     write_calibration,
     write_shipped,
@@ -332,6 +334,16 @@ def test_gemm_fit_recovers_a_planted_time_per_wave_and_the_cost_model_uses_it() 
     per_sm = gpu.peak_flops_per_s("bf16") / gpu.sm.count * eff
     expected = p.kernel_overhead_s + 8 * (2.0 * 128 * 256 * 512 / per_sm + tile_s)
     assert g.isolated_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_gemm_shapes_are_the_fits_gemms_by_their_problem() -> None:
+    """The kernels gemm_points counts, by (m, n, k, batch, measured s, aligned) from their
+    operator's shapes, in launch order; the same count."""
+    tr = planted_gemms(((4096, 4096, 4096, 1024), (1024, 2048, 516, 128)), 0.6, 0.0)
+    shapes = gemm_shapes([tr])
+    assert [r[:4] for r in shapes["bf16"]] == [(4096, 4096, 4096, 1), (1024, 2048, 516, 1)]
+    assert [r[5] for r in shapes["bf16"]] == [True, False]  # k = 516 is 1,032 bytes: not on 16
+    assert [r[4] for r in shapes["bf16"]] == [p[0] for p in gemm_points([tr])["bf16"]]
 
 
 def planted_memory(fraction: float, softmax_fraction: float, ko: float | None = None) -> TraceInput:

@@ -96,12 +96,20 @@ def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,
     # GEMMs held out: each trace's aligned GEMMs at the main-loop efficiency and time per wave
     # fitted on the other alone; measured kernels against the model, next to the published
     # best-shape efficiency the shipped file held before (which the trace fit beats on both).
-    gemm = [c for c in checks if "GEMM time MAPE" in c["name"]]
-    assert len(gemm) == 2 and all(c["group"] == validate.HELD_OUT for c in gemm)
+    gemm = [c for c in checks if "GEMM time MAPE" in c["name"] and c["group"] == validate.HELD_OUT]
+    assert len(gemm) == 2
     for c in gemm:
         assert "fitted on the other 1 h100-sxm5-80gb traces" in c["note"]
         mamf_pct = float(c["note"].split("efficiency 0.803 alone: ")[1].split("%")[0])
         assert c["predicted"] < mamf_pct
+    # The same GEMMs priced as a scenario prices them (the library kernel the cost model picks,
+    # the shipped parameters, fitted on the harness's GEMMs, not on these traces): Qwen's three
+    # large shapes within the bar (8.6% when this was written); OWLv2's GEMMs under 10 us are
+    # reported apart, the cost model's weak end.
+    scen = {c["name"].split("_")[0]: c for c in checks if c["group"] == validate.SCENARIO_GEMM}
+    assert set(scen) == {"Qwen", "google"}
+    assert scen["Qwen"]["passed"]
+    assert "below 10 us (360)" in scen["google"]["note"]
 
 
 def test_validate_rejects_a_missing_folder(capsys: pytest.CaptureFixture[str]) -> None:
