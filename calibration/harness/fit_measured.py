@@ -35,7 +35,9 @@ write each GPU's next calibration version, with the data set's files and checksu
   sample read; and the ``clock`` part's 8192^3 BF16 GEMM at the 700 W limit (tensor work on the
   SMs its kernels kept busy, the cost model's GEMM traffic) at the clock its probes counted, since
   NVML's readings under the limit fall below it. The ``power`` part's GEMM phases are held out:
-  ``held_out`` reports them against the fit at NVML's clocks.
+  ``held_out`` reports them against the fit at NVML's clocks. Then the FP8 and TF32 tensor weights
+  (``power_tensor_w.fp8``, ``.tf32``), each from its own clock-part GEMM at its counted clocks with
+  every other weight held (``ovsim.hw.power.fit_tensor_weight``).
 - the H200's memory-bound kernel parameters (``hbm_achievable_fraction``, ``memory_kernel_efficiency``,
   ``memory_kind_efficiency``): ``ovsim calibrate``'s memory fit on the clean instances of the
   ``overlap`` part's add, layer norm and softmax (the H200 had no trace to fit them on; the H100's
