@@ -706,7 +706,6 @@ MEASURED_CLOCK: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26-
 _CLOCK_PHASES = {f"gemm_{p}_8192x8192x8192": {"kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": p}
                  for p in ("bf16", "fp8", "tf32")}
 MEASURED_CLOCK_FIT = "measured clocks (calibration harness clock part; calibration source)"
-MEASURED_CLOCK_HELD_OUT = "measured clocks (calibration harness clock part; predicted)"
 
 
 def measured_clock_checks(folder: Path = MEASURED_DATA) -> list[Check]:
