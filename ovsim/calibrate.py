@@ -589,7 +589,11 @@ def gemm_efficiency_at(t_s: np.ndarray, main_loop_s: np.ndarray, waves: np.ndarr
     return eff, mape(eff)
 
 
-def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
+GEMM_FRAMES = ("grid", "scenario")
+
+
+def fit_gemm(traces: Sequence[TraceInput], params: Parameters, frame: str = "grid"
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``gemm_efficiency`` and ``gemm_tile_overhead_s`` per precision from GEMM kernels that ran
     without communication and whose launching operator records its input shapes.
 
@@ -603,7 +607,15 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
 
     These are fitted on aligned GEMMs (:func:`ovsim.models.cost.gemm_aligned`). Unaligned ones run
     on other kernels: with at least ``GEMM_MIN_UNALIGNED`` of them, their own main-loop efficiency
-    (``gemm_unaligned_efficiency``) is fitted at the same time per wave."""
+    (``gemm_unaligned_efficiency``) is fitted at the same time per wave.
+
+    ``frame`` "scenario" fits the two instead where scenarios use them: each aligned GEMM priced as
+    a scenario GEMM of its problem (the library kernel the cost model picks,
+    :func:`fit_library_gemm`), not at its measured grid; no unaligned efficiency then."""
+    if frame not in GEMM_FRAMES:
+        raise OvsimError(f"unknown GEMM frame '{frame}'; one of {', '.join(GEMM_FRAMES)}", field="gemm_frame")
+    if frame == "scenario":
+        return _fit_gemm_scenario(traces, params)
     work = gemm_points(traces)
     if not work:
         raise OvsimError("no GEMM kernel without communication beside it has a launching operator with input "
@@ -642,6 +654,27 @@ def fit_gemm(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str
     if unaligned:
         values["gemm_unaligned_efficiency"] = unaligned
     return values, record
+
+
+def _fit_gemm_scenario(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`fit_gemm` in the scenario's frame."""
+    shapes = {prec: [r[:5] for r in rows if r[5]] for prec, rows in gemm_shapes(traces).items()}
+    shapes = {prec: rows for prec, rows in shapes.items() if rows}
+    if not shapes:
+        raise OvsimError("no aligned GEMM kernel without communication beside it has a launching operator with "
+                         "input shapes (record_shapes) and a precision", field="gemm")
+    gpu = load_gpu(traces[0].gpu)
+    effs: dict[str, float] = {}
+    tiles: dict[str, float] = {}
+    record: dict[str, Any] = {"method": "scenario frame: each aligned GEMM priced as a scenario GEMM of its problem "
+                                        "(ovsim.models.cost.best_gemm), efficiency and time per wave of least mean "
+                                        "absolute relative error (ovsim.calibrate.fit_library_gemm); no unaligned "
+                                        "efficiency in this frame", "frame": "scenario", "precisions": {}}
+    for prec, rows in sorted(shapes.items()):
+        effs[prec], tiles[prec], err = fit_library_gemm(rows, prec, gpu, params)
+        record["precisions"][prec] = {"points": len(rows), "problems": len({r[:4] for r in rows}),
+                                      "fit_mape_pct": round(err * 100, 2)}
+    return {"gemm_efficiency": effs, "gemm_tile_overhead_s": tiles}, record
 
 
 def _fit_gemm_main(pts: list[tuple[float, float, float, float, bool]], ko: float
@@ -691,14 +724,17 @@ def _fit_gemm_main(pts: list[tuple[float, float, float, float, bool]], ko: float
         "note": note}
 
 
-def library_gemm_mape(problems: Sequence[tuple[int, int, int, float]], precision: str, gpu: GpuSpec,
+def library_gemm_mape(problems: Sequence[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
                       params: Parameters) -> float:
     """Mean absolute relative error (a fraction) of :func:`ovsim.models.cost.best_gemm`'s time
-    against GEMMs (m, n, k, measured s) that ran at the GPU's top clock."""
+    against GEMMs (m, n, k, batch, measured s); each problem is priced once."""
     from ovsim.models import cost
 
-    return float(np.mean([abs(cost.best_gemm(m, n, k, precision, gpu, params).isolated_s - t) / t
-                          for m, n, k, t in problems]))
+    times: dict[tuple[int, int, int, int], float] = {}
+    for m, n, k, b, _ in problems:
+        if (m, n, k, b) not in times:
+            times[(m, n, k, b)] = cost.best_gemm(m, n, k, precision, gpu, params, batch=b).isolated_s
+    return float(np.mean([abs(times[(m, n, k, b)] - t) / t for m, n, k, b, t in problems]))
 
 
 # Starting points of the library-frame fit (efficiency, microseconds per wave): its error jumps
@@ -706,11 +742,11 @@ def library_gemm_mape(problems: Sequence[tuple[int, int, int, float]], precision
 _LIBRARY_STARTS = ((0.8, 1.0), (0.9, 5.0), (0.7, 0.0))
 
 
-def fit_library_gemm(problems: Sequence[tuple[int, int, int, float]], precision: str, gpu: GpuSpec,
+def fit_library_gemm(problems: Sequence[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
                      params: Parameters) -> tuple[float, float, float]:
     """``gemm_efficiency`` and ``gemm_tile_overhead_s`` of ``precision`` (and their error, a
     fraction) that bring the scenario GEMM, :func:`ovsim.models.cost.best_gemm`, to GEMMs
-    (m, n, k, measured s) measured alone at the top clock: the mean absolute relative error,
+    (m, n, k, batch, measured s) measured alone: the mean absolute relative error,
     minimised with Powell from a few starts.
 
     This fits the parameters in the frame a scenario prices a GEMM in (the library kernel the cost
@@ -1118,7 +1154,7 @@ def _sha256(path: str) -> str:
 
 def fit_points(quantity: str, traces: Sequence[TraceInput], params: Parameters, values: dict[str, Any], *,
                contention: Sequence[ContentionData] | None = None,
-               power: Sequence[PowerSamples] | None = None) -> pd.DataFrame:
+               power: Sequence[PowerSamples] | None = None, gemm_frame: str = "grid") -> pd.DataFrame:
     """The measured points the fit of ``quantity`` used, each beside what ``params`` with the fitted
     ``values`` on top predict for it (columns :data:`POINT_COLUMNS`). ``params`` are the ones the fit
     started from; ``contention`` and ``power``: the prepared data of those fits, in trace order."""
@@ -1135,6 +1171,17 @@ def fit_points(quantity: str, traces: Sequence[TraceInput], params: Parameters, 
         for label, timed in overhead_points(traces)[0].items():
             t = [d for d, cls in timed if cls == "elementwise"]
             add("elementwise", label, "s", t, [p.kernel_overhead_s] * len(t))
+    elif quantity == "gemm" and gemm_frame == "scenario":
+        from ovsim.models import cost
+
+        for tr in traces:
+            gpu = load_gpu(tr.gpu)
+            for prec, problems in sorted(gemm_shapes([tr]).items()):
+                scored = [r for r in problems if r[5] and prec in values.get("gemm_efficiency", {})]
+                if scored:
+                    add(prec, tr.label, "s", np.array([r[4] for r in scored]),
+                        np.array([cost.best_gemm(m, n, k, prec, gpu, p, batch=b).isolated_s
+                                  for m, n, k, b, _, _ in scored]))
     elif quantity == "gemm":
         for tr in traces:
             aligned_eff, unaligned_eff = values.get("gemm_efficiency", {}), values.get("gemm_unaligned_efficiency", {})
@@ -1193,12 +1240,12 @@ def fit_points(quantity: str, traces: Sequence[TraceInput], params: Parameters, 
 
 def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[str] | None = None,
               on_step: Callable[[str], None] | None = None, points: bool = False,
-              sm_fraction: float | None = None) -> FitReport:
+              sm_fraction: float | None = None, gemm_frame: str = "grid") -> FitReport:
     """Fit ``quantities`` (default: every one the traces support) for ``gpu`` ("*" for parameters
     that apply to any GPU, from traces of several GPUs). With ``points``, the report also holds
     every fitted point beside what the written parameters predict for it (:func:`fit_points`).
     ``sm_fraction`` fixes the contention fit's share of a collective's grid holding SMs
-    (:func:`fit_contention`)."""
+    (:func:`fit_contention`); ``gemm_frame`` is :func:`fit_gemm`'s frame."""
     if not traces:
         raise OvsimError("no traces to calibrate on", field="traces")
     if gpu != "*":
@@ -1234,7 +1281,7 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
         "contention": contention_fit,
         "collectives": lambda: fit_collectives(traces),
         "overhead": lambda: fit_overhead(traces),
-        "gemm": lambda: fit_gemm(traces, params),
+        "gemm": lambda: fit_gemm(traces, params, gemm_frame),
         "memory": lambda: fit_memory(traces, params),
         "power": power_fit,
     }
@@ -1251,7 +1298,7 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
             continue
         if points:
             frames.append(fit_points(q, traces, params, values, contention=prepared.get("contention"),
-                                     power=prepared.get("power")))
+                                     power=prepared.get("power"), gemm_frame=gemm_frame))
         report.parameters.update(values)
         report.fits[q] = record
         # Later fits (gemm, memory: QUANTITIES puts overhead first) build on what was just fitted.

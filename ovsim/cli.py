@@ -435,9 +435,10 @@ def _calibrate(args: argparse.Namespace) -> int:
             inputs.append(dataclasses.replace(tr, power_logs=tuple(mine)))
         quantities = [q.strip() for q in args.fit.split(",")] if args.fit else None
         report = calibrate(inputs, gpu, quantities=quantities, on_step=lambda q: bar.stage(f"fitting {q}"),
-                           points=bool(args.plot))
+                           points=bool(args.plot), gemm_frame=args.gemm_frame)
         command = "ovsim calibrate " + " ".join(Path(t).name for t in args.traces) + f" --gpu {gpu}" + "".join(
-            f" --power-log {Path(lg.path).name}" for tr in inputs for lg in tr.power_logs)
+            f" --power-log {Path(lg.path).name}" for tr in inputs for lg in tr.power_logs) + (
+            f" --gemm-frame {args.gemm_frame}" if args.gemm_frame != "grid" else "")
         path = write_calibration(report, inputs, gpu, Path(args.output), command=command)
     finally:
         bar.done()
@@ -772,6 +773,11 @@ def parser() -> argparse.ArgumentParser:
     cb.add_argument("--fit", help="comma-separated quantities (contention, collectives, overhead, gemm, memory, "
                                   "power); default: every one the traces support, and an error if one named here "
                                   "cannot be fitted")
+    # ovsim.calibrate.GEMM_FRAMES, spelled out: importing the fits here would slow every command.
+    cb.add_argument("--gemm-frame", choices=("grid", "scenario"), default="grid",
+                    help="where the GEMM fit prices each GEMM: at its measured grid (grid, the default: it "
+                         "describes the traced kernels) or as a scenario GEMM of its problem on the library "
+                         "kernel ovsim picks (scenario: the parameters for scenarios' GEMMs)")
     cb.add_argument("--trace-gpu", action="append", metavar="TRACE=GPU",
                     help="GPU spec of a trace that does not record its device (repeatable)")
     cb.add_argument("--power-log", action="append", metavar="[TRACE=]LOG",

@@ -754,8 +754,8 @@ GEMM_AT_TOP_CLOCK = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
 MEASURED_GEMM_GROUP = "measured GEMMs (calibration harness gemm part; held out: leave one shape out)"
 
 
-def measured_gemm_points(folder: Path, precision: str) -> list[tuple[int, int, int, float]]:
-    """(m, n, k, median measured s) of the gemm part's GEMMs of ``precision`` that ran at the top
+def measured_gemm_points(folder: Path, precision: str) -> list[tuple[int, int, int, int, float]]:
+    """(m, n, k, batch 1, median measured s) of the gemm part's GEMMs of ``precision`` that ran at the top
     clock (``GEMM_AT_TOP_CLOCK``), as far as ``folder`` (a data set) holds them."""
     import pandas as pd
 
@@ -767,7 +767,7 @@ def measured_gemm_points(folder: Path, precision: str) -> list[tuple[int, int, i
         t = pd.read_parquet(path, columns=["kind", "duration_s"])
         t = t[t["kind"] == "gemm"]
         if not t.empty:
-            out.append((m, n, k, float(t["duration_s"].median())))
+            out.append((m, n, k, 1, float(t["duration_s"].median())))
     return out
 
 
@@ -799,7 +799,7 @@ def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
                 at_mamf = params.merged({"gemm_efficiency": {prec: mamf}, "gemm_tile_overhead_s": {prec: 0.0}})
                 naive = (f"; the roofline at MAMF's best-shape efficiency {mamf:.3f}: "
                          f"{library_gemm_mape(pts, prec, gpu, at_mamf) * 100:.1f}%")
-            shapes = ", ".join(f"{m}^3 {e:.1f}%" for (m, _, _, _), e in zip(pts, errs, strict=True))
+            shapes = ", ".join(f"{m}^3 {e:.1f}%" for (m, *_), e in zip(pts, errs, strict=True))
             checks.append(Check(f"{gpu_name}: {prec} GEMM time MAPE ({len(pts)} shapes at the top clock)",
                                 MEASURED_GEMM_GROUP, MEMORY_TOLERANCE_PCT, sum(errs) / len(errs), "% MAPE", 0.0,
                                 f"calibration/data/{rel} (gemm part)", rule="at_most",

@@ -346,6 +346,37 @@ def test_gemm_shapes_are_the_fits_gemms_by_their_problem() -> None:
     assert [r[4] for r in shapes["bf16"]] == [p[0] for p in gemm_points([tr])["bf16"]]
 
 
+def test_the_scenario_frame_gemm_fit_recovers_what_scenarios_were_priced_at() -> None:
+    """GEMMs timed as scenario GEMMs of their problems (the cost model's library choice) at an
+    efficiency of 0.65 and 2 us per wave: --gemm-frame scenario finds both back, its points lie
+    on the fitted prices, and the CLI offers exactly the frames the fit knows."""
+    from ovsim.calibrate import GEMM_FRAMES
+    from ovsim.cli import parser
+    from ovsim.models.cost import best_gemm
+
+    gpu = load_gpu(GPU)
+    planted = load_calibration(gpu, GPU).params.merged(
+        {"gemm_efficiency": {"bf16": 0.65}, "gemm_tile_overhead_s": {"bf16": 2e-6}})
+    rows = []
+    for i, (m, n, k) in enumerate(((1024, 1024, 1024), (2048, 4096, 1024), (4096, 4096, 4096), (8192, 2048, 8192))):
+        t = best_gemm(m, n, k, "bf16", gpu, planted).isolated_s
+        row = kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 1e4 * i, t * 1e6, kind="gemm", grid=132,
+                     host_op=f"aten::mm[[{m}, {k}], [{k}, {n}]]")
+        rows.append({**row, "block_x": 384, "registers_per_thread": 168})
+    tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="g", gpu=GPU)
+    report = calibrate([tr], GPU, quantities=["gemm"], points=True, gemm_frame="scenario")
+    assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(0.65, abs=2e-3)
+    assert report.parameters["gemm_tile_overhead_s"]["bf16"] == pytest.approx(2e-6, rel=0.02)
+    assert report.fits["gemm"]["frame"] == "scenario"
+    assert report.points is not None and len(report.points) == 4
+    assert report.points["fitted"].to_numpy() == pytest.approx(report.points["measured"].to_numpy(), rel=5e-3)
+    with pytest.raises(OvsimError, match="unknown GEMM frame"):
+        calibrate([tr], GPU, quantities=["gemm"], gemm_frame="tiles")
+    argv = ["calibrate", "t.json", "--gpu", GPU, "-o", "c.v1.yaml", "--gemm-frame"]
+    assert [parser().parse_args([*argv, f]).gemm_frame for f in GEMM_FRAMES] == list(GEMM_FRAMES)
+    assert main([*argv, "tiles"]) == 2
+
+
 def planted_memory(fraction: float, softmax_fraction: float, ko: float | None = None) -> TraceInput:
     """Memory-bound kernels on an H100 timed by the cost model's streaming form, t = overhead +
     bytes / (peak HBM x fraction), bytes counted by hand: bf16 add (two inputs, one output) and
@@ -789,7 +820,7 @@ def test_the_library_gemm_fit_recovers_planted_parameters() -> None:
     gpu = load_gpu("h100-sxm5-80gb")
     base = load_calibration(gpu, "h100-sxm5-80gb").params
     planted = base.merged({"gemm_efficiency": {"fp16": 0.75}, "gemm_tile_overhead_s": {"fp16": 3e-6}})
-    problems = [(s, s, s, best_gemm(s, s, s, "fp16", gpu, planted).isolated_s) for s in (1024, 2048, 4096, 8192)]
+    problems = [(s, s, s, 1, best_gemm(s, s, s, "fp16", gpu, planted).isolated_s) for s in (1024, 2048, 4096, 8192)]
     eff, tile_s, err = fit_library_gemm(problems, "fp16", gpu, base)
     assert eff == pytest.approx(0.75, abs=0.002)
     assert tile_s == pytest.approx(3e-6, rel=0.02)

@@ -335,7 +335,7 @@ def gemm_report(gpu: str, rel: str) -> tuple[FitReport, list[Path]]:
         if not pts:
             continue
         effs[prec], tiles[prec], err = fit_library_gemm(pts, prec, g, params)
-        fits[prec] = {"points": len(pts), "shapes": [f"{m}x{n}x{k}" for m, n, k, _ in pts],
+        fits[prec] = {"points": len(pts), "shapes": [f"{m}x{n}x{k}" for m, n, k, _, _ in pts],
                       "measured_median_s": [t for *_, t in pts], "fit_mape_pct": round(err * 100, 2)}
     shapes = ", ".join(f"{m}^3" for m, _, _ in GEMM_AT_TOP_CLOCK)
     src = (f"measured: calibration/data/{rel} (gemm part: cuBLAS GEMMs alone at the top clock, {shapes}, median "
