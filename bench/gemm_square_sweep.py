@@ -1,10 +1,11 @@
 """The cost model's best BF16 square-GEMM throughput on an H100 against the published sweep, with
-the shipped calibration (its GEMM fit on the TraceLens H100 traces), with the published best-shape
-efficiency it replaced, and with calibration files given on top of the shipped one.
+the shipped calibration (its GEMM fit on the calibration harness's measured cuBLAS GEMMs), with the
+published best-shape efficiency the shipped files held before any fit, and with calibration files
+given on top of the shipped one.
 
-Best over the library kernels ``ovsim validate`` searches (output tiles 128x256 down to 64x128,
-multistage and Hopper warp-specialized blocks). Published: zzc0721/torch-performance-test-data #79,
-as quoted in the research notes (science.md section 4.3).
+Best over the library kernels a scenario GEMM chooses from (``ovsim.models.cost.best_gemm``:
+output tiles 128x256 down to 64x128, multistage and Hopper warp-specialized blocks). Published:
+zzc0721/torch-performance-test-data #79, as quoted in the research notes (science.md section 4.3).
 
     python bench/gemm_square_sweep.py [CALIBRATION.yaml ...]
 """
@@ -24,7 +25,7 @@ PUBLISHED_TFLOPS = {1024: 177.0, 2048: 677.0, 4096: 789.0, 8192: 798.0, 10240: 7
 def main(argv: list[str]) -> int:
     gpu = load_gpu(GPU)
     shipped = load_calibration(gpu, GPU).params
-    # What the shipped file held before the trace fit (h100-sxm5-80gb.v4): MAMF's best-shape
+    # What the shipped file held before any GEMM fit (h100-sxm5-80gb.v4): MAMF's best-shape
     # efficiency, 794.5 of 989.4 TFLOPS, and no time per wave.
     mamf = shipped.merged({"gemm_efficiency": {"bf16": MAMF_EFFICIENCY[GPU]}, "gemm_tile_overhead_s": {"bf16": 0.0}})
     runs = [("shipped", shipped), ("MAMF efficiency, no time per wave", mamf)]
