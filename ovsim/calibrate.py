@@ -724,17 +724,32 @@ def _fit_gemm_main(pts: list[tuple[float, float, float, float, bool]], ko: float
         "note": note}
 
 
-def library_gemm_mape(problems: Sequence[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
-                      params: Parameters) -> float:
-    """Mean absolute relative error (a fraction) of :func:`ovsim.models.cost.best_gemm`'s time
-    against GEMMs (m, n, k, batch, measured s); each problem is priced once."""
+def library_gemm_times(problems: Sequence[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
+                       params: Parameters) -> np.ndarray:
+    """:func:`ovsim.models.cost.best_gemm`'s time (s) for each GEMM (m, n, k, batch, measured s),
+    in order; each problem is priced once."""
     from ovsim.models import cost
 
     times: dict[tuple[int, int, int, int], float] = {}
     for m, n, k, b, _ in problems:
         if (m, n, k, b) not in times:
             times[(m, n, k, b)] = cost.best_gemm(m, n, k, precision, gpu, params, batch=b).isolated_s
-    return float(np.mean([abs(times[(m, n, k, b)] - t) / t for m, n, k, b, t in problems]))
+    return np.array([times[(m, n, k, b)] for m, n, k, b, _ in problems])
+
+
+def library_gemm_errors(problems: Sequence[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
+                        params: Parameters) -> np.ndarray:
+    """Absolute relative error (fractions) of :func:`library_gemm_times` against each GEMM's
+    measured time."""
+    measured = np.array([p[4] for p in problems], dtype=float)
+    return np.asarray(np.abs(library_gemm_times(problems, precision, gpu, params) - measured) / measured)
+
+
+def library_gemm_mape(problems: Sequence[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
+                      params: Parameters) -> float:
+    """Mean absolute relative error (a fraction) of :func:`ovsim.models.cost.best_gemm`'s time
+    against GEMMs (m, n, k, batch, measured s)."""
+    return float(np.mean(library_gemm_errors(problems, precision, gpu, params)))
 
 
 # Starting points of the library-frame fit (efficiency, microseconds per wave): its error jumps
@@ -1172,16 +1187,12 @@ def fit_points(quantity: str, traces: Sequence[TraceInput], params: Parameters, 
             t = [d for d, cls in timed if cls == "elementwise"]
             add("elementwise", label, "s", t, [p.kernel_overhead_s] * len(t))
     elif quantity == "gemm" and gemm_frame == "scenario":
-        from ovsim.models import cost
-
         for tr in traces:
             gpu = load_gpu(tr.gpu)
             for prec, problems in sorted(gemm_shapes([tr]).items()):
-                scored = [r for r in problems if r[5] and prec in values.get("gemm_efficiency", {})]
+                scored = [r[:5] for r in problems if r[5] and prec in values.get("gemm_efficiency", {})]
                 if scored:
-                    add(prec, tr.label, "s", np.array([r[4] for r in scored]),
-                        np.array([cost.best_gemm(m, n, k, prec, gpu, p, batch=b).isolated_s
-                                  for m, n, k, b, _, _ in scored]))
+                    add(prec, tr.label, "s", [r[4] for r in scored], library_gemm_times(scored, prec, gpu, p))
     elif quantity == "gemm":
         for tr in traces:
             aligned_eff, unaligned_eff = values.get("gemm_efficiency", {}), values.get("gemm_unaligned_efficiency", {})

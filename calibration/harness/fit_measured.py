@@ -426,7 +426,8 @@ def clock_power_rows(rel: str, phase: str = CLOCK_POWER_PHASE) -> pd.DataFrame:
 def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     rel, comm_rel = POWER[gpu]
     spec = load_gpu(gpu)
-    model = power_model(spec, load_calibration(spec, gpu_file(gpu).stem).params)
+    shipped = load_calibration(spec, gpu_file(gpu).stem).params
+    model = power_model(spec, shipped)
     table = power_table(gpu, rel, comm_rel, POWER_FITTED)
     if table is None:
         raise SystemExit(f"{gpu}: calibration/data/{rel}: no power phase to fit")
@@ -436,7 +437,6 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     values = {"power_idle_w": round(v["idle_w"], 1), "power_tensor_w": {"default": round(v["tensor_w"], 1)},
               "power_memory_w": round(v["memory_w"], 1),
               "power_hbm_j_per_byte": float(f"{v['hbm_w'] / spec.memory.bandwidth_bytes_per_s:.4g}")}
-    shipped = load_calibration(spec, gpu_file(gpu).stem).params
     by_precision: dict[str, Any] = {}
     for prec, phase in CLOCK_PRECISION_PHASES.items():
         rows = clock_power_rows(CLOCK[gpu], phase)
@@ -489,6 +489,14 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     return report, [*tables, *(DATA / CLOCK[gpu] / "tables" / "clock" / f"{ph}.parquet" for ph in clock)]
 
 
+def _ship(report: FitReport, tables: list[Path], gpu: str, dry_run: bool, trace_gpu: str | None = None) -> None:
+    """Write ``report`` as the GPU's next shipped version, its tables (measured on ``trace_gpu``,
+    default ``gpu``) as provenance, and say what was done."""
+    inputs = [trace_input([t], trace_gpu or gpu) for t in tables]
+    _, done = write_shipped(report, inputs, gpu, COMMAND, dry_run=dry_run)
+    print(f"{gpu}: {done}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="print the fits, write nothing")
@@ -496,13 +504,11 @@ def main() -> int:
     for rel, gpu in MEASURED_GEMM:
         report, tables = gemm_report(gpu, rel)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
-        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
-        print(f"{gpu}: {done}")
+        _ship(report, tables, gpu, args.dry_run)
     for rel, gpu, _ in MEASURED_COPY:
         report, tables = copy_report(gpu, rel)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
-        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
-        print(f"{gpu}: {done}")
+        _ship(report, tables, gpu, args.dry_run)
     for gpu, rel in SMLOSS.items():
         folder = DATA / rel
         manifest = json.loads((folder / "manifest.json").read_text())
@@ -512,7 +518,6 @@ def main() -> int:
             return 1
         fit = fit_headroom(points, int(manifest["sm_count"]))
         tables = sorted((folder / "tables" / "smloss").glob("add_bf16_256M__hold_*.parquet"))
-        inputs = [trace_input([t], gpu) for t in tables]
         report = FitReport(
             parameters={"memory_sm_headroom": fit["value"]},
             sources={"memory_sm_headroom": f"measured: calibration/data/{rel} (smloss part: a BF16 add of 2^28 "
@@ -522,33 +527,26 @@ def main() -> int:
                 "method": "bounded scalar least squares on relative error of 1/min(1, headroom*(S-held)/S)",
                 "data_set": f"calibration/data/{rel}", **fit}})
         print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
-        _, done = write_shipped(report, inputs, gpu, COMMAND, dry_run=args.dry_run)
-        print(f"{gpu}: {done}")
+        _ship(report, tables, gpu, args.dry_run)
     for gpu in SHAPING:
         report, tables = issue_cap_report(gpu)
         print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
-        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
-        print(f"{gpu}: {done}")
+        _ship(report, tables, gpu, args.dry_run)
     for gpu, measured in SHAPING_CARRIED.items():
         report, tables = issue_cap_report(measured)
         report.sources = {"block_issue_share_per_warp": (
             f"assumption: the {measured} fit carried over (the same four schedulers per SM; not measured on this "
             f"GPU; see SHAPING_CARRIED in calibration/harness/fit_measured.py): "
             f"{report.sources['block_issue_share_per_warp']}")}
-        _, done = write_shipped(report, [trace_input([t], measured) for t in tables], gpu, COMMAND,
-                                dry_run=args.dry_run)
-        print(f"{gpu}: {done}")
+        _ship(report, tables, gpu, args.dry_run, trace_gpu=measured)
     for gpu in CLOCK:
         report, tables = clock_report(gpu)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
-        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables], gpu, COMMAND, dry_run=args.dry_run)
-        print(f"{gpu}: {done}")
+        _ship(report, tables, gpu, args.dry_run)
     for gpu in POWER:
         report, tables = power_report(gpu)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
-        _, done = write_shipped(report, [trace_input([t], gpu) for t in tables if "idle" not in t.name], gpu,
-                                COMMAND, dry_run=args.dry_run)
-        print(f"{gpu}: {done}")
+        _ship(report, [t for t in tables if "idle" not in t.name], gpu, args.dry_run)
     for gpu, rel in MEMORY.items():
         tables = sorted(t for v in MEMORY_VICTIMS for t in (DATA / rel / "tables" / "overlap").glob(f"{v}__*.parquet"))
         inputs = [trace_input([t], gpu) for t in tables]

@@ -53,6 +53,10 @@ class _OpBase(BaseModel):
     repeat: PositiveInt = 1
 
 
+# A GemmOp's fields that describe its kernel's block, given only with a tile.
+GEMM_BLOCK_FIELDS = ("threads", "registers_per_thread", "stages")
+
+
 class GemmOp(_OpBase):
     kind: Literal["gemm"]
     m: PositiveInt
@@ -61,7 +65,8 @@ class GemmOp(_OpBase):
     precision: Precision = "bf16"
     # None: the fastest of the library kernels ovsim knows (ovsim.models.cost.best_gemm), as a
     # library's heuristic picks one; the block fields then stay unset. With a tile, the block
-    # fields default to 256 threads, 128 registers per thread and 3 stages.
+    # fields not given take ovsim.models.cost.gemm's defaults (256 threads, 128 registers per
+    # thread, 3 stages).
     tile: tuple[PositiveInt, PositiveInt, PositiveInt] | None = None
     threads: PositiveInt | None = None
     registers_per_thread: PositiveInt | None = None
@@ -71,7 +76,7 @@ class GemmOp(_OpBase):
 
     @model_validator(mode="after")
     def _block_needs_tile(self) -> GemmOp:
-        given = [f for f in ("threads", "registers_per_thread", "stages") if getattr(self, f) is not None]
+        given = [f for f in GEMM_BLOCK_FIELDS if getattr(self, f) is not None]
         if self.tile is None and given:
             raise ValueError(f"{given[0]} describes a kernel of your own: give its tile too (without one, the "
                              "library kernel is chosen whole)")
@@ -203,10 +208,10 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
         if spec.tile is None:
             return cost.best_gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, extra_shared_mem_bytes=extra,
                                   batch=spec.batch, split_k=spec.split_k, sm_count=sms)
+        # The block fields not given take cost.gemm's defaults.
+        given = {f: getattr(spec, f) for f in GEMM_BLOCK_FIELDS if getattr(spec, f) is not None}
         return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile,
-                         threads=spec.threads or 256, registers_per_thread=spec.registers_per_thread or 128,
-                         stages=spec.stages or 3, extra_shared_mem_bytes=extra, batch=spec.batch,
-                         split_k=spec.split_k, sm_count=sms)
+                         extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k, sm_count=sms, **given)
     if isinstance(spec, AttentionOp):
         base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
                               causal=spec.causal, backward=spec.backward)
