@@ -27,7 +27,10 @@ Communication (sizes as nccl-tests counts them, science.md sections 1.5 and 7):
   before it: gradient accumulation);
 * FSDP / ZeRO-3: per layer an all-gather of its parameters before forward and again before
   backward, ``fsdp_prefetch`` layers ahead, and a reduce-scatter of its gradients after
-  backward on a second stream (``dp_rs``), every micro-batch;
+  backward, every micro-batch; all on the ``dp`` stream, because they share one process group
+  and NCCL runs a communicator's collectives one at a time, in the order issued (NCCL adds CUDA
+  events to enforce it, NVIDIA/nccl#574; ProcessGroupNCCL issues a group's collectives on one
+  internal stream), even when FSDP issues them from different CUDA streams;
 * tensor parallelism: all-reduce after the row-parallel GEMMs (output projection, FC2) and after
   the data-gradient GEMMs of the column-parallel ones (QKV, FC1); with sequence parallelism
   all-gather before and reduce-scatter after instead (Korthikanti et al., 2022). ``tp_overlap:
@@ -761,11 +764,11 @@ class _FsdpState:
         st.pending += self.names[("B", layer, mb)]
 
     def after_backward(self, st: _Stage, layer: int, mb: int) -> None:
-        st.rs += self.g.collective(st, f"B{mb}.L{layer}.fsdp.rs", "reduce_scatter", self.layer_bytes, "dp_rs",
+        st.rs += self.g.collective(st, f"B{mb}.L{layer}.fsdp.rs", "reduce_scatter", self.layer_bytes, "dp",
                                    self.groups)
 
     def reduce_embedding(self, st: _Stage, mb: int) -> None:
-        st.rs += self.g.collective(st, f"B{mb}.fsdp.embed.rs", "reduce_scatter", self.emb_bytes, "dp_rs",
+        st.rs += self.g.collective(st, f"B{mb}.fsdp.embed.rs", "reduce_scatter", self.emb_bytes, "dp",
                                    self.groups)
 
 

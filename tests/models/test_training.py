@@ -106,6 +106,18 @@ def test_overlapped_fsdp_beats_sequential_and_hides_most_communication() -> None
     assert over["comm_hidden_fraction"] > 0.5
 
 
+def test_fsdp_collectives_of_one_process_group_never_run_at_once() -> None:
+    # NCCL runs one communicator's collectives one at a time in issue order (NVIDIA/nccl#574), so
+    # a reduce-scatter never holds SMs beside an all-gather of the same group.
+    ops = _predict({**SMALL, "micro_batches": 2, "parallel": {"dp_mode": "fsdp"}}).ops
+    coll = ops[ops["kind"] == "collective"]
+    assert coll["name"].str.endswith(".fsdp.rs").any() and coll["name"].str.endswith(".fsdp.ag").any()
+    for _, rank in coll.groupby("rank"):
+        rank = rank.sort_values("start_s")
+        starts, ends = rank["start_s"].to_numpy(), rank["end_s"].to_numpy()
+        assert (starts[1:] >= ends[:-1] - 1e-12).all()
+
+
 @pytest.mark.parametrize(("pipeline", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4)])
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 4), (2, 6)])
 def test_pipeline_bubble_matches_the_closed_forms(pipeline: str, v: int, p: int, m: int) -> None:
