@@ -941,6 +941,47 @@ def fit_memory(traces: Sequence[TraceInput], params: Parameters) -> tuple[dict[s
     return values, record
 
 
+def memory_clock_time_s(clock_hz: np.ndarray, time_at_reference_s: float, share: float,
+                        reference_hz: float) -> np.ndarray:
+    """A memory-bound kernel's time at each SM clock when ``share`` of its ``time_at_reference_s``
+    (at ``reference_hz``) follows the clock and the rest does not."""
+    return time_at_reference_s * ((1.0 - share) + share * reference_hz / np.asarray(clock_hz, float))
+
+
+def fit_clock_share(clock_hz: Sequence[float] | np.ndarray, duration_s: Sequence[float] | np.ndarray,
+                    reference_hz: float) -> dict[str, Any]:
+    """The share of a kernel's time at ``reference_hz`` that follows the SM clock, from its
+    durations at the clocks it ran at (``memory_kind_clock_share``).
+
+    ``t = a + b / f`` with ``a, b >= 0`` by non-negative least squares on relative error, so the
+    share ``(b / f_ref) / (a + b / f_ref)`` lies in [0, 1]. Also: the time at the reference clock,
+    the RMS relative residual, and that of the best time that does not follow the clock at all."""
+    f = np.asarray(clock_hz, float)
+    t = np.asarray(duration_s, float)
+    if f.shape != t.shape or len(f) < 2:
+        raise OvsimError("needs a duration for each clock, at least two", field="clock_hz")
+    if not (np.isfinite(f).all() and np.isfinite(t).all() and (f > 0).all() and (t > 0).all()):
+        raise OvsimError("clocks and durations must be positive and finite", field="duration_s")
+    if f.max() <= f.min():
+        raise OvsimError(f"all durations ran at one clock ({f[0] / 1e6:g} MHz): nothing tells what follows it",
+                         field="clock_hz")
+    if not (reference_hz > 0 and math.isfinite(reference_hz)):
+        raise OvsimError(f"must be positive and finite, got {reference_hz}", field="reference_hz")
+    g = 1e9 / f  # per GHz: keeps both columns of order one
+    (a, b), _ = nnls(np.column_stack((1.0 / t, g / t)), np.ones_like(t))
+    at_ref = a + b * 1e9 / reference_hz
+    if at_ref <= 0:
+        raise OvsimError("the durations do not fit a time that follows the clock in part", field="duration_s")
+    share = float(b * 1e9 / reference_hz / at_ref)
+    rms = float(np.sqrt(np.mean(((a + b * g) / t - 1.0) ** 2)))
+    # The clock-free time with the least squared relative error.
+    flat = float(np.sum(1.0 / t) / np.sum(1.0 / t**2))
+    rms_flat = float(np.sqrt(np.mean((flat / t - 1.0) ** 2)))
+    return {"share": share, "time_at_reference_s": float(at_ref), "points": len(t),
+            "clock_mhz_range": [round(float(f.min()) / 1e6), round(float(f.max()) / 1e6)],
+            "rms_relative_residual": rms, "rms_relative_residual_if_time_did_not_follow_the_clock": rms_flat}
+
+
 # A memory-bound kernel times the fixed per-kernel cost when its bytes would stream in at most this
 # long at the peak HBM bandwidth: a few percent of the 1.5-4 us such kernels take on the shared
 # traces, and below the 1 us resolution some of them record.

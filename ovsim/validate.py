@@ -26,6 +26,8 @@ from ovsim.hw.spec import gpu_file, load_gpu, load_system
 from ovsim.models import cost, nccl
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ovsim.calibrate import ContentionData, TraceInput
 
 GB = 1e9
@@ -736,6 +738,78 @@ def measured_clock_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     return checks
 
 
+# The clock part's memory-bound kernels, by experiment prefix, as the kinds of
+# ``memory_kind_clock_share`` they measure.
+CLOCK_MEMORY_KINDS = {"add_": "elementwise", "layernorm_": "norm", "softmax_": "softmax"}
+CLOCK_STEADY_HZ = 30e6  # a group whose probes differ by more ran while the clock moved: left out
+# The slowest and fastest clocks a kernel ran at, as quantiles of its steady-clock instances.
+_CLOCK_ENDS = 0.05
+MEASURED_CLOCK_SHARE_FIT = "measured clocks, memory-bound kernels (calibration harness clock part; calibration source)"
+MEASURED_CLOCK_SHARE_HELD_OUT = ("measured clocks, memory-bound kernels (calibration harness clock part; held out: "
+                                 "the other GPU's share)")
+
+
+def clock_memory_points(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per kind of ``CLOCK_MEMORY_KINDS``, (counted SM clock Hz, duration s) of the clock part's
+    memory-bound kernel (its experiment's most frequent kernel) at each steady-clock instance, as
+    far as ``folder`` (a data set) holds them."""
+    import pandas as pd
+
+    path = folder / "clock.parquet"
+    if not path.is_file():
+        return {}
+    pts = pd.read_parquet(path)
+    pts = pts[pts["clock_step_hz"] < CLOCK_STEADY_HZ]
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for prefix, kind in CLOCK_MEMORY_KINDS.items():
+        g = pts[pts["experiment"].str.startswith(prefix)]
+        if g.empty:
+            continue
+        g = g[g["name"] == g["name"].value_counts().index[0]]
+        out[kind] = (g["sm_clock_hz"].to_numpy(float), g["duration_s"].to_numpy(float))
+    return out
+
+
+def clock_end_ratio(clock_hz: np.ndarray, duration_s: np.ndarray) -> tuple[float, float, float]:
+    """(median clock of the slowest-clock instances, of the fastest, and the ratio of their median
+    durations): how much longer the kernel took at its lowest clocks than at its highest."""
+    import numpy as np
+
+    lo, hi = np.quantile(clock_hz, [_CLOCK_ENDS, 1.0 - _CLOCK_ENDS])
+    slow, fast = clock_hz <= lo, clock_hz >= hi
+    return (float(np.median(clock_hz[slow])), float(np.median(clock_hz[fast])),
+            float(np.median(duration_s[slow]) / np.median(duration_s[fast])))
+
+
+def measured_clock_share_checks(folder: Path = MEASURED_DATA) -> list[Check]:
+    """How much longer (in percent) the clock part's layer norm and softmax took at their lowest
+    clocks than at their highest, against the clock share of each GPU's shipped calibration (fitted
+    on these kernels: consistency) and of the other measured GPU's (held out); within 30% of the
+    measured slowdown."""
+    import numpy as np
+
+    sets = [(rel, gpu, clock_memory_points(folder / rel)) for rel, gpu, _ in MEASURED_CLOCK]
+    shares = {gpu: load_calibration(load_gpu(gpu), gpu).params.memory_kind_clock_share for _, gpu, _ in sets}
+    checks: list[Check] = []
+    for rel, gpu, points in sets:
+        ref = load_gpu(gpu).clocks.compute_clock_hz
+        for kind, (clk, dur) in points.items():
+            lo, hi, measured = clock_end_ratio(clk, dur)
+            src = (f"calibration/data/{rel} (clock part, {len(clk)} {kind} kernels at steady clocks; lowest and "
+                   f"highest {_CLOCK_ENDS:.0%} of clocks)")
+            for owner, group in [(gpu, MEASURED_CLOCK_SHARE_FIT)] + [
+                    (o, MEASURED_CLOCK_SHARE_HELD_OUT) for _, o, _ in sets if o != gpu]:
+                if kind not in shares[owner]:
+                    continue
+                share = shares[owner][kind]
+                t = 1.0 - share + share * ref / np.array([lo, hi])
+                checks.append(Check(
+                    f"{gpu}: {kind} slower at {lo / 1e6:.0f} than at {hi / 1e6:.0f} MHz, {owner}'s clock share "
+                    f"{share:.3f}", group, (measured - 1.0) * 100, float(t[0] / t[1] - 1.0) * 100, "%", 30.0, src,
+                    note="a time that does not follow the clock: 0%"))
+    return checks
+
+
 # Data sets of the harness's gemm part (cuBLAS GEMMs alone, 10 repeats each after 3 warm-ups).
 MEASURED_GEMM: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
                                               ("h200-sxm/2026-11-26", "h200-sxm"))
@@ -904,7 +978,8 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
         checks += study_checks(workers, on_trace)
     if measured:
         checks += (measured_checks(MEASURED_DATA, workers, on_trace) + measured_power_checks(MEASURED_DATA)
-                   + measured_clock_checks(MEASURED_DATA) + measured_gemm_checks(MEASURED_DATA)
+                   + measured_clock_checks(MEASURED_DATA) + measured_clock_share_checks(MEASURED_DATA)
+                   + measured_gemm_checks(MEASURED_DATA)
                    + measured_copy_checks(MEASURED_DATA))
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -16,11 +17,13 @@ from ovsim.calibrate import (
     TraceInput,
     calibrate,
     contention_slowdown,
+    fit_clock_share,
     fit_collectives,
     fit_contention,
     gemm_points,
     gemm_precision,
     gemm_shapes,
+    memory_clock_time_s,
     output_path,
     write_calibration,
     write_shipped,
@@ -827,3 +830,31 @@ def test_the_library_gemm_fit_recovers_planted_parameters() -> None:
     assert err < 1e-3
     with pytest.raises(OvsimError, match="no fp16 GEMM"):
         fit_library_gemm([], "fp16", gpu, base)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.15, 0.7, 1.0])
+def test_clock_share_fit_recovers_a_planted_share(share: float) -> None:
+    clocks = np.linspace(1.2e9, 2.0e9, 40)
+    t = memory_clock_time_s(clocks, 300e-6, share, 1.83e9)
+    fit = fit_clock_share(clocks, t, 1.83e9)
+    assert fit["share"] == pytest.approx(share, abs=1e-9)
+    assert fit["time_at_reference_s"] == pytest.approx(300e-6, rel=1e-9)
+    assert fit["rms_relative_residual"] < 1e-9
+
+
+def test_clock_share_of_a_time_rising_with_the_clock_is_zero() -> None:
+    # No share in [0, 1] makes a kernel slower at higher clocks: the bound holds the fit at 0.
+    clocks = np.array([1.2e9, 1.5e9, 1.8e9])
+    fit = fit_clock_share(clocks, np.array([1.0, 1.1, 1.2]) * 1e-4, 1.83e9)
+    assert fit["share"] == 0.0
+
+
+@pytest.mark.parametrize("clocks,times,field", [
+    ([1.5e9, 1.5e9], [1e-4, 1.1e-4], "clock_hz"),
+    ([1.5e9], [1e-4], "clock_hz"),
+    ([1.5e9, 1.6e9], [1e-4, -1e-4], "duration_s"),
+])
+def test_clock_share_fit_refuses_data_that_cannot_tell(clocks: list[float], times: list[float], field: str) -> None:
+    with pytest.raises(OvsimError) as e:
+        fit_clock_share(clocks, times, 1.83e9)
+    assert e.value.field == field

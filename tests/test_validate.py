@@ -181,6 +181,24 @@ def test_measured_clocks_are_predicted_for_the_clock_parts_gemms() -> None:
         assert checks[f"{what}: counted SM clock"].passed and checks[f"{what}: time per kernel"].passed
 
 
+def test_clock_shares_reproduce_the_clock_parts_memory_bound_kernels() -> None:
+    """The layer norm and softmax of the clock part, slower at their lowest clocks than at their
+    highest: each GPU's own shipped share within 30% of the measured slowdown (fitted on these
+    kernels: consistency of the fit with the law validate applies), and a held-out row with the
+    other GPU's share for each."""
+    from ovsim.validate import (
+        MEASURED_CLOCK_SHARE_FIT,
+        MEASURED_CLOCK_SHARE_HELD_OUT,
+        measured_clock_share_checks,
+    )
+
+    checks = measured_clock_share_checks()
+    fit = [c for c in checks if c.group == MEASURED_CLOCK_SHARE_FIT]
+    held = [c for c in checks if c.group == MEASURED_CLOCK_SHARE_HELD_OUT]
+    assert len(fit) == len(held) == 4
+    assert all(c.passed and c.reference > 1.0 for c in fit), [(c.name, c.error_pct) for c in fit]
+
+
 def test_measured_gemms_are_predicted_held_out_within_the_bar() -> None:
     """The gemm part's cuBLAS GEMMs at the top clock (1024^3 to 8192^3), each priced as a scenario
     prices it with the parameters fitted on the other shapes: every GPU and precision within 10%

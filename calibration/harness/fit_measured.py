@@ -27,6 +27,12 @@ write each GPU's next calibration version, with the data set's files and checksu
   power limit walks them through, each with the SM clock its probes counted; per precision the
   clock ``sat`` for which ``max(sat / f, 1)`` times each experiment's own time at saturation fits
   the durations best (least squares on their logarithm).
+- ``memory_kind_clock_share`` (norm, softmax): from the ``clock`` part, the layer norm and softmax
+  run at the clocks the limit walks them through, each with its counted SM clock; the share of
+  the kernel's time at the compute clock that follows the clock, from ``t = a + b / f``
+  (``ovsim.calibrate.fit_clock_share``). A kind is written only where that law halves the RMS
+  error of a time that does not follow the clock (``CLOCK_SHARE_MIN_GAIN``): the streaming add's
+  does not move with the clock on the H100, and on the H200 the law gains 5%.
 - the power parameters (``power_idle_w``, ``power_tensor_w``, ``power_memory_w``,
   ``power_hbm_j_per_byte``): ovsim's least-squares power fit (``ovsim.hw.power.fit_power``) on
   NVML samples after each phase's first second, with the activity the harness knows it ran: the
@@ -66,18 +72,20 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize_scalar
 
-from ovsim.calibrate import FitReport, calibrate, fit_library_gemm, trace_input, write_shipped
+from ovsim.calibrate import FitReport, calibrate, fit_clock_share, fit_library_gemm, trace_input, write_shipped
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.power import FIT_COLUMNS, fit_power, fit_table_power_w, fit_tensor_weight, power_model
 from ovsim.hw.spec import gpu_file, load_gpu
 from ovsim.models.cost import element_bytes
 from ovsim.traces.power import read_power_samples
 from ovsim.validate import (
+    CLOCK_MEMORY_KINDS,
     GEMM_AT_TOP_CLOCK,
     HARNESS_SM_FRACTION,
     MEASURED_COPY,
     MEASURED_GEMM,
     MEASURED_GEMM_PRECISIONS,
+    clock_memory_points,
     measured_copy_times,
     measured_gemm_points,
 )
@@ -120,6 +128,9 @@ CLOCK_STEADY_HZ = 30e6  # a group whose probes differ by more ran while the cloc
 # The clock part's GEMM phase that stands in for the power part's when the power weights are
 # fitted at counted clocks (the power part's GEMM phases have only NVML's clock readings).
 CLOCK_POWER_PHASE = "gemm_bf16_8192x8192x8192"
+# A memory kind's clock share is written only where t = a + b/f cuts the RMS relative error of a
+# time that does not follow the clock by at least this factor.
+CLOCK_SHARE_MIN_GAIN = 2.0
 # The clock part's other GEMMs, each fitting its precision's own tensor weight with the rest held.
 CLOCK_PRECISION_PHASES = {"fp8": "gemm_fp8_8192x8192x8192", "tf32": "gemm_tf32_8192x8192x8192"}
 CHANNEL_BUFFER_BYTES = 256 << 20  # run.py's
@@ -397,6 +408,32 @@ def clock_report(gpu: str) -> tuple[FitReport, list[Path]]:
     return report, tables
 
 
+def clock_share_report(gpu: str) -> tuple[FitReport, list[Path]]:
+    rel = CLOCK[gpu]
+    ref = load_gpu(gpu).clocks.compute_clock_hz
+    fits = {kind: fit_clock_share(clk, dur, ref) for kind, (clk, dur) in clock_memory_points(DATA / rel).items()}
+    for f in fits.values():
+        f["written"] = (f["rms_relative_residual_if_time_did_not_follow_the_clock"]
+                        >= CLOCK_SHARE_MIN_GAIN * f["rms_relative_residual"])
+    values = {kind: round(f["share"], 3) for kind, f in fits.items() if f["written"]}
+    left = sorted(set(fits) - set(values))
+    src = (f"measured: calibration/data/{rel} (clock part: the layer norm and softmax, BF16 16384x8192, run from a "
+           f"cool start down to the 700 W limit's clocks, each at the SM clock its probes counted), t = a + b/f by "
+           f"non-negative least squares on relative error, share (b/f)/(a + b/f) at the compute clock "
+           f"{ref / 1e6:.0f} MHz" + (f"; {', '.join(left)} not written: the law does not halve the error of a time "
+                                     f"that does not follow the clock" if left else "") + f"; {COMMAND}")
+    report = FitReport(parameters={"memory_kind_clock_share": values}, sources={"memory_kind_clock_share": src},
+                       fits={"memory_kind_clock_share": {
+                           "method": "scipy.optimize.nnls on t = a + b/f, rows divided by t", "data_set":
+                           f"calibration/data/{rel}", "reference_clock_hz": ref,
+                           **{k: {x: (round(y, 5) if isinstance(y, float) else y) for x, y in f.items()}
+                              for k, f in fits.items()}}})
+    prefixes = [p for p, k in CLOCK_MEMORY_KINDS.items() if k in values]
+    tables = sorted(t for t in (DATA / rel / "tables" / "clock").glob("*.parquet")
+                    if any(t.name.startswith(p) for p in prefixes))
+    return report, tables
+
+
 def clock_power_rows(rel: str, phase: str = CLOCK_POWER_PHASE) -> pd.DataFrame:
     """Power-fit rows (``FIT_COLUMNS``) from one of the clock part's 8192^3 GEMM phases: each NVML
     sample after its first second, at the SM clock of the first probe whose middle is not before
@@ -541,6 +578,9 @@ def main() -> int:
         _ship(report, tables, gpu, args.dry_run, trace_gpu=measured)
     for gpu in CLOCK:
         report, tables = clock_report(gpu)
+        print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
+        _ship(report, tables, gpu, args.dry_run)
+        report, tables = clock_share_report(gpu)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
         _ship(report, tables, gpu, args.dry_run)
     for gpu in POWER:

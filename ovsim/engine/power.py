@@ -61,10 +61,13 @@ class PowerConfig:
         return hi
 
     def multipliers(self, c: float) -> tuple[float, ...]:
-        """Rate multipliers at clock fraction c: not clock-bound, CUDA-core, then tensor work of
-        each saturation clock (``PowerModel.tensor_saturations``; :func:`tensor_clock_class`)."""
+        """Rate multipliers at clock fraction c: not clock-bound, CUDA-core, tensor work of each
+        saturation clock (``PowerModel.tensor_saturations``; :func:`tensor_clock_class`), then
+        memory-bound work of each clock share (``PowerModel.memory_clock_shares``;
+        :func:`memory_clock_class`)."""
         m = self.model
-        return (1.0, c, *(m.tensor_rate(c, x) for x in m.tensor_saturations))
+        return (1.0, c, *(m.tensor_rate(c, x) for x in m.tensor_saturations),
+                *(m.memory_rate(c, x) for x in m.memory_clock_shares))
 
 
 def op_power_class(op: Op, model: PowerModel) -> tuple[str, float]:
@@ -81,6 +84,15 @@ def tensor_clock_class(op: Op, model: PowerModel) -> int:
     precision = op.info.get("precision")
     return 2 + model.tensor_saturations.index(model.tensor_saturation(precision if isinstance(precision, str)
                                                                        else None))
+
+
+def memory_clock_class(op: Op, model: PowerModel) -> int:
+    """The index of a memory-bound op's rate in :meth:`PowerConfig.multipliers`: 0 (not
+    clock-bound) unless part of its kind's time follows the clock."""
+    share = model.memory_clock_share.get(op.kind, 0.0)
+    if share <= 0:
+        return 0
+    return 2 + len(model.tensor_saturations) + model.memory_clock_shares.index(share)
 
 
 # -- energy from counters ---------------------------------------------------------------------------
@@ -215,8 +227,9 @@ def _solo_clock(a: _OpPower, cfg: PowerConfig, saturation: float = math.inf) -> 
 
 
 def throttled_workload(workload: Workload, gpu: GpuSpec, cfg: PowerConfig) -> tuple[Workload, dict[str, float]]:
-    """The workload with every clock-bound kernel's time stretched (or shrunk) by the clock the cap
-    gives it alone, and each op's clock fraction."""
+    """The workload with every clock-bound kernel's time (and the part of a memory-bound kernel's
+    that follows the clock) stretched or shrunk by the clock the cap gives it alone, and each op's
+    clock fraction."""
     ops: list[Op] = []
     clocks: dict[str, float] = {}
     for op in workload.ops:
@@ -225,7 +238,9 @@ def throttled_workload(workload: Workload, gpu: GpuSpec, cfg: PowerConfig) -> tu
         c = _solo_clock(a, cfg, cfg.model.tensor_saturations[cls - 2] if a.cls == TENSOR else math.inf)
         clocks[op.id] = c
         k = op.kernel
-        if k is None or op.flow is not None or not k.clock_sensitive:
+        if k is not None and op.flow is None and not k.clock_sensitive:
+            cls = memory_clock_class(op, cfg.model)
+        if k is None or op.flow is not None or cls == 0:
             ops.append(op)
             continue
         mult = cfg.multipliers(c)[cls]

@@ -40,12 +40,19 @@ import simpy
 
 from ovsim.engine.channel import CAP, max_min_rates, water_fill
 from ovsim.engine.machine import GpuModel, LinkKey, MachineModel
-from ovsim.engine.power import CLOCK_COUNTER, POWER_COUNTER, PowerConfig, op_power_class, tensor_clock_class
+from ovsim.engine.power import (
+    CLOCK_COUNTER,
+    POWER_COUNTER,
+    PowerConfig,
+    memory_clock_class,
+    op_power_class,
+    tensor_clock_class,
+)
 from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
 from ovsim.hw.calib import PRESSURE_MAX
-from ovsim.hw.power import MEMORY, TENSOR
+from ovsim.hw.power import MEMORY, TENSOR, PowerModel
 from ovsim.models.cost import allocated_registers
 from ovsim.models.ir import FlowDemand, KernelDemand, Op, Workload
 
@@ -103,7 +110,8 @@ class _Kernel:
         self.hbm_cap = k.hbm_cap_bytes_per_s
         self.partitions = _MAIN if op.partition == "compute" else _BOTH
         # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 and up tensor
-        # cores (one class per saturation clock, engine.power.tensor_clock_class).
+        # cores (one class per saturation clock, engine.power.tensor_clock_class), then memory-bound
+        # kernels part of whose time follows the clock (engine.power.memory_clock_class).
         self.clock_cls = 1 if k.clock_sensitive and op.flow is None else 0
         self.pw_tensor = False
         self.pw_w = 0.0
@@ -113,6 +121,8 @@ class _Kernel:
             self.pw_tensor = cls == TENSOR
             if self.clock_cls and self.pw_tensor:
                 self.clock_cls = tensor_clock_class(op, power.model)
+            elif op.flow is None and not k.clock_sensitive:
+                self.clock_cls = memory_clock_class(op, power.model)
             # Compute blocks count by the issue share they use (occupancy shaping leaves SMs partly
             # idle); memory-bound blocks and NCCL's copy loops by the block slots they hold.
             self.pw_unit = 1.0 / self.blocks_per_sm_alone if cls == MEMORY else self.issue
@@ -385,12 +395,16 @@ class Engine:
             # Dynamic-power scale of tensor and other work without power management.
             self.s_calibrated = (m.dynamic_scale(m.tensor_reference_clock_fraction), m.dynamic_scale(1.0))
             for gpu in self.gpus:
-                gpu.mult = [1.0] * (2 + len(m.tensor_saturations))
-        # Rate classes of tensor kernels that saturate, and their saturation clock fractions.
+                gpu.mult = [1.0] * (2 + len(m.tensor_saturations) + len(m.memory_clock_shares))
+        # Rate classes of tensor kernels that saturate, and their saturation clock fractions; rate
+        # classes of memory-bound kernels, and the share of their time that follows the clock.
         self.saturating_cls: dict[int, float] = {}
+        self.memory_share_cls: dict[int, float] = {}
         if self.power is not None:
             sats = self.power.model.tensor_saturations
             self.saturating_cls = {2 + i: x for i, x in enumerate(sats) if math.isfinite(x)}
+            self.memory_share_cls = {2 + len(sats) + i: x
+                                     for i, x in enumerate(self.power.model.memory_clock_shares)}
         if self.power is not None and self.managed:
             c0 = self.power.max_clock_fraction  # an idle GPU fits any settable cap
             for gpu in self.gpus:
@@ -642,6 +656,8 @@ class Engine:
             g.clock_factor = factor
             if not self.managed:
                 g.mult = [1.0] + [factor] * (len(g.mult) - 1)
+                for i, share in self.memory_share_cls.items():
+                    g.mult[i] = PowerModel.memory_rate(factor, share)
                 g.throttled = factor < 1.0
         self.released, self.woken = self.woken, []
         gpus = self.gpus
@@ -1131,9 +1147,12 @@ class Engine:
             for k in gpu.running:
                 k.theta = k.theta_self = 1.0
             for k, raw in demand.items():
-                if raw > k.hbm_cap:
-                    k.theta = k.theta_self = k.hbm_cap / raw
-                    demand[k] = k.hbm_cap
+                # The clock slows a memory-bound kernel's whole rate by the part of its time that
+                # follows it, even one whose blocks could move data faster than HBM lets them.
+                cap = k.hbm_cap * mult[k.clock_cls] if k.clock_cls in self.memory_share_cls else k.hbm_cap
+                if raw > cap:
+                    k.theta = k.theta_self = cap / raw
+                    demand[k] = cap
             if demand:
                 demands.append((r, demand))
 
@@ -1295,6 +1314,7 @@ class Engine:
         # HBM bytes/s of tensor kernels whose rate saturates, per rate class: they follow the clock
         # only up to their saturation clock.
         saturating: dict[int, float] = {}
+        memory_cls = self.memory_share_cls
         r = gpu.rank
         for g in gpu.groups:
             n = g.n
@@ -1314,7 +1334,7 @@ class Engine:
                     xt += x
                 else:
                     other += x * k.pw_w
-                    if k.clock_cls:
+                    if k.clock_cls and k.clock_cls not in memory_cls:
                         xf += x
                     else:
                         xm += x
@@ -1322,9 +1342,12 @@ class Engine:
                     b = n * e.per_sm * e.rate * k.theta * k.bytes_per_block
                     if k.clock_cls in self.saturating_cls:
                         saturating[k.clock_cls] = saturating.get(k.clock_cls, 0.0) + b
-                    elif k.clock_cls:
+                    elif k.clock_cls and k.clock_cls not in memory_cls:
                         follow += b
                     else:
+                        # The clock solver takes a memory-bound kernel's traffic as fixed, also
+                        # where part of its time follows the clock: it then overstates that
+                        # kernel's HBM power at clocks below the current one.
                         fixed += b
         for f in gpu.flows:
             if f.phase != "data" or f.rate <= 0:

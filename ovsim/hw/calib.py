@@ -66,6 +66,12 @@ class Parameters(BaseModel):
     # less than streaming elementwise work (rows read more than once); `ovsim calibrate --fit
     # memory` writes the kinds its traces support. A kind not listed takes memory_kernel_efficiency.
     memory_kind_efficiency: dict[str, float] = Field(default_factory=dict)
+    # The share of a memory-bound kernel's time at the compute clock that follows the SM clock, per
+    # kind ("elementwise", "norm", "softmax"): at clock fraction c its time is
+    # t · ((1 - share) + share / c) (reductions and index math run on the SMs, the streaming on
+    # HBM's clock). A kind not listed does not follow the clock. Measured by the calibration
+    # harness's clock part where a GPU's file says so.
+    memory_kind_clock_share: dict[str, float] = Field(default_factory=dict)
     # Fraction of the HBM peak any mix of traffic can reach; the HBM channel's capacity.
     hbm_achievable_fraction: Fraction = 0.9
     # Capacity factor applied to HBM while a communication flow and a kernel share it.
@@ -122,6 +128,11 @@ class Parameters(BaseModel):
     @classmethod
     def _memory_eff(cls, v: dict[str, float]) -> dict[str, float]:
         return _each(v, lambda x: 0.0 < x <= 1.5, "a fraction of the achievable HBM bandwidth in (0, 1.5]")
+
+    @field_validator("memory_kind_clock_share")
+    @classmethod
+    def _clock_share(cls, v: dict[str, float]) -> dict[str, float]:
+        return _each(v, lambda x: 0.0 <= x <= 1.0, "a share of the kernel's time in [0, 1]")
 
     @field_validator("replay_hbm_fraction")
     @classmethod

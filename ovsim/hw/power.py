@@ -110,6 +110,9 @@ class PowerModel:
     # Clock fractions above which tensor kernels' rates stop following the clock, by precision
     # ("default" for the rest); a precision with neither follows the clock all the way up.
     tensor_saturation_clock_fraction: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Share of a memory-bound kernel's time at c = 1 that follows the SM clock, by kind
+    # (``memory_kind_clock_share``); a kind not listed does not follow it.
+    memory_clock_share: Mapping[str, float] = dataclasses.field(default_factory=dict)
     derived: tuple[str, ...] = ()  # parameters derived from the TDP rather than given
 
     # -- the model ---------------------------------------------------------------------------------
@@ -140,6 +143,18 @@ class PowerModel:
         (the calibrated rate holds at the tensor reference clock)."""
         ref = self.tensor_reference_clock_fraction
         return min(c, saturation) / min(ref, saturation)
+
+    @property
+    def memory_clock_shares(self) -> tuple[float, ...]:
+        """The distinct positive clock shares memory-bound kernels can have, in a fixed order (the
+        engine's rate classes after the tensor ones)."""
+        return tuple(sorted({x for x in self.memory_clock_share.values() if x > 0}))
+
+    @staticmethod
+    def memory_rate(c: float, share: float) -> float:
+        """A memory-bound kernel's rate at clock fraction ``c`` relative to c = 1, when ``share`` of
+        its time there follows the clock: ``1 / ((1 - share) + share / c)``."""
+        return 1.0 / ((1.0 - share) + share / c)
 
     def voltage_fraction(self, c: float) -> float:
         """V(c)/V(1)."""
@@ -259,6 +274,7 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
         tensor_precisions=frozenset(gpu.compute.tensor_precisions),
         tensor_saturation_clock_fraction={k: v / gpu.clocks.compute_clock_hz
                                           for k, v in p.power_tensor_saturation_clock_hz.items()},
+        memory_clock_share=dict(p.memory_kind_clock_share),
     )
     tensor = dict(p.power_tensor_w)
     if "default" not in tensor:

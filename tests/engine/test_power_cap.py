@@ -123,6 +123,22 @@ def test_memory_bound_work_does_not_follow_the_clock() -> None:
     assert capped.summary()["min_sm_clock_hz"] < capped.gpu.clocks.max_sm_clock_hz
 
 
+@pytest.mark.parametrize("mode", ["simulate", "analytic"])
+def test_part_of_a_norm_kernels_time_follows_a_locked_clock(mode: str) -> None:
+    """The H100 file's measured clock share of layer norms: locked at 1200 MHz a norm takes
+    (1 - share) + share * 1830/1200 of its time at the 1830 MHz compute clock (closed form of the
+    law); a streaming add, whose share is not listed, keeps its time."""
+    ops = [{"name": "n", "kind": "norm", "bytes": 4.0e9}, {"name": "e", "kind": "elementwise", "bytes": 4.0e9}]
+    sc = Scenario.model_validate({"system": "hgx-h100", "ranks": 1, "mode": mode, "ops": ops})
+    r = predict(sc, sm_clock_hz=1.2e9)
+    share = r.calibration.params.memory_kind_clock_share["norm"]
+    assert 0 < share < 1 and "elementwise" not in r.calibration.params.memory_kind_clock_share
+    got = r.ops.set_index("id")
+    expected = (1 - share) + share * 1.83e9 / 1.2e9
+    assert got.loc["n@r0", "duration_s"] == pytest.approx(got.loc["n@r0", "isolated_s"] * expected, rel=1e-9)
+    assert got.loc["e@r0", "duration_s"] == pytest.approx(got.loc["e@r0", "isolated_s"], rel=1e-9)
+
+
 def test_locked_clock_scales_a_compute_bound_kernel_exactly() -> None:
     """H100's calibrated efficiency holds at its 1830 MHz compute clock, and its BF16 GEMMs stop
     speeding up above the measured saturation clock (below 1830); locked at 1200 MHz (well within

@@ -286,3 +286,20 @@ def test_a_precisions_tensor_weight_comes_back_with_the_others_held(a100_40: Pow
 def _model_values(m: PowerModel) -> dict[str, float]:
     return {"idle_w": m.idle_w, "fp32_w": m.fp32_w, "memory_w": m.memory_w, "hbm_w": m.hbm_w, "link_w": m.link_w,
             "knee_voltage_fraction": m.knee_voltage_fraction, "knee_clock_fraction": m.knee_clock_fraction}
+
+
+@pytest.mark.parametrize(("c", "share", "rate"), [
+    (0.5, 0.0, 1.0),  # nothing follows the clock
+    (0.5, 1.0, 0.5),  # everything does: the clock's own ratio
+    (0.5, 0.3, 1.0 / (0.7 + 0.3 / 0.5)),
+    (1.0, 0.6, 1.0),  # the share is of the time at c = 1
+])
+def test_a_memory_bound_kernels_rate_follows_the_clock_by_its_share(c: float, share: float, rate: float) -> None:
+    assert PowerModel.memory_rate(c, share) == pytest.approx(rate, rel=1e-12)
+
+
+def test_memory_clock_shares_are_the_distinct_positive_ones_in_order() -> None:
+    gpu = load_gpu("h100-sxm5-80gb")
+    params = load_calibration(gpu, "h100-sxm5-80gb").params.merged(
+        {"memory_kind_clock_share": {"softmax": 0.7, "norm": 0.2, "elementwise": 0.0, "other": 0.2}})
+    assert power_model(gpu, params).memory_clock_shares == (0.2, 0.7)
