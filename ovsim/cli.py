@@ -35,7 +35,7 @@ def _table(result: Any, max_rows: int) -> str:
         f"({s['compute_slowdown'] * 100:+.1f}%)",
         f"comm       {_fmt_s(s['comm_s'])} ms per rank, exposed {_fmt_s(s['exposed_comm_s'])} ms, "
         f"{s['comm_hidden_fraction'] * 100:.1f}% hidden under compute",
-        *_power_lines(s),
+        *_power_lines(s, result.gpu.power.tdp_w),
         *_memory_lines(result),
         f"calibrated {', '.join(s['calibration_files'])}",
         "",
@@ -81,7 +81,7 @@ def _memory_lines(result: Any) -> list[str]:
             + f"; pipeline stage {est.stage}) of {cap / 1e9:.0f} GB: {verdict}"]
 
 
-def _power_lines(s: dict[str, Any]) -> list[str]:
+def _power_lines(s: dict[str, Any], tdp_w: float) -> list[str]:
     if "energy_j" not in s:
         return []
     settings = []
@@ -89,11 +89,17 @@ def _power_lines(s: dict[str, Any]) -> list[str]:
         settings.append(f"cap {s['power_cap_w']:g} W")
     if s["sm_clock_lock_hz"] is not None:
         settings.append(f"clock locked at {s['sm_clock_lock_hz'] / 1e6:g} MHz")
+    # Without power management every kernel runs at its calibrated rate whatever it draws; a real
+    # board would lower its clock at its default limit.
+    over = ([f"note       the peak is above the GPU's {tdp_w:g} W default power limit, where a real board lowers "
+             f"its SM clock; --power-cap-w {tdp_w:g} predicts that"]
+            if not settings and s["peak_power_w"] > tdp_w else [])
     return [
         f"power      {s['avg_power_w']:.1f} W average, {s['peak_power_w']:.1f} W peak per GPU; "
         f"SM clock {s['avg_sm_clock_hz'] / 1e6:.0f} MHz average, {s['min_sm_clock_hz'] / 1e6:.0f} MHz lowest "
         f"({', '.join(settings) or 'no power management'})",
         f"energy     {s['energy_j']:.4g} J per iteration (all GPUs), energy x delay {s['energy_delay_j_s']:.4g} J s",
+        *over,
     ]
 
 

@@ -42,6 +42,17 @@ def test_table_shows_power_and_energy(capsys: pytest.CaptureFixture[str]) -> Non
     assert "power " in out and "cap 250 W" in out and "J per iteration" in out
 
 
+def test_table_says_when_the_peak_is_above_the_default_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    # Without power settings the H100 GEMM runs at its calibrated rate and its reported power is
+    # above the 700 W limit (a real board would throttle); under the limit the note goes away.
+    h100 = EXAMPLE.parent / "gemm-allreduce-h100x4-sequential.yaml"
+    assert predict(h100).summary()["peak_power_w"] > 700.0
+    assert main(["predict", str(h100), "--rows", "0"]) == 0
+    assert "above the GPU's 700 W default power limit" in capsys.readouterr().out
+    assert main(["predict", str(h100), "--rows", "0", "--power-cap-w", "700"]) == 0
+    assert "default power limit" not in capsys.readouterr().out
+
+
 def test_scenario_power_block_and_keyword_override(tmp_path: Path) -> None:
     p = scenario_with(tmp_path, "{cap_w: 200, sm_clock_hz: 1.2e9}")
     s = predict(p).summary()
