@@ -877,6 +877,84 @@ def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     return checks
 
 
+# The dispatch part's probes (a kernel of many blocks, then a second one launched on another stream
+# at equal or higher priority), by data set, GPU and a system holding it.
+MEASURED_DISPATCH: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100"),
+                                                       ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200"))
+MEASURED_DISPATCH_GROUP = "measured block dispatch (calibration harness dispatch part; predicted, nothing fitted)"
+_DISPATCH_FIRST = "ovsim_probe_first"
+
+
+def _dispatch_kernel(name: str, row: dict[str, Any], duration_s: float, stream: str,
+                     delay_s: float = 0.0) -> dict[str, Any]:
+    return {"name": name, "kind": "kernel", "grid": int(row["grid_x"] * row["grid_y"] * row["grid_z"]),
+            "threads": int(row["block_x"] * row["block_y"] * row["block_z"]),
+            "registers_per_thread": int(row["registers_per_thread"]),
+            "shared_mem_bytes": int(row["shared_mem_bytes"]), "duration_s": duration_s, "stream": stream,
+            "delay_s": delay_s}
+
+
+def measured_dispatch_checks(folder: Path = MEASURED_DATA) -> list[Check]:
+    """The dispatch part's probes replayed: each probe's two kernels as traced kernels with their
+    launch shapes, the second launched when the trace says (after the first's start) on a stream of
+    the measured priority. The first kernel takes its time from the same probe at equal priority
+    (where nothing disturbs it); the second its time alone (its blocks' spin, or its own time where
+    it ran alone after the first). The row is the second kernel's start after the first's, within
+    10%: when the block scheduler let it in."""
+    import json
+
+    import pandas as pd
+
+    from ovsim.api import predict
+    from ovsim.scenario import Scenario
+
+    checks: list[Check] = []
+    for rel, gpu, system in MEASURED_DISPATCH:
+        path = folder / rel / "experiments.jsonl"
+        if not path.is_file():
+            continue
+        exps = [e for e in map(json.loads, path.read_text().splitlines()) if e.get("part") == "dispatch"]
+        # Per probe, its kernels' records by name (the harness's own kernels, not PyTorch's).
+        tables: dict[str, dict[str, dict[str, Any]]] = {}
+        for e in exps:
+            t = folder / rel / "tables" / "dispatch" / f"{e['label']}.parquet"
+            if t.is_file():
+                kernels = pd.read_parquet(t)
+                kernels = kernels[kernels["name"].str.startswith("ovsim_")]
+                tables[e["label"]] = {str(r["name"]): {str(k): v for k, v in r.items()}
+                                      for r in kernels.to_dict("records")}
+        for e in exps:
+            label = e["label"]
+            if label not in tables:
+                continue
+            probe = tables[label]
+            first = probe[_DISPATCH_FIRST]
+            second_name = next(n for n in probe if n != _DISPATCH_FIRST)
+            second = probe[second_name]
+            equal = tables.get(label.rsplit("_", 1)[0] + "_equal", probe)
+            t_first = float(equal[_DISPATCH_FIRST]["duration_s"])
+            # A probe's second kernel spins for a set time a block; a channel kernel ran alone
+            # after the persistent kernel, so its measured time is its time alone.
+            t_second = (e["second_spin_ns"] * 1e-9 if "second_spin_ns" in e
+                        else float(equal[second_name]["duration_s"]))
+            delay = max(0.0, float(second["launch_s"] - first["start_s"]))
+            sc = Scenario.model_validate({
+                "name": f"dispatch {label}", "system": system, "ranks": 1,
+                "streams": {"first": 0, "second": -1 if e["priority"] == "high" else 0},
+                "ops": [_dispatch_kernel("first", first, t_first, "first"),
+                        _dispatch_kernel("second", second, t_second, "second", delay)]})
+            ops = predict(sc, counters=False).ops
+            predicted = float(ops.loc[ops["name"] == "second", "start_s"].iloc[0])
+            measured = float(second["start_s"] - first["start_s"]) * 1e6
+            checks.append(Check(
+                f"{gpu}: {label}: second kernel's start", MEASURED_DISPATCH_GROUP, measured,
+                predicted * 1e6, "us", 10.0,
+                f"calibration/data/{rel} (dispatch part, {label}: {int(first['grid_x'])} blocks, then "
+                f"{int(second['grid_x'])} launched {delay * 1e6:.0f} us after their start)",
+                note=f"after the first kernel's start; launched at {delay * 1e6:.0f} us"))
+    return checks
+
+
 # The copy part's copies alone (a 1 GiB cudaMemcpyAsync, 3 in a row), by direction: the data set,
 # its GPU and a system holding it.
 MEASURED_COPY: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100"),
@@ -980,7 +1058,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
         checks += (measured_checks(MEASURED_DATA, workers, on_trace) + measured_power_checks(MEASURED_DATA)
                    + measured_clock_checks(MEASURED_DATA) + measured_clock_share_checks(MEASURED_DATA)
                    + measured_gemm_checks(MEASURED_DATA)
-                   + measured_copy_checks(MEASURED_DATA))
+                   + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA))
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
                    + gemm_checks(traces, on_trace))

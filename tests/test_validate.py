@@ -199,6 +199,24 @@ def test_clock_shares_reproduce_the_clock_parts_memory_bound_kernels() -> None:
     assert all(c.passed and c.reference > 1.0 for c in fit), [(c.name, c.error_pct) for c in fit]
 
 
+def test_dispatch_probes_are_replayed_with_the_schedulers_rule() -> None:
+    """The dispatch part's probes: a second kernel at higher priority is let in long before one at
+    equal priority, in the measurement and in the engine; one that cannot fit beside a persistent
+    kernel starts when it ends (the engine to round-off)."""
+    from ovsim.validate import MEASURED_DISPATCH_GROUP, measured_dispatch_checks
+
+    checks = {c.name: c for c in measured_dispatch_checks()}
+    assert len(checks) == 12 and all(c.group == MEASURED_DISPATCH_GROUP for c in checks.values())
+    for gpu in ("h100-sxm5-80gb", "h200-sxm"):
+        for probe in ("probe_empty_sm", "probe_one_slot"):
+            high, equal = checks[f"{gpu}: {probe}_high: second kernel's start"], checks[
+                f"{gpu}: {probe}_equal: second kernel's start"]
+            assert high.reference < 0.6 * equal.reference and high.predicted < 0.6 * equal.predicted
+        for prio in ("equal", "high"):
+            c = checks[f"{gpu}: persistent_then_channel_{prio}: second kernel's start"]
+            assert c.predicted == pytest.approx(c.reference, rel=1e-3)
+
+
 def test_measured_gemms_are_predicted_held_out_within_the_bar() -> None:
     """The gemm part's cuBLAS GEMMs at the top clock (1024^3 to 8192^3), each priced as a scenario
     prices it with the parameters fitted on the other shapes: every GPU and precision within 10%
