@@ -199,6 +199,10 @@ def gemm_aligned(n: int, k: int, precision: str) -> bool:
     return (n * eb) % GEMM_ALIGN_BYTES == 0 and (k * eb) % GEMM_ALIGN_BYTES == 0
 
 
+# Bytes of a split-K partial sum: GEMMs accumulate in FP32 whatever their operands.
+_ACCUMULATOR_BYTES = 4
+
+
 def gemm_blocks(m: int, n: int, tile_m: int, tile_n: int, batch: int = 1, split_k: int = 1) -> int:
     return math.ceil(m / tile_m) * math.ceil(n / tile_n) * batch * split_k
 
@@ -281,6 +285,13 @@ def gemm(
     hbm_bytes = float(batch * eb * (2 * (m * k + k * n) + m * n))
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     isolated = max(compute_s, hbm_bytes / bw) + params.kernel_overhead_s
+    if split_k > 1:
+        # Parallel split-K (CUTLASS's GemmSplitKParallel, cuBLAS's split-K kernels): each split
+        # writes its partial tile in FP32 to a workspace and a reduction kernel sums them into C,
+        # one more launch reading the partials back.
+        partial_bytes = float(2 * split_k * batch * m * n * _ACCUMULATOR_BYTES)
+        hbm_bytes += partial_bytes
+        isolated += partial_bytes / bw + params.kernel_overhead_s
     return demand_from_time(blocks=blocks, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
                             gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
                             issue_fraction=ask, cap=most)
@@ -442,28 +453,37 @@ def library_gemm_kernels(gpu: GpuSpec, precision: str) -> list[GemmKernel]:
 _DOES_NOT_LAUNCH = ("tile", "extra_shared_mem_bytes", "shared_mem_bytes", "threads", "registers_per_thread")
 
 
+# The K splits a library chooses among for a GEMM whose tiles leave SMs idle.
+LIBRARY_SPLITS_K = (1, 2, 4, 8, 16)
+
+
 def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters, *,
-              extra_shared_mem_bytes: int = 0, batch: int = 1, split_k: int = 1,
+              extra_shared_mem_bytes: int = 0, batch: int = 1, split_k: int | None = None,
               sm_count: int | None = None) -> KernelDemand:
     """The GEMM on the fastest of :func:`library_gemm_kernels` that launches with
     ``extra_shared_mem_bytes`` on ``sm_count`` SMs, as a library's heuristic would pick it
     (cuBLAS chooses among its kernels per shape; the GEMM efficiency and time per wave shipped
-    for Hopper are fitted on measured cuBLAS GEMMs through this very choice)."""
+    for Hopper are fitted on measured cuBLAS GEMMs through this very choice). ``split_k`` None:
+    the library also chooses among ``LIBRARY_SPLITS_K`` (splits of at least one K tile each)."""
     best: KernelDemand | None = None
     refusal: OvsimError | None = None
     for kern in library_gemm_kernels(gpu, precision):
-        try:
-            d = gemm(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
-                     registers_per_thread=kern.registers_per_thread, stages=kern.stages,
-                     extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split_k,
-                     sm_count=sm_count)
-        except OvsimError as e:
-            if e.field not in _DOES_NOT_LAUNCH:
-                raise
-            refusal = refusal or e
-            continue
-        if best is None or d.isolated_s < best.isolated_s:
-            best = d
+        splits = LIBRARY_SPLITS_K if split_k is None else (split_k,)
+        for split in splits:
+            if split_k is None and split > 1 and k < split * kern.tile[2]:
+                continue
+            try:
+                d = gemm(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
+                         registers_per_thread=kern.registers_per_thread, stages=kern.stages,
+                         extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split,
+                         sm_count=sm_count)
+            except OvsimError as e:
+                if e.field not in _DOES_NOT_LAUNCH:
+                    raise
+                refusal = refusal or e
+                break
+            if best is None or d.isolated_s < best.isolated_s:
+                best = d
     if best is None:
         assert refusal is not None
         raise refusal

@@ -72,7 +72,9 @@ class GemmOp(_OpBase):
     registers_per_thread: PositiveInt | None = None
     stages: PositiveInt | None = None
     batch: PositiveInt = 1
-    split_k: PositiveInt = 1
+    # None: without a tile, the library's choice among ovsim.models.cost.LIBRARY_SPLITS_K; with a
+    # tile, no split.
+    split_k: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _block_needs_tile(self) -> GemmOp:
@@ -211,7 +213,8 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
         # The block fields not given take cost.gemm's defaults.
         given = {f: getattr(spec, f) for f in GEMM_BLOCK_FIELDS if getattr(spec, f) is not None}
         return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile,
-                         extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k, sm_count=sms, **given)
+                         extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k or 1, sm_count=sms,
+                         **given)
     if isinstance(spec, AttentionOp):
         base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
                               causal=spec.causal, backward=spec.backward)

@@ -91,3 +91,36 @@ def test_best_gemm_is_the_fastest_library_kernel_that_launches() -> None:
     assert padded.block.threads == 256
     with pytest.raises(OvsimError, match="shared memory"):
         best_gemm(1024, 1024, 1024, "bf16", h100, p, extra_shared_mem_bytes=230_000)
+
+
+def test_split_k_pays_for_its_partial_sums() -> None:
+    """Parallel split-K: the splits write FP32 partial tiles that a reduction kernel reads back,
+    one more launch. A 128 x 128 x 8192 GEMM on one 128 x 128 tile is compute-bound alone and in
+    each of 4 splits (one wave either way), so in closed form split 4 takes a quarter of the
+    tile's math, the fixed times, and 2 x 4 x 128 x 128 x 4 bytes at the achievable bandwidth."""
+    h100 = load_gpu("h100-sxm5-80gb")
+    p = load_calibration(h100, "h100-sxm5-80gb").params
+    tile = (128, 128, 64)
+    one = gemm(128, 128, 8192, "bf16", h100, p, tile=tile)
+    four = gemm(128, 128, 8192, "bf16", h100, p, tile=tile, split_k=4)
+    occ = blocks_per_sm(BlockShape(256, 128, 3 * (128 * 64 + 128 * 64) * 2), h100)
+    per_sm = h100.peak_flops_per_s("bf16") / h100.sm.count * p.gemm_eff("bf16")
+    math_s = occ * 2.0 * 128 * 128 * 8192 / per_sm
+    bw = h100.memory.bandwidth_bytes_per_s * p.hbm_achievable_fraction
+    assert one.isolated_s == pytest.approx(math_s + p.gemm_tile_s("bf16") + p.kernel_overhead_s, rel=1e-12)
+    assert four.blocks == 4
+    assert four.isolated_s == pytest.approx(math_s / 4 + p.gemm_tile_s("bf16") + 2 * p.kernel_overhead_s
+                                            + 2 * 4 * 128 * 128 * 4 / bw, rel=1e-12)
+
+
+def test_the_library_splits_k_only_where_tiles_leave_sms_idle() -> None:
+    """A 5 x 768 x 3072 GEMM (6 output tiles on 132 SMs) splits its K; a 4096^3 one (hundreds of
+    tiles) does not; a scenario's own split is kept."""
+    h100 = load_gpu("h100-sxm5-80gb")
+    p = load_calibration(h100, "h100-sxm5-80gb").params
+    skinny = best_gemm(5, 768, 3072, "bf16", h100, p)
+    unsplit = best_gemm(5, 768, 3072, "bf16", h100, p, split_k=1)
+    assert skinny.blocks > unsplit.blocks and skinny.isolated_s < unsplit.isolated_s
+    square = best_gemm(4096, 4096, 4096, "bf16", h100, p)
+    assert square.isolated_s == best_gemm(4096, 4096, 4096, "bf16", h100, p, split_k=1).isolated_s
+    assert best_gemm(5, 768, 3072, "bf16", h100, p, split_k=2).blocks == 2 * unsplit.blocks
