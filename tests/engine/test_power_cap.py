@@ -154,15 +154,15 @@ def test_locked_clock_scales_a_compute_bound_kernel_exactly() -> None:
 
 def saturating_gemm(tmp_path: Path, saturation_hz: float, m: int = 512, k: int = 8192) -> Scenario:
     """The H100 GEMM scenario with its BF16 tensor rate saturating at ``saturation_hz`` and its
-    efficiency holding at the 1830 MHz compute clock. The default shape fills a quarter of the
-    SMs (no library tile makes more than 32 of a 512 x 512 output), so no clock of the test brings
-    it to the 700 W limit."""
+    efficiency holding at the 1830 MHz compute clock. The default shape, unsplit, fills a quarter
+    of the SMs (no library tile makes more than 32 of a 512 x 512 output), so no clock of the test
+    brings it to the 700 W limit."""
     (tmp_path / "sat.v1.yaml").write_text(yaml.safe_dump({
         "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {},
         "parameters": {"power_tensor_saturation_clock_hz": {"bf16": saturation_hz},
                        "power_tensor_reference_clock_fraction": 1.0},
         "sources": {"power_tensor_saturation_clock_hz": "test", "power_tensor_reference_clock_fraction": "test"}}))
-    sc = gemm_scenario("hgx-h100", m, m, k)
+    sc = gemm_scenario("hgx-h100", m, m, k, split_k=1)
     return sc.model_copy(update={"calibration": [str(tmp_path / "sat.v1.yaml")]})
 
 
