@@ -369,6 +369,8 @@ def build_workload(
             priorities[st] = min(priorities.get(st, 0), top - 1)
     ops: list[Op] = []
     used_streams: set[tuple[int, str]] = set()
+    # A training iteration repeats each layer's kernels: price each distinct kernel once.
+    demands: dict[str, KernelDemand] = {}
     for spec in specs:
         for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
             for dep in deps:
@@ -378,7 +380,7 @@ def build_workload(
         try:
             ranks = _ranks(spec, n_ranks)
             ops.extend(_expand(spec, ranks, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
-                               n_ranks=n_ranks, sequential=schedule == "sequential"))
+                               n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands))
         except OvsimError as e:
             raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
     for op in ops:
@@ -390,11 +392,17 @@ def build_workload(
 
 
 def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: GpuSpec, system: SystemSpec,
-            params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool) -> list[Op]:
+            params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
+            demands: dict[str, KernelDemand]) -> list[Op]:
     out: list[Op] = []
     stream = "main" if sequential else spec.stream
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
-    kernel = _kernel_demand(spec, gpu, params, knobs) if spec.kind in COMPUTE_KINDS else None
+    kernel = None
+    if spec.kind in COMPUTE_KINDS:
+        key = repr(sorted(_info(spec).items()))
+        if key not in demands:
+            demands[key] = _kernel_demand(spec, gpu, params, knobs)
+        kernel = demands[key]
     on = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else ranks
     for d in spec.after_any:
         if not any(_runs_on(by_name[d], r, n_ranks) for r in on):
