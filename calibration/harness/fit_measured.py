@@ -80,6 +80,7 @@ from ovsim.models.cost import element_bytes
 from ovsim.traces.power import read_power_samples
 from ovsim.validate import (
     CLOCK_MEMORY_KINDS,
+    CLOCK_STEADY_HZ,
     GEMM_AT_TOP_CLOCK,
     HARNESS_SM_FRACTION,
     MEASURED_COPY,
@@ -124,7 +125,6 @@ POWER_DEFECTIVE = {"h200-sxm/2026-11-26": ("gemm_bf16_8192__channel_copy_32",)}
 POWER_SETTLE_S = 1.0  # the first second of a phase: the clock and the sensor settling
 # Data sets of the ``clock`` part: each kernel with the SM clock its probes counted.
 CLOCK = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-d", "h200-sxm": "h200-sxm/2026-11-26-c"}
-CLOCK_STEADY_HZ = 30e6  # a group whose probes differ by more ran while the clock moved: left out
 # The clock part's GEMM phase that stands in for the power part's when the power weights are
 # fitted at counted clocks (the power part's GEMM phases have only NVML's clock readings).
 CLOCK_POWER_PHASE = "gemm_bf16_8192x8192x8192"
