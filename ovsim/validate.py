@@ -788,6 +788,8 @@ def measured_clock_share_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     measured slowdown."""
     import numpy as np
 
+    from ovsim.calibrate import memory_clock_time_s
+
     sets = [(rel, gpu, clock_memory_points(folder / rel)) for rel, gpu, _ in MEASURED_CLOCK]
     shares = {gpu: load_calibration(load_gpu(gpu), gpu).params.memory_kind_clock_share for _, gpu, _ in sets}
     checks: list[Check] = []
@@ -802,7 +804,7 @@ def measured_clock_share_checks(folder: Path = MEASURED_DATA) -> list[Check]:
                 if kind not in shares[owner]:
                     continue
                 share = shares[owner][kind]
-                t = 1.0 - share + share * ref / np.array([lo, hi])
+                t = memory_clock_time_s(np.array([lo, hi]), 1.0, share, ref)
                 checks.append(Check(
                     f"{gpu}: {kind} slower at {lo / 1e6:.0f} than at {hi / 1e6:.0f} MHz, {owner}'s clock share "
                     f"{share:.3f}", group, (measured - 1.0) * 100, float(t[0] / t[1] - 1.0) * 100, "%", 30.0, src,

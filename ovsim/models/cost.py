@@ -467,8 +467,8 @@ def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Para
     the library also chooses among ``LIBRARY_SPLITS_K`` (splits of at least one K tile each)."""
     best: KernelDemand | None = None
     refusal: OvsimError | None = None
+    splits = LIBRARY_SPLITS_K if split_k is None else (split_k,)
     for kern in library_gemm_kernels(gpu, precision):
-        splits = LIBRARY_SPLITS_K if split_k is None else (split_k,)
         for split in splits:
             if split_k is None and split > 1 and k < split * kern.tile[2]:
                 continue

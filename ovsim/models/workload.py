@@ -397,9 +397,11 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
     out: list[Op] = []
     stream = "main" if sequential else spec.stream
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
+    # Nothing changes an op's info after the build, so its ranks and repeats share one.
+    info = _info(spec)
     kernel = None
     if spec.kind in COMPUTE_KINDS:
-        key = repr(sorted(_info(spec).items()))
+        key = repr(sorted(info.items()))
         if key not in demands:
             demands[key] = _kernel_demand(spec, gpu, params, knobs)
         kernel = demands[key]
@@ -435,7 +437,7 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
             for r in ranks:
                 out.append(Op(id=_op_id(name, r), name=name, kind=_kind(spec.kind), rank=r, stream=stream,
                               deps=dep_ids(r), delay_s=spec.delay_s, kernel=kernel, partition=partition,
-                              info=_info(spec)))
+                              info=info))
         elif isinstance(spec, CollectiveOpSpec | SendRecvOp):
             if isinstance(spec, SendRecvOp):
                 for end in (spec.src, spec.dst):
@@ -446,14 +448,14 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
             parts = _collective_ops(spec, name, ranks, gpu, system, params, knobs)
             for r, (kd, flow, kind) in parts.items():
                 out.append(Op(id=_op_id(name, r), name=name, kind=kind, rank=r, stream=stream,  # type: ignore[arg-type]
-                              deps=dep_ids(r), delay_s=spec.delay_s, kernel=kd, flow=flow, info=_info(spec)))
+                              deps=dep_ids(r), delay_s=spec.delay_s, kernel=kd, flow=flow, info=info))
         else:
             assert isinstance(spec, CopyOp)
             for r in ranks:
                 group = f"{name}@r{r}"
                 flow = _copy_flow(spec, group, r, gpu, system, n_ranks, params)
                 out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=r, stream=stream,
-                              deps=dep_ids(r), delay_s=spec.delay_s, flow=flow, info=_info(spec)))
+                              deps=dep_ids(r), delay_s=spec.delay_s, flow=flow, info=info))
     return out
 
 
