@@ -13,7 +13,10 @@ only ``Engine(...).run()`` is timed; the build is reported separately.
     python bench/engine_bench.py --kernels 50000 --ranks 4
     python bench/engine_bench.py --quick               # CI smoke, a few seconds
     python bench/engine_bench.py --power track         # also track power (what predict does)
-    python bench/engine_bench.py --power 500           # and run the clock loop under a 500 W cap
+    python bench/engine_bench.py --power 500           # and run the power-limit loop under a 500 W cap
+
+Under a cap the engine first runs the workload to find the loop's steady state (docs/power.md), so
+a capped run simulates it two to four times; "events" counts the reported run's.
 
 "Kernels" counts every op on every rank: compute kernels and each rank's all-reduce kernel.
 """
@@ -215,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sweeps", action="store_true", help="headline run only")
     ap.add_argument("--power", default="off", metavar="off|track|WATTS",
                     help="off (default): no power; track: power counters as predict records them; a number: "
-                         "also a power cap in watts, so the clock loop runs at every event")
+                         "also a power cap in watts, so the power-limit loop runs")
     args = ap.parse_args(argv)
     if not 1 <= args.ranks <= MAX_RANKS:
         ap.error(f"--ranks must be in 1..{MAX_RANKS}")

@@ -982,6 +982,54 @@ def fit_clock_share(clock_hz: Sequence[float] | np.ndarray, duration_s: Sequence
             "rms_relative_residual": rms, "rms_relative_residual_if_time_did_not_follow_the_clock": rms_flat}
 
 
+def fit_control_window(measured: dict[str, tuple[np.ndarray, np.ndarray]],
+                       simulate: Callable[[float, str], tuple[np.ndarray, np.ndarray]],
+                       windows_s: Sequence[float], steady_from_s: float,
+                       baseline_s: float | None = None) -> dict[str, Any]:
+    """The power-limit loop's averaging window (``power_control_window_s``) from phases started
+    from idle: per phase, ``measured`` (kernel start times from the phase's start, SM clock Hz),
+    and ``simulate(window_s, phase)`` the predicted clock as a step function (change times, clock
+    Hz) from an idle start.
+
+    Each trajectory is taken about its own steady level (its median from ``steady_from_s`` on), so
+    that an error in the steady clock itself, which the power weights set, does not pull the
+    window; the window on the grid with the least RMS difference over all phases' kernels wins.
+    ``baseline_s``, a window not on the grid (0: the clock of each moment), is reported beside it."""
+    if not measured:
+        raise OvsimError("no phase to fit the control window on", field="measured")
+    if not windows_s or min(windows_s) <= 0:
+        raise OvsimError("needs positive windows to try", field="windows_s")
+    for phase, (t, _) in measured.items():
+        steady = t >= steady_from_s
+        if not steady.any() or steady.all():
+            raise OvsimError(f"{phase}: needs kernels before and after {steady_from_s:g} s", field="measured")
+
+    def errors(w: float) -> dict[str, np.ndarray]:
+        out = {}
+        for phase, (t, clk) in measured.items():
+            steady = t >= steady_from_s
+            at, value = simulate(w, phase)
+            pred = value[np.clip(np.searchsorted(at, t, side="right") - 1, 0, len(value) - 1)]
+            out[phase] = (pred - np.median(pred[steady])) - (clk - np.median(clk[steady]))
+        return out
+
+    def rms(x: np.ndarray) -> float:
+        return round(float(np.sqrt(np.mean(x**2))) / 1e6, 1)
+
+    by_window = {w: errors(w) for w in windows_s}
+    total = {w: rms(np.concatenate(list(e.values()))) for w, e in by_window.items()}
+    best = min(total, key=lambda w: total[w])
+    out: dict[str, Any] = {
+        "window_s": best, "rms_mhz": total[best],
+        "rms_mhz_by_window_ms": {round(w * 1e3): v for w, v in total.items()},
+        "rms_mhz_by_phase": {p: rms(e) for p, e in by_window[best].items()},
+        "kernels": int(sum(len(t) for t, _ in measured.values())), "steady_from_s": steady_from_s}
+    if baseline_s is not None:
+        out["rms_mhz_at_baseline_window"] = {"window_s": baseline_s,
+                                             "rms_mhz": rms(np.concatenate(list(errors(baseline_s).values())))}
+    return out
+
+
 # A memory-bound kernel times the fixed per-kernel cost when its bytes would stream in at most this
 # long at the peak HBM bandwidth: a few percent of the 1.5-4 us such kernels take on the shared
 # traces, and below the 1 us resolution some of them record.

@@ -738,6 +738,103 @@ def measured_clock_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     return checks
 
 
+# The clock part's phases alternating a GEMM with a memory-bound kernel under the power limit, as
+# scenario ops: the heater GEMM, then the victim as a scenario writes it (the add's three
+# 2^28-element BF16 tensors; a layer norm or softmax reading and writing 16384x8192 BF16).
+_MIX_GEMM = {"kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "bf16"}
+_MIX_VICTIMS: dict[str, dict[str, Any]] = {
+    "add_bf16_256M__after_gemm": {"kind": "elementwise", "bytes": 3 * 2**29},
+    "layernorm_bf16_16384x8192__after_gemm": {"kind": "norm", "bytes": 4 * 16384 * 8192},
+    "softmax_bf16_16384x8192__after_gemm": {"kind": "softmax", "bytes": 4 * 16384 * 8192},
+}
+_MIX_CYCLES = 5  # cycles a mixed phase is predicted as (repeated: the loop's steady state)
+MEASURED_CLOCK_MIX = ("measured clocks, GEMM alternating with a memory-bound kernel (calibration harness clock "
+                      "part; held out: the power-limit loop's window was fitted on the GEMM phases alone)")
+
+
+def _runs(is_gemm: np.ndarray) -> tuple[int, int]:
+    """Median lengths of the runs of GEMMs and of victims in a phase's kernel sequence."""
+    import numpy as np
+
+    change = np.flatnonzero(np.diff(is_gemm.astype(int)) != 0) + 1
+    bounds = np.concatenate(([0], change, [len(is_gemm)]))
+    lengths = np.diff(bounds)
+    kinds = is_gemm[bounds[:-1]]
+    # The first and last runs may be cut by the phase's edges.
+    inner = slice(1, -1) if len(lengths) > 2 else slice(None)
+    return int(np.median(lengths[inner][kinds[inner]])), int(np.median(lengths[inner][~kinds[inner]]))
+
+
+def _clock_during(timeline: Any, ids: list[str]) -> float:
+    """The SM clock averaged over the ops' running time (rank 0's clock counter)."""
+    import numpy as np
+
+    c = timeline.counters
+    c = c[(c["counter"] == "sm_clock_hz") & (c["rank"] == 0)]
+    at, value = c["time_s"].to_numpy(float), c["value"].to_numpy(float)
+    ops = timeline.ops.set_index("id").loc[ids]
+    total = weighted = 0.0
+    for start, dur in zip(ops["start_s"].to_numpy(float), ops["duration_s"].to_numpy(float), strict=True):
+        edges = np.concatenate(([start], at[(at > start) & (at < start + dur)], [start + dur]))
+        idx = np.clip(np.searchsorted(at, edges[:-1], side="right") - 1, 0, len(value) - 1)
+        weighted += float(np.sum(np.diff(edges) * value[idx]))
+        total += dur
+    return weighted / total
+
+
+def measured_clock_mix_checks(folder: Path = MEASURED_DATA) -> list[Check]:
+    """The clock part's phases that alternate GEMMs with a memory-bound kernel every few
+    milliseconds at the board's power limit, against ``predict`` of the same alternation repeated
+    under the limit: the SM clock the GEMMs and the victim ran at (medians after the phase's
+    first second), and the GEMM's time. On the GPU both ran at one clock, between the GEMM's clock
+    alone and the top, which a clock following each moment's power does not give."""
+    import pandas as pd
+
+    from ovsim.api import predict
+    from ovsim.scenario import Scenario
+
+    checks: list[Check] = []
+    for rel, gpu, system in MEASURED_CLOCK:
+        path = folder / rel / "clock.parquet"
+        if not path.is_file():
+            continue
+        pts = pd.read_parquet(path)
+        limit = float(load_gpu(gpu).power.tdp_w)
+        for phase, victim in _MIX_VICTIMS.items():
+            g = pts[pts["experiment"] == phase].sort_values("start_s")
+            if g.empty:
+                continue
+            names = g["name"].value_counts().index
+            victim_name, gemm_name = names[0], names[1]
+            g = g[g["name"].isin([victim_name, gemm_name])]
+            n_gemm, n_victim = _runs((g["name"] == gemm_name).to_numpy())
+            steady = g[g["start_s"] > float(g["start_s"].min()) + _SETTLE_S]
+            ops: list[dict[str, Any]] = []
+            for c in range(_MIX_CYCLES):
+                ops += [{"name": f"g{c}_{i}", **_MIX_GEMM} for i in range(n_gemm)]
+                ops += [{"name": f"v{c}_{i}", **victim} for i in range(n_victim)]
+            sc = Scenario.model_validate({"name": phase, "system": system, "ranks": 1, "ops": ops})
+            r = predict(sc, power_cap_w=limit)
+            tl = r.timeline
+            gemm_ids = [f"{o['name']}@r0" for o in ops if o["name"].startswith("g")]
+            victim_ids = [f"{o['name']}@r0" for o in ops if o["name"].startswith("v")]
+            src = (f"calibration/data/{rel} (clock part, {phase}: {n_gemm} GEMMs then {n_victim} {victim['kind']} "
+                   f"kernels, {len(steady)} kernels after the first second)")
+            what = f"{gpu}: {phase.split('__')[0]} after {n_gemm} GEMMs at the {limit:.0f} W limit"
+            gs, vs = steady[steady["name"] == gemm_name], steady[steady["name"] == victim_name]
+            checks.append(Check(f"{what}: GEMM's counted SM clock", MEASURED_CLOCK_MIX,
+                                float(gs["sm_clock_hz"].median()) / 1e6, _clock_during(tl, gemm_ids) / 1e6,
+                                "MHz", 10.0, src, note="median over the GEMMs after the first second"))
+            checks.append(Check(f"{what}: victim's counted SM clock", MEASURED_CLOCK_MIX,
+                                float(vs["sm_clock_hz"].median()) / 1e6, _clock_during(tl, victim_ids) / 1e6,
+                                "MHz", 10.0, src, note="median over the victim's kernels after the first second"))
+            dur = tl.ops.set_index("id").loc[gemm_ids, "duration_s"]
+            checks.append(Check(f"{what}: GEMM time", MEASURED_CLOCK_MIX,
+                                float(gs["duration_s"].median()) * 1e3, float(dur.median()) * 1e3,
+                                "ms", 10.0, src, note="median of the GEMMs after the first second"))
+    return checks
+
+
 # The clock part's memory-bound kernels, by experiment prefix, as the kinds of
 # ``memory_kind_clock_share`` they measure.
 CLOCK_MEMORY_KINDS = {"add_": "elementwise", "layernorm_": "norm", "softmax_": "softmax"}
@@ -1059,6 +1156,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
     if measured:
         checks += (measured_checks(MEASURED_DATA, workers, on_trace) + measured_power_checks(MEASURED_DATA)
                    + measured_clock_checks(MEASURED_DATA) + measured_clock_share_checks(MEASURED_DATA)
+                   + measured_clock_mix_checks(MEASURED_DATA)
                    + measured_gemm_checks(MEASURED_DATA)
                    + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA))
     if traces is not None:

@@ -20,6 +20,7 @@ from ovsim.calibrate import (
     fit_clock_share,
     fit_collectives,
     fit_contention,
+    fit_control_window,
     gemm_points,
     gemm_precision,
     gemm_shapes,
@@ -858,3 +859,32 @@ def test_clock_share_fit_refuses_data_that_cannot_tell(clocks: list[float], time
     with pytest.raises(OvsimError) as e:
         fit_clock_share(clocks, times, 1.83e9)
     assert e.value.field == field
+
+
+def ramp(window_s: float, t: np.ndarray, top: float = 2.0e9, low: float = 1.5e9) -> np.ndarray:
+    """A clock that holds until half the window has passed, then falls linearly to ``low`` at the
+    full window: a stand-in trajectory whose shape is set by the window alone."""
+    x = np.clip((t - 0.5 * window_s) / (0.5 * window_s), 0.0, 1.0)
+    return top - (top - low) * x
+
+
+def test_fit_control_window_recovers_the_window_of_the_trajectories() -> None:
+    """Closed form: phases measured as the ramp of a 70 ms window (one with a steady clock 100 MHz
+    off, which the fit must ignore) are fitted to 70 ms on a 10 ms grid, with no error there."""
+    t = np.linspace(0.0, 0.4, 200)
+    measured = {"a": (t, ramp(0.07, t)), "b": (t, ramp(0.07, t, low=1.4e9) - 1e8)}
+
+    def simulate(window_s: float, phase: str) -> tuple[np.ndarray, np.ndarray]:
+        at = np.linspace(0.0, 0.5, 5001)
+        return at, ramp(window_s, at, low=1.5e9 if phase == "a" else 1.4e9)
+
+    fit = fit_control_window(measured, simulate, [x / 100 for x in range(2, 16)], 0.3, baseline_s=0.01)
+    assert fit["window_s"] == pytest.approx(0.07)
+    assert fit["rms_mhz"] < 1.0
+    assert fit["rms_mhz_at_baseline_window"]["rms_mhz"] > 50.0
+
+
+def test_fit_control_window_rejects_phases_without_a_steady_stretch() -> None:
+    t = np.linspace(0.0, 0.2, 50)
+    with pytest.raises(OvsimError, match="before and after"):
+        fit_control_window({"a": (t, ramp(0.07, t))}, lambda w, p: (t, ramp(w, t)), [0.05], 0.3)

@@ -1,22 +1,25 @@
 """Power in both fidelities, and energy from a timeline.
 
 The engine (:mod:`ovsim.engine.sim`) computes every GPU's activity from its current rates at each
-event, turns it into power with :class:`~ovsim.hw.power.PowerModel`, and, under a power cap or a
-locked clock, picks the SM clock first. It records two piecewise-constant counters per rank,
-``power_w`` and ``sm_clock_hz``; :func:`power_table` integrates them, which is exact because rates
-(and so power) are constant between events.
+event and turns it into power with :class:`~ovsim.hw.power.PowerModel`. Under a power cap or a
+locked clock the board's power-limit loop sets the SM clock: every control period, the highest
+clock at which the activity averaged over the last window fits the cap (:class:`ClockWindow`,
+:func:`window_clock`). It records two piecewise-constant counters per rank, ``power_w`` and
+``sm_clock_hz``; :func:`power_table` integrates them, which is exact because rates (and so power)
+are constant between events.
 
-The analytic fidelity has no shared resources, so it has no shared power budget either: each op
-runs at the clock the cap would give it alone (its clock-bound time stretched by that clock), and
-the power of ops that happen to run at the same time is summed from their isolated activities
-(:func:`analytic_power`). With one op at a time on a GPU this is what the engine does too, up to
-the engine re-solving the clock as a kernel's tail wave leaves SMs idle.
+The analytic fidelity has no shared resources, so the power of ops that run at the same time is
+the sum of their isolated activities (:func:`analytic_power`). Under a windowed loop it runs the
+same loop on that activity, the workload repeated (:func:`throttled_workload`); with no window
+each op runs at the clock the cap gives it alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,6 +170,128 @@ def power_table(timeline: Timeline, n_ranks: int, idle_w: float, compute_clock_h
     return pd.DataFrame(rows, columns=POWER_COLUMNS + (["peak_window_power_w"] if window_s > 0 else []))
 
 
+# -- the board's power-limit loop -------------------------------------------------------------------
+
+# What the clock solver needs of a GPU's activity (PowerModel.solve_clock's arguments): SM dynamic
+# watts at c = 1, HBM bytes/s that do not follow the clock, HBM bytes/s at c = 1 of work that does,
+# link bytes/s, and per saturation clock fraction the HBM bytes/s of tensor work at that clock.
+SolverInputs = tuple[float, float, float, float, tuple[tuple[float, float], ...]]
+# One control period of a GPU: its length, then each SolverInputs term integrated over it (watt-
+# seconds and bytes; the saturating traffic as (saturation clock fraction, bytes)).
+Period = tuple[float, float, float, float, float, tuple[tuple[float, float], ...]]
+
+
+class ClockWindow:
+    """The power-limit loop's view of one GPU: the activity integrated over the control period under
+    way, and the last periods, at least ``window_s`` of them.
+
+    A board holds its power limit on power averaged over tens of milliseconds: measured on an H100,
+    a GEMM and a streaming add alternating every 5 ms ran at one clock, and from an idle start the
+    clock held for tens of milliseconds before it fell (docs/power.md). So the engine sets the
+    clock once a control period, to the highest clock at which the window's average activity
+    fits the limit."""
+
+    __slots__ = ("acc", "acc_s", "act", "act_t", "own", "periods", "sat", "window_s")
+
+    def __init__(self, window_s: float, history: Iterable[Period] = ()) -> None:
+        self.window_s = window_s
+        self.periods: deque[Period] = deque(history)
+        self._trim()
+        self.acc = [0.0, 0.0, 0.0, 0.0]
+        self.sat: dict[float, float] = {}
+        self.acc_s = 0.0
+        self.act: SolverInputs = (0.0, 0.0, 0.0, 0.0, ())
+        self.act_t = 0.0
+        self.own: list[Period] = []  # the periods of this run, from its start
+
+    def record(self, t: float, act: SolverInputs) -> None:
+        """The activity changed to ``act`` at time ``t``."""
+        self.advance(t)
+        self.act = act
+
+    def advance(self, t: float) -> None:
+        dt = t - self.act_t
+        if dt > 0:
+            a, acc = self.act, self.acc
+            acc[0] += a[0] * dt
+            acc[1] += a[1] * dt
+            acc[2] += a[2] * dt
+            acc[3] += a[3] * dt
+            for b, sat in a[4]:
+                self.sat[sat] = self.sat.get(sat, 0.0) + b * dt
+            self.acc_s += dt
+            self.act_t = t
+
+    def close(self, t: float) -> None:
+        """End the control period under way at ``t``."""
+        self.advance(t)
+        if self.acc_s > 0:
+            a = self.acc
+            period = (self.acc_s, a[0], a[1], a[2], a[3], tuple(self.sat.items()))
+            self.periods.append(period)
+            self.own.append(period)
+        self.acc = [0.0, 0.0, 0.0, 0.0]
+        self.sat = {}
+        self.acc_s = 0.0
+        self._trim()
+
+    def _trim(self) -> None:
+        total = sum(p[0] for p in self.periods)
+        while self.periods and total - self.periods[0][0] >= self.window_s:
+            total -= self.periods.popleft()[0]
+
+    def average(self) -> SolverInputs | None:
+        """The closed periods' activity averaged over the last ``window_s`` (the oldest period in
+        part), or over all of them when they cover less; None before any time has passed."""
+        total = sum(p[0] for p in self.periods)
+        if total <= 0:
+            return None
+        # The oldest period counts only for the part of it inside the window.
+        over = max(0.0, total - self.window_s)
+        span = total - over
+        sums = [0.0, 0.0, 0.0, 0.0]
+        sat: dict[float, float] = {}
+        for i, p in enumerate(self.periods):
+            w = (p[0] - over) / p[0] if i == 0 and over > 0 else 1.0
+            sums[0] += p[1] * w
+            sums[1] += p[2] * w
+            sums[2] += p[3] * w
+            sums[3] += p[4] * w
+            for x, b in p[5]:
+                sat[x] = sat.get(x, 0.0) + b * w
+        return (sums[0] / span, sums[1] / span, sums[2] / span, sums[3] / span,
+                tuple((b / span, x) for x, b in sat.items()))
+
+    def repeated(self) -> tuple[Period, ...]:
+        """The window this run would leave were it run again and again: its last ``window_s`` of
+        periods, or, where the whole run is shorter, the run's totals stretched over the window
+        (as many repeats as the window holds; the average is the run's)."""
+        total = sum(p[0] for p in self.own)
+        if total <= 0:
+            return ()
+        if total >= self.window_s:
+            return tuple(ClockWindow(self.window_s, self.own).periods)
+        k = self.window_s / total
+        sat: dict[float, float] = {}
+        for p in self.own:
+            for x, b in p[5]:
+                sat[x] = sat.get(x, 0.0) + b * k
+        sm = k * sum(p[1] for p in self.own)
+        fixed = k * sum(p[2] for p in self.own)
+        per_c = k * sum(p[3] for p in self.own)
+        link = k * sum(p[4] for p in self.own)
+        return ((self.window_s, sm, fixed, per_c, link, tuple(sat.items())),)
+
+
+def window_clock(model: PowerModel, cap_w: float, hi: float, window: ClockWindow) -> float:
+    """The clock the loop sets: the highest on the grid at which the window's average activity fits
+    ``cap_w`` (``hi`` while the window is empty)."""
+    a = window.average()
+    if a is None:
+        return hi
+    return model.solve_clock(cap_w, a[0], a[1], a[2], a[3], hi, hbm_saturating=a[4])
+
+
 # -- the analytic fidelity --------------------------------------------------------------------------
 
 
@@ -212,41 +337,117 @@ def isolated_activity(op: Op, gpu: GpuSpec, model: PowerModel) -> _OpPower:
     return _OpPower(cls, sm_w, hbm, link)
 
 
-def _solo_clock(a: _OpPower, cfg: PowerConfig, saturation: float = math.inf) -> float:
-    """The clock the cap gives an op alone (a tensor op's rate saturating at ``saturation``)."""
-    m = cfg.model
+def _solver_inputs(op: Op, gpu: GpuSpec, model: PowerModel) -> SolverInputs:
+    """An op's isolated activity as the clock solver takes it (PowerModel.solve_clock's terms)."""
+    a = isolated_activity(op, gpu, model)
     follow = a.hbm_bytes_per_s if a.cls in (TENSOR, "fp32") else 0.0
-    ref = m.tensor_reference_clock_fraction if a.cls == TENSOR else 1.0
-    if a.cls == TENSOR and math.isfinite(saturation):
+    ref = model.tensor_reference_clock_fraction if a.cls == TENSOR else 1.0
+    saturation = model.tensor_saturations[tensor_clock_class(op, model) - 2] if a.cls == TENSOR else math.inf
+    if math.isfinite(saturation):
         # Its traffic at the saturation clock, from the calibrated traffic at the reference clock.
         at_sat = follow * saturation / min(ref, saturation)
-        return m.solve_clock(cfg.cap_w, a.sm_w, a.hbm_bytes_per_s - follow, 0.0, a.link_bytes_per_s,
-                             cfg.max_clock_fraction, hbm_saturating=((at_sat, saturation),))
-    return m.solve_clock(cfg.cap_w, a.sm_w, a.hbm_bytes_per_s - follow, follow / ref,
-                         a.link_bytes_per_s, cfg.max_clock_fraction)
+        return (a.sm_w, a.hbm_bytes_per_s - follow, 0.0, a.link_bytes_per_s, ((at_sat, saturation),))
+    return (a.sm_w, a.hbm_bytes_per_s - follow, follow / ref, a.link_bytes_per_s, ())
+
+
+def _stretched(workload: Workload, cfg: PowerConfig, clocks: dict[str, float]) -> Workload:
+    """The workload with every clock-bound kernel's time (and the part of a memory-bound kernel's
+    that follows the clock) stretched or shrunk by its op's clock."""
+    ops: list[Op] = []
+    for op in workload.ops:
+        k = op.kernel
+        if k is None or op.flow is not None:
+            ops.append(op)
+            continue
+        cls = (tensor_clock_class(op, cfg.model) if op_power_class(op, cfg.model)[0] == TENSOR else 1) \
+            if k.clock_sensitive else memory_clock_class(op, cfg.model)
+        if cls == 0:
+            ops.append(op)
+            continue
+        mult = cfg.multipliers(clocks[op.id])[cls]
+        k2 = dataclasses.replace(k, block_time_s=k.block_time_s / mult, isolated_s=k.isolated_s / mult)
+        ops.append(dataclasses.replace(op, kernel=k2))
+    return dataclasses.replace(workload, ops=tuple(ops))
+
+
+# Passes of the analytic fidelity's power-limit loop (clocks, then the timeline they give), at most.
+_ANALYTIC_LOOP_PASSES = 4
+
+
+def _periodic_integral(t: np.ndarray, times: np.ndarray, cum: np.ndarray, span: float) -> np.ndarray:
+    """The integral from 0 to each of ``t`` (negative: back into earlier repeats) of terms whose
+    integral over one repeat of length ``span`` is ``cum`` at ``times``."""
+    q = np.floor(t / span)
+    rest = t - q * span
+    inside = np.column_stack([np.interp(rest, times, cum[:, j]) for j in range(cum.shape[1])])
+    out: np.ndarray = q[:, None] * cum[-1] + inside
+    return out
+
+
+def _windowed_clocks(workload: Workload, inputs: dict[str, SolverInputs], cfg: PowerConfig) -> dict[str, float]:
+    """Each op's clock under the windowed power-limit loop, the workload repeated back to back: the
+    loop sets each rank's clock every control period from the rank's activity over the window
+    before (wrapping round to the previous repeat), and an op takes the average clock over its
+    span. The timeline depends on the clocks, so the two are iterated from the top clock."""
+    from ovsim.engine.analytic import analytic_timeline
+
+    m = cfg.model
+    hi, cap = cfg.max_clock_fraction, cfg.cap_w
+    period, window = m.control_period_s, m.control_window_s
+    sats = sorted({x for v in inputs.values() for _, x in v[4]})
+    clocks = dict.fromkeys(inputs, hi)
+    for _ in range(_ANALYTIC_LOOP_PASSES):
+        tl = analytic_timeline(_stretched(workload, cfg, clocks)).ops
+        tl = tl[tl["id"].isin(inputs)]
+        span = float(tl["end_s"].max()) if len(tl) else 0.0
+        new: dict[str, float] = {}
+        for _, mine in tl.groupby("rank"):
+            ids = mine["id"].astype(str).to_list()
+            start, end = mine["start_s"].to_numpy(float), mine["end_s"].to_numpy(float)
+            if span <= 0:
+                new.update(dict.fromkeys(ids, hi))
+                continue
+            # Each solver term's rate as steps at the ops' starts and ends, then its integral.
+            x = np.array([[*inputs[i][:4], *(dict((s, b) for b, s in inputs[i][4]).get(s, 0.0) for s in sats)]
+                          for i in ids])
+            times = np.concatenate([start, end, [0.0, span]])
+            steps = np.concatenate([x, -x, np.zeros((2, x.shape[1]))])
+            order = np.argsort(times, kind="stable")
+            times, rate = times[order], np.cumsum(steps[order], axis=0)
+            cum = np.vstack([np.zeros(x.shape[1]), np.cumsum(rate[:-1] * np.diff(times)[:, None], axis=0)])
+
+            ticks = np.arange(0.0, span + period, period)
+            avg = (_periodic_integral(ticks, times, cum, span)
+                   - _periodic_integral(ticks - window, times, cum, span)) / window
+            c = np.array([m.solve_clock(cap, a[0], a[1], a[2], a[3], hi,
+                                        hbm_saturating=tuple(zip(a[4:], sats, strict=True))) for a in avg])
+            # The clock's integral over time, then each op's average clock over its span.
+            edges = np.append(ticks, ticks[-1] + period)
+            c_cum = np.concatenate([[0.0], np.cumsum(c * period)])
+            at = np.interp(start, edges, c_cum), np.interp(end, edges, c_cum)
+            idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, len(c) - 1)
+            for i, oid in enumerate(ids):
+                d = end[i] - start[i]
+                new[oid] = float((at[1][i] - at[0][i]) / d) if d > 0 else float(c[idx[i]])
+        if all(abs(new[k] - clocks[k]) <= 1e-12 for k in new):
+            break
+        clocks = new
+    return clocks
 
 
 def throttled_workload(workload: Workload, gpu: GpuSpec, cfg: PowerConfig) -> tuple[Workload, dict[str, float]]:
     """The workload with every clock-bound kernel's time (and the part of a memory-bound kernel's
-    that follows the clock) stretched or shrunk by the clock the cap gives it alone, and each op's
-    clock fraction."""
-    ops: list[Op] = []
-    clocks: dict[str, float] = {}
-    for op in workload.ops:
-        a = isolated_activity(op, gpu, cfg.model)
-        cls = tensor_clock_class(op, cfg.model) if a.cls == TENSOR else 1
-        c = _solo_clock(a, cfg, cfg.model.tensor_saturations[cls - 2] if a.cls == TENSOR else math.inf)
-        clocks[op.id] = c
-        k = op.kernel
-        if k is not None and op.flow is None and not k.clock_sensitive:
-            cls = memory_clock_class(op, cfg.model)
-        if k is None or op.flow is not None or cls == 0:
-            ops.append(op)
-            continue
-        mult = cfg.multipliers(c)[cls]
-        k2 = dataclasses.replace(k, block_time_s=k.block_time_s / mult, isolated_s=k.isolated_s / mult)
-        ops.append(dataclasses.replace(op, kernel=k2))
-    return dataclasses.replace(workload, ops=tuple(ops)), clocks
+    that follows the clock) stretched or shrunk by its op's clock, and each op's clock fraction:
+    under a windowed power-limit loop the clock the loop gives the repeated workload where the op
+    runs (:func:`_windowed_clocks`), without a window the clock the cap gives the op alone."""
+    m = cfg.model
+    inputs = {op.id: _solver_inputs(op, gpu, m) for op in workload.ops}
+    if m.control_window_s > 0:
+        clocks = _windowed_clocks(workload, inputs, cfg)
+    else:
+        clocks = {oid: m.solve_clock(cfg.cap_w, x[0], x[1], x[2], x[3], cfg.max_clock_fraction, hbm_saturating=x[4])
+                  for oid, x in inputs.items()}
+    return _stretched(workload, cfg, clocks), clocks
 
 
 def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:

@@ -11,9 +11,15 @@ flow finishing, a latency elapsing. At each such instant it
 3. shares every SM's issue throughput among its resident blocks (max-min with per-block demands);
 4. shares HBM, links and PCIe among kernels and flows (weighted max-min with demand caps,
    :mod:`ovsim.engine.channel`);
-5. with power tracked, computes each touched GPU's power from its activity and, under a power cap
-   or a locked clock, first sets its SM clock (re-rating until no clock moves; docs/power.md);
+5. with power tracked, computes each touched GPU's power from its activity, and under a power cap
+   or a locked clock feeds it to the power-limit loop (docs/power.md);
 6. schedules the GPU's next completion.
+
+The power-limit loop is an event of its own: every control period it closes each GPU's window of
+activity and sets the clock at which the window's average power fits the cap (a calibration with
+no window instead re-solves the clock at every event from that moment's activity, re-rating until
+no clock moves). A run under the loop starts from the window the same workload leaves behind
+(``Engine._steady_history``), so it predicts the iteration's steady state.
 
 Identical SMs are kept as groups ("100 SMs each running one GEMM block, 32 running one NCCL block")
 so the cost does not grow with the SM count, and a kernel's waves that nothing else can interleave
@@ -33,8 +39,8 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import simpy
 
@@ -43,10 +49,13 @@ from ovsim.engine.machine import GpuModel, LinkKey, MachineModel
 from ovsim.engine.power import (
     CLOCK_COUNTER,
     POWER_COUNTER,
+    ClockWindow,
+    Period,
     PowerConfig,
     memory_clock_class,
     op_power_class,
     tensor_clock_class,
+    window_clock,
 )
 from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
@@ -57,6 +66,8 @@ from ovsim.models.cost import allocated_registers
 from ovsim.models.ir import FlowDemand, KernelDemand, Op, Workload
 
 _INF = float("inf")
+# Runs of a workload that find the power-limit loop's steady state, at most (Engine._steady_history).
+_WARM_RUNS = 3
 # Work left below this many seconds at the current rate counts as finished (float round-off).
 _TIME_EPS = 1e-12
 
@@ -220,8 +231,8 @@ _Activity = tuple[float, float, float, float, float, float, float, float, tuple[
 
 
 class _Gpu:
-    __slots__ = ("batched", "ce_free", "ce_waiting", "clock_factor", "clock_frac", "flows", "groups", "last_t", "model",
-                 "mult", "n_partitions", "pending", "rank", "running", "throttled", "timer", "timer_at")
+    __slots__ = ("batched", "ce_free", "ce_waiting", "clock_factor", "clock_frac", "ctl", "flows", "groups", "last_t",
+                 "model", "mult", "n_partitions", "pending", "rank", "running", "throttled", "timer", "timer_at")
 
     def __init__(self, rank: int, model: GpuModel) -> None:
         self.rank = rank
@@ -249,6 +260,7 @@ class _Gpu:
         self.timer = 0  # version of the GPU's pending completion timer
         self.timer_at = _INF  # when it fires
         self.batched = False  # some entry holds later waves (Engine._batch)
+        self.ctl: ClockWindow | None = None  # the power-limit loop's window, where it runs one
 
 
 @dataclass
@@ -338,13 +350,18 @@ class EngineOptions:
     # Take a kernel's waves that nothing else can interleave with in one event (Engine._batch).
     # The timeline is the same either way, to float round-off; off only to check that.
     fast_forward: bool = True
+    # Where a power-limit loop with a window runs, what came before the workload: "steady", the
+    # same workload (the steady state of a loop of iterations, found by running it first), or
+    # "idle", a GPU that was idle for the whole window (a cool start).
+    power_start: Literal["steady", "idle"] = "steady"
 
 
 class Engine:
     """Simulates a :class:`Workload` on a :class:`MachineModel`; :meth:`run` returns the Timeline."""
 
     def __init__(self, workload: Workload, machine: MachineModel, options: EngineOptions | None = None,
-                 priorities: dict[tuple[int, str], int] | None = None) -> None:
+                 priorities: dict[tuple[int, str], int] | None = None,
+                 power_history: dict[int, tuple[Period, ...]] | None = None) -> None:
         if workload.n_ranks > machine.n_ranks:
             raise OvsimError(f"workload has {workload.n_ranks} ranks, machine {machine.n_ranks}", field="ranks")
         self.workload = workload
@@ -405,14 +422,91 @@ class Engine:
             self.saturating_cls = {2 + i: x for i, x in enumerate(sats) if math.isfinite(x)}
             self.memory_share_cls = {2 + len(sats) + i: x
                                      for i, x in enumerate(self.power.model.memory_clock_shares)}
+        # The power-limit loop averages over a window (set once a control period) or, without one,
+        # re-solves the clock at every event.
+        self.windowed = self.managed and self.power is not None and self.power.model.control_window_s > 0
+        self.tick_due = False
+        self.power_history = power_history
         if self.power is not None and self.managed:
-            c0 = self.power.max_clock_fraction  # an idle GPU fits any settable cap
-            for gpu in self.gpus:
-                self._set_clock(gpu, c0)
+            self._start_clocks(self._idle_history() if power_history is None else power_history)
+
+    def _idle_history(self) -> dict[int, tuple[Period, ...]]:
+        """A window of idleness on every GPU."""
+        assert self.power is not None
+        w = self.power.model.control_window_s
+        return {g.rank: ((w, 0.0, 0.0, 0.0, 0.0, ()),) for g in self.gpus} if w > 0 else {}
+
+    def _steady_history(self) -> dict[int, tuple[Period, ...]]:
+        """The window each GPU would bring into the workload had it just run the same workload
+        over and over: run it from idle, then from the window a repeat of each run leaves
+        (ClockWindow.repeated), until the clocks those windows give stop moving (at most
+        ``_WARM_RUNS`` runs; a workload much longer than the window needs one)."""
+        assert self.power is not None
+        pc = self.power
+        opts = replace(self.opts, counters=False, progress=None, power_start="idle")
+        history = self._idle_history()
+        clocks = [g.clock_frac for g in self.gpus]
+        for _ in range(_WARM_RUNS):
+            warm = Engine(self.workload, self.machine, opts, self.priority, power_history=history)
+            warm.run()
+            history = {g.rank: g.ctl.repeated() for g in warm.gpus if g.ctl is not None}
+            # After two windows the loop has forgotten where it started: the window a run that long
+            # leaves does not depend on the one it started from.
+            if warm.now >= 2 * pc.model.control_window_s:
+                break
+            new = [window_clock(pc.model, pc.cap_w, pc.max_clock_fraction,
+                                ClockWindow(pc.model.control_window_s, history[g.rank])) for g in self.gpus]
+            if new == clocks:
+                break
+            clocks = new
+        return history
+
+    def _tick(self, _: simpy.Event) -> None:
+        """A control period ends: the loop sets each GPU's clock at the next resolve."""
+        if len(self.finished) == len(self.workload.ops):
+            return
+        # Nothing else scheduled: the workload is stuck, and the run must end to say so.
+        if not self.resolve_pending and self.env.peek() == _INF:
+            return
+        assert self.power is not None
+        self.tick_due = True
+        self._request_resolve()
+        self.env.timeout(self.power.model.control_period_s).callbacks.append(self._tick)
+
+    def _control(self) -> None:
+        """Close every GPU's control period and set the clock its window gives."""
+        assert self.power is not None
+        pc = self.power
+        cap, hi = pc.cap_w, pc.max_clock_fraction
+        now = self.now
+        for gpu in self.gpus:
+            assert gpu.ctl is not None
+            gpu.ctl.close(now)
+            c = window_clock(pc.model, cap, hi, gpu.ctl)
+            if c != gpu.clock_frac:
+                self._touch(gpu.rank)
+                self._set_clock(gpu, c)
+
+    def _start_clocks(self, history: dict[int, tuple[Period, ...]]) -> None:
+        """Each GPU's clock at the start: the one its window of ``history`` gives, or the top clock
+        (an idle GPU fits any settable cap)."""
+        assert self.power is not None
+        pc = self.power
+        for gpu in self.gpus:
+            c0 = pc.max_clock_fraction
+            if self.windowed:
+                gpu.ctl = ClockWindow(pc.model.control_window_s, history.get(gpu.rank, ()))
+                c0 = window_clock(pc.model, pc.cap_w, c0, gpu.ctl)
+            self._set_clock(gpu, c0)
 
     # -- streams -------------------------------------------------------------------------------
 
     def run(self) -> Timeline:
+        if self.windowed and self.power_history is None and self.opts.power_start == "steady":
+            self._start_clocks(self._steady_history())
+        if self.windowed:
+            assert self.power is not None
+            self.env.timeout(self.power.model.control_period_s).callbacks.append(self._tick)
         by_stream: dict[tuple[int, str], list[Op]] = {}
         for op in self.workload.ops:
             by_stream.setdefault((op.rank, op.stream), []).append(op)
@@ -427,6 +521,11 @@ class Engine:
         # of a long run only cost time (about 5% of it).
         with paused_gc():
             self.env.run()
+        if self.windowed:
+            # At the last completion (a tick after it changes nothing).
+            for gpu in self.gpus:
+                assert gpu.ctl is not None
+                gpu.ctl.close(self.now)
         unfinished = [op.id for op in self.workload.ops if op.id not in self.finished]
         if unfinished:
             waiting = [f.demand.group for f in self.flows.values() if f.phase == "waiting"]
@@ -646,6 +745,9 @@ class Engine:
         if self.opts.progress is not None and self.resolves % 4096 == 0:
             self.opts.progress(len(self.finished), len(self.workload.ops))
         self.touched = {}
+        if self.tick_due:
+            self.tick_due = False
+            self._control()
         fired, self.fired = self.fired, []
         for r in fired:
             self._touch(r)
@@ -1376,6 +1478,15 @@ class Engine:
         pc = self.power
         model = pc.model
         acts: dict[int, _Activity] = {}
+        if self.windowed:
+            now = self.now
+            for r in ranks:
+                gpu = self.gpus[r]
+                a = self._activity(gpu)
+                assert gpu.ctl is not None
+                gpu.ctl.record(now, (a[0] + a[1], a[2], a[3] / gpu.clock_frac, a[4], a[8]))
+                self._record_power(gpu, now, a)
+            return
         if self.managed:
             cap, hi = pc.cap_w, pc.max_clock_fraction
             for _ in range(4):

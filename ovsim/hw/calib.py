@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import GpuSpec, read_yaml, validation_error
@@ -175,6 +175,19 @@ class Parameters(BaseModel):
     # rate follows the clock all the way up.
     power_tensor_saturation_clock_hz: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
     power_clock_step_hz: float = Field(default=15e6, ge=0)
+    # The board's power-limit loop: every control period it sets the SM clock from the power the
+    # last window of activity drew, so phases much shorter than the window share one clock. A
+    # window of 0 re-solves the clock at every event from the activity of the moment.
+    power_control_window_s: float = Field(default=0.0, ge=0)
+    power_control_period_s: float = Field(default=0.0, ge=0)
+
+    @field_validator("power_control_period_s")
+    @classmethod
+    def _control_period(cls, p: float, info: ValidationInfo) -> float:
+        w = info.data.get("power_control_window_s", 0.0)
+        if w > 0 and not 0 < p <= w:
+            raise ValueError(f"must be in (0, power_control_window_s = {w:g}] where a window is set, got {p:g}")
+        return p
 
     def gemm_eff(self, precision: str, aligned: bool = True) -> float:
         if not aligned and precision in self.gemm_unaligned_efficiency:

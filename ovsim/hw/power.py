@@ -113,6 +113,10 @@ class PowerModel:
     # Share of a memory-bound kernel's time at c = 1 that follows the SM clock, by kind
     # (``memory_kind_clock_share``); a kind not listed does not follow it.
     memory_clock_share: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # The power-limit loop (``power_control_period_s``, ``power_control_window_s``): a window of 0
+    # re-solves the clock from the activity of the moment.
+    control_period_s: float = 0.0
+    control_window_s: float = 0.0
     derived: tuple[str, ...] = ()  # parameters derived from the TDP rather than given
 
     # -- the model ---------------------------------------------------------------------------------
@@ -258,6 +262,10 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
     dense GEMM, all SMs busy and ~10% of peak HBM bandwidth, draws the TDP at the tensor reference
     clock), the CUDA-core and memory weights as fixed fractions of the tensor weight."""
     p = params
+    if p.power_control_window_s > 0 and not 0 < p.power_control_period_s <= p.power_control_window_s:
+        raise OvsimError(f"power_control_period_s must be in (0, power_control_window_s = "
+                         f"{p.power_control_window_s:g}] where a window is set, got {p.power_control_period_s:g}",
+                         field="power_control_period_s")
     derived: list[str] = []
     idle_w = gpu.power.idle_w if p.power_idle_w is None else p.power_idle_w
     hbm_w = gpu.memory.bandwidth_bytes_per_s * p.power_hbm_j_per_byte
@@ -275,6 +283,7 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
         tensor_saturation_clock_fraction={k: v / gpu.clocks.compute_clock_hz
                                           for k, v in p.power_tensor_saturation_clock_hz.items()},
         memory_clock_share=dict(p.memory_kind_clock_share),
+        control_period_s=p.power_control_period_s, control_window_s=p.power_control_window_s,
     )
     tensor = dict(p.power_tensor_w)
     if "default" not in tensor:

@@ -81,27 +81,111 @@ def test_without_power_settings_the_a100_gemm_runs_as_calibrated_at_the_limit() 
 
 
 def test_h100_full_load_power_is_in_the_published_range() -> None:
-    """A dense GEMM is the full load of an H100 SXM: under its 700 W default limit it draws close
-    to the limit (the tensor weight is derived from the TDP, so this checks the derivation and the
-    loop, not the physics)."""
-    r = predict(gemm_scenario("hgx-h100"), power_cap_w=700.0)
-    assert 0.9 * 700.0 <= r.summary()["peak_power_w"] <= 700.0 * (1 + 1e-9)
+    """A dense GEMM is the full load of an H100 SXM: repeated under its 700 W default limit it
+    draws close to the limit on average (the power-limit loop holds the average over its window;
+    the GEMM's full waves draw a little more than its tail wave)."""
+    s = predict(gemm_scenario("hgx-h100"), power_cap_w=700.0).summary()
+    assert 0.9 * 700.0 <= s["avg_power_w"] <= 700.0 * (1 + 1e-9)
+    assert s["peak_power_w"] <= 1.02 * 700.0
 
 
 # -- the loop ------------------------------------------------------------------------------------
 
 
-def test_cap_holds_at_every_instant_the_clock_can_still_drop() -> None:
+def test_cap_holds_on_average_over_a_repeated_iteration() -> None:
+    """The example iteration (a few ms, far shorter than the loop's window) repeated: each GPU's
+    average power over it is at most the cap, above the lowest clock."""
     r = predict(EXAMPLES / "gemm-allreduce-a100x4-priority.yaml", power_cap_w=250.0)
     f_min = r.gpu.clocks.min_sm_clock_hz
     for rank in range(4):
         p = segments(r, rank, POWER_COUNTER)
         clk = segments(r, rank, "sm_clock_hz")
         assert len(p) and len(clk)
-        for rec in p.itertuples():
-            at = clk[(clk["start"] <= rec.start) & (clk["end"] > rec.start)]["value"]
-            if len(at) and float(at.iloc[0]) > f_min:
-                assert rec.value <= 250.0 * (1 + 1e-9)
+        avg = float(np.sum(p["value"] * (p["end"] - p["start"])) / np.sum(p["end"] - p["start"]))
+        assert avg <= 250.0 * (1 + 1e-9) or float(clk["value"].min()) <= f_min
+
+
+def alternating(system: str, cycles: int, gemms: int = 4, adds: int = 9) -> Scenario:
+    ops: list[dict[str, object]] = []
+    for c in range(cycles):
+        ops += [{"name": f"g{c}_{i}", "kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "bf16"}
+                for i in range(gemms)]
+        ops += [{"name": f"a{c}_{i}", "kind": "elementwise", "bytes": 3 * 2**29} for i in range(adds)]
+    return Scenario.model_validate({"name": "mix", "system": system, "ranks": 1, "ops": ops})
+
+
+def clock_of(r: Result, prefix: str) -> np.ndarray:
+    """The SM clock at the middle of each op whose name starts with ``prefix``."""
+    clk = segments(r, 0, "sm_clock_hz")
+    ops = r.ops[r.ops["name"].str.startswith(prefix)]
+    mid = (ops["start_s"] + ops["duration_s"] / 2).to_numpy(float)
+    idx = np.searchsorted(clk["start"].to_numpy(float), mid, side="right") - 1
+    return clk["value"].to_numpy(float)[idx]
+
+
+def test_phases_shorter_than_the_window_share_one_clock() -> None:
+    """Measured on an H100 and an H200 (calibration/data, clock part): 4 GEMMs (6 ms) then 9
+    streaming adds (5 ms), over and over at the 700 W limit, ran at one clock. The loop averages
+    over 70 ms, so the GEMMs and adds of a repeat get the same clock, below the top clock and
+    above the GEMM's alone (a clock following each moment would give the adds the top clock). The
+    clock may still step by one grid point between periods, as a window holds one cycle more or
+    less of GEMMs (the measured clock moved 7-9 MHz between phases)."""
+    r = predict(alternating("hgx-h100", 3), power_cap_w=700.0)
+    g, a = clock_of(r, "g"), clock_of(r, "a")
+    assert np.ptp(np.concatenate([g, a])) <= r.calibration.params.power_clock_step_hz
+    assert abs(float(np.mean(g)) - float(np.mean(a))) <= r.calibration.params.power_clock_step_hz
+    alone = predict(gemm_scenario("hgx-h100"), power_cap_w=700.0).summary()["avg_sm_clock_hz"]
+    assert alone < g[0] < r.gpu.clocks.max_sm_clock_hz
+
+
+def test_a_long_run_holds_the_cap_over_each_window() -> None:
+    """Over 300 ms of the alternation (longer than the 70 ms window), the run's average power is at
+    most the cap, and the power averaged over any window at most 2% above it: the loop sets each
+    period's clock from the window that ended before it, and a window placed anywhere holds up to
+    half a cycle (6 ms of GEMMs in 70 ms, ~400 W above the adds) more than the one the loop saw."""
+    r = predict(alternating("hgx-h100", 30), power_cap_w=700.0)
+    window = r.calibration.params.power_control_window_s
+    p = segments(r, 0, POWER_COUNTER)
+    t = np.linspace(0.0, r.timeline.makespan_s, 4001)
+    idx = np.clip(np.searchsorted(p["start"].to_numpy(float), t, side="right") - 1, 0, len(p) - 1)
+    inst = p["value"].to_numpy(float)[idx]
+    step = t[1] - t[0]
+    n = round(window / step)
+    avg = np.convolve(inst, np.ones(n) / n, mode="valid")
+    assert r.timeline.makespan_s > 3 * window
+    assert avg.max() <= 700.0 * 1.02
+    assert float(np.mean(inst)) <= 700.0 * (1 + 1e-3)
+
+
+def test_from_idle_the_clock_holds_until_the_window_fills() -> None:
+    """From an idle start (EngineOptions(power_start="idle")) the loop keeps the top clock until
+    the window's average power reaches the cap: a fraction (cap - idle) / (P_top - idle) of the
+    window, with P_top the GEMM's power at the top clock (closed form of a sliding average over a
+    step), rounded up to the next control period. The measured H100 walk-down started 40-60 ms
+    into a GEMM phase (calibration/data, clock part)."""
+    from ovsim.engine.machine import build_machine
+    from ovsim.engine.power import PowerConfig
+    from ovsim.engine.sim import Engine, EngineOptions
+    from ovsim.hw.power import PowerSettings, power_model
+
+    sc = Scenario.model_validate({"name": "g", "system": "hgx-h100", "ranks": 1, "ops": [
+        {"name": f"g{i}", "kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "bf16"} for i in range(150)]})
+    from ovsim.api import build
+    wl, system, gpu, calib = build(sc, "g")
+    model = power_model(gpu, calib.params)
+    cfg = PowerConfig(model=model, settings=PowerSettings(cap_w=700.0))
+    tl = Engine(wl, build_machine(system, gpu, calib.params, n_ranks=1),
+                EngineOptions(power=cfg, power_start="idle")).run()
+    c = tl.counters
+    clk = c[(c["counter"] == "sm_clock_hz") & (c["value"] < gpu.clocks.max_sm_clock_hz)]
+    first_drop = float(clk["time_s"].min())
+    pw = c[(c["counter"] == POWER_COUNTER) & (c["time_s"] > 0) & (c["time_s"] < first_drop)]
+    p_top = float(pw["value"].max())  # the full waves at the top clock
+    period, window = model.control_period_s, model.control_window_s
+    expected = (700.0 - model.idle_w) / (p_top - model.idle_w) * window
+    # The GEMMs' tail waves draw less than p_top, so the window fills a little later than the
+    # closed form of a constant load says: at most one period more.
+    assert expected <= first_drop <= expected + 2 * period
 
 
 def test_lower_caps_are_slower_and_draw_less() -> None:

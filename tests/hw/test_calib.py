@@ -54,6 +54,10 @@ def test_shipped_values_are_in_range(path: Path) -> None:
         ({"nccl_fitted": {"all_reduce/ring/simple/4": {"latency_s": 1e-5, "bus_bandwidth_bytes_per_s": float("inf")}}},
          "parameters.nccl_fitted.all_reduce/ring/simple/4.bus_bandwidth_bytes_per_s", "finite"),
         ({"gemm_eficiency": {"fp16": 0.7}}, "parameters.gemm_eficiency", "Extra inputs"),
+        ({"power_control_window_s": 0.07, "power_control_period_s": 0.0}, "parameters.power_control_period_s",
+         "where a window is set"),
+        ({"power_control_window_s": 0.01, "power_control_period_s": 0.02}, "parameters.power_control_period_s",
+         "where a window is set"),
     ],
 )
 def test_a_value_out_of_range_names_its_file_and_parameter(tmp_path: Path, a100: GpuSpec, parameters: dict[str, Any],
