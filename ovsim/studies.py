@@ -12,6 +12,12 @@
 
 The sequential figure of Lee et al. is not a sequential run but accounted from the overlapped one
 (:func:`ovsim.api.accounted_sequential_s`); both are reported.
+
+Both studies measured boards at their default power limit: neither says it was changed, and an
+A100 or H100 SXM cannot be set above its TDP (Lee et al.'s cap sweep starts from "unlimited", the
+default). So every configuration here runs the board's power-limit loop at the GPU's TDP
+(:func:`default_limit_w`, docs/power.md), and the compute slowdown is the study's own: overlapped
+compute against the sequential run's compute at the same limit.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import pandas as pd
 
 from ovsim.api import accounted_sequential_s, predict
 from ovsim.errors import OvsimError
+from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models.memory import USABLE_FRACTION
 from ovsim.scenario import Scenario
 
@@ -36,6 +43,11 @@ LEE_BATCHES = (8, 16, 32, 64)
 # FSDP; and a 4-stage 1F1B pipeline over the global batch split into 8 micro-batches.
 LEE_PARALLEL: dict[str, dict[str, Any]] = {"fsdp": {"dp_mode": "fsdp"}, "pp": {"pp": 4, "pipeline": "1f1b"}}
 PP_MICRO_BATCHES = 8
+
+
+def default_limit_w(system: str) -> float:
+    """The default board power limit (the TDP) of ``system``'s GPUs, which the studies ran at."""
+    return float(load_gpu(load_system(system).gpu).power.tdp_w)
 
 
 # How the reading note's "batch size" becomes a configuration (it does not say whether per GPU or
@@ -119,11 +131,11 @@ def _pair(model: str, system: str, parallel: str, batch: int, layers: int, readi
     for schedule in ("overlapped", "sequential"):
         sc = Scenario.model_validate({"name": f"{model}-{parallel}-{system}-b{batch}", "system": system,
                                       "schedule": schedule, "training": training})
-        out[schedule] = predict(sc, counters=False).summary()
+        out[schedule] = predict(sc, counters=False, power_cap_w=default_limit_w(system)).summary()
     o, s = out["overlapped"], out["sequential"]
     return {**head, "micro_batch_size": training["micro_batch_size"],
             "micro_batches": training.get("micro_batches", 1), "recompute": bool(training.get("recompute", False)),
-            "iteration_ms": o["makespan_s"] * 1e3, "compute_slowdown_pct": o["compute_slowdown"] * 100,
+            "iteration_ms": o["makespan_s"] * 1e3, "compute_slowdown_pct": (o["compute_s"] / s["compute_s"] - 1) * 100,
             "sequential_slower_pct": (s["makespan_s"] / o["makespan_s"] - 1) * 100,
             "accounted_slower_pct": (accounted_sequential_s(o, s) / o["makespan_s"] - 1) * 100,
             "comm_hidden_pct": o["comm_hidden_fraction"] * 100, **_memory(training, system)}
@@ -136,8 +148,9 @@ def _memory(training: dict[str, Any], system: str) -> dict[str, Any]:
 
 def lee_matrix(layers: int = 0, batches: Sequence[int] = LEE_BATCHES, *, workers: int = 1,
                on_row: Callable[[dict[str, Any]], None] | None = None, reading: str = "literal") -> pd.DataFrame:
-    """Every configuration of the matrix, overlapped and sequential: one row each with iteration
-    time, compute slowdown, sequential slower than overlapped (simulated, and accounted as the
+    """Every configuration of the matrix, overlapped and sequential at the default power limit: one
+    row each with iteration time, compute slowdown (overlapped compute against the sequential
+    run's), sequential slower than overlapped (simulated, and accounted as the
     study does) and the share of communication hidden, all in percent, and the estimated memory
     per GPU at the model's own depth and whether it fits (:mod:`ovsim.models.memory`), under a
     reading of ``READINGS``
@@ -185,11 +198,13 @@ def cui_pericas_scenario(system: str, schedule: str, n: int = 8192) -> Scenario:
 
 
 def cui_pericas(systems: Sequence[str] = CUI_SYSTEMS, n: int = 8192) -> pd.DataFrame:
-    """One row per system and schedule: iteration time and its change against naive overlap (%)."""
+    """One row per system and schedule at the GPUs' default power limit: iteration time and its
+    change against naive overlap (%)."""
     rows = []
     for system in systems:
-        ms = {s: predict(cui_pericas_scenario(system, s, n), counters=False).summary()["makespan_s"] * 1e3
-              for s in CUI_SCHEDULES}
+        limit = default_limit_w(system)
+        ms = {s: predict(cui_pericas_scenario(system, s, n), counters=False,
+                         power_cap_w=limit).summary()["makespan_s"] * 1e3 for s in CUI_SCHEDULES}
         rows += [{"system": system, "schedule": s, "iteration_ms": v,
                   "vs_naive_pct": (v / ms["naive overlap"] - 1) * 100} for s, v in ms.items()]
     return pd.DataFrame(rows)

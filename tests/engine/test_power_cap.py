@@ -346,37 +346,42 @@ def test_overlap_draws_more_power_than_sequential_execution() -> None:
 FSDP = "training-gpt3-1.3b-fsdp-a100x4-{}.yaml"  # GPT-3 XL, FSDP, 4x A100 40 GB: Lee et al.'s own setting
 
 
-def test_overlapped_fsdp_training_peaks_higher_as_nvml_sees_it() -> None:
+@pytest.mark.parametrize("limit_w", [None, 400.0])
+def test_overlapped_fsdp_training_peaks_higher_as_nvml_sees_it(limit_w: float | None) -> None:
     """Lee et al. (secondary note), on the setting closest to theirs (GPT-3 XL with FSDP on 4x A100):
     overlapped peak power is above non-overlapped, by up to 25%. NVML reported power every 100 ms,
-    so the peak is taken over 100 ms windows of the iteration."""
+    so the peak is taken over 100 ms windows of the iteration: without power management, and at the
+    board's 400 W default limit the study's GPUs ran at (the loop holds 70 ms averages, so a 100 ms
+    window can still run above it)."""
     peaks = {}
     for schedule in ("overlapped", "sequential"):
-        r = predict(EXAMPLES / FSDP.format(schedule))
+        r = predict(EXAMPLES / FSDP.format(schedule), power_cap_w=limit_w)
         assert r.timeline.makespan_s > 0.3  # several 100 ms windows per iteration
         peaks[schedule] = float(r.power(window_s=0.1)["peak_window_power_w"].max())
     assert 1.0 < peaks["overlapped"] / peaks["sequential"] <= 1.25
 
 
 @pytest.mark.xfail(strict=True, reason="known discrepancy: on GPT-3 XL FSDP (Lee et al.'s setting) the model "
-                   "predicts ~3.4x under 100 W, not ~2.1x: with idle at 56 W only ~44 W are left for dynamic power, "
+                   "predicts ~3.8x under 100 W, not ~2.1x: with idle at 56 W only ~44 W are left for dynamic power, "
                    "and the assumed voltage floor (0.65 of nominal) leaves the clock at ~300 MHz; see docs/power.md")
 def test_a_100_w_cap_slows_overlapped_fsdp_training_about_twice() -> None:
-    """Lee et al. (secondary note): 107% slower under a 100 W cap, on their training runs. Same
-    tolerance as below (2.07x +-30%)."""
+    """Lee et al. (secondary note): 107% slower under a 100 W cap, on their training runs, against
+    the 400 W default limit ("unlimited"). Same tolerance as below (2.07x +-30%)."""
     path = EXAMPLES / FSDP.format("overlapped")
-    ratio = predict(path, power_cap_w=100.0).summary()["makespan_s"] / predict(path).summary()["makespan_s"]
+    ratio = (predict(path, power_cap_w=100.0).summary()["makespan_s"]
+             / predict(path, power_cap_w=400.0).summary()["makespan_s"])
     assert 2.07 * 0.7 <= ratio <= 2.07 * 1.3
 
 
 def test_a_100_w_cap_makes_overlapped_execution_about_twice_as_slow() -> None:
     """Lee et al. (secondary note): under a 100 W cap overlapped execution is 107% slower (2.07x).
     Tolerance 2.07x +-30% (1.45x-2.7x): a secondary, unverified reading of a figure measured on GPT
-    training, not on this GEMM + all-reduce microbenchmark, with an unstated baseline (taken here
-    as the same schedule without a cap). Half of this microbenchmark's time is the all-reduce, which
-    the clock does not slow; on the training preset above the model misses the figure (xfail)."""
+    training, not on this GEMM + all-reduce microbenchmark, with an unstated baseline, taken here
+    as the same schedule at the 400 W default limit: an A100 cannot be set above it, so the study's
+    "unlimited" is that. Half of this microbenchmark's time is the all-reduce, which the clock does
+    not slow; on the training preset above the model misses the figure (xfail)."""
     path = EXAMPLES / "gemm-allreduce-a100x4-overlapped.yaml"
-    free = predict(path).summary()["makespan_s"]
+    free = predict(path, power_cap_w=400.0).summary()["makespan_s"]
     capped = predict(path, power_cap_w=100.0)
     ratio = capped.summary()["makespan_s"] / free
     assert 2.07 * 0.7 <= ratio <= 2.07 * 1.3
