@@ -2,12 +2,17 @@
 seed-and-validation-numbers.md) and the GEMM + all-reduce priority/shaping study (Cui & Pericas,
 arXiv 2606.09200), predicted by ovsim (``ovsim.studies``) and set against the published figures.
 
-    python bench/overlap_study.py            # the matrix with 4 layers per model (about 15 s)
-    python bench/overlap_study.py --layers 0 # full depth (about 70 s)
-    python bench/overlap_study.py --layers 0 --reading fits --workers 2   # as it would fit in memory
-                                                                          # (what ovsim validate --studies checks)
+    python bench/overlap_study.py            # the matrix with 4 layers per model (about 40 s)
+    python bench/overlap_study.py --layers 0 --workers 2  # full depth (about 80 s)
+    python bench/overlap_study.py --layers 0 --reading fits --workers 2   # as it would fit in memory, about
+                                                                          # 4 minutes (what ovsim validate
+                                                                          # --studies checks)
 
-Compute slowdown = overlapped compute time / the same compute alone - 1; "sequential slower" =
+Every configuration runs at its GPUs' default power limit, as the studies' boards did
+(``ovsim.studies.default_limit_w``); the compute slowdown is overlapped compute against the
+sequential run's compute at that limit.
+
+Compute slowdown = overlapped compute time / the sequential run's compute time - 1; "sequential slower" =
 sequential iteration / overlapped iteration - 1, with the sequential iteration both simulated and
 accounted for as the study does (``ovsim.api.accounted_sequential_s``: the overlapped iteration
 less its compute slowdown, plus the communication that overlapped compute). The reduced-depth matrix keeps every layer's

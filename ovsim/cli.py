@@ -809,7 +809,7 @@ def parser() -> argparse.ArgumentParser:
     vp.add_argument("--traces", metavar="DIR", type=_file_name,
                     help="folder holding the shared real traces (their layout as published)")
     vp.add_argument("--studies", action="store_true",
-                    help="also predict the published overlap studies' configurations (a few minutes on one core)")
+                    help="also predict the published overlap studies' configurations (about eight minutes on one core)")
     vp.add_argument("--measured", action="store_true",
                     help="also replay the calibration harness's kernels measured beside communication-like kernels "
                          "(calibration/data/), held out: leave one victim kernel out, and another GPU (a minute on "

@@ -474,8 +474,9 @@ STUDY = "overlap studies (published; not fitted)"
 def study_checks(workers: int = 1, on_stage: Callable[[str], None] | None = None) -> list[Check]:
     """The overlap studies' headline figures (:mod:`ovsim.studies`), each against the target band
     set for it around the published value. Lee et al.'s matrix is run at full depth as its
-    configurations would fit in GPU memory (the "fits" reading; about four minutes on one core,
-    ``workers`` processes); configurations that fit in no way are left out and counted."""
+    configurations would fit in GPU memory (the "fits" reading, at the boards' default power limits;
+    about eight minutes on one core, ``workers`` processes); configurations that fit in no way are
+    left out and counted."""
     from ovsim import studies
 
     src_lee = ("Lee et al., arXiv 2507.03114, abstract; configurations per a secondary reading note "
