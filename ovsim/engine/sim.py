@@ -440,7 +440,7 @@ class Engine:
         """The window each GPU would bring into the workload had it just run the same workload
         over and over: run it from idle, then from the window a repeat of each run leaves
         (ClockWindow.repeated), until the clocks those windows give stop moving (at most
-        ``_WARM_RUNS`` runs; a workload much longer than the window needs one)."""
+        ``_WARM_RUNS`` runs; a workload at least two windows long needs one)."""
         assert self.power is not None
         pc = self.power
         opts = replace(self.opts, counters=False, progress=None, power_start="idle")

@@ -312,16 +312,47 @@ def test_energy_of_a_one_wave_gemm_is_its_closed_form() -> None:
     assert s["energy_delay_j_s"] == pytest.approx(p * d * d, rel=1e-9)
 
 
-def test_analytic_and_simulated_power_agree_without_overlap() -> None:
+def without_window(tmp_path: Path, sc: Scenario) -> Scenario:
+    """``sc`` under a calibration whose power-limit loop has no window: the clock is re-solved at
+    every event from the activity of that moment (the rule before the loop was measured)."""
+    (tmp_path / "nowindow.v1.yaml").write_text(yaml.safe_dump({
+        "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {},
+        "parameters": {"power_control_window_s": 0.0}, "sources": {"power_control_window_s": "test"}}))
+    return sc.model_copy(update={"calibration": [*sc.calibration, str(tmp_path / "nowindow.v1.yaml")]})
+
+
+@pytest.mark.parametrize("window", [True, False])
+def test_analytic_and_simulated_power_agree_without_overlap(tmp_path: Path, window: bool) -> None:
     """Sequential schedule: one op at a time, so the closed form and the engine see the same
     activity. Uncapped they agree exactly up to the engine's tail waves; under a cap the engine
-    also re-solves the clock when a tail wave leaves SMs idle, which the closed form does not: 3%."""
+    also follows the clock through a tail wave that leaves SMs idle, which the closed form does not:
+    3%, with the windowed loop (both run it) and with the clock of each moment."""
     sc = load_scenario(EXAMPLES / "gemm-allreduce-a100x4-sequential.yaml")
+    if not window:
+        sc = without_window(tmp_path, sc)
     for cap in (None, 150.0):
         sim = predict(sc, mode="simulate", power_cap_w=cap).summary()
         ana = predict(sc, mode="analytic", power_cap_w=cap).summary()
         assert ana["makespan_s"] == pytest.approx(sim["makespan_s"], rel=0.03 if cap else 1e-9)
         assert ana["energy_j"] == pytest.approx(sim["energy_j"], rel=0.03)
+
+
+def test_without_a_window_the_cap_holds_at_every_instant_the_clock_can_still_drop(tmp_path: Path) -> None:
+    """A calibration with no window re-solves the clock at every event, so power is at most the cap
+    wherever the clock is above its minimum, and the GEMM and the all-reduce run at different
+    clocks."""
+    r = predict(without_window(tmp_path, load_scenario(EXAMPLES / "gemm-allreduce-a100x4-priority.yaml")),
+                power_cap_w=250.0)
+    assert r.calibration.params.power_control_window_s == 0.0
+    f_min = r.gpu.clocks.min_sm_clock_hz
+    for rank in range(4):
+        p = segments(r, rank, POWER_COUNTER)
+        clk = segments(r, rank, "sm_clock_hz")
+        assert len(clk["value"].unique()) > 1
+        for rec in p.itertuples():
+            at = clk[(clk["start"] <= rec.start) & (clk["end"] > rec.start)]["value"]
+            if len(at) and float(at.iloc[0]) > f_min:
+                assert rec.value <= 250.0 * (1 + 1e-9)
 
 
 # -- Lee et al. (secondary source) ----------------------------------------------------------------
