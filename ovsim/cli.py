@@ -35,7 +35,7 @@ def _table(result: Any, max_rows: int) -> str:
         f"({s['compute_slowdown'] * 100:+.1f}%)",
         f"comm       {_fmt_s(s['comm_s'])} ms per rank, exposed {_fmt_s(s['exposed_comm_s'])} ms, "
         f"{s['comm_hidden_fraction'] * 100:.1f}% hidden under compute",
-        *_power_lines(s, result.gpu.power.tdp_w),
+        *_power_lines(s, result.gpu.power.tdp_w, result.calibration.params.power_control_window_s),
         *_memory_lines(result),
         f"calibrated {', '.join(s['calibration_files'])}",
         "",
@@ -81,7 +81,7 @@ def _memory_lines(result: Any) -> list[str]:
             + f"; pipeline stage {est.stage}) of {cap / 1e9:.0f} GB: {verdict}"]
 
 
-def _power_lines(s: dict[str, Any], tdp_w: float) -> list[str]:
+def _power_lines(s: dict[str, Any], tdp_w: float, window_s: float) -> list[str]:
     if "energy_j" not in s:
         return []
     settings = []
@@ -94,6 +94,10 @@ def _power_lines(s: dict[str, Any], tdp_w: float) -> list[str]:
     over = ([f"note       the peak is above the GPU's {tdp_w:g} W default power limit, where a real board lowers "
              f"its SM clock; --power-cap-w {tdp_w:g} predicts that"]
             if not settings and s["peak_power_w"] > tdp_w else [])
+    limit = s["power_cap_w"] if s["power_cap_w"] is not None else tdp_w
+    if settings and window_s > 0 and s["peak_power_w"] > limit * (1 + 1e-6):
+        over.append(f"note       the power-limit loop holds {limit:g} W on {window_s * 1e3:g} ms averages; within them "
+                    f"the instantaneous peak can be above it")
     return [
         f"power      {s['avg_power_w']:.1f} W average, {s['peak_power_w']:.1f} W peak per GPU; "
         f"SM clock {s['avg_sm_clock_hz'] / 1e6:.0f} MHz average, {s['min_sm_clock_hz'] / 1e6:.0f} MHz lowest "
