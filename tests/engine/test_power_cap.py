@@ -430,3 +430,18 @@ def test_a_saturating_streaming_kernel_on_h200_draws_what_the_harness_measured()
                                   "ops": [{"name": "e", "kind": "elementwise", "bytes": 8.0e9}]})
     s = predict(sc).summary()
     assert s["peak_power_w"] == pytest.approx(662.2, rel=0.10)
+
+
+def test_a_short_run_starts_where_a_long_run_of_it_settles() -> None:
+    """The steady state of a loop of iterations: one 8192^3 GEMM (1.6 ms, far shorter than the
+    window) is predicted at the clock the loop holds over 200 of them in a row (320 ms), within a
+    grid step, and so at the same time per GEMM."""
+    one = predict(gemm_scenario("hgx-h100"), power_cap_w=700.0)
+    ops = [{"name": f"g{i}", "kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "bf16"} for i in range(200)]
+    many = predict(Scenario.model_validate({"name": "gemms", "system": "hgx-h100", "ranks": 1, "ops": ops}),
+                   power_cap_w=700.0)
+    step = one.calibration.params.power_clock_step_hz
+    assert many.timeline.makespan_s > 4 * one.calibration.params.power_control_window_s
+    assert abs(one.summary()["avg_sm_clock_hz"] - many.summary()["avg_sm_clock_hz"]) <= step
+    per_gemm = many.timeline.makespan_s / 200
+    assert float(one.ops.set_index("id").loc["g@r0", "duration_s"]) == pytest.approx(per_gemm, rel=0.01)
