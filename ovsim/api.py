@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 from pydantic import ValidationError
@@ -85,6 +85,7 @@ class Result:
         return {
             "power_cap_w": settings.cap_w,
             "sm_clock_lock_hz": settings.sm_clock_hz,
+            "power_start": settings.start if settings.active else None,
             "avg_power_w": float(t["avg_power_w"].mean()),
             "peak_power_w": float(t["peak_power_w"].max()),
             "energy_j": energy,
@@ -174,12 +175,15 @@ def build(sc: Scenario, source: str = "") -> tuple[Workload, SystemSpec, GpuSpec
 
 
 def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counters: bool = True,
-            power_cap_w: float | None = None, sm_clock_hz: float | None = None) -> Result:
+            power_cap_w: float | None = None, sm_clock_hz: float | None = None,
+            power_start: Literal["steady", "idle"] | None = None) -> Result:
     """Predict a scenario (a file path or a :class:`Scenario`); ``mode`` overrides the file's.
 
     ``power_cap_w`` (board power limit, as ``nvidia-smi -pl``) and ``sm_clock_hz`` (locked SM
     clock, as ``nvidia-smi -lgc``) override the scenario's ``power`` settings; either one makes the
-    prediction run the GPU's clock loop (docs/power.md). Power and energy are reported either way."""
+    prediction run the board's power-limit loop (docs/power.md), from the steady state of the
+    workload repeated or, with ``power_start="idle"``, from an idle GPU. Power and energy are
+    reported either way."""
     source = str(scenario) if not isinstance(scenario, Scenario) else scenario.name
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     use_mode: Mode = mode or sc.mode
@@ -187,7 +191,8 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     base = sc.power or PowerSettings()
     try:
         settings = PowerSettings(cap_w=power_cap_w if power_cap_w is not None else base.cap_w,
-                                 sm_clock_hz=sm_clock_hz if sm_clock_hz is not None else base.sm_clock_hz)
+                                 sm_clock_hz=sm_clock_hz if sm_clock_hz is not None else base.sm_clock_hz,
+                                 start=power_start if power_start is not None else base.start)
     except ValidationError as e:
         raise validation_error(e, source) from None
     check_settings(settings, gpu, source)
@@ -204,7 +209,8 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     else:
         machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout)
         try:
-            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power)).run()
+            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power,
+                                                         power_start=settings.start)).run()
         except OvsimError as e:
             raise e.located(source) from None
     return Result(scenario=sc, mode=use_mode, system=system, gpu=gpu, calibration=calib, timeline=timeline,

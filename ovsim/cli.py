@@ -89,6 +89,8 @@ def _power_lines(s: dict[str, Any], tdp_w: float, window_s: float) -> list[str]:
         settings.append(f"cap {s['power_cap_w']:g} W")
     if s["sm_clock_lock_hz"] is not None:
         settings.append(f"clock locked at {s['sm_clock_lock_hz'] / 1e6:g} MHz")
+    if settings and s.get("power_start") == "idle":
+        settings.append("from idle")
     # Without power management every kernel runs at its calibrated rate whatever it draws; a real
     # board would lower its clock at its default limit.
     over = ([f"note       the peak is above the GPU's {tdp_w:g} W default power limit, where a real board lowers "
@@ -117,7 +119,8 @@ def _predict(args: argparse.Namespace) -> int:
     flags = {"power.cap_w": "--power-cap-w" if args.power_cap_w is not None else "",
              "power.sm_clock_hz": "--sm-clock-hz" if args.sm_clock_hz is not None else ""}
     try:
-        result = predict(args.scenario, mode=args.mode, power_cap_w=args.power_cap_w, sm_clock_hz=args.sm_clock_hz)
+        result = predict(args.scenario, mode=args.mode, power_cap_w=args.power_cap_w, sm_clock_hz=args.sm_clock_hz,
+                         power_start=args.power_start)
     except OvsimError as e:
         if flags.get(e.field):
             raise OvsimError(e.message, source=e.source, field=flags[e.field]) from None
@@ -727,6 +730,10 @@ def parser() -> argparse.ArgumentParser:
                     help="board power limit (as nvidia-smi -pl), within the GPU's settable range")
     pr.add_argument("--sm-clock-hz", type=_positive, metavar="HZ",
                     help="locked SM clock (as nvidia-smi -lgc), e.g. 1.2e9, within the GPU's clock range")
+    pr.add_argument("--power-start", choices=["steady", "idle"],
+                    help="under a cap or a locked clock, where the power-limit loop starts: steady (default: the "
+                         "workload repeated, as a training loop) or idle (a GPU that has idled, as a benchmark's "
+                         "first run)")
     pr.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     pr.set_defaults(func=_predict)
     cp = sub.add_parser("compare", help="predict several scenarios and compare them side by side")

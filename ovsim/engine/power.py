@@ -374,9 +374,13 @@ def _stretched(workload: Workload, cfg: PowerConfig, clocks: dict[str, float]) -
 _ANALYTIC_LOOP_PASSES = 4
 
 
-def _periodic_integral(t: np.ndarray, times: np.ndarray, cum: np.ndarray, span: float) -> np.ndarray:
-    """The integral from 0 to each of ``t`` (negative: back into earlier repeats) of terms whose
-    integral over one repeat of length ``span`` is ``cum`` at ``times``."""
+def _periodic_integral(t: np.ndarray, times: np.ndarray, cum: np.ndarray, span: float,
+                       idle_before: bool = False) -> np.ndarray:
+    """The integral from 0 to each of ``t`` (negative: back into earlier repeats, or into idleness
+    with ``idle_before``) of terms whose integral over one repeat of length ``span`` is ``cum`` at
+    ``times``."""
+    if idle_before:
+        t = np.maximum(t, 0.0)
     q = np.floor(t / span)
     rest = t - q * span
     inside = np.column_stack([np.interp(rest, times, cum[:, j]) for j in range(cum.shape[1])])
@@ -385,10 +389,11 @@ def _periodic_integral(t: np.ndarray, times: np.ndarray, cum: np.ndarray, span: 
 
 
 def _windowed_clocks(workload: Workload, inputs: dict[str, SolverInputs], cfg: PowerConfig) -> dict[str, float]:
-    """Each op's clock under the windowed power-limit loop, the workload repeated back to back: the
-    loop sets each rank's clock every control period from the rank's activity over the window
-    before (wrapping round to the previous repeat), and an op takes the average clock over its
-    span. The timeline depends on the clocks, so the two are iterated from the top clock."""
+    """Each op's clock under the windowed power-limit loop, the workload repeated back to back (or,
+    with the settings' ``start`` "idle", after idleness): the loop sets each rank's clock every
+    control period from the rank's activity over the window before (wrapping round to the previous
+    repeat), and an op takes the average clock over its span. The timeline depends on the clocks,
+    so the two are iterated from the top clock."""
     from ovsim.engine.analytic import analytic_timeline
 
     m = cfg.model
@@ -417,8 +422,9 @@ def _windowed_clocks(workload: Workload, inputs: dict[str, SolverInputs], cfg: P
             cum = np.vstack([np.zeros(x.shape[1]), np.cumsum(rate[:-1] * np.diff(times)[:, None], axis=0)])
 
             ticks = np.arange(0.0, span + period, period)
-            avg = (_periodic_integral(ticks, times, cum, span)
-                   - _periodic_integral(ticks - window, times, cum, span)) / window
+            idle = cfg.settings.start == "idle"
+            avg = (_periodic_integral(ticks, times, cum, span, idle)
+                   - _periodic_integral(ticks - window, times, cum, span, idle)) / window
             c = np.array([m.solve_clock(cap, a[0], a[1], a[2], a[3], hi,
                                         hbm_saturating=tuple(zip(a[4:], sats, strict=True))) for a in avg])
             # The clock's integral over time, then each op's average clock over its span.

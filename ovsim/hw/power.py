@@ -36,6 +36,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PositiveFloat
@@ -65,6 +66,10 @@ class PowerSettings(BaseModel):
 
     cap_w: PositiveFloat | None = None
     sm_clock_hz: PositiveFloat | None = None
+    # What the power-limit loop's window holds when the workload starts: "steady", the same workload
+    # (an iteration of a training loop), or "idle", a GPU that has idled for a while (a benchmark's
+    # first run, which holds the top clock until the window fills; docs/power.md).
+    start: Literal["steady", "idle"] = "steady"
 
     @property
     def active(self) -> bool:
