@@ -117,7 +117,8 @@ def _predict(args: argparse.Namespace) -> int:
     _check_plot(args.plot)
     # A value out of range that came from a flag is the flag's, not the scenario's power section.
     flags = {"power.cap_w": "--power-cap-w" if args.power_cap_w is not None else "",
-             "power.sm_clock_hz": "--sm-clock-hz" if args.sm_clock_hz is not None else ""}
+             "power.sm_clock_hz": "--sm-clock-hz" if args.sm_clock_hz is not None else "",
+             "power.start": "--power-start" if args.power_start is not None else ""}
     try:
         result = predict(args.scenario, mode=args.mode, power_cap_w=args.power_cap_w, sm_clock_hz=args.sm_clock_hz,
                          power_start=args.power_start)

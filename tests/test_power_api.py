@@ -167,3 +167,10 @@ def test_power_start_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["predict", str(bad)]) != 0
     err = capsys.readouterr().err
     assert "power.start" in err and "Traceback" not in err
+    # Without a cap or a lock there is no loop to start: refused, not ignored.
+    free = gemm_file(tmp_path, "{start: idle}")
+    assert main(["predict", str(free)]) != 0
+    err = capsys.readouterr().err
+    assert "power.start" in err and "cap" in err and len(err.strip().splitlines()) == 1
+    assert main(["predict", str(gemm_file(tmp_path, "{}")), "--power-start", "idle"]) != 0
+    assert "--power-start" in capsys.readouterr().err

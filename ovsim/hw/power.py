@@ -309,8 +309,11 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
 
 def check_settings(settings: PowerSettings, gpu: GpuSpec, source: str = "") -> None:
     """Reject what ``nvidia-smi`` would reject: a cap outside the board's settable range, a clock
-    outside the SM clock range."""
+    outside the SM clock range; and a start for the power-limit loop where none runs."""
     p, c = gpu.power, gpu.clocks
+    if settings.start != "steady" and not settings.active:
+        raise OvsimError(f"start '{settings.start}' applies to the power-limit loop, which runs only under a cap "
+                         f"or a locked clock (set cap_w or sm_clock_hz)", source=source, field="power.start")
     if settings.cap_w is not None and not p.min_power_limit_w <= settings.cap_w <= p.tdp_w:
         raise OvsimError(f"{settings.cap_w:g} W is outside {gpu.name}'s settable power limit range "
                          f"{p.min_power_limit_w:g}-{p.tdp_w:g} W", source=source, field="power.cap_w")
