@@ -209,8 +209,7 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     else:
         machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout)
         try:
-            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power,
-                                                         power_start=settings.start)).run()
+            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power)).run()
         except OvsimError as e:
             raise e.located(source) from None
     return Result(scenario=sc, mode=use_mode, system=system, gpu=gpu, calibration=calib, timeline=timeline,

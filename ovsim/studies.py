@@ -128,10 +128,11 @@ def _pair(model: str, system: str, parallel: str, batch: int, layers: int, readi
                 "compute_slowdown_pct": nan, "sequential_slower_pct": nan, "accounted_slower_pct": nan,
                 "comm_hidden_pct": nan, "memory_per_gpu_gb": nan, "fits_memory": False}
     out = {}
+    limit = default_limit_w(system)
     for schedule in ("overlapped", "sequential"):
         sc = Scenario.model_validate({"name": f"{model}-{parallel}-{system}-b{batch}", "system": system,
                                       "schedule": schedule, "training": training})
-        out[schedule] = predict(sc, counters=False, power_cap_w=default_limit_w(system)).summary()
+        out[schedule] = predict(sc, counters=False, power_cap_w=limit).summary()
     o, s = out["overlapped"], out["sequential"]
     return {**head, "micro_batch_size": training["micro_batch_size"],
             "micro_batches": training.get("micro_batches", 1), "recompute": bool(training.get("recompute", False)),

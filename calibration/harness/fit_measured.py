@@ -584,8 +584,8 @@ def control_window_report(gpu: str) -> tuple[FitReport, list[Path]]:
             {"name": f"k{i}", **CONTROL_PHASES[phase]} for i in range(n)]}).ops
         wl = build_workload(list(ops), gpu=spec, system=sys_spec, params=params, n_ranks=1)
         machine = build_machine(sys_spec, spec, params, n_ranks=1)
-        cfg = PowerConfig(model=power_model(spec, params), settings=PowerSettings(cap_w=spec.power.tdp_w))
-        c = Engine(wl, machine, EngineOptions(power=cfg, power_start="idle")).run().counters
+        cfg = PowerConfig(model=power_model(spec, params), settings=PowerSettings(cap_w=spec.power.tdp_w, start="idle"))
+        c = Engine(wl, machine, EngineOptions(power=cfg)).run().counters
         c = c[c["counter"] == CLOCK_COUNTER]
         return c["time_s"].to_numpy(float), c["value"].to_numpy(float)
 

@@ -40,7 +40,7 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import simpy
 
@@ -350,10 +350,6 @@ class EngineOptions:
     # Take a kernel's waves that nothing else can interleave with in one event (Engine._batch).
     # The timeline is the same either way, to float round-off; off only to check that.
     fast_forward: bool = True
-    # Where a power-limit loop with a window runs, what came before the workload: "steady", the
-    # same workload (the steady state of a loop of iterations, found by running it first), or
-    # "idle", a GPU that was idle for the whole window (a cool start).
-    power_start: Literal["steady", "idle"] = "steady"
 
 
 class Engine:
@@ -443,7 +439,7 @@ class Engine:
         ``_WARM_RUNS`` runs; a workload at least two windows long needs one)."""
         assert self.power is not None
         pc = self.power
-        opts = replace(self.opts, counters=False, progress=None, power_start="idle")
+        opts = replace(self.opts, counters=False, progress=None)
         history = self._idle_history()
         clocks = [g.clock_frac for g in self.gpus]
         for _ in range(_WARM_RUNS):
@@ -502,10 +498,12 @@ class Engine:
     # -- streams -------------------------------------------------------------------------------
 
     def run(self) -> Timeline:
-        if self.windowed and self.power_history is None and self.opts.power_start == "steady":
-            self._start_clocks(self._steady_history())
         if self.windowed:
             assert self.power is not None
+            # The power settings' start: "steady", the same workload came before (the steady state
+            # of a loop of iterations, found by running it first); "idle", an idle window.
+            if self.power_history is None and self.power.settings.start == "steady":
+                self._start_clocks(self._steady_history())
             self.env.timeout(self.power.model.control_period_s).callbacks.append(self._tick)
         by_stream: dict[tuple[int, str], list[Op]] = {}
         for op in self.workload.ops:

@@ -158,7 +158,7 @@ def test_a_long_run_holds_the_cap_over_each_window() -> None:
 
 
 def test_from_idle_the_clock_holds_until_the_window_fills() -> None:
-    """From an idle start (EngineOptions(power_start="idle")) the loop keeps the top clock until
+    """From an idle start (PowerSettings(start="idle")) the loop keeps the top clock until
     the window's average power reaches the cap: a fraction (cap - idle) / (P_top - idle) of the
     window, with P_top the GEMM's power at the top clock (closed form of a sliding average over a
     step), rounded up to the next control period. The measured H100 walk-down started 40-60 ms
@@ -173,9 +173,9 @@ def test_from_idle_the_clock_holds_until_the_window_fills() -> None:
     from ovsim.api import build
     wl, system, gpu, calib = build(sc, "g")
     model = power_model(gpu, calib.params)
-    cfg = PowerConfig(model=model, settings=PowerSettings(cap_w=700.0))
+    cfg = PowerConfig(model=model, settings=PowerSettings(cap_w=700.0, start="idle"))
     tl = Engine(wl, build_machine(system, gpu, calib.params, n_ranks=1),
-                EngineOptions(power=cfg, power_start="idle")).run()
+                EngineOptions(power=cfg)).run()
     c = tl.counters
     clk = c[(c["counter"] == "sm_clock_hz") & (c["value"] < gpu.clocks.max_sm_clock_hz)]
     first_drop = float(clk["time_s"].min())
