@@ -12,11 +12,12 @@ only ``Engine(...).run()`` is timed; the build is reported separately.
     python bench/engine_bench.py                       # full run (headline + both sweeps)
     python bench/engine_bench.py --kernels 50000 --ranks 4
     python bench/engine_bench.py --quick               # CI smoke, a few seconds
-    python bench/engine_bench.py --power track         # also track power (what predict does)
-    python bench/engine_bench.py --power 500           # and run the power-limit loop under a 500 W cap
+    python bench/engine_bench.py --power track         # also track power, with no power-limit loop
+    python bench/engine_bench.py --power limit         # the loop at the default limit (what predict does)
+    python bench/engine_bench.py --power 500           # the loop under a 500 W cap
 
-Under a cap the engine first runs the workload to find the loop's steady state (docs/power.md), so
-a capped run simulates it two to four times; "events" counts the reported run's.
+With the loop the engine first runs the workload to find its steady state (docs/power.md), so such
+a run simulates it two to four times; "events" counts the reported run's.
 
 "Kernels" counts every op on every rank: compute kernels and each rank's all-reduce kernel.
 """
@@ -216,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the headline run")
     ap.add_argument("--quick", action="store_true", help="small subset for CI smoke")
     ap.add_argument("--no-sweeps", action="store_true", help="headline run only")
-    ap.add_argument("--power", default="off", metavar="off|track|WATTS",
-                    help="off (default): no power; track: power counters as predict records them; a number: "
-                         "also a power cap in watts, so the power-limit loop runs")
+    ap.add_argument("--power", default="off", metavar="off|track|limit|WATTS",
+                    help="off (default): no power; track: power counters, no power-limit loop; limit: the loop at "
+                         "the default limit (what predict runs); a number: the loop under a cap in watts")
     args = ap.parse_args(argv)
     if not 1 <= args.ranks <= MAX_RANKS:
         ap.error(f"--ranks must be in 1..{MAX_RANKS}")
@@ -229,8 +230,16 @@ def main(argv: list[str] | None = None) -> int:
     params = load_calibration(gpu, GPU_NAME).params
     power: PowerConfig | None = None
     if args.power != "off":
-        cap = None if args.power == "track" else float(args.power)
-        power = PowerConfig(model=power_model(gpu, params), settings=PowerSettings(cap_w=cap))
+        if args.power == "track":
+            settings = PowerSettings(managed=False)
+        elif args.power == "limit":
+            settings = PowerSettings()
+        else:
+            try:
+                settings = PowerSettings(cap_w=float(args.power))
+            except ValueError:
+                ap.error(f"--power must be off, track, limit or a positive number of watts, got '{args.power}'")
+        power = PowerConfig(model=power_model(gpu, params), settings=settings)
     system = bench_system()
     machines: dict[int, MachineModel] = {}
     if args.quick:

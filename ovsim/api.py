@@ -79,13 +79,17 @@ class Result:
     def _power_summary(self) -> dict[str, Any]:
         if self.power_config is None:
             return {}
-        settings = self.power_config.settings
+        pc = self.power_config
+        settings = pc.settings
         t = self.power()
         energy = float(t["energy_j"].sum())
         return {
+            "power_managed": pc.managed,
             "power_cap_w": settings.cap_w,
+            # The limit the loop held: the cap, or the board's default limit (None: no loop).
+            "power_limit_w": pc.cap_w if pc.managed else None,
             "sm_clock_lock_hz": settings.sm_clock_hz,
-            "power_start": settings.start if settings.active else None,
+            "power_start": settings.start if pc.managed else None,
             "avg_power_w": float(t["avg_power_w"].mean()),
             "peak_power_w": float(t["peak_power_w"].max()),
             "energy_j": energy,
@@ -103,6 +107,7 @@ class Result:
         n = max(1, len(ranks))
         compute_s = float(compute["duration_s"].sum()) / n
         compute_iso_s = float(compute["isolated_s"].sum()) / n
+        compute_clock_s = float(compute["clock_s"].sum()) / n
         return {
             "scenario": self.scenario.name,
             "mode": self.mode,
@@ -114,6 +119,9 @@ class Result:
             "compute_s": compute_s,
             "compute_isolated_s": compute_iso_s,
             "compute_slowdown": compute_s / compute_iso_s - 1 if compute_iso_s > 0 else 0.0,
+            # The part of it lost to an SM clock below the one the isolated times assume (the power
+            # loop, a locked clock); the rest is contention.
+            "compute_clock_slowdown": compute_clock_s / compute_iso_s if compute_iso_s > 0 else 0.0,
             "comm_s": float(comm["duration_s"].sum()) / n,
             "exposed_comm_s": sum(r.exposed_comm_s for r in ranks) / n,
             "hidden_comm_s": sum(r.overlapped_s for r in ranks) / n,
@@ -176,13 +184,14 @@ def build(sc: Scenario, source: str = "") -> tuple[Workload, SystemSpec, GpuSpec
 
 def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counters: bool = True,
             power_cap_w: float | None = None, sm_clock_hz: float | None = None,
-            power_start: Literal["steady", "idle"] | None = None) -> Result:
+            power_start: Literal["steady", "idle"] | None = None, power_managed: bool | None = None) -> Result:
     """Predict a scenario (a file path or a :class:`Scenario`); ``mode`` overrides the file's.
 
-    ``power_cap_w`` (board power limit, as ``nvidia-smi -pl``) and ``sm_clock_hz`` (locked SM
-    clock, as ``nvidia-smi -lgc``) override the scenario's ``power`` settings; either one makes the
-    prediction run the board's power-limit loop (docs/power.md), from the steady state of the
-    workload repeated or, with ``power_start="idle"``, from an idle GPU. Power and energy are
+    The prediction runs the board's power-limit loop (docs/power.md) at the GPU's default limit,
+    from the steady state of the workload repeated. ``power_cap_w`` (board power limit, as
+    ``nvidia-smi -pl``), ``sm_clock_hz`` (locked SM clock, as ``nvidia-smi -lgc``),
+    ``power_start`` ("idle": from an idle GPU) and ``power_managed`` (False: no loop, every kernel
+    at its calibrated rate) override the scenario's ``power`` settings. Power and energy are
     reported either way."""
     source = str(scenario) if not isinstance(scenario, Scenario) else scenario.name
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -192,7 +201,8 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     try:
         settings = PowerSettings(cap_w=power_cap_w if power_cap_w is not None else base.cap_w,
                                  sm_clock_hz=sm_clock_hz if sm_clock_hz is not None else base.sm_clock_hz,
-                                 start=power_start if power_start is not None else base.start)
+                                 start=power_start if power_start is not None else base.start,
+                                 managed=power_managed if power_managed is not None else base.managed)
     except ValidationError as e:
         raise validation_error(e, source) from None
     check_settings(settings, gpu, source)

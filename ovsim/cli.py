@@ -32,7 +32,7 @@ def _table(result: Any, max_rows: int) -> str:
         f"system     {s['system']}: {s['ranks']} x {s['gpu']}",
         f"makespan   {_fmt_s(s['makespan_s'])} ms",
         f"compute    {_fmt_s(s['compute_s'])} ms per rank, {_fmt_s(s['compute_isolated_s'])} ms alone "
-        f"({s['compute_slowdown'] * 100:+.1f}%)",
+        f"({_slowdown_parts(s)})",
         f"comm       {_fmt_s(s['comm_s'])} ms per rank, exposed {_fmt_s(s['exposed_comm_s'])} ms, "
         f"{s['comm_hidden_fraction'] * 100:.1f}% hidden under compute",
         *_power_lines(s, result.gpu.power.tdp_w, result.calibration.params.power_control_window_s),
@@ -61,6 +61,13 @@ def _table(result: Any, max_rows: int) -> str:
     return "\n".join(lines)
 
 
+def _slowdown_parts(s: dict[str, Any]) -> str:
+    total, clock = s["compute_slowdown"], s["compute_clock_slowdown"]
+    if abs(clock) < 5e-4:
+        return f"{total * 100:+.1f}%"
+    return f"{total * 100:+.1f}%: {clock * 100:+.1f}% lowered clock, {(total - clock) * 100:+.1f}% contention"
+
+
 def _memory_lines(result: Any) -> list[str]:
     from ovsim.models.memory import USABLE_FRACTION
 
@@ -85,19 +92,20 @@ def _power_lines(s: dict[str, Any], tdp_w: float, window_s: float) -> list[str]:
     if "energy_j" not in s:
         return []
     settings = []
-    if s["power_cap_w"] is not None:
-        settings.append(f"cap {s['power_cap_w']:g} W")
+    if s["power_managed"]:
+        settings.append(f"cap {s['power_cap_w']:g} W" if s["power_cap_w"] is not None
+                        else f"default limit {s['power_limit_w']:g} W")
     if s["sm_clock_lock_hz"] is not None:
         settings.append(f"clock locked at {s['sm_clock_lock_hz'] / 1e6:g} MHz")
-    if settings and s.get("power_start") == "idle":
+    if s["power_managed"] and s.get("power_start") == "idle":
         settings.append("from idle")
-    # Without power management every kernel runs at its calibrated rate whatever it draws; a real
-    # board would lower its clock at its default limit.
+    # Unmanaged, every kernel runs at its calibrated rate whatever it draws; a real board would lower
+    # its clock at its default limit.
     over = ([f"note       the peak is above the GPU's {tdp_w:g} W default power limit, where a real board lowers "
-             f"its SM clock; --power-cap-w {tdp_w:g} predicts that"]
-            if not settings and s["peak_power_w"] > tdp_w else [])
-    limit = s["power_cap_w"] if s["power_cap_w"] is not None else tdp_w
-    if settings and window_s > 0 and s["peak_power_w"] > limit * (1 + 1e-6):
+             f"its SM clock; without --no-power-management ovsim predicts that"]
+            if not s["power_managed"] and s["peak_power_w"] > tdp_w else [])
+    limit = s["power_limit_w"]
+    if s["power_managed"] and window_s > 0 and s["peak_power_w"] > limit * (1 + 1e-6):
         over.append(f"note       the power-limit loop holds {limit:g} W on {window_s * 1e3:g} ms averages; within them "
                     f"the instantaneous peak can be above it")
     return [
@@ -121,7 +129,7 @@ def _predict(args: argparse.Namespace) -> int:
              "power.start": "--power-start" if args.power_start is not None else ""}
     try:
         result = predict(args.scenario, mode=args.mode, power_cap_w=args.power_cap_w, sm_clock_hz=args.sm_clock_hz,
-                         power_start=args.power_start)
+                         power_start=args.power_start, power_managed=False if args.no_power_management else None)
     except OvsimError as e:
         if flags.get(e.field):
             raise OvsimError(e.message, source=e.source, field=flags[e.field]) from None
@@ -732,9 +740,11 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--sm-clock-hz", type=_positive, metavar="HZ",
                     help="locked SM clock (as nvidia-smi -lgc), e.g. 1.2e9, within the GPU's clock range")
     pr.add_argument("--power-start", choices=["steady", "idle"],
-                    help="under a cap or a locked clock, where the power-limit loop starts: steady (default: the "
-                         "workload repeated, as a training loop) or idle (a GPU that has idled, as a benchmark's "
-                         "first run)")
+                    help="where the power-limit loop starts: steady (default: the workload repeated, as a training "
+                         "loop) or idle (a GPU that has idled, as a benchmark's first run)")
+    pr.add_argument("--no-power-management", action="store_true",
+                    help="no power-limit loop (by default it runs at the GPU's default limit): every kernel at its "
+                         "calibrated rate, power only reported, as no real board runs")
     pr.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     pr.set_defaults(func=_predict)
     cp = sub.add_parser("compare", help="predict several scenarios and compare them side by side")

@@ -50,7 +50,7 @@ from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.engine.timeline import Timeline
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
-from ovsim.hw.power import power_model
+from ovsim.hw.power import PowerSettings, power_model
 from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu
 from ovsim.models import cost, nccl
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
@@ -444,7 +444,10 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
     iso, src = isolated_durations(cols, overlapped)
     wl, op_ids = build_replay_workload(cols, iso, spec, params, bundle.syncs)
     machine = build_machine(_system_for(gpu_name, wl.n_ranks), spec, params, n_ranks=wl.n_ranks)
-    power_config = PowerConfig(model=power_model(spec, params)) if power else None
+    # The trace's durations already hold whatever clock the run's own power loop gave each kernel:
+    # no second loop on top of them.
+    power_config = (PowerConfig(model=power_model(spec, params), settings=PowerSettings(managed=False))
+                    if power else None)
     timeline = Engine(wl, machine, EngineOptions(counters=counters, progress=progress, power=power_config)).run()
     pred = timeline.ops.set_index("id").loc[op_ids]
     p_start = pred["start_s"].to_numpy(dtype=float)

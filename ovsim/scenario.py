@@ -62,7 +62,8 @@ class Scenario(BaseModel):
     knobs: Knobs = Field(default_factory=Knobs)
     streams: dict[str, int] = Field(default_factory=dict)
     calibration: list[str] = Field(default_factory=list)
-    # Board power limit and locked SM clock (docs/power.md); absent: no power management.
+    # Board power limit and locked SM clock (docs/power.md); absent: the power-limit loop at the
+    # GPU's default limit.
     power: PowerSettings | None = None
     # Either a list of ops or a training iteration (docs/training.md), not both.
     ops: list[OpSpec] = Field(default_factory=list)

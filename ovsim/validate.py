@@ -1044,6 +1044,8 @@ def measured_dispatch_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             delay = max(0.0, float(second["launch_s"] - first["start_s"]))
             sc = Scenario.model_validate({
                 "name": f"dispatch {label}", "system": system, "ranks": 1,
+                # Measured durations: no power-limit loop on top of the clock they ran at.
+                "power": {"managed": False},
                 "streams": {"first": 0, "second": -1 if e["priority"] == "high" else 0},
                 "ops": [_dispatch_kernel("first", first, t_first, "first"),
                         _dispatch_kernel("second", second, t_second, "second", delay)]})

@@ -14,7 +14,8 @@ from ovsim.cli import main
 from ovsim.errors import OvsimError
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm-allreduce-a100x4-priority.yaml"
-POWER_KEYS = {"power_cap_w", "sm_clock_lock_hz", "avg_power_w", "peak_power_w", "energy_j", "energy_delay_j_s",
+POWER_KEYS = {"power_managed", "power_cap_w", "power_limit_w", "sm_clock_lock_hz", "avg_power_w", "peak_power_w",
+              "energy_j", "energy_delay_j_s",
               "avg_sm_clock_hz", "min_sm_clock_hz"}
 
 
@@ -43,17 +44,47 @@ def test_table_shows_power_and_energy(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_table_says_when_the_peak_is_above_the_default_limit(capsys: pytest.CaptureFixture[str]) -> None:
-    # Without power settings the H100 GEMM runs at its calibrated rate and its reported power is
-    # above the 700 W limit (a real board would throttle); under the limit the note goes away.
+    # Unmanaged, the H100 GEMM runs at its calibrated rate and its reported power is above the
+    # 700 W limit (a real board would throttle); by default the loop holds the limit and the note
+    # goes away.
     h100 = EXAMPLE.parent / "gemm-allreduce-h100x4-sequential.yaml"
-    assert predict(h100).summary()["peak_power_w"] > 700.0
-    assert main(["predict", str(h100), "--rows", "0"]) == 0
-    assert "above the GPU's 700 W default power limit" in capsys.readouterr().out
-    assert main(["predict", str(h100), "--rows", "0", "--power-cap-w", "700"]) == 0
+    assert predict(h100, power_managed=False).summary()["peak_power_w"] > 700.0
+    assert main(["predict", str(h100), "--rows", "0", "--no-power-management"]) == 0
     out = capsys.readouterr().out
-    assert "default power limit" not in out
+    assert "above the GPU's 700 W default power limit" in out and "(no power management)" in out
+    assert main(["predict", str(h100), "--rows", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "default power limit" not in out and "(default limit 700 W)" in out
     # Under the limit the GEMM phase draws more than 700 W while the all-reduce phase draws less.
     assert "holds 700 W on 70 ms averages" in out
+
+
+def test_the_default_is_the_boards_default_limit(tmp_path: Path) -> None:
+    """No power settings: the loop at the TDP, the same prediction as a cap at the TDP. A GEMM
+    repeated (the steady state) loses time to the lowered clock: measured on an H100 at 700 W,
+    1.60 ms and 1499 MHz against 1.37 ms in short bursts at the top clock (calibration/data,
+    power and clock parts)."""
+    path = gemm_file(tmp_path, "{}")
+    default, capped = predict(path), predict(path, power_cap_w=700.0)
+    s = default.summary()
+    assert s["power_managed"] and s["power_cap_w"] is None and s["power_limit_w"] == 700.0
+    assert default.ops["duration_s"].tolist() == capped.ops["duration_s"].tolist()
+    unmanaged = predict(path, power_managed=False).summary()
+    assert unmanaged["power_limit_w"] is None and unmanaged["compute_clock_slowdown"] == 0.0
+    assert s["makespan_s"] == pytest.approx(1.60e-3, rel=0.10)
+    assert s["makespan_s"] > 1.1 * unmanaged["makespan_s"]
+    assert s["compute_clock_slowdown"] == pytest.approx(s["compute_slowdown"])
+
+
+def test_unmanaged_refuses_what_sets_the_loop(tmp_path: Path) -> None:
+    for block, field in (("{managed: false, cap_w: 300}", "power.cap_w"),
+                         ("{managed: false, sm_clock_hz: 1.2e9}", "power.sm_clock_hz"),
+                         ("{managed: false, start: idle}", "power.start")):
+        with pytest.raises(OvsimError, match="turned off") as e:
+            predict(scenario_with(tmp_path, block))
+        assert e.value.field == field
+    with pytest.raises(OvsimError, match="turned off"):
+        predict(scenario_with(tmp_path, "{managed: false}"), power_cap_w=300.0)
 
 
 def test_scenario_power_block_and_keyword_override(tmp_path: Path) -> None:
@@ -167,10 +198,13 @@ def test_power_start_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["predict", str(bad)]) != 0
     err = capsys.readouterr().err
     assert "power.start" in err and "Traceback" not in err
-    # Without a cap or a lock there is no loop to start: refused, not ignored.
-    free = gemm_file(tmp_path, "{start: idle}")
+    # Without a cap the loop holds the default limit; with the loop turned off there is none to
+    # start: refused, not ignored.
+    assert main(["predict", str(gemm_file(tmp_path, "{start: idle}")), "--rows", "0"]) == 0
+    assert "default limit 700 W, from idle" in capsys.readouterr().out
+    free = gemm_file(tmp_path, "{managed: false, start: idle}")
     assert main(["predict", str(free)]) != 0
     err = capsys.readouterr().err
-    assert "power.start" in err and "cap" in err and len(err.strip().splitlines()) == 1
-    assert main(["predict", str(gemm_file(tmp_path, "{}")), "--power-start", "idle"]) != 0
+    assert "power.start" in err and "turned off" in err and len(err.strip().splitlines()) == 1
+    assert main(["predict", str(gemm_file(tmp_path, "{}")), "--power-start", "idle", "--no-power-management"]) != 0
     assert "--power-start" in capsys.readouterr().err

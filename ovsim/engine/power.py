@@ -46,9 +46,9 @@ class PowerConfig:
 
     @property
     def managed(self) -> bool:
-        """Whether the engine runs the firmware's clock loop. Without settings, every kernel runs
-        at the rate it was calibrated at and power is only reported."""
-        return self.settings.active
+        """Whether the engine runs the firmware's clock loop (at the default limit without a cap).
+        Unmanaged, every kernel runs at the rate it was calibrated at and power is only reported."""
+        return self.settings.managed
 
     @property
     def cap_w(self) -> float:

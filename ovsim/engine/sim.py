@@ -423,6 +423,8 @@ class Engine:
         self.windowed = self.managed and self.power is not None and self.power.model.control_window_s > 0
         self.tick_due = False
         self.power_history = power_history
+        # A warm-up run (_steady_history) only needs the window it leaves: no power counters.
+        self.records_power = True
         if self.power is not None and self.managed:
             self._start_clocks(self._idle_history() if power_history is None else power_history)
 
@@ -444,7 +446,8 @@ class Engine:
         clocks = [g.clock_frac for g in self.gpus]
         for _ in range(_WARM_RUNS):
             warm = Engine(self.workload, self.machine, opts, self.priority, power_history=history)
-            warm.run()
+            warm.records_power = False
+            warm._simulate()
             history = {g.rank: g.ctl.repeated() for g in warm.gpus if g.ctl is not None}
             # After two windows the loop has forgotten where it started: the window a run that long
             # leaves does not depend on the one it started from.
@@ -498,6 +501,10 @@ class Engine:
     # -- streams -------------------------------------------------------------------------------
 
     def run(self) -> Timeline:
+        self._simulate()
+        return self._timeline()
+
+    def _simulate(self) -> None:
         if self.windowed:
             assert self.power is not None
             # The power settings' start: "steady", the same workload came before (the steady state
@@ -529,7 +536,6 @@ class Engine:
             waiting = [f.demand.group for f in self.flows.values() if f.phase == "waiting"]
             hint = f"; collective(s) {waiting[:3]} never got every rank" if waiting else ""
             raise OvsimError(f"{len(unfinished)} op(s) never finished, e.g. '{unfinished[0]}'{hint}", field="ops")
-        return self._timeline()
 
     def _pump(self, s: _Stream) -> None:
         """Move stream ``s`` on as far as it can go now: past finished deps, into a host delay, or
@@ -1483,7 +1489,8 @@ class Engine:
                 a = self._activity(gpu)
                 assert gpu.ctl is not None
                 gpu.ctl.record(now, (a[0] + a[1], a[2], a[3] / gpu.clock_frac, a[4], a[8]))
-                self._record_power(gpu, now, a)
+                if self.records_power:
+                    self._record_power(gpu, now, a)
             return
         if self.managed:
             cap, hi = pc.cap_w, pc.max_clock_fraction

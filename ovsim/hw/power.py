@@ -60,7 +60,12 @@ _GEMM_HBM_FRACTION = 0.1
 
 class PowerSettings(BaseModel):
     """What the user sets, as with ``nvidia-smi -pl`` (board power limit) and ``nvidia-smi -lgc``
-    (locked SM clock). With both, the clock is the lower of the lock and what the cap allows."""
+    (locked SM clock). With both, the clock is the lower of the lock and what the cap allows.
+
+    Left empty, the board runs its power-limit loop at its default limit (the TDP), as every
+    A100 and H100 does out of the box. ``managed=False`` turns the loop off: every kernel runs at
+    the rate it was calibrated at and power is only reported, which no real board does (the
+    reported power can exceed the TDP); it is there for closed-form studies and comparisons."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -70,10 +75,7 @@ class PowerSettings(BaseModel):
     # (an iteration of a training loop), or "idle", a GPU that has idled for a while (a benchmark's
     # first run, which holds the top clock until the window fills; docs/power.md).
     start: Literal["steady", "idle"] = "steady"
-
-    @property
-    def active(self) -> bool:
-        return self.cap_w is not None or self.sm_clock_hz is not None
+    managed: bool = True
 
 
 @dataclass(frozen=True)
@@ -309,11 +311,14 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
 
 def check_settings(settings: PowerSettings, gpu: GpuSpec, source: str = "") -> None:
     """Reject what ``nvidia-smi`` would reject: a cap outside the board's settable range, a clock
-    outside the SM clock range; and a start for the power-limit loop where none runs."""
+    outside the SM clock range; and a setting of the power-limit loop where it is turned off."""
     p, c = gpu.power, gpu.clocks
-    if settings.start != "steady" and not settings.active:
-        raise OvsimError(f"start '{settings.start}' applies to the power-limit loop, which runs only under a cap "
-                         f"or a locked clock (set cap_w or sm_clock_hz)", source=source, field="power.start")
+    if not settings.managed:
+        for name, value in (("cap_w", settings.cap_w), ("sm_clock_hz", settings.sm_clock_hz),
+                            ("start", None if settings.start == "steady" else settings.start)):
+            if value is not None:
+                raise OvsimError("this sets the power-limit loop, which is turned off (managed: false, "
+                                 "--no-power-management)", source=source, field=f"power.{name}")
     if settings.cap_w is not None and not p.min_power_limit_w <= settings.cap_w <= p.tdp_w:
         raise OvsimError(f"{settings.cap_w:g} W is outside {gpu.name}'s settable power limit range "
                          f"{p.min_power_limit_w:g}-{p.tdp_w:g} W", source=source, field="power.cap_w")

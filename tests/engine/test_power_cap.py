@@ -70,14 +70,14 @@ def test_large_bf16_gemm_on_a100_is_power_limited_at_400_w(system: str) -> None:
     assert 258.0 * 0.95 <= tflops(r) <= 271.0 * 1.05
 
 
-def test_without_power_settings_the_a100_gemm_runs_as_calibrated_at_the_limit() -> None:
-    """No cap: nothing throttles, the GEMM takes its calibrated time, and the fitted model puts its
-    power at the 400 W it was fitted to (consistency check)."""
-    r = predict(gemm_scenario("dgx-a100-80gb"))
+def test_unmanaged_the_a100_gemm_runs_as_calibrated_at_the_limit() -> None:
+    """No power-limit loop: nothing throttles, the GEMM takes its calibrated time, and the fitted
+    model puts its power at the 400 W it was fitted to (consistency check)."""
+    r = predict(gemm_scenario("dgx-a100-80gb"), power_managed=False)
     ops = r.ops.set_index("id")
     assert ops.loc["g@r0", "duration_s"] == pytest.approx(ops.loc["g@r0", "isolated_s"], rel=1e-9)
     assert r.summary()["peak_power_w"] == pytest.approx(400.0, rel=0.01)
-    assert r.summary()["power_cap_w"] is None
+    assert r.summary()["power_cap_w"] is None and r.summary()["power_limit_w"] is None
 
 
 def test_h100_full_load_power_is_in_the_published_range() -> None:
@@ -296,7 +296,9 @@ def test_energy_of_a_one_wave_gemm_is_its_closed_form() -> None:
     with u_hbm its bytes over its time; energy = power x time. Computed here from the model's
     parameters, not from the engine's counters."""
     m, n, k = 128 * 12, 128 * 18, 16384
-    r = predict(gemm_scenario("a100x4", m, n, k, tile=[128, 128, 32], threads=256, registers_per_thread=128))
+    # Unmanaged: the closed form is of the GEMM at the clocks its calibrated rates assume.
+    r = predict(gemm_scenario("a100x4", m, n, k, tile=[128, 128, 32], threads=256, registers_per_thread=128),
+                power_managed=False)
     pm = r.power_config.model if r.power_config else None
     assert pm is not None
     op = next(o for o in r.workload.ops if o.id == "g@r0")
@@ -324,15 +326,16 @@ def without_window(tmp_path: Path, sc: Scenario) -> Scenario:
 @pytest.mark.parametrize("window", [True, False])
 def test_analytic_and_simulated_power_agree_without_overlap(tmp_path: Path, window: bool) -> None:
     """Sequential schedule: one op at a time, so the closed form and the engine see the same
-    activity. Uncapped they agree exactly up to the engine's tail waves; under a cap the engine
+    activity. Unmanaged they agree exactly up to the engine's tail waves; under a cap the engine
     also follows the clock through a tail wave that leaves SMs idle, which the closed form does not:
     3%, with the windowed loop (both run it) and with the clock of each moment."""
     sc = load_scenario(EXAMPLES / "gemm-allreduce-a100x4-sequential.yaml")
     if not window:
         sc = without_window(tmp_path, sc)
     for cap in (None, 150.0):
-        sim = predict(sc, mode="simulate", power_cap_w=cap).summary()
-        ana = predict(sc, mode="analytic", power_cap_w=cap).summary()
+        # None: unmanaged, every op at its calibrated rate.
+        sim = predict(sc, mode="simulate", power_cap_w=cap, power_managed=cap is not None).summary()
+        ana = predict(sc, mode="analytic", power_cap_w=cap, power_managed=cap is not None).summary()
         assert ana["makespan_s"] == pytest.approx(sim["makespan_s"], rel=0.03 if cap else 1e-9)
         assert ana["energy_j"] == pytest.approx(sim["energy_j"], rel=0.03)
 

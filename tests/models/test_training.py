@@ -28,10 +28,10 @@ SMALL: dict[str, Any] = {"model": "gpt3-1.3b", "layers": 8, "micro_batch_size": 
 
 
 def _predict(training: dict[str, Any], system: str = "a100x4", schedule: str = "overlapped",
-             mode: str = "simulate") -> Any:
+             mode: str = "simulate", power_managed: bool = True) -> Any:
     sc = Scenario.model_validate({"name": "t", "system": system, "schedule": schedule, "mode": mode,
                                   "training": training})
-    return predict(sc)
+    return predict(sc, power_managed=power_managed)
 
 
 @pytest.mark.parametrize(("name", "billions"), [
@@ -98,12 +98,16 @@ def test_fsdp_gathers_every_layer_twice_and_reduce_scatters_once_per_micro_batch
     assert kinds["reduce_scatter"] == 2 * (layers + 1)
 
 
-def test_overlapped_fsdp_beats_sequential_and_hides_most_communication() -> None:
-    over = _predict({**SMALL, "parallel": {"dp_mode": "fsdp"}}).summary()
-    seq = _predict({**SMALL, "parallel": {"dp_mode": "fsdp"}}, schedule="sequential").summary()
+@pytest.mark.parametrize("managed", [True, False])
+def test_overlapped_fsdp_beats_sequential_and_hides_most_communication(managed: bool) -> None:
+    fsdp = {**SMALL, "parallel": {"dp_mode": "fsdp"}}
+    over = _predict(fsdp, power_managed=managed).summary()
+    seq = _predict(fsdp, schedule="sequential", power_managed=managed).summary()
     assert seq["makespan_s"] > over["makespan_s"]
     assert seq["exposed_comm_s"] == pytest.approx(seq["comm_s"], rel=1e-6)
-    assert over["comm_hidden_fraction"] > 0.5
+    # Under the 400 W loop the A100's GEMMs run at the top clock, faster than the calibrated rate
+    # of a GEMM repeated at the limit, so a little less communication fits under them.
+    assert over["comm_hidden_fraction"] > (0.45 if managed else 0.5)
 
 
 def test_fsdp_collectives_of_one_process_group_never_run_at_once() -> None:
@@ -123,13 +127,14 @@ def test_fsdp_collectives_of_one_process_group_never_run_at_once() -> None:
 def test_pipeline_bubble_matches_the_closed_forms(pipeline: str, v: int, p: int, m: int) -> None:
     """GPipe (Huang et al. 2019) and 1F1B: bubble = (p-1)/(m+p-1) of the iteration; interleaved
     1F1B (Narayanan et al., SC'21): bubble / ideal = (p-1)/(v*m). Uniform stages, no
-    communication, as the formulas assume."""
+    communication and no power-limit loop (which would give stages different clocks), as the
+    formulas assume."""
     if pipeline == "interleaved" and m % p:
         pytest.skip("interleaved 1F1B needs micro-batches a multiple of stages")
     r = _predict({**SMALL, "layers": 16, "seq_len": 512, "micro_batches": m, "communication": False,
                   "embedding_and_head": False, "optimizer": False,
                   "parallel": {"pp": p, "pipeline": pipeline, "virtual_stages": v}},
-                 system="hgx-h100" if p > 4 else "a100x4")
+                 system="hgx-h100" if p > 4 else "a100x4", power_managed=False)
     ops = r.ops[r.ops["rank"] >= 0]
     span = r.timeline.makespan_s
     for rank, busy in ops.groupby("rank")["duration_s"].sum().items():
