@@ -174,8 +174,8 @@ _COMPARE_COLUMNS: list[tuple[str, str, str]] = [
     ("makespan_s", "iter ms", "ms"), ("vs_first", "vs 1st", "pct"), ("compute_s", "compute ms", "ms"),
     ("compute_vs_first", "cmp vs 1st", "pct"), ("compute_slowdown", "slowdown", "pct"), ("comm_s", "comm ms", "ms"),
     ("exposed_comm_s", "exposed ms", "ms"),
-    ("comm_hidden_fraction", "hidden", "frac"), ("avg_power_w", "avg W", "w"), ("peak_power_w", "peak W", "w"),
-    ("energy_j", "energy J", "j"), ("memory_per_gpu_bytes", "mem GB", "gb"),
+    ("comm_hidden_fraction", "hidden", "frac"), ("power_limit_w", "limit W", "w"), ("avg_power_w", "avg W", "w"),
+    ("peak_power_w", "peak W", "w"), ("energy_j", "energy J", "j"), ("memory_per_gpu_bytes", "mem GB", "gb"),
 ]
 
 
@@ -211,8 +211,8 @@ def _cell(x: Any, kind: str) -> str:
 _SWEEP_COLUMNS: list[tuple[str, str, str]] = [
     ("makespan_s", "iter ms", "ms"), ("compute_s", "compute ms", "ms"), ("compute_slowdown", "slowdown", "pct"),
     ("comm_s", "comm ms", "ms"), ("exposed_comm_s", "exposed ms", "ms"), ("comm_hidden_fraction", "hidden", "frac"),
-    ("avg_power_w", "avg W", "w"), ("peak_power_w", "peak W", "w"), ("energy_j", "energy J", "j"),
-    ("memory_per_gpu_bytes", "mem GB", "gb"),
+    ("power_limit_w", "limit W", "w"), ("avg_power_w", "avg W", "w"), ("peak_power_w", "peak W", "w"),
+    ("energy_j", "energy J", "j"), ("memory_per_gpu_bytes", "mem GB", "gb"),
 ]
 
 
