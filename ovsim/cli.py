@@ -109,7 +109,8 @@ def _power_lines(s: dict[str, Any], tdp_w: float, window_s: float) -> list[str]:
         over.append(f"note       the power-limit loop holds {limit:g} W on {window_s * 1e3:g} ms averages; within them "
                     f"the instantaneous peak can be above it")
     return [
-        f"power      {s['avg_power_w']:.1f} W average, {s['peak_power_w']:.1f} W peak per GPU; "
+        f"power      {s['avg_power_w']:.1f} W average, {s['peak_power_w']:.1f} W peak per GPU "
+        f"({s['peak_100ms_power_w']:.1f} W over 100 ms, as a sensor shows it); "
         f"SM clock {s['avg_sm_clock_hz'] / 1e6:.0f} MHz average, {s['min_sm_clock_hz'] / 1e6:.0f} MHz lowest "
         f"({', '.join(settings) or 'no power management'})",
         f"energy     {s['energy_j']:.4g} J per iteration (all GPUs), energy x delay {s['energy_delay_j_s']:.4g} J s",

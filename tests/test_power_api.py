@@ -15,7 +15,7 @@ from ovsim.errors import OvsimError
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm-allreduce-a100x4-priority.yaml"
 POWER_KEYS = {"power_managed", "power_cap_w", "power_limit_w", "sm_clock_lock_hz", "avg_power_w", "peak_power_w",
-              "energy_j", "energy_delay_j_s",
+              "peak_100ms_power_w", "energy_j", "energy_delay_j_s",
               "avg_sm_clock_hz", "min_sm_clock_hz"}
 
 
@@ -35,6 +35,18 @@ def test_summary_and_json_carry_power(capsys: pytest.CaptureFixture[str]) -> Non
     assert set(data["summary"]) >= POWER_KEYS
     assert [row["rank"] for row in data["power"]] == [0, 1, 2, 3]
     assert sum(row["energy_j"] for row in data["power"]) == pytest.approx(data["summary"]["energy_j"])
+
+
+def test_the_sensor_peak_lies_between_the_average_and_the_instantaneous_peak() -> None:
+    """Over 100 ms (as NVML's readings move): a run shorter than that, repeated, shows its average;
+    a longer one with phases of different power shows more than its average and less than its
+    instantaneous peak."""
+    short = predict(EXAMPLE).summary()
+    assert short["makespan_s"] < 0.1
+    assert short["peak_100ms_power_w"] == pytest.approx(short["avg_power_w"], rel=1e-9)
+    long = predict(EXAMPLE.parent / "training-gpt3-13b-pp4-1f1b-h100x4.yaml", counters=False).summary()
+    assert long["makespan_s"] > 0.5
+    assert long["avg_power_w"] < long["peak_100ms_power_w"] < long["peak_power_w"]
 
 
 def test_table_shows_power_and_energy(capsys: pytest.CaptureFixture[str]) -> None:
