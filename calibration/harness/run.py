@@ -30,7 +30,8 @@ in ``<experiment>.blocks.csv`` when the harness's own kernels ran, and a line in
   limit walks the SM clock down, with a probe between every few kernels that counts the SM's
   cycles over 100 us of the global timer: each kernel's duration at the clock it ran at, for how
   much of a kernel's time follows the SM clock. Memory-bound kernels run between GEMMs that
-  hold the clock down.
+  hold the clock down; the streaming add also alternates with the GEMM at GEMM time shares from
+  10 to 90%, each share settling at its own clock under the limit (the voltage curve's points).
 - ``ncu``: Nsight Compute metrics of each kernel kind alone (``ncu --clock-control none``: the
   card's clocks are never locked or changed).
 
@@ -155,6 +156,18 @@ def prepare_out(out: Path, gpu: str, parts: list[str]) -> dict[str, Any]:
         else:
             raise SystemExit(f"{folder}: exists and is not a harness part's folder: give another --out")
     return previous
+
+
+def share_plan(share: float, gemm_s: float, victim_s: float, max_cycle_s: float) -> tuple[int, int]:
+    """GEMMs and victim kernels per cycle of an alternation whose GEMM time share is nearest
+    ``share``, with the cycle at most ``max_cycle_s`` (at least one of each; of the shares within
+    2% of the smaller of the two shares of the nearest, the shortest cycle)."""
+    plans = [(abs(g * gemm_s / (g * gemm_s + n * victim_s) - share), g * gemm_s + n * victim_s, g, n)
+             for g in range(1, max(1, int(max_cycle_s / gemm_s)) + 1)
+             for n in range(1, max(1, int((max_cycle_s - g * gemm_s) / victim_s)) + 1)]
+    nearest = min(p[0] for p in plans)
+    _, _, g, n = min((p for p in plans if p[0] <= nearest + 0.02 * min(share, 1.0 - share)), key=lambda p: p[1])
+    return g, n
 
 
 class PowerSampler:
@@ -825,6 +838,15 @@ class Harness:
     CLOCK_WINDOW_NS = 100_000
     # Kernels between two probes: about this long, so the probes cost ~2% of the phase.
     CLOCK_GROUP_S = 0.005
+    # GEMM time shares of GEMM/add alternations beyond the ~half of the add's phase above. The add
+    # draws the same power at any clock (it does not follow it, and the H100's fitted memory SM
+    # weight is 0), so the limit's average power, less the add's share of it, is the GEMM's power at
+    # the clock the phase settles at: low shares stay under the limit at the top clock, high shares
+    # walk it down towards the GEMM's own. Points of the voltage curve above ~1500 MHz, with no
+    # clock or limit ever set.
+    CLOCK_GEMM_SHARES = (0.1, 0.25, 0.75, 0.9)
+    # A cycle well inside the power loop's ~70 ms window, so the phase runs at one clock.
+    CLOCK_SHARE_CYCLE_S = 0.015
 
     def part_clock(self) -> None:
         """Per kernel, the SM clock it ran at, counted by probes between the kernels of its stream.
@@ -841,21 +863,30 @@ class Harness:
         ops.update(self.gemm_ops(tuple(g for g in self.CLOCK_GEMMS if g not in ops)))
         # Enough slots for the densest phase; a probe past the end would write out of bounds.
         slots = int(2 * phase_s / (self.CLOCK_GROUP_S + self.CLOCK_WINDOW_NS * 1e-9)) + 64
+        phases: list[tuple[str, str, int, int, dict[str, Any]]] = []
+        victim_s: dict[str, float] = {}
         for vname in self.CLOCK_GEMMS + self.CLOCK_MEMORY:
-            fn = ops.get(vname)
-            if fn is None:  # no FP8 on this GPU or in this PyTorch
+            if vname not in ops:  # no FP8 on this GPU or in this PyTorch
                 continue
-            victim_s = self.time_alone_s(fn)
-            group = max(1, round(self.CLOCK_GROUP_S / victim_s))
+            victim_s[vname] = self.time_alone_s(ops[vname])
+            group = max(1, round(self.CLOCK_GROUP_S / victim_s[vname]))
             memory = vname in self.CLOCK_MEMORY
             heat = max(1, round(self.CLOCK_GROUP_S / heater_s)) if memory else 0
+            phases.append((f"{vname}__after_gemm" if memory else vname, vname, group, heat, {}))
+        add = "add_bf16_256M"
+        for share in self.CLOCK_GEMM_SHARES:
+            heat, group = share_plan(share, heater_s, victim_s[add], self.CLOCK_SHARE_CYCLE_S)
+            phases.append((f"{add}__gemm_share_{round(share * 100)}", add, group, heat,
+                           {"gemm_share": share, "heater_alone_s": heater_s}))
+        for label, vname, group, heat, extra in phases:
+            fn = ops[vname]
             out = t.zeros(4 * slots, dtype=t.int64, device=self.dev)
             self.made()
             time.sleep(cool_s)
-            label = f"{vname}__after_gemm" if memory else vname
             with self.experiment("clock", label, victim=vname, group=group, heater_group=heat,
-                                 heater="gemm_bf16_8192x8192x8192" if memory else None,
-                                 window_ns=self.CLOCK_WINDOW_NS, seconds=phase_s, victim_alone_s=victim_s):
+                                 heater="gemm_bf16_8192x8192x8192" if heat else None,
+                                 window_ns=self.CLOCK_WINDOW_NS, seconds=phase_s, victim_alone_s=victim_s[vname],
+                                 **extra):
                 slot = 0
                 pending: list[Any] = []
                 end = time.perf_counter() + phase_s

@@ -18,6 +18,7 @@ from run import (
     ncu_has_table,
     nvml_handle,
     prepare_out,
+    share_plan,
 )
 
 from ovsim.hw.spec import load_gpu
@@ -212,3 +213,21 @@ def test_ncu_output_is_recognized_only_with_its_table(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text("==PROF== Connected to process 12\n==ERROR== Failed to find metric x\n")
     assert ncu_has_table(good) and not ncu_has_table(bad) and not ncu_has_table(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize("share", Harness.CLOCK_GEMM_SHARES)
+def test_share_plans_hit_their_gemm_share_inside_the_cycle(share: float) -> None:
+    """With the H100 clock part's own sizing times (8192^3 BF16 GEMM 1.41 ms, streaming add 0.54 ms,
+    calibration/data/h100-sxm5-80gb/2026-11-26-d), each alternation's GEMM time share is within 1.5
+    points of its target and its cycle fits the bound, far inside the power loop's 70 ms window."""
+    gemm_s, add_s = 1.4066e-3, 0.536e-3
+    g, n = share_plan(share, gemm_s, add_s, Harness.CLOCK_SHARE_CYCLE_S)
+    assert g >= 1 and n >= 1
+    assert g * gemm_s / (g * gemm_s + n * add_s) == pytest.approx(share, abs=0.015)
+    assert g * gemm_s + n * add_s <= Harness.CLOCK_SHARE_CYCLE_S
+
+
+def test_a_share_plan_keeps_one_of_each_when_the_gemm_outlasts_the_cycle() -> None:
+    assert share_plan(0.5, 0.02, 0.4e-3, 0.015) == (1, 1)
+    # Of equally near shares, the shorter cycle: 1 GEMM and 1 add rather than 2 and 2.
+    assert share_plan(0.5, 1e-3, 1e-3, 0.015) == (1, 1)
