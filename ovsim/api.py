@@ -35,6 +35,10 @@ from ovsim.scenario import InlineSystem, Mode, Scenario, load_scenario
 __all__ = ["Result", "accounted_sequential_s", "compare", "load_scenario", "predict"]
 
 
+# NVML's power readings on an H100 move every ~100 ms (calibration/data, power.csv of the clock part).
+SENSOR_WINDOW_S = 0.1
+
+
 @dataclass(frozen=True)
 class Result:
     """A prediction: the Timeline plus what it was computed from and the headline numbers."""
@@ -147,10 +151,6 @@ class Result:
         return out
 
 
-# NVML's power readings on an H100 move every ~100 ms (calibration/data, power.csv of the clock part).
-SENSOR_WINDOW_S = 0.1
-
-
 def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str]:
     try:
         system = sc.system.to_spec() if isinstance(sc.system, InlineSystem) else load_system(sc.system)
@@ -239,8 +239,9 @@ def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = N
     the first is the baseline: sequential vs overlapped vs overlapped with priority, say.
     ``compute_vs_first`` is each compute time (kernel time summed, per rank) relative to the
     first's. With a sequential run first, it is the overlap studies' compute slowdown, measured
-    against compute that ran at the same power cap or clock; ``compute_slowdown`` measures against
-    the cost model's isolated times at the full clock, so under a cap it counts the clock too.
+    against compute that ran at the same power limit or clock; ``compute_slowdown`` measures
+    against the cost model's isolated times at the full clock, so it counts the clock the power
+    loop sets too (``compute_clock_slowdown`` is that part).
     Also with a sequential run first, ``accounted_sequential_s`` is each scenario's sequential
     time by the overlap study's accounting (:func:`accounted_sequential_s`).
     """
