@@ -33,6 +33,9 @@ def _table(result: Any, max_rows: int) -> str:
         f"makespan   {_fmt_s(s['makespan_s'])} ms",
         f"compute    {_fmt_s(s['compute_s'])} ms per rank, {_fmt_s(s['compute_isolated_s'])} ms alone "
         f"({_slowdown_parts(s)})",
+        *(["note       faster than alone: the isolated times hold at the clock the GPU's rates were calibrated "
+           "at, and the power-limit loop ran above it (docs/power.md)"]
+          if s.get("power_managed") and s["compute_slowdown"] < -0.005 else []),
         f"comm       {_fmt_s(s['comm_s'])} ms per rank, exposed {_fmt_s(s['exposed_comm_s'])} ms, "
         f"{s['comm_hidden_fraction'] * 100:.1f}% hidden under compute",
         *_power_lines(s, result.gpu.power.tdp_w, result.calibration.params.power_control_window_s),

@@ -88,6 +88,18 @@ def test_the_default_is_the_boards_default_limit(tmp_path: Path) -> None:
     assert s["compute_clock_slowdown"] == pytest.approx(s["compute_slowdown"])
 
 
+def test_the_table_explains_compute_faster_than_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """The A100's calibrated GEMM rate holds at 0.875 of its top clock (a GEMM repeated alone at
+    400 W, thonking.ai); in the sequential GEMM + all-reduce iteration the loop runs the GEMM at the
+    top clock, so compute comes out faster than alone, and the table says why."""
+    seq = EXAMPLE.parent / "gemm-allreduce-a100x4-sequential.yaml"
+    assert predict(seq).summary()["compute_slowdown"] < -0.05
+    assert main(["predict", str(seq), "--rows", "0"]) == 0
+    assert "faster than alone" in capsys.readouterr().out
+    assert main(["predict", str(seq), "--rows", "0", "--no-power-management"]) == 0
+    assert "faster than alone" not in capsys.readouterr().out
+
+
 def test_unmanaged_refuses_what_sets_the_loop(tmp_path: Path) -> None:
     for block, field in (("{managed: false, cap_w: 300}", "power.cap_w"),
                          ("{managed: false, sm_clock_hz: 1.2e9}", "power.sm_clock_hz"),
