@@ -89,6 +89,19 @@ def tensor_clock_class(op: Op, model: PowerModel) -> int:
                                                                        else None))
 
 
+def rate_class(op: Op, model: PowerModel, power_cls: str) -> int:
+    """The index of a kernel's rate in :meth:`PowerConfig.multipliers`, given its SM power class
+    (:func:`op_power_class`): 0 for a collective's kernel, a CUDA-core or tensor class for
+    clock-bound work, else its memory-bound kind's class."""
+    k = op.kernel
+    assert k is not None
+    if op.flow is not None:
+        return 0
+    if k.clock_sensitive:
+        return tensor_clock_class(op, model) if power_cls == TENSOR else 1
+    return memory_clock_class(op, model)
+
+
 def memory_clock_class(op: Op, model: PowerModel) -> int:
     """The index of a memory-bound op's rate in :meth:`PowerConfig.multipliers`: 0 (not
     clock-bound) unless part of its kind's time follows the clock."""
@@ -350,18 +363,15 @@ def _solver_inputs(op: Op, gpu: GpuSpec, model: PowerModel) -> SolverInputs:
     return (a.sm_w, a.hbm_bytes_per_s - follow, follow / ref, a.link_bytes_per_s, ())
 
 
-def _stretched(workload: Workload, cfg: PowerConfig, clocks: dict[str, float]) -> Workload:
+def _stretched(workload: Workload, cfg: PowerConfig, clocks: dict[str, float], classes: dict[str, int]) -> Workload:
     """The workload with every clock-bound kernel's time (and the part of a memory-bound kernel's
-    that follows the clock) stretched or shrunk by its op's clock."""
+    that follows the clock) stretched or shrunk by its op's clock; ``classes``: each kernel's
+    :func:`rate_class`."""
     ops: list[Op] = []
     for op in workload.ops:
         k = op.kernel
-        if k is None or op.flow is not None:
-            ops.append(op)
-            continue
-        cls = (tensor_clock_class(op, cfg.model) if op_power_class(op, cfg.model)[0] == TENSOR else 1) \
-            if k.clock_sensitive else memory_clock_class(op, cfg.model)
-        if cls == 0:
+        cls = classes.get(op.id, 0)
+        if k is None or cls == 0:
             ops.append(op)
             continue
         mult = cfg.multipliers(clocks[op.id])[cls]
@@ -388,7 +398,8 @@ def _periodic_integral(t: np.ndarray, times: np.ndarray, cum: np.ndarray, span: 
     return out
 
 
-def _windowed_clocks(workload: Workload, inputs: dict[str, SolverInputs], cfg: PowerConfig) -> dict[str, float]:
+def _windowed_clocks(workload: Workload, inputs: dict[str, SolverInputs], cfg: PowerConfig,
+                     classes: dict[str, int]) -> dict[str, float]:
     """Each op's clock under the windowed power-limit loop, the workload repeated back to back (or,
     with the settings' ``start`` "idle", after idleness): the loop sets each rank's clock every
     control period from the rank's activity over the window before (wrapping round to the previous
@@ -402,7 +413,7 @@ def _windowed_clocks(workload: Workload, inputs: dict[str, SolverInputs], cfg: P
     sats = sorted({x for v in inputs.values() for _, x in v[4]})
     clocks = dict.fromkeys(inputs, hi)
     for _ in range(_ANALYTIC_LOOP_PASSES):
-        tl = analytic_timeline(_stretched(workload, cfg, clocks)).ops
+        tl = analytic_timeline(_stretched(workload, cfg, clocks, classes)).ops
         tl = tl[tl["id"].isin(inputs)]
         span = float(tl["end_s"].max()) if len(tl) else 0.0
         new: dict[str, float] = {}
@@ -448,12 +459,13 @@ def throttled_workload(workload: Workload, gpu: GpuSpec, cfg: PowerConfig) -> tu
     runs (:func:`_windowed_clocks`), without a window the clock the cap gives the op alone."""
     m = cfg.model
     inputs = {op.id: _solver_inputs(op, gpu, m) for op in workload.ops}
+    classes = {op.id: rate_class(op, m, op_power_class(op, m)[0]) for op in workload.ops if op.kernel is not None}
     if m.control_window_s > 0:
-        clocks = _windowed_clocks(workload, inputs, cfg)
+        clocks = _windowed_clocks(workload, inputs, cfg, classes)
     else:
         clocks = {oid: m.solve_clock(cfg.cap_w, x[0], x[1], x[2], x[3], cfg.max_clock_fraction, hbm_saturating=x[4])
                   for oid, x in inputs.items()}
-    return _stretched(workload, cfg, clocks), clocks
+    return _stretched(workload, cfg, clocks, classes), clocks
 
 
 def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:

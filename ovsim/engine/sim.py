@@ -52,9 +52,8 @@ from ovsim.engine.power import (
     ClockWindow,
     Period,
     PowerConfig,
-    memory_clock_class,
     op_power_class,
-    tensor_clock_class,
+    rate_class,
     window_clock,
 )
 from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
@@ -121,8 +120,8 @@ class _Kernel:
         self.hbm_cap = k.hbm_cap_bytes_per_s
         self.partitions = _MAIN if op.partition == "compute" else _BOTH
         # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 and up tensor
-        # cores (one class per saturation clock, engine.power.tensor_clock_class), then memory-bound
-        # kernels part of whose time follows the clock (engine.power.memory_clock_class).
+        # cores (one class per saturation clock), then memory-bound kernels part of whose time
+        # follows the clock (engine.power.rate_class).
         self.clock_cls = 1 if k.clock_sensitive and op.flow is None else 0
         self.pw_tensor = False
         self.pw_w = 0.0
@@ -130,10 +129,7 @@ class _Kernel:
         if power is not None:
             cls, self.pw_w = op_power_class(op, power.model)
             self.pw_tensor = cls == TENSOR
-            if self.clock_cls and self.pw_tensor:
-                self.clock_cls = tensor_clock_class(op, power.model)
-            elif op.flow is None and not k.clock_sensitive:
-                self.clock_cls = memory_clock_class(op, power.model)
+            self.clock_cls = rate_class(op, power.model, cls)
             # Compute blocks count by the issue share they use (occupancy shaping leaves SMs partly
             # idle); memory-bound blocks and NCCL's copy loops by the block slots they hold.
             self.pw_unit = 1.0 / self.blocks_per_sm_alone if cls == MEMORY else self.issue
