@@ -75,7 +75,7 @@ import pandas as pd
 import yaml
 from scipy.optimize import differential_evolution, nnls
 
-from ovsim.engine.channel import one_channel_rate
+from ovsim.engine.channel import latency_slowdowns, one_channel_rate
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import (
     CALIB_DIR,
@@ -98,6 +98,7 @@ from ovsim.replay import (
     _overlap_flags,
     bundle_gpu,
     data_moving_s,
+    engine_kind,
     isolated_durations,
     protocol_key,
 )
@@ -214,7 +215,10 @@ def contention_data(tr: TraceInput) -> ContentionData:
             # The share of its time the kernel moves data, as replay prices it, to MOVING_STEP:
             # kernels sharing a config share one slowdown in the fit.
             moving = data_moving_s(iso[i], params) / iso[i] if iso[i] > 0 else 1.0
-            config.append((c.kind[i], tuple(sorted((protos[j], max(1, grids[j])) for j in hit)),
+            # The table's kind (replay_hbm_fraction is keyed by it), softmax told from the norms as
+            # the engine tells it (its time waiting on memory).
+            kind = "softmax" if engine_kind(c.kind[i], c.name[i]) == "softmax" else str(c.kind[i])
+            config.append((kind, tuple(sorted((protos[j], max(1, grids[j])) for j in hit)),
                            round(round(moving / MOVING_STEP) * MOVING_STEP, 6)))
     ix = np.array(rows, dtype=np.int64)
     baseline = np.empty((len(SM_FRACTIONS), 0))
@@ -232,7 +236,8 @@ def contention_slowdown(kind: str, collectives: Sequence[tuple[str, int]], press
     bandwidth; a collective presses with its protocol's share per block, at most
     ``PRESSURE_MAX``); the kernel moves data ``moving`` of its isolated time, at its full share,
     and its demand over the whole time is that much lower, as the replay spreads it."""
-    demand = moving * (params.memory_kernel_efficiency if kind in MEMORY_KINDS else fraction.get(kind, 0.0))
+    memory = kind in MEMORY_KINDS or kind == "softmax"
+    demand = moving * (params.memory_kernel_efficiency if memory else fraction.get(kind, 0.0))
     resident = []
     for protocol, blocks in collectives:
         share, weight = collective_pressure(pressure, params.nccl_hbm_weight, protocol)
@@ -240,7 +245,18 @@ def contention_slowdown(kind: str, collectives: Sequence[tuple[str, int]], press
             resident.append((min(PRESSURE_MAX, share * blocks), weight))
     if demand <= 0 or not resident:
         return 1.0
-    caps = [demand] + [share for share, _ in resident]
+    asked = demand
+    if params.hbm_latency_capacity > 0:
+        # HBM's latency law first, as the engine applies it (Engine._latency): utilizations of the
+        # peak; the kernel waits on memory as a memory-bound kind does, the pressure (a fixed
+        # share) not at all.
+        wait = 1.0 - params.memory_kind_clock_share.get(kind, 0.0) if memory else 0.0
+        ach = params.hbm_achievable_fraction
+        slow, _ = latency_slowdowns([demand * ach] + [share * ach for share, _ in resident],
+                                    [wait] + [0.0] * len(resident), params.hbm_latency_capacity,
+                                    params.hbm_latency_exponent)
+        asked = demand / slow[0]
+    caps = [asked] + [share for share, _ in resident]
     weights = [1.0] + [weight for _, weight in resident]
     rate = one_channel_rate(caps, weights, params.hbm_mix_efficiency)
     return demand / rate if rate > 0 else math.inf

@@ -75,6 +75,15 @@ _ENGINE_KIND: dict[str, KernelKind] = {"gemm": "gemm", "attention": "attention",
 NCCL_OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"}
 
 
+def engine_kind(kind: str, name: str) -> KernelKind:
+    """The engine's kind of a traced kernel: the table's, with softmax told apart from the norms
+    the table files it under (its share of time following the clock, and so waiting on memory,
+    is its own: ``memory_kind_clock_share``)."""
+    if kind == "norm" and "softmax" in name.lower():
+        return "softmax"
+    return _ENGINE_KIND.get(kind, "generic")
+
+
 @dataclass
 class ReplayResult:
     """Per-kernel comparison (``kernels``), the summary, and the simulated timeline."""
@@ -363,7 +372,7 @@ def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Param
             ops.append(Op(kind="transfer", flow=flow, **common))
         else:
             kd = _kernel_demand(c, i, float(iso[i]), gpu, params)
-            ops.append(Op(kind=_ENGINE_KIND.get(kind, "generic"), kernel=kd, **common))
+            ops.append(Op(kind=engine_kind(kind, c.name[i]), kernel=kd, **common))
     wl = Workload(ops=tuple(ops), streams=tuple(StreamSpec(r, s) for r, s in sorted(streams)), n_ranks=len(rank_ix))
     return wl, op_ids
 

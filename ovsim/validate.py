@@ -1061,6 +1061,162 @@ def measured_dispatch_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     return checks
 
 
+# HBM shared by a memory-bound kernel and the harness's copy loops (overlap part): data sets, their
+# GPU, a system holding it, and the data set whose comm part timed the loops alone (each pass of
+# one over its buffer). The first is what the latency law is fitted on
+# (calibration/harness/fit_measured.py); the others are held out: the same kernels beside 8 and 24
+# loops on another H100, and the H200, which carries the H100's fit.
+MEASURED_HBM: tuple[tuple[str, str, str, str], ...] = (
+    ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
+    ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
+    ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26"))
+MEASURED_HBM_FIT = "measured HBM sharing, memory-bound kernels beside copy loops (calibration harness; law fitted here)"
+MEASURED_HBM_HELD_OUT = ("measured HBM sharing, memory-bound kernels beside copy loops (calibration harness; held out: "
+                         "law fitted on another data set)")
+# HBM bytes one launch of each memory-bound victim moves: the add reads two BF16 vectors of 2^28
+# elements and writes one; the layer norm and softmax read and write a 16384 x 8192 BF16 matrix.
+HARNESS_MEMORY_VICTIM_BYTES = {"add_bf16_256M": 3 * 2 * 2**28, "layernorm_bf16_16384x8192": 2 * 2 * 16384 * 8192,
+                               "softmax_bf16_16384x8192": 2 * 2 * 16384 * 8192}
+# The harness's kinds of them, for the share of their time that follows the clock.
+HARNESS_MEMORY_VICTIM_KIND = {"add_bf16_256M": "elementwise", "layernorm_bf16_16384x8192": "norm",
+                              "softmax_bf16_16384x8192": "softmax"}
+HARNESS_CHANNEL_PASS_BYTES = 256 << 20  # one pass of a copy loop over its buffer (run.py's CHANNEL_BUFFER_BYTES)
+# HBM bytes per byte of buffer a loop passes over: the copy reads and writes it, the reduce reads two.
+HARNESS_CHANNEL_HBM_PER_BYTE = {"copy": 2, "reduce": 3}
+HBM_TOLERANCE_PCT = 10.0
+
+
+def hbm_sharing_points(folder: Path, comm_folder: Path) -> pd.DataFrame:
+    """One row per overlap experiment of a memory-bound victim beside a copy loop, at normal
+    priority, loops launched first: the victim's launch, its median time alone and beside the
+    loop, its HBM bytes; the loop's launch, its time alone (its passes at the comm part's pace of
+    the same loop, from ``comm_folder``), its measured time and HBM bytes; the victims' start after
+    the loop's and their count beside it; and what the two moved beside each other: the victim's
+    slowdown and the loop's (its bytes less what it moved at its own pace while alone, over the
+    victims' time)."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    def jsonl(f: Path) -> dict[str, dict[str, Any]]:
+        return {e["label"]: e for e in map(json.loads, filter(str.strip, f.read_text().splitlines()))}
+
+    exps, comm_exps = jsonl(folder / "experiments.jsonl"), jsonl(comm_folder / "experiments.jsonl")
+    pass_s: dict[tuple[str, int], float] = {}
+    for label, e in comm_exps.items():
+        t = comm_folder / "tables" / "comm" / f"{label}.parquet"
+        if e.get("part") == "comm" and e.get("threads") == 640 and t.is_file():
+            k = pd.read_parquet(t)
+            k = k[k["name"].str.startswith("ovsim_channel")]
+            pass_s[(e["op"], int(e["channels"]))] = (float(k["duration_s"].median()) * HARNESS_CHANNEL_PASS_BYTES
+                                                     / e["bytes_per_launch"])
+    rows = []
+    for label, e in sorted(exps.items()):
+        if (e.get("part") != "overlap" or e.get("victim") not in HARNESS_MEMORY_VICTIM_BYTES
+                or e.get("priority") != "normal" or e.get("first") != "comm"):
+            continue
+        t = folder / "tables" / "overlap" / f"{label}.parquet"
+        counts = sorted(c for o, c in pass_s if o == e["op"])
+        if not t.is_file() or not counts:
+            continue
+        k = pd.read_parquet(t).sort_values("start_s")
+        ch = k[k["name"].str.startswith("ovsim_channel")].iloc[0]
+        v = k[~k["name"].str.startswith("ovsim_") & (k["duration_s"] > 1e-4)]
+        c0, c1 = float(ch["start_s"]), float(ch["start_s"] + ch["duration_s"])
+        beside = v[(v["start_s"] >= c0) & (v["start_s"] + v["duration_s"] <= c1)]
+        alone = v[v["start_s"] + v["duration_s"] <= c0]
+        if beside.empty or alone.empty:
+            continue
+        # A loop count the comm part did not time takes the pace between the counts it did.
+        one_pass_s = float(np.interp(e["channels"], counts, [pass_s[(e["op"], c)] for c in counts]))
+        bytes_c = e["comm_iters"] * HARNESS_CHANNEL_PASS_BYTES * HARNESS_CHANNEL_HBM_PER_BYTE[e["op"]]
+        loop_alone_s = e["comm_iters"] * one_pass_s
+        overlap_s = float(beside["duration_s"].sum())
+        moved_beside = bytes_c - bytes_c / loop_alone_s * (float(ch["duration_s"]) - overlap_s)
+        r = v.iloc[0]
+        rows.append({
+            "label": label, "victim": e["victim"], "op": e["op"], "channels": int(e["channels"]),
+            "victim_grid": int(r["grid_x"] * r["grid_y"] * r["grid_z"]),
+            "victim_threads": int(r["block_x"] * r["block_y"] * r["block_z"]),
+            "victim_registers": int(r["registers_per_thread"]), "victim_smem_bytes": int(r["shared_mem_bytes"]),
+            "victim_hbm_bytes": float(HARNESS_MEMORY_VICTIM_BYTES[e["victim"]]),
+            "victim_alone_s": float(alone["duration_s"].median()),
+            "victim_beside_s": float(beside["duration_s"].median()),
+            "victims_beside": len(beside), "victim_delay_s": float(beside["start_s"].iloc[0]) - c0,
+            "loop_threads": int(ch["block_x"] * ch["block_y"] * ch["block_z"]),
+            "loop_registers": int(ch["registers_per_thread"]), "loop_smem_bytes": int(ch["shared_mem_bytes"]),
+            "loop_hbm_bytes": float(bytes_c), "loop_alone_s": loop_alone_s, "loop_s": float(ch["duration_s"]),
+            "victim_slowdown": float(beside["duration_s"].median() / alone["duration_s"].median()),
+            "loop_slowdown_beside": ((bytes_c / loop_alone_s) / (moved_beside / overlap_s) if moved_beside > 0
+                                     else math.inf),
+        })
+    return pd.DataFrame(rows)
+
+
+def hbm_sharing_scenario(row: dict[str, Any], system: str, memory_wait: float, loop_memory_wait: float) -> Any:
+    """One overlap experiment as a scenario: the copy loop, then the victims on another stream from
+    their measured start, each kernel by its launch, HBM bytes and time alone, waiting on memory
+    ``memory_wait`` (the victim) and ``loop_memory_wait`` (the loop) of their time alone."""
+    from ovsim.scenario import Scenario
+
+    victim = {"name": "victim", "kind": "kernel", "grid": row["victim_grid"], "threads": row["victim_threads"],
+              "registers_per_thread": row["victim_registers"], "shared_mem_bytes": row["victim_smem_bytes"],
+              "hbm_bytes": row["victim_hbm_bytes"], "duration_s": row["victim_alone_s"], "stream": "victim",
+              "memory_wait": memory_wait}
+    ops = [{"name": "loop", "kind": "kernel", "grid": row["channels"], "threads": row["loop_threads"],
+            "registers_per_thread": row["loop_registers"], "shared_mem_bytes": row["loop_smem_bytes"],
+            "hbm_bytes": row["loop_hbm_bytes"], "duration_s": row["loop_alone_s"], "stream": "loop",
+            "memory_wait": loop_memory_wait},
+           {**victim, "name": "victim_first", "delay_s": row["victim_delay_s"]}]
+    if row["victims_beside"] > 1:
+        ops.append({**victim, "repeat": row["victims_beside"] - 1})
+    # Measured durations: no power-limit loop on top of the clock they ran at.
+    return Scenario.model_validate({"name": row["label"], "system": system, "ranks": 1, "power": {"managed": False},
+                                    "streams": {"loop": 0, "victim": 0}, "ops": ops})
+
+
+def measured_hbm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
+    """Memory-bound kernels beside the harness's copy loops, predicted from their times alone: per
+    data set of ``MEASURED_HBM`` and victim kernel, the MAPE of the victims' time beside the loops
+    and of the loops' whole time, within 10% and at most a third of the naive MAPE (the victim as
+    fast as alone) for the victims."""
+    import numpy as np
+
+    from ovsim.api import predict
+    from ovsim.replay import _mape
+
+    checks: list[Check] = []
+    for i, (rel, gpu, system, comm_rel) in enumerate(MEASURED_HBM):
+        if not all((folder / r / "experiments.jsonl").is_file() for r in (rel, comm_rel)):
+            continue
+        params = load_calibration(load_gpu(gpu), gpu_file(gpu).stem).params
+        points = hbm_sharing_points(folder / rel, folder / comm_rel)
+        group = MEASURED_HBM_FIT if i == 0 else MEASURED_HBM_HELD_OUT
+        label = f"{gpu} {rel.rsplit('/', 1)[-1]}"
+        for victim, rows in points.groupby("victim", sort=True):
+            wait = 1.0 - params.memory_kind_clock_share.get(HARNESS_MEMORY_VICTIM_KIND[str(victim)], 0.0)
+            pv, pl = [], []
+            for rec in rows.to_dict("records"):
+                row = {str(k): v for k, v in rec.items()}
+                ops = predict(hbm_sharing_scenario(row, system, wait, params.hbm_latency_collective_wait),
+                              counters=False).ops
+                pv.append(float(np.median(ops.loc[ops["name"].str.startswith("victim"), "duration_s"])))
+                pl.append(float(ops.loc[ops["name"] == "loop", "duration_s"].iloc[0]))
+            meas_v = rows["victim_beside_s"].to_numpy(float)
+            naive = _mape(rows["victim_alone_s"].to_numpy(float), meas_v)
+            source = f"calibration/data/{rel} (overlap part, {len(rows)} experiments beside 1 copy or reduce loop)"
+            checks.append(Check(f"{label}: {victim} beside copy loops: its time", group,
+                                min(HBM_TOLERANCE_PCT, naive / 3), _mape(np.asarray(pv), meas_v), "% MAPE", 0.0,
+                                source, rule="at_most",
+                                note=f"naive {naive:.1f}%; median of the victims beside a loop, per experiment"))
+            meas_l = rows["loop_s"].to_numpy(float)
+            checks.append(Check(f"{label}: copy loops beside {victim}: their time", group, HBM_TOLERANCE_PCT,
+                                _mape(np.asarray(pl), meas_l), "% MAPE", 0.0, source, rule="at_most",
+                                note=f"as fast as alone: {_mape(rows['loop_alone_s'].to_numpy(float), meas_l):.1f}%"))
+    return checks
+
+
 # The copy part's copies alone (a 1 GiB cudaMemcpyAsync, 3 in a row), by direction: the data set,
 # its GPU and a system holding it.
 MEASURED_COPY: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100"),
@@ -1165,7 +1321,8 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
                    + measured_clock_checks(MEASURED_DATA) + measured_clock_share_checks(MEASURED_DATA)
                    + measured_clock_mix_checks(MEASURED_DATA)
                    + measured_gemm_checks(MEASURED_DATA)
-                   + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA))
+                   + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA)
+                   + measured_hbm_checks(MEASURED_DATA))
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
                    + gemm_checks(traces, on_trace))

@@ -65,15 +65,36 @@ def kernel(name: str, start_us: float, dur_us: float, *, stream: int = 7, kind: 
             "block_z": 1, "registers_per_thread": 32, "shared_mem_bytes": 0, **extra}
 
 
+def planted_slowdown(need: float, pressure: float) -> float:
+    """A streaming kernel needing ``need`` of the HBM channel beside a fixed ``pressure``, by the
+    shipped H100 calibration's HBM latency law (docs/design.md), written out here on its own: with
+    utilizations of the peak ``x = need * a`` and ``p = pressure * a`` (``a`` the achievable
+    fraction), latency ``g(u) = (1 - u / K) ** -Q``, the kernel (all its time waiting on memory)
+    slows by ``g(U) / g(x)`` where ``U = x / slowdown + p``; then it gets at most ``1 - pressure``
+    of the channel (max-min, the pressure below the fair half)."""
+    from scipy.optimize import brentq
+
+    params = load_calibration(load_gpu(GPU), GPU).params
+    k, q, a = params.hbm_latency_capacity, params.hbm_latency_exponent, params.hbm_achievable_fraction
+    x, p = need * a, pressure * a
+
+    def g(u: float) -> float:
+        return float((1 - u / k) ** -q)
+
+    u = brentq(lambda u: u - x * g(x) / g(u) - p, x, x + p)
+    rate = min(need * g(x) / g(u), 1 - pressure)
+    return need / rate
+
+
 def contention_trace() -> TraceBundle:
     """A 10 us streaming kernel alone three times, then six times beside an LL all-reduce, each
-    slowed by the closed form of one HBM channel shared max-min with the collective's pressure:
-    the kernel moves data for all but the per-kernel overhead, so over its 10 us it needs
-    MEM_EFF x (10 - OVERHEAD) / 10 of the channel; it gets (1 - PRESSURE), and stretches by the
-    ratio."""
+    slowed as one HBM channel shared with the collective's pressure slows it
+    (:func:`planted_slowdown`): the kernel moves data for all but the per-kernel overhead, so over
+    its 10 us it needs MEM_EFF x (10 - OVERHEAD) / 10 of the channel, and stretches by the
+    slowdown."""
     need = MEM_EFF * (10.0 - OVERHEAD_US) / 10.0
     assert need > 1 - PRESSURE  # so the planted pressure slows it
-    slowed = 10.0 * need / (1 - PRESSURE)
+    slowed = 10.0 * planted_slowdown(need, PRESSURE)
     rows = [kernel("ew", t, 10.0) for t in (0.0, 20.0, 40.0)]
     rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 100.0, 400.0, stream=9, kind="collective", grid=2,
                        collective="all_reduce", protocol="LL", algorithm="ring"))

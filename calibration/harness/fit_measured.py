@@ -55,6 +55,15 @@ write each GPU's next calibration version, with the data set's files and checksu
   ``memory_kind_efficiency``): ``ovsim calibrate``'s memory fit on the clean instances of the
   ``overlap`` part's add, layer norm and softmax (the H200 had no trace to fit them on; the H100's
   come from the shared traces, with many more shapes, and stay).
+- ``hbm_latency_capacity``, ``hbm_latency_exponent`` and ``hbm_latency_collective_wait``: from
+  the ``overlap`` part, the streaming add, layer norm and softmax alone and beside one copy or
+  reduce loop (``ovsim.validate.hbm_sharing_points``): each kernel's utilization of the HBM peak
+  alone, the share of the victim's time that waits on memory (1 - its kind's clock share, fitted
+  above), and both slowdowns beside each other (the loop's from its bytes less what it moved alone
+  at the comm part's pace). The law (``ovsim.engine.channel.latency_slowdowns``) is fitted by
+  differential evolution on the victims' relative errors plus 0.3 times the loops'. The H100's
+  data set only; the H200 carries the fit (``HBM_LATENCY_CARRIED``), and ``ovsim validate
+  --measured`` holds its data and another H100's out to judge it.
 - the contention parameters (``nccl_memory_pressure``, ``replay_hbm_fraction``,
   ``replay_collective_sm_fraction``): ``ovsim calibrate``'s contention fit on every experiment of
   the ``overlap`` part (GEMMs and memory-bound kernels alone and beside communication-like
@@ -77,7 +86,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import minimize_scalar
+from scipy.optimize import differential_evolution, minimize_scalar
 
 from ovsim.calibrate import (
     FitReport,
@@ -88,6 +97,7 @@ from ovsim.calibrate import (
     trace_input,
     write_shipped,
 )
+from ovsim.engine.channel import latency_slowdowns
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.power import FIT_COLUMNS, fit_power, fit_table_power_w, fit_tensor_weight, power_model
 from ovsim.hw.spec import gpu_file, load_gpu
@@ -97,11 +107,14 @@ from ovsim.validate import (
     CLOCK_MEMORY_KINDS,
     CLOCK_STEADY_HZ,
     GEMM_AT_TOP_CLOCK,
+    HARNESS_MEMORY_VICTIM_KIND,
     HARNESS_SM_FRACTION,
     MEASURED_COPY,
     MEASURED_GEMM,
     MEASURED_GEMM_PRECISIONS,
+    MEASURED_HBM,
     clock_memory_points,
+    hbm_sharing_points,
     measured_copy_times,
     measured_gemm_points,
 )
@@ -124,6 +137,13 @@ SHAPED_WARPS = 4  # ovsim_gemm_tile64: 128 threads
 # it replaces (a block never faster than at full residency) is the one both measured GPUs refute.
 SHAPING_CARRIED = {"a100-sxm4-80gb": "h100-sxm5-80gb", "a100-sxm4-40gb": "h100-sxm5-80gb"}
 OVERLAP = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26"}
+# HBM's latency law: fitted on the first data set of ovsim.validate.MEASURED_HBM (its GPU's); the
+# H200 carries that fit (its own overlap data is held out to judge it).
+HBM_LATENCY_CARRIED = {"h200-sxm": "h100-sxm5-80gb"}
+# The loops' slowdown counts less than the victims' in the loss: it is a difference of two large
+# byte counts (the loop's total less what it moved alone), so noisier.
+HBM_LOOP_WEIGHT = 0.3
+HBM_LATENCY_BOUNDS = ((1.05, 10.0), (0.1, 20.0), (0.0, 1.0))
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
 MEMORY = {"h200-sxm": "h200-sxm/2026-11-26"}
 MEMORY_VICTIMS = ("add_bf16_256M", "layernorm_bf16_16384x8192", "softmax_bf16_16384x8192")
@@ -607,6 +627,75 @@ def control_window_report(gpu: str) -> tuple[FitReport, list[Path]]:
     return report, tables
 
 
+def hbm_latency_points(gpu: str) -> tuple[pd.DataFrame, list[Path]]:
+    """The first ``MEASURED_HBM`` data set of ``gpu``: per experiment the victim's and the loop's
+    utilization of the HBM peak alone, the share of the victim's time alone that waits on memory
+    (1 - its kind's measured clock share), and their measured slowdowns beside each other; and the
+    tables they come from."""
+    rel, _, _, comm_rel = next(m for m in MEASURED_HBM if m[1] == gpu)
+    points = hbm_sharing_points(DATA / rel, DATA / comm_rel)
+    spec = load_gpu(gpu)
+    peak = spec.memory.bandwidth_bytes_per_s
+    share = load_calibration(spec, gpu_file(gpu).stem).params.memory_kind_clock_share
+    points = points.assign(
+        victim_utilization=points["victim_hbm_bytes"] / points["victim_alone_s"] / peak,
+        loop_utilization=points["loop_hbm_bytes"] / points["loop_alone_s"] / peak,
+        victim_wait=[1.0 - share.get(HARNESS_MEMORY_VICTIM_KIND[v], 0.0) for v in points["victim"]])
+    tables = [DATA / rel / "tables" / "overlap" / f"{label}.parquet" for label in points["label"]]
+    return points, tables
+
+
+def hbm_latency_predicted(points: pd.DataFrame, capacity: float, exponent: float,
+                          loop_wait: float) -> tuple[np.ndarray, np.ndarray]:
+    """(victim, loop) slowdowns beside each other by the engine's law
+    (``ovsim.engine.channel.latency_slowdowns``)."""
+    out = [latency_slowdowns([xv, xl], [wv, loop_wait], capacity, exponent)[0]
+           for xv, xl, wv in zip(points["victim_utilization"], points["loop_utilization"], points["victim_wait"],
+                                 strict=True)]
+    return np.array([o[0] for o in out]), np.array([o[1] for o in out])
+
+
+def fit_hbm_latency(points: pd.DataFrame) -> dict[str, Any]:
+    """The latency law's capacity, exponent and the loops' share of time waiting on memory with the
+    least mean relative error of the victims' slowdowns plus ``HBM_LOOP_WEIGHT`` times the loops'
+    (differential evolution, seed 0)."""
+    sv, sl = points["victim_slowdown"].to_numpy(float), points["loop_slowdown_beside"].to_numpy(float)
+
+    def loss(p: np.ndarray) -> float:
+        pv, pl = hbm_latency_predicted(points, *p)
+        return float(np.mean(np.abs(pv / sv - 1)) + HBM_LOOP_WEIGHT * np.mean(np.abs(pl / sl - 1)))
+
+    res = differential_evolution(loss, HBM_LATENCY_BOUNDS, seed=0, tol=1e-8, maxiter=300, polish=True)
+    capacity, exponent, wait = (round(float(v), 3) for v in res.x)
+    pv, pl = hbm_latency_predicted(points, capacity, exponent, wait)
+    return {"capacity": capacity, "exponent": exponent, "loop_wait": wait, "points": len(points),
+            "victim_fit_mape_pct": round(float(np.mean(np.abs(pv / sv - 1))) * 100, 2),
+            "victim_naive_mape_pct": round(float(np.mean(np.abs(1 / sv - 1))) * 100, 2),
+            "loop_fit_mape_pct": round(float(np.mean(np.abs(pl / sl - 1))) * 100, 2)}
+
+
+def hbm_latency_report(gpu: str, measured: str | None = None) -> tuple[FitReport, list[Path]]:
+    """The latency law fitted on ``measured``'s (default ``gpu``'s) overlap data, as ``gpu``'s."""
+    points, tables = hbm_latency_points(measured or gpu)
+    fit = fit_hbm_latency(points)
+    rel = next(m[0] for m in MEASURED_HBM if m[1] == (measured or gpu))
+    what = (f"calibration/data/{rel} (overlap part: a streaming add, a layer norm and a softmax alone and beside "
+            f"{points['channels'].min()}-{points['channels'].max()} copy and reduce loops, {len(points)} experiments)")
+    source = f"measured: {what}, differential evolution on the slowdowns; {COMMAND}"
+    if measured is not None and measured != gpu:
+        source = (f"assumption: the {measured} fit carried over (not fitted on this GPU; its own data is held "
+                  f"out): {source}")
+    report = FitReport(
+        parameters={"hbm_latency_capacity": fit["capacity"], "hbm_latency_exponent": fit["exponent"],
+                    "hbm_latency_collective_wait": fit["loop_wait"]},
+        sources=dict.fromkeys(("hbm_latency_capacity", "hbm_latency_exponent", "hbm_latency_collective_wait"), source),
+        fits={"hbm_latency": {"method": "scipy differential_evolution (seed 0) on the mean relative error of the "
+                                        f"victims' slowdowns plus {HBM_LOOP_WEIGHT} times the loops' "
+                                        "(ovsim.engine.channel.latency_slowdowns)",
+                              "data_set": f"calibration/data/{rel}", **fit}})
+    return report, tables
+
+
 def _ship(report: FitReport, tables: list[Path], gpu: str, dry_run: bool, trace_gpu: str | None = None) -> None:
     """Write ``report`` as the GPU's next shipped version, its tables (measured on ``trace_gpu``,
     default ``gpu``) as provenance, and say what was done."""
@@ -681,6 +770,13 @@ def main() -> int:
         print(json.dumps({"gpu": gpu, "parameters": report.parameters}, indent=1))
         _, done = write_shipped(report, inputs, gpu, COMMAND, dry_run=args.dry_run)
         print(f"{gpu}: {done}")
+    for gpu in dict.fromkeys(m[1] for m in MEASURED_HBM[:1]):
+        report, tables = hbm_latency_report(gpu)
+        print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
+        _ship(report, tables, gpu, args.dry_run)
+    for gpu, measured in HBM_LATENCY_CARRIED.items():
+        report, tables = hbm_latency_report(gpu, measured)
+        _ship(report, tables, gpu, args.dry_run, trace_gpu=measured)
     # After the ones above: the contention fit replays with the newest calibration, which they set.
     for gpu, rel in OVERLAP.items():
         inputs = [trace_input([t], gpu) for t in sorted((DATA / rel / "tables" / "overlap").glob("*.parquet"))]

@@ -22,6 +22,9 @@ class GpuModel:
     comm_reserved_sms: int
     hbm_bytes_per_s: float
     copy_engines: int
+    # The HBM peak, the scale of the latency law's utilizations (hbm_bytes_per_s is what any mix
+    # of traffic can reach).
+    hbm_peak_bytes_per_s: float = 0.0
     warp_size: int = 32
     register_alloc_unit: int = 256
     reserved_smem_per_block_bytes: int = 1024
@@ -38,6 +41,13 @@ class MachineModel:
     # L2 and crossbar traffic), per NCCL protocol ("default" for any other), and its weight there.
     nccl_memory_pressure: dict[str, float] = field(default_factory=dict)
     nccl_hbm_weight: dict[str, float] = field(default_factory=dict)
+    # HBM's loaded-latency law (capacity as a multiple of the peak, 0: none; exponent) and the
+    # share of their time alone that SM collectives and memory-bound kernels (by kind: 1 - the
+    # clock share) wait on memory (Parameters.hbm_latency_*).
+    hbm_latency_capacity: float = 0.0
+    hbm_latency_exponent: float = 1.0
+    collective_memory_wait: float = 0.5
+    memory_clock_share: dict[str, float] = field(default_factory=dict)
 
     def pressure_of(self, protocol: str) -> tuple[float, float]:
         """(share of HBM capacity, max-min weight) of a resident collective of ``protocol``."""
@@ -65,6 +75,7 @@ def build_machine(
         comm_reserved_sms=sm_carveout,
         hbm_bytes_per_s=gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction,
         copy_engines=gpu.copy_engines.count,
+        hbm_peak_bytes_per_s=gpu.memory.bandwidth_bytes_per_s,
         warp_size=gpu.sm.warp_size,
         register_alloc_unit=gpu.sm.register_alloc_unit,
         reserved_smem_per_block_bytes=gpu.sm.reserved_shared_mem_per_block_bytes,
@@ -93,4 +104,8 @@ def build_machine(
         hbm_mix_efficiency=params.hbm_mix_efficiency,
         nccl_memory_pressure=dict(params.nccl_memory_pressure),
         nccl_hbm_weight=dict(params.nccl_hbm_weight),
+        hbm_latency_capacity=params.hbm_latency_capacity,
+        hbm_latency_exponent=params.hbm_latency_exponent,
+        collective_memory_wait=params.hbm_latency_collective_wait,
+        memory_clock_share=dict(params.memory_kind_clock_share),
     )

@@ -44,7 +44,7 @@ from typing import Any
 
 import simpy
 
-from ovsim.engine.channel import CAP, max_min_rates, water_fill
+from ovsim.engine.channel import CAP, latency_slowdowns, max_min_rates, water_fill
 from ovsim.engine.machine import GpuModel, LinkKey, MachineModel
 from ovsim.engine.power import (
     CLOCK_COUNTER,
@@ -76,7 +76,8 @@ class _Kernel:
 
     __slots__ = (
         "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "cap", "clock_cls", "clock_s",
-        "clock_sensitive", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "launch_s", "max_resident", "op",
+        "clock_sensitive", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "launch_s", "max_resident",
+        "mem_wait", "op",
         "partitions", "priority", "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s",
         "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "theta_self", "threads", "undispatched",
         "wait_peers_s", "wait_sm_s",
@@ -118,6 +119,7 @@ class _Kernel:
         self.clock_sensitive = k.clock_sensitive
         self.bytes_per_block = k.hbm_bytes / k.blocks
         self.hbm_cap = k.hbm_cap_bytes_per_s
+        self.mem_wait = 0.0  # share of its time alone waiting on memory (Engine.__init__'s latency law)
         self.partitions = _MAIN if op.partition == "compute" else _BOTH
         # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 and up tensor
         # cores (one class per saturation clock), then memory-bound kernels part of whose time
@@ -395,6 +397,8 @@ class Engine:
         self.link_index = {k: i for i, k in enumerate(self.link_keys)}
         self.nccl_issue = machine.nccl_issue_fraction
         self.has_pressure = any(v > 0 for v in machine.nccl_memory_pressure.values())
+        # HBM's loaded-latency law (channel.latency_slowdowns), where the calibration has one.
+        self.latency_law = machine.hbm_latency_capacity > 0
         self.n_waiting = 0  # flows waiting for members
         self.n_data = 0  # flows moving data
         self.power = self.opts.power
@@ -608,6 +612,8 @@ class Engine:
             if shape is None:
                 shape = self.shapes[key] = _block_shape(op.kernel, gpu.model, main_only)
             kernel = _Kernel(op, gpu, priority, self.seq, now, self.nccl_issue, shape, self.power)
+            if self.latency_law:
+                kernel.mem_wait = self._memory_wait(op)
             self.kernels.append(kernel)
             pending = gpu.pending
             # Launch order is seq order: a kernel of no higher priority than the last goes last.
@@ -1268,8 +1274,23 @@ class Engine:
                         seen.add(id(f))
                         flows.append(f)
         pressure = self._pressure(ranks) if self.has_pressure else []
+        for f in flows:
+            d = f.demand
+            factor = 1.0
+            if not d.uses_copy_engine:
+                # NCCL moves data no faster than its resident channels can issue copies.
+                for m in f.members.values():
+                    if m.kernel is not None:
+                        factor = min(factor, m.kernel.issued / m.kernel.blocks)
+            f.sm_factor = factor
+            f.cap = d.rate_cap_bytes_per_s * factor
+        # HBM's loaded latency slows whoever waits on memory (channel.latency_slowdowns): their
+        # demands fall before bandwidth is shared.
+        asked_alone: dict[_Kernel, float] = {}
+        if self.latency_law:
+            asked_alone = self._latency(demands, flows, pressure)
         if not flows and not pressure and not self.opts.counters and not self.opts.check_invariants:
-            self._hbm_only(demands)
+            self._hbm_only(demands, asked_alone)
             return
 
         # Channels: HBM of each GPU in ranks, then the links the flows use.
@@ -1291,14 +1312,6 @@ class Engine:
             hbm_has_kernel.add(r)
         for f in flows:
             d = f.demand
-            factor = 1.0
-            if not d.uses_copy_engine:
-                # NCCL moves data no faster than its resident channels can issue copies.
-                for m in f.members.values():
-                    if m.kernel is not None:
-                        factor = min(factor, m.kernel.issued / m.kernel.blocks)
-            f.sm_factor = factor
-            f.cap = d.rate_cap_bytes_per_s * factor
             use: list[tuple[int, float]] = []
             for key, c in f.usage:
                 if key[0] == "hbm":
@@ -1333,7 +1346,8 @@ class Engine:
             if owner is None:
                 continue
             if isinstance(owner, _Kernel):
-                owner.theta = (x / caps[i] if caps[i] > 0 else 1.0) * owner.theta_self
+                full = asked_alone.get(owner, caps[i])
+                owner.theta = (x / full if full > 0 else 1.0) * owner.theta_self
             else:
                 owner.rate = x
                 b = alloc.bottleneck[i]
@@ -1358,18 +1372,79 @@ class Engine:
                     out.append((r, total if total < PRESSURE_MAX else PRESSURE_MAX, weight))
         return out
 
-    def _hbm_only(self, demands: list[tuple[int, dict[_Kernel, float]]]) -> None:
+    def _hbm_only(self, demands: list[tuple[int, dict[_Kernel, float]]], asked_alone: dict[_Kernel, float]) -> None:
         """No flow moves data on these GPUs: each HBM is shared among its kernels alone (max-min
-        with demand caps, which is a water fill)."""
+        with demand caps, which is a water fill). ``asked_alone``: the demands of kernels the
+        latency law slowed, before it did."""
         for r, demand in demands:
             cap = self.gpus[r].model.hbm_bytes_per_s
-            if sum(demand.values()) <= cap * (1 + 1e-9):
-                continue
             ks = list(demand)
             asked = list(demand.values())
-            got = water_fill(asked, [1] * len(ks), cap)
+            got = asked if sum(asked) <= cap * (1 + 1e-9) else water_fill(asked, [1] * len(ks), cap)
             for k, d, x in zip(ks, asked, got, strict=True):
-                k.theta = (x / d if d > 0 else 1.0) * k.theta_self
+                full = asked_alone.get(k, d)
+                if full != d or x != d:
+                    k.theta = (x / full if full > 0 else 1.0) * k.theta_self
+
+    def _memory_wait(self, op: Op) -> float:
+        """The share of a kernel's time alone that waits on memory, for the latency law: a
+        memory-bound kernel's time less the part that follows the SM clock, none of a
+        compute-bound kernel's (its pipelines hide latency) or of a collective's kernel (its flow
+        moves the data)."""
+        k = op.kernel
+        if k is None or op.flow is not None or k.hbm_bytes <= 0:
+            return 0.0
+        if k.memory_wait is not None:
+            return k.memory_wait
+        if k.clock_sensitive:
+            return 0.0
+        return 1.0 - self.machine.memory_clock_share.get(op.kind, 0.0)
+
+    def _latency(self, demands: list[tuple[int, dict[_Kernel, float]]], flows: list[_Flow],
+                 pressure: list[tuple[int, float, float]]) -> dict[_Kernel, float]:
+        """Apply HBM's loaded-latency law on each GPU: lower the demands of kernels (in place in
+        ``demands``) and the caps of flows by their slowdowns; returns the kernels' demands
+        before, for their pace. A flow spanning GPUs takes its largest slowdown; a collective's
+        pressure loads the memory and does not slow."""
+        m = self.machine
+        kappa, q = m.hbm_latency_capacity, m.hbm_latency_exponent
+        users: dict[int, list[tuple[_Kernel | _Flow | int, float, float]]] = {}
+        for r, demand in demands:
+            peak = self.gpus[r].model.hbm_peak_bytes_per_s
+            users[r] = [(k, d / peak, k.mem_wait) for k, d in demand.items() if d > 0]
+        for f in flows:
+            wait = 0.0 if f.demand.uses_copy_engine else m.collective_memory_wait
+            for key, c in f.usage:
+                if key[0] == "hbm" and c > 0:
+                    r = key[1]
+                    users.setdefault(r, []).append((f, f.cap * c / self.gpus[r].model.hbm_peak_bytes_per_s, wait))
+        for i, (r, share, _) in enumerate(pressure):
+            # A resident collective's pressure is a fixed share: it does not back off, and it
+            # raises the latency the others see.
+            users.setdefault(r, []).append((i, share * self.gpus[r].model.hbm_bytes_per_s
+                                            / self.gpus[r].model.hbm_peak_bytes_per_s, 0.0))
+        before: dict[_Kernel, float] = {}
+        flow_slow: dict[int, float] = {}
+        by_rank = dict(demands)
+        for r, us in users.items():
+            if len(us) < 2 or not any(w > 0 for _, _, w in us):
+                continue
+            slow, _ = latency_slowdowns([x for _, x, _ in us], [w for _, _, w in us], kappa, q)
+            for (owner, _, _), s in zip(us, slow, strict=True):
+                if s <= 1.0:
+                    continue
+                if isinstance(owner, _Kernel):
+                    demand = by_rank[r]
+                    before[owner] = demand[owner]
+                    demand[owner] = demand[owner] / s
+                elif isinstance(owner, _Flow) and s > flow_slow.get(id(owner), 1.0):
+                    flow_slow[id(owner)] = s
+        if flow_slow:
+            for f in flows:
+                s = flow_slow.get(id(f), 1.0)
+                if s > 1.0:
+                    f.cap /= s
+        return before
 
     def _check(self, ranks: list[int], capacity: list[float], rates: list[float],
                usage: list[list[tuple[int, float]]]) -> None:

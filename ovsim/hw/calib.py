@@ -74,6 +74,16 @@ class Parameters(BaseModel):
     memory_kind_clock_share: dict[str, float] = Field(default_factory=dict)
     # Fraction of the HBM peak any mix of traffic can reach; the HBM channel's capacity.
     hbm_achievable_fraction: Fraction = 0.9
+    # HBM's loaded latency (ovsim.engine.channel.latency_slowdowns): it grows with the total
+    # utilization U of the peak as (1 - U / hbm_latency_capacity) ** -hbm_latency_exponent, and a
+    # user's time waiting on memory grows with it. 0 (the schema default): no latency law, HBM is
+    # only a bandwidth shared max-min fair. Measured by the calibration harness's overlap part
+    # (memory-bound kernels beside copy loops) where a GPU's file says so.
+    hbm_latency_capacity: float = Field(default=0.0, ge=0.0, le=10.0)
+    hbm_latency_exponent: float = Field(default=1.0, gt=0.0, le=20.0)
+    # The share of an SM collective's (a channel's copy loop's) time alone that waits on memory;
+    # memory-bound kernels wait 1 - memory_kind_clock_share of theirs, compute-bound ones none.
+    hbm_latency_collective_wait: float = Field(default=0.5, ge=0.0, le=1.0)
     # Capacity factor applied to HBM while a communication flow and a kernel share it.
     hbm_mix_efficiency: Fraction = 1.0
     # Launch, prologue and epilogue time of every kernel.
@@ -113,6 +123,13 @@ class Parameters(BaseModel):
     # Measured collective cost that replaces NCCL's own model for exactly this collective, keyed
     # "op/algorithm/protocol/ranks": latency_s and bus_bandwidth_bytes_per_s (`ovsim calibrate`).
     nccl_fitted: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+    @field_validator("hbm_latency_capacity")
+    @classmethod
+    def _latency_capacity(cls, v: float) -> float:
+        if v != 0.0 and v <= 1.0:
+            raise ValueError("0 (no latency law) or a multiple of the HBM peak above 1")
+        return v
 
     @field_validator("nccl_memory_pressure")
     @classmethod

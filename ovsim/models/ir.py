@@ -54,6 +54,9 @@ class KernelDemand:
     # kernel's blocks could move data faster than HBM lets all of them (memory_sm_headroom), so it
     # keeps its bandwidth on fewer SMs; infinite for a kernel whose blocks' pace sets its traffic.
     hbm_cap_bytes_per_s: float = float("inf")
+    # The share of its time alone the kernel waits on memory, for HBM's latency law. None: from
+    # its kind (Engine._memory_wait).
+    memory_wait: float | None = None
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,9 @@ class KernelOp(_OpBase):
     hbm_bytes: NonNegativeFloat = 0.0
     precision: Precision = "fp32"
     duration_s: PositiveFloat | None = None
+    # The share of its time alone it waits on memory, for HBM's latency law (docs/design.md). None:
+    # all of it if memory-bound, none if compute-bound.
+    memory_wait: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"]
@@ -231,6 +234,8 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
         block = BlockShape(spec.threads, spec.registers_per_thread, spec.shared_mem_bytes)
         base = cost.generic(spec.grid, block, gpu, params, flops=spec.flops, hbm_bytes=spec.hbm_bytes,
                             precision=spec.precision, duration_s=spec.duration_s)
+        if spec.memory_wait is not None:
+            base = dataclasses.replace(base, memory_wait=spec.memory_wait)
     if not extra and sms == gpu.sm.count:
         return base
     shaped = BlockShape(base.block.threads, base.block.registers_per_thread, base.block.shared_mem_bytes + extra)

@@ -269,7 +269,8 @@ def test_progress_is_reported_with_finished_and_total_ops(h100: GpuSpec, h100_ca
     # Max-min on one HBM channel, capacity C: the kernel asks 0.9 C (memory_kernel_efficiency), a
     # resident collective's pressure asks share x blocks x C with weight 1. 0.3: the pressure gets
     # its ask and the kernel the rest, 0.9 / 0.7. 0.6: both are held at the fair half, 0.9 / 0.5.
-    # 0.15 a block with two blocks: 0.3 again.
+    # 0.15 a block with two blocks: 0.3 again. HBM's latency law is off (its capacity 0), so the
+    # shares are bandwidth's alone.
     (0.3, 1, 0.9 / 0.7),
     (0.6, 1, 0.9 / 0.5),
     (0.15, 2, 0.9 / 0.7),
@@ -277,7 +278,8 @@ def test_progress_is_reported_with_finished_and_total_ops(h100: GpuSpec, h100_ca
 def test_a_resident_collective_presses_on_hbm_per_its_protocol_and_blocks(
         share: float, blocks: int, expected: float, h100: GpuSpec, h100_calib: Calibration,
         h100_node: SystemSpec) -> None:
-    p = h100_calib.params.merged({"nccl_memory_pressure": {"ll": share}, "memory_kernel_efficiency": 0.9})
+    p = h100_calib.params.merged({"nccl_memory_pressure": {"ll": share}, "memory_kernel_efficiency": 0.9,
+                                  "hbm_latency_capacity": 0.0})
     kernel = cost.memory_bound(4e9, h100, p, blocks=264)
     # The collective's data moves through no channel (a replayed measured rate), so only its
     # pressure touches HBM; its second rank arrives long after, so its block stays resident.
