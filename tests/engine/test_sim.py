@@ -408,3 +408,34 @@ def test_a_last_wave_with_room_runs_faster_and_the_kernel_still_takes_its_isolat
     assert d.issue_cap == pytest.approx(0.5) and d.blocks % (132 * 6) == 99
     out = run([Op("g", "g", "gemm", 0, "s", kernel=d)], [StreamSpec(0, "s")], h100_node, h100, calib)
     assert out.loc["g", "duration_s"] == pytest.approx(d.isolated_s, rel=1e-9)
+
+
+def test_latency_law_slows_who_waits_on_memory_and_spares_who_moves_none(
+        h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+    """HBM's loaded latency (the shipped H100 calibration has it): a streaming kernel beside a
+    collective whose channels move data through HBM slows, and so does the collective; a
+    collective that moves nothing through HBM keeps its rate exactly, whatever runs beside it."""
+    assert h100_calib.params.hbm_latency_capacity > 0
+    kernel = cost.memory_bound(4e9, h100, h100_calib.params, blocks=264)
+    streams = [StreamSpec(0, "comm"), StreamSpec(0, "compute")]
+
+    def with_collective(hbm_coeff: float, params: object) -> object:
+        flow = FlowDemand(group="c", ranks=(0,), bytes=2e9, latency_s=0.0, rate_cap_bytes_per_s=4e11,
+                          link_coeff=0.0, hbm_coeff=hbm_coeff, protocol="simple")
+        ops = [Op("c", "c", "collective", 0, "comm", kernel=nccl_kernel(16), flow=flow),
+               Op("k", "k", "elementwise", 0, "compute", kernel=kernel)]
+        machine = build_machine(h100_node, h100, params, n_ranks=1)  # type: ignore[arg-type]
+        return Engine(Workload(ops=tuple(ops), streams=tuple(streams), n_ranks=1), machine).run().ops.set_index("id")
+
+    none = with_collective(0.0, h100_calib.params)
+    assert none.loc["c", "duration_s"] == pytest.approx(2e9 / 4e11, rel=1e-9)  # type: ignore[attr-defined]
+    assert none.loc["k", "duration_s"] == pytest.approx(kernel.isolated_s, rel=1e-9)  # type: ignore[attr-defined]
+    moving = with_collective(2.0, h100_calib.params)
+    off = with_collective(2.0, h100_calib.params.merged({"hbm_latency_capacity": 0.0}))
+    # Bandwidth alone gives the channels their 0.8 TB/s (below a fair half) and the streaming kernel
+    # what is left. With the law, as measured beside the harness's copy loops (calibration/data), the
+    # kernel with thousands of requests in flight keeps most of the memory and still slows, and the
+    # channels, waiting on a loaded memory, slow more than bandwidth alone says.
+    k_law, k_off = moving.loc["k", "duration_s"], off.loc["k", "duration_s"]  # type: ignore[attr-defined]
+    assert kernel.isolated_s * 1.01 < k_law < k_off
+    assert moving.loc["c", "duration_s"] > 1.2 * off.loc["c", "duration_s"]  # type: ignore[attr-defined]
