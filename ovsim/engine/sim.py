@@ -119,7 +119,7 @@ class _Kernel:
         self.clock_sensitive = k.clock_sensitive
         self.bytes_per_block = k.hbm_bytes / k.blocks
         self.hbm_cap = k.hbm_cap_bytes_per_s
-        self.mem_wait = 0.0  # share of its time alone waiting on memory (Engine.__init__'s latency law)
+        self.mem_wait = 0.0  # share of its time alone waiting on memory (Engine._memory_wait)
         self.partitions = _MAIN if op.partition == "compute" else _BOTH
         # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 and up tensor
         # cores (one class per saturation clock), then memory-bound kernels part of whose time
@@ -291,6 +291,7 @@ class _Flow:
     cap: float = 0.0
     bottleneck: str = ""
     sm_factor: float = 1.0
+    latency_slow: float = 1.0  # what HBM's loaded latency took off its cap (Engine._latency)
     start_s: float = _INF
     end_s: float = _INF
     last_t: float = 0.0
@@ -1351,7 +1352,9 @@ class Engine:
             else:
                 owner.rate = x
                 b = alloc.bottleneck[i]
-                owner.bottleneck = "" if b == CAP else ("hbm" if b < n_hbm else "link")
+                # A cap lowered by HBM's latency is HBM holding the flow back.
+                owner.bottleneck = (("hbm" if owner.latency_slow > 1.0 else "") if b == CAP
+                                    else ("hbm" if b < n_hbm else "link"))
         if self.opts.counters:
             self._sample(ranks, channel, capacity, alloc.rates, usage)
 
@@ -1439,11 +1442,9 @@ class Engine:
                     demand[owner] = demand[owner] / s
                 elif isinstance(owner, _Flow) and s > flow_slow.get(id(owner), 1.0):
                     flow_slow[id(owner)] = s
-        if flow_slow:
-            for f in flows:
-                s = flow_slow.get(id(f), 1.0)
-                if s > 1.0:
-                    f.cap /= s
+        for f in flows:
+            f.latency_slow = flow_slow.get(id(f), 1.0)
+            f.cap /= f.latency_slow
         return before
 
     def _check(self, ranks: list[int], capacity: list[float], rates: list[float],
