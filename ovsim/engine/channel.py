@@ -6,6 +6,10 @@ a weight, and a coefficient per channel it uses (bytes of that channel per unit 
 solution is SimGrid's progressive filling: all unfrozen activities grow in proportion to their
 weights until one hits its cap or a channel it uses is full, which freezes it; repeat. The result
 is the weighted max-min fair allocation, and no channel is ever over-subscribed.
+
+HBM is also a memory with a latency that grows with its load: :func:`latency_slowdowns` gives what
+that costs each user, and the engine lowers their caps by it before sharing bandwidth
+(docs/design.md, "HBM's loaded latency").
 """
 
 from __future__ import annotations
