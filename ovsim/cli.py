@@ -838,8 +838,9 @@ def parser() -> argparse.ArgumentParser:
                     help="also predict the published overlap studies' configurations (about eight minutes on one core)")
     vp.add_argument("--measured", action="store_true",
                     help="also replay the calibration harness's kernels measured beside communication-like kernels "
-                         "(calibration/data/), held out: leave one victim kernel out, and another GPU (a minute on "
-                         "one core)")
+                         "(calibration/data/), held out: leave one victim kernel out, and another GPU; and check its "
+                         "other measurements (power, clocks, GEMMs, copies, dispatch, HBM sharing) (about four "
+                         "minutes with --workers 2)")
     vp.add_argument("--workers", type=_count, default=1, metavar="N",
                     help="processes to replay the held-out traces and measured kernels and predict the studies in "
                          "(default 1; 0: one per CPU core)")
