@@ -1005,8 +1005,6 @@ def measured_dispatch_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     (where nothing disturbs it); the second its time alone (its blocks' spin, or its own time where
     it ran alone after the first). The row is the second kernel's start after the first's, within
     10%: when the block scheduler let it in."""
-    import json
-
     import pandas as pd
 
     from ovsim.api import predict
@@ -1014,10 +1012,9 @@ def measured_dispatch_checks(folder: Path = MEASURED_DATA) -> list[Check]:
 
     checks: list[Check] = []
     for rel, gpu, system in MEASURED_DISPATCH:
-        path = folder / rel / "experiments.jsonl"
-        if not path.is_file():
+        if not (folder / rel / "experiments.jsonl").is_file():
             continue
-        exps = [e for e in map(json.loads, path.read_text().splitlines()) if e.get("part") == "dispatch"]
+        exps = [e for e in harness_experiments(folder / rel).values() if e.get("part") == "dispatch"]
         # Per probe, its kernels' records by name (the harness's own kernels, not PyTorch's).
         tables: dict[str, dict[str, dict[str, Any]]] = {}
         for e in exps:
@@ -1086,6 +1083,30 @@ HARNESS_CHANNEL_HBM_PER_BYTE = {"copy": 2, "reduce": 3}
 HBM_TOLERANCE_PCT = 10.0
 
 
+def harness_experiments(folder: Path) -> dict[str, dict[str, Any]]:
+    """A harness data set's experiments (``experiments.jsonl``) by label."""
+    import json
+
+    lines = filter(str.strip, (folder / "experiments.jsonl").read_text().splitlines())
+    return {e["label"]: e for e in map(json.loads, lines)}
+
+
+def channel_pass_s(folder: Path) -> dict[tuple[str, int], float]:
+    """Seconds one copy or reduce loop of 640 threads a block takes alone for one pass over its
+    buffer, by (op, loops), from a data set's comm part (median of its launches)."""
+    import pandas as pd
+
+    out: dict[tuple[str, int], float] = {}
+    for label, e in harness_experiments(folder).items():
+        t = folder / "tables" / "comm" / f"{label}.parquet"
+        if e.get("part") == "comm" and e.get("threads") == 640 and t.is_file():
+            k = pd.read_parquet(t)
+            k = k[k["name"].str.startswith("ovsim_channel")]
+            out[(e["op"], int(e["channels"]))] = (float(k["duration_s"].median()) * HARNESS_CHANNEL_PASS_BYTES
+                                                  / e["bytes_per_launch"])
+    return out
+
+
 def hbm_sharing_points(folder: Path, comm_folder: Path) -> pd.DataFrame:
     """One row per overlap experiment of a memory-bound victim beside a copy loop, at normal
     priority, loops launched first: the victim's launch, its median time alone and beside the
@@ -1094,23 +1115,11 @@ def hbm_sharing_points(folder: Path, comm_folder: Path) -> pd.DataFrame:
     the loop's and their count beside it; and what the two moved beside each other: the victim's
     slowdown and the loop's (its bytes less what it moved at its own pace while alone, over the
     victims' time)."""
-    import json
-
     import numpy as np
     import pandas as pd
 
-    def jsonl(f: Path) -> dict[str, dict[str, Any]]:
-        return {e["label"]: e for e in map(json.loads, filter(str.strip, f.read_text().splitlines()))}
-
-    exps, comm_exps = jsonl(folder / "experiments.jsonl"), jsonl(comm_folder / "experiments.jsonl")
-    pass_s: dict[tuple[str, int], float] = {}
-    for label, e in comm_exps.items():
-        t = comm_folder / "tables" / "comm" / f"{label}.parquet"
-        if e.get("part") == "comm" and e.get("threads") == 640 and t.is_file():
-            k = pd.read_parquet(t)
-            k = k[k["name"].str.startswith("ovsim_channel")]
-            pass_s[(e["op"], int(e["channels"]))] = (float(k["duration_s"].median()) * HARNESS_CHANNEL_PASS_BYTES
-                                                     / e["bytes_per_launch"])
+    exps = harness_experiments(folder)
+    pass_s = channel_pass_s(comm_folder)
     rows = []
     for label, e in sorted(exps.items()):
         if (e.get("part") != "overlap" or e.get("victim") not in HARNESS_MEMORY_VICTIM_BYTES

@@ -107,12 +107,14 @@ from ovsim.validate import (
     CLOCK_MEMORY_KINDS,
     CLOCK_STEADY_HZ,
     GEMM_AT_TOP_CLOCK,
+    HARNESS_CHANNEL_PASS_BYTES,
     HARNESS_MEMORY_VICTIM_KIND,
     HARNESS_SM_FRACTION,
     MEASURED_COPY,
     MEASURED_GEMM,
     MEASURED_GEMM_PRECISIONS,
     MEASURED_HBM,
+    channel_pass_s,
     clock_memory_points,
     hbm_sharing_points,
     measured_copy_times,
@@ -180,7 +182,6 @@ CONTROL_WINDOWS_S = tuple(x / 1000 for x in range(10, 210, 10))
 # often than that, so the data bound the loop's period from above only; with the window refitted,
 # periods of 2 to 10 ms change the fit's error by under 3% on the H100.
 CONTROL_PERIOD_S = 0.005
-CHANNEL_BUFFER_BYTES = 256 << 20  # run.py's
 # Compulsory HBM traffic of an 8192^3 GEMM, in elements: A and B read, C written.
 GEMM_8192_ELEMENTS = 2 * (2 * 8192 * 8192) + 8192 * 8192
 
@@ -308,9 +309,8 @@ def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> p
     sms = spec.sm.count
     log = read_power_samples(folder / "power.csv")  # wall_time_s: UTC
     t = log["wall_time_s"]
-    comm = pd.read_parquet(DATA / comm_rel / "tables" / "comm" / "channel_copy_32x640.parquet")
-    # The comm part's launch makes 2 passes, each reading and writing the buffer once.
-    channel_bps = 2 * 2 * CHANNEL_BUFFER_BYTES / float(comm.loc[comm["kind"] == "collective", "duration_s"].median())
+    # Each pass of the 32 copy loops reads and writes the buffer once.
+    channel_bps = 2 * HARNESS_CHANNEL_PASS_BYTES / channel_pass_s(DATA / comm_rel)[("copy", 32)]
     rows = []
     for phase in phases:
         raw = folder / "raw" / "power" / f"{phase}.json.gz"
@@ -770,10 +770,10 @@ def main() -> int:
         print(json.dumps({"gpu": gpu, "parameters": report.parameters}, indent=1))
         _, done = write_shipped(report, inputs, gpu, COMMAND, dry_run=args.dry_run)
         print(f"{gpu}: {done}")
-    for gpu in dict.fromkeys(m[1] for m in MEASURED_HBM[:1]):
-        report, tables = hbm_latency_report(gpu)
-        print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
-        _ship(report, tables, gpu, args.dry_run)
+    hbm_gpu = MEASURED_HBM[0][1]  # the data set the law is fitted on
+    report, tables = hbm_latency_report(hbm_gpu)
+    print(json.dumps({"gpu": hbm_gpu, **report.fits}, indent=1))
+    _ship(report, tables, hbm_gpu, args.dry_run)
     for gpu, measured in HBM_LATENCY_CARRIED.items():
         report, tables = hbm_latency_report(gpu, measured)
         _ship(report, tables, gpu, args.dry_run, trace_gpu=measured)
