@@ -671,9 +671,10 @@ def measured_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     checks: list[Check] = []
     for rel, gpu, system in MEASURED_POWER:
         data = folder / rel
-        if not (data / "power.csv").is_file():
+        log = harness_power_log(data)
+        if log is None:
             continue
-        samples = read_power_samples(data / "power.csv")
+        samples = read_power_samples(log)
         limit = float(load_gpu(gpu).power.tdp_w)
         for phase, (op, fitted) in _POWER_PHASES.items():
             table = data / "tables" / "power" / f"{phase}.parquet"
@@ -1081,6 +1082,15 @@ HARNESS_CHANNEL_PASS_BYTES = 256 << 20  # one pass of a copy loop over its buffe
 # HBM bytes per byte of buffer a loop passes over: the copy reads and writes it, the reduce reads two.
 HARNESS_CHANNEL_HBM_PER_BYTE = {"copy": 2, "reduce": 3}
 HBM_TOLERANCE_PCT = 10.0
+
+
+def harness_power_log(folder: Path) -> Path | None:
+    """A harness data set's NVML log of instantaneous power: ``power.csv``, or ``power.csv.gz`` in
+    the data sets ingested compressed; None when it has neither."""
+    for name in ("power.csv", "power.csv.gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
 
 
 def harness_experiments(folder: Path) -> dict[str, dict[str, Any]]:

@@ -8,6 +8,8 @@
   placed all of its own (``dispatch`` part): with equal priorities the leftover policy says never;
   with a higher priority, a later kernel that needs an empty SM starts early only if the scheduler
   holds the earlier kernel's blocks back until an SM drains.
+- :func:`profiled_window`: the wall-clock span of an experiment's profiled activity, what power
+  samples are lined up against.
 - :func:`overlap_slowdowns`: per experiment and kernel signature, the median duration of the
   instances no collective (or, for the ``copy`` part, no copy) overlapped against those one did.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -153,6 +156,20 @@ def overlap_slowdowns(kernels: pd.DataFrame, by: tuple[str, ...] = ("experiment"
 
 PROBE_COLUMNS = ("launch", "smid", "start_ns", "end_ns", "sm_cycles")
 CLOCK_PROBE = "ovsim_clock_probe"
+
+
+def profiled_window(doc: dict[str, Any]) -> tuple[float, float]:
+    """(start, end) in seconds since 1970 (UTC, the profiler's ``baseTimeNanoseconds`` clock) of an
+    experiment's profiled activity in a Kineto trace document: its GPU kernels, or every span when it
+    ran none (the idle power phase). Power samples are placed against this window."""
+    base_s = float(doc["baseTimeNanoseconds"]) / 1e9
+    spans = [e for e in doc.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
+    kernels = [e for e in spans if e.get("cat") == "kernel"]
+    use = kernels or spans
+    if not use:
+        raise HarnessDataError("traceEvents: no span to place the experiment on the wall clock")
+    return (base_s + min(float(e["ts"]) for e in use) / 1e6,
+            base_s + max(float(e["ts"]) + float(e.get("dur", 0)) for e in use) / 1e6)
 
 
 def read_clock_probes(path: str | Path) -> pd.DataFrame:

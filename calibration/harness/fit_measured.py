@@ -86,6 +86,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from analysis import profiled_window
 from scipy.optimize import differential_evolution, minimize_scalar
 
 from ovsim.calibrate import (
@@ -102,6 +103,7 @@ from ovsim.hw.calib import load_calibration
 from ovsim.hw.power import FIT_COLUMNS, fit_power, fit_table_power_w, fit_tensor_weight, power_model
 from ovsim.hw.spec import gpu_file, load_gpu
 from ovsim.models.cost import element_bytes
+from ovsim.traces.load import read_table
 from ovsim.traces.power import read_power_samples
 from ovsim.validate import (
     CLOCK_MEMORY_KINDS,
@@ -116,6 +118,7 @@ from ovsim.validate import (
     MEASURED_HBM,
     channel_pass_s,
     clock_memory_points,
+    harness_power_log,
     hbm_sharing_points,
     measured_copy_times,
     measured_gemm_points,
@@ -276,15 +279,36 @@ def issue_cap_report(gpu: str) -> tuple[FitReport, list[Path]]:
     return report, tables
 
 
-def _phase_window(raw: Path) -> tuple[float, float, list[dict[str, Any]]]:
-    """(start, end) on the wall clock of a phase's profiled activity, and its kernels."""
-    doc = json.loads(gzip.decompress(raw.read_bytes()))
-    base = doc["baseTimeNanoseconds"] / 1e9
-    spans = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "ts" in e]
-    kernels = [e for e in spans if e.get("cat") == "kernel"]
-    use = kernels or spans
-    return (base + min(e["ts"] for e in use) / 1e6, base + max(e["ts"] + e.get("dur", 0) for e in use) / 1e6,
-            kernels)
+def _phase_window(folder: Path, phase: str) -> tuple[float, float, list[dict[str, Any]]] | None:
+    """(start, end) on the wall clock of a power phase's profiled activity, and its kernels (each
+    with ``name`` and ``dur`` in microseconds, as Kineto writes them): from the raw trace where the
+    data set kept it, else from the span ingest recorded (``windows.json``) and the kernel table.
+    None when the data set has neither."""
+    raw = folder / "raw" / "power" / f"{phase}.json.gz"
+    if raw.is_file():
+        doc = json.loads(gzip.decompress(raw.read_bytes()))
+        start, end = profiled_window(doc)
+        return start, end, [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    spans = folder / "windows.json"
+    table = folder / "tables" / "power" / f"{phase}.parquet"
+    key = f"power/{phase}"
+    if not spans.is_file() or not table.is_file():
+        return None
+    windows = json.loads(spans.read_text())
+    if key not in windows:
+        return None
+    k = read_table(table).kernels
+    k = k[~k["kind"].isin(("memset", "memcpy"))]
+    start, end = windows[key]
+    return float(start), float(end), [{"name": n, "dur": d * 1e6} for n, d in zip(k["name"], k["duration_s"],
+                                                                                    strict=True)]
+
+
+def _power_log(folder: Path) -> Path:
+    log = harness_power_log(folder)
+    if log is None:
+        raise SystemExit(f"{folder}: no power.csv or power.csv.gz")
+    return log
 
 
 def _busy(kernels: list[dict[str, Any]], start_s: float, end_s: float, name: str) -> tuple[float, float]:
@@ -307,16 +331,16 @@ def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> p
     folder = DATA / rel
     spec = load_gpu(gpu)
     sms = spec.sm.count
-    log = read_power_samples(folder / "power.csv")  # wall_time_s: UTC
+    log = read_power_samples(_power_log(folder))  # wall_time_s: UTC
     t = log["wall_time_s"]
     # Each pass of the 32 copy loops reads and writes the buffer once.
     channel_bps = 2 * HARNESS_CHANNEL_PASS_BYTES / channel_pass_s(DATA / comm_rel)[("copy", 32)]
     rows = []
     for phase in phases:
-        raw = folder / "raw" / "power" / f"{phase}.json.gz"
-        if not raw.is_file() or phase in POWER_DEFECTIVE.get(rel, ()):
+        window = _phase_window(folder, phase)
+        if window is None or phase in POWER_DEFECTIVE.get(rel, ()):
             continue
-        start, end, kernels = _phase_window(raw)
+        start, end, kernels = window
         act = dict.fromkeys(FIT_COLUMNS[2:], 0.0)
         if phase.startswith("gemm_"):
             prec = phase.split("_")[1]
@@ -496,7 +520,7 @@ def clock_power_rows(rel: str, phase: str = CLOCK_POWER_PHASE) -> pd.DataFrame:
     busy = min(1.0, float(gemm["duration_s"].sum()) / (end_s - start_s))
     eb = element_bytes(phase.split("_")[1])
     gemm_bps = eb * GEMM_8192_ELEMENTS / float(gemm["duration_s"].median())
-    log = read_power_samples(folder / "power.csv")  # wall_time_s: UTC
+    log = read_power_samples(_power_log(folder))  # wall_time_s: UTC
     t = log["wall_time_s"].to_numpy(float)
     sel = (t > start_s + POWER_SETTLE_S) & (t < end_s)
     mid = ((probes["start_ns"] + probes["end_ns"]) * 0.5e-9).to_numpy()

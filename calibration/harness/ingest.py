@@ -1,25 +1,34 @@
 """Turn a harness run folder (``run.py --out RUN_DIR``) into a committed data set.
 
     python calibration/harness/ingest.py RUN_DIR --dest calibration/data/<gpu>/<date> [--raw-limit-mb 25]
+        [--no-clock-tables]
 
 Writes under DEST:
 
 - ``tables/<part>/<experiment>.parquet``: each experiment's canonical kernel table (ovsim's trace
   importer, with the GPU name and wall-clock origin in its metadata), loadable as a trace by
-  ``ovsim replay`` and ``ovsim calibrate``;
+  ``ovsim replay`` and ``ovsim calibrate``; with ``--no-clock-tables`` none for the ``clock`` part,
+  whose kernels ``clock.parquet`` holds with their clocks;
 - ``blocks.parquet``: every per-block record (part, experiment, kernel, launch, block, SM, start, end);
 - ``clock.parquet``: every kernel of the ``clock`` part with the SM clock its probes counted
   (part, experiment, name, start, duration, clock, how far the clock moved across its group), and
   ``probes.parquet`` the probes' own records (SM, start and end on the global timer, cycles);
 - ``raw/<part>/<experiment>.json.gz``: the profiler traces themselves, when all of them together
   stay under ``--raw-limit-mb`` (otherwise left out, and PROVENANCE.json says so);
-- ``manifest.json``, ``power.csv`` (and ``power_average.csv``), ``experiments.jsonl`` and
-  ``ncu/metrics.csv`` as the run wrote them;
+- ``windows.json``: each experiment's profiled span on the wall clock (``<part>/<label>``: [start,
+  end], seconds since 1970, UTC), what power samples are placed against without the raw traces;
+- ``manifest.json``, ``experiments.jsonl`` and ``ncu/metrics.csv`` as the run wrote them, and the
+  power logs ``power.csv`` (and ``power_average.csv``) gzip-compressed as ``power.csv.gz`` (and
+  ``power_average.csv.gz``): ovsim's power-log reader takes either;
 - ``summary.json``: slowdowns of kernels overlapped with communication (in the ``copy`` part, with
   copies) against the same kernels alone, per-block residency of the shaped GEMM, and the dispatch
   probes' outcome (``analysis.py``);
 - ``PROVENANCE.json``: the harness commit and GPU from the manifest, and the size and SHA-256 of
   every file written.
+
+Parquet files are zstd-compressed and the power logs gzip-compressed: a data set travels with the
+repository, and these shrink it by about half (data sets ingested before, with snappy parquet and
+plain logs, read the same).
 
 A folder that is not a complete run, or a trace the importer cannot read, stops with a one-line
 message naming the file; nothing is written over an existing DEST unless ``--force``.
@@ -28,6 +37,7 @@ message naming the file; nothing is written over an existing DEST unless ``--for
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import shutil
@@ -42,6 +52,7 @@ from analysis import (
     clock_points,
     dispatch_order,
     overlap_slowdowns,
+    profiled_window,
     read_blocks,
     read_clock_probes,
     residency,
@@ -51,6 +62,7 @@ from ovsim.errors import OvsimError
 from ovsim.traces.load import load_trace, write_table
 
 # The parts whose kernels are compared alone and beside something, and what that something is.
+PARQUET_COMPRESSION = "zstd"
 SLOWDOWN_PARTS = {"overlap": "collective", "smloss": "other", "shaping": "collective", "copy": "copy",
                   "power": "collective"}
 
@@ -86,7 +98,8 @@ def _sha256(p: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False) -> dict[str, Any]:
+def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False,
+           clock_tables: bool = True) -> dict[str, Any]:
     """Write the data set; returns the summary. It is built beside DEST and moved into place only
     when complete, so a run that stops with an error leaves DEST as it was."""
     if dest.exists() and any(dest.iterdir()) and not force:
@@ -94,7 +107,7 @@ def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False) 
     partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        summary = _build(run, partial, raw_limit_bytes)
+        summary = _build(run, partial, raw_limit_bytes, clock_tables)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -103,7 +116,7 @@ def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False) 
     return summary
 
 
-def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
+def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> dict[str, Any]:
     manifest_path = run / "manifest.json"
     if not manifest_path.is_file():
         raise IngestError(f"{manifest_path}: missing: not a harness run folder")
@@ -125,17 +138,27 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
     blocks: list[pd.DataFrame] = []
     clocks: list[pd.DataFrame] = []
     probes: list[pd.DataFrame] = []
+    windows: dict[str, list[float]] = {}
     for e, trace in traces:
         try:
             bundle = load_trace(trace)
         except OvsimError as err:
             raise IngestError(str(err)) from None
-        out = dest / "tables" / e["part"] / f"{e['label']}.parquet"
-        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            doc = json.loads(gzip.decompress(trace.read_bytes()))
+            windows[f"{e['part']}/{e['label']}"] = list(profiled_window(doc))
+        except HarnessDataError as err:
+            raise IngestError(f"{trace}: {err}") from None
+        except KeyError as err:
+            raise IngestError(f"{trace}: {err.args[0]}: missing, so the experiment has no place on the wall clock") \
+                from None
         # The trace's path inside the run, not on the machine that ingested it: the data set is
         # committed, and its raw traces (when kept) sit under raw/ at that path.
         bundle = replace(bundle, sources={k: f"{e['part']}/{trace.name}" for k in bundle.sources})
-        write_table(bundle, out)
+        if clock_tables or e["part"] != "clock":
+            out = dest / "tables" / e["part"] / f"{e['label']}.parquet"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_table(bundle, out, compression=PARQUET_COMPRESSION)
         tables.append(bundle.kernels.assign(part=e["part"], experiment=e["label"]))
         rec = e["_folder"] / f"{e['label']}.blocks.csv"
         if rec.is_file():
@@ -161,11 +184,13 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
             probes.append(probe.assign(part=e["part"], experiment=e["label"]))
     all_blocks = pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
     if len(all_blocks):
-        all_blocks.to_parquet(dest / "blocks.parquet", index=False)
+        all_blocks.to_parquet(dest / "blocks.parquet", index=False, compression=PARQUET_COMPRESSION)
 
     if clocks:
-        pd.concat(clocks, ignore_index=True).to_parquet(dest / "clock.parquet", index=False)
-        pd.concat(probes, ignore_index=True).to_parquet(dest / "probes.parquet", index=False)
+        pd.concat(clocks, ignore_index=True).to_parquet(dest / "clock.parquet", index=False,
+                                                        compression=PARQUET_COMPRESSION)
+        pd.concat(probes, ignore_index=True).to_parquet(dest / "probes.parquet", index=False,
+                                                        compression=PARQUET_COMPRESSION)
 
     raw_total = sum(t.stat().st_size for _, t in traces)
     raw_kept = raw_total <= raw_limit_bytes
@@ -177,10 +202,17 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
     with open(dest / "experiments.jsonl", "w") as f:
         for e in experiments:
             f.write(json.dumps({k: v for k, v in e.items() if k != "_folder"}) + "\n")
-    for name in ("manifest.json", "power.csv", "power_average.csv", "ncu/metrics.csv"):
+    (dest / "windows.json").write_text(json.dumps(windows, indent=1))
+    for name in ("manifest.json", "ncu/metrics.csv"):
         if (run / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run / name, dest / name)
+    for name in ("power.csv", "power_average.csv"):
+        if (run / name).is_file():
+            # mtime=0: the same log always gives the same bytes, so its checksum names its content.
+            with open(run / name, "rb") as src, open(dest / f"{name}.gz", "wb") as raw_out, \
+                    gzip.GzipFile(filename=name, mode="wb", fileobj=raw_out, mtime=0) as dst:
+                shutil.copyfileobj(src, dst)
 
     summary = summarize(pd.concat(tables, ignore_index=True), all_blocks, experiments)
     (dest / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
@@ -189,6 +221,7 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int) -> dict[str, Any]:
         "gpu": manifest.get("gpu"), "driver": manifest.get("driver"), "harness_commit": manifest.get("commit"),
         "date_utc": manifest.get("date_utc"), "command": "python calibration/harness/run.py, then ingest.py",
         "raw_traces": "kept" if raw_kept else f"left out: {raw_total / 1e6:.1f} MB over the limit",
+        **({} if clock_tables else {"clock_tables": "left out: the clock part's kernels are in clock.parquet"}),
         "files": {str(p.relative_to(dest)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
     }
     (dest / "PROVENANCE.json").write_text(json.dumps(provenance, indent=1))
@@ -239,9 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dest", type=Path, required=True, help="data set folder to write")
     ap.add_argument("--raw-limit-mb", type=float, default=25.0, help="keep the raw traces only under this total")
     ap.add_argument("--force", action="store_true", help="write over a non-empty DEST")
+    ap.add_argument("--no-clock-tables", action="store_true",
+                    help="write no kernel tables for the clock part (clock.parquet holds its kernels and clocks)")
     args = ap.parse_args(argv)
     try:
-        summary = ingest(args.run, args.dest, raw_limit_bytes=int(args.raw_limit_mb * 1e6), force=args.force)
+        summary = ingest(args.run, args.dest, raw_limit_bytes=int(args.raw_limit_mb * 1e6), force=args.force,
+                         clock_tables=not args.no_clock_tables)
     except IngestError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

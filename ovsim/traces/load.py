@@ -82,8 +82,9 @@ def load_trace(paths: str | Path | Sequence[str | Path], fmt: str = "auto") -> T
     )
 
 
-def write_table(bundle: TraceBundle, path: str | Path) -> None:
-    """Save the canonical table as parquet, with the GPU names and sources in its metadata."""
+def write_table(bundle: TraceBundle, path: str | Path, *, compression: str = "snappy") -> None:
+    """Save the canonical table as parquet, with the GPU names and sources in its metadata
+    (``compression``: any codec pyarrow writes; readers need nothing to tell them which)."""
     import json
 
     import pyarrow as pa
@@ -96,7 +97,7 @@ def write_table(bundle: TraceBundle, path: str | Path) -> None:
                                  "skipped": bundle.skipped, "wall_origin_s": bundle.wall_origin_s,
                                  "versions": bundle.versions}).encode()
     try:
-        pq.write_table(table.replace_schema_metadata(meta), str(path))
+        pq.write_table(table.replace_schema_metadata(meta), str(path), compression=compression)
     except OSError as e:
         raise OvsimError(f"cannot write: {e}", source=str(path), field="output") from None
 

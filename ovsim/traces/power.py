@@ -45,6 +45,9 @@ DCGM field CSV
     or a DCGM-API logger writes. The Prometheus text exposition format itself (one scrape per file,
     no history) is not read.
 
+Any of them may be gzip-compressed (told by its first bytes, whatever the file's name): long logs
+at millisecond sampling compress about tenfold.
+
 A last line cut short (a logger killed mid-write) is dropped and counted in ``attrs["skipped"]``;
 any other malformed line, or a file with no power column, is a one-line :class:`OvsimError` naming
 the file and the field.
@@ -53,9 +56,11 @@ the file and the field.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import math
 import re
+import zlib
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -70,6 +75,7 @@ SAMPLE_COLUMNS = ["time_s", "gpu", "power_w", "sm_clock_hz", "wall_time_s"]
 PowerFormat = Literal["auto", "nvidia-smi", "dcgmi-dmon", "dcgm-csv"]
 POWER_FORMATS: tuple[str, ...] = ("auto", "nvidia-smi", "dcgmi-dmon", "dcgm-csv")
 
+_GZIP_MAGIC = b"\x1f\x8b"
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "unknown error", "-", "nan",
             "[insufficient permissions]", "[gpu is lost]", "[requested functionality has been deprecated]"}
@@ -92,11 +98,17 @@ def read_power_samples(path: str | Path, format: PowerFormat = "auto", *,
     if not interval_s > 0:
         raise OvsimError(f"interval must be positive, got {interval_s}", source=str(p), field="interval_s")
     try:
-        text = p.read_text(errors="replace")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise OvsimError("file not found", source=str(p)) from None
     except OSError as e:
         raise OvsimError(f"cannot read: {e.strerror}", source=str(p)) from None
+    if data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise OvsimError(f"gzip-compressed but cannot be decompressed ({e})", source=str(p)) from None
+    text = data.decode(errors="replace")
     kind = _detect(text, p) if format == "auto" else format
     if kind == "nvidia-smi":
         return _nvidia_smi(text, str(p), interval_s)

@@ -8,6 +8,7 @@ The log snippets follow the formats as printed by the tools: nvidia-smi's CSV as
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -137,6 +138,20 @@ def test_power_column_named_in_the_error_when_absent(tmp_path: Path) -> None:
     with pytest.raises(OvsimError) as err:
         read_power_samples(p, "nvidia-smi")
     assert err.value.field == "power.draw" and "power.limit" in err.value.message
+
+
+def test_a_gzip_compressed_log_reads_as_its_text_whatever_its_name(tmp_path: Path) -> None:
+    plain = read_power_samples(write(tmp_path, "smi.csv", SMI_UNITS))
+    packed = tmp_path / "smi.log"
+    packed.write_bytes(gzip.compress(SMI_UNITS.encode()))
+    pd.testing.assert_frame_equal(read_power_samples(packed), plain)
+
+
+def test_a_broken_gzip_log_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    broken = tmp_path / "smi.csv.gz"
+    broken.write_bytes(gzip.compress(SMI_UNITS.encode())[:30])
+    with pytest.raises(OvsimError, match=r"smi\.csv\.gz.*cannot be decompressed"):
+        read_power_samples(broken)
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from ingest import IngestError, ingest, main
 
 from ovsim.traces.load import read_table
+from ovsim.traces.power import read_power_samples
 
 GEMM = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN"
 
@@ -77,7 +79,52 @@ def test_ingest_writes_tables_blocks_summary_and_checksums(tmp_path: Path) -> No
     raw = dest / "raw" / "overlap" / "g__copy_16__high__comm_first.json.gz"
     assert prov["files"]["raw/overlap/g__copy_16__high__comm_first.json.gz"]["sha256"] == \
         hashlib.sha256(raw.read_bytes()).hexdigest()
-    assert (dest / "power.csv").read_text() == (run / "power.csv").read_text()
+    # The power log travels compressed, byte for byte, and ovsim's reader takes it as it is.
+    assert gzip.decompress((dest / "power.csv.gz").read_bytes()) == (run / "power.csv").read_bytes()
+    assert read_power_samples(dest / "power.csv.gz")["power_w"].tolist() == [70.5]
+    # Each experiment's span on the wall clock: the trace's base time plus its kernels' extent.
+    windows = json.loads((dest / "windows.json").read_text())
+    assert windows["overlap/g__copy_16__high__comm_first"] == pytest.approx([1_700_000_000.001, 1_700_000_000.016])
+    assert windows["dispatch/probe_empty_sm_high"] == pytest.approx([1_700_000_000.0, 1_700_000_000.0005])
+    assert pq.read_metadata(dest / "blocks.parquet").row_group(0).column(0).compression == "ZSTD"
+    assert pq.read_metadata(dest / "tables" / "overlap" / "g__copy_16__high__comm_first.parquet"
+                            ).row_group(0).column(0).compression == "ZSTD"
+
+
+def test_an_experiment_with_no_kernels_is_placed_by_its_host_spans(tmp_path: Path) -> None:
+    """The idle power phase launches nothing: its span is the profiler's host activity."""
+    run = make_run(tmp_path)
+    (run / "power").mkdir()
+    host = {"ph": "X", "cat": "user_annotation", "name": "sleep", "pid": 0, "tid": 1, "ts": 2_000_000.0,
+            "dur": 4_000_000.0}
+    (run / "power" / "idle.json.gz").write_bytes(trace([host]))
+    (run / "power" / "experiments.jsonl").write_text(json.dumps({"label": "idle", "part": "power"}) + "\n")
+    dest = tmp_path / "data"
+    ingest(run, dest, raw_limit_bytes=0)
+    assert json.loads((dest / "windows.json").read_text())["power/idle"] == pytest.approx(
+        [1_700_000_002.0, 1_700_000_006.0])
+
+
+def test_clock_tables_can_be_left_to_clock_parquet(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    (run / "clock").mkdir()
+    events = []
+    for i in range(3):
+        events.append(kernel("ovsim_clock_probe", 2000 * i, 100, 2 * i + 1))
+        events.append(kernel(GEMM, 2000 * i + 200, 1000, 2 * i + 2))
+    events.append(kernel("ovsim_clock_probe", 6000, 100, 7))
+    (run / "clock" / "g.json.gz").write_bytes(trace(events))
+    (run / "clock" / "g.clock.csv").write_text("launch,smid,start_ns,end_ns,sm_cycles\n" + "".join(
+        f"{i},0,{i * 2_000_000},{i * 2_000_000 + 100_000},{int(1.5e5) + i * 1000}\n" for i in range(4)))
+    (run / "clock" / "experiments.jsonl").write_text(json.dumps({"label": "g", "part": "clock"}) + "\n")
+    dest = tmp_path / "data"
+    ingest(run, dest, raw_limit_bytes=0, clock_tables=False)
+    assert not (dest / "tables" / "clock").exists() and (dest / "tables" / "overlap").is_dir()
+    points = pd.read_parquet(dest / "clock.parquet")
+    assert points["name"].tolist() == [GEMM] * 3
+    assert points["sm_clock_hz"].tolist() == pytest.approx([1.505e9, 1.515e9, 1.525e9])
+    assert "clock part's kernels are in clock.parquet" in json.loads((dest / "PROVENANCE.json").read_text())[
+        "clock_tables"]
 
 
 def test_raw_traces_over_the_limit_are_left_out_and_said_so(tmp_path: Path) -> None:
@@ -150,7 +197,7 @@ def test_copy_part_slowdowns_are_against_copies_and_a_part_listed_twice_counts_o
     assert len(pd.read_parquet(dest / "blocks.parquet")) == 10
     assert [p["experiment"] for p in summary["dispatch"]] == ["probe_empty_sm_high"]
     assert (dest / "experiments.jsonl").read_text().count("probe_empty_sm_high") == 1
-    assert (dest / "power_average.csv").read_text() == (run / "power_average.csv").read_text()
+    assert gzip.decompress((dest / "power_average.csv.gz").read_bytes()) == (run / "power_average.csv").read_bytes()
 
 
 def test_smloss_slowdowns_are_against_the_sm_holding_probe_and_an_elementwise_victim_stays_a_victim(
