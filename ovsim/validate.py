@@ -714,12 +714,13 @@ _CLOCK_PHASES = {f"gemm_{p}_8192x8192x8192": {"kind": "gemm", "m": 8192, "n": 81
 MEASURED_CLOCK_FIT = "measured clocks (calibration harness clock part; calibration source)"
 
 
-def _clock_sets(folder: Path) -> Iterator[tuple[str, str, str, pd.DataFrame, float]]:
-    """Each clock part data set of ``MEASURED_CLOCK`` that ``folder`` holds: its folder, GPU,
-    system, kernels with their counted clocks, and the GPU's default power limit."""
+def _clock_sets(folder: Path, sets: tuple[tuple[str, str, str], ...] = MEASURED_CLOCK
+                ) -> Iterator[tuple[str, str, str, pd.DataFrame, float]]:
+    """Each clock part data set of ``sets`` that ``folder`` holds: its folder, GPU, system,
+    kernels with their counted clocks, and the GPU's default power limit."""
     import pandas as pd
 
-    for rel, gpu, system in MEASURED_CLOCK:
+    for rel, gpu, system in sets:
         path = folder / rel / "clock.parquet"
         if path.is_file():
             yield rel, gpu, system, pd.read_parquet(path), float(load_gpu(gpu).power.tdp_w)
@@ -760,9 +761,15 @@ _MIX_VICTIMS: dict[str, dict[str, Any]] = {
     "layernorm_bf16_16384x8192__after_gemm": {"kind": "norm", "bytes": 4 * 16384 * 8192},
     "softmax_bf16_16384x8192__after_gemm": {"kind": "softmax", "bytes": 4 * 16384 * 8192},
 }
+# Boards whose clock part also alternated the GEMM with the add at GEMM time shares of 10-90%
+# (the power fit reads none of them).
+MEASURED_CLOCK_SHARES: tuple[tuple[str, str, str], ...] = (
+    ("h100-sxm5-80gb/2026-11-26-e", "h100-sxm5-80gb", "hgx-h100"), ("h200-sxm/2026-11-26-d", "h200-sxm", "hgx-h200"))
+_SHARE_VICTIMS = {f"add_bf16_256M__gemm_share_{p}": _MIX_VICTIMS["add_bf16_256M__after_gemm"] for p in (10, 25, 75, 90)}
 _MIX_CYCLES = 5  # cycles a mixed phase is predicted as (repeated: the loop's steady state)
 MEASURED_CLOCK_MIX = ("measured clocks, GEMM alternating with a memory-bound kernel (calibration harness clock "
-                      "part; held out: the power-limit loop's window was fitted on the GEMM phases alone)")
+                      "part; held out: the power-limit loop's window was fitted on the GEMM phases alone, and no "
+                      "fit reads the GEMM-share boards)")
 
 
 def _runs(is_gemm: np.ndarray) -> tuple[int, int]:
@@ -805,13 +812,19 @@ def measured_clock_mix_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     from ovsim.scenario import Scenario
 
     checks: list[Check] = []
-    for rel, gpu, system, pts, limit in _clock_sets(folder):
-        for phase, victim in _MIX_VICTIMS.items():
+    sets = [(s, _MIX_VICTIMS) for s in _clock_sets(folder)]
+    sets += [(s, {**_MIX_VICTIMS, **_SHARE_VICTIMS}) for s in _clock_sets(folder, MEASURED_CLOCK_SHARES)]
+    for (rel, gpu, system, pts, limit), phases in sets:
+        for phase, victim in phases.items():
             g = pts[pts["experiment"] == phase].sort_values("start_s")
             if g.empty:
                 continue
-            names = g["name"].value_counts().index
-            victim_name, gemm_name = names[0], names[1]
+            # cuBLAS's Hopper GEMMs are nvjet kernels; at high GEMM shares they outnumber the victim.
+            counts = g["name"].value_counts()
+            is_gemm = counts.index.str.contains("nvjet")
+            if is_gemm.all() or not is_gemm.any():
+                continue
+            gemm_name, victim_name = counts.index[is_gemm][0], counts.index[~is_gemm][0]
             g = g[g["name"].isin([victim_name, gemm_name])]
             n_gemm, n_victim = _runs((g["name"] == gemm_name).to_numpy())
             steady = g[g["start_s"] > float(g["start_s"].min()) + _SETTLE_S]
@@ -826,7 +839,9 @@ def measured_clock_mix_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             victim_ids = [f"{o['name']}@r0" for o in ops if o["name"].startswith("v")]
             src = (f"calibration/data/{rel} (clock part, {phase}: {n_gemm} GEMMs then {n_victim} {victim['kind']} "
                    f"kernels, {len(steady)} kernels after the first second)")
-            what = f"{gpu}: {phase.split('__')[0]} after {n_gemm} GEMMs at the {limit:.0f} W limit"
+            share = phase.rsplit("_", 1)[-1] if "gemm_share" in phase else None
+            what = (f"{gpu} {rel.rsplit('/', 1)[-1]}: {phase.split('__')[0]} after {n_gemm} GEMMs"
+                    + (f" ({share}% GEMM time)" if share else "") + f" at the {limit:.0f} W limit")
             gs, vs = steady[steady["name"] == gemm_name], steady[steady["name"] == victim_name]
             checks.append(Check(f"{what}: GEMM's counted SM clock", MEASURED_CLOCK_MIX,
                                 float(gs["sm_clock_hz"].median()) / 1e6, _clock_during(tl, gemm_ids) / 1e6,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -189,19 +190,49 @@ def test_gemms_alternating_with_memory_bound_kernels_share_the_measured_clock() 
     pass (a clock that
     followed each moment's power passed 2: it put the GEMMs ~12-20% low and the victims at the top
     clock)."""
-    from ovsim.validate import MEASURED_CLOCK_MIX, measured_clock_mix_checks
+    from ovsim.validate import MEASURED_CLOCK_MIX, MEASURED_CLOCK_SHARES, measured_clock_mix_checks
 
     checks = measured_clock_mix_checks()
-    assert len(checks) == 18 and {c.group for c in checks} == {MEASURED_CLOCK_MIX}
+    share_sets = tuple(rel for rel, _, _ in MEASURED_CLOCK_SHARES)
+    first = [c for c in checks if not c.source.startswith(tuple(f"calibration/data/{r}" for r in share_sets))]
+    assert len(first) == 18 and {c.group for c in checks} == {MEASURED_CLOCK_MIX}
     by = {c.name: c for c in checks}
-    for c in checks:
+    assert len(by) == len(checks)
+    for c in first:
         if c.name.endswith("GEMM's counted SM clock"):
             victim = by[c.name.replace("GEMM's", "victim's")]
             assert abs(c.reference - victim.reference) < 2.0  # the measurement: one clock
             # Within two clock steps: the model's loop drops a step after a window heavy in GEMMs,
             # during the victims that follow; the measured clock did not (1 MHz).
             assert abs(c.predicted - victim.predicted) <= 30.0
-    assert sum(c.passed for c in checks) >= 14, [(c.name, round(c.error_pct, 1)) for c in checks if not c.passed]
+    assert sum(c.passed for c in first) >= 14, [(c.name, round(c.error_pct, 1)) for c in first if not c.passed]
+
+
+def test_gemm_share_alternations_on_other_boards() -> None:
+    """Two more boards (calibration/data, 2026-11-26-e and the H200's -d, read by no fit) ran the
+    three alternations and the GEMM with the add at GEMM time shares of 10, 25, 75 and 90%: 42
+    rows. Measured, the shares put the clock from the top (10%) down to the GEMM's own (90%), every
+    kernel of a phase at one clock. ovsim follows that on the H100 (every row within 10%); on the
+    H200 the 10% and 25% shares come out 15% low: its model draws more for the add than the board
+    did (+4% at the top clock), which leaves the GEMM no room there."""
+    from ovsim.validate import MEASURED_CLOCK_SHARES, measured_clock_mix_checks
+
+    rows = [c for c in measured_clock_mix_checks()
+            if c.source.startswith(tuple(f"calibration/data/{r}" for r, _, _ in MEASURED_CLOCK_SHARES))]
+    assert len(rows) == 42
+    clocks = {c.name: c.reference for c in rows if "counted SM clock" in c.name}
+    for gpu in ("h100-sxm5-80gb", "h200-sxm"):
+        by_share = sorted((int(n.split("(")[1].split("%")[0]), v) for n, v in clocks.items()
+                          if n.startswith(gpu) and "GEMM's" in n and "% GEMM time" in n)
+        assert [s for s, _ in by_share] == [10, 25, 75, 90]
+        # More GEMM time, a lower clock (the two low shares both ran at the top clock on the H100,
+        # 1977 and 1979 MHz: the probes' count differs by a few MHz).
+        assert all(a[1] > b[1] - 5.0 for a, b in itertools.pairwise(by_share))
+        assert by_share[0][1] - by_share[-1][1] > 300.0
+    h100 = [c for c in rows if c.name.startswith("h100")]
+    assert len(h100) == 21
+    assert all(c.passed for c in h100), [(c.name, round(c.error_pct, 1)) for c in h100 if not c.passed]
+    assert sum(c.passed for c in rows) >= 36, [(c.name, round(c.error_pct, 1)) for c in rows if not c.passed]
 
 
 def test_clock_shares_reproduce_the_clock_parts_memory_bound_kernels() -> None:

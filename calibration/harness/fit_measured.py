@@ -78,6 +78,7 @@ A GPU whose newest calibration file already holds the fitted values gets no new 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import sys
@@ -155,6 +156,15 @@ MEMORY_VICTIMS = ("add_bf16_256M", "layernorm_bf16_16384x8192", "softmax_bf16_16
 # (power data set, data set whose comm part gives the 32 channels' traffic)
 POWER = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26-b", "h100-sxm5-80gb/2026-11-26"),
          "h200-sxm": ("h200-sxm/2026-11-26", "h200-sxm/2026-11-26")}
+# One board's power and clock parts with the GEMM-share alternations, and the comm set as above:
+# what voltage_report fits the voltage floor on.
+VOLTAGE = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26-e", "h100-sxm5-80gb/2026-11-26"),
+           "h200-sxm": ("h200-sxm/2026-11-26-d", "h200-sxm/2026-11-26")}
+# The clock part's alternations of the 8192^3 BF16 GEMM with the streaming add: the GEMM at
+# clocks from the limit's (~1500 MHz) to the top, which places the voltage curve there. The ~55%
+# one (the first the harness ran) is held out.
+SHARE_PHASES = tuple(f"add_bf16_256M__gemm_share_{p}" for p in (10, 25, 75, 90))
+SHARE_HELD_OUT = "add_bf16_256M__after_gemm"
 # The GEMM phases are held out: NVML's clock readings under the power limit fall up to 9% below
 # the clock the SMs count (the clock part), so the tensor weight is fitted on the clock part's
 # GEMM phase at its counted clocks instead (``clock_power_rows``).
@@ -185,6 +195,8 @@ CONTROL_WINDOWS_S = tuple(x / 1000 for x in range(10, 210, 10))
 # often than that, so the data bound the loop's period from above only; with the window refitted,
 # periods of 2 to 10 ms change the fit's error by under 3% on the H100.
 CONTROL_PERIOD_S = 0.005
+# The streaming add's traffic a launch: two BF16 inputs of 2^28 elements read, one written.
+ADD_BYTES = 3 * 2**29
 # Compulsory HBM traffic of an 8192^3 GEMM, in elements: A and B read, C written.
 GEMM_8192_ELEMENTS = 2 * (2 * 8192 * 8192) + 8192 * 8192
 
@@ -353,7 +365,7 @@ def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> p
         elif phase.startswith("add_"):
             busy, dur = _busy(kernels, start, end, "elementwise")
             act["sm_memory_fraction"] = busy
-            act["hbm_bytes_per_s"] = busy * 3 * 2**29 / dur
+            act["hbm_bytes_per_s"] = busy * ADD_BYTES / dur
         elif phase.startswith("channel_"):
             act["sm_memory_fraction"] = 32 / sms
             act["hbm_bytes_per_s"] = channel_bps
@@ -531,6 +543,39 @@ def clock_power_rows(rel: str, phase: str = CLOCK_POWER_PHASE) -> pd.DataFrame:
                          "sm_memory_fraction": 0.0, "hbm_bytes_per_s": busy * gemm_bps, "link_bytes_per_s": 0.0})
 
 
+def share_power_rows(rel: str, phase: str) -> pd.DataFrame:
+    """Power-fit rows (``FIT_COLUMNS``) from one of the clock part's alternations of the 8192^3 BF16
+    GEMM with the streaming add (``add_bf16_256M__gemm_share_NN``, ``add_bf16_256M__after_gemm``):
+    each NVML sample after its first second at the SM clock of the next probe (as
+    ``clock_power_rows``), with the phase's mean activity: each kernel's share of the phase's span
+    as tensor or memory work, and each one's traffic (the GEMM's compulsory bytes, the add's two
+    reads and one write) over its own median time, times that share, as HBM traffic. The cycles
+    (at most 15 ms) are shorter than the power loop's window, so the clock holds across them."""
+    folder = DATA / rel
+    probes = pd.read_parquet(folder / "probes.parquet")
+    probes = probes[probes["experiment"] == phase]
+    pts = pd.read_parquet(folder / "clock.parquet")
+    pts = pts[pts["experiment"] == phase]
+    start_s, end_s = probes["start_ns"].min() * 1e-9, probes["end_ns"].max() * 1e-9
+    gemm = pts[pts["name"].str.contains("nvjet")]
+    add = pts[pts["name"].str.contains("elementwise")]
+    span = end_s - start_s
+    gemm_share = float(gemm["duration_s"].sum()) / span
+    add_share = float(add["duration_s"].sum()) / span
+    gemm_bps = element_bytes("bf16") * GEMM_8192_ELEMENTS / float(gemm["duration_s"].median())
+    add_bps = ADD_BYTES / float(add["duration_s"].median())
+    log = read_power_samples(_power_log(folder))  # wall_time_s: UTC
+    t = log["wall_time_s"].to_numpy(float)
+    sel = (t > start_s + POWER_SETTLE_S) & (t < end_s)
+    mid = ((probes["start_ns"] + probes["end_ns"]) * 0.5e-9).to_numpy()
+    following = np.clip(np.searchsorted(mid, t[sel]), 0, len(mid) - 1)
+    clock = probes["sm_clock_hz"].to_numpy(float)[following]
+    return pd.DataFrame({"phase": f"clock:{phase}", "power_w": log.loc[sel, "power_w"].to_numpy(float),
+                         "sm_clock_hz": clock, "sm_tensor_fraction": gemm_share, "sm_fp32_fraction": 0.0,
+                         "sm_memory_fraction": add_share,
+                         "hbm_bytes_per_s": gemm_share * gemm_bps + add_share * add_bps, "link_bytes_per_s": 0.0})
+
+
 def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     rel, comm_rel = POWER[gpu]
     spec = load_gpu(gpu)
@@ -595,6 +640,40 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     tables = sorted((DATA / rel / "tables" / "power").glob("*.parquet"))
     clock = [CLOCK_POWER_PHASE, *CLOCK_PRECISION_PHASES.values()]
     return report, [*tables, *(DATA / CLOCK[gpu] / "tables" / "clock" / f"{ph}.parquet" for ph in clock)]
+
+
+def voltage_report(gpu: str) -> dict[str, Any]:
+    """The voltage floor the GEMM-share alternations fit (``VOLTAGE``'s data set: one board's power
+    and clock parts), with the knee clock held: reported, not shipped (docs/power.md, "What the
+    alternating phases say about the voltage curve", says why)."""
+    rel, comm_rel = VOLTAGE[gpu]
+    spec = load_gpu(gpu)
+    model = power_model(spec, load_calibration(spec, gpu_file(gpu).stem).params)
+    base = power_table(gpu, rel, comm_rel, POWER_FITTED)
+    if base is None:
+        raise SystemExit(f"{gpu}: calibration/data/{rel}: no power phase to fit")
+    table = pd.concat([base, clock_power_rows(rel), *(share_power_rows(rel, ph) for ph in SHARE_PHASES)],
+                      ignore_index=True)
+    out: dict[str, Any] = {"data_set": f"calibration/data/{rel}", "shipped": False,
+                           "lowest_counted_clock_mhz": round(float(
+                               table.loc[table["phase"].str.startswith("clock:"), "sm_clock_hz"].min()) / 1e6)}
+    for name, fit_voltage in (("assumed_curve", False), ("floor_fitted", True)):
+        fit = fit_power({c: table[c].to_numpy(float) for c in FIT_COLUMNS}, model, fit_voltage=fit_voltage,
+                        hold=("knee_clock_fraction", "fp32_w", "link_w"))
+        v = fit.params
+        fitted = power_model(spec, load_calibration(spec, gpu_file(gpu).stem).params.merged({
+            "power_idle_w": v["idle_w"], "power_tensor_w": {"default": v["tensor_w"]}, "power_memory_w": v["memory_w"],
+            "power_hbm_j_per_byte": v["hbm_w"] / spec.memory.bandwidth_bytes_per_s,
+            "power_knee_voltage_fraction": v["knee_voltage_fraction"]}))
+        held = share_power_rows(rel, SHARE_HELD_OUT)
+        pred = fit_table_power_w({c: held[c].to_numpy(float) for c in FIT_COLUMNS[1:]}, fitted)
+        out[name] = {"knee_voltage_fraction": round(v["knee_voltage_fraction"], 3),
+                     "knee_clock_fraction": v["knee_clock_fraction"], "idle_w": round(v["idle_w"], 1),
+                     "tensor_w": round(v["tensor_w"], 1), "hbm_w": round(v["hbm_w"], 1),
+                     "fit_mape_pct": round(fit.mape_pct, 2), "samples": fit.n_samples,
+                     f"held_out_{SHARE_HELD_OUT}_error_pct": round(
+                         (float(pred.mean()) / float(held["power_w"].mean()) - 1) * 100, 1)}
+    return out
 
 
 def control_window_report(gpu: str) -> tuple[FitReport, list[Path]]:
@@ -722,8 +801,17 @@ def hbm_latency_report(gpu: str, measured: str | None = None) -> tuple[FitReport
 
 def _ship(report: FitReport, tables: list[Path], gpu: str, dry_run: bool, trace_gpu: str | None = None) -> None:
     """Write ``report`` as the GPU's next shipped version, its tables (measured on ``trace_gpu``,
-    default ``gpu``) as provenance, and say what was done."""
-    inputs = [trace_input([t], trace_gpu or gpu) for t in tables]
+    default ``gpu``) as provenance, and say what was done. Files among ``tables`` that are not
+    kernel tables (a clock part's ``clock.parquet``, a power log) join the first table's entry,
+    whose checksums then cover them too."""
+    kernel_tables = [t for t in tables if t.parent.parent.name == "tables"]
+    other = tuple(str(t) for t in tables if t not in kernel_tables)
+    inputs = [trace_input([t], trace_gpu or gpu) for t in kernel_tables]
+    if other:
+        if not inputs:
+            raise SystemExit(f"{gpu}: no kernel table among the files a fit read: {', '.join(other)}")
+        inputs[0] = dataclasses.replace(inputs[0], label=f"{inputs[0].label} and {len(other)} more files of its "
+                                        "data set", files=inputs[0].files + other)
     _, done = write_shipped(report, inputs, gpu, COMMAND, dry_run=dry_run)
     print(f"{gpu}: {done}")
 
@@ -781,6 +869,8 @@ def main() -> int:
         report, tables = power_report(gpu)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
         _ship(report, [t for t in tables if "idle" not in t.name], gpu, args.dry_run)
+    for gpu in VOLTAGE:
+        print(json.dumps({"gpu": gpu, "voltage_floor": voltage_report(gpu)}, indent=1))
     for gpu in CLOCK:
         report, tables = control_window_report(gpu)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))

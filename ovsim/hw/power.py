@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -398,16 +398,18 @@ def fit_tensor_weight(table: Mapping[str, Sequence[float] | np.ndarray], model: 
 
 
 def fit_power(table: Mapping[str, Sequence[float] | np.ndarray], model: PowerModel, *, fit_idle: bool = True,
-              fit_voltage: bool = False) -> PowerFit:
+              fit_voltage: bool = False, hold: Collection[str] = ()) -> PowerFit:
     """Least-squares fit of the component model to measured power and the activity behind it.
 
     ``table`` maps each of :data:`FIT_COLUMNS` to one value per sample (a DataFrame works): the
     measured ``power_w`` and the activity a prediction aligned to the samples gives (see
     :func:`ovsim.traces.power.fit_table`). The tensor, CUDA-core, memory, HBM and link weights are
     always fitted (non-negative); the idle power when ``fit_idle``; the voltage knee when
-    ``fit_voltage`` (it needs samples at several clocks). Tensor work is fitted as one class (the
-    per-precision weights of ``model`` are replaced by one). Returns the parameters in the model's
-    units and the fit error."""
+    ``fit_voltage`` (it needs samples at several clocks). ``hold`` names parameters kept at
+    ``model``'s values all the same (``knee_clock_fraction``, say, where every sample's clock lies
+    above the knee, so that only the curve's slope there is determined). Tensor work is fitted as
+    one class (the per-precision weights of ``model`` are replaced by one). Returns the parameters
+    in the model's units and the fit error."""
     from scipy.optimize import least_squares
 
     missing = [c for c in FIT_COLUMNS if c not in table]
@@ -416,7 +418,11 @@ def fit_power(table: Mapping[str, Sequence[float] | np.ndarray], model: PowerMod
     cols = {c: np.asarray(table[c], dtype=float) for c in FIT_COLUMNS}
     ok = np.all([np.isfinite(v) for v in cols.values()], axis=0)
     n = int(ok.sum())
-    names = [w for w in _WEIGHTS if fit_idle or w != "idle_w"] + (list(_VOLTAGE) if fit_voltage else [])
+    unknown = sorted(set(hold) - set(_WEIGHTS) - set(_VOLTAGE))
+    if unknown:
+        raise OvsimError(f"cannot hold {', '.join(unknown)}: not a power-fit parameter", field="hold")
+    names = [w for w in _WEIGHTS if (fit_idle or w != "idle_w") and w not in hold]
+    names += [v for v in _VOLTAGE if fit_voltage and v not in hold]
     if n < len(names):
         raise OvsimError(f"{n} usable samples for {len(names)} parameters", field="power")
     p_meas = cols["power_w"][ok]

@@ -303,3 +303,20 @@ def test_memory_clock_shares_are_the_distinct_positive_ones_in_order() -> None:
     params = load_calibration(gpu, "h100-sxm5-80gb").params.merged(
         {"memory_kind_clock_share": {"softmax": 0.7, "norm": 0.2, "elementwise": 0.0, "other": 0.2}})
     assert power_model(gpu, params).memory_clock_shares == (0.2, 0.7)
+
+
+def test_a_held_knee_clock_leaves_the_floor_to_the_samples_above_it(a100_40: PowerModel) -> None:
+    """Samples only above the knee determine the curve's slope there, not where the knee sits:
+    with the knee clock held at the model's value (0.6 here, the truth's too) the floor comes back
+    from samples drawn at 0.8 to 1.1 of the compute clock; an unknown name is refused."""
+    truth = {**TRUTH, "knee_clock_fraction": a100_40.knee_clock_fraction, "knee_voltage_fraction": 0.9}
+    table = synthetic_table(a100_40, truth, 2000, seed=5, noise_w=0.5)
+    c = table["sm_clock_hz"] / a100_40.compute_clock_hz
+    above = (c >= 0.8) & (c <= 1.1)
+    table = {k: v[above] for k, v in table.items()}
+    fit = fit_power(table, a100_40, fit_voltage=True, hold=("knee_clock_fraction",))
+    assert "knee_clock_fraction" not in fit.fitted
+    assert fit.params["knee_clock_fraction"] == a100_40.knee_clock_fraction
+    assert fit.params["knee_voltage_fraction"] == pytest.approx(0.9, abs=0.01)
+    with pytest.raises(OvsimError, match="cannot hold knee_clock"):
+        fit_power(table, a100_40, fit_voltage=True, hold=("knee_clock",))
