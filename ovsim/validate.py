@@ -519,10 +519,11 @@ MEASURED_DATA = Path(__file__).resolve().parent.parent / "calibration" / "data"
 # Data sets whose overlap part the contention checks replay, and their GPU spec: the first is
 # folded (leave one victim kernel out); the others are predicted from a fit on all of the first:
 # the same kernels beside 8 and 24 channels (the first has 16 and 32) on another H100 machine,
-# and beside 16 and 32 on an H200.
+# beside 16 and 32 on an H200, and beside 8 to 32 on another H200.
 MEASURED_OVERLAP: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
                                                 ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb"),
-                                                ("h200-sxm/2026-11-26", "h200-sxm"))
+                                                ("h200-sxm/2026-11-26", "h200-sxm"),
+                                                ("h200-sxm/2026-11-26-e", "h200-sxm"))
 MEASURED = "measured kernels beside communication (calibration harness; held out)"
 # The harness's channel kernels hold every block's SM for the whole kernel (its per-block records).
 HARNESS_SM_FRACTION = 1.0
@@ -1082,7 +1083,8 @@ def measured_dispatch_checks(folder: Path = MEASURED_DATA) -> list[Check]:
 MEASURED_HBM: tuple[tuple[str, str, str, str], ...] = (
     ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
     ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
-    ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26"))
+    ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26"),
+    ("h200-sxm/2026-11-26-e", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26-e"))
 MEASURED_HBM_FIT = "measured HBM sharing, memory-bound kernels beside copy loops (calibration harness; law fitted here)"
 MEASURED_HBM_HELD_OUT = ("measured HBM sharing, memory-bound kernels beside copy loops (calibration harness; held out: "
                          "law fitted on another data set)")
@@ -1226,7 +1228,8 @@ def measured_hbm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             continue
         params = load_calibration(load_gpu(gpu), gpu_file(gpu).stem).params
         points = hbm_sharing_points(folder / rel, folder / comm_rel)
-        group = MEASURED_HBM_FIT if i == 0 else MEASURED_HBM_HELD_OUT
+        # Each GPU's law is fitted on its first data set.
+        group = MEASURED_HBM_FIT if all(m[1] != gpu for m in MEASURED_HBM[:i]) else MEASURED_HBM_HELD_OUT
         label = f"{gpu} {rel.rsplit('/', 1)[-1]}"
         for victim, rows in points.groupby("victim", sort=True):
             wait = 1.0 - params.memory_kind_clock_share.get(HARNESS_MEMORY_VICTIM_KIND[str(victim)], 0.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -373,6 +374,37 @@ def test_a_bandwidth_bound_kernel_keeps_its_bandwidth_on_a_headroom_share_of_the
            Op("k", "k", "elementwise", 0, "b", kernel=kernel, delay_s=1e-3)]
     out = run(ops, [StreamSpec(0, "a"), StreamSpec(0, "b")], h100_node, h100, calib)
     assert out.loc["k", "duration_s"] / kernel.isolated_s == pytest.approx(slowdown, rel=2e-3)
+
+
+def test_a_streaming_kernel_just_faster_than_the_achievable_bandwidth_keeps_its_headroom(
+        h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+    """Continuity at the channel's capacity: two streaming kernels whose measured times alone ask
+    0.1% less and 0.1% more than HBM's achievable bandwidth, beside 32 of the 132 SMs held with
+    headroom 1.923 (the H100's fit), run alike (as fast as alone: 1.923 x 100/132 > 1), and the
+    faster one takes bytes / achievable bandwidth, not less. An H200 add measured at 0.9196 of the
+    peak against an achievable 0.919 used to fall to the time-follows-SMs rule here (x1.54 beside
+    32 copy loops, x1.09 at 0.9189)."""
+    p = h100_calib.params.merged({"memory_sm_headroom": 1.923})
+    calib = h100_calib.__class__(params=p, files=h100_calib.files)
+    rate = h100.memory.bandwidth_bytes_per_s * p.hbm_achievable_fraction
+    nbytes = 16e9
+    hold = KernelDemand(blocks=32, block=BlockShape(threads=1024, registers_per_thread=64, shared_mem_bytes=200_000),
+                        block_time_s=10.0, issue_fraction=0.01, hbm_bytes=0.0, flops=0.0, isolated_s=10.0,
+                        clock_sensitive=False)
+    took = []
+    base = cost.memory_bound(nbytes, h100, p, threads=128, blocks=262144)
+    waves = math.ceil(base.blocks / (h100.sm.count * cost.blocks_per_sm(base.block, h100)))
+    for ask in (0.999, 1.001):
+        # As a traced kernel arrives: its measured time, its blocks paced by it, no cap yet.
+        iso = nbytes / (ask * rate)
+        raw = replace(base, isolated_s=iso, block_time_s=iso / waves, hbm_cap_bytes_per_s=math.inf)
+        timed = cost.bandwidth_bound(raw, h100, p)
+        assert timed.hbm_cap_bytes_per_s <= rate * (1 + 1e-12)
+        ops = [Op("hold", "hold", "generic", 0, "a", kernel=hold),
+               Op("k", "k", "elementwise", 0, "b", kernel=timed, delay_s=1e-3)]
+        took.append(run(ops, [StreamSpec(0, "a"), StreamSpec(0, "b")], h100_node, h100, calib).loc["k", "duration_s"])
+    assert took[1] == pytest.approx(took[0], rel=3e-3)
+    assert took[1] >= nbytes / rate * (1 - 1e-6)
 
 
 @pytest.mark.parametrize(("per_warp", "ratio"), [(None, 6.0), (0.125, 2.0), (0.25, 1.0)])

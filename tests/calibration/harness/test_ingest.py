@@ -86,7 +86,10 @@ def test_ingest_writes_tables_blocks_summary_and_checksums(tmp_path: Path) -> No
     windows = json.loads((dest / "windows.json").read_text())
     assert windows["overlap/g__copy_16__high__comm_first"] == pytest.approx([1_700_000_000.001, 1_700_000_000.016])
     assert windows["dispatch/probe_empty_sm_high"] == pytest.approx([1_700_000_000.0, 1_700_000_000.0005])
-    assert pq.read_metadata(dest / "blocks.parquet").row_group(0).column(0).compression == "ZSTD"
+    meta = pq.read_metadata(dest / "blocks.parquet").row_group(0)
+    assert meta.column(0).compression == "ZSTD"
+    stamps = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == "start_ns")
+    assert "DELTA_BINARY_PACKED" in stamps.encodings
     assert pq.read_metadata(dest / "tables" / "overlap" / "g__copy_16__high__comm_first.parquet"
                             ).row_group(0).column(0).compression == "ZSTD"
 
