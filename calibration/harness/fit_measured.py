@@ -518,28 +518,36 @@ def clock_share_report(gpu: str) -> tuple[FitReport, list[Path]]:
     return report, tables
 
 
-def clock_power_rows(rel: str, phase: str = CLOCK_POWER_PHASE) -> pd.DataFrame:
-    """Power-fit rows (``FIT_COLUMNS``) from one of the clock part's 8192^3 GEMM phases: each NVML
-    sample after its first second, at the SM clock of the first probe whose middle is not before
-    it on the global timer (UTC, as NVML's timestamps are), the GEMMs' share of the phase as
-    tensor work and the cost model's GEMM traffic (its element size) as HBM traffic."""
+def _clock_phase_samples(rel: str, phase: str) -> tuple[pd.DataFrame, float, np.ndarray, np.ndarray]:
+    """A clock-part phase's kernels (with their counted clocks), the span its probes cover, and
+    its NVML power samples after the first second with the SM clock of the first probe whose
+    middle is not before each on the global timer (UTC, as NVML's timestamps are)."""
     folder = DATA / rel
     probes = pd.read_parquet(folder / "probes.parquet")
     probes = probes[probes["experiment"] == phase]
     pts = pd.read_parquet(folder / "clock.parquet")
     pts = pts[pts["experiment"] == phase]
-    gemm = _main_kernel(pts)
     start_s, end_s = probes["start_ns"].min() * 1e-9, probes["end_ns"].max() * 1e-9
-    busy = min(1.0, float(gemm["duration_s"].sum()) / (end_s - start_s))
-    eb = element_bytes(phase.split("_")[1])
-    gemm_bps = eb * GEMM_8192_ELEMENTS / float(gemm["duration_s"].median())
     log = read_power_samples(_power_log(folder))  # wall_time_s: UTC
     t = log["wall_time_s"].to_numpy(float)
     sel = (t > start_s + POWER_SETTLE_S) & (t < end_s)
     mid = ((probes["start_ns"] + probes["end_ns"]) * 0.5e-9).to_numpy()
     following = np.clip(np.searchsorted(mid, t[sel]), 0, len(mid) - 1)
     clock = probes["sm_clock_hz"].to_numpy(float)[following]
-    return pd.DataFrame({"phase": f"clock:{phase}", "power_w": log.loc[sel, "power_w"].to_numpy(float),
+    return pts, float(end_s - start_s), log.loc[sel, "power_w"].to_numpy(float), clock
+
+
+def clock_power_rows(rel: str, phase: str = CLOCK_POWER_PHASE) -> pd.DataFrame:
+    """Power-fit rows (``FIT_COLUMNS``) from one of the clock part's 8192^3 GEMM phases: each NVML
+    sample after its first second, at the SM clock of the first probe whose middle is not before
+    it on the global timer (UTC, as NVML's timestamps are), the GEMMs' share of the phase as
+    tensor work and the cost model's GEMM traffic (its element size) as HBM traffic."""
+    pts, span_s, power_w, clock = _clock_phase_samples(rel, phase)
+    gemm = _main_kernel(pts)
+    busy = min(1.0, float(gemm["duration_s"].sum()) / span_s)
+    eb = element_bytes(phase.split("_")[1])
+    gemm_bps = eb * GEMM_8192_ELEMENTS / float(gemm["duration_s"].median())
+    return pd.DataFrame({"phase": f"clock:{phase}", "power_w": power_w,
                          "sm_clock_hz": clock, "sm_tensor_fraction": busy, "sm_fp32_fraction": 0.0,
                          "sm_memory_fraction": 0.0, "hbm_bytes_per_s": busy * gemm_bps, "link_bytes_per_s": 0.0})
 
@@ -552,26 +560,14 @@ def share_power_rows(rel: str, phase: str) -> pd.DataFrame:
     as tensor or memory work, and each one's traffic (the GEMM's compulsory bytes, the add's two
     reads and one write) over its own median time, times that share, as HBM traffic. The cycles
     (at most 15 ms) are shorter than the power loop's window, so the clock holds across them."""
-    folder = DATA / rel
-    probes = pd.read_parquet(folder / "probes.parquet")
-    probes = probes[probes["experiment"] == phase]
-    pts = pd.read_parquet(folder / "clock.parquet")
-    pts = pts[pts["experiment"] == phase]
-    start_s, end_s = probes["start_ns"].min() * 1e-9, probes["end_ns"].max() * 1e-9
+    pts, span_s, power_w, clock = _clock_phase_samples(rel, phase)
     gemm = pts[pts["name"].str.contains("nvjet")]
     add = pts[pts["name"].str.contains("elementwise")]
-    span = end_s - start_s
-    gemm_share = float(gemm["duration_s"].sum()) / span
-    add_share = float(add["duration_s"].sum()) / span
+    gemm_share = float(gemm["duration_s"].sum()) / span_s
+    add_share = float(add["duration_s"].sum()) / span_s
     gemm_bps = element_bytes("bf16") * GEMM_8192_ELEMENTS / float(gemm["duration_s"].median())
     add_bps = ADD_BYTES / float(add["duration_s"].median())
-    log = read_power_samples(_power_log(folder))  # wall_time_s: UTC
-    t = log["wall_time_s"].to_numpy(float)
-    sel = (t > start_s + POWER_SETTLE_S) & (t < end_s)
-    mid = ((probes["start_ns"] + probes["end_ns"]) * 0.5e-9).to_numpy()
-    following = np.clip(np.searchsorted(mid, t[sel]), 0, len(mid) - 1)
-    clock = probes["sm_clock_hz"].to_numpy(float)[following]
-    return pd.DataFrame({"phase": f"clock:{phase}", "power_w": log.loc[sel, "power_w"].to_numpy(float),
+    return pd.DataFrame({"phase": f"clock:{phase}", "power_w": power_w,
                          "sm_clock_hz": clock, "sm_tensor_fraction": gemm_share, "sm_fp32_fraction": 0.0,
                          "sm_memory_fraction": add_share,
                          "hbm_bytes_per_s": gemm_share * gemm_bps + add_share * add_bps, "link_bytes_per_s": 0.0})
