@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
 from fit_measured import (
     DATA,
     SHAPING,
+    SHARE_PHASES,
     SMLOSS,
+    VOLTAGE,
     fit_headroom,
     fit_issue_cap,
     fit_saturation,
     headroom_slowdown,
     shaped_time_ratio,
     shaping_points,
+    share_power_rows,
     smloss_points,
 )
 
@@ -69,3 +74,26 @@ def test_the_saturation_fit_recovers_the_clock_its_durations_were_made_with(sat_
     assert fit["value_hz"] == pytest.approx(sat_hz, rel=0.01)
     assert fit["rms_log_residual"] == pytest.approx(0.01, rel=0.15)
     assert fit["rms_log_residual_if_time_followed_the_clock"] > fit["rms_log_residual"]
+
+
+@pytest.mark.parametrize("gpu", sorted(VOLTAGE))
+def test_the_share_phases_give_power_rows_at_their_gemm_shares_and_clocks(gpu: str) -> None:
+    """The clock part's GEMM/add alternations (calibration/data, the boards of VOLTAGE): each phase's
+    rows carry the GEMM's and the add's measured time shares, within 3 points of the share the
+    harness planned (its plan is within 1.5 of the time alone; the GEMM slows under the limit)
+    and together nearly the whole span; more GEMM time, a lower median counted clock; every row
+    a sample after the phase's first second, nearly all of them under load."""
+    rel, _ = VOLTAGE[gpu]
+    clocks = []
+    for phase in SHARE_PHASES:
+        rows = share_power_rows(rel, phase)
+        planned = int(phase.rsplit("_", 1)[-1]) / 100
+        gemm, add = float(rows["sm_tensor_fraction"].iloc[0]), float(rows["sm_memory_fraction"].iloc[0])
+        assert abs(gemm - planned) < 0.03, (phase, gemm)
+        assert 0.95 < gemm + add <= 1.0
+        # (The H200's 90% phase holds 18 samples near idle, a pause of ~100 ms the kernels' shares
+        # count too.)
+        assert len(rows) > 100 and rows["power_w"].median() > 500 and (rows["power_w"] < 300).mean() < 0.05
+        clocks.append(float(rows["sm_clock_hz"].median()))
+    assert all(a >= b - 5e6 for a, b in itertools.pairwise(clocks))
+    assert clocks[0] - clocks[-1] > 300e6
