@@ -11,6 +11,11 @@ in ``<experiment>.blocks.csv`` when the harness's own kernels ran, and a line in
 
 - ``gemm``: cuBLAS GEMMs alone, 1024^3 to 16384^3 and skinny and transformer shapes, in BF16,
   FP16, TF32 and FP8 (where the GPU has it).
+- ``shapes``: cuBLAS GEMMs alone over the shapes real models run (:func:`shape_grid`): rows from
+  1 to 8192 against the four linear layers of hidden sizes 768 to 8192, weight-gradient shapes,
+  odd row counts, and batched attention products from 8x8 to 2048x2048, in BF16 (TF32 on a
+  subset), all of a precision and kind in one trace whose operators carry their shapes, each
+  shape after a pause that lets the power limit's average fall (short kernels run at the top clock).
 - ``comm``: communication-like kernels alone: one block per channel, 8 to 32 channels of 512 or
   640 threads with NCCL's ~80 KB of dynamic shared memory and 96 registers, copying or reducing
   through HBM (``kernels.cu``).
@@ -66,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PARTS = ("gemm", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "clock", "ncu")
+PARTS = ("gemm", "shapes", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "clock", "ncu")
 # NCCL's per-block shared memory: 4112 B of scratch per warp for its 20 warps, sized for 640 threads
 # whatever the launch uses (src/include/device.h; research notes, science.md section 1.1).
 CHANNEL_SMEM_BYTES = 4112 * 20
@@ -128,6 +133,39 @@ def write_json_atomic(path: Path, doc: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(path)
+
+
+# Hidden sizes of the models the shared traces and the studies run (BERT-small 512 is below the
+# range; ViT/BERT-base 768 to GPT-3 6.7B's 4096 and the 175B-class 8192).
+SHAPE_HIDDEN = (768, 1024, 2048, 4096, 8192)
+# Token rows: decode and small batches (1-128), a short sequence (512), a training micro-batch
+# (2048-8192).
+SHAPE_ROWS = (1, 8, 32, 128, 512, 2048, 8192)
+# Row counts that are no multiple of anything (a ViT's 197 tokens times a batch, a prompt): their
+# last tile is ragged.
+SHAPE_ODD_ROWS = (141, 788, 5185)
+# (batch, m, n, k) of attention's batched products: scores and context of heads of 8 to 128.
+SHAPE_BATCHED = ((37632, 8, 8, 64), (37632, 8, 64, 8), (4096, 16, 16, 64), (1536, 197, 197, 64),
+                 (1536, 197, 64, 197), (384, 512, 512, 64), (384, 512, 64, 512), (192, 1024, 1024, 128),
+                 (192, 1024, 128, 1024), (64, 2048, 2048, 128), (64, 2048, 128, 2048))
+
+
+def shape_grid() -> list[tuple[str, str, int, int, int, int]]:
+    """(experiment, dtype name, batch, m, n, k) of every GEMM the ``shapes`` part runs: each row
+    count against a hidden size's four linear layers (fused QKV 3h x h, output h x h, MLP up 4h x h
+    and down h x 4h, as n x k), weight gradients (k the token rows), odd row counts and batched
+    attention products in BF16, and a TF32 subset."""
+    out: list[tuple[str, str, int, int, int, int]] = []
+    for h in SHAPE_HIDDEN:
+        layers = ((3 * h, h), (h, h), (4 * h, h), (h, 4 * h))
+        out += [("bf16_linear", "bf16", 1, m, n, k) for m in SHAPE_ROWS for n, k in layers]
+        out += [("bf16_linear", "bf16", 1, m, n, k) for m in SHAPE_ODD_ROWS if h <= 4096 for n, k in layers]
+        out += [("bf16_linear", "bf16", 1, n, k, tokens) for tokens in (2048, 8192) for n, k in layers[2:]]
+        if h in (1024, 4096):
+            out += [("tf32_linear", "tf32", 1, m, n, k) for m in (8, 128, 2048, 8192) for n, k in layers]
+    out += [("bf16_batched", "bf16", b, m, n, k) for b, m, n, k in SHAPE_BATCHED]
+    # A weight gradient can be a forward shape of another hidden size: run it once.
+    return list(dict.fromkeys(out))
 
 
 def prepare_out(out: Path, gpu: str, parts: list[str]) -> dict[str, Any]:
@@ -560,6 +598,28 @@ class Harness:
                 for _ in range(10):
                     fn()
             del ops, fn
+
+    def part_shapes(self) -> None:
+        t = self.torch
+        dtypes = {"bf16": t.bfloat16, "tf32": t.float32}
+        grid = shape_grid()
+        for experiment in dict.fromkeys(e for e, *_ in grid):
+            specs = [g for g in grid if g[0] == experiment]
+            with self.experiment("shapes", experiment, shapes=[list(g[1:]) for g in specs], repeats=10):
+                for _, dname, batch, m, n, k in specs:
+                    dtype = dtypes[dname]
+                    a_shape = (batch, m, k) if batch > 1 else (m, k)
+                    b_shape = (batch, k, n) if batch > 1 else (k, n)
+                    sets = [(self.rand(*a_shape, dtype=dtype), self.rand(*b_shape, dtype=dtype)) for _ in range(2)]
+                    fn = self._rotating(lambda a, b: t.matmul(a, b), sets)
+                    self.warm(fn, 2)
+                    for _ in range(10):
+                        fn()
+                    t.cuda.synchronize()
+                    del sets, fn
+                    # Long enough for the power limit's average (about 70 ms) to fall back after
+                    # the largest shapes (about 60 ms of GEMMs), so every shape starts at the top clock.
+                    time.sleep(0.15 if 2.0 * batch * m * n * k > 1e11 else 0.01)
 
     def part_comm(self) -> None:
         for op in ("copy", "reduce"):

@@ -19,6 +19,7 @@ from run import (
     nvml_handle,
     prepare_out,
     share_plan,
+    shape_grid,
 )
 
 from ovsim.hw.spec import load_gpu
@@ -231,3 +232,15 @@ def test_a_share_plan_keeps_one_of_each_when_the_gemm_outlasts_the_cycle() -> No
     assert share_plan(0.5, 0.02, 0.4e-3, 0.015) == (1, 1)
     # Of equally near shares, the shorter cycle: 1 GEMM and 1 add rather than 2 and 2.
     assert share_plan(0.5, 1e-3, 1e-3, 0.015) == (1, 1)
+
+
+def test_the_shape_grid_runs_each_shape_once_and_its_inputs_fit_any_of_the_gpus() -> None:
+    """A shape listed twice in one trace could not be told apart from its repeats; two input sets
+    of the largest shape must fit beside the harness's other buffers on a 40 GB A100."""
+    grid = shape_grid()
+    assert len(grid) == len(set(grid))
+    for experiment, dname, batch, m, n, k in grid:
+        assert experiment.startswith(dname) and min(batch, m, n, k) >= 1
+        element = 4 if dname == "tf32" else 2
+        assert 2 * element * batch * (m * k + k * n) < 4 * 2**30
+    assert {g[0] for g in grid} == {"bf16_linear", "bf16_batched", "tf32_linear"}
