@@ -522,6 +522,7 @@ MEASURED_DATA = Path(__file__).resolve().parent.parent / "calibration" / "data"
 # beside 16 and 32 on an H200, and beside 8 to 32 on another H200.
 MEASURED_OVERLAP: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
                                                 ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb"),
+                                                ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb"),
                                                 ("h200-sxm/2026-11-26", "h200-sxm"),
                                                 ("h200-sxm/2026-11-26-e", "h200-sxm"))
 MEASURED = "measured kernels beside communication (calibration harness; held out)"
@@ -998,6 +999,101 @@ def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     return checks
 
 
+# The shapes part's data sets (cuBLAS GEMMs over training and inference shapes), and each of its
+# experiments' precision. Nothing is fitted on them: the GEMM parameters they are priced with come
+# from the gemm part's squares on another board (MEASURED_GEMM).
+MEASURED_SHAPES: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26-f", "h100-sxm5-80gb"),
+                                                ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb"))
+SHAPE_EXPERIMENTS = {"bf16_linear": "bf16", "tf32_linear": "tf32", "bf16_batched": "bf16"}
+MEASURED_SHAPES_GROUP = "measured GEMM shapes (calibration harness shapes part; GEMM parameters fitted on other shapes)"
+# NVML reads the SM clock on a 15 MHz grid and a GEMM at the top clock often reads one step under it.
+_TOP_CLOCK_SLACK_HZ = 15e6
+
+
+def measured_shape_points(folder: Path, experiment: str, precision: str) -> list[tuple[int, int, int, int, float]]:
+    """(m, n, k, batch, median s) of each GEMM of a shapes-part experiment whose leading dimensions
+    are aligned (:func:`ovsim.models.cost.gemm_aligned`) and whose every run NVML saw at the top
+    clock: an operator's time is all its kernels' (a split-K product's reduction too, as a
+    scenario prices it), the median over its repeats."""
+    import numpy as np
+
+    from ovsim.traces.aten import gemm_problem
+    from ovsim.traces.load import read_table
+    from ovsim.traces.power import read_power_samples
+
+    table = folder / "tables" / "shapes" / f"{experiment}.parquet"
+    log = harness_power_log(folder)
+    if not table.is_file() or log is None:
+        return []
+    bundle = read_table(table)
+    if bundle.wall_origin_s is None:
+        return []
+    k = bundle.kernels
+    k = k[k["kind"] == "gemm"]
+    samples = read_power_samples(log).sort_values("wall_time_s")
+    stamps = samples["wall_time_s"].to_numpy(float)
+    clock = samples["sm_clock_hz"].to_numpy(float)
+    ends = bundle.wall_origin_s + k["start_s"].to_numpy(float) + k["duration_s"].to_numpy(float)
+    # The sample in effect when the kernel ended: the clock it was running at, up to NVML's period.
+    at_clock = clock[np.clip(np.searchsorted(stamps, ends) - 1, 0, len(stamps) - 1)]
+    # Per operator instance: its problem, all its kernels' seconds and the lowest clock seen.
+    ops: dict[Any, tuple[tuple[int, int, int, int], float, float]] = {}
+    for op_id, host, seconds, clk in zip(k["host_op_id"].tolist(), k["host_op"].tolist(),
+                                         k["duration_s"].tolist(), at_clock.tolist(), strict=True):
+        problem = gemm_problem(str(host))
+        if problem is None or op_id is None:
+            continue
+        _, total, lowest = ops.get(op_id, (problem, 0.0, math.inf))
+        ops[op_id] = (problem, total + float(seconds), min(lowest, float(clk)))
+    runs: dict[tuple[int, int, int, int], list[tuple[float, float]]] = {}
+    for problem, total, lowest in ops.values():
+        runs.setdefault(problem, []).append((total, lowest))
+    top = float(clock.max())
+    out = []
+    for (m, n, kk, batch), rs in sorted(runs.items()):
+        if min(c for _, c in rs) >= top - _TOP_CLOCK_SLACK_HZ and cost.gemm_aligned(n, kk, precision):
+            out.append((m, n, kk, batch, float(np.median([t for t, _ in rs]))))
+    return out
+
+
+def measured_shape_checks(folder: Path = MEASURED_DATA) -> list[Check]:
+    """The shapes part's GEMMs priced as a scenario prices them (the library kernel the cost model
+    picks, :func:`ovsim.models.cost.best_gemm`) with the shipped calibration, whose GEMM
+    efficiency and time per wave were fitted on the gemm part's squares on another board. Each
+    MAPE passes at or below 10%; the note splits it at 10 us and gives the roofline at MAMF's
+    best-shape efficiency with no time per wave."""
+    import numpy as np
+
+    from ovsim.calibrate import library_gemm_errors
+
+    checks: list[Check] = []
+    for rel, gpu_name in MEASURED_SHAPES:
+        gpu = load_gpu(gpu_name)
+        shipped = load_calibration(gpu, gpu_file(gpu_name).stem)
+        params = shipped.params
+        for experiment, prec in SHAPE_EXPERIMENTS.items():
+            pts = measured_shape_points(folder / rel, experiment, prec)
+            if not pts:
+                continue
+            err = library_gemm_errors(pts, prec, gpu, params)
+            small = np.array([t < 10e-6 for *_, t in pts])
+            split = (f"; below 10 us ({int(small.sum())}): {err[small].mean() * 100:.1f}%, the rest: "
+                     f"{err[~small].mean() * 100:.1f}%" if small.any() and (~small).any() else "")
+            mamf = _MAMF_BY_PRECISION.get(prec)
+            naive = ""
+            if mamf is not None:
+                at_mamf = params.merged({"gemm_efficiency": {prec: mamf}, "gemm_tile_overhead_s": {prec: 0.0}})
+                naive = (f"; the roofline at MAMF's best-shape efficiency {mamf:.3f}: "
+                         f"{library_gemm_errors(pts, prec, gpu, at_mamf).mean() * 100:.1f}%")
+            checks.append(Check(
+                f"{rel}: {experiment} GEMM time MAPE ({len(pts)} shapes at the top clock)", MEASURED_SHAPES_GROUP,
+                MEMORY_TOLERANCE_PCT, float(err.mean() * 100), "% MAPE", 0.0, f"calibration/data/{rel} (shapes part)",
+                rule="at_most",
+                note=f"efficiency {params.gemm_eff(prec):.3f}, {params.gemm_tile_s(prec) * 1e6:.2f} us per wave "
+                     f"({shipped.files[-1]}){split}{naive}; passes at or below {MEMORY_TOLERANCE_PCT:g}%"))
+    return checks
+
+
 # The dispatch part's probes (a kernel of many blocks, then a second one launched on another stream
 # at equal or higher priority), by data set, GPU and a system holding it.
 MEASURED_DISPATCH: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100"),
@@ -1083,6 +1179,7 @@ def measured_dispatch_checks(folder: Path = MEASURED_DATA) -> list[Check]:
 MEASURED_HBM: tuple[tuple[str, str, str, str], ...] = (
     ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
     ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
+    ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26-g"),
     ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26"),
     ("h200-sxm/2026-11-26-e", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26-e"))
 MEASURED_HBM_FIT = "measured HBM sharing, memory-bound kernels beside copy loops (calibration harness; law fitted here)"
@@ -1357,7 +1454,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
         checks += (measured_checks(MEASURED_DATA, workers, on_trace) + measured_power_checks(MEASURED_DATA)
                    + measured_clock_checks(MEASURED_DATA) + measured_clock_share_checks(MEASURED_DATA)
                    + measured_clock_mix_checks(MEASURED_DATA)
-                   + measured_gemm_checks(MEASURED_DATA)
+                   + measured_gemm_checks(MEASURED_DATA) + measured_shape_checks(MEASURED_DATA)
                    + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA)
                    + measured_hbm_checks(MEASURED_DATA))
     if traces is not None:

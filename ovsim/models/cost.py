@@ -285,9 +285,14 @@ def gemm(
         compute_s *= (alone_block_times(blocks, occ, sms, ask, most)
                       / alone_block_times(blocks, occ_natural, sms, ask, most))
     flops = 2.0 * m * n * k * batch
-    # A and B read about twice (tile re-reads that miss L2), C written once: an assumption until
-    # co-run measurements fit it; it only matters when HBM is contended.
-    hbm_bytes = float(batch * eb * (2 * (m * k + k * n) + m * n))
+    # Each row panel of A is read by every column tile and each column panel of B by every row
+    # tile; past the first two readers the re-reads hit L2 (an assumption for GEMMs of several
+    # tiles each way, where it only matters when HBM is contended). A skinny GEMM, m within one
+    # tile, reads its weight once: a BF16 1x32768x8192 product moves 537 MB in 175 us on an H100,
+    # 92% of the peak (calibration/data/h100-sxm5-80gb/2026-11-26-f), which reading it twice
+    # would price at twice that. C is written once.
+    reads_a, reads_b = min(math.ceil(n / tn), 2), min(math.ceil(m / tm), 2)
+    hbm_bytes = float(batch * eb * (reads_a * m * k + reads_b * k * n + m * n))
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     isolated = max(compute_s, hbm_bytes / bw) + params.kernel_overhead_s
     if split_k > 1:
@@ -433,6 +438,12 @@ class GemmKernel(NamedTuple):
 
 # Output tiles CUTLASS and cuBLAS pick among.
 _TILES_MN = ((128, 256), (256, 128), (128, 192), (192, 128), (128, 128), (64, 256), (256, 64), (128, 64), (64, 128))
+# And on Hopper, as measured there: cuBLAS (CUDA 13.0) runs products of 1 to 32 rows on tiles named
+# 64x8, 64x16 and 64x32, and of about 128 rows on 64x64 (its kernel names on the H100,
+# calibration/data/h100-sxm5-80gb/2026-11-26-f). Other GPUs' libraries were not measured.
+_HOPPER_TILES_MN = ((64, 64), (8, 64), (16, 64), (32, 64), (64, 8), (64, 16), (64, 32))
+# Tiles narrower than this along a dimension are run only where they cover all of it.
+_NARROW = 64
 # A main-loop stage reads 128 bytes of K per row (the shared-memory swizzle width): K tiles of 64
 # 16-bit, 128 8-bit or 32 32-bit elements (CUTLASS's Ampere and Hopper tile shapes).
 _K_TILE_BYTES = 128
@@ -446,11 +457,14 @@ _WARP_SPECIALIZED = (384, 168, 4)
 
 def library_gemm_kernels(gpu: GpuSpec, precision: str) -> list[GemmKernel]:
     """The library kernels ovsim knows for a GEMM on ``gpu``: every output tile of ``_TILES_MN``
-    as a multistage kernel and, from compute capability 9.0, as a warp-specialized one."""
+    as a multistage kernel and, from compute capability 9.0, with ``_HOPPER_TILES_MN``, as a
+    multistage and a warp-specialized one."""
     tk = max(1, _K_TILE_BYTES // element_bytes(precision))
     cc = gpu.compute_capability
-    blocks = [_MULTISTAGE] + ([_WARP_SPECIALIZED] if cc is not None and cc >= 90 else [])
-    return [GemmKernel((tm, tn, tk), threads, regs, stages) for tm, tn in _TILES_MN for threads, regs, stages in blocks]
+    hopper = cc is not None and cc >= 90
+    blocks = [_MULTISTAGE] + ([_WARP_SPECIALIZED] if hopper else [])
+    tiles = _TILES_MN + (_HOPPER_TILES_MN if hopper else ())
+    return [GemmKernel((tm, tn, tk), threads, regs, stages) for tm, tn in tiles for threads, regs, stages in blocks]
 
 
 # The refusals of a kernel that does not launch on the GPU (or with the padding), as against bad
@@ -474,6 +488,11 @@ def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Para
     refusal: OvsimError | None = None
     splits = LIBRARY_SPLITS_K if split_k is None else (split_k,)
     for kern in library_gemm_kernels(gpu, precision):
+        tm, tn, _ = kern.tile
+        if (tm < _NARROW and m > tm) or (tn < _NARROW and n > tn):
+            # A narrow tile reloads the other operand's panel for every few rows: a library runs
+            # one only where it covers the whole of that dimension.
+            continue
         for split in splits:
             if split_k is None and split > 1 and k < split * kern.tile[2]:
                 continue

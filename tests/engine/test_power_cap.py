@@ -236,17 +236,16 @@ def test_locked_clock_scales_a_compute_bound_kernel_exactly() -> None:
     assert r.summary()["avg_sm_clock_hz"] == pytest.approx(1.2e9, rel=1e-9)
 
 
-def saturating_gemm(tmp_path: Path, saturation_hz: float, m: int = 512, k: int = 8192) -> Scenario:
+def saturating_gemm(tmp_path: Path, saturation_hz: float, m: int = 512, k: int = 8192,
+                    tile: list[int] | None = None) -> Scenario:
     """The H100 GEMM scenario with its BF16 tensor rate saturating at ``saturation_hz`` and its
-    efficiency holding at the 1830 MHz compute clock. The default shape, unsplit, fills a quarter
-    of the SMs (no library tile makes more than 32 of a 512 x 512 output), so no clock of the test
-    brings it to the 700 W limit."""
+    efficiency holding at the 1830 MHz compute clock, on the library's kernel or on ``tile``."""
     (tmp_path / "sat.v1.yaml").write_text(yaml.safe_dump({
         "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {},
         "parameters": {"power_tensor_saturation_clock_hz": {"bf16": saturation_hz},
                        "power_tensor_reference_clock_fraction": 1.0},
         "sources": {"power_tensor_saturation_clock_hz": "test", "power_tensor_reference_clock_fraction": "test"}}))
-    sc = gemm_scenario("hgx-h100", m, m, k, split_k=1)
+    sc = gemm_scenario("hgx-h100", m, m, k, split_k=1, **({"tile": tile} if tile else {}))
     return sc.model_copy(update={"calibration": [str(tmp_path / "sat.v1.yaml")]})
 
 
@@ -258,8 +257,9 @@ def saturating_gemm(tmp_path: Path, saturation_hz: float, m: int = 512, k: int =
 def test_a_saturating_tensor_kernel_follows_the_clock_only_below_its_saturation(
         tmp_path: Path, lock_hz: float, expected_ratio: float) -> None:
     """Closed form of the law: rate min(c, sat) / min(c_ref, sat) (saturation 1500 MHz, reference
-    1830 MHz), in the engine's clock-lock loop."""
-    r = predict(saturating_gemm(tmp_path, 1.5e9), sm_clock_hz=lock_hz)
+    1830 MHz), in the engine's clock-lock loop. A 512 x 512 output on 128 x 128 tiles makes 16
+    blocks for 132 SMs, so no clock of the test brings it to the 700 W limit."""
+    r = predict(saturating_gemm(tmp_path, 1.5e9, tile=[128, 128, 64]), sm_clock_hz=lock_hz)
     g = r.ops.set_index("id").loc["g@r0"]
     assert r.summary()["avg_sm_clock_hz"] == pytest.approx(lock_hz, rel=1e-9)
     assert g["duration_s"] == pytest.approx(g["isolated_s"] * expected_ratio, rel=1e-9)

@@ -66,6 +66,9 @@ def test_hopper_kernels_join_the_library_only_on_hopper() -> None:
     assert {kern.threads for kern in a100} == {256}
     assert {kern.threads for kern in h100} == {256, 384}
     assert {kern.tile[2] for kern in a100} == {64} and {kern.tile[2] for kern in h100} == {128}
+    # The narrow and 64 x 64 tiles were measured on the H100's cuBLAS only.
+    assert min(min(kern.tile[:2]) for kern in a100) == 64 and all(kern.tile[:2] != (64, 64) for kern in a100)
+    assert {kern.tile[:2] for kern in h100} >= {(8, 64), (64, 8), (64, 64)}
 
 
 def test_best_gemm_is_the_fastest_library_kernel_that_launches() -> None:
@@ -114,13 +117,55 @@ def test_split_k_pays_for_its_partial_sums() -> None:
 
 
 def test_the_library_splits_k_only_where_tiles_leave_sms_idle() -> None:
-    """A 5 x 768 x 3072 GEMM (6 output tiles on 132 SMs) splits its K; a 4096^3 one (hundreds of
-    tiles) does not; a scenario's own split is kept."""
+    """An 8 x 128 x 65536 GEMM (2 output tiles even 8 rows tall, on 132 SMs, each a long K loop) splits
+    its K; a 4096^3 one (hundreds of tiles) does not; a scenario's own split is kept."""
     h100 = load_gpu("h100-sxm5-80gb")
     p = load_calibration(h100, "h100-sxm5-80gb").params
-    skinny = best_gemm(5, 768, 3072, "bf16", h100, p)
-    unsplit = best_gemm(5, 768, 3072, "bf16", h100, p, split_k=1)
+    skinny = best_gemm(8, 128, 65536, "bf16", h100, p)
+    unsplit = best_gemm(8, 128, 65536, "bf16", h100, p, split_k=1)
     assert skinny.blocks > unsplit.blocks and skinny.isolated_s < unsplit.isolated_s
     square = best_gemm(4096, 4096, 4096, "bf16", h100, p)
     assert square.isolated_s == best_gemm(4096, 4096, 4096, "bf16", h100, p, split_k=1).isolated_s
-    assert best_gemm(5, 768, 3072, "bf16", h100, p, split_k=2).blocks == 2 * unsplit.blocks
+    assert best_gemm(8, 128, 65536, "bf16", h100, p, split_k=2).blocks == 2 * unsplit.blocks
+
+
+def test_a_gemm_reads_an_operand_at_most_once_per_tile_that_needs_it() -> None:
+    """The GEMM's HBM bytes: A is needed by each column tile and B by each row tile, read at most
+    twice (the rest hit L2), C written once. With 128 x 128 tiles, 4096^3 reads both twice; 1 x
+    8192 x 8192 (one row tile) reads B once and A twice (64 column tiles); 8192 x 64 x 8192 (one
+    column tile) reads A once."""
+    h100 = load_gpu("h100-sxm5-80gb")
+    p = load_calibration(h100, "h100-sxm5-80gb").params
+    tile = (128, 128, 64)
+    for (m, n, k), (reads_a, reads_b) in (((4096, 4096, 4096), (2, 2)), ((1, 8192, 8192), (2, 1)),
+                                          ((8192, 64, 8192), (1, 2))):
+        d = gemm(m, n, k, "bf16", h100, p, tile=tile)
+        assert d.hbm_bytes == 2 * (reads_a * m * k + reads_b * k * n + m * n)
+
+
+def test_a_one_row_gemm_streams_its_weight_once_as_measured() -> None:
+    """A BF16 1 x 32768 x 8192 product (a decode step's MLP up-projection) is bound by reading its
+    537 MB weight once: in closed form the kernel overhead plus the weight, the one-row input read
+    twice and the output at the achievable HBM bandwidth. The H100 measured 175.2 us for it
+    (median of 12, at the top clock; calibration/data/h100-sxm5-80gb/2026-11-26-f, shapes part):
+    within 3%. Reading the weight twice, as every GEMM was once priced, gave 352 us."""
+    h100 = load_gpu("h100-sxm5-80gb")
+    p = load_calibration(h100, "h100-sxm5-80gb").params
+    m, n, k = 1, 32768, 8192
+    d = best_gemm(m, n, k, "bf16", h100, p)
+    bw = h100.memory.bandwidth_bytes_per_s * p.hbm_achievable_fraction
+    assert d.isolated_s == pytest.approx(p.kernel_overhead_s + 2 * (k * n + 2 * m * k + m * n) / bw, rel=1e-9)
+    assert d.isolated_s == pytest.approx(175.2e-6, rel=0.03)
+
+
+def test_a_narrow_product_runs_on_a_narrow_tile() -> None:
+    """cuBLAS runs 1- to 32-row products on 64 x 8 to 64 x 32 tiles (its kernel names on the H100,
+    calibration/data/h100-sxm5-80gb/2026-11-26-f); the cost model's library has them, so an 8 x
+    1024 x 1024 BF16 GEMM runs faster on one of them than on any tile 64 or more wide each way."""
+    h100 = load_gpu("h100-sxm5-80gb")
+    p = load_calibration(h100, "h100-sxm5-80gb").params
+    narrow = best_gemm(8, 1024, 1024, "bf16", h100, p)
+    wide = min(gemm(8, 1024, 1024, "bf16", h100, p, tile=kern.tile, threads=kern.threads,
+                    registers_per_thread=kern.registers_per_thread, stages=kern.stages).isolated_s
+               for kern in library_gemm_kernels(h100, "bf16") if min(kern.tile[:2]) >= 64)
+    assert min(narrow.block_time_s, wide) > 0 and narrow.isolated_s < wide

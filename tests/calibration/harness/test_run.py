@@ -18,8 +18,8 @@ from run import (
     ncu_has_table,
     nvml_handle,
     prepare_out,
-    share_plan,
     shape_grid,
+    share_plan,
 )
 
 from ovsim.hw.spec import load_gpu
