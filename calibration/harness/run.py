@@ -13,8 +13,8 @@ in ``<experiment>.blocks.csv`` when the harness's own kernels ran, and a line in
   FP16, TF32 and FP8 (where the GPU has it).
 - ``shapes``: cuBLAS GEMMs alone over the shapes real models run (:func:`shape_grid`): rows from
   1 to 8192 against the four linear layers of hidden sizes 768 to 8192, weight-gradient shapes,
-  odd row counts, and batched attention products from 8x8 to 2048x2048, in BF16 (TF32 on a
-  subset), all of a precision and kind in one trace whose operators carry their shapes, each
+  odd row counts, and batched attention products from 8x8 to 2048x2048, in BF16 (TF32, FP16 and
+  FP8 on subsets), all of a precision and kind in one trace whose operators carry their shapes, each
   shape after a pause that lets the power limit's average fall (short kernels run at the top clock).
 - ``comm``: communication-like kernels alone: one block per channel, 8 to 32 channels of 512 or
   640 threads with NCCL's ~80 KB of dynamic shared memory and 96 registers, copying or reducing
@@ -154,7 +154,7 @@ def shape_grid() -> list[tuple[str, str, int, int, int, int]]:
     """(experiment, dtype name, batch, m, n, k) of every GEMM the ``shapes`` part runs: each row
     count against a hidden size's four linear layers (fused QKV 3h x h, output h x h, MLP up 4h x h
     and down h x 4h, as n x k), weight gradients (k the token rows), odd row counts and batched
-    attention products in BF16, and a TF32 subset."""
+    attention products in BF16, and TF32, FP16 and FP8 subsets."""
     out: list[tuple[str, str, int, int, int, int]] = []
     for h in SHAPE_HIDDEN:
         layers = ((3 * h, h), (h, h), (4 * h, h), (h, 4 * h))
@@ -163,7 +163,11 @@ def shape_grid() -> list[tuple[str, str, int, int, int, int]]:
         out += [("bf16_linear", "bf16", 1, n, k, tokens) for tokens in (2048, 8192) for n, k in layers[2:]]
         if h in (1024, 4096):
             out += [("tf32_linear", "tf32", 1, m, n, k) for m in (8, 128, 2048, 8192) for n, k in layers]
+            out += [("fp16_linear", "fp16", 1, m, n, k) for m in (8, 128, 2048, 8192) for n, k in layers]
     out += [("bf16_batched", "bf16", b, m, n, k) for b, m, n, k in SHAPE_BATCHED]
+    # Last: torch._scaled_mm wants every dimension a multiple of 16, and a GPU without FP8 skips it.
+    out += [("fp8_linear", "fp8", 1, m, n, k) for h in (1024, 4096) for m in (32, 128, 2048, 8192)
+            for n, k in ((3 * h, h), (h, h), (4 * h, h), (h, 4 * h))]
     # A weight gradient can be a forward shape of another hidden size: run it once.
     return list(dict.fromkeys(out))
 
@@ -601,17 +605,28 @@ class Harness:
 
     def part_shapes(self) -> None:
         t = self.torch
-        dtypes = {"bf16": t.bfloat16, "tf32": t.float32}
+        dtypes = {"bf16": t.bfloat16, "fp16": t.float16, "tf32": t.float32}
         grid = shape_grid()
+        fp8 = tuple(self.cc) >= (8, 9) and hasattr(t, "_scaled_mm")
         for experiment in dict.fromkeys(e for e, *_ in grid):
             specs = [g for g in grid if g[0] == experiment]
+            if experiment.startswith("fp8") and not fp8:
+                continue
             with self.experiment("shapes", experiment, shapes=[list(g[1:]) for g in specs], repeats=10):
                 for _, dname, batch, m, n, k in specs:
-                    dtype = dtypes[dname]
-                    a_shape = (batch, m, k) if batch > 1 else (m, k)
-                    b_shape = (batch, k, n) if batch > 1 else (k, n)
-                    sets = [(self.rand(*a_shape, dtype=dtype), self.rand(*b_shape, dtype=dtype)) for _ in range(2)]
-                    fn = self._rotating(lambda a, b: t.matmul(a, b), sets)
+                    if dname == "fp8":
+                        one = t.tensor(1.0, device=self.dev)
+                        sets = [(self.rand(m, k).to(t.float8_e4m3fn), self.rand(n, k).to(t.float8_e4m3fn).t())
+                                for _ in range(2)]
+                        fn = self._rotating(lambda a, b, one=one: t._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                                                               out_dtype=t.bfloat16), sets)
+                    else:
+                        dtype = dtypes[dname]
+                        a_shape = (batch, m, k) if batch > 1 else (m, k)
+                        b_shape = (batch, k, n) if batch > 1 else (k, n)
+                        sets = [(self.rand(*a_shape, dtype=dtype), self.rand(*b_shape, dtype=dtype))
+                                for _ in range(2)]
+                        fn = self._rotating(lambda a, b: t.matmul(a, b), sets)
                     self.warm(fn, 2)
                     for _ in range(10):
                         fn()

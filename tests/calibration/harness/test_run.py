@@ -241,6 +241,9 @@ def test_the_shape_grid_runs_each_shape_once_and_its_inputs_fit_any_of_the_gpus(
     assert len(grid) == len(set(grid))
     for experiment, dname, batch, m, n, k in grid:
         assert experiment.startswith(dname) and min(batch, m, n, k) >= 1
-        element = 4 if dname == "tf32" else 2
+        element = {"tf32": 4, "fp8": 1}.get(dname, 2)
         assert 2 * element * batch * (m * k + k * n) < 4 * 2**30
-    assert {g[0] for g in grid} == {"bf16_linear", "bf16_batched", "tf32_linear"}
+        if dname == "fp8":  # torch._scaled_mm's rule
+            assert m % 16 == 0 and n % 16 == 0 and k % 16 == 0
+    assert {g[0] for g in grid} == {"bf16_linear", "bf16_batched", "tf32_linear", "fp16_linear", "fp8_linear"}
+    assert grid[-1][0] == "fp8_linear"  # last, so a GPU that refuses it has run the rest
