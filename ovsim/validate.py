@@ -1003,8 +1003,11 @@ def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
 # experiments' precision. Nothing is fitted on them: the GEMM parameters they are priced with come
 # from the gemm part's squares on another board (MEASURED_GEMM).
 MEASURED_SHAPES: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26-f", "h100-sxm5-80gb"),
-                                                ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb"))
-SHAPE_EXPERIMENTS = {"bf16_linear": "bf16", "tf32_linear": "tf32", "bf16_batched": "bf16"}
+                                                ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb"),
+                                                ("h100-sxm5-80gb/2026-11-27", "h100-sxm5-80gb"),
+                                                ("h200-sxm/2026-11-27", "h200-sxm"))
+SHAPE_EXPERIMENTS = {"bf16_linear": "bf16", "fp16_linear": "fp16", "fp8_linear": "fp8", "tf32_linear": "tf32",
+                     "bf16_batched": "bf16"}
 MEASURED_SHAPES_GROUP = "measured GEMM shapes (calibration harness shapes part; GEMM parameters fitted on other shapes)"
 # NVML reads the SM clock on a 15 MHz grid and a GEMM at the top clock often reads one step under it.
 _TOP_CLOCK_SLACK_HZ = 15e6
