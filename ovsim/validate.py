@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ovsim.calibrate import ContentionData, TraceInput
+    from ovsim.hw.spec import GpuSpec
 
 GB = 1e9
 GIB = 2**30
@@ -430,6 +431,18 @@ def gemm_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> 
     return checks
 
 
+def _split_at_10us(problems: Sequence[tuple[int, int, int, int, float]], err: Any) -> str:
+    """A note's split of GEMM errors (fractions, one per problem) at 10 us of measured time, or
+    nothing when every GEMM is on one side."""
+    import numpy as np
+
+    small = np.array([t < 10e-6 for *_, t in problems])
+    if not small.any() or small.all():
+        return ""
+    return (f"; below 10 us ({int(small.sum())}): {err[small].mean() * 100:.1f}%, the rest: "
+            f"{err[~small].mean() * 100:.1f}%")
+
+
 SCENARIO_GEMM = "trace GEMMs priced as a scenario prices them (shipped calibration; not fitted on the traces)"
 
 
@@ -438,7 +451,6 @@ def _scenario_gemm_checks(gpu_name: str, present: Sequence[str], inputs: Sequenc
     """Each trace's aligned GEMMs priced as a scenario GEMM of the same problem (the library kernel
     the cost model picks, :func:`ovsim.models.cost.best_gemm`) with the shipped calibration, whose
     GEMM parameters the traces had no part in where they come from measured data."""
-    import numpy as np
 
     from ovsim.calibrate import gemm_shapes, library_gemm_errors
 
@@ -450,9 +462,7 @@ def _scenario_gemm_checks(gpu_name: str, present: Sequence[str], inputs: Sequenc
             if not aligned:
                 continue
             err = library_gemm_errors(aligned, prec, gpu, params)
-            small = np.array([t < 10e-6 for *_, t in aligned])
-            split = (f"; below 10 us ({int(small.sum())}): {err[small].mean() * 100:.1f}%, the rest: "
-                     f"{err[~small].mean() * 100:.1f}%" if small.any() and (~small).any() else "")
+            split = _split_at_10us(aligned, err)
             checks.append(Check(
                 f"{Path(rel).name}: {prec} GEMM time MAPE as a scenario ({len(aligned)} aligned GEMMs, "
                 f"{len({r[:4] for r in aligned})} shapes)", SCENARIO_GEMM, MEMORY_TOLERANCE_PCT,
@@ -962,6 +972,20 @@ def measured_gemm_points(folder: Path, precision: str) -> list[tuple[int, int, i
     return out
 
 
+def _mamf_roofline_note(problems: list[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
+                        params: Parameters) -> str:
+    """A note's baseline for GEMM rows: the MAPE of the roofline at MAMF's best-shape efficiency
+    with no time per wave, where MAMF has a figure for the precision."""
+    from ovsim.calibrate import library_gemm_mape
+
+    mamf = _MAMF_BY_PRECISION.get(precision)
+    if mamf is None:
+        return ""
+    at_mamf = params.merged({"gemm_efficiency": {precision: mamf}, "gemm_tile_overhead_s": {precision: 0.0}})
+    return (f"; the roofline at MAMF's best-shape efficiency {mamf:.3f}: "
+            f"{library_gemm_mape(problems, precision, gpu, at_mamf) * 100:.1f}%")
+
+
 def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     """The gemm part's GEMMs at the top clock held out: per GPU and precision, each shape priced
     as a scenario prices it (the library kernel the cost model picks,
@@ -984,12 +1008,7 @@ def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
                 eff, tile_s, _ = fit_library_gemm(pts[:i] + pts[i + 1:], prec, gpu, params)
                 fitted = params.merged({"gemm_efficiency": {prec: eff}, "gemm_tile_overhead_s": {prec: tile_s}})
                 errs.append(library_gemm_mape([pts[i]], prec, gpu, fitted) * 100)
-            mamf = _MAMF_BY_PRECISION.get(prec)
-            naive = ""
-            if mamf is not None:
-                at_mamf = params.merged({"gemm_efficiency": {prec: mamf}, "gemm_tile_overhead_s": {prec: 0.0}})
-                naive = (f"; the roofline at MAMF's best-shape efficiency {mamf:.3f}: "
-                         f"{library_gemm_mape(pts, prec, gpu, at_mamf) * 100:.1f}%")
+            naive = _mamf_roofline_note(pts, prec, gpu, params)
             shapes = ", ".join(f"{m}^3 {e:.1f}%" for (m, *_), e in zip(pts, errs, strict=True))
             checks.append(Check(f"{gpu_name}: {prec} GEMM time MAPE ({len(pts)} shapes at the top clock)",
                                 MEASURED_GEMM_GROUP, MEMORY_TOLERANCE_PCT, sum(errs) / len(errs), "% MAPE", 0.0,
@@ -1065,7 +1084,6 @@ def measured_shape_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     efficiency and time per wave were fitted on the gemm part's squares on another board. Each
     MAPE passes at or below 10%; the note splits it at 10 us and gives the roofline at MAMF's
     best-shape efficiency with no time per wave."""
-    import numpy as np
 
     from ovsim.calibrate import library_gemm_errors
 
@@ -1079,15 +1097,8 @@ def measured_shape_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             if not pts:
                 continue
             err = library_gemm_errors(pts, prec, gpu, params)
-            small = np.array([t < 10e-6 for *_, t in pts])
-            split = (f"; below 10 us ({int(small.sum())}): {err[small].mean() * 100:.1f}%, the rest: "
-                     f"{err[~small].mean() * 100:.1f}%" if small.any() and (~small).any() else "")
-            mamf = _MAMF_BY_PRECISION.get(prec)
-            naive = ""
-            if mamf is not None:
-                at_mamf = params.merged({"gemm_efficiency": {prec: mamf}, "gemm_tile_overhead_s": {prec: 0.0}})
-                naive = (f"; the roofline at MAMF's best-shape efficiency {mamf:.3f}: "
-                         f"{library_gemm_errors(pts, prec, gpu, at_mamf).mean() * 100:.1f}%")
+            split = _split_at_10us(pts, err)
+            naive = _mamf_roofline_note(pts, prec, gpu, params)
             checks.append(Check(
                 f"{rel}: {experiment} GEMM time MAPE ({len(pts)} shapes at the top clock)", MEASURED_SHAPES_GROUP,
                 MEMORY_TOLERANCE_PCT, float(err.mean() * 100), "% MAPE", 0.0, f"calibration/data/{rel} (shapes part)",
