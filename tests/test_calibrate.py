@@ -361,6 +361,18 @@ def test_gemm_fit_recovers_a_planted_time_per_wave_and_the_cost_model_uses_it() 
     assert g.isolated_s == pytest.approx(expected, rel=1e-12)
 
 
+def test_a_memory_bound_gemm_says_nothing_of_the_main_loops_efficiency() -> None:
+    """An aligned GEMM whose operands and output, each moved once at the peak HBM bandwidth, take
+    longer than its main loop at efficiency 1 is left out of the grid-frame fit: 1 x 8192 x 8192
+    moves 134 MB (40 us on an H100) for 0.13 GFLOP (0.14 us at the BF16 peak). 4096^3 (101 MB,
+    30 us, against 139 us of main loop) stays."""
+    from ovsim.calibrate import gemm_points
+
+    tr = planted_gemms(((1, 8192, 8192, 128), (4096, 4096, 4096, 1024)), 0.7, 0.0)
+    pts = gemm_points([tr])["bf16"]
+    assert [p[3] for p in pts] == [2.0 * 4096**3]
+
+
 def test_gemm_shapes_are_the_fits_gemms_by_their_problem() -> None:
     """The kernels gemm_points counts, by (m, n, k, batch, measured s, aligned) from their
     operator's shapes, in launch order; the same count."""
@@ -696,7 +708,7 @@ def test_points_of_planted_fits_lie_on_the_measured_values() -> None:
     """Kernels timed by each fit's closed form: what the written parameters predict for every point
     the fits used is the planted (measured) time, to the parameters' rounding; each point says which
     fit, group and trace it came from."""
-    gemms = planted_gemms(((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256),
+    gemms = planted_gemms(((4096, 4096, 1024, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 512, 256),
                            (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), 0.7, 4e-6)
     memory = planted_memory(0.7, 0.25)
     report = calibrate([gemms, memory], GPU, quantities=["gemm", "memory"], points=True)
@@ -759,7 +771,7 @@ def test_no_points_unless_asked() -> None:
 
 def test_gemm_and_memory_fits_report_their_errors_on_the_command_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    gemms = planted_gemms(((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256),
+    gemms = planted_gemms(((4096, 4096, 1024, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 512, 256),
                            (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), 0.7, 4e-6)
     memory = planted_memory(0.7, 0.25)
     for name, tr in (("g.parquet", gemms), ("m.parquet", memory)):
@@ -779,7 +791,7 @@ def test_gemm_fit_gives_unaligned_gemms_their_own_efficiency() -> None:
     both efficiencies back and keep the unaligned ones out of the aligned fit."""
     import dataclasses
 
-    aligned = planted_gemms(((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256),
+    aligned = planted_gemms(((4096, 4096, 1024, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 512, 256),
                              (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), 0.7, 4e-6)
     odd = dataclasses.replace(planted_gemms(((4096, 4096, 258, 1024), (2048, 2050, 4096, 256),
                                              (1024, 1024, 1030, 64)), 0.1, 4e-6), label="odd")
