@@ -310,7 +310,8 @@ class PowerSampler:
 
 
 class Harness:
-    def __init__(self, out: Path, quick: bool, overlap_channels: tuple[int, ...] = (16, 32)) -> None:
+    def __init__(self, out: Path, quick: bool, overlap_channels: tuple[int, ...] = (16, 32),
+                 smloss_held: tuple[int, ...] = (8, 16, 32, 66)) -> None:
         import cupy
         import torch
 
@@ -321,6 +322,7 @@ class Harness:
         self.out = out
         self.quick = quick
         self.overlap_channels = overlap_channels
+        self.smloss_held = smloss_held
         self.dev = torch.device("cuda")
         self.props = torch.cuda.get_device_properties(self.dev)
         # The CUDA runtime's own cudaDeviceProp, for the limits PyTorch does not expose everywhere.
@@ -689,7 +691,10 @@ class Harness:
                                 self._alone_then_beside(fn, comm, stream, first, reps, ctx, op, channels)
 
     # SMs the ``smloss`` part takes from its victims: from a few to half the GPU.
-    SMLOSS_HELD = (8, 16, 32, 66)
+    # Victims of the smloss part: the two square GEMMs and the add, and the 2048x8192x8192 GEMM whose
+    # steps the overlap part's replay misses.
+    SMLOSS_VICTIMS = ("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
+                      "add_bf16_256M")
 
     def part_smloss(self) -> None:
         """Victims alone, then beside a kernel that only holds SMs: one warp per SM spinning on the
@@ -699,11 +704,11 @@ class Harness:
         t = self.torch
         reps = 6
         hold_smem = self.smem_per_sm - 1024 - 64
-        for vname in ("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "add_bf16_256M"):
+        for vname in self.SMLOSS_VICTIMS:
             fn = self.victims[vname]
             victim_s = self.time_alone_s(fn)
             spin_ns = int(1.5 * reps * victim_s * 1e9) + 1_000_000
-            for held in self.SMLOSS_HELD:
+            for held in self.smloss_held:
                 with self.experiment("smloss", f"{vname}__hold_{held}", victim=vname, held_sms=held, hold_threads=32,
                                      hold_smem_bytes=hold_smem, hold_spin_ns=spin_ns, victim_alone_s=victim_s) as ctx:
                     with t.cuda.stream(self.compute):
@@ -1129,6 +1134,16 @@ def _channel_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+def _held_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated SM counts, got {text!r}") from None
+    if not counts or any(not 1 <= c <= 131 for c in counts):
+        raise argparse.ArgumentTypeError(f"SM counts from 1 to 131 (one SM must stay for the victims), got {text!r}")
+    return counts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="run folder (created)")
@@ -1137,6 +1152,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer shapes and shorter phases (about a third the time)")
     ap.add_argument("--overlap-channels", type=_channel_counts, default=(16, 32), metavar="N,N",
                     help="channel counts the overlap part runs its victims beside (default 16,32)")
+    ap.add_argument("--smloss-held", type=_held_counts, default=(8, 16, 32, 66), metavar="N,N",
+                    help="SM counts the smloss part holds beside its victims (default 8,16,32,66)")
     ap.add_argument("--ncu-subject", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -1148,7 +1165,7 @@ def main() -> int:
     # A command's time limit ends the run with SIGTERM: exit through the context managers, so the
     # profiler stops and the power log and manifest keep what was measured.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    h = Harness(args.out, args.quick, args.overlap_channels)
+    h = Harness(args.out, args.quick, args.overlap_channels, args.smloss_held)
     if args.ncu_subject:
         h.ncu_subject()
         return 0
