@@ -533,6 +533,7 @@ MEASURED_DATA = Path(__file__).resolve().parent.parent / "calibration" / "data"
 MEASURED_OVERLAP: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
                                                 ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb"),
                                                 ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb"),
+                                                ("h100-sxm5-80gb/2026-11-27-c", "h100-sxm5-80gb"),
                                                 ("h200-sxm/2026-11-26", "h200-sxm"),
                                                 ("h200-sxm/2026-11-26-e", "h200-sxm"))
 MEASURED = "measured kernels beside communication (calibration harness; held out)"
