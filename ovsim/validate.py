@@ -451,7 +451,6 @@ def _scenario_gemm_checks(gpu_name: str, present: Sequence[str], inputs: Sequenc
     """Each trace's aligned GEMMs priced as a scenario GEMM of the same problem (the library kernel
     the cost model picks, :func:`ovsim.models.cost.best_gemm`) with the shipped calibration, whose
     GEMM parameters the traces had no part in where they come from measured data."""
-
     from ovsim.calibrate import gemm_shapes, library_gemm_errors
 
     gpu = load_gpu(gpu_name)
@@ -529,7 +528,8 @@ MEASURED_DATA = Path(__file__).resolve().parent.parent / "calibration" / "data"
 # Data sets whose overlap part the contention checks replay, and their GPU spec: the first is
 # folded (leave one victim kernel out); the others are predicted from a fit on all of the first:
 # the same kernels beside 8 and 24 channels (the first has 16 and 32) on another H100 machine,
-# beside 16 and 32 on an H200, and beside 8 to 32 on another H200.
+# beside 8 to 32 and beside 1 to 8 on two more, beside 16 and 32 on an H200, and beside 8 to 32 on
+# another H200.
 MEASURED_OVERLAP: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
                                                 ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb"),
                                                 ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb"),
@@ -1085,7 +1085,6 @@ def measured_shape_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     efficiency and time per wave were fitted on the gemm part's squares on another board. Each
     MAPE passes at or below 10%; the note splits it at 10 us and gives the roofline at MAMF's
     best-shape efficiency with no time per wave."""
-
     from ovsim.calibrate import library_gemm_errors
 
     checks: list[Check] = []

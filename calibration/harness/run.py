@@ -690,9 +690,9 @@ class Harness:
                                                  victim_alone_s=victim_s) as ctx:
                                 self._alone_then_beside(fn, comm, stream, first, reps, ctx, op, channels)
 
-    # SMs the ``smloss`` part takes from its victims: from a few to half the GPU.
-    # Victims of the smloss part: the two square GEMMs and the add, and the 2048x8192x8192 GEMM whose
-    # steps the overlap part's replay misses.
+    # Victims of the ``smloss`` part (its SM counts held are ``--smloss-held``, from a few to half
+    # the GPU by default): the two square GEMMs and the add, and the 2048x8192x8192 GEMM whose steps
+    # the overlap part's replay misses.
     SMLOSS_VICTIMS = ("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
                       "add_bf16_256M")
 
