@@ -1124,24 +1124,23 @@ class Harness:
         }
 
 
-def _channel_counts(text: str) -> tuple[int, ...]:
+def _counts(text: str, what: str, most: int, why: str) -> tuple[int, ...]:
+    """Comma-separated counts from 1 to ``most`` (a command-line option's value)."""
     try:
         counts = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated channel counts, got {text!r}") from None
-    if not counts or any(not 1 <= c <= 64 for c in counts):
-        raise argparse.ArgumentTypeError(f"channel counts from 1 to 64 (NCCL's most), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what} counts, got {text!r}") from None
+    if not counts or any(not 1 <= c <= most for c in counts):
+        raise argparse.ArgumentTypeError(f"{what} counts from 1 to {most} ({why}), got {text!r}")
     return counts
+
+
+def _channel_counts(text: str) -> tuple[int, ...]:
+    return _counts(text, "channel", 64, "NCCL's most")
 
 
 def _held_counts(text: str) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated SM counts, got {text!r}") from None
-    if not counts or any(not 1 <= c <= 131 for c in counts):
-        raise argparse.ArgumentTypeError(f"SM counts from 1 to 131 (one SM must stay for the victims), got {text!r}")
-    return counts
+    return _counts(text, "SM", 131, "one SM must stay for the victims")
 
 
 def main() -> int:
