@@ -155,9 +155,12 @@ def shape_grid() -> list[tuple[str, str, int, int, int, int]]:
     count against a hidden size's four linear layers (fused QKV 3h x h, output h x h, MLP up 4h x h
     and down h x 4h, as n x k), weight gradients (k the token rows), odd row counts and batched
     attention products in BF16, and TF32, FP16 and FP8 subsets."""
+    def linear_layers(h: int) -> tuple[tuple[int, int], ...]:
+        return (3 * h, h), (h, h), (4 * h, h), (h, 4 * h)
+
     out: list[tuple[str, str, int, int, int, int]] = []
     for h in SHAPE_HIDDEN:
-        layers = ((3 * h, h), (h, h), (4 * h, h), (h, 4 * h))
+        layers = linear_layers(h)
         out += [("bf16_linear", "bf16", 1, m, n, k) for m in SHAPE_ROWS for n, k in layers]
         out += [("bf16_linear", "bf16", 1, m, n, k) for m in SHAPE_ODD_ROWS if h <= 4096 for n, k in layers]
         out += [("bf16_linear", "bf16", 1, n, k, tokens) for tokens in (2048, 8192) for n, k in layers[2:]]
@@ -167,7 +170,7 @@ def shape_grid() -> list[tuple[str, str, int, int, int, int]]:
     out += [("bf16_batched", "bf16", b, m, n, k) for b, m, n, k in SHAPE_BATCHED]
     # Last: torch._scaled_mm wants every dimension a multiple of 16, and a GPU without FP8 skips it.
     out += [("fp8_linear", "fp8", 1, m, n, k) for h in (1024, 4096) for m in (32, 128, 2048, 8192)
-            for n, k in ((3 * h, h), (h, h), (4 * h, h), (h, 4 * h))]
+            for n, k in linear_layers(h)]
     # A weight gradient can be a forward shape of another hidden size: run it once.
     return list(dict.fromkeys(out))
 
@@ -562,25 +565,27 @@ class Harness:
     def gemm_ops(self, want: tuple[str, ...]) -> dict[str, Callable[[], Any]]:
         """The cuBLAS GEMMs of ``want`` (labels of ``gemm_specs``), each with two input sets, so
         back-to-back runs do not hit in L2. Inputs are made here, only for these labels."""
-        t = self.torch
-        dtypes = {"bf16": t.bfloat16, "fp16": t.float16, "tf32": t.float32}
         ops: dict[str, Callable[[], Any]] = {}
         for label, m, n, k, dname in self.gemm_specs():
-            if label not in want:
+            if label not in want or (dname == "fp8" and not hasattr(self.torch, "_scaled_mm")):
                 continue
-            if dname == "fp8":
-                if not hasattr(t, "_scaled_mm"):
-                    continue
-                one = t.tensor(1.0, device=self.dev)
-                fp8 = [(self.rand(m, k).to(t.float8_e4m3fn), self.rand(n, k).to(t.float8_e4m3fn).t())
-                       for _ in range(2)]
-                ops[label] = self._rotating(
-                    lambda a, b, one=one: t._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=t.bfloat16), fp8)
-            else:
-                sets = [(self.rand(m, k, dtype=dtypes[dname]), self.rand(k, n, dtype=dtypes[dname])) for _ in range(2)]
-                ops[label] = self._rotating(lambda a, b: t.matmul(a, b), sets)
+            ops[label] = self.cublas_gemm(dname, 1, m, n, k)
         self.made()
         return ops
+
+    def cublas_gemm(self, dname: str, batch: int, m: int, n: int, k: int) -> Callable[[], Any]:
+        """A cuBLAS GEMM (batched where ``batch`` > 1; FP8 through ``torch._scaled_mm``, unbatched)
+        on two input sets it rotates between, so back-to-back runs do not hit in L2."""
+        t = self.torch
+        if dname == "fp8":
+            one = t.tensor(1.0, device=self.dev)
+            fp8 = [(self.rand(m, k).to(t.float8_e4m3fn), self.rand(n, k).to(t.float8_e4m3fn).t()) for _ in range(2)]
+            return self._rotating(
+                lambda a, b: t._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=t.bfloat16), fp8)
+        dtype = {"bf16": t.bfloat16, "fp16": t.float16, "tf32": t.float32}[dname]
+        lead = (batch,) if batch > 1 else ()
+        sets = [(self.rand(*lead, m, k, dtype=dtype), self.rand(*lead, k, n, dtype=dtype)) for _ in range(2)]
+        return self._rotating(lambda a, b: t.matmul(a, b), sets)
 
     @staticmethod
     def _rotating(fn: Callable[..., Any], sets: list[tuple[Any, Any]]) -> Callable[[], Any]:
@@ -607,7 +612,6 @@ class Harness:
 
     def part_shapes(self) -> None:
         t = self.torch
-        dtypes = {"bf16": t.bfloat16, "fp16": t.float16, "tf32": t.float32}
         grid = shape_grid()
         fp8 = tuple(self.cc) >= (8, 9) and hasattr(t, "_scaled_mm")
         for experiment in dict.fromkeys(e for e, *_ in grid):
@@ -616,24 +620,12 @@ class Harness:
                 continue
             with self.experiment("shapes", experiment, shapes=[list(g[1:]) for g in specs], repeats=10):
                 for _, dname, batch, m, n, k in specs:
-                    if dname == "fp8":
-                        one = t.tensor(1.0, device=self.dev)
-                        sets = [(self.rand(m, k).to(t.float8_e4m3fn), self.rand(n, k).to(t.float8_e4m3fn).t())
-                                for _ in range(2)]
-                        fn = self._rotating(lambda a, b, one=one: t._scaled_mm(a, b, scale_a=one, scale_b=one,
-                                                                               out_dtype=t.bfloat16), sets)
-                    else:
-                        dtype = dtypes[dname]
-                        a_shape = (batch, m, k) if batch > 1 else (m, k)
-                        b_shape = (batch, k, n) if batch > 1 else (k, n)
-                        sets = [(self.rand(*a_shape, dtype=dtype), self.rand(*b_shape, dtype=dtype))
-                                for _ in range(2)]
-                        fn = self._rotating(lambda a, b: t.matmul(a, b), sets)
+                    fn = self.cublas_gemm(dname, batch, m, n, k)
                     self.warm(fn, 2)
                     for _ in range(10):
                         fn()
                     t.cuda.synchronize()
-                    del sets, fn
+                    del fn
                     # Long enough for the power limit's average (about 70 ms) to fall back after
                     # the largest shapes (about 60 ms of GEMMs), so every shape starts at the top clock.
                     time.sleep(0.15 if 2.0 * batch * m * n * k > 1e11 else 0.01)
