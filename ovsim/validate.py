@@ -1033,6 +1033,16 @@ MEASURED_SHAPES_GROUP = "measured GEMM shapes (calibration harness shapes part; 
 _TOP_CLOCK_SLACK_HZ = 15e6
 
 
+@functools.lru_cache(maxsize=8)
+def _nvml_clock(log: Path) -> tuple[Any, Any]:
+    """(wall-clock stamps, SM clock in Hz) of a harness power log, in time order: read once for
+    all of a data set's experiments."""
+    from ovsim.traces.power import read_power_samples
+
+    samples = read_power_samples(log).sort_values("wall_time_s")
+    return samples["wall_time_s"].to_numpy(float), samples["sm_clock_hz"].to_numpy(float)
+
+
 def measured_shape_points(folder: Path, experiment: str, precision: str) -> list[tuple[int, int, int, int, float]]:
     """(m, n, k, batch, median s) of each GEMM of a shapes-part experiment whose leading dimensions
     are aligned (:func:`ovsim.models.cost.gemm_aligned`) and whose every run NVML saw at the top
@@ -1042,7 +1052,6 @@ def measured_shape_points(folder: Path, experiment: str, precision: str) -> list
 
     from ovsim.traces.aten import gemm_problem
     from ovsim.traces.load import read_table
-    from ovsim.traces.power import read_power_samples
 
     table = folder / "tables" / "shapes" / f"{experiment}.parquet"
     log = harness_power_log(folder)
@@ -1053,9 +1062,7 @@ def measured_shape_points(folder: Path, experiment: str, precision: str) -> list
         return []
     k = bundle.kernels
     k = k[k["kind"] == "gemm"]
-    samples = read_power_samples(log).sort_values("wall_time_s")
-    stamps = samples["wall_time_s"].to_numpy(float)
-    clock = samples["sm_clock_hz"].to_numpy(float)
+    stamps, clock = _nvml_clock(log)
     ends = bundle.wall_origin_s + k["start_s"].to_numpy(float) + k["duration_s"].to_numpy(float)
     # The sample in effect when the kernel ended: the clock it was running at, up to NVML's period.
     at_clock = clock[np.clip(np.searchsorted(stamps, ends) - 1, 0, len(stamps) - 1)]
