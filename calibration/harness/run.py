@@ -56,6 +56,7 @@ import contextlib
 import datetime as dt
 import functools
 import gzip
+import itertools
 import json
 import math
 import os
@@ -314,7 +315,9 @@ class PowerSampler:
 
 class Harness:
     def __init__(self, out: Path, quick: bool, overlap_channels: tuple[int, ...] = (16, 32),
-                 smloss_held: tuple[int, ...] = (8, 16, 32, 66)) -> None:
+                 smloss_held: tuple[int, ...] = (8, 16, 32, 66),
+                 smloss_gemms: tuple[tuple[int, int, int], ...] = (),
+                 smloss_hold_fractions: tuple[float, ...] = (1.5,)) -> None:
         import cupy
         import torch
 
@@ -326,6 +329,8 @@ class Harness:
         self.quick = quick
         self.overlap_channels = overlap_channels
         self.smloss_held = smloss_held
+        self.smloss_gemms = smloss_gemms
+        self.smloss_hold_fractions = smloss_hold_fractions
         self.dev = torch.device("cuda")
         self.props = torch.cuda.get_device_properties(self.dev)
         # The CUDA runtime's own cudaDeviceProp, for the limits PyTorch does not expose everywhere.
@@ -688,21 +693,33 @@ class Harness:
     SMLOSS_VICTIMS = ("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
                       "add_bf16_256M")
 
+    def smloss_victims(self) -> dict[str, Callable[[], Any]]:
+        """The ``smloss`` part's victims: ``SMLOSS_VICTIMS``, or the BF16 GEMMs of ``--smloss-gemms``."""
+        if not self.smloss_gemms:
+            return {v: self.victims[v] for v in self.SMLOSS_VICTIMS}
+        return {f"gemm_bf16_{m}x{n}x{k}": self.cublas_gemm("bf16", 1, m, n, k) for m, n, k in self.smloss_gemms}
+
     def part_smloss(self) -> None:
         """Victims alone, then beside a kernel that only holds SMs: one warp per SM spinning on the
         clock with all of the SM's shared memory, so no block that needs shared memory fits beside it
         and it moves no data. Against the ``overlap`` part (channel blocks, which hold SMs and move
-        data), this separates the SMs a collective takes from the memory traffic it adds."""
+        data), this separates the SMs a collective takes from the memory traffic it adds.
+
+        A hold fraction of 1.5 (the default) outlasts the victims' repeats; one under 1 ends
+        among them (``fraction`` x the repeats' time after they begin), so that a victim loses its
+        SMs only for part of its run."""
         t = self.torch
         reps = 6
         hold_smem = self.smem_per_sm - 1024 - 64
-        for vname in self.SMLOSS_VICTIMS:
-            fn = self.victims[vname]
+        for vname, fn in self.smloss_victims().items():
             victim_s = self.time_alone_s(fn)
-            spin_ns = int(1.5 * reps * victim_s * 1e9) + 1_000_000
-            for held in self.smloss_held:
-                with self.experiment("smloss", f"{vname}__hold_{held}", victim=vname, held_sms=held, hold_threads=32,
-                                     hold_smem_bytes=hold_smem, hold_spin_ns=spin_ns, victim_alone_s=victim_s) as ctx:
+            for fraction, held in itertools.product(self.smloss_hold_fractions, self.smloss_held):
+                # The holding blocks start about 0.5 ms before the victims (the sleep below).
+                spin_ns = int(fraction * reps * victim_s * 1e9) + (1_000_000 if fraction >= 1 else 500_000)
+                label = f"{vname}__hold_{held}" + ("" if fraction == 1.5 else f"__for_{fraction:g}")
+                with self.experiment("smloss", label, victim=vname, held_sms=held, hold_threads=32,
+                                     hold_smem_bytes=hold_smem, hold_spin_ns=spin_ns, hold_fraction=fraction,
+                                     victim_alone_s=victim_s) as ctx:
                     with t.cuda.stream(self.compute):
                         for _ in range(reps):
                             fn()
@@ -1135,6 +1152,30 @@ def _held_counts(text: str) -> tuple[int, ...]:
     return _counts(text, "SM", 131, "one SM must stay for the victims")
 
 
+def _gemm_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
+    """Comma-separated MxNxK GEMM shapes (a command-line option's value)."""
+    shapes = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        dims = item.lower().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"expected MxNxK with positive integers, got {item!r}")
+        shapes.append((int(dims[0]), int(dims[1]), int(dims[2])))
+    if not shapes:
+        raise argparse.ArgumentTypeError("expected at least one MxNxK shape")
+    return tuple(shapes)
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    """Comma-separated positive numbers (a command-line option's value)."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not (0 < v < 100) for v in values):
+        raise argparse.ArgumentTypeError(f"expected numbers above 0 and under 100, got {text!r}")
+    return values
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="run folder (created)")
@@ -1145,6 +1186,11 @@ def main() -> int:
                     help="channel counts the overlap part runs its victims beside (default 16,32)")
     ap.add_argument("--smloss-held", type=_held_counts, default=(8, 16, 32, 66), metavar="N,N",
                     help="SM counts the smloss part holds beside its victims (default 8,16,32,66)")
+    ap.add_argument("--smloss-gemms", type=_gemm_shapes, default=(), metavar="MxNxK,...",
+                    help="BF16 cuBLAS GEMMs the smloss part runs instead of its own victims")
+    ap.add_argument("--smloss-hold-fractions", type=_fractions, default=(1.5,), metavar="X,X",
+                    help="how long the smloss part holds its SMs, in units of the victims' repeats "
+                         "(default 1.5: longer than all of them; under 1: ends among them)")
     ap.add_argument("--ncu-subject", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -1156,7 +1202,8 @@ def main() -> int:
     # A command's time limit ends the run with SIGTERM: exit through the context managers, so the
     # profiler stops and the power log and manifest keep what was measured.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    h = Harness(args.out, args.quick, args.overlap_channels, args.smloss_held)
+    h = Harness(args.out, args.quick, args.overlap_channels, args.smloss_held, args.smloss_gemms,
+                args.smloss_hold_fractions)
     if args.ncu_subject:
         h.ncu_subject()
         return 0

@@ -4,6 +4,7 @@ CuPy and NVML only when it measures."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -14,6 +15,8 @@ from run import (
     VICTIM_GEMMS,
     Harness,
     PowerSampler,
+    _fractions,
+    _gemm_shapes,
     find_tool,
     ncu_has_table,
     nvml_handle,
@@ -247,3 +250,14 @@ def test_the_shape_grid_runs_each_shape_once_and_its_inputs_fit_any_of_the_gpus(
             assert m % 16 == 0 and n % 16 == 0 and k % 16 == 0
     assert {g[0] for g in grid} == {"bf16_linear", "bf16_batched", "tf32_linear", "fp16_linear", "fp8_linear"}
     assert grid[-1][0] == "fp8_linear"  # last, so a GPU that refuses it has run the rest
+
+
+def test_smloss_options_parse_shapes_and_fractions_and_refuse_malformed_ones() -> None:
+    assert _gemm_shapes("2048x6144x2048, 4096X4096x4096") == ((2048, 6144, 2048), (4096, 4096, 4096))
+    assert _fractions("1.5,0.4") == (1.5, 0.4)
+    for bad in ("2048x6144", "0x1x1", "axbxc", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _gemm_shapes(bad)
+    for bad in ("0", "-1", "x", "", "100"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _fractions(bad)
