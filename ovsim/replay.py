@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +262,8 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
                               issue_intensity=params.memory_issue_floor if memory else 1.0, clock_sensitive=not memory,
                               cap=None if memory else cost.issue_cap(shape, gpu, params,
                                                                      1.0 / cost.blocks_per_sm(shape, gpu)))
+    if tiles:
+        d = replace(d, persistent_ctas=grid)
     return cost.bandwidth_bound(d, gpu, params) if memory else d
 
 

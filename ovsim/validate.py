@@ -1115,6 +1115,92 @@ def measured_shape_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     return checks
 
 
+# Data sets whose smloss part the SM-loss checks replay, and their GPU spec: cuBLAS's GEMMs beside a
+# kernel that only holds SMs (every set held out: nothing is fitted on their GEMMs).
+MEASURED_SMLOSS: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26-b", "h100-sxm5-80gb"),
+                                               ("h100-sxm5-80gb/2026-11-27-b", "h100-sxm5-80gb"),
+                                               ("h100-sxm5-80gb/2026-11-27-c", "h100-sxm5-80gb"),
+                                               ("h200-sxm/2026-11-26-b", "h200-sxm"),
+                                               ("h200-sxm/2026-11-27-b", "h200-sxm"),
+                                               ("h200-sxm/2026-11-27-c", "h200-sxm"))
+MEASURED_SMLOSS_GROUP = "measured GEMMs beside SM-holding blocks (calibration harness smloss part; held out)"
+_HOLD_KERNEL = "ovsim_probe_first"
+# The smloss part's default hold outlasts its victims' repeats (calibration/harness/run.py).
+_WHOLE_HOLD = 1.5
+
+
+def smloss_scored(path: Path, gpu: str) -> tuple[list[float], list[float], list[float]]:
+    """(measured, predicted, isolated) durations of the GEMMs of one smloss experiment that ran
+    beside the holding kernel. The holding kernel is replayed as a collective that moves nothing
+    and holds all of its blocks for its measured time; the GEMMs' isolated times are their
+    repeats before it (the replay's ``signature`` source), so only how held SMs cost them is
+    predicted."""
+    import dataclasses
+
+    from ovsim.replay import replay
+    from ovsim.traces.load import load_trace
+
+    bundle = load_trace([path])
+    kernels = bundle.kernels.copy()
+    kernels.loc[kernels["name"] == _HOLD_KERNEL, "kind"] = "collective"
+    k = replay(dataclasses.replace(bundle, kernels=kernels), gpu=gpu, counters=False,
+               overrides={"replay_collective_sm_fraction": HARNESS_SM_FRACTION}).kernels
+    sel = k["overlapped"] & (k["isolated_source"] == "signature") & (k["kind"] == "gemm")
+    return (k.loc[sel, "measured_duration_s"].tolist(), k.loc[sel, "predicted_duration_s"].tolist(),
+            k.loc[sel, "isolated_s"].tolist())
+
+
+def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> list[Check]:
+    """cuBLAS's GEMMs beside a kernel that holds 1 to 66 SMs and moves no data (the harness's
+    smloss part), replayed with the shipped calibration: on Hopper a persistent GEMM whose CTAs
+    do not all find an SM runs their first tiles after the rest (``KernelDemand.persistent_ctas``).
+    One row per data set, victim and hold (for the whole run, or ending among the repeats), pooling
+    the held counts; it passes at 10% or less and at most a third of the naive MAPE, as the
+    overlap rows do."""
+    import numpy as np
+
+    from ovsim.replay import _mape
+
+    jobs: list[tuple[str, str, str, str, Path]] = []
+    for rel, gpu in MEASURED_SMLOSS:
+        tables = folder / rel / "tables" / "smloss"
+        if not tables.is_dir():
+            continue
+        experiments = harness_experiments(folder / rel)
+        for path in sorted(tables.glob("gemm_*.parquet")):
+            e = experiments.get(path.stem, {})
+            fraction = float(e.get("hold_fraction", _WHOLE_HOLD))
+            hold = "for the whole run" if fraction >= 1 else "for part of the run"
+            jobs.append((rel, gpu, str(e.get("victim", path.stem.split("__", 1)[0])), hold, path))
+    if not jobs:
+        return []
+    n = min(workers, len(jobs))
+    pool = ProcessPoolExecutor(max_workers=n) if n > 1 else None
+    with pool or nullcontext():
+        run = pool.map if pool is not None else map
+        scored = list(run(smloss_scored, [j[4] for j in jobs], [j[1] for j in jobs]))
+    rows: dict[tuple[str, str, str, str], list[list[float]]] = {}
+    for (rel, gpu, victim, hold, _), series in zip(jobs, scored, strict=True):
+        acc = rows.setdefault((rel, gpu, victim, hold), [[], [], []])
+        for a, xs in zip(acc, series, strict=True):
+            a.extend(xs)
+    checks: list[Check] = []
+    for (rel, gpu, victim, hold), pooled in rows.items():
+        meas, pred, iso = (np.asarray(x, dtype=float) for x in pooled)
+        if not len(meas):
+            continue
+        naive = _mape(iso, meas)
+        # "gemm_bf16_4096x4096x4096" -> "4096x4096x4096 bf16": the table keeps the name's start.
+        _, prec, shape = [*victim.split("_", 2), "", ""][:3]
+        span = "whole" if "whole" in hold else "part"
+        checks.append(Check(f"{gpu} {rel.rsplit('/', 1)[-1]}: {shape} {prec}, {span} run",
+                            MEASURED_SMLOSS_GROUP, min(10.0, naive / 3), _mape(pred, meas), "% MAPE", 0.0,
+                            f"calibration/data/{rel} (smloss part)", rule="at_most",
+                            note=f"{victim}, SMs held {hold}, {len(meas)} kernels; naive {naive:.1f}%; "
+                                 "shipped calibration, nothing fitted on these GEMMs"))
+    return checks
+
+
 # The dispatch part's probes (a kernel of many blocks, then a second one launched on another stream
 # at equal or higher priority), by data set, GPU and a system holding it.
 MEASURED_DISPATCH: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100"),
@@ -1477,7 +1563,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
                    + measured_clock_mix_checks(MEASURED_DATA)
                    + measured_gemm_checks(MEASURED_DATA) + measured_shape_checks(MEASURED_DATA)
                    + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA)
-                   + measured_hbm_checks(MEASURED_DATA))
+                   + measured_hbm_checks(MEASURED_DATA) + measured_smloss_checks(MEASURED_DATA, workers))
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
                    + gemm_checks(traces, on_trace))

@@ -76,7 +76,8 @@ class _Kernel:
 
     __slots__ = (
         "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "cap", "clock_cls", "clock_s",
-        "clock_sensitive", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "launch_s", "max_resident",
+        "clock_sensitive", "ctas", "ctas_in", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "late",
+        "launch_s", "max_resident",
         "mem_wait", "op",
         "partitions", "priority", "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s",
         "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "theta_self", "threads", "undispatched",
@@ -109,6 +110,11 @@ class _Kernel:
         self.undispatched = k.blocks
         self.resident = 0
         self.batched = 0  # blocks of later waves held by a fast-forwarded entry (see Engine._batch)
+        # A persistent kernel's CTAs, those of them that have found an SM, and the first tiles of
+        # those that have not, held back until the rest are done (Engine._place).
+        self.ctas = k.persistent_ctas if 0 < k.persistent_ctas < k.blocks else 0
+        self.ctas_in = self.ctas
+        self.late = 0
         self.threads, self.regs, self.smem, self.blocks_per_sm_alone, self.max_resident = shape
         self.t_block = k.block_time_s
         self.issue = k.issue_fraction
@@ -832,7 +838,7 @@ class Engine:
                 if k.resident == 0:
                     k.wait_sm_s += dt
                     continue
-                alone = k.undispatched + k.batched + k.resident
+                alone = k.undispatched + k.batched + k.resident + k.late
                 if alone > k.max_resident:
                     alone = k.max_resident
                 f_res = k.resident / alone if k.resident < alone else 1.0
@@ -929,6 +935,11 @@ class Engine:
         if changed:
             self.to_dispatch.add(gpu.rank)
             self._merge(gpu)
+            for k in gpu.running:
+                if k.late and k.undispatched == 0 and k.resident == 0:
+                    # The resident CTAs have run every other tile and left: the late ones start.
+                    k.undispatched, k.late = k.late, 0
+                    k.ctas_in = k.ctas
             done = [k for k in gpu.running if k.undispatched == 0 and k.resident == 0]
             if done:
                 gpu.running = [k for k in gpu.running if not (k.undispatched == 0 and k.resident == 0)]
@@ -1040,7 +1051,7 @@ class Engine:
             return
         first: dict[str, _Kernel] = {}
         for k in gpu.pending:
-            if k.undispatched > 0:
+            if k.undispatched > 0 or k.late:
                 for p in k.partitions:
                     if p not in first:
                         first[p] = k
@@ -1114,14 +1125,14 @@ class Engine:
                 before = k.undispatched
                 self._place(gpu, k, now, allowed)
                 placed_any = placed_any or k.undispatched < before
-            if k.undispatched == 0:
+            if k.undispatched == 0 and not k.late:
                 any_done = True
                 continue
             blocked.update(k.partitions)
             if len(blocked) == gpu.n_partitions:
                 break
         if any_done:
-            gpu.pending = [k for k in gpu.pending if k.undispatched > 0]
+            gpu.pending = [k for k in gpu.pending if k.undispatched > 0 or k.late]
         if placed_any:
             self._merge(gpu)
 
@@ -1133,6 +1144,8 @@ class Engine:
         block more takes exactly one off the group's fit, so the best group keeps winning until
         its fit falls to the runner-up's."""
         kt, kr, ks = k.threads, k.regs, k.smem
+        if k.ctas and k.start_s == _INF:
+            self._hold_late(gpu, k, partitions)
         while k.undispatched > 0:
             best: _Group | None = None
             best_fit = 0
@@ -1181,6 +1194,37 @@ class Engine:
             k.resident += layers * best.n
             if k.start_s == _INF:
                 k.start_s = now
+            if k.late and k.resident > k.ctas_in:
+                # More tiles run at once than CTAs had found SMs: late CTAs have found some (SMs
+                # another kernel freed) and run their first tiles among the rest.
+                came = min(k.late, k.resident - k.ctas_in)
+                k.late -= came
+                k.undispatched += came
+                k.ctas_in += came
+
+    @staticmethod
+    def _hold_late(gpu: _Gpu, k: _Kernel, partitions: tuple[str, ...]) -> None:
+        """At a persistent kernel's first placement, hold back the first tiles of the CTAs that find
+        no SM (another kernel holds it). Each runs its first tile only once the resident CTAs have
+        run all the other tiles: one more round of tiles from the first SM taken, as measured on
+        cuBLAS's Hopper GEMMs beside SM-holding kernels (calibration/data/README.md, "smloss")."""
+        room = 0
+        for g in gpu.groups:
+            if g.part not in partitions:
+                continue
+            fit = min(g.threads // k.threads, g.blocks)
+            if k.regs:
+                fit = min(fit, g.regs // k.regs)
+            if k.smem:
+                fit = min(fit, g.smem // k.smem)
+            room += g.n * max(fit, 0)
+        if room <= 0:
+            return  # nothing starts now; counted again when something does
+        late = k.ctas - min(room, k.ctas)
+        if late > 0:
+            k.late = late
+            k.undispatched -= late
+            k.ctas_in = k.ctas - late
 
     def _arrivals(self) -> None:
         now = self.now

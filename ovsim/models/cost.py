@@ -228,6 +228,7 @@ def gemm(
     batch: int = 1,
     split_k: int = 1,
     sm_count: int | None = None,
+    persistent: bool = False,
 ) -> KernelDemand:
     """A tiled tensor-core GEMM: output tiles are blocks, each block computes one tile.
 
@@ -239,7 +240,9 @@ def gemm(
     ``sm_count`` plans the grid for fewer SMs (cuBLASLt's SM_COUNT_TARGET); the block count is
     unchanged, only the waves are. ``extra_shared_mem_bytes`` shapes occupancy: the padded blocks
     do the same work at the same per-block speed, but fewer fit on an SM, so the SM is less busy and
-    the kernel takes more waves.
+    the kernel takes more waves. ``persistent``: launched as one wave of blocks that loop over the
+    tiles (cuBLAS's Hopper kernels), the same time alone; the engine runs it differently beside
+    kernels that hold SMs (:attr:`KernelDemand.persistent_ctas`).
     """
     for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch), ("split_k", split_k)):
         if not isinstance(v, int) or v < 1:
@@ -302,9 +305,11 @@ def gemm(
         partial_bytes = float(2 * split_k * batch * m * n * _ACCUMULATOR_BYTES)
         hbm_bytes += partial_bytes
         isolated += partial_bytes / bw + params.kernel_overhead_s
-    return demand_from_time(blocks=blocks, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
-                            gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
-                            issue_fraction=ask, cap=most)
+    d = demand_from_time(blocks=blocks, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
+                         gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
+                         issue_fraction=ask, cap=most)
+    ctas = sms * occ
+    return replace(d, persistent_ctas=ctas) if persistent and blocks > ctas else d
 
 
 def memory_bound(
@@ -434,6 +439,8 @@ class GemmKernel(NamedTuple):
     threads: int
     registers_per_thread: int
     stages: int
+    # One wave of blocks looping over the tiles (cost.gemm's ``persistent``).
+    persistent: bool = False
 
 
 # Output tiles CUTLASS and cuBLAS pick among.
@@ -447,12 +454,13 @@ _NARROW = 64
 # A main-loop stage reads 128 bytes of K per row (the shared-memory swizzle width): K tiles of 64
 # 16-bit, 128 8-bit or 32 32-bit elements (CUTLASS's Ampere and Hopper tile shapes).
 _K_TILE_BYTES = 128
-# (threads, registers per thread, stages) of a block. Ampere-style multistage kernels: 8 warps.
+# (threads, registers per thread, stages, persistent) of a block. Ampere-style multistage kernels: 8 warps.
 # Hopper's warp-specialized cooperative kernels (cuBLAS's on sm90, 384 threads in every kernel the
 # harness's GEMMs ran): a producer and two consumer warpgroups holding the SM's registers, one
-# block per SM, a deeper pipeline.
-_MULTISTAGE = (256, 128, 3)
-_WARP_SPECIALIZED = (384, 168, 4)
+# block per SM, a deeper pipeline; persistent (launched as 66 clusters of 2 blocks on the H100
+# and H200 whatever the tile count: calibration/data/h100-sxm5-80gb/2026-11-27-b, h200-sxm/2026-11-27-c).
+_MULTISTAGE = (256, 128, 3, False)
+_WARP_SPECIALIZED = (384, 168, 4, True)
 
 
 def library_gemm_kernels(gpu: GpuSpec, precision: str) -> list[GemmKernel]:
@@ -462,9 +470,12 @@ def library_gemm_kernels(gpu: GpuSpec, precision: str) -> list[GemmKernel]:
     tk = max(1, _K_TILE_BYTES // element_bytes(precision))
     cc = gpu.compute_capability
     hopper = cc is not None and cc >= 90
-    blocks = [_MULTISTAGE] + ([_WARP_SPECIALIZED] if hopper else [])
+    # Where both price the same, the library's own kind first (best_gemm keeps the first of a tie):
+    # every GEMM measured on Hopper ran a warp-specialized kernel.
+    blocks = [_WARP_SPECIALIZED, _MULTISTAGE] if hopper else [_MULTISTAGE]
     tiles = _TILES_MN + (_HOPPER_TILES_MN if hopper else ())
-    return [GemmKernel((tm, tn, tk), threads, regs, stages) for tm, tn in tiles for threads, regs, stages in blocks]
+    return [GemmKernel((tm, tn, tk), threads, regs, stages, persistent) for tm, tn in tiles
+            for threads, regs, stages, persistent in blocks]
 
 
 # The refusals of a kernel that does not launch on the GPU (or with the padding), as against bad
@@ -500,7 +511,7 @@ def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Para
                 d = gemm(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
                          registers_per_thread=kern.registers_per_thread, stages=kern.stages,
                          extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split,
-                         sm_count=sm_count)
+                         sm_count=sm_count, persistent=kern.persistent)
             except OvsimError as e:
                 if e.field not in _DOES_NOT_LAUNCH:
                     raise

@@ -57,6 +57,11 @@ class KernelDemand:
     # The share of its time alone the kernel waits on memory, for HBM's latency law. None: from
     # its kind (Engine._memory_wait).
     memory_wait: float | None = None
+    # A persistent kernel (cuBLAS's Hopper GEMMs): this many blocks (CTAs, one wave) loop over the
+    # ``blocks`` output tiles, which the engine runs as blocks of their own. A CTA that finds no
+    # SM at launch runs its first tile only after the resident CTAs have run all the others
+    # (Engine._place); 0: an ordinary kernel, one block per tile.
+    persistent_ctas: int = 0
 
 
 @dataclass(frozen=True)

@@ -471,3 +471,53 @@ def test_latency_law_slows_who_waits_on_memory_and_spares_who_moves_none(
     k_law, k_off = moving.loc["k", "duration_s"], off.loc["k", "duration_s"]  # type: ignore[attr-defined]
     assert kernel.isolated_s * 1.01 < k_law < k_off
     assert moving.loc["c", "duration_s"] > 1.2 * off.loc["c", "duration_s"]  # type: ignore[attr-defined]
+
+
+def _holding_kernel(sms: int, duration_s: float) -> KernelDemand:
+    """One small block per SM with all of the SM's shared memory: no GEMM block fits beside it."""
+    block = BlockShape(threads=32, registers_per_thread=16, shared_mem_bytes=227 * 1024)
+    return KernelDemand(blocks=sms, block=block, block_time_s=duration_s, issue_fraction=0.01, hbm_bytes=0.0,
+                        flops=0.0, isolated_s=duration_s)
+
+
+TILE_S = 1e-5
+
+
+def _persistent_gemm(tiles: int) -> KernelDemand:
+    """cuBLAS's Hopper GEMM as the engine sees it: one 384-thread block per SM, 132 CTAs looping
+    over ``tiles`` tiles of TILE_S each."""
+    block = BlockShape(threads=384, registers_per_thread=168, shared_mem_bytes=200 * 1024)
+    return KernelDemand(blocks=tiles, block=block, block_time_s=TILE_S, issue_fraction=1.0, hbm_bytes=0.0,
+                        flops=0.0, isolated_s=math.ceil(tiles / 132) * TILE_S, persistent_ctas=132)
+
+
+@pytest.mark.parametrize(("tiles", "held", "rounds"), [
+    (512, 0, 4),  # alone: ceil(512 / 132)
+    (512, 1, 5),  # ceil(511 / 131) = 4, then the late CTA's first tile
+    (512, 8, 6),  # ceil(504 / 124) = 5, then one more round
+    (384, 1, 4),  # ceil(383 / 131) = 3, then one more
+    (128, 1, 1),  # 128 CTAs fit on 131 SMs: none late
+])
+def test_a_persistent_gemm_runs_the_first_tiles_of_ctas_that_found_no_sm_after_the_rest(
+        tiles: int, held: int, rounds: int, h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+    """Closed form of the rule the engine keeps for persistent kernels (KernelDemand.persistent_ctas):
+    the resident CTAs share the tiles in rounds over the SMs they hold, and each CTA that found no SM
+    runs its first tile after them. Measured on cuBLAS's Hopper GEMMs beside SM-holding kernels:
+    4096^3 (512 tiles) x1.25 with one SM held, 2048x6144x2048 (384 tiles) x1.33
+    (calibration/data/h100-sxm5-80gb/2026-11-27-b, h200-sxm/2026-11-27-c)."""
+    ops = [Op("g", "g", "gemm", 0, "compute", kernel=_persistent_gemm(tiles), delay_s=1e-6)]
+    if held:
+        ops.append(Op("h", "h", "generic", 0, "hold", kernel=_holding_kernel(held, 1.0)))
+    out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "hold")], h100_node, h100, h100_calib)
+    assert out.loc["g", "duration_s"] == pytest.approx(rounds * TILE_S, rel=1e-6)
+
+
+def test_a_late_cta_that_finds_an_sm_freed_midway_joins_the_rest(h100: GpuSpec, h100_calib: Calibration,
+                                                                 h100_node: SystemSpec) -> None:
+    """A hold that ends during the second round frees its SM for the late CTA, which runs its first
+    tile among the others: the 4 rounds of the GEMM alone, where a hold for the whole GEMM costs a
+    fifth (the test above)."""
+    ops = [Op("h", "h", "generic", 0, "hold", kernel=_holding_kernel(1, 1.5 * TILE_S)),
+           Op("g", "g", "gemm", 0, "compute", kernel=_persistent_gemm(512), delay_s=1e-9)]
+    out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "hold")], h100_node, h100, h100_calib)
+    assert out.loc["g", "duration_s"] == pytest.approx(4 * TILE_S, rel=1e-3)

@@ -76,8 +76,7 @@ def test_best_gemm_is_the_fastest_library_kernel_that_launches() -> None:
     wave on 132 SMs, each block one tile of 2 x 64 x 128 x 1024 FLOPs at its SM's rate, unless the
     cost model's HBM traffic (A and B read twice, C written once) takes longer; no library tile
     makes more than 132 blocks of a shorter tile time (128 x 128: 64 blocks), so that is the
-    closed-form best. With padding that leaves a 384-thread block no room, the multistage kernels
-    are all that remain."""
+    closed-form best. With padding, only the kernels it leaves room for remain."""
     h100 = load_gpu("h100-sxm5-80gb")
     p = load_calibration(h100, "h100-sxm5-80gb").params.merged(
         {"gemm_efficiency": {"bf16": 0.8}, "gemm_tile_overhead_s": {"bf16": 0.0}})
@@ -91,7 +90,17 @@ def test_best_gemm_is_the_fastest_library_kernel_that_launches() -> None:
              for kern in library_gemm_kernels(h100, "bf16")]
     assert d.isolated_s == min(every)
     padded = best_gemm(1024, 1024, 1024, "bf16", h100, p, extra_shared_mem_bytes=150_000)
-    assert padded.block.threads == 256
+    launching = []
+    for kern in library_gemm_kernels(h100, "bf16"):
+        try:
+            launching.append(gemm(1024, 1024, 1024, "bf16", h100, p, tile=kern.tile, threads=kern.threads,
+                                  registers_per_thread=kern.registers_per_thread, stages=kern.stages,
+                                  extra_shared_mem_bytes=150_000))
+        except OvsimError:
+            continue
+    assert 0 < len(launching) < len(every)
+    assert padded.isolated_s == min(d.isolated_s for d in launching)
+    assert padded.block.shared_mem_bytes + 1024 <= h100.sm.shared_mem_per_sm_bytes
     with pytest.raises(OvsimError, match="shared memory"):
         best_gemm(1024, 1024, 1024, "bf16", h100, p, extra_shared_mem_bytes=230_000)
 
@@ -169,3 +178,17 @@ def test_a_narrow_product_runs_on_a_narrow_tile() -> None:
                     registers_per_thread=kern.registers_per_thread, stages=kern.stages).isolated_s
                for kern in library_gemm_kernels(h100, "bf16") if min(kern.tile[:2]) >= 64)
     assert min(narrow.block_time_s, wide) > 0 and narrow.isolated_s < wide
+
+
+def test_hopper_library_gemms_are_persistent_and_ampere_ones_are_not() -> None:
+    """cuBLAS's Hopper GEMMs run warp-specialized kernels launched as one wave of 132 blocks (the
+    harness's kernel tables: grid 2 x 66, 384 threads, whatever the shape); where a warp-specialized
+    and a multistage kernel price the same, the library's own is chosen. A GEMM of no more tiles
+    than SMs is one block per tile either way; the A100's kernels are a block per tile."""
+    h100, a100 = load_gpu("h100-sxm5-80gb"), load_gpu("a100-sxm4-80gb")
+    d = best_gemm(4096, 4096, 4096, "bf16", h100, load_calibration(h100, "h100-sxm5-80gb").params)
+    assert d.block.threads == 384 and d.persistent_ctas == 132 and d.blocks > 132
+    small = best_gemm(1024, 1024, 1024, "bf16", h100, load_calibration(h100, "h100-sxm5-80gb").params)
+    assert small.blocks <= 132 and small.persistent_ctas == 0
+    amp = best_gemm(4096, 4096, 4096, "bf16", a100, load_calibration(a100, "a100-sxm4-80gb").params)
+    assert amp.persistent_ctas == 0 and amp.blocks > a100.sm.count
