@@ -7,7 +7,7 @@
 // - "gpc_clusters": one launch of as many 16-block clusters as fit at once, each block's SM and
 //   cluster: the SMs of a cluster are in one GPC.
 // - "held": for each count h, a kernel holding h SMs for 20 ms (one warp with all of an SM's shared
-//   memory), then, 2 ms later, one block per SM (132 on an H100) that spins 5 ms, launched alone
+//   memory; launched plainly or with a cluster dimension of 1), then, 2 ms later, one block per SM (132 on an H100) that spins 5 ms, launched alone
 //   (cluster 1) or in clusters of 2 like cuBLAS's GEMMs: each block's SM and start. Those that
 //   start at once found room beside the hold; the rest waited for a probe block or the hold to end.
 #include <cuda_runtime.h>
@@ -155,8 +155,16 @@ int main() {
     std::printf("\"held\": [");
     bool first = true;
     for (unsigned h : held_counts) {
-        for (unsigned cluster : {1u, 2u}) {
-            CHECK(launch(h, 1, hold_smem, a, hold_ns, hsm, hcl, hst));
+        for (unsigned variant = 0; variant < 4; ++variant) {
+            // The hold launched plainly (<<<>>>, as the harness's smloss part launches it) or with a
+            // cluster dimension of 1 (cudaLaunchKernelEx): the block scheduler places them apart.
+            const bool plain = variant >= 2;
+            const unsigned cluster = 1 + variant % 2;
+            if (plain)
+                probe<<<h, 32, hold_smem, a>>>(hold_ns, hsm, hcl, hst);
+            else
+                CHECK(launch(h, 1, hold_smem, a, hold_ns, hsm, hcl, hst));
+            CHECK(cudaGetLastError());
             // Let the holding blocks become resident before the probe arrives.
             struct timespec ts = {0, 2000000};
             nanosleep(&ts, nullptr);
@@ -172,8 +180,9 @@ int main() {
             // Each probe block's start, in microseconds after the first holding block's.
             std::vector<unsigned> start_us(sms);
             for (unsigned i = 0; i < sms; ++i) start_us[i] = vst[i] > t0 ? (unsigned)((vst[i] - t0) / 1000) : 0;
-            std::printf("%s{\"held_sms\": %u, \"cluster\": %u, \"hold_us\": %llu, \"probe_us\": %llu, ", first ? "" : ", ",
-                        h, cluster, hold_ns / 1000, probe_ns / 1000);
+            std::printf("%s{\"held_sms\": %u, \"cluster\": %u, \"hold_launch\": \"%s\", \"hold_us\": %llu, "
+                        "\"probe_us\": %llu, ", first ? "" : ", ", h, cluster, plain ? "plain" : "cluster 1",
+                        hold_ns / 1000, probe_ns / 1000);
             first = false;
             print_list("held_on", vhsm.data(), h);
             print_list("probe_sm", vsm.data(), sms);
