@@ -1122,7 +1122,8 @@ MEASURED_SMLOSS: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26-b", 
                                                ("h100-sxm5-80gb/2026-11-27-c", "h100-sxm5-80gb"),
                                                ("h200-sxm/2026-11-26-b", "h200-sxm"),
                                                ("h200-sxm/2026-11-27-b", "h200-sxm"),
-                                               ("h200-sxm/2026-11-27-c", "h200-sxm"))
+                                               ("h200-sxm/2026-11-27-c", "h200-sxm"),
+                                               ("h200-sxm/2026-11-27-e", "h200-sxm"))
 MEASURED_SMLOSS_GROUP = "measured GEMMs beside SM-holding blocks (calibration harness smloss part; held out)"
 _HOLD_KERNEL = "ovsim_probe_first"
 # The smloss part's default hold outlasts its victims' repeats (calibration/harness/run.py).

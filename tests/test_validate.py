@@ -372,7 +372,7 @@ def test_measured_hbm_sharing_is_predicted_by_the_latency_law() -> None:
 
 def test_measured_gemms_beside_held_sms_are_predicted_with_nothing_fitted_on_them() -> None:
     """The smloss part's cuBLAS GEMMs beside a kernel that holds 1 to 66 SMs and moves no data
-    (two H100 and three H200 data sets): every GEMM of 384 tiles or more held for the whole run
+    (three H100 and four H200 data sets): every GEMM of 384 tiles or more held for the whole run
     passes (at most 10% MAPE and a third of naive; 2.7-6.2% against a naive 17-37% when this was
     written, 10.7-11.0% on the 4096^3 rows with rounds of tiles alone, before the late CTAs' first
     tiles). The GEMMs of 128 and 256 tiles are reported, not required: 2-CTA clusters strand SMs
@@ -383,8 +383,8 @@ def test_measured_gemms_beside_held_sms_are_predicted_with_nothing_fitted_on_the
     assert checks and all(c.group == MEASURED_SMLOSS_GROUP for c in checks)
     small = ("1024x4096x4096", "2048x2048x2048", "2048x2048x8192", "2048x5120x5120")
     required = [c for c in checks if "whole run" in c.name and not any(s in c.name for s in small)]
-    assert len(required) == 21
+    assert len(required) == 22
     assert {c.name.split(":")[0] for c in required} == {
         "h100-sxm5-80gb 2026-11-26-b", "h100-sxm5-80gb 2026-11-27-b", "h100-sxm5-80gb 2026-11-27-c",
-        "h200-sxm 2026-11-26-b", "h200-sxm 2026-11-27-b", "h200-sxm 2026-11-27-c"}
+        "h200-sxm 2026-11-26-b", "h200-sxm 2026-11-27-b", "h200-sxm 2026-11-27-c", "h200-sxm 2026-11-27-e"}
     assert all(c.passed for c in required), [(c.name, c.predicted, c.reference) for c in required]
