@@ -76,7 +76,7 @@ class _Kernel:
 
     __slots__ = (
         "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "cap", "clock_cls", "clock_s",
-        "clock_sensitive", "ctas", "ctas_in", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "late",
+        "clock_sensitive", "ctas", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "late",
         "launch_s", "max_resident",
         "mem_wait", "op",
         "partitions", "priority", "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s",
@@ -110,10 +110,9 @@ class _Kernel:
         self.undispatched = k.blocks
         self.resident = 0
         self.batched = 0  # blocks of later waves held by a fast-forwarded entry (see Engine._batch)
-        # A persistent kernel's CTAs, those of them that have found an SM, and the first tiles of
-        # those that have not, held back until the rest are done (Engine._place).
+        # A persistent kernel's CTAs, and the first tiles of those that have found no SM, held back
+        # until the rest are done (Engine._place): ctas - late have found one.
         self.ctas = k.persistent_ctas if 0 < k.persistent_ctas < k.blocks else 0
-        self.ctas_in = self.ctas
         self.late = 0
         self.threads, self.regs, self.smem, self.blocks_per_sm_alone, self.max_resident = shape
         self.t_block = k.block_time_s
@@ -939,7 +938,6 @@ class Engine:
                 if k.late and k.undispatched == 0 and k.resident == 0:
                     # The resident CTAs have run every other tile and left: the late ones start.
                     k.undispatched, k.late = k.late, 0
-                    k.ctas_in = k.ctas
             done = [k for k in gpu.running if k.undispatched == 0 and k.resident == 0]
             if done:
                 gpu.running = [k for k in gpu.running if not (k.undispatched == 0 and k.resident == 0)]
@@ -1194,13 +1192,12 @@ class Engine:
             k.resident += layers * best.n
             if k.start_s == _INF:
                 k.start_s = now
-            if k.late and k.resident > k.ctas_in:
+            if k.late and k.resident > k.ctas - k.late:
                 # More tiles run at once than CTAs had found SMs: late CTAs have found some (SMs
                 # another kernel freed) and run their first tiles among the rest.
-                came = min(k.late, k.resident - k.ctas_in)
+                came = min(k.late, k.resident - (k.ctas - k.late))
                 k.late -= came
                 k.undispatched += came
-                k.ctas_in += came
 
     @staticmethod
     def _hold_late(gpu: _Gpu, k: _Kernel, partitions: tuple[str, ...]) -> None:
@@ -1208,23 +1205,14 @@ class Engine:
         no SM (another kernel holds it). Each runs its first tile only once the resident CTAs have
         run all the other tiles: one more round of tiles from the first SM taken, as measured on
         cuBLAS's Hopper GEMMs beside SM-holding kernels (calibration/data/README.md, "smloss")."""
-        room = 0
-        for g in gpu.groups:
-            if g.part not in partitions:
-                continue
-            fit = min(g.threads // k.threads, g.blocks)
-            if k.regs:
-                fit = min(fit, g.regs // k.regs)
-            if k.smem:
-                fit = min(fit, g.smem // k.smem)
-            room += g.n * max(fit, 0)
+        room = sum(g.n * _fit(g.threads, g.regs, g.smem, g.blocks, k.threads, k.regs, k.smem)
+                   for g in gpu.groups if g.part in partitions)
         if room <= 0:
             return  # nothing starts now; counted again when something does
         late = k.ctas - min(room, k.ctas)
         if late > 0:
             k.late = late
             k.undispatched -= late
-            k.ctas_in = k.ctas - late
 
     def _arrivals(self) -> None:
         now = self.now
