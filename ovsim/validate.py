@@ -196,6 +196,11 @@ TRACE_CASES: tuple[tuple[str, str | None], ...] = (
 )
 
 
+def _held_out_bar(naive_pct: float) -> float:
+    """The most a held-out replay's overlapped-kernel MAPE may be: 10%, and a third of naive."""
+    return min(10.0, naive_pct / 3)
+
+
 def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, workers: int = 1) -> list[Check]:
     """Replay every known trace present under ``folder``, twice.
 
@@ -243,8 +248,8 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, wo
         naive = float(held["naive_mape_pct"])
         held_out.append(Check(f"{name}: span", HELD_OUT, held["measured_span_s"] * 1e3,
                          held["predicted_span_s"] * 1e3, "ms", 5.0, rel, note=f"contention fitted on {fitted_on}"))
-        bound = min(10.0, naive / 3)
-        held_out.append(Check(f"{name}: overlapped-kernel MAPE ({held['scored_kernels']} kernels)", HELD_OUT, bound,
+        held_out.append(Check(f"{name}: overlapped-kernel MAPE ({held['scored_kernels']} kernels)", HELD_OUT,
+                         _held_out_bar(naive),
                          float(held["mape_pct"]), "% MAPE", 0.0, rel, rule="at_most",
                          note=f"naive {naive:.1f}%; passes at or below 10% and a third of naive; contention "
                               f"fitted on {fitted_on}"))
@@ -583,6 +588,20 @@ def _measured_fold(victim: str, inputs: Sequence[TraceInput], prepared: Sequence
     return _pooled([tr for tr in inputs if _victim(tr.label) == victim], _fitted(inputs, prepared, victim))
 
 
+def _replay_row(pooled: Sequence[Sequence[float]]) -> tuple[int, float, float, float] | None:
+    """(kernels, ovsim MAPE, naive MAPE, bar) of pooled (measured, predicted, isolated) durations
+    of a held-out replay row (:func:`_held_out_bar`); None without kernels."""
+    import numpy as np
+
+    from ovsim.replay import _mape
+
+    meas, pred, iso = (np.asarray(x, dtype=float) for x in pooled)
+    if not len(meas):
+        return None
+    naive = _mape(iso, meas)
+    return len(meas), _mape(pred, meas), naive, _held_out_bar(naive)
+
+
 def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
                     on_stage: Callable[[str], None] | None = None) -> list[Check]:
     """The harness's kernels measured beside communication-like kernels, predicted with contention
@@ -595,10 +614,8 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
     victim's overlapped instances: its MAPE passes at 10% or less and at most a third of the naive
     MAPE (the held-out targets of ``trace_checks``).
     """
-    import numpy as np
 
     from ovsim.calibrate import contention_data, trace_input
-    from ovsim.replay import _mape
 
     sets = [(gpu, rel) for rel, gpu in MEASURED_OVERLAP if (folder / rel / "tables" / "overlap").is_dir()]
     if not sets:
@@ -630,14 +647,13 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
                          for v, x in zip(names, pooled, strict=True)]
     checks: list[Check] = []
     for (gpu, rel), victim, series, note in rows:
-        meas, pred, iso = (np.asarray(x, dtype=float) for x in series)
-        if not len(meas):
+        row = _replay_row(series)
+        if row is None:
             continue
-        naive = _mape(iso, meas)
+        n, mape, naive, bar = row
         label = f"{gpu} {rel.rsplit('/', 1)[-1]}"
-        checks.append(Check(f"{label}: {victim} ({len(meas)} kernels)", MEASURED, min(10.0, naive / 3),
-                            _mape(pred, meas), "% MAPE", 0.0, f"calibration/data/{rel}", rule="at_most",
-                            note=f"naive {naive:.1f}%; {note}"))
+        checks.append(Check(f"{label}: {victim} ({n} kernels)", MEASURED, bar, mape, "% MAPE", 0.0,
+                            f"calibration/data/{rel}", rule="at_most", note=f"naive {naive:.1f}%; {note}"))
     return checks
 
 
@@ -1158,11 +1174,7 @@ def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> li
     One row per data set, victim and hold (for the whole run, or ending among the repeats), pooling
     the held counts; it passes at 10% or less and at most a third of the naive MAPE, as the
     overlap rows do."""
-    import numpy as np
-
-    from ovsim.replay import _mape
-
-    jobs: list[tuple[str, str, str, str, Path]] = []
+    jobs: list[tuple[str, str, str, bool, Path]] = []
     for rel, gpu in MEASURED_SMLOSS:
         tables = folder / rel / "tables" / "smloss"
         if not tables.is_dir():
@@ -1170,9 +1182,8 @@ def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> li
         experiments = harness_experiments(folder / rel)
         for path in sorted(tables.glob("gemm_*.parquet")):
             e = experiments.get(path.stem, {})
-            fraction = float(e.get("hold_fraction", _WHOLE_HOLD))
-            hold = "for the whole run" if fraction >= 1 else "for part of the run"
-            jobs.append((rel, gpu, str(e.get("victim", path.stem.split("__", 1)[0])), hold, path))
+            whole = float(e.get("hold_fraction", _WHOLE_HOLD)) >= 1
+            jobs.append((rel, gpu, str(e.get("victim", path.stem.split("__", 1)[0])), whole, path))
     if not jobs:
         return []
     n = min(workers, len(jobs))
@@ -1180,25 +1191,24 @@ def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> li
     with pool or nullcontext():
         run = pool.map if pool is not None else map
         scored = list(run(smloss_scored, [j[4] for j in jobs], [j[1] for j in jobs]))
-    rows: dict[tuple[str, str, str, str], list[list[float]]] = {}
-    for (rel, gpu, victim, hold, _), series in zip(jobs, scored, strict=True):
-        acc = rows.setdefault((rel, gpu, victim, hold), [[], [], []])
+    rows: dict[tuple[str, str, str, bool], list[list[float]]] = {}
+    for (rel, gpu, victim, whole, _), series in zip(jobs, scored, strict=True):
+        acc = rows.setdefault((rel, gpu, victim, whole), [[], [], []])
         for a, xs in zip(acc, series, strict=True):
             a.extend(xs)
     checks: list[Check] = []
-    for (rel, gpu, victim, hold), pooled in rows.items():
-        meas, pred, iso = (np.asarray(x, dtype=float) for x in pooled)
-        if not len(meas):
+    for (rel, gpu, victim, whole), pooled in rows.items():
+        row = _replay_row(pooled)
+        if row is None:
             continue
-        naive = _mape(iso, meas)
+        n, mape, naive, bar = row
         # "gemm_bf16_4096x4096x4096" -> "4096x4096x4096 bf16": the table keeps the name's start.
         _, prec, shape = [*victim.split("_", 2), "", ""][:3]
-        span = "whole" if "whole" in hold else "part"
-        checks.append(Check(f"{gpu} {rel.rsplit('/', 1)[-1]}: {shape} {prec}, {span} run",
-                            MEASURED_SMLOSS_GROUP, min(10.0, naive / 3), _mape(pred, meas), "% MAPE", 0.0,
-                            f"calibration/data/{rel} (smloss part)", rule="at_most",
-                            note=f"{victim}, SMs held {hold}, {len(meas)} kernels; naive {naive:.1f}%; "
-                                 "shipped calibration, nothing fitted on these GEMMs"))
+        checks.append(Check(f"{gpu} {rel.rsplit('/', 1)[-1]}: {shape} {prec}, {'whole' if whole else 'part'} run",
+                            MEASURED_SMLOSS_GROUP, bar, mape, "% MAPE", 0.0, f"calibration/data/{rel} (smloss part)",
+                            rule="at_most",
+                            note=f"{victim}, SMs held for {'the whole' if whole else 'part of the'} run, {n} kernels; "
+                                 f"naive {naive:.1f}%; shipped calibration, nothing fitted on these GEMMs"))
     return checks
 
 
