@@ -18,6 +18,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "device_clock.cuh"
+
 #define CHECK(x)                                                                               \
     do {                                                                                       \
         cudaError_t e_ = (x);                                                                  \
@@ -26,18 +28,6 @@
             std::exit(1);                                                                      \
         }                                                                                      \
     } while (0)
-
-__device__ __forceinline__ unsigned long long now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ unsigned sm_id() {
-    unsigned s;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-    return s;
-}
 
 __device__ __forceinline__ unsigned cluster_linear_id() {
     unsigned x, y, z, nx, ny;
@@ -54,48 +44,49 @@ __device__ __forceinline__ unsigned cluster_linear_id() {
 extern "C" __global__ void probe(unsigned long long spin_ns, unsigned* sm, unsigned* cluster,
                                  unsigned long long* start) {
     extern __shared__ unsigned char pad[];
-    unsigned long long t0 = now_ns();
+    unsigned long long t0 = global_ns();
     if (threadIdx.x == 0) {
         sm[blockIdx.x] = sm_id();
         cluster[blockIdx.x] = cluster_linear_id();
         start[blockIdx.x] = t0;
         pad[0] = 0;
     }
-    for (unsigned long long i = 0; now_ns() - t0 < spin_ns && i < (1ull << 40); ++i) {
+    for (unsigned long long i = 0; global_ns() - t0 < spin_ns && i < (1ull << 40); ++i) {
     }
 }
 
+// A launch of `blocks` 32-thread probe blocks in clusters of `cluster`, each with `smem` bytes of
+// dynamic shared memory. Not copyable: the configuration points at its own attribute.
+struct ClusterLaunch {
+    cudaLaunchAttribute attr = {};
+    cudaLaunchConfig_t cfg = {};
+
+    ClusterLaunch(unsigned blocks, unsigned cluster, size_t smem, cudaStream_t s = nullptr) {
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = cluster;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.gridDim = dim3(blocks);
+        cfg.blockDim = dim3(32);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = s;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
+    ClusterLaunch(const ClusterLaunch&) = delete;
+    ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 static cudaError_t launch(unsigned blocks, unsigned cluster, size_t smem, cudaStream_t s, unsigned long long spin_ns,
                           unsigned* sm, unsigned* cl, unsigned long long* st) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, probe, spin_ns, sm, cl, st);
+    ClusterLaunch l(blocks, cluster, smem, s);
+    return cudaLaunchKernelEx(&l.cfg, probe, spin_ns, sm, cl, st);
 }
 
 static int max_clusters(unsigned cluster, size_t smem) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(cluster * 64);
-    cfg.blockDim = dim3(32);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    ClusterLaunch l(cluster * 64, cluster, smem);
     int n = -1;
-    if (cudaOccupancyMaxActiveClusters(&n, probe, &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&n, probe, &l.cfg) != cudaSuccess) {
         cudaGetLastError();
         return -1;
     }

@@ -9,17 +9,7 @@
 #include <mma.h>
 #include <stdint.h>
 
-__device__ __forceinline__ uint64_t global_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ uint32_t sm_id() {
-    uint32_t s;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-    return s;
-}
+#include "device_clock.cuh"
 
 __device__ __forceinline__ void write_record(uint64_t* rec, uint64_t start_ns) {
     if (rec != nullptr && threadIdx.x == 0) {
