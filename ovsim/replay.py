@@ -55,7 +55,7 @@ from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu
 from ovsim.models import cost, nccl
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
 from ovsim.traces.aten import gemm_problem
-from ovsim.traces.table import TraceBundle, gemm_tile
+from ovsim.traces.table import TraceBundle, gemm_cluster, gemm_tile
 
 # A kernel that starts this soon after another stream's activity ends was waiting for it.
 DEP_WINDOW_S = 3e-6
@@ -264,6 +264,9 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
                                                                      1.0 / cost.blocks_per_sm(shape, gpu)))
     if tiles:
         d = replace(d, persistent_ctas=grid)
+    cluster = gemm_cluster(c.name[i]) if c.kind[i] == "gemm" else 1
+    if cluster > 1:
+        d = replace(d, cluster_ctas=cluster)
     return cost.bandwidth_bound(d, gpu, params) if memory else d
 
 

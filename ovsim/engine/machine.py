@@ -28,6 +28,21 @@ class GpuModel:
     warp_size: int = 32
     register_alloc_unit: int = 256
     reserved_smem_per_block_bytes: int = 1024
+    # SMs of each cluster placement unit, and the unit each successive block of a plain launch on
+    # an idle GPU lands in (PlacementSpec); empty where the GPU's placement is not known.
+    unit_sms: tuple[int, ...] = ()
+    fill_units: tuple[int, ...] = ()
+
+    def stranded_sms(self, held: int, cluster: int) -> int:
+        """Free SMs no whole cluster of ``cluster`` CTAs fits on beside ``held`` SMs another kernel
+        holds, its blocks placed as a plain launch on an idle GPU places them: in each unit, the
+        free SMs beyond a multiple of the cluster. 0 where the placement is not known."""
+        if cluster <= 1 or not self.unit_sms:
+            return 0
+        free = list(self.unit_sms)
+        for u in self.fill_units[:max(0, held)]:
+            free[u] -= 1
+        return sum(f % cluster for f in free)
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,8 @@ def build_machine(
         warp_size=gpu.sm.warp_size,
         register_alloc_unit=gpu.sm.register_alloc_unit,
         reserved_smem_per_block_bytes=gpu.sm.reserved_shared_mem_per_block_bytes,
+        unit_sms=gpu.sm.placement.unit_sms() if gpu.sm.placement else (),
+        fill_units=gpu.sm.placement.plain_fill() if gpu.sm.placement else (),
     )
     links: dict[LinkKey, float] = {}
     pcie = gpu.pcie.bandwidth_bytes_per_s

@@ -65,6 +65,8 @@ from ovsim.models.cost import allocated_registers
 from ovsim.models.ir import FlowDemand, KernelDemand, Op, Workload
 
 _INF = float("inf")
+# Room without a limit, in blocks (an int: block counts stay integers).
+_BIG = 1 << 62
 # Runs of a workload that find the power-limit loop's steady state, at most (Engine._steady_history).
 _WARM_RUNS = 3
 # Work left below this many seconds at the current rate counts as finished (float round-off).
@@ -76,9 +78,9 @@ class _Kernel:
 
     __slots__ = (
         "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "cap", "clock_cls", "clock_s",
-        "clock_sensitive", "ctas", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "late",
+        "clock_sensitive", "cluster", "ctas", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "late",
         "launch_s", "max_resident",
-        "mem_wait", "op",
+        "mem_wait", "op", "paired",
         "partitions", "priority", "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s",
         "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "theta_self", "threads", "undispatched",
         "wait_peers_s", "wait_sm_s",
@@ -114,6 +116,13 @@ class _Kernel:
         # until the rest are done (Engine._place): ctas - late have found one.
         self.ctas = k.persistent_ctas if 0 < k.persistent_ctas < k.blocks else 0
         self.late = 0
+        # CTAs per cluster, where the GPU's placement units are known and its SMs one partition.
+        self.cluster = k.cluster_ctas if k.cluster_ctas > 1 and gpu.model.unit_sms and not gpu.model.comm_reserved_sms \
+            else 1
+        # Whether its blocks took SMs beside a running cluster kernel or as one left, SMs its
+        # clusters free two of a unit at a time, rather than an idle GPU's, which it fills as a
+        # plain launch does (Engine._cluster_room).
+        self.paired = False
         self.threads, self.regs, self.smem, self.blocks_per_sm_alone, self.max_resident = shape
         self.t_block = k.block_time_s
         self.issue = k.issue_fraction
@@ -234,7 +243,8 @@ _Activity = tuple[float, float, float, float, float, float, float, float, tuple[
 
 
 class _Gpu:
-    __slots__ = ("batched", "ce_free", "ce_waiting", "clock_factor", "clock_frac", "ctl", "flows", "groups", "last_t",
+    __slots__ = ("batched", "ce_free", "ce_waiting", "clock_factor", "clock_frac", "cluster_freed_s", "ctl", "flows",
+                 "groups", "last_t",
                  "model", "mult", "n_partitions", "pending", "rank", "running", "throttled", "timer", "timer_at")
 
     def __init__(self, rank: int, model: GpuModel) -> None:
@@ -264,6 +274,7 @@ class _Gpu:
         self.timer_at = _INF  # when it fires
         self.batched = False  # some entry holds later waves (Engine._batch)
         self.ctl: ClockWindow | None = None  # the power-limit loop's window, where it runs one
+        self.cluster_freed_s = -_INF  # when a cluster kernel's blocks last left SMs
 
 
 @dataclass
@@ -928,6 +939,8 @@ class Engine:
                 if e.rate > 0 and e.remaining <= e.rate * eps:
                     self._free(g, e)
                     changed = True
+                    if e.k.cluster > 1:
+                        gpu.cluster_freed_s = now
                 else:
                     keep.append(e)
             g.entries = keep
@@ -1142,9 +1155,13 @@ class Engine:
         block more takes exactly one off the group's fit, so the best group keeps winning until
         its fit falls to the runner-up's."""
         kt, kr, ks = k.threads, k.regs, k.smem
+        cap = self._cluster_room(gpu, k) if k.cluster > 1 else _BIG
+        if k.start_s == _INF and k.cluster == 1 and gpu.model.unit_sms:
+            k.paired = gpu.cluster_freed_s == now or any(o.cluster > 1 and o.resident > 0 for o in gpu.running)
         if k.ctas and k.start_s == _INF:
-            self._hold_late(gpu, k, partitions)
-        while k.undispatched > 0:
+            self._hold_late(gpu, k, partitions, cap)
+        todo = min(k.undispatched, cap - k.resident)
+        while todo > 0:
             best: _Group | None = None
             best_fit = 0
             second_fit = 0
@@ -1170,14 +1187,14 @@ class Engine:
                     second_fit, second_n = fit, g.n
             if best is None:
                 return
-            if k.undispatched < best.n:
-                rest = best.clone(best.n - k.undispatched)
-                best.n = k.undispatched
+            if todo < best.n:
+                rest = best.clone(best.n - todo)
+                best.n = todo
                 gpu.groups.insert(gpu.groups.index(best) + 1, rest)
                 layers = 1
             else:
                 wins = best_fit - second_fit + (1 if best.n > second_n else 0)
-                layers = max(1, min(wins, best_fit, k.undispatched // best.n))
+                layers = max(1, min(wins, best_fit, todo // best.n))
             best.threads -= layers * kt
             best.regs -= layers * kr
             best.smem -= layers * ks
@@ -1198,15 +1215,35 @@ class Engine:
                 came = min(k.late, k.resident - (k.ctas - k.late))
                 k.late -= came
                 k.undispatched += came
+            todo = min(k.undispatched, cap - k.resident)
 
     @staticmethod
-    def _hold_late(gpu: _Gpu, k: _Kernel, partitions: tuple[str, ...]) -> None:
+    def _cluster_room(gpu: _Gpu, k: _Kernel) -> int:
+        """The most blocks of a cluster kernel resident at once: its blocks per SM on every SM but
+        those other kernels hold (no block of it fits there) and the free ones those strand, no
+        whole cluster fitting in their placement unit. Held SMs whose kernels started on SMs a
+        cluster kernel left come in the pairs its clusters freed and strand none; the others are
+        taken to sit where a plain launch on an idle GPU puts its blocks (GpuModel.stranded_sms),
+        as NCCL's and the harness's kernels are launched: measured, calibration/data/README.md,
+        "Where 2-block clusters go"."""
+        held = paired = 0
+        for g in gpu.groups:
+            if _fit(g.threads, g.regs, g.smem, g.blocks, k.threads, k.regs, k.smem) == 0 and \
+                    not any(e.k is k for e in g.entries):
+                held += g.n
+                if all(e.k.paired for e in g.entries):
+                    paired += g.n
+        m = gpu.model
+        return (m.sm_count - held - m.stranded_sms(held - paired, k.cluster)) * k.blocks_per_sm_alone
+
+    @staticmethod
+    def _hold_late(gpu: _Gpu, k: _Kernel, partitions: tuple[str, ...], cap: int) -> None:
         """At a persistent kernel's first placement, hold back the first tiles of the CTAs that find
         no SM (another kernel holds it). Each runs its first tile only once the resident CTAs have
         run all the other tiles: one more round of tiles from the first SM taken, as measured on
         cuBLAS's Hopper GEMMs beside SM-holding kernels (calibration/data/README.md, "smloss")."""
-        room = sum(g.n * _fit(g.threads, g.regs, g.smem, g.blocks, k.threads, k.regs, k.smem)
-                   for g in gpu.groups if g.part in partitions)
+        room = min(cap, sum(g.n * _fit(g.threads, g.regs, g.smem, g.blocks, k.threads, k.regs, k.smem)
+                            for g in gpu.groups if g.part in partitions))
         if room <= 0:
             return  # nothing starts now; counted again when something does
         late = k.ctas - min(room, k.ctas)

@@ -43,6 +43,44 @@ class Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+class PlacementSpec(Spec):
+    """Where the block scheduler puts blocks, as far as thread-block clusters care.
+
+    A cluster's CTAs run at once on SMs of one placement unit (a GPC), so SMs another kernel holds
+    can leave a unit with free SMs no whole cluster fits on. ``unit_tpcs`` gives each unit's TPCs
+    (two SMs each, SM 2k and 2k+1). A kernel launched plainly on an idle GPU fills the units tier by
+    tier (``fill_tiers``, lists of unit indices): within a tier, one SM of each TPC round-robin over
+    the tier's units, then the TPCs' second SMs the same way."""
+
+    unit_tpcs: list[PositiveInt]
+    fill_tiers: list[list[NonNegativeInt]]
+    sms_per_tpc: PositiveInt = 2
+
+    @model_validator(mode="after")
+    def _tiers_cover_units(self) -> PlacementSpec:
+        named = sorted(u for tier in self.fill_tiers for u in tier)
+        if named != list(range(len(self.unit_tpcs))):
+            raise ValueError(f"fill_tiers must name each of the {len(self.unit_tpcs)} units once")
+        return self
+
+    def unit_sms(self) -> tuple[int, ...]:
+        return tuple(t * self.sms_per_tpc for t in self.unit_tpcs)
+
+    def plain_fill(self) -> tuple[int, ...]:
+        """The unit of each successive block of a kernel launched plainly on an idle GPU, one block
+        per SM, until every SM has one."""
+        order: list[int] = []
+        for tier in self.fill_tiers:
+            for _ in range(self.sms_per_tpc):
+                left = {u: self.unit_tpcs[u] for u in tier}
+                while any(left.values()):
+                    for u in tier:
+                        if left[u]:
+                            left[u] -= 1
+                            order.append(u)
+        return tuple(order)
+
+
 class SmSpec(Spec):
     """Streaming multiprocessors (compute units on AMD) and the per-SM residency limits."""
 
@@ -59,9 +97,15 @@ class SmSpec(Spec):
     # The runtime reserves this much shared memory per resident block (1 KiB from sm80 on).
     reserved_shared_mem_per_block_bytes: NonNegativeInt = 1024
     warp_size: PositiveInt = 32
+    # Cluster placement units (measured; None: not known, clusters placed as plain blocks).
+    placement: PlacementSpec | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> SmSpec:
+        if self.placement is not None:
+            sms = sum(self.placement.unit_tpcs) * self.placement.sms_per_tpc
+            if sms != self.count:
+                raise ValueError(f"placement units hold {sms} SMs, not the {self.count} of count")
         if self.max_shared_mem_per_block_bytes > self.shared_mem_per_sm_bytes:
             raise ValueError("max_shared_mem_per_block_bytes exceeds shared_mem_per_sm_bytes")
         if self.max_threads_per_block > self.max_threads_per_sm:

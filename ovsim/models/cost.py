@@ -229,6 +229,7 @@ def gemm(
     split_k: int = 1,
     sm_count: int | None = None,
     persistent: bool = False,
+    cluster_ctas: int = 1,
 ) -> KernelDemand:
     """A tiled tensor-core GEMM: output tiles are blocks, each block computes one tile.
 
@@ -242,7 +243,8 @@ def gemm(
     do the same work at the same per-block speed, but fewer fit on an SM, so the SM is less busy and
     the kernel takes more waves. ``persistent``: launched as one wave of blocks that loop over the
     tiles (cuBLAS's Hopper kernels), the same time alone; the engine runs it differently beside
-    kernels that hold SMs (:attr:`KernelDemand.persistent_ctas`).
+    kernels that hold SMs (:attr:`KernelDemand.persistent_ctas`). ``cluster_ctas``: CTAs per
+    thread-block cluster, which beside held SMs find fewer SMs (:attr:`KernelDemand.cluster_ctas`).
     """
     for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch), ("split_k", split_k)):
         if not isinstance(v, int) or v < 1:
@@ -309,6 +311,8 @@ def gemm(
                          gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
                          issue_fraction=ask, cap=most)
     ctas = sms * occ
+    if cluster_ctas > 1:
+        d = replace(d, cluster_ctas=cluster_ctas)
     return replace(d, persistent_ctas=ctas) if persistent and blocks > ctas else d
 
 
@@ -441,6 +445,8 @@ class GemmKernel(NamedTuple):
     stages: int
     # One wave of blocks looping over the tiles (cost.gemm's ``persistent``).
     persistent: bool = False
+    # CTAs per thread-block cluster (cost.gemm's ``cluster_ctas``).
+    cluster: int = 1
 
 
 # Output tiles CUTLASS and cuBLAS pick among.
@@ -454,13 +460,15 @@ _NARROW = 64
 # A main-loop stage reads 128 bytes of K per row (the shared-memory swizzle width): K tiles of 64
 # 16-bit, 128 8-bit or 32 32-bit elements (CUTLASS's Ampere and Hopper tile shapes).
 _K_TILE_BYTES = 128
-# (threads, registers per thread, stages, persistent) of a block. Ampere-style multistage kernels: 8 warps.
+# (threads, registers per thread, stages, persistent, CTAs per cluster) of a block. Ampere-style
+# multistage kernels: 8 warps.
 # Hopper's warp-specialized cooperative kernels (cuBLAS's on sm90, 384 threads in every kernel the
 # harness's GEMMs ran): a producer and two consumer warpgroups holding the SM's registers, one
 # block per SM, a deeper pipeline; persistent (launched as 66 clusters of 2 blocks on the H100
-# and H200 whatever the tile count: calibration/data/h100-sxm5-80gb/2026-11-27-b, h200-sxm/2026-11-27-c).
-_MULTISTAGE = (256, 128, 3, False)
-_WARP_SPECIALIZED = (384, 168, 4, True)
+# and H200 whatever the tile count: calibration/data/h100-sxm5-80gb/2026-11-27-b, h200-sxm/2026-11-27-c;
+# clusters of 2, "1x2" or "2x1" in the name of every GEMM the smloss and overlap parts ran).
+_MULTISTAGE = (256, 128, 3, False, 1)
+_WARP_SPECIALIZED = (384, 168, 4, True, 2)
 
 
 def library_gemm_kernels(gpu: GpuSpec, precision: str) -> list[GemmKernel]:
@@ -474,8 +482,8 @@ def library_gemm_kernels(gpu: GpuSpec, precision: str) -> list[GemmKernel]:
     # every GEMM measured on Hopper ran a warp-specialized kernel.
     blocks = [_WARP_SPECIALIZED, _MULTISTAGE] if hopper else [_MULTISTAGE]
     tiles = _TILES_MN + (_HOPPER_TILES_MN if hopper else ())
-    return [GemmKernel((tm, tn, tk), threads, regs, stages, persistent) for tm, tn in tiles
-            for threads, regs, stages, persistent in blocks]
+    return [GemmKernel((tm, tn, tk), threads, regs, stages, persistent, cluster) for tm, tn in tiles
+            for threads, regs, stages, persistent, cluster in blocks]
 
 
 # The refusals of a kernel that does not launch on the GPU (or with the padding), as against bad
@@ -511,7 +519,7 @@ def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Para
                 d = gemm(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
                          registers_per_thread=kern.registers_per_thread, stages=kern.stages,
                          extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split,
-                         sm_count=sm_count, persistent=kern.persistent)
+                         sm_count=sm_count, persistent=kern.persistent, cluster_ctas=kern.cluster)
             except OvsimError as e:
                 if e.field not in _DOES_NOT_LAUNCH:
                     raise

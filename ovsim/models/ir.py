@@ -62,6 +62,10 @@ class KernelDemand:
     # SM at launch runs its first tile only after the resident CTAs have run all the others
     # (Engine._place); 0: an ordinary kernel, one block per tile.
     persistent_ctas: int = 0
+    # CTAs per thread-block cluster (Hopper's cuBLAS GEMMs: 2). A cluster runs on SMs of one
+    # placement unit, so beside SMs another kernel holds some free SMs may take none of its blocks
+    # (Engine._cluster_room).
+    cluster_ctas: int = 1
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ Columns (name: dtype, meaning):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -209,6 +210,19 @@ def gemm_tile(name: str) -> tuple[int, int] | None:
         return None
     a, b = int(m[1]), int(m[2])
     return (a, b) if 16 <= a <= 512 and 16 <= b <= 512 else None
+
+
+# A Hopper GEMM kernel's cluster shape in its name, after the tile: cuBLAS's nvjet
+# ("_256x128_64x4_1x2_h_") and CUTLASS 3 ("_128x256x64_2x1x1_").
+_CLUSTER = re.compile(r"_\d{1,3}x\d{1,3}_\d{2,3}x\d{1,2}_(\d)x(\d)_[hv]_|_\d{2,3}x\d{2,3}x\d{2,3}_(\d)x(\d)x(\d)_")
+
+
+def gemm_cluster(name: str) -> int:
+    """The CTAs per thread-block cluster a GEMM kernel's name gives; 1 where it gives none."""
+    m = _CLUSTER.search(name)
+    if m is None:
+        return 1
+    return math.prod(int(d) for d in m.groups() if d is not None)
 
 
 _COLL_NAMES = {

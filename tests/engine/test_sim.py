@@ -521,3 +521,43 @@ def test_a_late_cta_that_finds_an_sm_freed_midway_joins_the_rest(h100: GpuSpec, 
            Op("g", "g", "gemm", 0, "compute", kernel=_persistent_gemm(512), delay_s=1e-9)]
     out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "hold")], h100_node, h100, h100_calib)
     assert out.loc["g", "duration_s"] == pytest.approx(4 * TILE_S, rel=1e-3)
+
+
+def _cluster_kernel(blocks: int, cluster: int, block_s: float = TILE_S) -> KernelDemand:
+    """One 384-thread block per SM in clusters of ``cluster`` (cuBLAS's Hopper GEMMs launch 2)."""
+    block = BlockShape(threads=384, registers_per_thread=168, shared_mem_bytes=200 * 1024)
+    return KernelDemand(blocks=blocks, block=block, block_time_s=block_s, issue_fraction=1.0, hbm_bytes=0.0,
+                        flops=0.0, isolated_s=math.ceil(blocks / 132) * block_s, cluster_ctas=cluster)
+
+
+@pytest.mark.parametrize(("held", "cluster", "blocks", "waves"), [
+    (4, 1, 128, 1),  # 128 SMs for 128 blocks
+    (4, 2, 128, 2),  # the 4 held SMs strand their 4 TPC partners: 124 SMs, a second wave
+    (4, 2, 124, 1),
+    (8, 2, 124, 1),  # the next 4 fill those TPCs: nothing stranded, 124 SMs
+    (16, 2, 116, 2),  # 8 more, one in each GPC: 8 stranded, 108 SMs
+    (16, 2, 108, 1),
+])
+def test_sms_held_by_a_kernel_launched_on_an_idle_gpu_strand_sms_for_clusters(
+        held: int, cluster: int, blocks: int, waves: int, h100: GpuSpec, h100_calib: Calibration,
+        h100_node: SystemSpec) -> None:
+    """Measured on an H200 (calibration/data/README.md, "Where 2-block clusters go"): a kernel holding
+    1-4 SMs launched plainly on an idle GPU takes one SM in each of four single-TPC units, and
+    2-CTA clusters lose the other SM of each; cuBLAS's 128-tile GEMMs ran x1.8-1.9 beside 4 held
+    SMs (calibration/data/h200-sxm/2026-11-27-c)."""
+    ops = [Op("h", "h", "generic", 0, "hold", kernel=_holding_kernel(held, 1.0)),
+           Op("g", "g", "gemm", 0, "compute", kernel=_cluster_kernel(blocks, cluster), delay_s=1e-6)]
+    out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "hold")], h100_node, h100, h100_calib)
+    assert out.loc["g", "duration_s"] == pytest.approx(waves * TILE_S, rel=1e-6)
+
+
+def test_a_kernel_that_took_sms_a_cluster_kernel_left_strands_none(h100: GpuSpec, h100_calib: Calibration,
+                                                                   h100_node: SystemSpec) -> None:
+    """A 4-block kernel launched while a cluster kernel fills every SM starts on SMs its clusters
+    free, two of a TPC at a time: the next 128-block cluster kernel finds 128 SMs, one wave."""
+    ops = [Op("a", "a", "gemm", 0, "compute", kernel=_cluster_kernel(132, 2)),
+           Op("h", "h", "generic", 0, "hold", kernel=_holding_kernel(4, 1.0), delay_s=0.5 * TILE_S),
+           Op("g", "g", "gemm", 0, "compute", kernel=_cluster_kernel(128, 2))]
+    out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "hold")], h100_node, h100, h100_calib)
+    assert out.loc["h", "start_s"] == pytest.approx(out.loc["a", "end_s"])
+    assert out.loc["g", "duration_s"] == pytest.approx(TILE_S, rel=1e-6)

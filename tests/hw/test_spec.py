@@ -374,3 +374,29 @@ def test_compute_capability_reads_the_sm_architecture() -> None:
     assert spec.load_gpu("b200").compute_capability == 100
     assert spec.load_gpu("v100-sxm2").compute_capability == 70
     assert spec.load_gpu("mi300x").compute_capability is None  # a gfx target
+
+
+def test_a_plain_launch_fills_a_tier_one_sm_per_tpc_before_the_second_ones() -> None:
+    """The H200's measured order (calibration/data/h200-sxm/2026-11-27-e, clusters.json): SMs 124,
+    126, 128, 130 (one TPC each of units 10-13), then 125-131, then one SM of each TPC across
+    GPCs 0-7 in turn; GPC 0's four TPCs run out after four rounds."""
+    placement = load_gpu("h200-sxm").sm.placement
+    assert placement is not None
+    fill = placement.plain_fill()
+    assert len(fill) == 132 and sorted(fill) == sorted(
+        u for u, sms in enumerate(placement.unit_sms()) for _ in range(sms))
+    assert fill[:16] == (10, 11, 12, 13, 10, 11, 12, 13, 0, 1, 2, 3, 4, 5, 6, 7)
+    assert fill[8 + 32:8 + 39] == (1, 2, 3, 4, 5, 6, 7)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"unit_tpcs": [4, 8, 8, 8, 8, 8, 8, 8, 1, 1, 1, 1, 1, 2]}, "placement units hold 134 SMs"),
+    ({"fill_tiers": [[10, 11, 12, 13], [0, 1, 2, 3, 4, 5, 6, 7]]}, "must name each of the 14 units once"),
+])
+def test_a_placement_that_does_not_match_the_sms_is_rejected(tmp_path: Path, change: dict[str, Any],
+                                                            message: str) -> None:
+    data = _shipped_data("gpus", "h200-sxm")
+    data["sm"]["placement"] = {**data["sm"]["placement"], **change}
+    path = _write(tmp_path / "x.yaml", data)
+    with pytest.raises(OvsimError, match=message):
+        load_gpu(str(path))

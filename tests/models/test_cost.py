@@ -183,12 +183,12 @@ def test_a_narrow_product_runs_on_a_narrow_tile() -> None:
 def test_hopper_library_gemms_are_persistent_and_ampere_ones_are_not() -> None:
     """cuBLAS's Hopper GEMMs run warp-specialized kernels launched as one wave of 132 blocks (the
     harness's kernel tables: grid 2 x 66, 384 threads, whatever the shape); where a warp-specialized
-    and a multistage kernel price the same, the library's own is chosen. A GEMM of no more tiles
+    and a multistage kernel price the same, the library's own is chosen, in clusters of 2. A GEMM of no more tiles
     than SMs is one block per tile either way; the A100's kernels are a block per tile."""
     h100, a100 = load_gpu("h100-sxm5-80gb"), load_gpu("a100-sxm4-80gb")
     d = best_gemm(4096, 4096, 4096, "bf16", h100, load_calibration(h100, "h100-sxm5-80gb").params)
-    assert d.block.threads == 384 and d.persistent_ctas == 132 and d.blocks > 132
+    assert d.block.threads == 384 and d.persistent_ctas == 132 and d.blocks > 132 and d.cluster_ctas == 2
     small = best_gemm(1024, 1024, 1024, "bf16", h100, load_calibration(h100, "h100-sxm5-80gb").params)
     assert small.blocks <= 132 and small.persistent_ctas == 0
     amp = best_gemm(4096, 4096, 4096, "bf16", a100, load_calibration(a100, "a100-sxm4-80gb").params)
-    assert amp.persistent_ctas == 0 and amp.blocks > a100.sm.count
+    assert amp.persistent_ctas == 0 and amp.blocks > a100.sm.count and amp.cluster_ctas == 1

@@ -11,7 +11,7 @@ import pytest
 
 from ovsim.errors import OvsimError
 from ovsim.traces.load import read_table, write_table
-from ovsim.traces.table import TraceBundle, classify, gemm_tile, make_table
+from ovsim.traces.table import TraceBundle, classify, gemm_cluster, gemm_tile, make_table
 
 
 @pytest.mark.parametrize(("name", "kind"), [
@@ -73,4 +73,19 @@ def test_a_table_with_broken_ovsim_metadata_is_one_line(tmp_path: Path, meta: by
 ])
 def test_gemm_tile_from_the_kernel_name(name: str, tile: tuple[int, int] | None) -> None:
     assert gemm_tile(name) == tile
+
+
+@pytest.mark.parametrize(("name", "ctas"), [
+    ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", 2),
+    ("nvjet_sm90_tst_192x192_64x3_2x1_v_bz_coopB_NNN", 2),
+    ("nvjet_sm90_tst_64x8_64x16_2x4_h_bz_NNT", 8),
+    ("nvjet_sm90_tst_192x192_64x3_1x1_h_bz_coopB_NNN", 1),
+    ("cutlass3x_sm90_tensorop_gemm_f16_f16_f32_void_f16_128x256x64_2x1x1_0_tnn_align8_warpspecialized_cooperative", 2),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x256x32_warpgroupsize2x1x1_execute_segment_k_off_kernel", 1),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_128x256_64x3_tn_align8>(Params)", 1),
+])
+def test_gemm_cluster_from_the_kernel_name(name: str, ctas: int) -> None:
+    """The cluster shape after the tile (nvjet's "_1x2_h_", CUTLASS 3's "_2x1x1_"); xmma's warpgroup
+    shape and Ampere kernels name none."""
+    assert gemm_cluster(name) == ctas
 
