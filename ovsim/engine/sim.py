@@ -1221,11 +1221,12 @@ class Engine:
     def _cluster_room(gpu: _Gpu, k: _Kernel) -> int:
         """The most blocks of a cluster kernel resident at once: its blocks per SM on every SM but
         those other kernels hold (no block of it fits there) and the free ones those strand, no
-        whole cluster fitting in their placement unit. Held SMs whose kernels started on SMs a
-        cluster kernel left come in the pairs its clusters freed and strand none; the others are
-        taken to sit where a plain launch on an idle GPU puts its blocks (GpuModel.stranded_sms),
-        as NCCL's and the harness's kernels are launched: measured, calibration/data/README.md,
-        "Where 2-block clusters go"."""
+        whole cluster fitting in their placement unit. SMs held by kernels that started on an
+        idle GPU are taken to sit where a plain launch puts its blocks (GpuModel.stranded_sms), as
+        NCCL's and the harness's kernels are launched: measured, calibration/data/README.md, "Where
+        2-block clusters go". Those held by kernels that started beside a cluster kernel or as one
+        left SMs took SMs its clusters could not use first (the stranded ones), then SMs its
+        clusters freed, whole clusters' worth: they strand none."""
         held = paired = 0
         for g in gpu.groups:
             if _fit(g.threads, g.regs, g.smem, g.blocks, k.threads, k.regs, k.smem) == 0 and \
@@ -1234,7 +1235,9 @@ class Engine:
                 if all(e.k.paired for e in g.entries):
                     paired += g.n
         m = gpu.model
-        return (m.sm_count - held - m.stranded_sms(held - paired, k.cluster)) * k.blocks_per_sm_alone
+        plain = held - paired
+        stranded = m.stranded_sms(plain, k.cluster)
+        return (m.sm_count - plain - stranded - max(0, paired - stranded)) * k.blocks_per_sm_alone
 
     @staticmethod
     def _hold_late(gpu: _Gpu, k: _Kernel, partitions: tuple[str, ...], cap: int) -> None:

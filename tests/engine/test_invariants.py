@@ -43,9 +43,11 @@ def kernels(draw: Any, hbm: bool = True) -> KernelDemand:
     waves = -(-blocks // (132 * occ))
     iso = waves * block_time
     hbm_bytes = draw(st.floats(0.0, 0.95)) * HBM * iso if hbm else 0.0
+    # Clusters of CTAs find fewer SMs beside held ones (the H100's placement units).
+    cluster = draw(st.sampled_from([1, 1, 1, 2, 4]))
     return KernelDemand(blocks=blocks, block=BlockShape(threads, regs, smem), block_time_s=block_time,
                         issue_fraction=(0.2 if mem_bound else 1.0) / occ, hbm_bytes=hbm_bytes, flops=0.0,
-                        isolated_s=iso, clock_sensitive=not mem_bound)
+                        isolated_s=iso, clock_sensitive=not mem_bound, cluster_ctas=cluster)
 
 
 @st.composite
