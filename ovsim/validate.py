@@ -1170,10 +1170,11 @@ def smloss_scored(path: Path, gpu: str) -> tuple[list[float], list[float], list[
 def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> list[Check]:
     """cuBLAS's GEMMs beside a kernel that holds 1 to 66 SMs and moves no data (the harness's
     smloss part), replayed with the shipped calibration: on Hopper a persistent GEMM whose CTAs
-    do not all find an SM runs their first tiles after the rest (``KernelDemand.persistent_ctas``).
-    One row per data set, victim and hold (for the whole run, or ending among the repeats), pooling
-    the held counts; it passes at 10% or less and at most a third of the naive MAPE, as the
-    overlap rows do."""
+    do not all find an SM runs their first tiles after the rest (``KernelDemand.persistent_ctas``),
+    and its clusters of 2 CTAs find no room on the SMs the held ones strand
+    (``KernelDemand.cluster_ctas``). One row per data set, victim and hold (for the whole run, or
+    ending among the repeats), pooling the held counts; it passes at 10% or less and at most a
+    third of the naive MAPE, as the overlap rows do."""
     jobs: list[tuple[str, str, str, bool, Path]] = []
     for rel, gpu in MEASURED_SMLOSS:
         tables = folder / rel / "tables" / "smloss"
