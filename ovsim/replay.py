@@ -262,11 +262,8 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
                               issue_intensity=params.memory_issue_floor if memory else 1.0, clock_sensitive=not memory,
                               cap=None if memory else cost.issue_cap(shape, gpu, params,
                                                                      1.0 / cost.blocks_per_sm(shape, gpu)))
-    if tiles:
-        d = replace(d, persistent_ctas=grid)
-    cluster = gemm_cluster(c.name[i]) if c.kind[i] == "gemm" else 1
-    if cluster > 1:
-        d = replace(d, cluster_ctas=cluster)
+    d = replace(d, persistent_ctas=grid if tiles else 0,
+                cluster_ctas=gemm_cluster(c.name[i]) if c.kind[i] == "gemm" else 1)
     return cost.bandwidth_bound(d, gpu, params) if memory else d
 
 

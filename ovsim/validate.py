@@ -614,7 +614,6 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
     victim's overlapped instances: its MAPE passes at 10% or less and at most a third of the naive
     MAPE (the held-out targets of ``trace_checks``).
     """
-
     from ovsim.calibrate import contention_data, trace_input
 
     sets = [(gpu, rel) for rel, gpu in MEASURED_OVERLAP if (folder / rel / "tables" / "overlap").is_dir()]

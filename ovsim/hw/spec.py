@@ -103,7 +103,7 @@ class SmSpec(Spec):
     @model_validator(mode="after")
     def _consistent(self) -> SmSpec:
         if self.placement is not None:
-            sms = sum(self.placement.unit_tpcs) * self.placement.sms_per_tpc
+            sms = sum(self.placement.unit_sms())
             if sms != self.count:
                 raise ValueError(f"placement units hold {sms} SMs, not the {self.count} of count")
         if self.max_shared_mem_per_block_bytes > self.shared_mem_per_sm_bytes:

@@ -311,9 +311,7 @@ def gemm(
                          gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
                          issue_fraction=ask, cap=most)
     ctas = sms * occ
-    if cluster_ctas > 1:
-        d = replace(d, cluster_ctas=cluster_ctas)
-    return replace(d, persistent_ctas=ctas) if persistent and blocks > ctas else d
+    return replace(d, persistent_ctas=ctas if persistent and blocks > ctas else 0, cluster_ctas=cluster_ctas)
 
 
 def memory_bound(
