@@ -261,7 +261,8 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
                               hbm_bytes=data_moving_s(iso_s, params) * bw * fraction, gpu=gpu,
                               issue_intensity=params.memory_issue_floor if memory else 1.0, clock_sensitive=not memory,
                               cap=None if memory else cost.issue_cap(shape, gpu, params,
-                                                                     1.0 / cost.blocks_per_sm(shape, gpu)))
+                                                                     1.0 / cost.blocks_per_sm(shape, gpu)),
+                              load_share=params.gemm_load_share if c.kind[i] == "gemm" else 0.0)
     d = replace(d, persistent_ctas=grid if tiles else 0,
                 cluster_ctas=gemm_cluster(c.name[i]) if c.kind[i] == "gemm" else 1)
     return cost.bandwidth_bound(d, gpu, params) if memory else d

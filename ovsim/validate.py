@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from ovsim.calibrate import ContentionData, TraceInput
     from ovsim.hw.spec import GpuSpec
+    from ovsim.traces.table import TraceBundle
 
 GB = 1e9
 GIB = 2**30
@@ -1140,27 +1141,40 @@ MEASURED_SMLOSS: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26-b", 
                                                ("h200-sxm/2026-11-27-c", "h200-sxm"),
                                                ("h200-sxm/2026-11-27-e", "h200-sxm"))
 MEASURED_SMLOSS_GROUP = "measured GEMMs beside SM-holding blocks (calibration harness smloss part; held out)"
+# The smloss data set of each GPU that its ``gemm_load_share`` is fitted on
+# (calibration/harness/fit_measured.py); its rows are a fit, reported as a group of their own.
+SMLOSS_LOAD_FIT: dict[str, str] = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-27-b", "h200-sxm": "h200-sxm/2026-11-27-b"}
+MEASURED_SMLOSS_FIT_GROUP = ("measured GEMMs beside SM-holding blocks (calibration harness smloss part; "
+                             "the data set gemm_load_share is fitted on)")
 _HOLD_KERNEL = "ovsim_probe_first"
 # The smloss part's default hold outlasts its victims' repeats (calibration/harness/run.py).
 _WHOLE_HOLD = 1.5
 
 
-def smloss_scored(path: Path, gpu: str) -> tuple[list[float], list[float], list[float]]:
-    """(measured, predicted, isolated) durations of the GEMMs of one smloss experiment that ran
-    beside the holding kernel. The holding kernel is replayed as a collective that moves nothing
-    and holds all of its blocks for its measured time; the GEMMs' isolated times are their
-    repeats before it (the replay's ``signature`` source), so only how held SMs cost them is
-    predicted."""
+def smloss_bundle(path: Path) -> TraceBundle:
+    """One smloss experiment's table, its holding kernel a collective that moves nothing and holds
+    all of its blocks for its measured time."""
     import dataclasses
 
-    from ovsim.replay import replay
     from ovsim.traces.load import load_trace
 
     bundle = load_trace([path])
     kernels = bundle.kernels.copy()
     kernels.loc[kernels["name"] == _HOLD_KERNEL, "kind"] = "collective"
-    k = replay(dataclasses.replace(bundle, kernels=kernels), gpu=gpu, counters=False,
-               overrides={"replay_collective_sm_fraction": HARNESS_SM_FRACTION}).kernels
+    return dataclasses.replace(bundle, kernels=kernels)
+
+
+def smloss_scored(path: Path | TraceBundle, gpu: str,
+                  overrides: dict[str, Any] | None = None) -> tuple[list[float], list[float], list[float]]:
+    """(measured, predicted, isolated) durations of the GEMMs of one smloss experiment (a table,
+    or :func:`smloss_bundle` of one) that ran beside the holding kernel, replayed with the shipped
+    calibration and ``overrides``. The GEMMs' isolated times are their repeats before the hold
+    (the replay's ``signature`` source), so only how held SMs cost them is predicted."""
+    from ovsim.replay import replay
+
+    bundle = smloss_bundle(path) if isinstance(path, Path) else path
+    k = replay(bundle, gpu=gpu, counters=False,
+               overrides={"replay_collective_sm_fraction": HARNESS_SM_FRACTION, **(overrides or {})}).kernels
     sel = k["overlapped"] & (k["isolated_source"] == "signature") & (k["kind"] == "gemm")
     return (k.loc[sel, "measured_duration_s"].tolist(), k.loc[sel, "predicted_duration_s"].tolist(),
             k.loc[sel, "isolated_s"].tolist())
@@ -1171,8 +1185,10 @@ def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> li
     smloss part), replayed with the shipped calibration: on Hopper a persistent GEMM whose CTAs
     do not all find an SM runs their first tiles after the rest (``KernelDemand.persistent_ctas``),
     and its clusters of 2 CTAs find no room on the SMs the held ones strand
-    (``KernelDemand.cluster_ctas``). One row per data set, victim and hold (for the whole run, or
-    ending among the repeats), pooling the held counts; it passes at 10% or less and at most a
+    (``KernelDemand.cluster_ctas``), and tiles on fewer busy SMs run faster
+    (``KernelDemand.load_share``, fitted on the data set ``SMLOSS_LOAD_FIT`` names for each GPU,
+    whose rows are a group of their own). One row per data set, victim and hold (for the whole run,
+    or ending among the repeats), pooling the held counts; it passes at 10% or less and at most a
     third of the naive MAPE, as the overlap rows do."""
     jobs: list[tuple[str, str, str, bool, Path]] = []
     for rel, gpu in MEASURED_SMLOSS:
@@ -1204,11 +1220,14 @@ def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> li
         n, mape, naive, bar = row
         # "gemm_bf16_4096x4096x4096" -> "4096x4096x4096 bf16": the table keeps the name's start.
         _, prec, shape = [*victim.split("_", 2), "", ""][:3]
+        fit = SMLOSS_LOAD_FIT.get(gpu) == rel
         checks.append(Check(f"{gpu} {rel.rsplit('/', 1)[-1]}: {shape} {prec}, {'whole' if whole else 'part'} run",
-                            MEASURED_SMLOSS_GROUP, bar, mape, "% MAPE", 0.0, f"calibration/data/{rel} (smloss part)",
-                            rule="at_most",
+                            MEASURED_SMLOSS_FIT_GROUP if fit else MEASURED_SMLOSS_GROUP, bar, mape, "% MAPE", 0.0,
+                            f"calibration/data/{rel} (smloss part)", rule="at_most",
                             note=f"{victim}, SMs held for {'the whole' if whole else 'part of the'} run, {n} kernels; "
-                                 f"naive {naive:.1f}%; shipped calibration, nothing fitted on these GEMMs"))
+                                 f"naive {naive:.1f}%; shipped calibration, "
+                                 + ("gemm_load_share fitted on these GEMMs" if fit else
+                                    "nothing fitted on these GEMMs")))
     return checks
 
 

@@ -370,26 +370,29 @@ def test_measured_hbm_sharing_is_predicted_by_the_latency_law() -> None:
     assert all(c.passed for c in checks if "2026-11-26-g" in c.name)
 
 
-def test_measured_gemms_beside_held_sms_are_predicted_with_nothing_fitted_on_them() -> None:
+def test_measured_gemms_beside_held_sms_are_predicted_with_only_the_load_share_fitted() -> None:
     """The smloss part's cuBLAS GEMMs beside a kernel that holds 1 to 66 SMs and moves no data
-    (three H100 and four H200 data sets), each row at most 10% MAPE and a third of naive. Every
-    GEMM of 128 tiles held for the whole run passes (4.1-7.4% when this was written; 10.5-14.7%
-    before the engine placed 2-CTA clusters, which 4 held SMs leave 124 SMs instead of 128), and
-    21 of the 22 of 384 tiles or more (2.9-8.1%): rounds of tiles overstate what the 8192^3 GEMM
-    loses with many SMs gone (x2.08 predicted with 66 held, x1.79-1.88 measured), and on one H100
-    board its row misses (9.4% against a bar of 7.6%). The 256-tile GEMM (2048x5120x5120) is
-    reported, not required: it lost nothing with one SM held."""
-    from ovsim.validate import MEASURED_SMLOSS_GROUP, measured_smloss_checks
+    (three H100 and four H200 data sets), each row at most 10% MAPE and a third of naive. Only
+    gemm_load_share is fitted on them, on one data set a GPU (SMLOSS_LOAD_FIT), whose rows are a
+    group of their own; the others are held out. Every held-out GEMM of 128 tiles or of 384 and
+    more held for the whole run passes (1.0-3.8% when this was written; the 8192^3 GEMM on one H100
+    board failed at 9.4% against a bar of 7.6% before the load share, its rounds of tiles overstating
+    what it loses with many SMs gone: x2.08 with 66 held, x1.79 measured). The 256-tile GEMM
+    (2048x5120x5120) is reported, not required: it lost nothing with one SM held."""
+    from ovsim.validate import MEASURED_SMLOSS_FIT_GROUP, MEASURED_SMLOSS_GROUP, SMLOSS_LOAD_FIT, measured_smloss_checks
 
     checks = measured_smloss_checks()
-    assert checks and all(c.group == MEASURED_SMLOSS_GROUP for c in checks)
+    fitted = {f"{gpu} {rel.rsplit('/', 1)[-1]}" for gpu, rel in SMLOSS_LOAD_FIT.items()}
+    assert checks and all(c.group == (MEASURED_SMLOSS_FIT_GROUP if c.name.split(":")[0] in fitted
+                                      else MEASURED_SMLOSS_GROUP) for c in checks)
+    held_out = [c for c in checks if c.group == MEASURED_SMLOSS_GROUP]
     small = ("1024x4096x4096", "2048x2048x2048", "2048x2048x8192")
-    whole = [c for c in checks if "whole run" in c.name and "2048x5120x5120" not in c.name]
+    whole = [c for c in held_out if "whole run" in c.name and "2048x5120x5120" not in c.name]
     tiles_128 = [c for c in whole if any(s in c.name for s in small)]
     assert len(tiles_128) == 4 and all(c.passed for c in tiles_128), [(c.name, c.predicted) for c in tiles_128]
     required = [c for c in whole if c not in tiles_128]
-    assert len(required) == 22
+    assert len(required) == 16
     assert {c.name.split(":")[0] for c in required} == {
-        "h100-sxm5-80gb 2026-11-26-b", "h100-sxm5-80gb 2026-11-27-b", "h100-sxm5-80gb 2026-11-27-c",
-        "h200-sxm 2026-11-26-b", "h200-sxm 2026-11-27-b", "h200-sxm 2026-11-27-c", "h200-sxm 2026-11-27-e"}
-    assert sum(c.passed for c in required) >= 21, [(c.name, c.predicted, c.reference) for c in required]
+        "h100-sxm5-80gb 2026-11-26-b", "h100-sxm5-80gb 2026-11-27-c",
+        "h200-sxm 2026-11-26-b", "h200-sxm 2026-11-27-c", "h200-sxm 2026-11-27-e"}
+    assert all(c.passed for c in required), [(c.name, c.predicted, c.reference) for c in required]

@@ -16,6 +16,11 @@ write each GPU's next calibration version, with the data set's files and checksu
   kernel that holds 8 to 66 SMs and moves no data. With ``h`` of ``S`` SMs held the engine's
   bandwidth-bound kernel runs ``1 / min(1, headroom * (S - h) / S)`` slower; the fit is the
   headroom with the least squared relative error over the held counts.
+- ``gemm_load_share``: from the ``smloss`` part of ``ovsim.validate.SMLOSS_LOAD_FIT`` (one data
+  set a GPU), cuBLAS's BF16 GEMMs (8192^3, 4096^3, 2048x8192x8192) alone and beside a kernel that
+  holds 1 to 66 SMs and moves no data, replayed as ``ovsim validate --measured`` replays them: the
+  share with the least MAPE (a grid, then Brent's method between the best point's neighbours). The
+  GPU's other smloss data sets, with 12 more GEMM shapes on the H200, are held out.
 - ``block_issue_share_per_warp``: from the ``shaping`` part, the median block time of a 4-warp
   GEMM (64x64x32 tiles) with 1 to 6 of its blocks on each SM (the A100s take the H100's, a stated
   assumption: ``SHAPING_CARRIED``). The engine runs a block at
@@ -116,12 +121,15 @@ from ovsim.validate import (
     MEASURED_GEMM,
     MEASURED_GEMM_PRECISIONS,
     MEASURED_HBM,
+    SMLOSS_LOAD_FIT,
     channel_pass_s,
     clock_memory_points,
     harness_power_log,
     hbm_sharing_points,
     measured_copy_times,
     measured_gemm_points,
+    smloss_bundle,
+    smloss_scored,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,6 +141,8 @@ SMLOSS = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-b", "h200-sxm": "h200-sxm
 SHAPING = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb/2026-11-26-repeat"),
            "h200-sxm": ("h200-sxm/2026-11-26", None)}
 HEADROOM_BOUNDS = (1.0, 16.0)
+# gemm_load_share: searched on this grid, then refined between the best point's neighbours.
+LOAD_SHARE_GRID = tuple(round(0.05 * i, 2) for i in range(13))
 SHAPED_WARPS = 4  # ovsim_gemm_tile64: 128 threads
 # GPUs the harness has not measured take the H100's per-warp issue share, as a stated assumption:
 # an Ampere SM issues from the same four sub-partitions, one warp scheduler each, so a 4-warp block
@@ -231,6 +241,56 @@ def fit_headroom(points: list[tuple[int, float]], sms: int) -> dict[str, Any]:
     return {"value": round(best, 3), "points": len(points), "held_sms": held.astype(int).tolist(),
             "measured_slowdown": measured.round(4).tolist(), "fitted_slowdown": fitted.round(4).tolist(),
             "fit_mape_pct": round(float(np.mean(np.abs(fitted - measured) / measured) * 100), 2)}
+
+
+def load_share_report(gpu: str) -> tuple[FitReport, list[Path]]:
+    """``gemm_load_share`` from the smloss part of ``SMLOSS_LOAD_FIT[gpu]``: cuBLAS's GEMMs replayed
+    beside the kernel that holds 1 to 66 SMs and moves no data, as ``ovsim validate --measured``
+    replays them; the share with the least MAPE over every GEMM that ran beside the hold."""
+    rel = SMLOSS_LOAD_FIT[gpu]
+    folder = DATA / rel
+    tables = sorted((folder / "tables" / "smloss").glob("gemm_*.parquet"))
+    if not tables:
+        raise SystemExit(f"{gpu}: {folder}: no smloss GEMM tables to fit gemm_load_share on")
+    held = {e["label"]: int(e["held_sms"]) for e in map(json.loads, (folder / "experiments.jsonl").read_text()
+                                                         .splitlines()) if e.get("part") == "smloss"}
+    bundles = [smloss_bundle(t) for t in tables]
+
+    def ratios(share: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        return [tuple(np.asarray(x, dtype=float) for x in smloss_scored(b, gpu, {"gemm_load_share": share}))
+                for b in bundles]  # type: ignore[misc]
+
+    def mape(share: float) -> float:
+        rows = ratios(share)
+        meas = np.concatenate([r[0] for r in rows])
+        pred = np.concatenate([r[1] for r in rows])
+        return float(np.mean(np.abs(pred - meas) / meas) * 100)
+
+    # The loss is a sum of kinks (rounds of tiles): a grid finds the basin, Brent's method refines it.
+    grid = [mape(x) for x in LOAD_SHARE_GRID]
+    i = int(np.argmin(grid))
+    lo, hi = LOAD_SHARE_GRID[max(i - 1, 0)], LOAD_SHARE_GRID[min(i + 1, len(LOAD_SHARE_GRID) - 1)]
+    best = round(float(minimize_scalar(mape, bounds=(lo, hi), method="bounded", options={"xatol": 1e-3}).x), 3)
+    at_best, at_zero = ratios(best), ratios(0.0)
+    per = [{"experiment": t.stem, "held_sms": held.get(t.stem),
+            "measured_slowdown": round(float(np.median(m / iso)), 4),
+            "fitted_slowdown": round(float(np.median(p / iso)), 4),
+            "slowdown_without": round(float(np.median(p0 / iso)), 4)}
+           for t, (m, p, iso), (_, p0, _) in zip(tables, at_best, at_zero, strict=True) if len(m)]
+    record = {"method": "grid then bounded scalar search for the least MAPE of the replayed GEMMs (ovsim.validate."
+                        "smloss_scored with gemm_load_share set)", "data_set": f"calibration/data/{rel}",
+              "value": best, "points": int(sum(len(m) for m, _, _ in at_best)),
+              "fit_mape_pct": round(mape(best), 2), "mape_without_pct": round(mape(0.0), 2),
+              "grid": dict(zip(map(str, LOAD_SHARE_GRID), (round(g, 2) for g in grid), strict=True)),
+              "experiments": per}
+    report = FitReport(
+        parameters={"gemm_load_share": best},
+        sources={"gemm_load_share": (
+            f"measured: calibration/data/{rel} (smloss part: cuBLAS's BF16 GEMMs alone and beside "
+            f"{', '.join(map(str, sorted(set(held.values()))))} SMs held without traffic), least MAPE of their "
+            f"replay; {COMMAND}")},
+        fits={"gemm_load_share": record})
+    return report, tables
 
 
 def shaping_points(folder: Path) -> list[tuple[int, float]]:
@@ -842,6 +902,10 @@ def main() -> int:
             fits={"memory_sm_headroom": {
                 "method": "bounded scalar least squares on relative error of 1/min(1, headroom*(S-held)/S)",
                 "data_set": f"calibration/data/{rel}", **fit}})
+        print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
+        _ship(report, tables, gpu, args.dry_run)
+    for gpu in SMLOSS_LOAD_FIT:
+        report, tables = load_share_report(gpu)
         print(json.dumps({"gpu": gpu, **report.fits}, indent=1))
         _ship(report, tables, gpu, args.dry_run)
     for gpu in SHAPING:

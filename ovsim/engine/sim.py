@@ -79,7 +79,7 @@ class _Kernel:
     __slots__ = (
         "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "cap", "clock_cls", "clock_s",
         "clock_sensitive", "cluster", "ctas", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "late",
-        "launch_s", "max_resident",
+        "launch_s", "load_share", "max_resident",
         "mem_wait", "op", "paired",
         "partitions", "priority", "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s",
         "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "theta_self", "threads", "undispatched",
@@ -125,6 +125,7 @@ class _Kernel:
         self.paired = False
         self.threads, self.regs, self.smem, self.blocks_per_sm_alone, self.max_resident = shape
         self.t_block = k.block_time_s
+        self.load_share = k.load_share if op.flow is None else 0.0
         self.issue = k.issue_fraction
         # NCCL blocks ask for a fixed share of an SM's issue slots, whatever the kernel says.
         self.ask = nccl_issue if op.flow is not None else k.issue_fraction
@@ -416,6 +417,9 @@ class Engine:
         self.has_pressure = any(v > 0 for v in machine.nccl_memory_pressure.values())
         # HBM's loaded-latency law (channel.latency_slowdowns), where the calibration has one.
         self.latency_law = machine.hbm_latency_capacity > 0
+        # Kernels whose pace goes with how many SMs run such blocks (KernelDemand.load_share).
+        self.any_load = any(op.kernel is not None and op.kernel.load_share > 0 and op.flow is None
+                            for op in workload.ops)
         self.n_waiting = 0  # flows waiting for members
         self.n_data = 0  # flows moving data
         self.power = self.opts.power
@@ -1296,6 +1300,16 @@ class Engine:
                 for e in g.entries:
                     e.k.issued = 0.0
             demand: dict[_Kernel, float] = {}
+            # The fraction of the GPU's SMs running blocks that load the shared memory system
+            # (GEMM tiles, KernelDemand.load_share): the fewer, the faster each of those runs.
+            busy = 0
+            if self.any_load:
+                for g in groups:
+                    for e in g.entries:
+                        if e.k.load_share > 0:
+                            busy += g.n
+                            break
+            idle_share = 1.0 - busy / gpu.model.sm_count
             for g in groups:
                 entries = g.entries
                 if not entries:
@@ -1323,6 +1337,8 @@ class Engine:
                         e.rate = 0.0
                         continue
                     e.rate = e.share * mult[k.clock_cls] / k.t_block
+                    if k.load_share > 0:
+                        e.rate /= 1.0 - k.load_share * idle_share
                     if k.bytes_per_block > 0:
                         demand[k] = demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
             for k in gpu.running:

@@ -103,6 +103,12 @@ class Parameters(BaseModel):
     # a block never runs faster than at its kernel's full residency. Measured by the calibration
     # harness's shaping part where a GPU's file says so.
     block_issue_share_per_warp: float | None = Field(default=None, gt=0, le=1)
+    # The share of a GEMM tile's time, with tiles on every SM, that goes with how many SMs run
+    # GEMM tiles: the memory system the SMs load their operands through is shared, so a tile on
+    # fewer of them runs faster, 1 / (1 - share * (1 - the fraction of SMs running tiles)) times.
+    # 0 (the schema default): a tile's pace is its SM's alone. Measured by the calibration
+    # harness's smloss part (cuBLAS's GEMMs beside 1 to 66 held SMs) where a GPU's file says so.
+    gemm_load_share: float = Field(default=0.0, ge=0.0, lt=1.0)
     # Weight of a collective's traffic in HBM's max-min share, per NCCL protocol.
     nccl_hbm_weight: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: {"ll": 1.0, "ll128": 1.0, "simple": 1.0})

@@ -88,18 +88,35 @@ def issue_cap(block: BlockShape, gpu: GpuSpec, params: Parameters, issue_fractio
     return max(issue_fraction, min(1.0, warps * per_warp))
 
 
-def alone_block_times(blocks: int, per_sm: int, sms: int, issue_fraction: float, cap: float) -> float:
-    """How many block times (each at ``issue_fraction`` of its SM) a kernel takes alone with
-    ``per_sm`` blocks resident per SM: its full waves, then a last wave spread over the SMs, a block
-    running at min(``cap``, 1 / the blocks on its SM) of its SM, as the engine shares an SM."""
+def alone_block_times(blocks: int, per_sm: int, sms: int, issue_fraction: float, cap: float,
+                      load_share: float = 0.0, total_sms: int | None = None) -> float:
+    """How many block times (each at ``issue_fraction`` of its SM, with blocks on every one of the
+    GPU's ``total_sms``, default ``sms``) a kernel takes alone with ``per_sm`` blocks resident per
+    SM: its full waves, then a last wave spread over the SMs, a block running at min(``cap``, 1 /
+    the blocks on its SM) of its SM, as the engine shares an SM, and ``1 / (1 - load_share * (1 -
+    busy SMs / total_sms))`` times faster with blocks on fewer SMs (:attr:`KernelDemand.load_share`)."""
     slots = sms * per_sm
     waves = math.ceil(blocks / slots)
     last = blocks - (waves - 1) * slots
+    total = total_sms if total_sms is not None else sms
 
-    def wave(resident: int) -> float:
+    def pace(resident: int) -> float:
         return issue_fraction / max(issue_fraction, min(cap, 1.0 / resident))
 
-    return (waves - 1) * wave(per_sm) + wave(math.ceil(last / sms))
+    def load(busy: int) -> float:
+        return 1.0 - load_share * (1.0 - min(busy, total) / total)
+
+    # The last wave: `hi` blocks on `n_hi` SMs, one fewer on the others. Those finish first where a
+    # block with room runs faster, and the rest then run on fewer busy SMs.
+    hi = math.ceil(last / sms)
+    n_hi = last - (hi - 1) * sms
+    t_hi = pace(hi)
+    if hi == 1:
+        tail = t_hi * load(n_hi)
+    else:
+        t_lo = pace(hi - 1)
+        tail = t_lo * load(sms) + (t_hi - t_lo) * load(n_hi)
+    return (waves - 1) * pace(per_sm) * load(sms) + tail
 
 
 def demand_from_time(
@@ -115,6 +132,7 @@ def demand_from_time(
     sm_count: int | None = None,
     issue_fraction: float | None = None,
     cap: float | None = None,
+    load_share: float = 0.0,
 ) -> KernelDemand:
     """Spread an isolated duration over the kernel's waves.
 
@@ -122,7 +140,7 @@ def demand_from_time(
     the SM; 1 for compute-bound kernels. ``cap`` is the most of an SM one block uses with fewer of
     them on it (:func:`issue_cap`). The engine reproduces ``isolated_s`` exactly for a kernel running
     alone: every full wave takes ``block_time_s`` and a last wave of fewer blocks per SM what
-    :func:`alone_block_times` counts for it.
+    :func:`alone_block_times` counts for it. ``load_share``: :attr:`KernelDemand.load_share`.
     """
     if blocks < 1:
         raise OvsimError(f"grid must have at least one block, got {blocks}", field="grid")
@@ -134,13 +152,14 @@ def demand_from_time(
     return KernelDemand(
         blocks=blocks,
         block=block,
-        block_time_s=isolated_s / alone_block_times(blocks, occ, sms, ask, most),
+        block_time_s=isolated_s / alone_block_times(blocks, occ, sms, ask, most, load_share, gpu.sm.count),
         issue_fraction=ask,
         hbm_bytes=hbm_bytes,
         flops=flops,
         isolated_s=isolated_s,
         clock_sensitive=clock_sensitive,
         issue_cap=most if most > ask else None,
+        load_share=load_share,
     )
 
 
@@ -287,8 +306,9 @@ def gemm(
     if occ < occ_natural:
         # Shaped: the same blocks at the same pace, fewer to an SM; a block with room runs up to
         # `most` of its SM, so the SM loses less than in proportion.
-        compute_s *= (alone_block_times(blocks, occ, sms, ask, most)
-                      / alone_block_times(blocks, occ_natural, sms, ask, most))
+        load = params.gemm_load_share
+        compute_s *= (alone_block_times(blocks, occ, sms, ask, most, load, gpu.sm.count)
+                      / alone_block_times(blocks, occ_natural, sms, ask, most, load, gpu.sm.count))
     flops = 2.0 * m * n * k * batch
     # Each row panel of A is read by every column tile and each column panel of B by every row
     # tile; past the first two readers the re-reads hit L2 (an assumption for GEMMs of several
@@ -309,7 +329,7 @@ def gemm(
         isolated += partial_bytes / bw + params.kernel_overhead_s
     d = demand_from_time(blocks=blocks, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
                          gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
-                         issue_fraction=ask, cap=most)
+                         issue_fraction=ask, cap=most, load_share=params.gemm_load_share)
     ctas = sms * occ
     return replace(d, persistent_ctas=ctas if persistent and blocks > ctas else 0, cluster_ctas=cluster_ctas)
 

@@ -66,6 +66,11 @@ class KernelDemand:
     # placement unit, so beside SMs another kernel holds some free SMs may take none of its blocks
     # (Engine._cluster_room).
     cluster_ctas: int = 1
+    # The share of a block's time at full residency that goes with the fraction of the GPU's SMs
+    # running blocks of such kernels (GEMM tiles loading through the shared memory system,
+    # ``Parameters.gemm_load_share``): with blocks on fewer SMs each runs
+    # 1 / (1 - load_share * (1 - fraction)) times faster. 0: its pace is its SM's alone.
+    load_share: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -255,10 +255,12 @@ def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> K
         return dataclasses.replace(base, block=block, isolated_s=cost.alone_time_s(base, sms * occ_new))
     ask = base.issue_fraction
     most = base.issue_cap if base.issue_cap is not None else ask
-    isolated = cost.alone_block_times(base.blocks, occ_new, sms, ask, most) * base.block_time_s
+    isolated = (cost.alone_block_times(base.blocks, occ_new, sms, ask, most, base.load_share, gpu.sm.count)
+                * base.block_time_s)
     return cost.demand_from_time(blocks=base.blocks, block=block, isolated_s=isolated, flops=base.flops,
                                  hbm_bytes=base.hbm_bytes, gpu=gpu, issue_intensity=1.0,
-                                 clock_sensitive=base.clock_sensitive, sm_count=sms, issue_fraction=ask, cap=most)
+                                 clock_sensitive=base.clock_sensitive, sm_count=sms, issue_fraction=ask, cap=most,
+                                 load_share=base.load_share)
 
 
 def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list[int], gpu: GpuSpec,

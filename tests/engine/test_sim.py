@@ -93,7 +93,9 @@ def test_gemm_filling_every_sm_delays_a_later_collective(h100: GpuSpec, h100_cal
 def test_priority_takes_the_first_sms_that_free_up(h100: GpuSpec, h100_calib: Calibration,
                                                    h100_node: SystemSpec) -> None:
     """A high-priority NCCL kernel takes 24 SMs when the first wave retires (no preemption before);
-    the GEMM's second wave then fits on 108 SMs and 24 blocks need a third wave."""
+    the GEMM's second wave then fits on 108 SMs and 24 blocks need a third wave. The second and
+    third waves' tiles run on 108 and 24 of 132 SMs, 1 - s * 24/132 and 1 - s * 108/132 block times
+    (s the calibration's gemm_load_share): 3 - s in all."""
     gemm = big_tile_gemm(264, h100, h100_calib)
     flow = FlowDemand(group="c", ranks=(0,), bytes=1e9, latency_s=0.0, rate_cap_bytes_per_s=1e11,
                       link_coeff=0.0, hbm_coeff=0.0)
@@ -101,8 +103,9 @@ def test_priority_takes_the_first_sms_that_free_up(h100: GpuSpec, h100_calib: Ca
            Op("c", "c", "collective", 0, "comm", kernel=nccl_kernel(24), flow=flow, delay_s=1e-6)]
     out = run(ops, [StreamSpec(0, "compute", 0), StreamSpec(0, "comm", -1)], h100_node, h100, h100_calib)
     wave = gemm.block_time_s
+    s = h100_calib.params.gemm_load_share
     assert out.loc["c", "start_s"] == pytest.approx(wave, rel=1e-9)
-    assert out.loc["g", "duration_s"] == pytest.approx(3 * wave, rel=1e-9)
+    assert out.loc["g", "duration_s"] == pytest.approx((3 - s) * wave, rel=1e-9)
     assert out.loc["g", "slowed_by"] == "waiting for SMs"
 
 
@@ -135,14 +138,15 @@ def test_occupancy_shaping_lets_blocks_coreside_and_the_gemm_pays(h100: GpuSpec,
 def test_132_block_gemm_beside_24_block_collective_takes_twice_as_long(
         h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
     """Reported on H100: one wave of 132 blocks, 24 SMs held by the collective, 24 blocks spill into
-    a second wave: about twice the isolated time."""
+    a second wave: about twice the isolated time, less what the waves' tiles gain on 108 and 24 of
+    132 SMs (2 - s, s the calibration's gemm_load_share)."""
     gemm = big_tile_gemm(132, h100, h100_calib)
     flow = FlowDemand(group="c", ranks=(0,), bytes=1e10, latency_s=0.0, rate_cap_bytes_per_s=1e11,
                       link_coeff=0.0, hbm_coeff=0.0)
     ops = [Op("c", "c", "collective", 0, "comm", kernel=nccl_kernel(24), flow=flow),
            Op("g", "g", "gemm", 0, "compute", kernel=gemm, delay_s=1e-6)]
     out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "comm")], h100_node, h100, h100_calib)
-    assert out.loc["g", "slowdown"] == pytest.approx(2.0, rel=0.05)
+    assert out.loc["g", "slowdown"] == pytest.approx(2.0 - h100_calib.params.gemm_load_share, rel=0.05)
 
 
 def test_two_equal_flows_on_one_link_each_take_twice_as_long(h100: GpuSpec, h100_calib: Calibration,
@@ -199,18 +203,21 @@ def test_copy_engine_transfer_takes_no_sms_but_slows_a_memory_bound_kernel(
 
 def test_sm_carveout_keeps_compute_off_reserved_sms(h100: GpuSpec, h100_calib: Calibration,
                                                     h100_node: SystemSpec) -> None:
-    """With 24 SMs carved out, a 132-block GEMM runs 108 + 24 blocks: two waves."""
+    """With 24 SMs carved out, a 132-block GEMM runs 108 + 24 blocks: two waves, on 108 and 24 of
+    the 132 SMs (2 - s block times, s the calibration's gemm_load_share)."""
     gemm = big_tile_gemm(132, h100, h100_calib)
     op = Op("g", "g", "gemm", 0, "s", kernel=gemm, partition="compute")
     out = run([op], [StreamSpec(0, "s")], h100_node, h100, h100_calib, carveout=24)
-    assert out.loc["g", "duration_s"] == pytest.approx(2 * gemm.block_time_s, rel=1e-9)
+    s = h100_calib.params.gemm_load_share
+    assert out.loc["g", "duration_s"] == pytest.approx((2 - s) * gemm.block_time_s, rel=1e-9)
 
 
 def test_carveout_lets_a_later_collective_start_beside_a_waiting_gemm(h100: GpuSpec, h100_calib: Calibration,
                                                                       h100_node: SystemSpec) -> None:
     """Equal priorities, 24 SMs carved out: the GEMM still has blocks waiting for the main SMs, but
     it cannot use the reserved ones, so the NCCL kernel launched after it starts at its launch on
-    those (leftover policy per partition) and the GEMM keeps its 108-SM waves: ceil(264/108) = 3."""
+    those (leftover policy per partition) and the GEMM keeps its 108-SM waves: ceil(264/108) = 3,
+    on 108, 108 and 48 of 132 SMs (3 - s block times, s the calibration's gemm_load_share)."""
     gemm = big_tile_gemm(264, h100, h100_calib)
     flow = FlowDemand(group="c", ranks=(0,), bytes=1e6, latency_s=0.0, rate_cap_bytes_per_s=1e11,
                       link_coeff=0.0, hbm_coeff=0.0)
@@ -219,7 +226,8 @@ def test_carveout_lets_a_later_collective_start_beside_a_waiting_gemm(h100: GpuS
     out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "comm")], h100_node, h100, h100_calib, carveout=24)
     assert out.loc["c", "start_s"] == pytest.approx(1e-6, rel=1e-9)
     assert out.loc["c", "duration_s"] == pytest.approx(1e6 / 1e11, rel=1e-9)
-    assert out.loc["g", "duration_s"] == pytest.approx(3 * gemm.block_time_s, rel=1e-9)
+    s = h100_calib.params.gemm_load_share
+    assert out.loc["g", "duration_s"] == pytest.approx((3 - s) * gemm.block_time_s, rel=1e-9)
 
 
 def test_runs_are_deterministic(h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
@@ -561,3 +569,47 @@ def test_a_kernel_that_took_sms_a_cluster_kernel_left_strands_none(h100: GpuSpec
     out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "hold")], h100_node, h100, h100_calib)
     assert out.loc["h", "start_s"] == pytest.approx(out.loc["a", "end_s"])
     assert out.loc["g", "duration_s"] == pytest.approx(TILE_S, rel=1e-6)
+
+
+LOAD = 0.2
+
+
+@pytest.mark.parametrize("held", [1, 8, 33, 66])
+def test_tiles_on_fewer_sms_run_faster_by_their_load_share(held: int, h100: GpuSpec, h100_calib: Calibration,
+                                                          h100_node: SystemSpec) -> None:
+    """Closed form of KernelDemand.load_share: 132 blocks of one per SM beside a kernel that holds
+    ``held`` SMs for the whole run. The first wave, on 132 - held SMs, runs 1 / (1 - s * held / 132)
+    times faster than a full one; the second, its ``held`` blocks alone on as many SMs,
+    1 / (1 - s * (132 - held) / 132): together (2 - s) block times, whatever is held."""
+    gemm = replace(_cluster_kernel(132, 1), load_share=LOAD)
+    ops = [Op("h", "h", "generic", 0, "hold", kernel=_holding_kernel(held, 1.0)),
+           Op("g", "g", "gemm", 0, "compute", kernel=gemm, delay_s=1e-6)]
+    out = run(ops, [StreamSpec(0, "compute"), StreamSpec(0, "hold")], h100_node, h100, h100_calib)
+    assert out.loc["g", "duration_s"] == pytest.approx((2 - LOAD) * TILE_S, rel=1e-6)
+
+
+def test_tiles_of_two_kernels_count_each_others_sms(h100: GpuSpec, h100_calib: Calibration,
+                                                    h100_node: SystemSpec) -> None:
+    """The load is the SMs running any such kernel's blocks: two 66-block kernels side by side keep
+    every SM busy and run at a full wave's pace, where one alone on 66 SMs runs 1 / (1 - s / 2)
+    times faster."""
+    half = replace(_cluster_kernel(66, 1), load_share=LOAD)
+    both = run([Op("a", "a", "gemm", 0, "s1", kernel=half), Op("b", "b", "gemm", 0, "s2", kernel=half)],
+               [StreamSpec(0, "s1"), StreamSpec(0, "s2")], h100_node, h100, h100_calib)
+    one = run([Op("a", "a", "gemm", 0, "s1", kernel=half)], [StreamSpec(0, "s1")], h100_node, h100, h100_calib)
+    assert both.loc["a", "duration_s"] == pytest.approx(TILE_S, rel=1e-6)
+    assert both.loc["b", "duration_s"] == pytest.approx(TILE_S, rel=1e-6)
+    assert one.loc["a", "duration_s"] == pytest.approx((1 - LOAD / 2) * TILE_S, rel=1e-6)
+
+
+@pytest.mark.parametrize("blocks", [132, 200, 264, 301])
+def test_a_kernel_with_a_load_share_alone_takes_its_isolated_time(blocks: int, h100: GpuSpec,
+                                                                  h100_calib: Calibration,
+                                                                  h100_node: SystemSpec) -> None:
+    """cost.demand_from_time spreads the isolated time so that the last wave's faster tiles are
+    counted: alone the kernel takes exactly its isolated time."""
+    block = BlockShape(threads=384, registers_per_thread=168, shared_mem_bytes=200 * 1024)
+    d = cost.demand_from_time(blocks=blocks, block=block, isolated_s=1e-3, flops=0.0, hbm_bytes=0.0, gpu=h100,
+                              issue_intensity=1.0, clock_sensitive=True, load_share=LOAD)
+    out = run([Op("g", "g", "gemm", 0, "s", kernel=d)], [StreamSpec(0, "s")], h100_node, h100, h100_calib)
+    assert out.loc["g", "duration_s"] == pytest.approx(1e-3, rel=1e-9)

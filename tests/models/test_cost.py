@@ -192,3 +192,29 @@ def test_hopper_library_gemms_are_persistent_and_ampere_ones_are_not() -> None:
     assert small.blocks <= 132 and small.persistent_ctas == 0
     amp = best_gemm(4096, 4096, 4096, "bf16", a100, load_calibration(a100, "a100-sxm4-80gb").params)
     assert amp.persistent_ctas == 0 and amp.blocks > a100.sm.count and amp.cluster_ctas == 1
+
+
+@pytest.mark.parametrize(("blocks", "per_sm", "sms", "total", "expected"), [
+    (200, 1, 100, 100, 2.0),  # two full waves: every SM busy in both
+    (150, 1, 100, 100, 1 + (1 - 0.2 * 0.5)),  # the last wave on half the SMs
+    (130, 2, 100, 100, 1.0),  # one wave spread one block per SM first: all 100 busy
+    (60, 2, 100, 100, 1 - 0.2 * 0.4),  # one wave on 60 SMs
+    (100, 1, 80, 100, 1 - 0.2 * 0.2 + 1 - 0.2 * 0.8),  # 80 of 100 SMs (a carve-out), then 20
+])
+def test_alone_block_times_counts_the_faster_tiles_on_fewer_sms(blocks: int, per_sm: int, sms: int, total: int,
+                                                               expected: float) -> None:
+    """Closed form of the load share (KernelDemand.load_share, s = 0.2): a wave with blocks on b of
+    the GPU's SMs takes 1 - s * (1 - b / total) block times."""
+    from ovsim.models.cost import alone_block_times
+
+    assert alone_block_times(blocks, per_sm, sms, 1.0, 1.0, 0.2, total) == pytest.approx(expected)
+
+
+def test_alone_block_times_runs_a_last_wave_on_fewer_sms_once_its_lighter_sms_finish() -> None:
+    """150 blocks of 2 per SM on 100 SMs, each block at half its SM (cap 1): 50 SMs hold 2 blocks
+    (1 block time) and 50 hold 1, which runs at the whole SM and finishes in half that. Then 50 of
+    100 SMs are busy: the second half runs 1 - 0.2 * 0.5 as long. 0.5 + 0.45 block times."""
+    from ovsim.models.cost import alone_block_times
+
+    assert alone_block_times(150, 2, 100, 0.5, 1.0, 0.2, 100) == pytest.approx(0.5 + 0.45)
+    assert alone_block_times(150, 2, 100, 0.5, 1.0) == pytest.approx(1.0)
