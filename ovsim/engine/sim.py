@@ -124,8 +124,9 @@ class _Kernel:
         # plain launch does (Engine._cluster_room).
         self.paired = False
         self.threads, self.regs, self.smem, self.blocks_per_sm_alone, self.max_resident = shape
+        # Its blocks' count is then the SMs they keep busy (KernelDemand.load_share).
+        self.load_share = k.load_share if op.flow is None and self.blocks_per_sm_alone == 1 else 0.0
         self.t_block = k.block_time_s
-        self.load_share = k.load_share if op.flow is None else 0.0
         self.issue = k.issue_fraction
         # NCCL blocks ask for a fixed share of an SM's issue slots, whatever the kernel says.
         self.ask = nccl_issue if op.flow is not None else k.issue_fraction

@@ -140,7 +140,9 @@ def demand_from_time(
     the SM; 1 for compute-bound kernels. ``cap`` is the most of an SM one block uses with fewer of
     them on it (:func:`issue_cap`). The engine reproduces ``isolated_s`` exactly for a kernel running
     alone: every full wave takes ``block_time_s`` and a last wave of fewer blocks per SM what
-    :func:`alone_block_times` counts for it. ``load_share``: :attr:`KernelDemand.load_share`.
+    :func:`alone_block_times` counts for it. ``load_share``: :attr:`KernelDemand.load_share`, kept
+    for a kernel of one block per SM only (the kernels it was measured on: with several, SMs
+    running its blocks would not say how much of the memory system they load).
     """
     if blocks < 1:
         raise OvsimError(f"grid must have at least one block, got {blocks}", field="grid")
@@ -149,6 +151,7 @@ def demand_from_time(
     sms = sm_count if sm_count is not None else gpu.sm.count
     ask = issue_fraction if issue_fraction is not None else min(1.0, max(issue_intensity, 1e-3)) / occ
     most = max(ask, cap) if cap is not None else ask
+    load_share = load_share if occ == 1 else 0.0
     return KernelDemand(
         blocks=blocks,
         block=block,

@@ -69,7 +69,8 @@ class KernelDemand:
     # The share of a block's time at full residency that goes with the fraction of the GPU's SMs
     # running blocks of such kernels (GEMM tiles loading through the shared memory system,
     # ``Parameters.gemm_load_share``): with blocks on fewer SMs each runs
-    # 1 / (1 - load_share * (1 - fraction)) times faster. 0: its pace is its SM's alone.
+    # 1 / (1 - load_share * (1 - fraction)) times faster. 0: its pace is its SM's alone. Only a
+    # kernel of one block per SM keeps it (measured on those: cuBLAS's Hopper GEMMs).
     load_share: float = 0.0
 
 

@@ -18,6 +18,7 @@ from ovsim.engine.machine import build_machine
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import SystemSpec, load_gpu
+from ovsim.models.cost import alone_block_times
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, StreamSpec, Workload
 
 GPU = load_gpu("h100-sxm5-80gb")
@@ -40,14 +41,16 @@ def kernels(draw: Any, hbm: bool = True) -> KernelDemand:
     block_time = draw(st.floats(1e-6, 1e-4))
     mem_bound = draw(st.booleans())
     occ = max(1, min(2048 // threads, 65536 // max(1, threads * regs), 233472 // (smem + 1024), 32))
-    waves = -(-blocks // (132 * occ))
-    iso = waves * block_time
+    issue = (0.2 if mem_bound else 1.0) / occ
+    # Tiles faster on fewer busy SMs (KernelDemand.load_share): alone, its last wave's count too.
+    load = draw(st.sampled_from([0.0, 0.0, 0.2])) if occ == 1 else 0.0
+    iso = block_time * alone_block_times(blocks, occ, GPU.sm.count, issue, issue, load, GPU.sm.count)
     hbm_bytes = draw(st.floats(0.0, 0.95)) * HBM * iso if hbm else 0.0
     # Clusters of CTAs find fewer SMs beside held ones (the H100's placement units).
     cluster = draw(st.sampled_from([1, 1, 1, 2, 4]))
     return KernelDemand(blocks=blocks, block=BlockShape(threads, regs, smem), block_time_s=block_time,
-                        issue_fraction=(0.2 if mem_bound else 1.0) / occ, hbm_bytes=hbm_bytes, flops=0.0,
-                        isolated_s=iso, clock_sensitive=not mem_bound, cluster_ctas=cluster)
+                        issue_fraction=issue, hbm_bytes=hbm_bytes, flops=0.0, isolated_s=iso,
+                        clock_sensitive=not mem_bound, cluster_ctas=cluster, load_share=load)
 
 
 @st.composite

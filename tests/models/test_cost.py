@@ -218,3 +218,19 @@ def test_alone_block_times_runs_a_last_wave_on_fewer_sms_once_its_lighter_sms_fi
 
     assert alone_block_times(150, 2, 100, 0.5, 1.0, 0.2, 100) == pytest.approx(0.5 + 0.45)
     assert alone_block_times(150, 2, 100, 0.5, 1.0) == pytest.approx(1.0)
+
+
+def test_only_a_kernel_of_one_block_per_sm_keeps_its_load_share() -> None:
+    """KernelDemand.load_share counts SMs running blocks, which says how much of the memory system a
+    kernel loads only where it runs one block per SM (as cuBLAS's Hopper GEMMs, on which it was
+    measured); with more, two blocks on one SM would run faster than one on each of two."""
+    from ovsim.models.cost import demand_from_time
+
+    h100 = load_gpu("h100-sxm5-80gb")
+    one = BlockShape(threads=384, registers_per_thread=168, shared_mem_bytes=200 * 1024)
+    two = BlockShape(threads=256, registers_per_thread=128, shared_mem_bytes=100 * 1024)
+    assert (blocks_per_sm(one, h100), blocks_per_sm(two, h100)) == (1, 2)
+    kw = {"blocks": 200, "isolated_s": 1e-3, "flops": 0.0, "hbm_bytes": 0.0, "gpu": h100, "issue_intensity": 1.0,
+          "clock_sensitive": True, "load_share": 0.2}
+    assert demand_from_time(block=one, **kw).load_share == 0.2  # type: ignore[arg-type]
+    assert demand_from_time(block=two, **kw).load_share == 0.0  # type: ignore[arg-type]
