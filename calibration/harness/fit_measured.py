@@ -124,6 +124,7 @@ from ovsim.validate import (
     SMLOSS_LOAD_FIT,
     channel_pass_s,
     clock_memory_points,
+    harness_experiments,
     harness_power_log,
     hbm_sharing_points,
     measured_copy_times,
@@ -215,8 +216,7 @@ GEMM_8192_ELEMENTS = 2 * (2 * 8192 * 8192) + 8192 * 8192
 def smloss_points(folder: Path, victim: str) -> list[tuple[int, float]]:
     """(SMs held, measured slowdown) of ``victim`` in a data set's smloss part."""
     summary = json.loads((folder / "summary.json").read_text())
-    held = {e["label"]: e["held_sms"] for e in map(json.loads, (folder / "experiments.jsonl").read_text().splitlines())
-            if e.get("part") == "smloss"}
+    held = {label: e["held_sms"] for label, e in harness_experiments(folder).items() if e.get("part") == "smloss"}
     return sorted((held[r["experiment"]], float(r["slowdown"])) for r in summary.get("slowdowns", [])
                   if r["part"] == "smloss" and r["experiment"].startswith(victim + "__"))
 
@@ -252,19 +252,21 @@ def load_share_report(gpu: str) -> tuple[FitReport, list[Path]]:
     tables = sorted((folder / "tables" / "smloss").glob("gemm_*.parquet"))
     if not tables:
         raise SystemExit(f"{gpu}: {folder}: no smloss GEMM tables to fit gemm_load_share on")
-    held = {e["label"]: int(e["held_sms"]) for e in map(json.loads, (folder / "experiments.jsonl").read_text()
-                                                         .splitlines()) if e.get("part") == "smloss"}
+    held = {label: int(e["held_sms"]) for label, e in harness_experiments(folder).items()
+            if e.get("part") == "smloss"}
     bundles = [smloss_bundle(t) for t in tables]
 
     def ratios(share: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         return [tuple(np.asarray(x, dtype=float) for x in smloss_scored(b, gpu, {"gemm_load_share": share}))
                 for b in bundles]  # type: ignore[misc]
 
-    def mape(share: float) -> float:
-        rows = ratios(share)
+    def pooled_mape(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> float:
         meas = np.concatenate([r[0] for r in rows])
         pred = np.concatenate([r[1] for r in rows])
         return float(np.mean(np.abs(pred - meas) / meas) * 100)
+
+    def mape(share: float) -> float:
+        return pooled_mape(ratios(share))
 
     # The loss is a sum of kinks (rounds of tiles): a grid finds the basin, Brent's method refines it.
     grid = [mape(x) for x in LOAD_SHARE_GRID]
@@ -280,7 +282,7 @@ def load_share_report(gpu: str) -> tuple[FitReport, list[Path]]:
     record = {"method": "grid then bounded scalar search for the least MAPE of the replayed GEMMs (ovsim.validate."
                         "smloss_scored with gemm_load_share set)", "data_set": f"calibration/data/{rel}",
               "value": best, "points": int(sum(len(m) for m, _, _ in at_best)),
-              "fit_mape_pct": round(mape(best), 2), "mape_without_pct": round(mape(0.0), 2),
+              "fit_mape_pct": round(pooled_mape(at_best), 2), "mape_without_pct": round(pooled_mape(at_zero), 2),
               "grid": dict(zip(map(str, LOAD_SHARE_GRID), (round(g, 2) for g in grid), strict=True)),
               "experiments": per}
     report = FitReport(
@@ -295,8 +297,7 @@ def load_share_report(gpu: str) -> tuple[FitReport, list[Path]]:
 
 def shaping_points(folder: Path) -> list[tuple[int, float]]:
     """(blocks per SM, median block time) of the shaped GEMM alone, by the experiment's target."""
-    target = {e["label"]: e["blocks_per_sm_target"]
-              for e in map(json.loads, (folder / "experiments.jsonl").read_text().splitlines())
+    target = {label: e["blocks_per_sm_target"] for label, e in harness_experiments(folder).items()
               if e.get("part") == "shaping" and "priority" not in e}
     summary = json.loads((folder / "summary.json").read_text())
     return sorted((int(target[r["experiment"]]), float(r["block_s_median"]))
