@@ -308,10 +308,13 @@ def gemm(
     compute_s = math.ceil(blocks / (sms * occ_natural)) * t_wave
     if occ < occ_natural:
         # Shaped: the same blocks at the same pace, fewer to an SM; a block with room runs up to
-        # `most` of its SM, so the SM loses less than in proportion.
-        load = params.gemm_load_share
-        compute_s *= (alone_block_times(blocks, occ, sms, ask, most, load, gpu.sm.count)
-                      / alone_block_times(blocks, occ_natural, sms, ask, most, load, gpu.sm.count))
+        # `most` of its SM, so the SM loses less than in proportion. Each count keeps the load
+        # share only at one block per SM, as demand_from_time and the engine do.
+        def count(per_sm: int) -> float:
+            load = params.gemm_load_share if per_sm == 1 else 0.0
+            return alone_block_times(blocks, per_sm, sms, ask, most, load, gpu.sm.count)
+
+        compute_s *= count(occ) / count(occ_natural)
     flops = 2.0 * m * n * k * batch
     # Each row panel of A is read by every column tile and each column panel of B by every row
     # tile; past the first two readers the re-reads hit L2 (an assumption for GEMMs of several

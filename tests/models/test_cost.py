@@ -234,3 +234,24 @@ def test_only_a_kernel_of_one_block_per_sm_keeps_its_load_share() -> None:
           "clock_sensitive": True, "load_share": 0.2}
     assert demand_from_time(block=one, **kw).load_share == 0.2  # type: ignore[arg-type]
     assert demand_from_time(block=two, **kw).load_share == 0.0  # type: ignore[arg-type]
+
+
+def test_a_shaped_gemm_counts_the_load_share_only_at_one_block_per_sm() -> None:
+    """64x64 tiles (5 a H100 SM) padded to one a SM, 700 tiles on 132 SMs, s = 0.2, no fixed tile
+    time. A lone tile runs at min(cap, 1) of its SM instead of 1/5, so it takes p1 = 0.2 / min(cap, 1)
+    of a full wave's time. Natural: a full wave of 5 a SM, then 40 lone tiles (no load share at 5
+    a SM): 1 + p1 wave times. Shaped: 5 full waves of lone tiles, then 40 on 40 of 132 SMs,
+    1 - 0.2 * 92/132 as long: (5 + 1 - 0.2 * 92/132) * p1 wave times."""
+    h100 = load_gpu("h100-sxm5-80gb")
+    p = load_calibration(h100, "h100-sxm5-80gb").params.merged(
+        {"gemm_efficiency": {"fp16": 0.8}, "gemm_tile_overhead_s": {"fp16": 0.0}, "gemm_load_share": 0.2})
+    kw = {"tile": (64, 64, 32), "threads": 128, "registers_per_thread": 96, "stages": 3}
+    natural = gemm(64 * 28, 64 * 25, 8192, "fp16", h100, p, **kw)  # type: ignore[arg-type]
+    shaped = gemm(64 * 28, 64 * 25, 8192, "fp16", h100, p, extra_shared_mem_bytes=92160, **kw)  # type: ignore[arg-type]
+    assert (blocks_per_sm(natural.block, h100), blocks_per_sm(shaped.block, h100), natural.blocks) == (5, 1, 700)
+    cap = shaped.issue_cap if shaped.issue_cap is not None else shaped.issue_fraction
+    p1 = 0.2 / max(0.2, min(cap, 1.0))
+    ratio = (5 + 1 - 0.2 * 92 / 132) * p1 / (1 + p1)
+    # Compute-bound: 5 tiles of 2*64*64*8192 FLOP a wave beside 117 MB of operands.
+    assert (shaped.isolated_s - p.kernel_overhead_s) == pytest.approx(
+        (natural.isolated_s - p.kernel_overhead_s) * ratio, rel=1e-9)
