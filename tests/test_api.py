@@ -28,13 +28,17 @@ def test_sequential_schedules_agree_across_fidelities(path: Path) -> None:
     """With nothing overlapping and every kernel at its calibrated rate, the engine and the closed
     form must give the same timeline. Under the default power-limit loop both run the loop, the
     engine through tail waves that leave SMs idle, the closed form on isolated activity: within 1%
-    (0.4% at most when this was written)."""
+    (0.4% at most when this was written). A sequential pipeline still runs a send and a receive
+    with the same peer together, as Megatron-LM batches them; the engine has them share HBM, the
+    closed form prices each alone (a few microseconds a pair): within 0.1% there."""
     sc = load_scenario(path).model_copy(update={"schedule": "sequential"})
     sim = predict(sc, mode="simulate", power_managed=False).timeline.ops.set_index("id")
     ana = predict(sc, mode="analytic", power_managed=False).timeline.ops.set_index("id")
     assert sorted(sim.index) == sorted(ana.index)
+    pipeline = sc.training is not None and sc.training.parallel.pp > 1
     for col in ("start_s", "end_s"):
-        assert sim[col].to_numpy() == pytest.approx(ana.loc[sim.index, col].to_numpy(), rel=1e-9, abs=1e-12)
+        assert sim[col].to_numpy() == pytest.approx(ana.loc[sim.index, col].to_numpy(),
+                                                    rel=1e-3 if pipeline else 1e-9, abs=1e-12)
     managed = [predict(sc, mode=m, counters=False).timeline.makespan_s for m in ("simulate", "analytic")]
     assert managed[1] == pytest.approx(managed[0], rel=0.01)
 

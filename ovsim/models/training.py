@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, V
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec, validation_error
-from ovsim.models.ir import Workload
+from ovsim.models.ir import StreamSpec, Workload
 from ovsim.models.workload import (
     AttentionOp,
     CollectiveKind,
@@ -433,6 +433,8 @@ class TrainingOps:
     # (op name, name of an op on other ranks it waits for) with no transfer between them.
     peer_deps: list[tuple[str, str, dict[int, int]]]
     layout: Layout
+    # Pipeline send/recv op name -> the sending item's last op, which its sender waits on.
+    p2p: dict[str, str] = field(default_factory=dict)
 
 
 class _Gen:
@@ -444,6 +446,7 @@ class _Gen:
         self.comm = spec.communication
         self.ops: list[OpSpec] = []
         self.peer: list[tuple[str, str, dict[int, int]]] = []
+        self.p2p: dict[str, str] = {}
         self.stages = [_Stage(ranks=lay.stage_ranks(s)) for s in range(lay.pp)]
         self.gemm_precision = spec.precision
         self.act_b = activation_element_bytes(spec.precision)
@@ -675,6 +678,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
                         g.ops.append(SendRecvOp(name=name, kind="send_recv", size_bytes=act_bytes, src=a, dst=b,
                                                 stream=f"pp{lo}-{hi}", after_any=deps))
                         st.pending.append(name)
+                        g.p2p[name] = sender
             elif src_stage != s:
                 mapping = {lay.rank(d, s, i): lay.rank(d, src_stage, i) for d in range(lay.dp)
                            for i in range(lay.tp)}
@@ -725,7 +729,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
             g.mem(st, f"s{s}.optimizer", local * per_param, "elementwise")
         elif st.buckets or st.rs:
             st.pending += st.buckets + st.rs
-    return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay)
+    return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p=g.p2p)
 
 
 class _FsdpState:
@@ -791,6 +795,9 @@ def build_training_workload(
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
                         knobs=knobs, streams=streams, source=source)
+    if schedule == "sequential" and gen.p2p:
+        wl = _blocking_sends(wl, gen, streams or {}, source,
+                             one_peer_at_a_time=spec.parallel.pipeline != "interleaved")
     if not gen.peer_deps:
         return wl
     # Stage-to-stage waits with no transfer (communication off): the receiving rank's first op of
@@ -801,5 +808,58 @@ def build_training_workload(
             extra.setdefault(f"{name}@r{dst}", []).append(f"{dep}@r{src}")
     ops = tuple(replace(op, deps=op.deps + tuple(extra[op.id])) if op.id in extra else op for op in wl.ops)
     out = Workload(ops=ops, streams=wl.streams, n_ranks=wl.n_ranks)
+    out.validate(source)
+    return out
+
+
+def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str, *,
+                    one_peer_at_a_time: bool) -> Workload:
+    """The sequential pipeline as Megatron-LM runs it by default (``batch_p2p_sync``, a device
+    synchronize after each batched send/recv; ``megatron/core/model_parallel_config.py``): a
+    transfer starts once the sender's item and the receiver's previous work are done, and each end
+    waits for it before going on. Listing the transfers on the ranks' one stream instead would
+    order each rank's sends and receives by the list, not by the rank's own schedule, and make a
+    stage wait for a peer whose transfer is listed behind work it does not need.
+
+    ``one_peer_at_a_time``: a rank's send/recv with one peer waits for those it issued before with
+    another. Megatron's non-interleaved schedule batches a send with a receive only from the same
+    peer (``send_forward_recv_backward``, ``send_backward_recv_forward``); its warm-up and
+    cool-down receive from one neighbour after sending to the other. The interleaved schedule
+    batches both neighbours (``send_forward_recv_forward``)."""
+    specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp)}
+    main: dict[int, list[str]] = {}
+    for op in wl.ops:
+        if op.stream == "main" and op.name not in gen.p2p:
+            main.setdefault(op.rank, []).append(op.id)
+    after_in_main = {i: (seq[k + 1] if k + 1 < len(seq) else None) for seq in main.values() for k, i in enumerate(seq)}
+    extra: dict[str, list[str]] = {}
+    sent: dict[tuple[str, int], list[SendRecvOp]] = {}
+    for name, sender in gen.p2p.items():
+        src = specs[name].src
+        sent.setdefault((sender, src), []).append(specs[name])
+        nxt = after_in_main[f"{sender}@r{src}"]
+        if nxt is not None:
+            extra.setdefault(nxt, []).append(f"{name}@r{src}")
+    if one_peer_at_a_time:
+        for o in specs.values():
+            for prev in o.after_any[1:]:  # the receiver's previous work
+                extra.setdefault(f"{o.name}@r{o.dst}", []).extend(
+                    f"{x.name}@r{o.dst}" for x in sent.get((prev, o.dst), []) if x.dst != o.src)
+    ops = []
+    for op in wl.ops:
+        if op.name in gen.p2p:
+            # A stream a direction: a rank's sends and receives to one peer go in the rank's own
+            # order, which the list keeps within a direction only.
+            op = replace(op, stream=f"p2p{specs[op.name].src}>{specs[op.name].dst}")
+        if op.id in extra:
+            op = replace(op, deps=op.deps + tuple(extra[op.id]))
+        ops.append(op)
+    specs_stream = {f"p2p{o.src}>{o.dst}": o.stream for o in specs.values()}
+    streams = {(st.rank, st.name): st for st in wl.streams}
+    for op in ops:
+        if (op.rank, op.stream) not in streams:
+            streams[(op.rank, op.stream)] = StreamSpec(rank=op.rank, name=op.stream,
+                                                       priority=priorities.get(specs_stream.get(op.stream, ""), 0))
+    out = Workload(ops=tuple(ops), streams=tuple(streams[k] for k in sorted(streams)), n_ranks=wl.n_ranks)
     out.validate(source)
     return out

@@ -211,3 +211,39 @@ def test_invalid_training_scenarios_are_rejected_with_the_field(training: dict[s
         _predict({**SMALL, **training})
     assert e.value.field == field
     assert words in e.value.message
+
+
+def _overlaps(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Whether any interval of ``a`` overlaps one of ``b`` on the same rank (beyond round-off)."""
+    for r, ra in a.groupby("rank"):
+        rb = b[b["rank"] == r]
+        for s, e in zip(ra["start_s"], ra["end_s"], strict=True):
+            if ((rb["start_s"] < e - 1e-12) & (rb["end_s"] > s + 1e-12)).any():
+                return True
+    return False
+
+
+@pytest.mark.parametrize("pipeline", ["1f1b", "gpipe"])
+def test_the_sequential_pipeline_blocks_on_each_transfer_and_on_nothing_else(pipeline: str) -> None:
+    """Sequential pipeline = Megatron-LM's default (``batch_p2p_sync``: a device synchronize after
+    each send/recv): no transfer runs beside its ranks' compute nor beside one with the rank's
+    other neighbour, and with equal stages a transfer holds the schedule up at most its own time,
+    so the iteration is at most the same schedule without communication plus every transfer's
+    isolated time (each counted once)."""
+    base = {**SMALL, "layers": 8, "micro_batches": 4, "embedding_and_head": False,
+            "parallel": {"pp": 4, "pipeline": pipeline}}
+    seq = _predict(base, schedule="sequential", power_managed=False)
+    off = _predict({**base, "communication": False}, schedule="sequential", power_managed=False)
+    ops = seq.timeline.ops
+    ends = {o.name: (o.src, o.dst) for o in training_ops(TrainingSpec.model_validate(base), 4).ops
+            if isinstance(o, SendRecvOp)}
+    sends = ops[ops["name"].isin(ends) & (ops["kind"] != "flow")]  # the NCCL kernels at both ends
+    compute = ops[ops["kind"].isin(["gemm", "attention", "elementwise", "norm", "softmax"])]
+    assert len(sends) == 3 * 4 * 2 * 2  # 3 boundaries x 4 micro-batches x 2 directions, both ends
+    assert not _overlaps(sends, compute)
+    # Megatron's non-interleaved schedule batches a send and a receive with one peer, never two peers.
+    peer = sends.apply(lambda r: sum(ends[r["name"]]) - r["rank"], axis=1)
+    below, above = sends[peer < sends["rank"]], sends[peer > sends["rank"]]
+    assert len(below) and len(above) and not _overlaps(below, above)
+    transfers_s = sends.drop_duplicates("name")["isolated_s"].sum()
+    assert off.timeline.makespan_s < seq.timeline.makespan_s <= off.timeline.makespan_s + transfers_s
