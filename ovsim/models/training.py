@@ -795,9 +795,8 @@ def build_training_workload(
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
                         knobs=knobs, streams=streams, source=source)
-    if schedule == "sequential" and gen.p2p:
-        wl = _blocking_sends(wl, gen, streams or {}, source,
-                             one_peer_at_a_time=spec.parallel.pipeline != "interleaved")
+    if schedule == "sequential" and gen.p2p and spec.parallel.pipeline != "interleaved":
+        wl = _blocking_sends(wl, gen, streams or {}, source)
     if not gen.peer_deps:
         return wl
     # Stage-to-stage waits with no transfer (communication off): the receiving rank's first op of
@@ -812,20 +811,22 @@ def build_training_workload(
     return out
 
 
-def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str, *,
-                    one_peer_at_a_time: bool) -> Workload:
+def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str) -> Workload:
     """The sequential pipeline as Megatron-LM runs it by default (``batch_p2p_sync``, a device
     synchronize after each batched send/recv; ``megatron/core/model_parallel_config.py``): a
-    transfer starts once the sender's item and the receiver's previous work are done, and each end
-    waits for it before going on. Listing the transfers on the ranks' one stream instead would
-    order each rank's sends and receives by the list, not by the rank's own schedule, and make a
-    stage wait for a peer whose transfer is listed behind work it does not need.
+    transfer starts once its sender's item is done, and both ends wait for it before going on.
+    Listing the transfers on the ranks' one stream instead would order each rank's sends and
+    receives by the list, not by the rank's own schedule, and make a stage wait for a peer whose
+    transfer is listed behind work it does not need.
 
-    ``one_peer_at_a_time``: a rank's send/recv with one peer waits for those it issued before with
-    another. Megatron's non-interleaved schedule batches a send with a receive only from the same
-    peer (``send_forward_recv_backward``, ``send_backward_recv_forward``); its warm-up and
-    cool-down receive from one neighbour after sending to the other. The interleaved schedule
-    batches both neighbours (``send_forward_recv_forward``)."""
+    For GPipe and 1F1B (Megatron's non-interleaved schedule): a receive is posted when the
+    receiver's previous work is done, and a send is batched with a receive only from the same peer
+    (``send_forward_recv_backward``, ``send_backward_recv_forward``); the warm-up and cool-down
+    receive from one neighbour after sending to the other, so a rank's transfer with one peer waits
+    for those it issued before with the other. Not for the interleaved schedule, whose steps
+    exchange with both neighbours at once (``send_forward_backward_recv_forward_backward``): as
+    separate blocking transfers its ring of stages would each wait on a send its neighbour cannot
+    receive yet."""
     specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp)}
     main: dict[int, list[str]] = {}
     for op in wl.ops:
@@ -840,11 +841,10 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
         nxt = after_in_main[f"{sender}@r{src}"]
         if nxt is not None:
             extra.setdefault(nxt, []).append(f"{name}@r{src}")
-    if one_peer_at_a_time:
-        for o in specs.values():
-            for prev in o.after_any[1:]:  # the receiver's previous work
-                extra.setdefault(f"{o.name}@r{o.dst}", []).extend(
-                    f"{x.name}@r{o.dst}" for x in sent.get((prev, o.dst), []) if x.dst != o.src)
+    for o in specs.values():
+        for prev in o.after_any[1:]:  # the receiver's previous work
+            extra.setdefault(f"{o.name}@r{o.dst}", []).extend(
+                f"{x.name}@r{o.dst}" for x in sent.get((prev, o.dst), []) if x.dst != o.src)
     ops = []
     for op in wl.ops:
         if op.name in gen.p2p:

@@ -188,6 +188,15 @@ def test_every_layout_simulates_in_both_schedules(parallel: dict[str, Any], sche
     assert s["makespan_s"] > 0 and s["compute_s"] > 0
 
 
+@pytest.mark.parametrize("schedule", ["overlapped", "sequential"])
+def test_an_interleaved_pipeline_with_its_embedding_and_head_finishes(schedule: str) -> None:
+    """Eight micro-batches over 4 stages of 2 chunks, embedding and head on the edge stages: a layout
+    in which blocking each send/recv separately would leave every stage waiting on its neighbour."""
+    r = _predict({**SMALL, "layers": 8, "micro_batches": 8,
+                  "parallel": {"pp": 4, "pipeline": "interleaved", "virtual_stages": 2}}, schedule=schedule)
+    assert r.summary()["makespan_s"] > 0
+
+
 def test_analytic_and_simulated_agree_when_nothing_overlaps() -> None:
     training = {**SMALL, "layers": 4, "parallel": {"dp_mode": "fsdp"}}
     a = _predict(training, schedule="sequential", mode="analytic").summary()
