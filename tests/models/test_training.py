@@ -256,3 +256,19 @@ def test_the_sequential_pipeline_blocks_on_each_transfer_and_on_nothing_else(pip
     assert len(below) and len(above) and not _overlaps(below, above)
     transfers_s = sends.drop_duplicates("name")["isolated_s"].sum()
     assert off.timeline.makespan_s < seq.timeline.makespan_s <= off.timeline.makespan_s + transfers_s
+
+
+@pytest.mark.parametrize("pipeline", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("pp", "tp", "dp"), [(2, 1, 1), (3, 1, 1), (4, 1, 1), (2, 2, 1), (2, 1, 2)])
+@pytest.mark.parametrize("micro_batches", [1, 3, 5])
+def test_no_sequential_pipeline_waits_forever(pipeline: str, pp: int, tp: int, dp: int, micro_batches: int) -> None:
+    """Blocking send/recv deadlocks where two ranks each wait for a transfer the other has not
+    reached; Megatron's non-interleaved order never does, and neither may its model, with or
+    without the embedding and head (the engine reports ops that never finish)."""
+    parallel: dict[str, Any] = {"pp": pp, "pipeline": pipeline, "tp": tp} | ({"dp_mode": "ddp"} if dp > 1 else {})
+    for head in (True, False):
+        training = {**SMALL, "layers": 2 * pp, "seq_len": 256, "micro_batches": micro_batches,
+                    "embedding_and_head": head, "parallel": parallel}
+        sc = Scenario.model_validate({"name": "t", "system": "h100x4", "ranks": pp * tp * dp,
+                                      "schedule": "sequential", "training": training})
+        assert predict(sc, counters=False, power_managed=False).summary()["makespan_s"] > 0
