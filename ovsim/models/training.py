@@ -348,7 +348,7 @@ def stage_order(pipeline: str, p: int, s: int, m: int, v: int) -> list[Item]:
     def micro(k: int) -> int:
         return (k // (p * v)) * p + k % p
 
-    warm = min((p - s - 1) * 2 + (v - 1) * p, total)
+    warm = interleaved_warmup(p, s, m, v)
     order = [("F", micro(k), chunk(k, True)) for k in range(warm)]
     f, b = warm, 0
     while f < total:
@@ -358,6 +358,27 @@ def stage_order(pipeline: str, p: int, s: int, m: int, v: int) -> list[Item]:
         b += 1
     order += [("B", micro(k), chunk(k, False)) for k in range(b, total)]
     return order
+
+
+def interleaved_warmup(p: int, s: int, m: int, v: int) -> int:
+    """Forwards stage ``s`` runs before its first backward in Megatron-LM's interleaved 1F1B."""
+    return min((p - s - 1) * 2 + (v - 1) * p, m * v)
+
+
+def exchange_steps(pipeline: str, p: int, s: int, m: int, v: int) -> list[int]:
+    """The step of each item of :func:`stage_order`, a step being the items Megatron-LM runs
+    between two synchronized send/recv exchanges: one item each, but the interleaved schedule's
+    steady state, which runs a forward and a backward and then exchanges with both neighbours at
+    once (``send_forward_backward_recv_forward_backward``)."""
+    n = len(stage_order(pipeline, p, s, m, v))
+    if pipeline != "interleaved" or p == 1:
+        return list(range(n))
+    warm = interleaved_warmup(p, s, m, v)
+    pairs = m * v - warm
+    steps = list(range(warm))
+    for i in range(pairs):
+        steps += [warm + i, warm + i]
+    return steps + list(range(warm + pairs, warm + pairs + (n - warm - 2 * pairs)))
 
 
 def _merge_stages(orders: list[list[Item]], p: int, v: int, b_cost: float) -> list[tuple[int, Item]]:
@@ -435,6 +456,11 @@ class TrainingOps:
     layout: Layout
     # Pipeline send/recv op name -> the sending item's last op, which its sender waits on.
     p2p: dict[str, str] = field(default_factory=dict)
+    # ... -> (sender stage, its item's index, receiver stage, its item's index) in stage order.
+    p2p_items: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    stage_lasts: list[list[str]] = field(default_factory=list)  # each stage's items' last ops
+    stage_steps: list[list[int]] = field(default_factory=list)  # each item's exchange step
+    interleaved: bool = False
 
 
 class _Gen:
@@ -447,6 +473,7 @@ class _Gen:
         self.ops: list[OpSpec] = []
         self.peer: list[tuple[str, str, dict[int, int]]] = []
         self.p2p: dict[str, str] = {}
+        self.p2p_items: dict[str, tuple[int, int, int, int]] = {}
         self.stages = [_Stage(ranks=lay.stage_ranks(s)) for s in range(lay.pp)]
         self.gemm_precision = spec.precision
         self.act_b = activation_element_bytes(spec.precision)
@@ -652,6 +679,9 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
     merged = _merge_stages(orders, p, v, b_cost)
     # Last compute op of each (phase, micro-batch, virtual stage), for send/recv and peer deps.
     item_last: dict[tuple[str, int, int], str] = {}
+    # Each stage's items in its order: their last ops; and each send/recv's (sender stage and
+    # item index, receiver stage and item index).
+    stage_lasts: list[list[str]] = [[] for _ in range(p)]
     act_bytes = float(spec.micro_batch_size * m.seq_len * m.hidden * g.act_b
                       / (lay.tp if spec.parallel.sequence_parallel else 1))
     last_b = {(s, c): max(mb for ph, mb, cc in orders[s] if ph == "B" and cc == c) for s in range(p)
@@ -679,6 +709,8 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
                                                 stream=f"pp{lo}-{hi}", after_any=deps))
                         st.pending.append(name)
                         g.p2p[name] = sender
+                        g.p2p_items[name] = (src_stage, orders[src_stage].index((ph, mb, src_vs // p)), s,
+                                             len(stage_lasts[s]))
             elif src_stage != s:
                 mapping = {lay.rank(d, s, i): lay.rank(d, src_stage, i) for d in range(lay.dp)
                            for i in range(lay.tp)}
@@ -716,6 +748,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
             first = next(op.name for op in g.ops[first_index:] if op.stream == "compute")
             g.peer.append((first, *peer_wait))
         item_last[(ph, mb, vs)] = st.last or ""
+        stage_lasts[s].append(st.last or "")
 
     for s, st in enumerate(g.stages):
         g.flush_bucket(st, s)
@@ -729,7 +762,10 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
             g.mem(st, f"s{s}.optimizer", local * per_param, "elementwise")
         elif st.buckets or st.rs:
             st.pending += st.buckets + st.rs
-    return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p=g.p2p)
+    steps = [exchange_steps(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
+    return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p=g.p2p, p2p_items=g.p2p_items,
+                       stage_lasts=stage_lasts, stage_steps=steps,
+                       interleaved=spec.parallel.pipeline == "interleaved" and p > 1)
 
 
 class _FsdpState:
@@ -795,7 +831,7 @@ def build_training_workload(
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
                         knobs=knobs, streams=streams, source=source)
-    if schedule == "sequential" and gen.p2p and spec.parallel.pipeline != "interleaved":
+    if schedule == "sequential" and gen.p2p:
         wl = _blocking_sends(wl, gen, streams or {}, source)
     if not gen.peer_deps:
         return wl
@@ -814,43 +850,65 @@ def build_training_workload(
 def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str) -> Workload:
     """The sequential pipeline as Megatron-LM runs it by default (``batch_p2p_sync``, a device
     synchronize after each batched send/recv; ``megatron/core/model_parallel_config.py``): a
-    transfer starts once its sender's item is done, and both ends wait for it before going on.
-    Listing the transfers on the ranks' one stream instead would order each rank's sends and
-    receives by the list, not by the rank's own schedule, and make a stage wait for a peer whose
-    transfer is listed behind work it does not need.
+    transfer starts once its sender's work is done and its receiver has reached the exchange that
+    posts it, and both ends wait for it before going on. Listing the transfers on the ranks' one
+    stream instead would order each rank's sends and receives by the list, not by the rank's own
+    schedule, and make a stage wait for a peer whose transfer is listed behind work it does not
+    need.
 
-    For GPipe and 1F1B (Megatron's non-interleaved schedule): a receive is posted when the
-    receiver's previous work is done, and a send is batched with a receive only from the same peer
-    (``send_forward_recv_backward``, ``send_backward_recv_forward``); the warm-up and cool-down
-    receive from one neighbour after sending to the other, so a rank's transfer with one peer waits
-    for those it issued before with the other. Not for the interleaved schedule, whose steps
-    exchange with both neighbours at once (``send_forward_backward_recv_forward_backward``): as
-    separate blocking transfers its ring of stages would each wait on a send its neighbour cannot
-    receive yet."""
+    GPipe and 1F1B (Megatron's non-interleaved schedule) exchange after every item: a receive is
+    posted when the receiver's previous item is done, and a send is batched with a receive only
+    from the same peer (``send_forward_recv_backward``, ``send_backward_recv_forward``); the
+    warm-up and cool-down receive from one neighbour after sending to the other, so a rank's
+    transfer with one peer waits for those it issued before with the other. The interleaved
+    schedule exchanges with both neighbours at once after each of its steps
+    (:func:`exchange_steps`; ``send_forward_backward_recv_forward_backward``): a transfer starts
+    once the sender's step and the step before the receiver's are done, and each rank's next step
+    waits for its whole exchange. (As blocking transfers one item at a time, its ring of stages
+    could each wait on a send the next cannot receive yet.)"""
     specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp)}
     main: dict[int, list[str]] = {}
     for op in wl.ops:
         if op.stream == "main" and op.name not in gen.p2p:
             main.setdefault(op.rank, []).append(op.id)
     after_in_main = {i: (seq[k + 1] if k + 1 < len(seq) else None) for seq in main.values() for k, i in enumerate(seq)}
+
+    def step_last(stage: int, step: int) -> str | None:
+        """The last op of a stage's exchange step (None before the first)."""
+        if step < 0:
+            return None
+        k = max(i for i, x in enumerate(gen.stage_steps[stage]) if x == step)
+        return gen.stage_lasts[stage][k]
+
+    # Each transfer's end on each rank waits for that rank's op named here (None: nothing), and
+    # the rank's next op on its one stream waits for the end.
+    after: dict[str, tuple[str | None, str | None]] = {}
+    for name, (ss, si, ds, di) in gen.p2p_items.items():
+        after[name] = (step_last(ss, gen.stage_steps[ss][si]), step_last(ds, gen.stage_steps[ds][di] - 1))
     extra: dict[str, list[str]] = {}
     sent: dict[tuple[str, int], list[SendRecvOp]] = {}
-    for name, sender in gen.p2p.items():
-        src = specs[name].src
-        sent.setdefault((sender, src), []).append(specs[name])
-        nxt = after_in_main[f"{sender}@r{src}"]
-        if nxt is not None:
-            extra.setdefault(nxt, []).append(f"{name}@r{src}")
-    for o in specs.values():
-        for prev in o.after_any[1:]:  # the receiver's previous work
-            extra.setdefault(f"{o.name}@r{o.dst}", []).extend(
-                f"{x.name}@r{o.dst}" for x in sent.get((prev, o.dst), []) if x.dst != o.src)
+    for name, (at_src, at_dst) in after.items():
+        o = specs[name]
+        for rank, at in ((o.src, at_src), (o.dst, at_dst)):
+            nxt = after_in_main[f"{at}@r{rank}"] if at is not None else None
+            if nxt is not None:
+                extra.setdefault(nxt, []).append(f"{name}@r{rank}")
+        if at_src is not None:
+            sent.setdefault((at_src, o.src), []).append(o)
+    if not gen.interleaved:
+        for name, (_, at_dst) in after.items():
+            o = specs[name]
+            if at_dst is not None:
+                extra.setdefault(f"{name}@r{o.dst}", []).extend(
+                    f"{x.name}@r{o.dst}" for x in sent.get((at_dst, o.dst), []) if x.dst != o.src)
     ops = []
     for op in wl.ops:
         if op.name in gen.p2p:
             # A stream a direction: a rank's sends and receives to one peer go in the rank's own
             # order, which the list keeps within a direction only.
-            op = replace(op, stream=f"p2p{specs[op.name].src}>{specs[op.name].dst}")
+            at = after[op.name][0 if op.rank == specs[op.name].src else 1]
+            op = replace(op, stream=f"p2p{specs[op.name].src}>{specs[op.name].dst}",
+                         deps=(f"{at}@r{op.rank}",) if at is not None else ())
         if op.id in extra:
             op = replace(op, deps=op.deps + tuple(extra[op.id]))
         ops.append(op)

@@ -232,15 +232,15 @@ def _overlaps(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return False
 
 
-@pytest.mark.parametrize("pipeline", ["1f1b", "gpipe"])
-def test_the_sequential_pipeline_blocks_on_each_transfer_and_on_nothing_else(pipeline: str) -> None:
+@pytest.mark.parametrize(("pipeline", "v"), [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
+def test_the_sequential_pipeline_blocks_on_each_transfer_and_on_nothing_else(pipeline: str, v: int) -> None:
     """Sequential pipeline = Megatron-LM's default (``batch_p2p_sync``: a device synchronize after
-    each send/recv): no transfer runs beside its ranks' compute nor beside one with the rank's
-    other neighbour, and with equal stages a transfer holds the schedule up at most its own time,
-    so the iteration is at most the same schedule without communication plus every transfer's
-    isolated time (each counted once)."""
+    each send/recv): no transfer runs beside its ranks' compute, nor (GPipe, 1F1B) beside one with
+    the rank's other neighbour, and with equal stages a transfer holds the schedule up at most its
+    own time, so the iteration is at most the same schedule without communication plus every
+    transfer's isolated time (each counted once)."""
     base = {**SMALL, "layers": 8, "micro_batches": 4, "embedding_and_head": False,
-            "parallel": {"pp": 4, "pipeline": pipeline}}
+            "parallel": {"pp": 4, "pipeline": pipeline, "virtual_stages": v}}
     seq = _predict(base, schedule="sequential", power_managed=False)
     off = _predict({**base, "communication": False}, schedule="sequential", power_managed=False)
     ops = seq.timeline.ops
@@ -248,26 +248,31 @@ def test_the_sequential_pipeline_blocks_on_each_transfer_and_on_nothing_else(pip
             if isinstance(o, SendRecvOp)}
     sends = ops[ops["name"].isin(ends) & (ops["kind"] != "flow")]  # the NCCL kernels at both ends
     compute = ops[ops["kind"].isin(["gemm", "attention", "elementwise", "norm", "softmax"])]
-    assert len(sends) == 3 * 4 * 2 * 2  # 3 boundaries x 4 micro-batches x 2 directions, both ends
+    # (4 v - 1) boundaries x 4 micro-batches x 2 directions, both ends
+    assert len(sends) == (4 * v - 1) * 4 * 2 * 2
     assert not _overlaps(sends, compute)
-    # Megatron's non-interleaved schedule batches a send and a receive with one peer, never two peers.
-    peer = sends.apply(lambda r: sum(ends[r["name"]]) - r["rank"], axis=1)
-    below, above = sends[peer < sends["rank"]], sends[peer > sends["rank"]]
-    assert len(below) and len(above) and not _overlaps(below, above)
+    if v == 1:
+        # Megatron's non-interleaved schedule batches a send and a receive with one peer, never two.
+        peer = sends.apply(lambda r: sum(ends[r["name"]]) - r["rank"], axis=1)
+        below, above = sends[peer < sends["rank"]], sends[peer > sends["rank"]]
+        assert len(below) and len(above) and not _overlaps(below, above)
     transfers_s = sends.drop_duplicates("name")["isolated_s"].sum()
     assert off.timeline.makespan_s < seq.timeline.makespan_s <= off.timeline.makespan_s + transfers_s
 
 
-@pytest.mark.parametrize("pipeline", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("pipeline", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)])
 @pytest.mark.parametrize(("pp", "tp", "dp"), [(2, 1, 1), (3, 1, 1), (4, 1, 1), (2, 2, 1), (2, 1, 2)])
-@pytest.mark.parametrize("micro_batches", [1, 3, 5])
-def test_no_sequential_pipeline_waits_forever(pipeline: str, pp: int, tp: int, dp: int, micro_batches: int) -> None:
-    """Blocking send/recv deadlocks where two ranks each wait for a transfer the other has not
-    reached; Megatron's non-interleaved order never does, and neither may its model, with or
-    without the embedding and head (the engine reports ops that never finish)."""
-    parallel: dict[str, Any] = {"pp": pp, "pipeline": pipeline, "tp": tp} | ({"dp_mode": "ddp"} if dp > 1 else {})
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_no_sequential_pipeline_waits_forever(pipeline: str, v: int, pp: int, tp: int, dp: int, rounds: int) -> None:
+    """Blocking send/recv deadlocks where ranks each wait for a transfer the next has not reached;
+    Megatron's schedules never do, and neither may their model, with or without the embedding and
+    head (the engine reports ops that never finish). Micro-batches: 2 rounds - 1 (GPipe, 1F1B),
+    rounds x pp (interleaved)."""
+    parallel: dict[str, Any] = ({"pp": pp, "pipeline": pipeline, "virtual_stages": v, "tp": tp}
+                                | ({"dp_mode": "ddp"} if dp > 1 else {}))
+    micro_batches = rounds * pp if v > 1 else 2 * rounds - 1
     for head in (True, False):
-        training = {**SMALL, "layers": 2 * pp, "seq_len": 256, "micro_batches": micro_batches,
+        training = {**SMALL, "layers": 2 * pp * v, "seq_len": 256, "micro_batches": micro_batches,
                     "embedding_and_head": head, "parallel": parallel}
         sc = Scenario.model_validate({"name": "t", "system": "h100x4", "ranks": pp * tp * dp,
                                       "schedule": "sequential", "training": training})
