@@ -454,9 +454,8 @@ class TrainingOps:
     # (op name, name of an op on other ranks it waits for) with no transfer between them.
     peer_deps: list[tuple[str, str, dict[int, int]]]
     layout: Layout
-    # Pipeline send/recv op name -> the sending item's last op, which its sender waits on.
-    p2p: dict[str, str] = field(default_factory=dict)
-    # ... -> (sender stage, its item's index, receiver stage, its item's index) in stage order.
+    # Pipeline send/recv op name -> (sender stage, its item's index, receiver stage, its item's
+    # index), items in stage order.
     p2p_items: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     stage_lasts: list[list[str]] = field(default_factory=list)  # each stage's items' last ops
     stage_steps: list[list[int]] = field(default_factory=list)  # each item's exchange step
@@ -472,7 +471,6 @@ class _Gen:
         self.comm = spec.communication
         self.ops: list[OpSpec] = []
         self.peer: list[tuple[str, str, dict[int, int]]] = []
-        self.p2p: dict[str, str] = {}
         self.p2p_items: dict[str, tuple[int, int, int, int]] = {}
         self.stages = [_Stage(ranks=lay.stage_ranks(s)) for s in range(lay.pp)]
         self.gemm_precision = spec.precision
@@ -679,8 +677,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
     merged = _merge_stages(orders, p, v, b_cost)
     # Last compute op of each (phase, micro-batch, virtual stage), for send/recv and peer deps.
     item_last: dict[tuple[str, int, int], str] = {}
-    # Each stage's items in its order: their last ops; and each send/recv's (sender stage and
-    # item index, receiver stage and item index).
+    # The last op of each stage's items, in the stage's order.
     stage_lasts: list[list[str]] = [[] for _ in range(p)]
     act_bytes = float(spec.micro_batch_size * m.seq_len * m.hidden * g.act_b
                       / (lay.tp if spec.parallel.sequence_parallel else 1))
@@ -708,7 +705,6 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
                         g.ops.append(SendRecvOp(name=name, kind="send_recv", size_bytes=act_bytes, src=a, dst=b,
                                                 stream=f"pp{lo}-{hi}", after_any=deps))
                         st.pending.append(name)
-                        g.p2p[name] = sender
                         g.p2p_items[name] = (src_stage, orders[src_stage].index((ph, mb, src_vs // p)), s,
                                              len(stage_lasts[s]))
             elif src_stage != s:
@@ -763,7 +759,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
         elif st.buckets or st.rs:
             st.pending += st.buckets + st.rs
     steps = [exchange_steps(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
-    return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p=g.p2p, p2p_items=g.p2p_items,
+    return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,
                        stage_lasts=stage_lasts, stage_steps=steps,
                        interleaved=spec.parallel.pipeline == "interleaved" and p > 1)
 
@@ -831,7 +827,7 @@ def build_training_workload(
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
                         knobs=knobs, streams=streams, source=source)
-    if schedule == "sequential" and gen.p2p:
+    if schedule == "sequential" and gen.p2p_items:
         wl = _blocking_sends(wl, gen, streams or {}, source)
     if not gen.peer_deps:
         return wl
@@ -869,16 +865,16 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
     specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp)}
     main: dict[int, list[str]] = {}
     for op in wl.ops:
-        if op.stream == "main" and op.name not in gen.p2p:
+        if op.stream == "main" and op.name not in gen.p2p_items:
             main.setdefault(op.rank, []).append(op.id)
     after_in_main = {i: (seq[k + 1] if k + 1 < len(seq) else None) for seq in main.values() for k, i in enumerate(seq)}
 
+    # The last op of each stage's exchange steps.
+    ends = [{step: lasts[k] for k, step in enumerate(steps)} for steps, lasts in zip(gen.stage_steps,
+                                                                                     gen.stage_lasts, strict=True)]
+
     def step_last(stage: int, step: int) -> str | None:
-        """The last op of a stage's exchange step (None before the first)."""
-        if step < 0:
-            return None
-        k = max(i for i, x in enumerate(gen.stage_steps[stage]) if x == step)
-        return gen.stage_lasts[stage][k]
+        return ends[stage][step] if step >= 0 else None
 
     # Each transfer's end on each rank waits for that rank's op named here (None: nothing), and
     # the rank's next op on its one stream waits for the end.
@@ -903,7 +899,7 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
                     f"{x.name}@r{o.dst}" for x in sent.get((at_dst, o.dst), []) if x.dst != o.src)
     ops = []
     for op in wl.ops:
-        if op.name in gen.p2p:
+        if op.name in gen.p2p_items:
             # A stream a direction: a rank's sends and receives to one peer go in the rank's own
             # order, which the list keeps within a direction only.
             at = after[op.name][0 if op.rank == specs[op.name].src else 1]
