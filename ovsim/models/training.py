@@ -459,7 +459,6 @@ class TrainingOps:
     p2p_items: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     stage_lasts: list[list[str]] = field(default_factory=list)  # each stage's items' last ops
     stage_steps: list[list[int]] = field(default_factory=list)  # each item's exchange step
-    interleaved: bool = False
 
 
 class _Gen:
@@ -677,8 +676,6 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
     merged = _merge_stages(orders, p, v, b_cost)
     # Last compute op of each (phase, micro-batch, virtual stage), for send/recv and peer deps.
     item_last: dict[tuple[str, int, int], str] = {}
-    # The last op of each stage's items, in the stage's order.
-    stage_lasts: list[list[str]] = [[] for _ in range(p)]
     act_bytes = float(spec.micro_batch_size * m.seq_len * m.hidden * g.act_b
                       / (lay.tp if spec.parallel.sequence_parallel else 1))
     last_b = {(s, c): max(mb for ph, mb, cc in orders[s] if ph == "B" and cc == c) for s in range(p)
@@ -706,7 +703,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
                                                 stream=f"pp{lo}-{hi}", after_any=deps))
                         st.pending.append(name)
                         g.p2p_items[name] = (src_stage, orders[src_stage].index((ph, mb, src_vs // p)), s,
-                                             len(stage_lasts[s]))
+                                             orders[s].index((ph, mb, c)))
             elif src_stage != s:
                 mapping = {lay.rank(d, s, i): lay.rank(d, src_stage, i) for d in range(lay.dp)
                            for i in range(lay.tp)}
@@ -744,7 +741,6 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
             first = next(op.name for op in g.ops[first_index:] if op.stream == "compute")
             g.peer.append((first, *peer_wait))
         item_last[(ph, mb, vs)] = st.last or ""
-        stage_lasts[s].append(st.last or "")
 
     for s, st in enumerate(g.stages):
         g.flush_bucket(st, s)
@@ -758,10 +754,9 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
             g.mem(st, f"s{s}.optimizer", local * per_param, "elementwise")
         elif st.buckets or st.rs:
             st.pending += st.buckets + st.rs
-    steps = [exchange_steps(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
     return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,
-                       stage_lasts=stage_lasts, stage_steps=steps,
-                       interleaved=spec.parallel.pipeline == "interleaved" and p > 1)
+                       stage_lasts=[[item_last[(ph, mb, c * p + s)] for ph, mb, c in orders[s]] for s in range(p)],
+                       stage_steps=[exchange_steps(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)])
 
 
 class _FsdpState:
@@ -828,7 +823,7 @@ def build_training_workload(
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
                         knobs=knobs, streams=streams, source=source)
     if schedule == "sequential" and gen.p2p_items:
-        wl = _blocking_sends(wl, gen, streams or {}, source)
+        wl = _blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved")
     if not gen.peer_deps:
         return wl
     # Stage-to-stage waits with no transfer (communication off): the receiving rank's first op of
@@ -843,7 +838,8 @@ def build_training_workload(
     return out
 
 
-def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str) -> Workload:
+def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str, *,
+                    interleaved: bool) -> Workload:
     """The sequential pipeline as Megatron-LM runs it by default (``batch_p2p_sync``, a device
     synchronize after each batched send/recv; ``megatron/core/model_parallel_config.py``): a
     transfer starts once its sender's work is done and its receiver has reached the exchange that
@@ -891,7 +887,7 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
                 extra.setdefault(nxt, []).append(f"{name}@r{rank}")
         if at_src is not None:
             sent.setdefault((at_src, o.src), []).append(o)
-    if not gen.interleaved:
+    if not interleaved:
         for name, (_, at_dst) in after.items():
             o = specs[name]
             if at_dst is not None:
