@@ -61,7 +61,7 @@ from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
 from ovsim.hw.calib import PRESSURE_MAX
 from ovsim.hw.power import MEMORY, TENSOR, PowerModel
-from ovsim.models.cost import allocated_registers
+from ovsim.models.cost import allocated_registers, kept_load_share
 from ovsim.models.ir import FlowDemand, KernelDemand, Op, Workload
 
 _INF = float("inf")
@@ -125,7 +125,7 @@ class _Kernel:
         self.paired = False
         self.threads, self.regs, self.smem, self.blocks_per_sm_alone, self.max_resident = shape
         # Its blocks' count is then the SMs they keep busy (KernelDemand.load_share).
-        self.load_share = k.load_share if op.flow is None and self.blocks_per_sm_alone == 1 else 0.0
+        self.load_share = kept_load_share(k.load_share, self.blocks_per_sm_alone) if op.flow is None else 0.0
         self.t_block = k.block_time_s
         self.issue = k.issue_fraction
         # NCCL blocks ask for a fixed share of an SM's issue slots, whatever the kernel says.

@@ -88,6 +88,13 @@ def issue_cap(block: BlockShape, gpu: GpuSpec, params: Parameters, issue_fractio
     return max(issue_fraction, min(1.0, warps * per_warp))
 
 
+def kept_load_share(load_share: float, per_sm: int) -> float:
+    """The load share (:attr:`KernelDemand.load_share`) a kernel of ``per_sm`` blocks per SM keeps:
+    all of it at one block per SM (the kernels it was measured on), none with more, where the SMs
+    running its blocks would not say how much of the memory system they load."""
+    return load_share if per_sm == 1 else 0.0
+
+
 def alone_block_times(blocks: int, per_sm: int, sms: int, issue_fraction: float, cap: float,
                       load_share: float = 0.0, total_sms: int | None = None) -> float:
     """How many block times (each at ``issue_fraction`` of its SM, with blocks on every one of the
@@ -140,9 +147,8 @@ def demand_from_time(
     the SM; 1 for compute-bound kernels. ``cap`` is the most of an SM one block uses with fewer of
     them on it (:func:`issue_cap`). The engine reproduces ``isolated_s`` exactly for a kernel running
     alone: every full wave takes ``block_time_s`` and a last wave of fewer blocks per SM what
-    :func:`alone_block_times` counts for it. ``load_share``: :attr:`KernelDemand.load_share`, kept
-    for a kernel of one block per SM only (the kernels it was measured on: with several, SMs
-    running its blocks would not say how much of the memory system they load).
+    :func:`alone_block_times` counts for it. ``load_share``: :attr:`KernelDemand.load_share`, as much
+    of it as :func:`kept_load_share` keeps.
     """
     if blocks < 1:
         raise OvsimError(f"grid must have at least one block, got {blocks}", field="grid")
@@ -151,7 +157,7 @@ def demand_from_time(
     sms = sm_count if sm_count is not None else gpu.sm.count
     ask = issue_fraction if issue_fraction is not None else min(1.0, max(issue_intensity, 1e-3)) / occ
     most = max(ask, cap) if cap is not None else ask
-    load_share = load_share if occ == 1 else 0.0
+    load_share = kept_load_share(load_share, occ)
     return KernelDemand(
         blocks=blocks,
         block=block,
@@ -308,10 +314,9 @@ def gemm(
     compute_s = math.ceil(blocks / (sms * occ_natural)) * t_wave
     if occ < occ_natural:
         # Shaped: the same blocks at the same pace, fewer to an SM; a block with room runs up to
-        # `most` of its SM, so the SM loses less than in proportion. Each count keeps the load
-        # share only at one block per SM, as demand_from_time and the engine do.
+        # `most` of its SM, so the SM loses less than in proportion.
         def count(per_sm: int) -> float:
-            load = params.gemm_load_share if per_sm == 1 else 0.0
+            load = kept_load_share(params.gemm_load_share, per_sm)
             return alone_block_times(blocks, per_sm, sms, ask, most, load, gpu.sm.count)
 
         compute_s *= count(occ) / count(occ_natural)
