@@ -106,6 +106,24 @@ extern "C" __global__ void __launch_bounds__(640) ovsim_channel_reduce(const uin
     channel_body<true>(a, b, dst, n_words, iters, rec);
 }
 
+// A channel that only waits, as an NCCL channel waits for its peer: every thread polls a flag word
+// of its block's own 4 KB line set with volatile loads (L2 hits, as LL/LL128 flag polling is) until
+// spin_ns of the global timer have passed, holding the channel's footprint (launch bounds, dynamic
+// shared memory) all the while. `flags` holds gridDim.x * 1024 words; nothing ever writes them.
+extern "C" __global__ void __launch_bounds__(640) ovsim_channel_poll(const volatile uint32_t* flags,
+                                                                     uint64_t spin_ns, uint64_t* rec) {
+    const uint64_t t0 = global_ns();
+    const volatile uint32_t* line = flags + 1024ull * blockIdx.x;
+    uint32_t seen = 0;
+    const long long c0 = clock64();
+    // The SM clock bounds the wait too, as in spin_body: a stalled timer cannot hang the GPU.
+    while (global_ns() - t0 < spin_ns && clock64() - c0 < 16ll * (long long)spin_ns) {
+        seen += line[threadIdx.x % 1024];
+    }
+    if (seen == 0xFFFFFFFFu && spin_ns == 0) ((uint32_t*)flags)[0] = seen;  // never: keeps the loads
+    write_record(rec, t0);
+}
+
 // ---- dispatch probes ---------------------------------------------------------------------------
 // Blocks that hold their SM for a set time and do nothing else; the launch sets threads and dynamic
 // shared memory, which set how many fit on an SM. With `stagger`, block i holds it for

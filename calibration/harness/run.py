@@ -71,8 +71,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import framework  # the framework parts (beside this file, as run.py is run)
+
 HERE = Path(__file__).resolve().parent
-PARTS = ("gemm", "shapes", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "clock", "ncu")
+PARTS = ("gemm", "shapes", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "clock", "ncu",
+         "framework", "framework_copy", "framework_ncu")
+# Parts the default run leaves out: Nsight Compute's, and the real framework kernels' (framework.py).
+OPT_IN_PARTS = ("ncu", "framework", "framework_copy", "framework_ncu")
 # NCCL's per-block shared memory: 4112 B of scratch per warp for its 20 warps, sized for 640 threads
 # whatever the launch uses (src/include/device.h; research notes, science.md section 1.1).
 CHANNEL_SMEM_BYTES = 4112 * 20
@@ -344,8 +349,8 @@ class Harness:
         self.smem_per_sm = int(self.rt["sharedMemPerMultiprocessor"])
         self.module, self.resource_report = self._build()
         self.kernels = {name: self.module.get_function(name) for name in (
-            "ovsim_channel_copy", "ovsim_channel_reduce", "ovsim_probe_first", "ovsim_probe_second",
-            "ovsim_gemm_tile64", "ovsim_clock_probe")}
+            "ovsim_channel_copy", "ovsim_channel_reduce", "ovsim_channel_poll", "ovsim_probe_first",
+            "ovsim_probe_second", "ovsim_gemm_tile64", "ovsim_clock_probe")}
         for name in ("ovsim_channel_copy", "ovsim_channel_reduce"):
             if self.kernels[name].num_regs < CHANNEL_MIN_REGISTERS:
                 log(f"warning: {name} got {self.kernels[name].num_regs} registers per thread, not NCCL's 96: "
@@ -1007,16 +1012,18 @@ class Harness:
                     0, self.compute)
         return slot + 1
 
-    def ncu_subject(self) -> None:
-        """One launch of each kernel kind, alone: what ``part_ncu`` profiles."""
+    def ncu_subject(self, only: dict[str, Callable[[], Any]] | None = None) -> None:
+        """One launch of each kernel kind, alone: what ``part_ncu`` profiles (``only``'s launches
+        instead, for ``part_framework_ncu``)."""
         t = self.torch
-        launches: list[Callable[[], Any]] = list(self.victims.values())
-        for op in ("copy", "reduce"):
-            chan = self.channel(op, 16, 640, iters=1)
-            launches.append(lambda chan=chan: chan(self.normal))
-        for _, pad in (self.shaping_paddings()[0], self.shaping_paddings()[-1]):
-            gemm = self.gemm64(4096, 4096, 4096, pad)[0]
-            launches.append(lambda gemm=gemm: gemm(self.compute))
+        launches: list[Callable[[], Any]] = list((only or self.victims).values())
+        if only is None:
+            for op in ("copy", "reduce"):
+                chan = self.channel(op, 16, 640, iters=1)
+                launches.append(lambda chan=chan: chan(self.normal))
+            for _, pad in (self.shaping_paddings()[0], self.shaping_paddings()[-1]):
+                gemm = self.gemm64(4096, 4096, 4096, pad)[0]
+                launches.append(lambda gemm=gemm: gemm(self.compute))
         # Once outside the profiled range: cuBLAS's handle and workspace, and any lazily loaded
         # module, are set up here rather than profiled.
         for fn in launches:
@@ -1044,15 +1051,24 @@ class Harness:
     # second try when ncu refuses a metric name of the first.
     NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis")
 
-    def part_ncu(self) -> None:
-        folder = self.out / "ncu"
+    def part_framework(self) -> None:
+        framework.part_framework(self, CHANNEL_SMEM_BYTES)
+
+    def part_framework_copy(self) -> None:
+        framework.part_framework_copy(self)
+
+    def part_framework_ncu(self) -> None:
+        self.part_ncu("framework_ncu", "framework")
+
+    def part_ncu(self, name: str = "ncu", subject_kind: str = "harness") -> None:
+        folder = self.out / name
         folder.mkdir(parents=True, exist_ok=True)
         ncu = find_tool("ncu")
         if ncu is None:
             (folder / "SKIPPED").write_text("ncu: not on PATH nor in the CUDA toolkit's or Nsight Compute's folders\n")
             return
         subject = [sys.executable, str(Path(__file__).resolve()), "--out", str(self.out / "ncu_subject"),
-                   "--ncu-subject"]
+                   "--ncu-subject", subject_kind]
         common = [ncu, "--csv", "--page", "raw", "--clock-control", "none", "--profile-from-start", "off",
                   "--target-processes", "all"]
         sections = [a for name in self.NCU_SECTIONS for a in ("--section", name)]
@@ -1179,7 +1195,7 @@ def _fractions(text: str) -> tuple[float, ...]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="run folder (created)")
-    ap.add_argument("--parts", default=",".join(p for p in PARTS if p != "ncu"),
+    ap.add_argument("--parts", default=",".join(p for p in PARTS if p not in OPT_IN_PARTS),
                     help=f"comma-separated, from {', '.join(PARTS)}")
     ap.add_argument("--quick", action="store_true", help="fewer shapes and shorter phases (about a third the time)")
     ap.add_argument("--overlap-channels", type=_channel_counts, default=(16, 32), metavar="N,N",
@@ -1191,7 +1207,8 @@ def main() -> int:
     ap.add_argument("--smloss-hold-fractions", type=_fractions, default=(1.5,), metavar="X,X",
                     help="how long the smloss part holds its SMs, in units of the victims' repeats "
                          "(default 1.5: longer than all of them; under 1: ends among them)")
-    ap.add_argument("--ncu-subject", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ncu-subject", nargs="?", const="harness", choices=("harness", "framework"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
@@ -1204,6 +1221,11 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     h = Harness(args.out, args.quick, args.overlap_channels, args.smloss_held, args.smloss_gemms,
                 args.smloss_hold_fractions)
+    if args.ncu_subject == "framework":
+        # FP32 GEMMs as the framework part runs them: SIMT sgemm, not TF32.
+        h.torch.backends.cuda.matmul.allow_tf32 = False
+        h.ncu_subject(framework.victims(h))
+        return 0
     if args.ncu_subject:
         h.ncu_subject()
         return 0
