@@ -29,9 +29,12 @@ from typing import Any
 TOKENS, HIDDEN, HEADS, SEQ, BATCH = 16 * 512, 768, 12, 512, 16
 # Input sets a cold kernel rotates over: 4 x 25 MB (8192 x 768 FP32) exceeds the H100's and H200's L2.
 COLD_SETS = 4
-# Overlappers of the framework part: (label, op, channels). "poll" waits on flags and moves nothing.
-CHANNEL_OVERLAPPERS = (("copy_2", "copy", 2), ("copy_8", "copy", 8), ("copy_24", "copy", 24),
-                       ("reduce_8", "reduce", 8), ("poll_8", "poll", 8))
+# Overlappers of the framework part by default: (op, channels). "poll" waits on flags and moves
+# nothing. --framework-channels runs copy channels at other counts instead.
+CHANNEL_OVERLAPPERS = (("copy", 2), ("copy", 8), ("copy", 24), ("reduce", 8), ("poll", 8))
+# Device-to-device copies of the framework_copy part by default: (MiB per copy, streams copying at
+# once). Small copies back to back are how NCCL's copy-engine paths move a collective, in chunks.
+COPY_OVERLAPPERS = ((512, 1),)
 POLL_THREADS = 640
 
 
@@ -108,7 +111,8 @@ def poll_channel(h: Any, channels: int, seconds: float, smem_bytes: int) -> Call
     return run
 
 
-def part_framework(h: Any, smem_bytes: int) -> None:
+def part_framework(h: Any, smem_bytes: int,
+                   overlappers: tuple[tuple[str, int], ...] = CHANNEL_OVERLAPPERS) -> None:
     """Each victim alone, then beside each of ``CHANNEL_OVERLAPPERS`` (channels of ``smem_bytes``
     dynamic shared memory each), at normal priority, the channel launched first."""
     t = h.torch
@@ -121,7 +125,8 @@ def part_framework(h: Any, smem_bytes: int) -> None:
             reps = _reps(victim_s)
             # The channels start 0.5 ms before the victims and must outlast them.
             lasting_s = 1.5 * reps * victim_s + 0.002
-            for label, op, channels in CHANNEL_OVERLAPPERS:
+            for op, channels in overlappers:
+                label = f"{op}_{channels}"
                 if op == "poll":
                     comm = poll_channel(h, channels, lasting_s + 0.001, smem_bytes)
                     iters = 0
@@ -135,38 +140,42 @@ def part_framework(h: Any, smem_bytes: int) -> None:
         t.backends.cuda.matmul.allow_tf32 = tf32
 
 
-def part_framework_copy(h: Any) -> None:
-    """Each victim alone, then beside back-to-back device-to-device copies on another stream."""
+def part_framework_copy(h: Any, overlappers: tuple[tuple[int, int], ...] = COPY_OVERLAPPERS) -> None:
+    """Each victim alone, then beside back-to-back device-to-device copies of each size in
+    ``overlappers`` on one or two streams (two copy engines at once)."""
     t = h.torch
-    n = 1 << 28  # 512 MiB of bf16 per copy: larger than L2, about 0.3 ms at the copy engines' rate
-    src = h.rand(n, dtype=t.bfloat16)
-    dst = t.empty_like(src)
-    h.made()
-
-    def copy() -> Any:
-        return dst.copy_(src, non_blocking=True)
-    with t.cuda.stream(h.normal):
-        one_s = h.time_alone_s(copy, reps=3)
+    side = [h.normal, t.cuda.Stream(priority=0)]
     tf32 = t.backends.cuda.matmul.allow_tf32
     t.backends.cuda.matmul.allow_tf32 = False
     try:
-        for vname, fn in victims(h).items():
-            victim_s = h.time_alone_s(fn, reps=5)
-            reps = _reps(victim_s)
-            copies = max(2, int((1.5 * reps * victim_s + 0.002) / one_s) + 1)
-            with h.experiment("framework_copy", f"{vname}__d2d", victim=vname, copy="d2d", bytes=2 * n,
-                              copies=copies, victim_alone_s=victim_s, repeats=reps):
-                with t.cuda.stream(h.compute):
-                    for _ in range(reps):
-                        fn()
-                t.cuda.synchronize()
-                with t.cuda.stream(h.normal):
-                    for _ in range(copies):
-                        copy()
-                time.sleep(0.0005)  # the copies are running before the victims arrive
-                with t.cuda.stream(h.compute):
-                    for _ in range(reps):
-                        fn()
-                t.cuda.synchronize()
+        for mib, streams in overlappers:
+            n = mib << 19  # bf16 elements
+            pairs = [(h.rand(n, dtype=t.bfloat16), t.empty(n, dtype=t.bfloat16, device=h.dev))
+                     for _ in range(streams)]
+            h.made()
+            copies = [lambda s=s, d=d: d.copy_(s, non_blocking=True) for s, d in pairs]
+            with t.cuda.stream(h.normal):
+                one_s = h.time_alone_s(copies[0], reps=3)
+            for vname, fn in victims(h).items():
+                victim_s = h.time_alone_s(fn, reps=5)
+                reps = _reps(victim_s)
+                count = max(2, int((1.5 * reps * victim_s + 0.002) / one_s) + 1)
+                label = f"{vname}__d2d" + ("" if (mib, streams) == (512, 1) else f"_{mib}mib_x{streams}")
+                with h.experiment("framework_copy", label, victim=vname, copy="d2d", bytes_per_copy=2 * mib << 20,
+                                  copy_streams=streams, copies=count, victim_alone_s=victim_s, repeats=reps):
+                    with t.cuda.stream(h.compute):
+                        for _ in range(reps):
+                            fn()
+                    t.cuda.synchronize()
+                    for copy, stream in zip(copies, side, strict=False):
+                        with t.cuda.stream(stream):
+                            for _ in range(count):
+                                copy()
+                    time.sleep(0.0005)  # the copies are running before the victims arrive
+                    with t.cuda.stream(h.compute):
+                        for _ in range(reps):
+                            fn()
+                    t.cuda.synchronize()
+            del pairs, copies
     finally:
         t.backends.cuda.matmul.allow_tf32 = tf32

@@ -322,7 +322,9 @@ class Harness:
     def __init__(self, out: Path, quick: bool, overlap_channels: tuple[int, ...] = (16, 32),
                  smloss_held: tuple[int, ...] = (8, 16, 32, 66),
                  smloss_gemms: tuple[tuple[int, int, int], ...] = (),
-                 smloss_hold_fractions: tuple[float, ...] = (1.5,)) -> None:
+                 smloss_hold_fractions: tuple[float, ...] = (1.5,),
+                 framework_channels: tuple[tuple[str, int], ...] = framework.CHANNEL_OVERLAPPERS,
+                 framework_copies: tuple[tuple[int, int], ...] = framework.COPY_OVERLAPPERS) -> None:
         import cupy
         import torch
 
@@ -336,6 +338,8 @@ class Harness:
         self.smloss_held = smloss_held
         self.smloss_gemms = smloss_gemms
         self.smloss_hold_fractions = smloss_hold_fractions
+        self.framework_channels = framework_channels
+        self.framework_copies = framework_copies
         self.dev = torch.device("cuda")
         self.props = torch.cuda.get_device_properties(self.dev)
         # The CUDA runtime's own cudaDeviceProp, for the limits PyTorch does not expose everywhere.
@@ -1052,10 +1056,10 @@ class Harness:
     NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis")
 
     def part_framework(self) -> None:
-        framework.part_framework(self, CHANNEL_SMEM_BYTES)
+        framework.part_framework(self, CHANNEL_SMEM_BYTES, self.framework_channels)
 
     def part_framework_copy(self) -> None:
-        framework.part_framework_copy(self)
+        framework.part_framework_copy(self, self.framework_copies)
 
     def part_framework_ncu(self) -> None:
         self.part_ncu("framework_ncu", "framework")
@@ -1181,6 +1185,20 @@ def _gemm_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(shapes)
 
 
+def _copy_sizes(text: str) -> tuple[tuple[int, int], ...]:
+    """Comma-separated MIBxSTREAMS pairs (a command-line option's value): 1 to 4096 MiB, 1 or 2 streams."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        parts = item.lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts) or not (
+                1 <= int(parts[0]) <= 4096 and 1 <= int(parts[1]) <= 2):
+            raise argparse.ArgumentTypeError(f"expected MIBxSTREAMS (1-4096 MiB, 1 or 2 streams), got {item!r}")
+        out.append((int(parts[0]), int(parts[1])))
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one MIBxSTREAMS pair")
+    return tuple(out)
+
+
 def _fractions(text: str) -> tuple[float, ...]:
     """Comma-separated positive numbers (a command-line option's value)."""
     try:
@@ -1207,6 +1225,12 @@ def main() -> int:
     ap.add_argument("--smloss-hold-fractions", type=_fractions, default=(1.5,), metavar="X,X",
                     help="how long the smloss part holds its SMs, in units of the victims' repeats "
                          "(default 1.5: longer than all of them; under 1: ends among them)")
+    ap.add_argument("--framework-channels", type=_channel_counts, default=None, metavar="N,N",
+                    help="copy-channel counts the framework part runs its kernels beside (default: copy at 2, 8 "
+                         "and 24, reduce at 8, poll at 8)")
+    ap.add_argument("--framework-copies", type=_copy_sizes, default=framework.COPY_OVERLAPPERS, metavar="MIBxS,...",
+                    help="device-to-device copies the framework_copy part runs its kernels beside: MiB per copy "
+                         "x streams copying at once (default 512x1)")
     ap.add_argument("--ncu-subject", nargs="?", const="harness", choices=("harness", "framework"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -1219,8 +1243,10 @@ def main() -> int:
     # A command's time limit ends the run with SIGTERM: exit through the context managers, so the
     # profiler stops and the power log and manifest keep what was measured.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    channels = framework.CHANNEL_OVERLAPPERS if args.framework_channels is None else tuple(
+        ("copy", c) for c in args.framework_channels)
     h = Harness(args.out, args.quick, args.overlap_channels, args.smloss_held, args.smloss_gemms,
-                args.smloss_hold_fractions)
+                args.smloss_hold_fractions, channels, args.framework_copies)
     if args.ncu_subject == "framework":
         # FP32 GEMMs as the framework part runs them: SIMT sgemm, not TF32.
         h.torch.backends.cuda.matmul.allow_tf32 = False
