@@ -8,7 +8,8 @@ Writes under DEST:
 - ``tables/<part>/<experiment>.parquet``: each experiment's canonical kernel table (ovsim's trace
   importer, with the GPU name and wall-clock origin in its metadata), loadable as a trace by
   ``ovsim replay`` and ``ovsim calibrate``; with ``--no-clock-tables`` none for the ``clock`` part,
-  whose kernels ``clock.parquet`` holds with their clocks;
+  whose kernels ``clock.parquet`` holds with their clocks; with ``--merged-tables``, one table per
+  part instead (``tables/<part>.parquet``, the experiment in a column);
 - ``blocks.parquet``: every per-block record (part, experiment, kernel, launch, block, SM, start, end);
 - ``clock.parquet``: every kernel of the ``clock`` part with the SM clock its probes counted
   (part, experiment, name, start, duration, clock, how far the clock moved across its group), and
@@ -64,7 +65,7 @@ from ovsim.traces.load import load_trace, write_table
 # The parts whose kernels are compared alone and beside something, and what that something is.
 PARQUET_COMPRESSION = "zstd"
 SLOWDOWN_PARTS = {"overlap": "collective", "smloss": "other", "shaping": "collective", "copy": "copy",
-                  "power": "collective"}
+                  "power": "collective", "framework": "collective", "framework_copy": "copy"}
 
 
 class IngestError(Exception):
@@ -99,7 +100,7 @@ def _sha256(p: Path) -> str:
 
 
 def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False,
-           clock_tables: bool = True) -> dict[str, Any]:
+           clock_tables: bool = True, merged_tables: bool = False) -> dict[str, Any]:
     """Write the data set; returns the summary. It is built beside DEST and moved into place only
     when complete, so a run that stops with an error leaves DEST as it was."""
     if dest.exists() and any(dest.iterdir()) and not force:
@@ -107,7 +108,7 @@ def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False,
     partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        summary = _build(run, partial, raw_limit_bytes, clock_tables)
+        summary = _build(run, partial, raw_limit_bytes, clock_tables, merged_tables)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -116,7 +117,8 @@ def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False,
     return summary
 
 
-def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> dict[str, Any]:
+def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool,
+           merged_tables: bool = False) -> dict[str, Any]:
     manifest_path = run / "manifest.json"
     if not manifest_path.is_file():
         raise IngestError(f"{manifest_path}: missing: not a harness run folder")
@@ -155,7 +157,7 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> d
         # The trace's path inside the run, not on the machine that ingested it: the data set is
         # committed, and its raw traces (when kept) sit under raw/ at that path.
         bundle = replace(bundle, sources={k: f"{e['part']}/{trace.name}" for k in bundle.sources})
-        if clock_tables or e["part"] != "clock":
+        if (clock_tables or e["part"] != "clock") and not merged_tables:
             out = dest / "tables" / e["part"] / f"{e['label']}.parquet"
             out.parent.mkdir(parents=True, exist_ok=True)
             write_table(bundle, out, compression=PARQUET_COMPRESSION)
@@ -182,6 +184,15 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> d
                 raise IngestError(f"{probe_file}: {err}") from None
             clocks.append(points.assign(part=e["part"], experiment=e["label"]))
             probes.append(probe.assign(part=e["part"], experiment=e["label"]))
+    if merged_tables:
+        # One file per part, its experiments told apart by a column: a few hundred short
+        # experiments make as many files of a few KB each otherwise.
+        (dest / "tables").mkdir(parents=True, exist_ok=True)
+        merged = pd.concat(tables, ignore_index=True)
+        for part, g in merged.groupby("part", sort=True):
+            if clock_tables or part != "clock":
+                g.drop(columns="part").to_parquet(dest / "tables" / f"{part}.parquet", index=False,
+                                                  compression=PARQUET_COMPRESSION)
     all_blocks = pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
     if len(all_blocks):
         # The globaltimer stamps are large integers a few microseconds apart: delta encoding halves
@@ -208,7 +219,7 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> d
         for e in experiments:
             f.write(json.dumps({k: v for k, v in e.items() if k != "_folder"}) + "\n")
     (dest / "windows.json").write_text(json.dumps(windows, indent=1))
-    for name in ("manifest.json", "ncu/metrics.csv"):
+    for name in ("manifest.json", "ncu/metrics.csv", "framework_ncu/metrics.csv"):
         if (run / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run / name, dest / name)
@@ -227,6 +238,8 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> d
         "date_utc": manifest.get("date_utc"), "command": "python calibration/harness/run.py, then ingest.py",
         "raw_traces": "kept" if raw_kept else f"left out: {raw_total / 1e6:.1f} MB over the limit",
         **({} if clock_tables else {"clock_tables": "left out: the clock part's kernels are in clock.parquet"}),
+        **({"tables": "merged: tables/<part>.parquet, one row per kernel, column experiment"} if merged_tables
+           else {}),
         "files": {str(p.relative_to(dest)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
     }
     (dest / "PROVENANCE.json").write_text(json.dumps(provenance, indent=1))
@@ -279,10 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="write over a non-empty DEST")
     ap.add_argument("--no-clock-tables", action="store_true",
                     help="write no kernel tables for the clock part (clock.parquet holds its kernels and clocks)")
+    ap.add_argument("--merged-tables", action="store_true",
+                    help="one kernel table per part (tables/<part>.parquet, column experiment), not one per experiment")
     args = ap.parse_args(argv)
     try:
         summary = ingest(args.run, args.dest, raw_limit_bytes=int(args.raw_limit_mb * 1e6), force=args.force,
-                         clock_tables=not args.no_clock_tables)
+                         clock_tables=not args.no_clock_tables, merged_tables=args.merged_tables)
     except IngestError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
