@@ -1570,6 +1570,12 @@ def measured_copy_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     return checks
 
 
+def _framework_checks(workers: int, on_stage: Callable[[str], None] | None) -> list[Check]:
+    from ovsim.framework_checks import framework_checks
+
+    return framework_checks(MEASURED_DATA, workers, on_stage)
+
+
 ECHO_GROUP = "peer data set: Echo's kernel slowdowns under NCCL on 2x A100 (held out: nothing fitted on it)"
 
 
@@ -1625,7 +1631,8 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
                    + measured_clock_mix_checks(MEASURED_DATA)
                    + measured_gemm_checks(MEASURED_DATA) + measured_shape_checks(MEASURED_DATA)
                    + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA)
-                   + measured_hbm_checks(MEASURED_DATA) + measured_smloss_checks(MEASURED_DATA, workers))
+                   + measured_hbm_checks(MEASURED_DATA) + measured_smloss_checks(MEASURED_DATA, workers)
+                   + _framework_checks(workers, on_trace))
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
                    + gemm_checks(traces, on_trace) + echo_checks(traces))
