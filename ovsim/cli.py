@@ -331,6 +331,11 @@ def _replay_table(result: Any, max_rows: int) -> str:
         f"overlap    {s['overlapped_compute_kernels']} compute kernels overlapped communication; "
         f"{s['scored_kernels']} scored, {s['unscored_no_isolated_source']} without an isolated duration",
         f"MAPE       ovsim {_pct(s['mape_pct'])}   naive (no contention) {_pct(s['naive_mape_pct'])}",
+        f"weighted   ovsim {_pct(s['weighted_error_pct'])}   naive {_pct(s['naive_weighted_error_pct'])}   "
+        "(sum of |error| over sum of measured time)",
+        f"comm       exposed, all ranks: measured {_fmt_s(s['exposed_comm_measured_s'])} ms, predicted "
+        f"{_fmt_s(s['exposed_comm_predicted_s'])} ms; hidden under compute: measured {_pct(s['hidden_pct_measured'])}, "
+        f"predicted {_pct(s['hidden_pct_predicted'])}",
         f"span       measured {_fmt_s(s['measured_span_s'])} ms, predicted {_fmt_s(s['predicted_span_s'])} ms "
         f"({s['span_error_pct']:+.1f}%)",
     ]

@@ -4,7 +4,10 @@ One function serves both: it takes a simulated Timeline's ops (``end_s``) or a m
 (``duration_s``, :mod:`ovsim.traces.table`). Communication hidden under compute follows Holistic
 Trace Analysis's definition (``get_comm_comp_overlap``): the time in which some communication kernel
 and some compute kernel of the same rank both run, over the union of communication intervals.
-Copies and memsets count as neither, as in HTA's memory category.
+Copies and memsets count as neither, as in HTA's memory category: the table's ``copy`` and
+``memset`` and the engine's ``transfer`` (a copy-engine flow: a replayed memcpy or memset, a
+scenario's copy, or a collective run on copy engines, whose copies a profiler records as memcpys).
+NCCL kernels, pipeline send/recv included, are ``collective`` in both and count as communication.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-COMM_KINDS = {"collective", "transfer"}
-NON_COMPUTE = COMM_KINDS | {"flow", "delay", "copy", "memset"}
+# HTA's categories (get_kernel_type): NCCL kernels are communication; memcpy and memset, memory.
+COMM_KINDS = {"collective"}
+COPY_KINDS = {"transfer", "copy", "memset"}
+NON_COMPUTE = COMM_KINDS | COPY_KINDS | {"flow", "delay"}
 
 
 def union_intervals(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:

@@ -8,7 +8,8 @@ matplotlib ``Figure``):
   op's duration beyond its isolated time is hatched in the colour of what slowed it. Below, the
   resource counters the engine recorded (SM occupancy, HBM and link traffic, power and clock).
 - :func:`replay_figure`: measured against predicted duration for the scored overlapped kernels
-  (with the naive prediction beside them), and measured and predicted lanes of the first ranks.
+  (with the naive prediction beside them), and measured and predicted lanes of the first ranks
+  under the exposed communication and hidden share, measured and predicted.
 - :func:`compare_figure`: each scenario's time split into compute alone, compute slowdown,
   exposed communication and idle time; power and energy when tracked.
 - :func:`validate_figure`: each check's error against its tolerance, pass or fail.
@@ -238,10 +239,22 @@ def timeline_figure(timeline: Timeline, *, title: str = "", max_ranks: int = 4) 
     return fig
 
 
+def _pct(x: float) -> str:
+    return f"{x:.1f}%" if math.isfinite(x) else "-"
+
+
+def _comm_line(s: dict[str, Any]) -> str:
+    """A replay summary's exposed communication (ms, all ranks) and hidden share, measured and predicted."""
+    return (f"exposed comm, all ranks: measured {s['exposed_comm_measured_s'] * 1e3:.3f} ms, predicted "
+            f"{s['exposed_comm_predicted_s'] * 1e3:.3f} ms; hidden under compute: measured "
+            f"{_pct(s['hidden_pct_measured'])}, predicted {_pct(s['hidden_pct_predicted'])}")
+
+
 def replay_figure(result: ReplayResult, *, title: str = "", max_ranks: int = 2) -> Figure:
     """Left: measured against predicted duration of every scored overlapped kernel, and against
     the naive prediction (its isolated duration); points on the diagonal are exact. Right: the
-    measured and predicted lanes of the first ``max_ranks`` ranks, one above the other."""
+    measured and predicted lanes of the first ``max_ranks`` ranks, one above the other, titled
+    with the exposed communication and its hidden share, measured and predicted."""
     if max_ranks < 1:
         raise OvsimError(f"must be at least 1, got {max_ranks}", field="max_ranks")
     k = result.kernels
@@ -250,8 +263,10 @@ def replay_figure(result: ReplayResult, *, title: str = "", max_ranks: int = 2) 
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2]})
     scored = k[k["overlapped"] & (k["isolated_source"] == "signature")]
     meas = scored["measured_duration_s"].to_numpy(float) * 1e6
-    for col, label, style in (("isolated_s", f"naive (alone): MAPE {s['naive_mape_pct']:.1f}%", "x"),
-                              ("predicted_duration_s", f"ovsim: MAPE {s['mape_pct']:.1f}%", "o")):
+    for col, label, style in (("isolated_s", f"naive (alone): MAPE {_pct(s['naive_mape_pct'])}, weighted "
+                                             f"{_pct(s['naive_weighted_error_pct'])}", "x"),
+                              ("predicted_duration_s", f"ovsim: MAPE {_pct(s['mape_pct'])}, weighted "
+                                                       f"{_pct(s['weighted_error_pct'])}", "o")):
         left.scatter(meas, scored[col].to_numpy(float) * 1e6, s=14, marker=style, alpha=0.6, label=label)
     if len(meas):
         lo = float(np.nanmin(meas)) / 2
@@ -284,7 +299,8 @@ def replay_figure(result: ReplayResult, *, title: str = "", max_ranks: int = 2) 
     kinds, _ = _draw_lanes(right, lanes, scale, lost=False)
     _legend(right, kinds, set())
     more = f" (ranks {shown[0]}-{shown[-1]} of {len(ranks)})" if len(shown) < len(ranks) else ""
-    right.set_title(f"measured and predicted{more}; span error {s['span_error_pct']:+.1f}%", loc="left")
+    right.set_title(f"measured and predicted{more}; span error {s['span_error_pct']:+.1f}%\n{_comm_line(s)}",
+                    loc="left")
     right.set_xlabel(f"time from the first kernel ({unit})")
     right.set_xlim(0, end * scale if end > 0 else 1.0)
     fig.suptitle(title or f"replay on {s['gpu']}", x=0.01, ha="left")

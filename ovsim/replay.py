@@ -52,6 +52,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.power import PowerSettings, power_model
 from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu
+from ovsim.metrics import RankOverlap, rank_overlap
 from ovsim.models import cost, nccl
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
 from ovsim.traces.aten import gemm_problem
@@ -86,7 +87,9 @@ def engine_kind(kind: str, name: str) -> KernelKind:
 
 @dataclass
 class ReplayResult:
-    """Per-kernel comparison (``kernels``), the summary, and the simulated timeline."""
+    """Per-kernel comparison (``kernels``), the summary, and the simulated timeline, all with the
+    trace's rank numbers; ``workload`` is the engine's input, its ranks numbered 0..n-1 in the
+    order of the trace's (:func:`trace_ranks`)."""
 
     kernels: pd.DataFrame
     summary: dict[str, Any]
@@ -253,12 +256,16 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
     memory = c.kind[i] in MEMORY_KINDS
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     fraction = params.memory_kernel_efficiency if memory else params.replay_hbm_fraction.get(c.kind[i], 0.0)
+    rate = bw * fraction
+    if memory and params.memory_warp_bytes_per_s > 0:
+        # Little's law: a kernel of few warps cannot keep enough bytes in flight to reach HBM's rate.
+        rate = min(rate, cost.resident_warps(grid, shape, gpu) * params.memory_warp_bytes_per_s)
     # A persistent GEMM replays as its tiles, one block each on the kernel's footprint: alone it
     # takes the rounds of tiles it was measured in, and with SMs taken the rounds its resident
     # blocks need.
     tiles = persistent_tiles(c, i, grid, shape, gpu)
     d = cost.demand_from_time(blocks=tiles or grid, block=shape, isolated_s=iso_s, flops=0.0,
-                              hbm_bytes=data_moving_s(iso_s, params) * bw * fraction, gpu=gpu,
+                              hbm_bytes=data_moving_s(iso_s, params) * rate, gpu=gpu,
                               issue_intensity=params.memory_issue_floor if memory else 1.0, clock_sensitive=not memory,
                               cap=None if memory else cost.issue_cap(shape, gpu, params,
                                                                      1.0 / cost.blocks_per_sm(shape, gpu)),
@@ -318,10 +325,28 @@ def _flows(c: _Cols, groups: dict[int, str], rank_ix: dict[int, int], params: Pa
     return flows
 
 
+def trace_ranks(c: _Cols) -> list[int]:
+    """The trace's rank numbers in the engine's order: the engine numbers its ranks 0..n-1."""
+    return sorted(int(r) for r in set(c.rank.tolist()))
+
+
+def _on_trace_ranks(tl: Timeline, ranks: list[int]) -> Timeline:
+    """The timeline with the trace's rank numbers in place of the engine's (flows keep -1)."""
+    lookup = np.asarray(ranks, dtype=np.int64)
+
+    def renumbered(df: pd.DataFrame) -> pd.DataFrame:
+        if df.empty:
+            return df
+        r = df["rank"].to_numpy(dtype=np.int64)
+        return df.assign(rank=np.where(r >= 0, lookup[np.clip(r, 0, None)], r))
+
+    return Timeline(ops=renumbered(tl.ops), counters=renumbered(tl.counters))
+
+
 def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Parameters,
                           syncs: pd.DataFrame | None = None) -> tuple[Workload, list[str]]:
     """The workload that replays the table; returns it and the op id of every row."""
-    rank_ix = {r: i for i, r in enumerate(sorted(set(c.rank.tolist())))}
+    rank_ix = {r: i for i, r in enumerate(trace_ranks(c))}
     groups = _collective_groups(c)
     flows = _flows(c, groups, rank_ix, params)
     n = len(c.start)
@@ -339,7 +364,7 @@ def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Param
         rows = np.flatnonzero((c.rank == r) & has_launch)
         prev = t0
         for i in (int(x) for x in rows[np.argsort(c.launch[rows], kind="stable")]):
-            host_of[i] = f"host{ix}:{i}"
+            host_of[i] = f"host{r}:{i}"
             ops.append(Op(id=host_of[i], name="launch", kind="delay", rank=ix, stream="host",
                           delay_s=max(0.0, float(c.launch[i]) - prev)))
             prev = max(prev, float(c.launch[i]))
@@ -460,7 +485,8 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
     # no second loop on top of them.
     power_config = (PowerConfig(model=power_model(spec, params), settings=PowerSettings(managed=False))
                     if power else None)
-    timeline = Engine(wl, machine, EngineOptions(counters=counters, progress=progress, power=power_config)).run()
+    sim = Engine(wl, machine, EngineOptions(counters=counters, progress=progress, power=power_config)).run()
+    timeline = _on_trace_ranks(sim, trace_ranks(cols))
     pred = timeline.ops.set_index("id").loc[op_ids]
     p_start = pred["start_s"].to_numpy(dtype=float)
     clock_offset_s = float(cols.start.min()) - float(p_start.min())
@@ -472,7 +498,7 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
         "predicted_duration_s": pred["duration_s"].to_numpy(dtype=float),
         "overlapped": overlapped, "isolated_s": iso, "isolated_source": src,
     })
-    summary = summarize(out, bundle, gpu_name)
+    summary = {**summarize(out, bundle, gpu_name), **comm_summary(df, timeline.ops)}
     summary["calibration_files"] = list(calib.files) + (["(overrides)"] if overrides else [])
     return ReplayResult(kernels=out, summary=summary, timeline=timeline, workload=wl, clock_offset_s=clock_offset_s)
 
@@ -508,9 +534,33 @@ def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.mean(np.abs(pred[ok] - meas[ok]) / meas[ok]) * 100) if ok.any() else math.nan
 
 
+def _weighted_error(pred: np.ndarray, meas: np.ndarray) -> float:
+    """100 x sum |pred - meas| / sum meas over the kernels _mape scores: long kernels weigh more."""
+    ok = meas > 0
+    total = float(meas[ok].sum())
+    return float(np.abs(pred[ok] - meas[ok]).sum() / total * 100) if total > 0 else math.nan
+
+
+def _comm_figures(ranks: list[RankOverlap], which: str) -> dict[str, float]:
+    """Exposed communication summed over ranks, and HTA's hidden share over all ranks (overlapped
+    time over communication time, both summed over ranks); NaN with no communication."""
+    comm_s = sum(r.comm_busy_s for r in ranks)
+    hidden_s = sum(r.overlapped_s for r in ranks)
+    return {f"exposed_comm_{which}_s": comm_s - hidden_s,
+            f"hidden_pct_{which}": hidden_s / comm_s * 100 if comm_s > 0 else math.nan}
+
+
+def comm_summary(measured: pd.DataFrame, predicted: pd.DataFrame) -> dict[str, float]:
+    """Communication not under compute, measured (the trace's kernel table) and predicted (the
+    replay's timeline ops), by :func:`ovsim.metrics.rank_overlap` on each."""
+    return {**_comm_figures(rank_overlap(measured), "measured"), **_comm_figures(rank_overlap(predicted), "predicted")}
+
+
 def summarize(out: pd.DataFrame, bundle: TraceBundle, gpu_name: str) -> dict[str, Any]:
     sel = out["overlapped"] & out["isolated_source"].isin(["signature"])
     meas = out.loc[sel, "measured_duration_s"].to_numpy(float)
+    pred = out.loc[sel, "predicted_duration_s"].to_numpy(float)
+    naive = out.loc[sel, "isolated_s"].to_numpy(float)
     m_span = float((out["measured_start_s"] + out["measured_duration_s"]).max() - out["measured_start_s"].min())
     p_span = float((out["predicted_start_s"] + out["predicted_duration_s"]).max() - out["predicted_start_s"].min())
     return {
@@ -523,8 +573,10 @@ def summarize(out: pd.DataFrame, bundle: TraceBundle, gpu_name: str) -> dict[str
         "scored_kernels": int(sel.sum()),
         "unscored_no_isolated_source": int((out["overlapped"] & (out["isolated_source"] == "none")).sum()),
         "unscored_ambiguous_signature": int((out["overlapped"] & (out["isolated_source"] == "ambiguous")).sum()),
-        "mape_pct": _mape(out.loc[sel, "predicted_duration_s"].to_numpy(float), meas),
-        "naive_mape_pct": _mape(out.loc[sel, "isolated_s"].to_numpy(float), meas),
+        "mape_pct": _mape(pred, meas),
+        "naive_mape_pct": _mape(naive, meas),
+        "weighted_error_pct": _weighted_error(pred, meas),
+        "naive_weighted_error_pct": _weighted_error(naive, meas),
         "measured_span_s": m_span,
         "predicted_span_s": p_span,
         "span_error_pct": (p_span - m_span) / m_span * 100 if m_span > 0 else math.nan,

@@ -319,3 +319,34 @@ def test_compare_shows_each_training_scenarios_memory(capsys: pytest.CaptureFixt
     head, _, training, ops = capsys.readouterr().out.splitlines()
     assert head.split()[-2:] == ["mem", "GB"]
     assert training.split()[-1] == "36.2" and ops.split()[-1] == "-"
+
+
+def test_replay_reports_exposed_and_hidden_communication(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 3: compute [0, 15) and [50, 60) us beside an all-reduce [5, 25) (10 of its 20 us hidden,
+    10 exposed) and a copy, which is neither. The JSON keeps its keys and gains the new ones; the
+    text prints the same figures with their units, and rank 3 stays rank 3."""
+    import pandas as pd
+
+    from ovsim.traces.load import write_table
+    from ovsim.traces.table import TraceBundle, make_table
+
+    rows = [(7, "gemm", 0.0, 15.0), (7, "gemm", 50.0, 10.0), (9, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5.0, 20.0),
+            (11, "Memcpy DtoD (Device -> Device)", 45.0, 20.0)]
+    table = tmp_path / "rank3.parquet"
+    write_table(TraceBundle(kernels=make_table(pd.DataFrame(
+        [{"rank": 3, "stream": s, "name": n, "start_s": t * 1e-6, "duration_s": d * 1e-6, "grid_x": 132,
+          "block_x": 256} for s, n, t, d in rows]))), table)
+    assert main(["replay", str(table), "--gpu", "h100-sxm5-80gb", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    s = data["summary"]
+    assert {"mape_pct", "naive_mape_pct", "span_error_pct", "weighted_error_pct", "naive_weighted_error_pct",
+            "exposed_comm_predicted_s", "hidden_pct_predicted"} <= set(s)
+    assert s["exposed_comm_measured_s"] == pytest.approx(10e-6) and s["hidden_pct_measured"] == pytest.approx(50.0)
+    assert {k["rank"] for k in data["kernels"]} == {3}
+    assert main(["replay", str(table), "--gpu", "h100-sxm5-80gb"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    weighted = next(line for line in out if line.startswith("weighted"))
+    assert f"ovsim {s['weighted_error_pct']:.1f}%   naive {s['naive_weighted_error_pct']:.1f}%" in weighted
+    comm = next(line for line in out if line.startswith("comm"))
+    assert (f"measured 0.010 ms, predicted {s['exposed_comm_predicted_s'] * 1e3:.3f} ms" in comm
+            and f"measured 50.0%, predicted {s['hidden_pct_predicted']:.1f}%" in comm)

@@ -9,9 +9,12 @@ import logging
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from ovsim.metrics import rank_overlap, stream_busy
+from ovsim.api import predict
+from ovsim.metrics import rank_overlap, stream_busy, union_intervals
+from ovsim.scenario import Scenario
 from ovsim.traces.kineto import load_kineto
 from ovsim.traces.table import make_table
 
@@ -80,3 +83,33 @@ def test_overlap_agrees_with_hta(rel: str, tmp_path: Path) -> None:
         kernels = kernels[kernels["launch_s"].notna() & (kernels["launch_s"] * 1e6 < last)]
     (o,) = rank_overlap(kernels)
     assert o.comm_hidden_fraction * 100 == pytest.approx(reference, abs=0.5)
+
+
+def test_copy_engine_transfers_are_neither_compute_nor_communication() -> None:
+    """A simulated timeline's ``transfer`` (a copy-engine flow: a replayed memcpy, a scenario's copy)
+    is HTA's memory category. Compute [0, 10) us, an all-reduce [5, 15), a copy [0, 30): 5 us of
+    the all-reduce's 10 hidden; the copy adds no communication, hides none and runs no compute,
+    so of the 30 us span 15 are idle. Counted as communication, it would make 30 us of it, 10 hidden."""
+    ops = pd.DataFrame({"rank": [0, 0, 0], "stream": ["compute", "comm", "copy"],
+                        "kind": ["gemm", "collective", "transfer"], "start_s": [0.0, 5e-6, 0.0],
+                        "end_s": [10e-6, 15e-6, 30e-6]})
+    (o,) = rank_overlap(ops)
+    assert o.comm_busy_s == pytest.approx(10e-6)
+    assert o.overlapped_s == pytest.approx(5e-6)
+    assert o.compute_busy_s == pytest.approx(10e-6)
+    assert o.idle_s == pytest.approx(15e-6)
+
+
+def test_pipeline_send_recv_counts_as_communication() -> None:
+    """A two-stage pipeline on two GPUs (no data or tensor parallelism) communicates only by its
+    send/recv, NCCL kernels in a real run: all of each rank's communication is their time on the
+    pipeline's stream, none of it dropped as a copy."""
+    sc = Scenario.model_validate({"name": "pp2", "system": "a100x4", "ranks": 2, "training": {
+        "model": "gpt3-1.3b", "layers": 2, "micro_batch_size": 1, "seq_len": 1024, "precision": "bf16",
+        "micro_batches": 2, "parallel": {"pp": 2, "pipeline": "1f1b"}}})
+    ops = predict(sc).ops
+    for o in rank_overlap(ops):
+        p2p = ops[(ops["rank"] == o.rank) & ops["stream"].str.startswith("pp")]
+        assert len(p2p) > 0
+        busy = union_intervals(p2p["start_s"].to_numpy(float), p2p["end_s"].to_numpy(float))
+        assert o.comm_busy_s == pytest.approx(sum(e - s for s, e in busy), rel=1e-12)

@@ -296,3 +296,23 @@ def test_calibrate_plots_from_the_command_line(tmp_path: Path) -> None:
     assert main(["calibrate", str(trace), "--gpu", "h100-sxm5-80gb", "-o", str(tmp_path), "--fit", "overhead",
                  "--plot", str(out), "--quiet"]) == 0
     assert out.read_bytes().startswith(b"\x89PNG") and len(list(tmp_path.glob("*.yaml"))) == 1
+
+
+def test_replay_figure_shows_exposed_and_hidden_communication_and_weighted_error() -> None:
+    """Rank 3: a GEMM [0, 15) us beside an all-reduce [5, 25), its clean twin [50, 60), a copy [45, 65).
+    Measured 10 us exposed, 50% hidden; with no contention the GEMM is predicted at its twin's 10 us:
+    15 us exposed, 25% hidden, an error of 5 of 15 us (33.3%, weighted as the one kernel it is), as
+    the naive prediction's."""
+    rows = [{**_k("gemm", 0, 15), "rank": 3}, {**_k("gemm", 50, 10), "rank": 3},
+            {**_k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5, 20, stream=9), "rank": 3},
+            {**_k("Memcpy DtoD (Device -> Device)", 45, 20, stream=11), "rank": 3}]
+    cols = {key: [r.get(key) for r in rows] for key in rows[0]}
+    none = {"replay_collective_sm_fraction": 0.0, "nccl_memory_pressure": {"default": 0.0},
+            "replay_hbm_fraction": {"gemm": 0.0}}
+    fig = replay_figure(replay(TraceBundle(kernels=make_table(cols)), gpu="h100-sxm5-80gb", overrides=none))
+    left, right = fig.axes[0], fig.axes[1]
+    assert right.get_title(loc="left").splitlines()[1] == (
+        "exposed comm, all ranks: measured 0.010 ms, predicted 0.015 ms; "
+        "hidden under compute: measured 50.0%, predicted 25.0%")
+    labels = [t.get_text() for t in left.get_legend().get_texts()]
+    assert labels == ["naive (alone): MAPE 33.3%, weighted 33.3%", "ovsim: MAPE 33.3%, weighted 33.3%"]

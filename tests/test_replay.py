@@ -18,7 +18,16 @@ from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models import cost
 from ovsim.models.ir import Op, StreamSpec, Workload
 from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
-from ovsim.replay import _collective_groups, _Cols, _dependencies, _overlap_flags, isolated_durations, replay
+from ovsim.replay import (
+    _collective_groups,
+    _Cols,
+    _dependencies,
+    _overlap_flags,
+    comm_summary,
+    isolated_durations,
+    replay,
+    summarize,
+)
 from ovsim.traces.load import load_trace
 from ovsim.traces.table import TraceBundle, make_table
 
@@ -260,3 +269,83 @@ def test_replayed_span_of_a_real_run_is_within_5_percent(rel: str) -> None:
     # No overlapped kernel's isolated duration is its own measurement.
     assert not (k["overlapped"] & (k["isolated_source"] == "self")).any()
     assert res.summary["scored_kernels"] > 0
+
+
+# -- communication under compute, weighted error, rank numbers ------------------------------------------
+
+# No contention at all: the replay moves a kernel only by its isolated duration.
+NO_CONTENTION = {**ALL_BLOCKS, "replay_collective_sm_fraction": 0.0}
+
+
+def _comm_trace() -> pd.DataFrame:
+    """Rank 3 alone: a GEMM [0, 15) us beside an all-reduce [5, 25), its clean twin [50, 60) (10 us
+    alone), and a device copy [45, 65) over the twin."""
+    return table([k("gemm", 0, 15, rank=3), k("gemm", 50, 10, rank=3),
+                  k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5, 20, stream=9, rank=3),
+                  k("Memcpy DtoD (Device -> Device)", 45, 20, stream=11, rank=3)])
+
+
+def test_exposed_and_hidden_communication_measured_and_predicted() -> None:
+    """Measured: 10 us of the all-reduce's 20 under compute ([5, 15)): 50% hidden, 10 us exposed.
+    Predicted: the first GEMM runs at its twin's 10 us, [0, 10), so 5 us hidden (25%), 15 exposed;
+    the twin, 35 us after it as measured, runs [45, 55), still under the copy. The copy is neither
+    (HTA): counted as communication it would add 20 us, 10 hidden (37.5%, 25 us exposed)."""
+    s = replay(TraceBundle(kernels=_comm_trace()), gpu=GPU, overrides=NO_CONTENTION).summary
+    assert s["exposed_comm_measured_s"] == pytest.approx(10e-6)
+    assert s["hidden_pct_measured"] == pytest.approx(50.0)
+    assert s["exposed_comm_predicted_s"] == pytest.approx(15e-6)
+    assert s["hidden_pct_predicted"] == pytest.approx(25.0)
+
+
+def test_communication_figures_sum_over_ranks() -> None:
+    """Measured: rank 0 hides 5 of 20 us, rank 1 all 10 of 10: 15 of 30 us, 50% (not the ranks' mean,
+    62.5%), 15 us exposed. Predicted (timeline ops): rank 0 hides 5 of 10, rank 1 5 of 20: 10 of 30,
+    33.3% (mean 37.5%), 20 us exposed; its copy and host delay are neither."""
+    us = 1e-6
+    measured = pd.DataFrame({"rank": [0, 0, 1, 1], "kind": ["gemm", "collective", "gemm", "collective"],
+                             "start_s": [0.0, 5 * us, 0.0, 0.0], "duration_s": [10 * us, 20 * us, 30 * us, 10 * us]})
+    predicted = pd.DataFrame({"rank": [0, 0, 0, 0, 1, 1],
+                              "kind": ["gemm", "collective", "transfer", "delay", "gemm", "collective"],
+                              "start_s": [0.0, 5 * us, 0.0, 0.0, 0.0, 25 * us],
+                              "end_s": [10 * us, 15 * us, 40 * us, 50 * us, 30 * us, 45 * us]})
+    s = comm_summary(measured, predicted)
+    assert s["exposed_comm_measured_s"] == pytest.approx(15 * us)
+    assert s["hidden_pct_measured"] == pytest.approx(50.0)
+    assert s["exposed_comm_predicted_s"] == pytest.approx(20 * us)
+    assert s["hidden_pct_predicted"] == pytest.approx(100 / 3)
+
+
+def test_no_communication_has_no_hidden_share() -> None:
+    s = replay(TraceBundle(kernels=table([k("gemm", 0, 10)])), gpu=GPU).summary
+    assert s["exposed_comm_measured_s"] == 0.0 and s["exposed_comm_predicted_s"] == 0.0
+    assert math.isnan(s["hidden_pct_measured"]) and math.isnan(s["hidden_pct_predicted"])
+
+
+def test_weighted_error_is_total_error_over_total_measured_time() -> None:
+    """Scored kernels measured 10, 30, 60 us, predicted 12, 27, 60, alone 10, 20, 40: |error| 5 of
+    100 us (5%; MAPE 10%), naive 30 of 100 (30%; MAPE 22.2%). A kernel that did not overlap and
+    an ambiguous one are left out, as from the MAPE."""
+    meas = [10.0, 30.0, 60.0, 10.0, 10.0]
+    out = pd.DataFrame({
+        "name": ["a", "b", "c", "clean", "ambiguous"], "kind": ["gemm"] * 5, "rank": [0] * 5,
+        "measured_start_s": [0.0] * 5, "measured_duration_s": [m * 1e-6 for m in meas],
+        "predicted_start_s": [0.0] * 5, "predicted_duration_s": [x * 1e-6 for x in (12, 27, 60, 100, 50)],
+        "overlapped": [True, True, True, False, True], "isolated_s": [x * 1e-6 for x in (10, 20, 40, 10, 10)],
+        "isolated_source": ["signature"] * 3 + ["self", "ambiguous"]})
+    s = summarize(out, TraceBundle(kernels=table([k("gemm", 0, 10)])), GPU)
+    assert s["weighted_error_pct"] == pytest.approx(5.0)
+    assert s["naive_weighted_error_pct"] == pytest.approx(30.0)
+    assert s["mape_pct"] == pytest.approx(10.0)
+    assert s["naive_mape_pct"] == pytest.approx(200 / 9)
+
+
+def test_the_replay_keeps_the_trace_rank_numbers() -> None:
+    """Ranks 2 and 5 of a job: the timeline's ops and counters say 2 and 5, not the engine's 0 and 1,
+    and each op is on the rank its trace row names."""
+    df = table([k("gemm", 0, 10, rank=2), k("nccl", 2, 10, stream=9, rank=2, kind="collective", launch_s=1e-6),
+                k("gemm", 0, 10, rank=5, launch_s=0.0), k("nccl", 3, 10, stream=9, rank=5, kind="collective")])
+    res = replay(TraceBundle(kernels=df), gpu=GPU, counters=True)
+    ops = res.timeline.ops.set_index("id")
+    assert ops.loc[["r2:s7:0", "r2:s9:1", "r5:s7:2", "r5:s9:3"], "rank"].tolist() == [2, 2, 5, 5]
+    assert sorted(set(ops.loc[ops["kind"] != "flow", "rank"])) == [2, 5]
+    assert set(res.timeline.counters["rank"]) == {2, 5}
