@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from ovsim.traces.table import TraceBundle, validate_table
@@ -103,3 +104,95 @@ def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], N
                                  "channels (8); the shipped calibration, fitted on none of these"))
     return checks
 
+
+
+COPY_GROUP = ("measured framework kernels beside copy engines (calibration harness framework_copy part; "
+              "held out: the copy engines' parameters fitted on another data set)")
+# The data set the copy-engine parameters are fitted on (calibration/harness/fit_copy_engine.py);
+# the others of FRAMEWORK_SETS are held out.
+COPY_FIT_SET = "h100-sxm5-80gb/2026-11-27-d"
+
+
+def copy_slowdowns(table: pd.DataFrame, gpu: str, overrides: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Per experiment of a ``framework_copy`` table (merged, column ``experiment``) and compute
+    kernel: its median time alone, and its measured and predicted slowdown beside the copies.
+
+    Replay takes the isolated time of a kernel that overlaps no collective from its own (here
+    overlapped) measurement; the overlapped instances are given their kernel's median alone first,
+    so the prediction starts from the time alone as for a collective's neighbours."""
+    from ovsim.replay import COMPUTE_KINDS, replay
+
+    rows = []
+    for exp, g in table.groupby("experiment", sort=True):
+        g = g.drop(columns="experiment").reset_index(drop=True)
+        copies = g[g["kind"] == "copy"]
+        cs, ce = copies["start_s"].to_numpy(), (copies["start_s"] + copies["duration_s"]).to_numpy()
+        k = g[g["kind"].isin(COMPUTE_KINDS)]
+        s, e = k["start_s"].to_numpy(), (k["start_s"] + k["duration_s"]).to_numpy()
+        hit: np.ndarray = np.asarray(((cs[None, :] < e[:, None]) & (ce[None, :] > s[:, None])).any(axis=1))
+        dur = g["duration_s"].to_numpy().copy()
+        alone: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
+        for name, idx in k.groupby("name").groups.items():
+            m = k.index.get_indexer(idx)
+            if hit[m].any() and (~hit[m]).any():
+                a = float(np.median(dur[np.asarray(idx)[~hit[m]]]))
+                alone[str(name)] = (a, np.asarray(idx)[hit[m]], dur[np.asarray(idx)[hit[m]]].copy())
+                dur[np.asarray(idx)[hit[m]]] = a
+        if not alone:
+            continue
+        bundle = TraceBundle(kernels=validate_table(g.assign(duration_s=dur), str(exp)),
+                             gpu_names={0: GPU_NAMES.get(gpu, gpu)})
+        pred = replay(bundle, gpu=gpu, counters=False, overrides=overrides).kernels["predicted_duration_s"].to_numpy()
+        for name, (a, over, measured) in alone.items():
+            rows.append({"experiment": str(exp), "name": name, "alone_s": a,
+                         "measured": float(np.median(measured)) / a, "predicted": float(np.median(pred[over])) / a})
+    return pd.DataFrame(rows)
+
+
+# (data set, GPU spec); the copy-engine parameters were fitted on the first: the framework_copy
+# parts (merged tables) and the copy parts of the first H100 and H200 runs (an add and a GEMM
+# beside 1 GiB device-to-device and host-to-device copies).
+COPY_SETS: tuple[tuple[str, str], ...] = ((COPY_FIT_SET, "h100-sxm5-80gb"),
+                                          ("h100-sxm5-80gb/2026-11-27-e", "h100-sxm5-80gb"),
+                                          ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
+                                          ("h200-sxm/2026-11-26", "h200-sxm"))
+
+
+def copy_table(folder: Path, rel: str) -> pd.DataFrame | None:
+    """A data set's kernels beside copies, merged (column ``experiment``), or None."""
+    merged = folder / rel / "tables" / "framework_copy.parquet"
+    if merged.is_file():
+        return pd.read_parquet(merged)
+    parts = sorted((folder / rel / "tables" / "copy").glob("*__*.parquet"))
+    if not parts:
+        return None
+    return pd.concat([pd.read_parquet(p).assign(experiment=p.stem) for p in parts], ignore_index=True)
+
+
+def copy_checks(folder: Path) -> list[Check]:
+    """Per data set of ``COPY_SETS``: the kernels' slowdowns beside copies, predicted from their time
+    alone with the shipped calibration, against the measured ones (MAPE; the held-out bar)."""
+    from ovsim.validate import FIT, Check, _held_out_bar
+
+    checks = []
+    for rel, gpu in COPY_SETS:
+        table = copy_table(folder, rel)
+        if table is None:
+            continue
+        s = copy_slowdowns(table, gpu)
+        if s.empty:
+            continue
+        mape = float(np.mean(np.abs(s["predicted"] - s["measured"]) / s["measured"]) * 100)
+        naive = float(np.mean(np.abs(1.0 - s["measured"]) / s["measured"]) * 100)
+        # The copy engines sharing HBM fairly and moving at their full rate in the latency law.
+        fair = copy_slowdowns(table, gpu, {"copy_engine_hbm_weight": 1.0, "memory_warp_bytes_per_s": 0.0})
+        fair_pct = float(np.mean(np.abs(fair["predicted"] - fair["measured"]) / fair["measured"]) * 100)
+        fitted = rel == COPY_FIT_SET
+        what = ("the copy engines' weight fitted here (a consistency check)" if fitted else
+                f"held out: the copy engines' weight fitted on calibration/data/{COPY_FIT_SET}")
+        checks.append(Check(f"{gpu} {rel.rsplit('/', 1)[-1]}: slowdowns beside copies ({len(s)} kernels)",
+                            FIT if fitted else COPY_GROUP, _held_out_bar(naive), mape, "% MAPE", 0.0,
+                            f"calibration/data/{rel}", rule="at_most",
+                            note=f"naive (no slowdown) {naive:.1f}%; copies sharing HBM fairly (the model before) "
+                                 f"{fair_pct:.1f}%; {what}"))
+    return checks

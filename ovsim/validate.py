@@ -1571,9 +1571,9 @@ def measured_copy_checks(folder: Path = MEASURED_DATA) -> list[Check]:
 
 
 def _framework_checks(workers: int, on_stage: Callable[[str], None] | None) -> list[Check]:
-    from ovsim.framework_checks import framework_checks
+    from ovsim.framework_checks import copy_checks, framework_checks
 
-    return framework_checks(MEASURED_DATA, workers, on_stage)
+    return framework_checks(MEASURED_DATA, workers, on_stage) + copy_checks(MEASURED_DATA)
 
 
 ECHO_GROUP = "peer data set: Echo's kernel slowdowns under NCCL on 2x A100 (held out: nothing fitted on it)"

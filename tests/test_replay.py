@@ -349,3 +349,25 @@ def test_the_replay_keeps_the_trace_rank_numbers() -> None:
     assert ops.loc[["r2:s7:0", "r2:s9:1", "r5:s7:2", "r5:s9:3"], "rank"].tolist() == [2, 2, 5, 5]
     assert sorted(set(ops.loc[ops["kind"] != "flow", "rank"])) == [2, 5]
     assert set(res.timeline.counters["rank"]) == {2, 5}
+
+
+@pytest.mark.parametrize(("threads", "blocks"), [(128, 1), (256, 24), (128, 6144)])
+def test_a_memory_bound_kernel_of_few_warps_moves_at_most_its_warps_rate(threads: int, blocks: int) -> None:
+    """Little's law (Parameters.memory_warp_bytes_per_s): a memory-bound kernel's bytes are its
+    data-moving time at the lower of HBM's achievable rate and its resident warps' rate. 1 block of
+    4 warps, 24 of 8 and 6144 of 4 (one wave of 6144 blocks fits the H100: 16 blocks of 128 threads
+    per SM x 132 SMs = 2112, so 2112 resident x 4 warps)."""
+    from ovsim.replay import _Cols, _kernel_demand, data_moving_s
+
+    gpu = load_gpu("h100-sxm5-80gb")
+    params = load_calibration(gpu, "h100-sxm5-80gb").params.merged({"memory_warp_bytes_per_s": 5e8})
+    table = make_table({"rank": [0], "stream": [7], "name": ["vectorized_elementwise_kernel<4, AddFunctor>"],
+                        "start_s": [0.0], "duration_s": [20e-6], "grid_x": [blocks], "block_x": [threads]})
+    d = _kernel_demand(_Cols.of(table), 0, 20e-6, gpu, params)
+    resident = min(blocks, 132 * cost.blocks_per_sm(cost.BlockShape(threads, 32, 0), gpu))
+    warps = resident * threads // 32
+    hbm = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction * params.memory_kernel_efficiency
+    assert d.hbm_bytes == pytest.approx(data_moving_s(20e-6, params) * min(hbm, warps * 5e8), rel=1e-12)
+    # Without the law (the schema default) every memory-bound kernel moves at HBM's rate.
+    d0 = _kernel_demand(_Cols.of(table), 0, 20e-6, gpu, params.merged({"memory_warp_bytes_per_s": 0.0}))
+    assert d0.hbm_bytes == pytest.approx(data_moving_s(20e-6, params) * hbm, rel=1e-12)

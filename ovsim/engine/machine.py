@@ -63,6 +63,8 @@ class MachineModel:
     hbm_latency_exponent: float = 1.0
     collective_memory_wait: float = 0.5
     memory_clock_share: dict[str, float] = field(default_factory=dict)
+    # Parameters.copy_engine_hbm_weight: under 1, copy-engine flows yield HBM to kernels.
+    copy_engine_hbm_weight: float = 1.0
 
     def pressure_of(self, protocol: str) -> tuple[float, float]:
         """(share of HBM capacity, max-min weight) of a resident collective of ``protocol``."""
@@ -125,4 +127,5 @@ def build_machine(
         hbm_latency_exponent=params.hbm_latency_exponent,
         collective_memory_wait=params.hbm_latency_collective_wait,
         memory_clock_share=dict(params.memory_kind_clock_share),
+        copy_engine_hbm_weight=params.copy_engine_hbm_weight,
     )

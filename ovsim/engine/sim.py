@@ -1414,7 +1414,8 @@ class Engine:
             # Shares are fair in HBM bytes: a flow's rate counts hbm_coeff bytes per byte moved. The
             # floor keeps a flow that barely touches HBM from an unbounded weight.
             caps.append(f.cap)
-            weights.append(d.hbm_weight / max(d.hbm_coeff, 0.05))
+            ce_weight = self.machine.copy_engine_hbm_weight if d.uses_copy_engine else 1.0
+            weights.append(ce_weight * d.hbm_weight / max(d.hbm_coeff, 0.05))
             usage.append(use)
             owners.append(f)
         for r, share, weight in pressure:
@@ -1504,12 +1505,18 @@ class Engine:
         for r, demand in demands:
             peak = self.gpus[r].model.hbm_peak_bytes_per_s
             users[r] = [(k, d / peak, k.mem_wait) for k, d in demand.items() if d > 0]
+        yielding = m.copy_engine_hbm_weight < 1.0
+        left = self._hbm_left(demands, flows, pressure) if yielding else {}
         for f in flows:
             wait = 0.0 if f.demand.uses_copy_engine else m.collective_memory_wait
             for key, c in f.usage:
                 if key[0] == "hbm" and c > 0:
                     r = key[1]
-                    users.setdefault(r, []).append((f, f.cap * c / self.gpus[r].model.hbm_peak_bytes_per_s, wait))
+                    moved = f.cap * c
+                    if yielding and f.demand.uses_copy_engine:
+                        # A copy engine yielding to kernels moves what they leave of HBM.
+                        moved = min(moved, left[r])
+                    users.setdefault(r, []).append((f, moved / self.gpus[r].model.hbm_peak_bytes_per_s, wait))
         for i, (r, share, _) in enumerate(pressure):
             # A resident collective's pressure is a fixed share: it does not back off, and it
             # raises the latency the others see.
@@ -1535,6 +1542,24 @@ class Engine:
             f.latency_slow = flow_slow.get(id(f), 1.0)
             f.cap /= f.latency_slow
         return before
+
+    def _hbm_left(self, demands: list[tuple[int, dict[_Kernel, float]]], flows: list[_Flow],
+                  pressure: list[tuple[int, float, float]]) -> dict[int, float]:
+        """Per GPU, the HBM bandwidth (bytes/s) its kernels, SM flows and collective pressure leave
+        to copy engines that yield to them."""
+        left = {r: self.gpus[r].model.hbm_bytes_per_s - sum(d.values()) for r, d in demands}
+        for f in flows:
+            for key, c in f.usage:
+                if key[0] == "hbm":
+                    r = key[1]
+                    if r not in left:
+                        left[r] = self.gpus[r].model.hbm_bytes_per_s
+                    if not f.demand.uses_copy_engine:
+                        left[r] -= f.cap * c
+        for r, share, _ in pressure:
+            if r in left:
+                left[r] -= share * self.gpus[r].model.hbm_bytes_per_s
+        return {r: max(0.0, x) for r, x in left.items()}
 
     def _check(self, ranks: list[int], capacity: list[float], rates: list[float],
                usage: list[list[tuple[int, float]]]) -> None:

@@ -109,6 +109,21 @@ class Parameters(BaseModel):
     # 0 (the schema default): a tile's pace is its SM's alone. Measured by the calibration
     # harness's smloss part (cuBLAS's GEMMs beside 1 to 66 held SMs) where a GPU's file says so.
     gemm_load_share: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # Weight of copy-engine traffic (copies, copy-engine collectives) in HBM's max-min share,
+    # against 1 for a kernel. Under 1 the copy engines yield bandwidth to SM traffic, and the
+    # latency law counts only the bandwidth they are left: a kernel streaming at HBM's rate keeps
+    # it and stalls the copy, while one that asks little meets a loaded memory. 1 (the schema
+    # default): copies share HBM fairly and the law counts their full rate. Measured by the
+    # calibration harness's framework_copy part where a GPU's file says so.
+    copy_engine_hbm_weight: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Little's law for memory-bound kernels: each resident warp keeps a few hundred bytes in flight
+    # for about one memory latency, so a kernel of few warps moves at most this many bytes per
+    # second per warp whatever HBM could give it (a one-block kernel, a reduction over 24 blocks).
+    # Replay prices such a kernel's traffic at that rate: it leaves HBM to others and, far from
+    # saturating HBM alone, meets a loaded memory beside them. 0 (the schema default): every
+    # memory-bound kernel is taken to move data at HBM's achievable rate. Measured with Nsight
+    # Compute (the calibration harness's framework_ncu part) where a GPU's file says so.
+    memory_warp_bytes_per_s: float = Field(default=0.0, ge=0.0, le=1e11)
     # Weight of a collective's traffic in HBM's max-min share, per NCCL protocol.
     nccl_hbm_weight: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: {"ll": 1.0, "ll128": 1.0, "simple": 1.0})

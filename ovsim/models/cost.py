@@ -126,6 +126,11 @@ def alone_block_times(blocks: int, per_sm: int, sms: int, issue_fraction: float,
     return (waves - 1) * pace(per_sm) * load(sms) + tail
 
 
+def resident_warps(blocks: int, block: BlockShape, gpu: GpuSpec) -> int:
+    """Warps of a kernel resident at once on an idle GPU: its first wave's blocks times their warps."""
+    return min(blocks, gpu.sm.count * blocks_per_sm(block, gpu)) * -(-block.threads // 32)
+
+
 def demand_from_time(
     *,
     blocks: int,

@@ -181,17 +181,22 @@ def test_collective_with_a_late_rank_starts_when_it_arrives(h100: GpuSpec, h100_
     assert out.loc["ar0", "slowed_by"] == "waiting for peers"
 
 
-def test_copy_engine_transfer_takes_no_sms_but_slows_a_memory_bound_kernel(
-        h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
-    p = h100_calib.params
-    kernel = cost.memory_bound(8e9, h100, p)
-    hbm = h100.memory.bandwidth_bytes_per_s * p.hbm_achievable_fraction
+def _kernel_beside_copy(h100: GpuSpec, node: SystemSpec, params):  # type: ignore[no-untyped-def]
+    kernel = cost.memory_bound(8e9, h100, params)
+    hbm = h100.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     copy = FlowDemand(group="cp", ranks=(0,), bytes=8e9, latency_s=0.0, rate_cap_bytes_per_s=hbm * 0.4,
                       link_coeff=0.0, hbm_coeff=2.0, pattern="local", uses_copy_engine=True)
     ops = [Op("k", "k", "elementwise", 0, "compute", kernel=kernel), Op("cp", "cp", "transfer", 0, "copy", flow=copy)]
-    machine = build_machine(h100_node, h100, p, n_ranks=1)
+    machine = build_machine(node, h100, params, n_ranks=1)
     tl = Engine(Workload(ops=tuple(ops), streams=(StreamSpec(0, "compute"), StreamSpec(0, "copy")), n_ranks=1),
                 machine).run()
+    return tl, 8e9 / (hbm * 0.4)
+
+
+def test_copy_engine_transfer_takes_no_sms_and_shares_hbm_fairly_at_weight_1(
+        h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+    # copy_engine_hbm_weight 1 (the schema default): the copy takes its fair share of HBM.
+    tl, _ = _kernel_beside_copy(h100, h100_node, h100_calib.params.merged({"copy_engine_hbm_weight": 1.0}))
     out = tl.ops.set_index("id")
     assert out.loc["k", "slowdown"] > 1.2
     assert out.loc["k", "slowed_by"] == "sharing HBM"
@@ -199,6 +204,20 @@ def test_copy_engine_transfer_takes_no_sms_but_slows_a_memory_bound_kernel(
     sm = tl.counters[tl.counters["counter"] == "sm_busy_fraction"]
     after = sm[sm["time_s"] >= out.loc["k", "end_s"]]
     assert (after["value"] == 0).all() and out.loc["cp", "end_s"] > out.loc["k", "end_s"]
+
+
+def test_copy_engine_yields_hbm_to_a_streaming_kernel(h100: GpuSpec, h100_calib: Calibration,
+                                                       h100_node: SystemSpec) -> None:
+    """Max-min with weights: a kernel asking for all of HBM beside a copy of weight w per HBM byte
+    (w / 2 per byte copied) gets C / (1 + w / 2) while both run, and the copy, left nothing, moves
+    only its share w / 2 of it: it ends about the kernel's time plus its own time alone later. The
+    H100's copies stall under a streaming kernel that way (calibration/data/h100-sxm5-80gb/2026-11-27-d)."""
+    w = h100_calib.params.copy_engine_hbm_weight
+    assert w < 0.1
+    tl, copy_alone_s = _kernel_beside_copy(h100, h100_node, h100_calib.params)
+    out = tl.ops.set_index("id")
+    assert out.loc["k", "slowdown"] == pytest.approx(1 + w / 2, rel=0.02)
+    assert out.loc["cp", "end_s"] >= (out.loc["k", "duration_s"] + copy_alone_s) * (1 - w)
 
 
 def test_sm_carveout_keeps_compute_off_reserved_sms(h100: GpuSpec, h100_calib: Calibration,
