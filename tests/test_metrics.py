@@ -113,3 +113,18 @@ def test_pipeline_send_recv_counts_as_communication() -> None:
         assert len(p2p) > 0
         busy = union_intervals(p2p["start_s"].to_numpy(float), p2p["end_s"].to_numpy(float))
         assert o.comm_busy_s == pytest.approx(sum(e - s for s, e in busy), rel=1e-12)
+
+
+def test_a_collective_on_the_copy_engines_counts_as_communication() -> None:
+    """An all-gather offloaded to the copy engines is communication, unlike a plain copy: each
+    rank's communication is its all-gather's time on the comm stream."""
+    sc = Scenario.model_validate({"name": "ce", "system": "hgx-h100", "ranks": 2, "ops": [
+        {"name": "ag", "kind": "all_gather", "size_bytes": 256e6, "engine": "copy_engine", "stream": "comm"},
+        {"name": "add", "kind": "elementwise", "bytes": 4e9, "stream": "compute"}]})
+    ops = predict(sc).ops
+    ag = ops[(ops["name"] == "ag") & (ops["rank"] >= 0)]
+    assert set(ag["kind"]) == {"collective"}
+    for o in rank_overlap(ops):
+        mine = ag[ag["rank"] == o.rank]
+        assert o.comm_busy_s == pytest.approx(float((mine["end_s"] - mine["start_s"]).sum()), rel=1e-12)
+        assert o.comm_busy_s > 0

@@ -287,7 +287,9 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
         flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=bus, latency_s=params.ce_latency_s,
                           rate_cap_bytes_per_s=link_bw, link_coeff=1.0, hbm_coeff=2.0,
                           pattern="all_pairs", uses_copy_engine=True, protocol="ce")
-        return {r: (None, flow, "transfer") for r in ranks}
+        # A collective on the copy engines is still communication (metrics.COMM_KINDS); a CopyOp
+        # and a trace's memcpy are copies ("transfer"), which HTA counts as neither.
+        return {r: (None, flow, "collective") for r in ranks}
     plan = nccl.plan_collective(spec.kind, spec.size_bytes, len(ranks), gpu, system, algorithm=spec.algorithm,
                                 protocol=spec.protocol, channels=channels)
     measured = params.nccl_fitted.get(f"{plan.op}/{plan.algorithm}/{plan.protocol}/{plan.n_ranks}")
