@@ -139,6 +139,19 @@ def test_axis_values_read_as_a_scenario_file_would(axis: str, value: list[object
     assert [p[path] for p in json.loads(capsys.readouterr().out)["points"]] == value
 
 
+def test_none_is_text_as_in_a_scenario_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """YAML reads ``none`` as text, so an enum value such as ``tp_overlap: none`` can be swept;
+    ``null`` stays null."""
+    scenario = EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"
+    from ovsim.cli import _axis_value
+
+    assert _axis_value("none", "x=none") == "none"
+    assert _axis_value("null", "x=null") is None and _axis_value("~", "x=~") is None
+    assert main(["sweep", str(scenario), "--axis", "training.parallel.tp_overlap=none", "--mode", "analytic",
+                 "--json"]) == 0
+    assert [p["training.parallel.tp_overlap"] for p in json.loads(capsys.readouterr().out)["points"]] == ["none"]
+
+
 @pytest.mark.parametrize(("axis", "words"), [
     ("ops.gemm.m", "--axis: expected PATH=VALUE[,VALUE...], got 'ops.gemm.m'"),
     ("ops.gemm.m=1,,2", "--axis: an empty value in 'ops.gemm.m=1,,2'"),

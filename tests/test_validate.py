@@ -73,8 +73,12 @@ def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,
         h100 + "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
         h100 + "google_owlv2-large-patch14-ensemble__1016001.json.gz")})
     monkeypatch.setattr(validate, "GEMM_CASES", validate.MEMORY_CASES)
-    assert main(["validate", "--traces", str(TRACES), "--json"]) == 0
-    checks = json.loads(capsys.readouterr().out)["checks"]
+    rc = main(["validate", "--traces", str(TRACES), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    checks = doc["checks"]
+    # The status says whether every check passed, as the counts do.
+    assert doc["total"] == len(checks) and doc["passed"] == sum(c["passed"] for c in checks)
+    assert rc == (0 if doc["passed"] == doc["total"] else 1)
     span = next(c for c in checks if c["name"] == "dlrm_kineto.tar.gz: span")
     assert span["passed"] and span["group"] == validate.HELD_OUT
     # Held out: contention refitted on the other trace only; the fit row is labelled a fit.
@@ -111,6 +115,33 @@ def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,
     assert set(scen) == {"Qwen", "google"}
     assert scen["Qwen"]["passed"]
     assert "below 10 us (360)" in scen["google"]["note"]
+
+
+def _checks(*passing: bool) -> list[validate.Check]:
+    return [validate.Check(f"check {i} " + "x" * 70 * (i == 0), "published", 1.0, 1.0 if ok else 2.0, "s", 10.0,
+                           "a source") for i, ok in enumerate(passing)]
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_validate_exits_1_when_a_check_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                             quiet: bool) -> None:
+    monkeypatch.setattr(validate, "run", lambda *a, **k: _checks(True, False, True))
+    assert main(["validate", *(["--quiet"] if quiet else [])]) == 1
+    out = capsys.readouterr().out
+    if quiet:
+        assert out == ""
+    else:
+        assert "2 of 3 checks pass" in out
+        # The long name is printed whole (on a line of its own), not cut at the column's width.
+        assert ("check 0 " + "x" * 70) in out.splitlines()
+
+
+def test_validate_exits_0_when_every_check_passes(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(validate, "run", lambda *a, **k: _checks(True, True))
+    assert main(["validate", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["passed"], doc["total"]) == (2, 2)
 
 
 def test_validate_rejects_a_missing_folder(capsys: pytest.CaptureFixture[str]) -> None:
