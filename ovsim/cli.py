@@ -868,6 +868,33 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Arguments naming files a command writes, and files or folders it reads.
+_OUTPUTS = ("timeline", "plot", "csv", "output")
+_INPUTS = ("scenario", "scenarios", "traces", "calibration", "power_log")
+
+
+def _refuse_clobber(args: argparse.Namespace) -> None:
+    """An output that is also an input of the same command would be lost when written (a
+    scenario overwritten by its own timeline): refused before any work."""
+    from pathlib import Path
+
+    inputs: list[Path] = []
+    for name in _INPUTS:
+        value = getattr(args, name, None)
+        for x in value if isinstance(value, list) else [value] if value else []:
+            # --power-log takes [TRACE=]LOG.
+            inputs.append(Path(x.split("=", 1)[-1] if name == "power_log" else x))
+    for name in _OUTPUTS:
+        out = getattr(args, name, None)
+        if not out:
+            continue
+        target = Path(out).resolve()
+        for src in inputs:
+            if target == src.resolve() or (target.exists() and src.exists() and os.path.samefile(target, src)):
+                raise OvsimError(f"is also an input of this command ({src}); write to another file", source=out,
+                                 field=f"--{name}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
@@ -876,6 +903,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # like every other outcome.
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     try:
+        _refuse_clobber(args)
         code: int = args.func(args)
         return code
     except OvsimError as e:

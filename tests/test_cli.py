@@ -350,3 +350,26 @@ def test_replay_reports_exposed_and_hidden_communication(tmp_path: Path, capsys:
     comm = next(line for line in out if line.startswith("comm"))
     assert (f"measured 0.010 ms, predicted {s['exposed_comm_predicted_s'] * 1e3:.3f} ms" in comm
             and f"measured 50.0%, predicted {s['hidden_pct_predicted']:.1f}%" in comm)
+
+
+@pytest.mark.parametrize("flag", ["--timeline", "--plot"])
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path: Path, flag: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = tmp_path / "v.yaml"
+    text = (Path(__file__).resolve().parents[1] / "examples" / "gemm-allreduce-h100x4-priority.yaml").read_text()
+    scenario.write_text(text)
+    (tmp_path / "link.yaml").symlink_to(scenario)
+    for out in (scenario, tmp_path / "link.yaml"):
+        assert main(["predict", str(scenario), flag, str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is also an input of this command" in err
+    assert scenario.read_text() == text
+
+
+def test_calibrate_refuses_to_write_over_its_power_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "power.csv"
+    log.write_text("timestamp, index, power.draw [W]\n")
+    assert main(["calibrate", str(tmp_path), "--gpu", "h100-sxm5-80gb", "-o", str(log),
+                 "--power-log", f"run={log}"]) == 2
+    assert "--output: is also an input" in capsys.readouterr().err
+    assert log.read_text() == "timestamp, index, power.draw [W]\n"
