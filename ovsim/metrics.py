@@ -6,8 +6,9 @@ Trace Analysis's definition (``get_comm_comp_overlap``): the time in which some 
 and some compute kernel of the same rank both run, over the union of communication intervals.
 Copies and memsets count as neither, as in HTA's memory category: the table's ``copy`` and
 ``memset`` and the engine's ``transfer`` (a copy-engine flow: a replayed memcpy or memset, a
-scenario's copy, or a collective run on copy engines, whose copies a profiler records as memcpys).
-NCCL kernels, pipeline send/recv included, are ``collective`` in both and count as communication.
+scenario's copy). NCCL kernels, pipeline send/recv included, are ``collective`` in both and count as
+communication, and so does a scenario's collective run on copy engines (its ops are ``collective``
+too, though a profiler would record its copies as memcpys).
 """
 
 from __future__ import annotations
