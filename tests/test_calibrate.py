@@ -49,6 +49,7 @@ PRESSURE_PER_BLOCK = PRESSURE / 2
 MEM_EFF = load_calibration(load_gpu(GPU), GPU).params.memory_kernel_efficiency
 # kernel_overhead_s of the shipped H100 calibration, in microseconds: the time a kernel moves no data.
 OVERHEAD_US = load_calibration(load_gpu(GPU), GPU).params.kernel_overhead_s * 1e6
+STREAMING_GRID = 1056
 # The newest shipped version of the GPU's calibration file.
 SHIPPED = max(int(p.name.split(".v")[-1].removesuffix(".yaml")) for p in CALIB_DIR.glob(f"{GPU}.v*.yaml"))
 
@@ -95,10 +96,12 @@ def contention_trace() -> TraceBundle:
     need = MEM_EFF * (10.0 - OVERHEAD_US) / 10.0
     assert need > 1 - PRESSURE  # so the planted pressure slows it
     slowed = 10.0 * planted_slowdown(need, PRESSURE)
-    rows = [kernel("ew", t, 10.0) for t in (0.0, 20.0, 40.0)]
+    # 1056 blocks of 4 warps: 8 blocks an SM, one wave beside the collective's blocks, and enough
+    # warps in flight to stream at HBM's rate (Little's law, memory_warp_bytes_per_s).
+    rows = [kernel("ew", t, 10.0, grid=STREAMING_GRID) for t in (0.0, 20.0, 40.0)]
     rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 100.0, 400.0, stream=9, kind="collective", grid=2,
                        collective="all_reduce", protocol="LL", algorithm="ring"))
-    rows += [kernel("ew", 110.0 + 40.0 * i, slowed) for i in range(6)]
+    rows += [kernel("ew", 110.0 + 40.0 * i, slowed, grid=STREAMING_GRID) for i in range(6)]
     return TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME})
 
 
