@@ -90,6 +90,7 @@ def test_kernels_build_with_the_footprints_the_harness_assumes(arch: str, tmp_pa
     report = r.stdout + r.stderr
     used = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S))
     assert {k: int(v) for k, v in used.items()}.keys() == {"ovsim_channel_copy", "ovsim_channel_reduce",
+                                                           "ovsim_channel_poll",
                                                            "ovsim_probe_first", "ovsim_probe_second",
                                                            "ovsim_gemm_tile64", "ovsim_clock_probe"}
     assert int(used["ovsim_channel_copy"]) >= CHANNEL_MIN_REGISTERS
