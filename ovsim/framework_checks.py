@@ -1,16 +1,16 @@
 """Held-out checks on a real framework's kernels beside communication-like kernels.
 
 The calibration harness's ``framework`` part (calibration/harness/framework.py) runs the kernels of
-one GPT-2 layer as PyTorch 2.11 launches them on an H100 (layer norm forward and backward, GELU,
+one GPT-2 layer as PyTorch 2.11 launches them on an H100 and an H200 (layer norm forward and backward, GELU,
 dropout, softmax, residual adds, a bias-gradient reduction, a multi-tensor optimizer step, FP32
 GEMMs, attention, and one- and few-block elementwise kernels of about a microsecond), each alone and
 then beside one long channel kernel (copy loops of 1 to 32 channels, a reduce loop of 8, and 8
 channels that only poll flags in L2). Nothing in the shipped calibration was fitted on these data
 sets, so replaying them with it predicts every overlapped kernel held out.
 
-Each row pools one kernel's overlapped instances over every channel configuration and data set, and
-passes at the held-out replay bar (10% MAPE, and a third of naive). What the rows show, and which
-kernels the model misses, is in docs/calibration.md ("Real framework kernels beside channels").
+Each row pools one kernel's overlapped instances on one GPU over every channel configuration and
+data set, and passes at the held-out replay bar (10% MAPE, and a third of naive). What the rows
+show, and which kernels the model misses, is in docs/real-kernels.md.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 
 # Data sets of the framework part, and their GPU spec.
 FRAMEWORK_SETS: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-27-d", "h100-sxm5-80gb"),
-                                               ("h100-sxm5-80gb/2026-11-27-e", "h100-sxm5-80gb"))
+                                               ("h100-sxm5-80gb/2026-11-27-e", "h100-sxm5-80gb"),
+                                               ("h200-sxm/2026-11-27-f", "h200-sxm"))
 FRAMEWORK_GROUP = ("measured framework kernels beside channels (calibration harness framework part; "
                    "predicted: nothing fitted on it)")
-GPU_NAMES = {"h100-sxm5-80gb": "NVIDIA H100 80GB HBM3"}
+GPU_NAMES = {"h100-sxm5-80gb": "NVIDIA H100 80GB HBM3", "h200-sxm": "NVIDIA H200"}
 
 
 def framework_experiments(folder: Path, rel: str, gpu: str) -> list[tuple[str, TraceBundle]]:
@@ -70,7 +71,7 @@ def _pool(jobs: Sequence[tuple[TraceBundle, str]]) -> list[list[float]]:
 
 
 def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], None] | None = None) -> list[Check]:
-    """One row per framework kernel: its overlapped instances over every data set of
+    """One row per framework kernel and GPU: its overlapped instances over the GPU's data sets of
     ``FRAMEWORK_SETS``, replayed held out (see the module docstring)."""
     from ovsim.validate import Check, _replay_row
 
@@ -78,7 +79,7 @@ def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], N
     sources: dict[str, list[str]] = {}
     for rel, gpu in FRAMEWORK_SETS:
         for label, bundle in framework_experiments(folder, rel, gpu):
-            victim = label.split("__", 1)[0]
+            victim = f"{gpu.split('-')[0]} framework: {label.split('__', 1)[0]}"
             by_victim.setdefault(victim, []).append((bundle, gpu))
             if rel not in sources.setdefault(victim, []):
                 sources[victim].append(rel)
@@ -98,7 +99,7 @@ def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], N
         if row is None:
             continue
         n, mape, naive, bar = row
-        checks.append(Check(f"h100 framework: {victim} ({n} kernels)", FRAMEWORK_GROUP, bar, mape, "% MAPE", 0.0,
+        checks.append(Check(f"{victim} ({n} kernels)", FRAMEWORK_GROUP, bar, mape, "% MAPE", 0.0,
                             ", ".join(f"calibration/data/{r}" for r in sources[victim]), rule="at_most",
                             note=f"naive {naive:.1f}%; beside copy channels (1-32), a reduce loop (8) and polling "
                                  "channels (8); the shipped calibration, fitted on none of these"))
@@ -108,6 +109,8 @@ def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], N
 
 COPY_GROUP = ("measured framework kernels beside copy engines (calibration harness framework_copy part; "
               "held out: the copy engines' parameters fitted on another data set)")
+COPY_FIT_GROUP = ("measured framework kernels beside copy engines (calibration harness framework_copy part; the data "
+                  "set the copy engines' weight is fitted on)")
 # The data set the copy-engine parameters are fitted on (calibration/harness/fit_copy_engine.py);
 # the others of FRAMEWORK_SETS are held out.
 COPY_FIT_SET = "h100-sxm5-80gb/2026-11-27-d"
@@ -155,6 +158,7 @@ def copy_slowdowns(table: pd.DataFrame, gpu: str, overrides: dict[str, Any] | No
 COPY_SETS: tuple[tuple[str, str], ...] = ((COPY_FIT_SET, "h100-sxm5-80gb"),
                                           ("h100-sxm5-80gb/2026-11-27-e", "h100-sxm5-80gb"),
                                           ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
+                                          ("h200-sxm/2026-11-27-f", "h200-sxm"),
                                           ("h200-sxm/2026-11-26", "h200-sxm"))
 
 
@@ -172,7 +176,7 @@ def copy_table(folder: Path, rel: str) -> pd.DataFrame | None:
 def copy_checks(folder: Path) -> list[Check]:
     """Per data set of ``COPY_SETS``: the kernels' slowdowns beside copies, predicted from their time
     alone with the shipped calibration, against the measured ones (MAPE; the held-out bar)."""
-    from ovsim.validate import FIT, Check, _held_out_bar
+    from ovsim.validate import Check, _held_out_bar
 
     checks = []
     for rel, gpu in COPY_SETS:
@@ -191,7 +195,7 @@ def copy_checks(folder: Path) -> list[Check]:
         what = ("the copy engines' weight fitted here (a consistency check)" if fitted else
                 f"held out: the copy engines' weight fitted on calibration/data/{COPY_FIT_SET}")
         checks.append(Check(f"{gpu} {rel.rsplit('/', 1)[-1]}: slowdowns beside copies ({len(s)} kernels)",
-                            FIT if fitted else COPY_GROUP, _held_out_bar(naive), mape, "% MAPE", 0.0,
+                            COPY_FIT_GROUP if fitted else COPY_GROUP, _held_out_bar(naive), mape, "% MAPE", 0.0,
                             f"calibration/data/{rel}", rule="at_most",
                             note=f"naive (no slowdown) {naive:.1f}%; copies sharing HBM fairly (the model before) "
                                  f"{fair_pct:.1f}%; {what}"))

@@ -37,7 +37,7 @@ def test_no_data_set_no_rows(tmp_path: Path) -> None:
 
 def test_rows_pool_a_kernel_over_data_sets(tmp_path: Path) -> None:
     # Two experiments of one kernel, one in each data set: one row, its kernels counted from both.
-    for rel, gpu in FRAMEWORK_SETS:
+    for rel, gpu in FRAMEWORK_SETS[:2]:
         src = pd.read_parquet(MEASURED_DATA / rel / "tables" / "framework.parquet")
         keep = src[src["experiment"].isin(["sgemm_f32_8192x768x768__copy_8"])]
         (tmp_path / rel / "tables").mkdir(parents=True)
@@ -46,4 +46,5 @@ def test_rows_pool_a_kernel_over_data_sets(tmp_path: Path) -> None:
     rows = framework_checks(tmp_path)
     assert [r.group for r in rows] == [FRAMEWORK_GROUP]
     assert rows[0].name == "h100 framework: sgemm_f32_8192x768x768 (24 kernels)"
+    # The H100's two data sets, not the H200's (its own row).
     assert "2026-11-27-d" in rows[0].source and "2026-11-27-e" in rows[0].source
