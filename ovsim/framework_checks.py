@@ -1,12 +1,13 @@
 """Held-out checks on a real framework's kernels beside communication-like kernels.
 
 The calibration harness's ``framework`` part (calibration/harness/framework.py) runs the kernels of
-one GPT-2 layer as PyTorch 2.11 launches them on an H100 and an H200 (layer norm forward and backward, GELU,
-dropout, softmax, residual adds, a bias-gradient reduction, a multi-tensor optimizer step, FP32
-GEMMs, attention, and one- and few-block elementwise kernels of about a microsecond), each alone and
-then beside one long channel kernel (copy loops of 1 to 32 channels, a reduce loop of 8, and 8
-channels that only poll flags in L2). Nothing in the shipped calibration was fitted on these data
-sets, so replaying them with it predicts every overlapped kernel held out.
+one GPT-2 layer as PyTorch 2.11 launches them on an H100 and an H200 (layer norm forward and
+backward, GELU, dropout, softmax, residual adds, a bias-gradient reduction, a multi-tensor optimizer
+step, FP32 GEMMs, attention, and one- and few-block elementwise kernels of about a microsecond), each
+alone and then beside one long channel kernel (copy loops of 1 to 32 channels, a reduce loop of 8,
+and 8 channels that only poll flags in L2). Nothing in the shipped calibration was fitted on these
+experiments (the copy engines' weight and the warps' bound come from the same data sets' kernels
+beside copies and alone), so replaying them with it predicts every overlapped kernel held out.
 
 Each row pools one kernel's overlapped instances on one GPU over every channel configuration and
 data set, and passes at the held-out replay bar (10% MAPE, and a third of naive). What the rows
@@ -34,7 +35,7 @@ FRAMEWORK_SETS: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-27-d", "
                                                ("h100-sxm5-80gb/2026-11-27-e", "h100-sxm5-80gb"),
                                                ("h200-sxm/2026-11-27-f", "h200-sxm"))
 FRAMEWORK_GROUP = ("measured framework kernels beside channels (calibration harness framework part; "
-                   "predicted: nothing fitted on it)")
+                   "predicted: nothing fitted on these experiments)")
 GPU_NAMES = {"h100-sxm5-80gb": "NVIDIA H100 80GB HBM3", "h200-sxm": "NVIDIA H200"}
 
 
