@@ -16,7 +16,8 @@ show, and which kernels the model misses, is in docs/real-kernels.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
@@ -52,36 +53,18 @@ def framework_experiments(folder: Path, rel: str, gpu: str) -> list[tuple[str, T
     return out
 
 
-def scored(bundle: TraceBundle, gpu: str) -> tuple[list[float], list[float], list[float]]:
-    """(measured, predicted, isolated) durations of the experiment's overlapped kernels, replayed
-    with the shipped calibration."""
-    from ovsim.replay import replay
-
-    k = replay(bundle, gpu=gpu, counters=False).kernels
-    sel = k["overlapped"] & (k["isolated_source"] == "signature")
-    return (k.loc[sel, "measured_duration_s"].tolist(), k.loc[sel, "predicted_duration_s"].tolist(),
-            k.loc[sel, "isolated_s"].tolist())
-
-
-def _pool(jobs: Sequence[tuple[TraceBundle, str]]) -> list[list[float]]:
-    pooled: list[list[float]] = [[], [], []]
-    for bundle, gpu in jobs:
-        for acc, xs in zip(pooled, scored(bundle, gpu), strict=True):
-            acc.extend(xs)
-    return pooled
-
-
 def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], None] | None = None) -> list[Check]:
     """One row per framework kernel and GPU: its overlapped instances over the GPU's data sets of
     ``FRAMEWORK_SETS``, replayed held out (see the module docstring)."""
-    from ovsim.validate import Check, _replay_row
+    from ovsim.calibrate import TraceInput
+    from ovsim.validate import Check, _pooled, _replay_row
 
-    by_victim: dict[str, list[tuple[TraceBundle, str]]] = {}
+    by_victim: dict[str, list[TraceInput]] = {}
     sources: dict[str, list[str]] = {}
     for rel, gpu in FRAMEWORK_SETS:
         for label, bundle in framework_experiments(folder, rel, gpu):
             victim = f"{gpu.split('-')[0]} framework: {label.split('__', 1)[0]}"
-            by_victim.setdefault(victim, []).append((bundle, gpu))
+            by_victim.setdefault(victim, []).append(TraceInput(bundle=bundle, label=label, gpu=gpu))
             if rel not in sources.setdefault(victim, []):
                 sources[victim].append(rel)
     if not by_victim:
@@ -93,7 +76,7 @@ def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], N
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
     with pool or nullcontext():
         run = pool.map if pool is not None else map
-        pooled = list(run(_pool, [by_victim[v] for v in names]))
+        pooled = list(run(_pooled, [by_victim[v] for v in names], itertools.repeat({})))
     checks = []
     for victim, series in zip(names, pooled, strict=True):
         row = _replay_row(series)
@@ -107,7 +90,6 @@ def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], N
     return checks
 
 
-
 COPY_GROUP = ("measured framework kernels beside copy engines (calibration harness framework_copy part; "
               "held out: the copy engines' parameters fitted on another data set)")
 COPY_FIT_GROUP = ("measured framework kernels beside copy engines (calibration harness framework_copy part; the data "
@@ -117,9 +99,11 @@ COPY_FIT_GROUP = ("measured framework kernels beside copy engines (calibration h
 COPY_FIT_SET = "h100-sxm5-80gb/2026-11-27-d"
 
 
-def copy_slowdowns(table: pd.DataFrame, gpu: str, overrides: dict[str, Any] | None = None) -> pd.DataFrame:
-    """Per experiment of a ``framework_copy`` table (merged, column ``experiment``) and compute
-    kernel: its median time alone, and its measured and predicted slowdown beside the copies.
+def beside_slowdowns(table: pd.DataFrame, gpu: str, overrides: dict[str, Any] | None = None, *,
+                   beside: str = "copy", predict: bool = True) -> pd.DataFrame:
+    """Per experiment of a merged table (column ``experiment``) and compute kernel: its median time
+    alone, and its measured (and, with ``predict``, predicted) slowdown beside activities of kind
+    ``beside`` (copies, or the channels' collectives).
 
     Replay takes the isolated time of a kernel that overlaps no collective from its own (here
     overlapped) measurement; the overlapped instances are given their kernel's median alone first,
@@ -129,7 +113,7 @@ def copy_slowdowns(table: pd.DataFrame, gpu: str, overrides: dict[str, Any] | No
     rows = []
     for exp, g in table.groupby("experiment", sort=True):
         g = g.drop(columns="experiment").reset_index(drop=True)
-        copies = g[g["kind"] == "copy"]
+        copies = g[g["kind"] == beside]
         cs, ce = copies["start_s"].to_numpy(), (copies["start_s"] + copies["duration_s"]).to_numpy()
         k = g[g["kind"].isin(COMPUTE_KINDS)]
         s, e = k["start_s"].to_numpy(), (k["start_s"] + k["duration_s"]).to_numpy()
@@ -144,9 +128,12 @@ def copy_slowdowns(table: pd.DataFrame, gpu: str, overrides: dict[str, Any] | No
                 dur[np.asarray(idx)[hit[m]]] = a
         if not alone:
             continue
-        bundle = TraceBundle(kernels=validate_table(g.assign(duration_s=dur), str(exp)),
-                             gpu_names={0: GPU_NAMES.get(gpu, gpu)})
-        pred = replay(bundle, gpu=gpu, counters=False, overrides=overrides).kernels["predicted_duration_s"].to_numpy()
+        pred = np.full(len(g), np.nan)
+        if predict:
+            bundle = TraceBundle(kernels=validate_table(g.assign(duration_s=dur), str(exp)),
+                                 gpu_names={0: GPU_NAMES.get(gpu, gpu)})
+            pred = replay(bundle, gpu=gpu, counters=False, overrides=overrides).kernels["predicted_duration_s"]\
+                .to_numpy()
         for name, (a, over, measured) in alone.items():
             rows.append({"experiment": str(exp), "name": name, "alone_s": a,
                          "measured": float(np.median(measured)) / a, "predicted": float(np.median(pred[over])) / a})
@@ -177,6 +164,7 @@ def copy_table(folder: Path, rel: str) -> pd.DataFrame | None:
 def copy_checks(folder: Path) -> list[Check]:
     """Per data set of ``COPY_SETS``: the kernels' slowdowns beside copies, predicted from their time
     alone with the shipped calibration, against the measured ones (MAPE; the held-out bar)."""
+    from ovsim.replay import _mape
     from ovsim.validate import Check, _held_out_bar
 
     checks = []
@@ -184,14 +172,14 @@ def copy_checks(folder: Path) -> list[Check]:
         table = copy_table(folder, rel)
         if table is None:
             continue
-        s = copy_slowdowns(table, gpu)
+        s = beside_slowdowns(table, gpu)
         if s.empty:
             continue
-        mape = float(np.mean(np.abs(s["predicted"] - s["measured"]) / s["measured"]) * 100)
-        naive = float(np.mean(np.abs(1.0 - s["measured"]) / s["measured"]) * 100)
+        measured = s["measured"].to_numpy()
+        mape, naive = _mape(s["predicted"].to_numpy(), measured), _mape(np.ones(len(s)), measured)
         # The copy engines sharing HBM fairly and moving at their full rate in the latency law.
-        fair = copy_slowdowns(table, gpu, {"copy_engine_hbm_weight": 1.0, "memory_warp_bytes_per_s": 0.0})
-        fair_pct = float(np.mean(np.abs(fair["predicted"] - fair["measured"]) / fair["measured"]) * 100)
+        fair = beside_slowdowns(table, gpu, {"copy_engine_hbm_weight": 1.0, "memory_warp_bytes_per_s": 0.0})
+        fair_pct = _mape(fair["predicted"].to_numpy(), fair["measured"].to_numpy())
         fitted = rel == COPY_FIT_SET
         what = ("the copy engines' weight fitted here (a consistency check)" if fitted else
                 f"held out: the copy engines' weight fitted on calibration/data/{COPY_FIT_SET}")

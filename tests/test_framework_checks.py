@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ovsim.framework_checks import FRAMEWORK_GROUP, FRAMEWORK_SETS, framework_checks, framework_experiments, scored
-from ovsim.validate import MEASURED_DATA
+from ovsim.calibrate import TraceInput
+from ovsim.framework_checks import FRAMEWORK_GROUP, FRAMEWORK_SETS, framework_checks, framework_experiments
+from ovsim.validate import MEASURED_DATA, _scored
 
 SWEEP = "h100-sxm5-80gb/2026-11-27-e"
 
@@ -25,7 +26,8 @@ def test_a_gemm_beside_32_channels_is_predicted_nearer_than_naive() -> None:
     # Measured: the FP32 GEMM's 12 instances beside 32 copy channels took about 1.39x their time
     # alone. The shipped H100 calibration never saw this data set.
     bundle = dict(framework_experiments(MEASURED_DATA, SWEEP, "h100-sxm5-80gb"))["sgemm_f32_8192x768x768__copy_32"]
-    meas, pred, iso = (np.asarray(x) for x in scored(bundle, "h100-sxm5-80gb"))
+    tr = TraceInput(bundle=bundle, label="sgemm_f32_8192x768x768__copy_32", gpu="h100-sxm5-80gb")
+    meas, pred, iso = (np.asarray(x) for x in _scored(tr, None))
     assert len(meas) == 12
     assert 1.3 < float(np.median(meas / iso)) < 1.5
     assert np.mean(np.abs(pred - meas) / meas) < np.mean(np.abs(iso - meas) / meas) / 2

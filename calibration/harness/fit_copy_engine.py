@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 
 from ovsim.calibrate import FitReport, TraceInput, write_shipped
-from ovsim.framework_checks import COPY_FIT_SET, copy_slowdowns
+from ovsim.framework_checks import COPY_FIT_SET, beside_slowdowns
+from ovsim.replay import _mape
 from ovsim.traces.ncu import load_ncu_csv
 from ovsim.traces.table import TraceBundle, validate_table
 
@@ -71,8 +72,8 @@ def warp_rate(ncu_csv: Path) -> tuple[float, list[dict[str, float]]]:
 
 
 def copy_error_pct(table: pd.DataFrame, overrides: dict[str, float]) -> float:
-    s = copy_slowdowns(table, GPU, overrides)
-    return float(np.mean(np.abs(s["predicted"] - s["measured"]) / s["measured"]) * 100)
+    s = beside_slowdowns(table, GPU, overrides)
+    return _mape(s["predicted"].to_numpy(), s["measured"].to_numpy())
 
 
 def provenance_input(folder: Path, table: pd.DataFrame) -> TraceInput:
@@ -102,8 +103,8 @@ def main() -> int:
     for w, e in errors.items():
         print(f"copy_engine_hbm_weight {w:<5} slowdown error {e:5.1f}%")
     best = min(errors, key=lambda w: errors[w])
-    measured = copy_slowdowns(table, GPU, {})["measured"]
-    naive = float(np.mean(np.abs(1 - measured) / measured) * 100)
+    measured = beside_slowdowns(table, GPU, predict=False)["measured"].to_numpy()
+    naive = _mape(np.ones(len(measured)), measured)
     src_rate = (f"measured: calibration/data/{COPY_FIT_SET} (framework_ncu part: Nsight Compute, each kernel of a "
                 f"GPT-2 layer alone), the DRAM bytes over the duration over the resident warps of the "
                 f"{len(kernels)} kernels moving over 1 MB at under {LATENCY_BOUND_DRAM_PCT:g}% of HBM's peak, "
