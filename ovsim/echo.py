@@ -27,11 +27,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from ovsim.errors import OvsimError
+
+if TYPE_CHECKING:
+    from ovsim.validate import Check
 
 ECHO_FILE = "echo-slowdown/merged_features.csv"
 ECHO_GPU = "a100-sxm4-40gb"
@@ -144,3 +148,34 @@ def predict(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
         raise OvsimError("an overlapped kernel took its isolated time from elsewhere than its single-GPU run",
                          source=str(path), field="ground_truth")
     return rows, k["predicted_duration_s"].to_numpy(dtype=float)[scored]
+
+
+ECHO_GROUP = "peer data set: Echo's kernel slowdowns under NCCL on 2x A100 (held out: nothing fitted on it)"
+
+
+def echo_checks(folder: Path) -> list[Check]:
+    """The overlapped kernels of Echo's data set (``ovsim.echo``) predicted by replay: the share
+    within 5% of the measured 2-GPU duration (target: at least 60%) and the summed duration's error
+    (target: within 3%), beside the naive prediction and Echo's own in-sample figures."""
+    from ovsim.validate import Check
+
+    path = folder / ECHO_FILE
+    if not path.is_file():
+        return []
+    rows, pred = predict(path)
+    meas = rows["measured_s"].to_numpy(dtype=float)
+    got, naive = score(pred, meas), score(rows["alone_s"].to_numpy(dtype=float), meas)
+    xgb, const = ECHO_XGBOOST, ECHO_CONSTANT_RATIO
+    src = "github.com/NetX-lab/Echo-slowdown (MIT), merged_features.csv and output_metrics.txt"
+    n = f"{got.kernels} overlapped kernels"
+    return [
+        Check(f"echo-slowdown: kernels within 5% ({n})", ECHO_GROUP, xgb["within_5_pct"], got.within_5_pct, "%",
+              0.0, src, rule="band", low=60.0, high=100.0,
+              note=f"within 10%: {got.within_10_pct:.1f}% (naive {naive.within_10_pct:.1f}%), MAPE {got.mape_pct:.1f}% "
+                   f"(naive {naive.mape_pct:.1f}%); naive within 5%: {naive.within_5_pct:.1f}%; reference: Echo's "
+                   f"XGBoost, in-sample; Echo's constant-ratio baseline {const['within_5_pct']:.1f}%; target >= 60%"),
+        Check(f"echo-slowdown: summed duration error ({n})", ECHO_GROUP, xgb["summed_pct"], got.summed_pct, "%",
+              0.0, src, rule="band", low=-3.0, high=3.0,
+              note=f"naive {naive.summed_pct:+.1f}%; reference: Echo's XGBoost, in-sample; Echo's constant-ratio "
+                   f"baseline {const['summed_pct']:+.1f}%; target within 3%"),
+    ]

@@ -1570,49 +1570,16 @@ def measured_copy_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     return checks
 
 
-def _framework_checks(workers: int, on_stage: Callable[[str], None] | None) -> list[Check]:
-    from ovsim.framework_checks import copy_checks, framework_checks
-
-    return framework_checks(MEASURED_DATA, workers, on_stage) + copy_checks(MEASURED_DATA)
-
-
-ECHO_GROUP = "peer data set: Echo's kernel slowdowns under NCCL on 2x A100 (held out: nothing fitted on it)"
-
-
-def echo_checks(folder: Path) -> list[Check]:
-    """The overlapped kernels of Echo's data set (``ovsim.echo``) predicted by replay: the share
-    within 5% of the measured 2-GPU duration (target: at least 60%) and the summed duration's error
-    (target: within 3%), beside the naive prediction and Echo's own in-sample figures."""
-    from ovsim import echo
-
-    path = folder / echo.ECHO_FILE
-    if not path.is_file():
-        return []
-    rows, pred = echo.predict(path)
-    meas = rows["measured_s"].to_numpy(dtype=float)
-    got, naive = echo.score(pred, meas), echo.score(rows["alone_s"].to_numpy(dtype=float), meas)
-    xgb, const = echo.ECHO_XGBOOST, echo.ECHO_CONSTANT_RATIO
-    src = "github.com/NetX-lab/Echo-slowdown (MIT), merged_features.csv and output_metrics.txt"
-    n = f"{got.kernels} overlapped kernels"
-    return [
-        Check(f"echo-slowdown: kernels within 5% ({n})", ECHO_GROUP, xgb["within_5_pct"], got.within_5_pct, "%",
-              0.0, src, rule="band", low=60.0, high=100.0,
-              note=f"within 10%: {got.within_10_pct:.1f}% (naive {naive.within_10_pct:.1f}%), MAPE {got.mape_pct:.1f}% "
-                   f"(naive {naive.mape_pct:.1f}%); naive within 5%: {naive.within_5_pct:.1f}%; reference: Echo's "
-                   f"XGBoost, in-sample; Echo's constant-ratio baseline {const['within_5_pct']:.1f}%; target >= 60%"),
-        Check(f"echo-slowdown: summed duration error ({n})", ECHO_GROUP, xgb["summed_pct"], got.summed_pct, "%",
-              0.0, src, rule="band", low=-3.0, high=3.0,
-              note=f"naive {naive.summed_pct:+.1f}%; reference: Echo's XGBoost, in-sample; Echo's constant-ratio "
-                   f"baseline {const['summed_pct']:+.1f}%; target within 3%"),
-    ]
-
-
 def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, workers: int = 1,
         studies: bool = False, measured: bool = False) -> list[Check]:
     """Every check: published figures and power, with ``studies`` the overlap studies' figures, with
     ``measured`` the calibration harness's kernels beside communication (:func:`measured_checks`),
     and with ``traces`` the shared traces replayed (their folds, the measured folds and the studies'
     configurations in ``workers`` processes when more than 1; 0: one per CPU core)."""
+    # Their modules build on this one's Check and replay helpers: imported here, not at the top.
+    from ovsim.echo import echo_checks
+    from ovsim.framework_checks import copy_checks, framework_checks
+
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
     workers = workers or os.cpu_count() or 1
@@ -1632,7 +1599,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
                    + measured_gemm_checks(MEASURED_DATA) + measured_shape_checks(MEASURED_DATA)
                    + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA)
                    + measured_hbm_checks(MEASURED_DATA) + measured_smloss_checks(MEASURED_DATA, workers)
-                   + _framework_checks(workers, on_trace))
+                   + framework_checks(MEASURED_DATA, workers, on_trace) + copy_checks(MEASURED_DATA))
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)
                    + gemm_checks(traces, on_trace) + echo_checks(traces))

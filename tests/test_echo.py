@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from ovsim import echo
+from ovsim.echo import ECHO_GROUP, echo_checks
 from ovsim.errors import OvsimError
 from ovsim.replay import replay
-from ovsim.validate import ECHO_GROUP, echo_checks
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
