@@ -20,8 +20,9 @@ slowdown from traffic that evicts L2 can be told from the slowdown of HBM itself
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # Echo's GPT-2 (define_model.py, train_script.py there): batch 16 x sequence 512 tokens, hidden 768,
@@ -92,6 +93,18 @@ def victims(h: Any) -> dict[str, Callable[[], Any]]:
     return out
 
 
+@contextlib.contextmanager
+def fp32_gemms(torch: Any) -> Iterator[None]:
+    """FP32 GEMMs as PyTorch runs them by default (and Echo's run did): SIMT sgemm, not the TF32
+    the rest of the harness asks for; restored after."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
 def _reps(victim_s: float) -> int:
     """Repeats a victim runs alone and beside: more of the short ones, whose durations scatter more."""
     return 30 if victim_s < 50e-6 else 12 if victim_s < 1e-3 else 6
@@ -115,11 +128,7 @@ def part_framework(h: Any, smem_bytes: int,
                    overlappers: tuple[tuple[str, int], ...] = CHANNEL_OVERLAPPERS) -> None:
     """Each victim alone, then beside each of ``CHANNEL_OVERLAPPERS`` (channels of ``smem_bytes``
     dynamic shared memory each), at normal priority, the channel launched first."""
-    t = h.torch
-    tf32 = t.backends.cuda.matmul.allow_tf32
-    # FP32 GEMMs as PyTorch runs them by default (and Echo's run did): SIMT sgemm, not TF32.
-    t.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with fp32_gemms(h.torch):
         for vname, fn in victims(h).items():
             victim_s = h.time_alone_s(fn, reps=5)
             reps = _reps(victim_s)
@@ -136,8 +145,6 @@ def part_framework(h: Any, smem_bytes: int,
                                   priority="normal", first="comm", comm_iters=iters, victim_alone_s=victim_s,
                                   repeats=reps) as ctx:
                     h._alone_then_beside(fn, comm, h.normal, "comm", reps, ctx, op, channels)
-    finally:
-        t.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def part_framework_copy(h: Any, overlappers: tuple[tuple[int, int], ...] = COPY_OVERLAPPERS) -> None:
@@ -145,9 +152,8 @@ def part_framework_copy(h: Any, overlappers: tuple[tuple[int, int], ...] = COPY_
     ``overlappers`` on one or two streams (two copy engines at once)."""
     t = h.torch
     side = [h.normal, t.cuda.Stream(priority=0)]
-    tf32 = t.backends.cuda.matmul.allow_tf32
-    t.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with fp32_gemms(t):
+        kernels = victims(h)
         for mib, streams in overlappers:
             n = mib << 19  # bf16 elements
             pairs = [(h.rand(n, dtype=t.bfloat16), t.empty(n, dtype=t.bfloat16, device=h.dev))
@@ -156,7 +162,7 @@ def part_framework_copy(h: Any, overlappers: tuple[tuple[int, int], ...] = COPY_
             copies = [lambda s=s, d=d: d.copy_(s, non_blocking=True) for s, d in pairs]
             with t.cuda.stream(h.normal):
                 one_s = h.time_alone_s(copies[0], reps=3)
-            for vname, fn in victims(h).items():
+            for vname, fn in kernels.items():
                 victim_s = h.time_alone_s(fn, reps=5)
                 reps = _reps(victim_s)
                 count = max(2, int((1.5 * reps * victim_s + 0.002) / one_s) + 1)
@@ -177,5 +183,3 @@ def part_framework_copy(h: Any, overlappers: tuple[tuple[int, int], ...] = COPY_
                             fn()
                     t.cuda.synchronize()
             del pairs, copies
-    finally:
-        t.backends.cuda.matmul.allow_tf32 = tf32

@@ -1248,9 +1248,8 @@ def main() -> int:
     h = Harness(args.out, args.quick, args.overlap_channels, args.smloss_held, args.smloss_gemms,
                 args.smloss_hold_fractions, channels, args.framework_copies)
     if args.ncu_subject == "framework":
-        # FP32 GEMMs as the framework part runs them: SIMT sgemm, not TF32.
-        h.torch.backends.cuda.matmul.allow_tf32 = False
-        h.ncu_subject(framework.victims(h))
+        with framework.fp32_gemms(h.torch):
+            h.ncu_subject(framework.victims(h))
         return 0
     if args.ncu_subject:
         h.ncu_subject()
