@@ -389,6 +389,7 @@ def test_gemm_shapes_are_the_fits_gemms_by_their_problem() -> None:
     assert [r[4] for r in shapes["bf16"]] == [p[0] for p in gemm_points([tr])["bf16"]]
 
 
+@pytest.mark.slow
 def test_the_scenario_frame_gemm_fit_recovers_what_scenarios_were_priced_at() -> None:
     """GEMMs timed as scenario GEMMs of their problems (the cost model's library choice) at an
     efficiency of 0.65 and 2 us per wave: --gemm-frame scenario finds both back, its points lie
@@ -852,6 +853,7 @@ def test_gemm_precision_from_the_operators_input_types_where_the_name_says_none(
     assert gemm_precision("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x256x32", bf16) == "tf32"
 
 
+@pytest.mark.slow
 def test_the_library_gemm_fit_recovers_planted_parameters() -> None:
     """Times made by the scenario's own GEMM (the cost model's library choice) at an efficiency
     of 0.75 and 3 us per wave, on four square shapes: the fit finds both back, with no error."""

@@ -38,6 +38,7 @@ def test_the_pipeline_splits_the_global_batch_into_eight_micro_batches() -> None
     assert "layers" not in studies.lee_training("gpt3-1.3b", "fsdp", 8)
 
 
+@pytest.mark.slow
 def test_matrix_rows_in_processes_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(studies, "LEE_MODELS", ("gpt3-1.3b",))
     seen: list[dict[str, Any]] = []
@@ -66,6 +67,7 @@ def test_a_band_check_passes_inside_its_interval_only() -> None:
     assert not band(14.9).passed and not band(23.1).passed and not band(math.nan).passed
 
 
+@pytest.mark.slow
 def test_validate_studies_reports_each_published_figure(monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """--studies adds the studies' rows (here over a reduced matrix, so the figures are not the

@@ -61,6 +61,7 @@ def test_power_figures_are_reported_against_their_sources() -> None:
     assert {c.reference for c in lee} == {1.25, 2.07} and len(lee) == 3
 
 
+@pytest.mark.slow
 def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     if not TRACES.exists():
@@ -158,6 +159,7 @@ def test_validate_rejects_a_folder_without_the_shared_traces(tmp_path: Path,
     assert err.startswith(f"ovsim: error: {tmp_path}: traces: none of the 11 shared traces is in this folder")
 
 
+@pytest.mark.slow
 def test_held_out_folds_in_processes_give_the_same_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     if not TRACES.exists():
         pytest.skip(f"shared traces not found at {TRACES}")
@@ -172,6 +174,7 @@ def test_held_out_folds_in_processes_give_the_same_checks(monkeypatch: pytest.Mo
         validate.run(None, workers=-1)
 
 
+@pytest.mark.slow
 def test_measured_kernels_are_predicted_with_contention_fitted_on_other_kernels_and_another_gpu(
         tmp_path: Path) -> None:
     """Two victims of the harness's overlap part (the add and the FP8 GEMM, each beside 16 and 32
@@ -306,6 +309,7 @@ def test_dispatch_probes_are_replayed_with_the_schedulers_rule() -> None:
             assert c.predicted == pytest.approx(c.reference, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_measured_gemms_are_predicted_held_out_within_the_bar() -> None:
     """The gemm part's cuBLAS GEMMs at the top clock (1024^3 to 8192^3), each priced as a scenario
     prices it with the parameters fitted on the other shapes: every GPU and precision within 10%
@@ -318,6 +322,7 @@ def test_measured_gemms_are_predicted_held_out_within_the_bar() -> None:
     assert all(c.passed for c in checks), [(c.name, c.predicted) for c in checks]
 
 
+@pytest.mark.slow
 def test_measured_gemm_shapes_are_predicted_with_parameters_fitted_on_other_shapes() -> None:
     """The shapes part's linear-layer GEMMs (1 to 8192 rows against hidden sizes 768 to 8192),
     priced as a scenario prices them with each GPU's GEMM parameters fitted on the gemm part's
@@ -373,6 +378,7 @@ def test_measured_power_phases_are_predicted_at_the_power_limit() -> None:
     assert {c.name.split(":")[0] for c in checks.values()} == {"h100-sxm5-80gb", "h200-sxm"}
 
 
+@pytest.mark.slow
 def test_measured_hbm_sharing_is_predicted_by_the_latency_law() -> None:
     """Memory-bound kernels beside the harness's copy loops, predicted from both kernels' times
     alone; each GPU's law fitted on its first data set (calibration/harness/fit_measured.py), the
@@ -401,6 +407,7 @@ def test_measured_hbm_sharing_is_predicted_by_the_latency_law() -> None:
     assert all(c.passed for c in checks if "2026-11-26-g" in c.name)
 
 
+@pytest.mark.slow
 def test_measured_gemms_beside_held_sms_are_predicted_with_only_the_load_share_fitted() -> None:
     """The smloss part's cuBLAS GEMMs beside a kernel that holds 1 to 66 SMs and moves no data
     (three H100 and four H200 data sets), each row at most 10% MAPE and a third of naive. Only

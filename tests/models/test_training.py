@@ -262,7 +262,7 @@ def test_the_sequential_pipeline_blocks_on_each_transfer_and_on_nothing_else(pip
 
 @pytest.mark.parametrize(("pipeline", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)])
 @pytest.mark.parametrize(("pp", "tp", "dp"), [(2, 1, 1), (3, 1, 1), (4, 1, 1), (2, 2, 1), (2, 1, 2)])
-@pytest.mark.parametrize("rounds", [1, 3])
+@pytest.mark.parametrize("rounds", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_no_sequential_pipeline_waits_forever(pipeline: str, v: int, pp: int, tp: int, dp: int, rounds: int) -> None:
     """Blocking send/recv deadlocks where ranks each wait for a transfer the next has not reached;
     Megatron's schedules never do, and neither may their model, with or without the embedding and
