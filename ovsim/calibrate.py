@@ -1521,8 +1521,11 @@ def write_calibration(report: FitReport, traces: Sequence[TraceInput], gpu: str,
             raise OvsimError(f"base file is for GPU '{old.gpu}', not '{gpu}'", source=str(base), field="gpu")
         parameters.update(old.parameters)
         sources.update(old.sources)
-        carried = {"base": f"{base.name} (version {old.version}): every parameter not fitted here is carried over "
-                           "unchanged", "base_provenance": old.provenance}
+        # The base by name and checksum, not embedded: embedding made each file carry its whole
+        # history (a file of 50 parameters grew to 10,000 lines). Superseded versions are kept in
+        # calibration/history/ of the repository.
+        carried = {"base": {"file": base.name, "version": old.version, "sha256": _sha256(str(base)),
+                            "carried": "every parameter not fitted here, unchanged"}}
     for name, value in report.parameters.items():
         kept = parameters.get(name)
         if isinstance(value, dict) and isinstance(kept, dict) and set(kept) - set(value):

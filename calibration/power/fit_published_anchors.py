@@ -1,8 +1,8 @@
 """Fit the A100 (GA100) SM power weights of ovsim's power model to two published anchors.
 
 Run from the repository root: ``python calibration/power/fit_published_anchors.py``. It prints the
-weights that ``ovsim/hw/calib/a100-sxm4-{40,80}gb.v2.yaml`` record. Nothing here is imported by
-ovsim.
+weights that ``calibration/history/a100-sxm4-{40,80}gb.v2.yaml`` record (carried into every later
+version). Nothing here is imported by ovsim.
 
 Anchors (both [P] in ../shared/research/seed-and-validation-numbers.md):
 

@@ -10,6 +10,7 @@ prediction can say exactly which numbers it used.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -299,6 +300,22 @@ def newest_file(stem: str, folder: Path) -> Path | None:
 
 
 def read_calib_file(path: Path) -> CalibFile:
+    """A calibration file, parsed and checked; cached while the file is unchanged (a sweep or a
+    notebook loads the same files for every run)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return _read_calib_file(path)  # reports the missing or unreadable file
+    # A deep copy: callers may edit what they are given without changing the cached file.
+    return _read_cached(str(path.resolve()), st.st_mtime_ns, st.st_size).model_copy(deep=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_cached(path: str, mtime_ns: int, size: int) -> CalibFile:
+    return _read_calib_file(Path(path))
+
+
+def _read_calib_file(path: Path) -> CalibFile:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise OvsimError("expected a mapping at the top level", source=str(path))

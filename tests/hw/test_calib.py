@@ -76,3 +76,34 @@ def test_values_in_range_load(tmp_path: Path, a100: GpuSpec) -> None:
                                           "memory_kernel_efficiency": 1.2, "kernel_overhead_s": 0.0})
     params = load_calibration(a100, "a100-sxm4-40gb", (str(ok),)).params
     assert params.gemm_eff("fp16") == 1.0 and params.memory_kernel_efficiency == 1.2
+
+
+HISTORY = Path(__file__).resolve().parents[2] / "calibration" / "history"
+
+
+@pytest.mark.parametrize("path", sorted(CALIB_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_files_are_the_newest_only_and_name_their_base_by_checksum(path: Path) -> None:
+    """One version per GPU ships; it names its base (kept in calibration/history/) by a checksum
+    that matches, and embeds no older provenance: a file holding its whole history grew to 10,598
+    lines and made parsing most of a predict's start."""
+    import hashlib
+
+    stem = VERSIONED_NAME.match(path.name)["stem"]  # type: ignore[index]
+    assert [p.name for p in CALIB_DIR.glob(f"{stem}.v*.yaml")] == [path.name]
+    prov = read_calib_file(path).provenance
+    assert "base_provenance" not in yaml.safe_dump(prov) and "previous_provenance" not in yaml.safe_dump(prov)
+    assert len(path.read_text().splitlines()) < 1000
+    if not HISTORY.is_dir():
+        pytest.skip("calibration/history/ is in the repository, not the wheel")
+    base = prov["base"]
+    assert hashlib.sha256((HISTORY / base["file"]).read_bytes()).hexdigest() == base["sha256"]
+    assert read_calib_file(HISTORY / base["file"]).version == base["version"]
+
+
+def test_a_cached_file_is_read_again_once_it_changes(tmp_path: Path) -> None:
+    p = _write(tmp_path / "x.v1.yaml", {"kernel_overhead_s": 1e-6})
+    first = read_calib_file(p)
+    first.parameters["kernel_overhead_s"] = 5.0  # an edit by the caller must not reach the cache
+    assert read_calib_file(p).parameters["kernel_overhead_s"] == 1e-6
+    _write(p, {"kernel_overhead_s": 2.5e-6})
+    assert read_calib_file(p).parameters["kernel_overhead_s"] == 2.5e-6
