@@ -21,9 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
+from pydantic import ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from ovsim.errors import OvsimError
+from ovsim.hw.inputs import InputModel
 from ovsim.hw.power import PowerSettings
 from ovsim.hw.spec import SystemSpec, read_yaml, validation_error
 from ovsim.models.training import TrainingSpec
@@ -32,7 +33,7 @@ from ovsim.models.workload import Knobs, OpSpec, Schedule
 Mode = Literal["simulate", "analytic"]
 
 
-class InlineSystem(BaseModel):
+class InlineSystem(InputModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gpu: str
@@ -49,7 +50,7 @@ class InlineSystem(BaseModel):
         })
 
 
-class Scenario(BaseModel):
+class Scenario(InputModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     schema_id: Literal["ovsim.scenario/1"] = Field(default="ovsim.scenario/1", alias="schema")

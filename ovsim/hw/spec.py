@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     NonNegativeInt,
@@ -30,13 +29,14 @@ from pydantic import (
 )
 
 from ovsim.errors import OvsimError
+from ovsim.hw.inputs import InputModel
 
 SPEC_DIR = Path(__file__).parent / "specs"
 
 Precision = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
 
 
-class Spec(BaseModel):
+class Spec(InputModel):
     """Frozen, and unknown keys are errors: a typo in a spec file must fail loudly. No number is
     .nan or .inf: either would flow into every time computed from it."""
 
@@ -272,6 +272,9 @@ def _spec_dirs(kind: str) -> list[Path]:
     dirs = [SPEC_DIR / kind]
     for entry in os.environ.get("OVSIM_SPEC_PATH", "").split(os.pathsep):
         if entry:
+            if not Path(entry).is_dir():
+                # A mistyped folder would otherwise be skipped, and the user's part reported unknown.
+                raise OvsimError(f"'{entry}' is not a folder", source="environment", field="OVSIM_SPEC_PATH")
             dirs.extend([Path(entry), Path(entry) / kind])
     return dirs
 
@@ -298,7 +301,31 @@ def _schema_of(path: Path) -> str | None:
 
 # libyaml's parser where PyYAML was built with it: the same safe constructors, several times faster
 # on the spec and calibration files every run reads.
-_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BASE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BASE_LOADER):  # type: ignore[misc]
+    """The safe loader, stricter where YAML 1.1 surprises people: a key given twice in one mapping
+    is an error (YAML 1.1 keeps the last silently), and ``8e3`` or ``1e-6`` is a number (YAML 1.1
+    wants a dot and a signed exponent, so it read them as text, and a count of ``8e3`` failed)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key '{key}' is given twice",
+                                                            key_node.start_mark)
+                seen.add(key)
+            except TypeError:
+                pass  # an unhashable key: the base constructor reports it
+        return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+_YAML_LOADER: Any = _Loader
 
 
 def read_yaml(path: Path) -> object:

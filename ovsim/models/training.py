@@ -48,10 +48,11 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
+from ovsim.hw.inputs import InputModel
 from ovsim.hw.spec import GpuSpec, SystemSpec, validation_error
 from ovsim.models.ir import StreamSpec, Workload
 from ovsim.models.workload import (
@@ -71,7 +72,7 @@ from ovsim.units import MIB
 TrainPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 
 
-class ModelShape(BaseModel):
+class ModelShape(InputModel):
     """A decoder-only transformer's dimensions."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -127,7 +128,7 @@ PRESETS: dict[str, ModelShape] = {
 ALIASES = {"gpt3-xl": "gpt3-1.3b"}
 
 
-class ParallelSpec(BaseModel):
+class ParallelSpec(InputModel):
     """How ranks split the model: rank = (dp_index * pp + stage) * tp + tp_index (TP innermost)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -150,7 +151,7 @@ class ParallelSpec(BaseModel):
     virtual_stages: PositiveInt = 1
 
 
-class TrainingSpec(BaseModel):
+class TrainingSpec(InputModel):
     """One training iteration: see docs/training.md."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)

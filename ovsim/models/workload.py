@@ -14,7 +14,6 @@ from collections import Counter
 from typing import Annotated, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     NonNegativeFloat,
@@ -26,6 +25,7 @@ from pydantic import (
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
+from ovsim.hw.inputs import InputModel
 from ovsim.hw.spec import GpuSpec, Precision, SystemSpec
 from ovsim.models import cost, nccl
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
@@ -34,7 +34,7 @@ from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition,
 StreamName = Annotated[str, Field(min_length=1)]
 
 
-class _OpBase(BaseModel):
+class _OpBase(InputModel):
     # .nan and .inf are refused: an infinite delay or size would never finish simulating.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -169,7 +169,7 @@ OpSpec = Annotated[
 ]
 
 
-class Knobs(BaseModel):
+class Knobs(InputModel):
     """Schedule knobs (DESIGN.md section 1; science.md section 2.4-2.5)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -370,6 +370,13 @@ def build_workload(
     if dup:
         raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
     by_name = {s.name: s for s in specs}
+    # A priority for a stream no op runs on is a typo for one that some op does: it would silently
+    # leave that stream at priority 0. (An op on an undeclared stream runs at priority 0.)
+    used = sorted({s.stream for s in specs})
+    unused = sorted(set(streams or {}) - set(used))
+    if unused:
+        raise OvsimError(f"stream '{unused[0]}' has a priority but no op runs on it (ops use: {', '.join(used)})",
+                         source=source, field=f"streams.{unused[0]}")
     priorities: dict[str, int] = dict(streams or {})
     comm_streams = {s.stream for s in specs if _is_comm(s)}
     if knobs.comm_priority == "high":

@@ -1,0 +1,65 @@
+"""Strict, consistent input: what a user writes is read as written or refused with the field named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ovsim.api import predict
+from ovsim.cli import main
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gemm-allreduce-h100x4-priority.yaml"
+
+
+def _variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = EXAMPLE.read_text()
+    assert text.count(old) == 1
+    p = tmp_path / "s.yaml"
+    p.write_text(text.replace(old, new))
+    return p
+
+
+def _error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ovsim: error:") and "\n" not in err
+    return err
+
+
+def test_a_boolean_is_not_a_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Pydantic alone reads true as 1: this ran as a GEMM of one row.
+    err = _error(["predict", str(_variant(tmp_path, "m: 8192", "m: true"))], capsys)
+    assert "ops.0.gemm" in err and "m: a number is expected, not true" in err
+
+
+def test_a_count_written_with_an_exponent_is_that_number(tmp_path: Path) -> None:
+    # YAML 1.1 reads 8.192e3 and 8192e0 as text; both are the GEMM of the example.
+    base = predict(EXAMPLE, mode="analytic").timeline.makespan_s
+    for written in ("8.192e3", "8192e0"):
+        assert predict(_variant(tmp_path, "m: 8192", f"m: {written}"), mode="analytic").timeline.makespan_s == base
+
+
+def test_a_fractional_count_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _error(["predict", str(_variant(tmp_path, "m: 8192", "m: 8.1925e3"))], capsys)
+    assert "ops.0.gemm.m" in err
+
+
+def test_a_key_given_twice_is_an_error_at_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = _variant(tmp_path, "    n: 8192\n", "    n: 8192\n    n: 4096\n")
+    line = p.read_text().splitlines().index("    n: 4096") + 1
+    err = _error(["predict", str(p)], capsys)
+    assert f"line {line}" in err and "key 'n' is given twice" in err
+
+
+def test_a_priority_for_a_stream_no_op_uses_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _error(["predict", str(_variant(tmp_path, "streams: {compute: 0, comm: 0}",
+                                          "streams: {compute: 0, comm: 0, com: -1}"))], capsys)
+    assert "streams.com" in err and "ops use: comm, compute" in err
+
+
+def test_a_missing_spec_folder_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OVSIM_SPEC_PATH", str(tmp_path / "nope"))
+    err = _error(["specs"], capsys)
+    assert "OVSIM_SPEC_PATH" in err and "nope" in err
