@@ -77,6 +77,7 @@ from scipy.optimize import differential_evolution, nnls
 
 from ovsim.engine.channel import latency_slowdowns, one_channel_rate
 from ovsim.errors import OvsimError
+from ovsim.files import atomic_output
 from ovsim.hw.calib import (
     CALIB_DIR,
     PRESSURE_MAX,
@@ -1558,7 +1559,7 @@ def write_calibration(report: FitReport, traces: Sequence[TraceInput], gpu: str,
         "sources": sources,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "x", encoding="utf-8") as f:
+    with atomic_output(path, exclusive=True) as tmp, open(tmp, "w", encoding="utf-8") as f:
         yaml.safe_dump(_plain(doc), f, sort_keys=False, width=110)
     return path
 

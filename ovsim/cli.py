@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from ovsim.errors import OvsimError
+from ovsim.files import atomic_output
 
 
 def _fmt_s(x: float) -> str:
@@ -257,7 +258,8 @@ def _sweep(args: argparse.Namespace) -> int:
         bar.done()
     if args.csv:
         try:
-            df.to_csv(args.csv, index=False)
+            with atomic_output(args.csv) as tmp:
+                df.to_csv(tmp, index=False)
         except OSError as e:
             raise OvsimError(f"cannot write: {e.strerror}", source=args.csv, field="--csv") from None
     if args.plot:
@@ -528,6 +530,10 @@ def _import(args: argparse.Namespace) -> int:
     from ovsim.traces.load import load_trace, write_table
 
     _check_output(args.output, "--output")
+    if not args.output.lower().endswith((".parquet", ".pq")):
+        # The canonical table is parquet only: a .csv name would hold parquet bytes.
+        raise OvsimError("the kernel table is written as parquet; name it .parquet", source=args.output,
+                         field="--output")
     bar = _Progress(args.quiet)
     bar.stage(f"reading {', '.join(args.traces)}")
     try:

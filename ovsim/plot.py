@@ -33,6 +33,7 @@ import pandas as pd
 
 from ovsim.engine.timeline import Timeline
 from ovsim.errors import OvsimError
+from ovsim.files import atomic_output
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -90,7 +91,8 @@ def save(fig: Figure, path: str | Path) -> None:
     """Write ``fig`` to ``path``, the format from its suffix (.png, .pdf, .svg, ...)."""
     check_path(path)
     try:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight")
     except OSError as e:
         raise OvsimError(f"cannot write: {e.strerror or e}", source=str(path), field="plot") from None
 

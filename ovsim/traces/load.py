@@ -10,6 +10,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from ovsim.errors import OvsimError
+from ovsim.files import atomic_output
 from ovsim.traces.table import TraceBundle, merge_versions, validate_table
 
 Format = Literal["auto", "kineto", "nsys-sqlite", "nsys-csv", "parquet"]
@@ -97,7 +98,8 @@ def write_table(bundle: TraceBundle, path: str | Path, *, compression: str = "sn
                                  "skipped": bundle.skipped, "wall_origin_s": bundle.wall_origin_s,
                                  "versions": bundle.versions}).encode()
     try:
-        pq.write_table(table.replace_schema_metadata(meta), str(path), compression=compression)
+        with atomic_output(path) as tmp:
+            pq.write_table(table.replace_schema_metadata(meta), str(tmp), compression=compression)
     except OSError as e:
         raise OvsimError(f"cannot write: {e}", source=str(path), field="output") from None
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ovsim.engine.timeline import REASONS, Timeline
 from ovsim.errors import OvsimError
+from ovsim.files import atomic_output
 
 _US = 1e6
 
@@ -111,6 +112,7 @@ def replay_trace_events(kernels: Any, *, label: str = "ovsim replay") -> dict[st
 
 def write_json(events: dict[str, Any], path: str | Path) -> None:
     try:
-        Path(path).write_text(json.dumps(events))
+        with atomic_output(path) as tmp:
+            tmp.write_text(json.dumps(events))
     except OSError as e:
         raise OvsimError(f"cannot write: {e.strerror}", source=str(path)) from None
