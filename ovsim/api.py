@@ -169,8 +169,10 @@ def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str
     return system, gpu, gpu_file(system.gpu).stem
 
 
-def build(sc: Scenario, source: str = "") -> tuple[Workload, SystemSpec, GpuSpec, Calibration]:
-    """Resolve a scenario into the workload both fidelities run."""
+def build(sc: Scenario, source: str = "", max_ops: int | None = None) -> tuple[Workload, SystemSpec, GpuSpec,
+                                                                                Calibration]:
+    """Resolve a scenario into the workload both fidelities run; ``max_ops``: the most ops it may
+    expand to (default ``ovsim.models.workload.MAX_OPS``)."""
     system, gpu, stem = _resolve_system(sc, source)
     try:
         calib = load_calibration(gpu, stem, tuple(sc.calibration))
@@ -181,16 +183,19 @@ def build(sc: Scenario, source: str = "") -> tuple[Workload, SystemSpec, GpuSpec
         raise OvsimError(f"{n_ranks} ranks on a {system.gpu_count}-GPU system", source=source, field="ranks")
     if sc.training is not None:
         wl = build_training_workload(sc.training, gpu=gpu, system=system, params=calib.params, n_ranks=n_ranks,
-                                     schedule=sc.schedule, knobs=sc.knobs, streams=sc.streams, source=source)
+                                     schedule=sc.schedule, knobs=sc.knobs, streams=sc.streams, source=source,
+                                     max_ops=max_ops)
     else:
         wl = build_workload(list(sc.ops), gpu=gpu, system=system, params=calib.params, n_ranks=n_ranks,
-                            schedule=sc.schedule, knobs=sc.knobs, streams=sc.streams, source=source)
+                            schedule=sc.schedule, knobs=sc.knobs, streams=sc.streams, source=source,
+                            max_ops=max_ops)
     return wl, system, gpu, calib
 
 
 def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counters: bool = True,
             power_cap_w: float | None = None, sm_clock_hz: float | None = None,
-            power_start: Literal["steady", "idle"] | None = None, power_managed: bool | None = None) -> Result:
+            power_start: Literal["steady", "idle"] | None = None, power_managed: bool | None = None,
+            max_ops: int | None = None) -> Result:
     """Predict a scenario (a file path or a :class:`Scenario`); ``mode`` overrides the file's.
 
     The prediction runs the board's power-limit loop (docs/power.md) at the GPU's default limit,
@@ -198,11 +203,12 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     ``nvidia-smi -pl``), ``sm_clock_hz`` (locked SM clock, as ``nvidia-smi -lgc``),
     ``power_start`` ("idle": from an idle GPU) and ``power_managed`` (False: no loop, every kernel
     at its calibrated rate) override the scenario's ``power`` settings. Power and energy are
-    reported either way."""
+    reported either way. ``max_ops``: the most ops the scenario may expand to (default
+    ``ovsim.models.workload.MAX_OPS``, a million); a larger one is refused before any work."""
     source = str(scenario) if not isinstance(scenario, Scenario) else scenario.name
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     use_mode: Mode = mode or sc.mode
-    wl, system, gpu, calib = build(sc, source)
+    wl, system, gpu, calib = build(sc, source, max_ops)
     base = sc.power or PowerSettings()
     try:
         settings = PowerSettings(cap_w=power_cap_w if power_cap_w is not None else base.cap_w,
@@ -232,7 +238,8 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
                   workload=wl, power_config=power)
 
 
-def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = None) -> pd.DataFrame:
+def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = None,
+            max_ops: int | None = None) -> pd.DataFrame:
     """Predict several scenarios and line up their summaries, one row each, in the order given.
 
     ``vs_first`` is each makespan relative to the first scenario's (-0.2: 20% less time), so
@@ -249,7 +256,7 @@ def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = N
         raise OvsimError("give at least one scenario to compare", field="scenarios")
     rows = []
     for sc in scenarios:
-        s = predict(sc, mode=mode, counters=False).summary()
+        s = predict(sc, mode=mode, counters=False, max_ops=max_ops).summary()
         s["source"] = sc.name if isinstance(sc, Scenario) else str(sc)
         rows.append(s)
     df = pd.DataFrame(rows)

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from ovsim.errors import OvsimError
 from ovsim.files import atomic_output
+from ovsim.limits import MAX_COMBINATIONS, MAX_OPS
 
 
 def _fmt_s(x: float) -> str:
@@ -134,7 +135,8 @@ def _predict(args: argparse.Namespace) -> int:
              "power.start": "--power-start" if args.power_start is not None else ""}
     try:
         result = predict(args.scenario, mode=args.mode, power_cap_w=args.power_cap_w, sm_clock_hz=args.sm_clock_hz,
-                         power_start=args.power_start, power_managed=False if args.no_power_management else None)
+                         power_start=args.power_start, power_managed=False if args.no_power_management else None,
+                         max_ops=args.max_ops)
     except OvsimError as e:
         if flags.get(e.field):
             raise OvsimError(e.message, source=e.source, field=flags[e.field]) from None
@@ -160,7 +162,7 @@ def _compare(args: argparse.Namespace) -> int:
     bar = _Progress(args.quiet or args.json)
     bar.stage(f"predicting {len(args.scenarios)} scenarios")
     try:
-        df = compare(args.scenarios, mode=args.mode)
+        df = compare(args.scenarios, mode=args.mode, max_ops=args.max_ops)
     finally:
         bar.done()
     if args.plot:
@@ -251,7 +253,8 @@ def _sweep(args: argparse.Namespace) -> int:
     n = math.prod(len(v) for v in axes.values())
     bar.stage(f"predicting {n} combinations")
     try:
-        df = sweep(args.scenario, axes, mode=args.mode, workers=args.workers,
+        df = sweep(args.scenario, axes, mode=args.mode, workers=args.workers, max_ops=args.max_ops,
+                   max_combinations=args.max_combinations,
                    progress=(lambda done, total: bar.stage(f"predicted {done}/{total} combinations"))
                    if bar.on else None)
     finally:
@@ -694,6 +697,12 @@ def _count(text: str) -> int:
     return n
 
 
+def _max_ops_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-ops", type=_at_least_one, default=MAX_OPS, metavar="N",
+                   help=f"the most ops a scenario may expand to, after ranks and repeats (default {MAX_OPS:,}); "
+                        "more is refused before any work")
+
+
 def _at_least_one(text: str) -> int:
     n = _count(text)
     if n < 1:
@@ -769,6 +778,7 @@ def parser() -> argparse.ArgumentParser:
                     help="no power-limit loop (by default it runs at the GPU's default limit): every kernel at its "
                          "calibrated rate, power only reported, as no real board runs")
     pr.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    _max_ops_flag(pr)
     pr.set_defaults(func=_predict)
     cp = sub.add_parser("compare", help="predict several scenarios and compare them side by side")
     cp.add_argument("scenarios", nargs="+", help="scenario YAML files; the first is the baseline")
@@ -778,6 +788,7 @@ def parser() -> argparse.ArgumentParser:
                     help="draw each scenario's makespan (compute alone, slowdown, exposed communication, idle) and "
                          "power to FILE (PNG, PDF or SVG, from the name; needs matplotlib)")
     cp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    _max_ops_flag(cp)
     cp.set_defaults(func=_compare)
     sw = sub.add_parser("sweep", help="predict every combination of values of a scenario's fields")
     sw.add_argument("scenario", help="scenario YAML file")
@@ -794,6 +805,9 @@ def parser() -> argparse.ArgumentParser:
                     help="draw makespan, compute slowdown, exposed communication and energy against the first "
                          "axis, a line per combination of the others (PNG, PDF or SVG; needs matplotlib)")
     sw.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    _max_ops_flag(sw)
+    sw.add_argument("--max-combinations", type=_at_least_one, default=MAX_COMBINATIONS, metavar="N",
+                    help=f"the most combinations run (default {MAX_COMBINATIONS:,}); more is refused before any work")
     sw.set_defaults(func=_sweep)
     from ovsim.traces.load import FORMATS
 

@@ -20,7 +20,10 @@ the same, row for row, as with one.
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -33,6 +36,7 @@ from pydantic import ValidationError
 from ovsim.api import predict
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import read_yaml, validation_error
+from ovsim.limits import MAX_COMBINATIONS
 from ovsim.scenario import Mode, Scenario, scenario_from_mapping
 
 Progress = Callable[[int, int], None]
@@ -115,36 +119,61 @@ def _of_point(e: OvsimError, point: Mapping[str, Any], source: str) -> OvsimErro
     return OvsimError(": ".join(p for p in (own, e.field, e.message) if p), source=source, field=where)
 
 
-def _predict_summary(sc: Scenario, mode: Mode | None) -> dict[str, Any]:
-    return predict(sc, mode=mode, counters=False).summary()
+def _predict_summary(sc: Scenario, mode: Mode | None, max_ops: int | None) -> dict[str, Any]:
+    return predict(sc, mode=mode, counters=False, max_ops=max_ops).summary()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """In a worker: end this process when the sweep's process is gone. A pool's workers otherwise
+    outlive a parent killed by a signal it cannot catch, and go on predicting for nobody."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *, mode: Mode | None = None,
-          workers: int = 1, progress: Progress | None = None) -> pd.DataFrame:
+          workers: int = 1, progress: Progress | None = None, max_ops: int | None = None,
+          max_combinations: int = MAX_COMBINATIONS) -> pd.DataFrame:
     """Predict every combination of ``axes`` on ``scenario``; one row each, the axes first.
 
     ``workers``: processes to run predictions in (1: this process; 0: one per CPU core).
-    ``progress(done, total)`` is called as predictions finish."""
+    ``progress(done, total)`` is called as predictions finish. ``max_ops``: the most ops one
+    combination may expand to (:func:`ovsim.api.predict`); ``max_combinations``: the most
+    combinations run, checked before any is built."""
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
+    n = math.prod(len(v) for v in axes.values())
+    if n > max_combinations:
+        raise OvsimError(f"{n:,} combinations, over the limit of {max_combinations:,}; to run them anyway, pass "
+                         f"--max-combinations {n} (Python: max_combinations={n})", field="axes")
     grid = points(scenario, axes)
     source = scenario.name if isinstance(scenario, Scenario) else str(scenario)
     n = len(grid)
     jobs = workers or os.cpu_count() or 1
     summaries: list[dict[str, Any]] = []
-    pool = ProcessPoolExecutor(max_workers=min(jobs, n)) if jobs > 1 and n > 1 else None
+    pool = (ProcessPoolExecutor(max_workers=min(jobs, n), initializer=_watch_parent, initargs=(os.getpid(),))
+            if jobs > 1 and n > 1 else None)
     with pool or nullcontext():
         # The pool's map starts every prediction at once; the built-in one predicts each as it is
         # asked for. Either gives results in the grid's order.
         results = (pool.map if pool is not None else map)(_predict_summary, [sc for _, sc in grid],
-                                                          itertools.repeat(mode))
-        for i, (point, _) in enumerate(grid):
-            try:
-                summaries.append(next(results))
-            except OvsimError as e:
-                raise _of_point(e, point, source) from None
-            if progress is not None:
-                progress(i + 1, n)
+                                                          itertools.repeat(mode), itertools.repeat(max_ops))
+        try:
+            for i, (point, _) in enumerate(grid):
+                try:
+                    summaries.append(next(results))
+                except OvsimError as e:
+                    raise _of_point(e, point, source) from None
+                if progress is not None:
+                    progress(i + 1, n)
+        except BaseException:
+            # A failed combination or Ctrl-C: the queued predictions are not run.
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise
     df = pd.DataFrame(summaries)
     # The axes as given: a None stays None (no power cap), not a NaN in a float column.
     axis_columns = pd.DataFrame({a: pd.Series([p[a] for p, _ in grid], dtype=object) for a in axes})

@@ -17,13 +17,6 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The notebooks run whole studies (15-50 s each): they belong to the slow run.
-    for item in items:
-        if item.path.suffix == ".ipynb":
-            item.add_marker(pytest.mark.slow)
-
-
 @pytest.fixture(scope="session")
 def h100() -> GpuSpec:
     return load_gpu("h100-sxm5-80gb")

@@ -815,6 +815,7 @@ def build_training_workload(
     knobs: Knobs | None = None,
     streams: dict[str, int] | None = None,
     source: str = "",
+    max_ops: int | None = None,
 ) -> Workload:
     """The workload of one training iteration, priced and scheduled like any op list."""
     try:
@@ -822,7 +823,7 @@ def build_training_workload(
     except OvsimError as e:
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
-                        knobs=knobs, streams=streams, source=source)
+                        knobs=knobs, streams=streams, source=source, max_ops=max_ops)
     if schedule == "sequential" and gen.p2p_items:
         wl = _blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved")
     if not gen.peer_deps:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -27,6 +28,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.inputs import InputModel
 from ovsim.hw.spec import GpuSpec, Precision, SystemSpec
+from ovsim.limits import MAX_OPS
 from ovsim.models import cost, nccl
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 
@@ -202,6 +204,17 @@ def _ranks(spec: _OpBase, n_ranks: int) -> list[int]:
     return list(spec.ranks)
 
 
+def _check_size(specs: Sequence[_OpBase], n_ranks: int, max_ops: int, source: str) -> None:
+    total = 0
+    for spec in specs:
+        on = 2 if isinstance(spec, SendRecvOp) else (n_ranks if spec.ranks == "all" else len(spec.ranks))
+        total += on * spec.repeat
+    if total > max_ops:
+        raise OvsimError(f"the scenario expands to {total:,} ops (ranks x repeat), over the limit of {max_ops:,}; "
+                         f"to run it anyway, pass --max-ops {total} (Python: max_ops={total})",
+                         source=source, field="ops")
+
+
 def _is_comm(spec: _OpBase) -> bool:
     return spec.kind not in COMPUTE_KINDS and spec.kind != "delay"  # type: ignore[attr-defined]
 
@@ -356,6 +369,7 @@ def build_workload(
     knobs: Knobs | None = None,
     streams: dict[str, int] | None = None,
     source: str = "",
+    max_ops: int | None = None,
 ) -> Workload:
     """Expand op specs over ranks and repeats, price them, and apply the schedule and knobs.
 
@@ -370,13 +384,16 @@ def build_workload(
     if dup:
         raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
     by_name = {s.name: s for s in specs}
-    # A priority for a stream no op runs on is a typo for one that some op does: it would silently
-    # leave that stream at priority 0. (An op on an undeclared stream runs at priority 0.)
+    _check_size(specs, n_ranks, MAX_OPS if max_ops is None else max_ops, source)
+    # A priority for a stream no op runs on, beside ops on a stream given none, is a typo: it would
+    # silently leave the ops' stream at priority 0. (A declared stream may go unused: one streams
+    # section serves several variants of a scenario.)
     used = sorted({s.stream for s in specs})
     unused = sorted(set(streams or {}) - set(used))
-    if unused:
-        raise OvsimError(f"stream '{unused[0]}' has a priority but no op runs on it (ops use: {', '.join(used)})",
-                         source=source, field=f"streams.{unused[0]}")
+    undeclared = sorted(set(used) - set(streams or {}))
+    if unused and undeclared and schedule != "sequential":
+        raise OvsimError(f"stream '{unused[0]}' has a priority but no op runs on it, while ops run on "
+                         f"'{undeclared[0]}', which has none", source=source, field=f"streams.{unused[0]}")
     priorities: dict[str, int] = dict(streams or {})
     comm_streams = {s.stream for s in specs if _is_comm(s)}
     if knobs.comm_priority == "high":

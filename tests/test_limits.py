@@ -1,0 +1,93 @@
+"""Runaway work is refused before it starts, and a sweep's workers end with their parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ovsim.api import predict
+from ovsim.cli import main
+from ovsim.errors import OvsimError
+from ovsim.sweep import sweep
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gemm-allreduce-h100x4-priority.yaml"
+
+
+def _repeated(tmp_path: Path, repeat: int) -> Path:
+    p = tmp_path / "big.yaml"
+    p.write_text(EXAMPLE.read_text().replace("    stream: comm\n", f"    stream: comm\n    repeat: {repeat}\n"))
+    return p
+
+
+def test_a_huge_repeat_is_refused_at_once_with_its_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It used to grow memory by about 10 MB/s with nothing printed.
+    start = time.perf_counter()
+    assert main(["predict", str(_repeated(tmp_path, 10**9)), "--quiet"]) == 2
+    assert time.perf_counter() - start < 5
+    err = capsys.readouterr().err
+    # 4 ranks x (1 GEMM + 1e9 all-reduces)
+    assert "4,000,000,004 ops" in err and "--max-ops 4000000004" in err
+
+
+def test_the_limit_is_the_callers(tmp_path: Path) -> None:
+    p = _repeated(tmp_path, 3)  # 4 x (1 + 3) = 16 ops
+    with pytest.raises(OvsimError, match="16 ops"):
+        predict(p, mode="analytic", max_ops=15)
+    assert len(predict(p, mode="analytic", max_ops=16).workload.ops) == 16
+
+
+def test_too_many_combinations_are_refused_before_any_is_built(capsys: pytest.CaptureFixture[str]) -> None:
+    # 100 x 100 x 100 values once ran for minutes and reached 4.9 GB.
+    values = ",".join(str(v) for v in range(1, 102))
+    args = ["sweep", str(EXAMPLE), "--axis", f"ops.gemm.m={values}", "--axis", f"ops.gemm.n={values[:-4]}", "--quiet"]
+    start = time.perf_counter()
+    assert main(args) == 2
+    assert time.perf_counter() - start < 5
+    assert "10,100 combinations" in capsys.readouterr().err  # 101 x 100
+    with pytest.raises(OvsimError, match=r"6 combinations.*--max-combinations 6"):
+        sweep(EXAMPLE, {"ops.gemm.m": [1, 2, 3], "ops.gemm.n": [1, 2]}, max_combinations=5)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by init) is gone as far as work goes.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ")[-1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and ps --ppid")
+def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
+    # A sweep's worker once went on for 22 minutes after its parent was killed.
+    # Each combination takes about 30 s (30,000 all-reduces on 4 ranks), so a worker left behind
+    # would still be predicting when the deadline below passes.
+    code = ("from ovsim.sweep import sweep; import sys; "
+            "sweep(sys.argv[1], {'ops.gemm.m': [1024, 2048, 4096]}, workers=2)")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(_repeated(tmp_path, 30000))])
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(parent.pid)) < 2:
+            assert time.monotonic() < deadline and parent.poll() is None, "the sweep never started its workers"
+            time.sleep(0.2)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(w) for w in workers):
+            assert time.monotonic() < deadline, "a worker outlived its parent by 10 s"
+            time.sleep(0.2)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
