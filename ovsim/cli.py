@@ -741,11 +741,42 @@ def _nulled(x: Any) -> Any:
 
 
 def _specs(args: argparse.Namespace) -> int:
-    from ovsim.hw.spec import known_gpus, known_systems
+    from ovsim.hw.spec import known_gpus, known_systems, load_gpu, load_system
 
-    print("GPUs:    " + ", ".join(known_gpus()))
-    print("systems: " + ", ".join(known_systems()))
+    gpus = [_gpu_row(load_gpu(n), n) for n in known_gpus()]
+    systems = [{"system": n, "gpu": s.gpu, "gpus": s.gpu_count, "topology": s.topology}
+               for n in known_systems() for s in [load_system(n)]]
+    if args.json:
+        print(_json({"gpus": gpus, "systems": systems}))
+        return 0
+    print(_rows(gpus))
+    print("max GHz: top SM clock; BF16 TF: dense BF16 peak as the vendor quotes it; HBM TB/s: peak; "
+          "link GB/s: NVLink or xGMI per direction, all links; TDP W: default board power limit")
+    print()
+    print(_rows(systems))
     return 0
+
+
+def _gpu_row(g: Any, stem: str) -> dict[str, Any]:
+    bf16 = g.compute.peak_flops_per_s.get("bf16")
+    return {"gpu": stem, "arch": g.architecture, "SMs": g.sm.count, "max GHz": round(g.clocks.max_sm_clock_hz / 1e9, 3),
+            "BF16 TF": round(bf16 / 1e12, 1) if bf16 else None,
+            "HBM GB": round(g.memory.capacity_bytes / 1e9, 1),
+            "HBM TB/s": round(g.memory.bandwidth_bytes_per_s / 1e12, 2),
+            "link GB/s": round(g.links.bandwidth_bytes_per_s / 1e9, 1),
+            "TDP W": round(g.power.tdp_w)}
+
+
+def _rows(rows: list[dict[str, Any]]) -> str:
+    """A plain table: the first column left-aligned, the others right."""
+    cols = list(rows[0]) if rows else []
+    cells = [[("-" if r[c] is None else str(r[c])) for c in cols] for r in rows]
+    width = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
+
+    def line(xs: list[str]) -> str:
+        return "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(xs, width, strict=True)))
+
+    return "\n".join([line(cols), *(line(x) for x in cells)])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -883,7 +914,8 @@ def parser() -> argparse.ArgumentParser:
                          "needs matplotlib)")
     vp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     vp.set_defaults(func=_validate)
-    sp = sub.add_parser("specs", help="list the known GPUs and systems")
+    sp = sub.add_parser("specs", help="list the known GPUs (SMs, clock, peak, memory, links, power) and systems")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.set_defaults(func=_specs)
     return p
 

@@ -373,3 +373,19 @@ def test_calibrate_refuses_to_write_over_its_power_log(tmp_path: Path, capsys: p
                  "--power-log", f"run={log}"]) == 2
     assert "--output: is also an input" in capsys.readouterr().err
     assert log.read_text() == "timestamp, index, power.draw [W]\n"
+
+
+def test_specs_lists_each_gpus_key_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    """The H100 SXM row against NVIDIA's H100 datasheet: 132 SMs, 80 GB of HBM3 at 3.35 TB/s,
+    NVLink 900 GB/s both directions (450 each way), 700 W; the table and --json agree."""
+    assert main(["specs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["gpu", "arch", "SMs", "max", "GHz", "BF16", "TF", "HBM", "GB", "HBM", "TB/s", "link",
+                              "GB/s", "TDP", "W"]
+    (h100,) = [line.split() for line in out if line.startswith("h100-sxm5-80gb ")]
+    assert h100 == ["h100-sxm5-80gb", "sm90", "132", "1.98", "989.4", "80.0", "3.35", "450.0", "700"]
+    assert any(line.split()[:4] == ["hgx-h100", "h100-sxm5-80gb", "8", "nvswitch"] for line in out)
+    assert main(["specs", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    row = next(g for g in data["gpus"] if g["gpu"] == "h100-sxm5-80gb")
+    assert (row["SMs"], row["HBM GB"], row["HBM TB/s"], row["TDP W"]) == (132, 80.0, 3.35, 700)
