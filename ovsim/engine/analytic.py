@@ -15,6 +15,9 @@ from ovsim.engine.timeline import Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
 from ovsim.models.ir import Op, Workload
 
+# The prefix of a collective's join node in the order graph; no op id starts with a NUL.
+_JOIN = "\0join:"
+
 
 def analytic_timeline(workload: Workload) -> Timeline:
     g = workload.graph()
@@ -22,14 +25,17 @@ def analytic_timeline(workload: Workload) -> Timeline:
     for op in workload.ops:
         if op.flow is not None:
             groups.setdefault(op.flow.group, []).append(op)
-    # A member may only be finished once every member is ready: make each member wait for the
-    # predecessors of all the others.
-    for members in groups.values():
-        preds = {p for m in members for p in g.predecessors(m.id)}
+    # A member may only be finished once every member is ready: each member waits for the
+    # predecessors of all the others, through one join node per collective (predecessors -> join
+    # -> members: the same order with edges in proportion to the members, not their square).
+    for name, members in groups.items():
+        ids = {m.id for m in members}
+        join = _JOIN + name
         for m in members:
-            for p in preds:
-                if p not in {x.id for x in members}:
-                    g.add_edge(p, m.id)
+            for p in list(g.predecessors(m.id)):
+                if p not in ids:
+                    g.add_edge(p, join)
+            g.add_edge(join, m.id)
     try:
         order = list(nx.topological_sort(g))
     except nx.NetworkXUnfeasible:
@@ -48,6 +54,8 @@ def analytic_timeline(workload: Workload) -> Timeline:
     rows: list[dict[str, Any]] = []
     done_groups: dict[str, float] = {}
     for oid in order:
+        if oid.startswith(_JOIN):
+            continue  # a collective's join node
         op = by_id[oid]
         t = 0.0
         if oid in stream_pred:

@@ -1,0 +1,54 @@
+"""Analytic-fidelity throughput at many ranks, on engine_bench's synthetic data-parallel iteration.
+
+Every rank runs the same compute stream with a gradient all-reduce over all ranks after every ~20
+kernels; the analytic fidelity (ovsim.engine.analytic) orders the ops and joins each collective's
+members. Only ``analytic_timeline`` is timed.
+
+    python bench/analytic_bench.py                    # 100,000 kernels on 64, 256 and 512 ranks
+    python bench/analytic_bench.py --kernels 20000 --ranks 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_bench import GPU_NAME, build
+
+from ovsim.engine.analytic import analytic_timeline
+from ovsim.hw.calib import load_calibration
+from ovsim.hw.spec import SystemSpec, load_gpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=100_000, help="total kernels (all ranks)")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 512])
+    args = ap.parse_args(argv)
+    gpu = load_gpu("h100-sxm5-80gb")
+    # One NVSwitch domain as large as the largest run: not a real product (the NCCL model covers
+    # one node), only a way to give the analytic fidelity collectives that span every rank.
+    system = SystemSpec.model_validate({
+        "schema": "ovsim.system/1", "name": "bench-h100-nvswitch-wide", "gpu": GPU_NAME, "gpu_count": max(args.ranks),
+        "topology": "nvswitch", "nccl_ring_channels": 32,
+        "sources": {"topology": "synthetic benchmark system, not a real product"}})
+    params = load_calibration(gpu, "h100-sxm5-80gb").params
+    print(f"{'ranks':>6} {'kernels':>9} {'collectives':>11} {'build s':>8} {'analytic s':>10} {'kernels/s':>10}")
+    for n in args.ranks:
+        t0 = time.perf_counter()
+        wl = build(args.kernels, n, gpu, system, params)
+        t1 = time.perf_counter()
+        tl = analytic_timeline(wl)
+        t2 = time.perf_counter()
+        groups = len({op.flow.group for op in wl.ops if op.flow is not None})
+        assert len(tl.ops) > 0
+        print(f"{n:>6} {len(wl.ops):>9} {groups:>11} {t1 - t0:>8.2f} {t2 - t1:>10.2f} {len(wl.ops) / (t2 - t1):>10.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
