@@ -254,11 +254,27 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, wo
                          float(held["mape_pct"]), "% MAPE", 0.0, rel, rule="at_most",
                          note=f"naive {naive:.1f}%; passes at or below 10% and a third of naive; contention "
                               f"fitted on {fitted_on}"))
+        held_out.extend(_overlap_checks(name, rel, held, fitted_on))
         fitted.append(Check(f"{name}: overlapped-kernel MAPE, shipped calibration", FIT, float(fit["naive_mape_pct"]),
                          float(fit["mape_pct"]), "% MAPE", 0.0, rel, rule="at_most",
                          note="fit error: the shipped contention parameters were fitted on this trace too; "
                               "passes at or below naive"))
     return held_out + fitted
+
+
+def _overlap_checks(name: str, rel: str, held: dict[str, Any], fitted_on: str) -> list[Check]:
+    """Where the trace has communication: the exposed communication (not under compute, summed over
+    ranks; within 5% of measured) and the hidden share of communication (HTA's definition; within
+    2 points), the figures overlap studies report."""
+    hidden_meas, hidden_pred = float(held["hidden_pct_measured"]), float(held["hidden_pct_predicted"])
+    exposed_meas = float(held["exposed_comm_measured_s"])
+    if not (math.isfinite(hidden_meas) and exposed_meas > 0):
+        return []
+    note = f"contention fitted on {fitted_on}"
+    return [Check(f"{name}: exposed communication", HELD_OUT, exposed_meas * 1e3,
+                  float(held["exposed_comm_predicted_s"]) * 1e3, "ms", 5.0, rel, note=note),
+            Check(f"{name}: hidden share of communication", HELD_OUT, hidden_meas, hidden_pred, "%", 0.0, rel,
+                  rule="band", low=hidden_meas - 2.0, high=hidden_meas + 2.0, note=f"within 2 points; {note}")]
 
 
 def _fold(i: int, inputs: Sequence[TraceInput], prepared: Sequence[ContentionData]) -> tuple[dict[str, Any],
