@@ -272,8 +272,11 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
                               load_share=params.gemm_load_share if c.kind[i] == "gemm" else 0.0)
     d = replace(d, persistent_ctas=grid if tiles else 0,
                 cluster_ctas=gemm_cluster(c.name[i]) if c.kind[i] == "gemm" else 1)
-    d = cost.bandwidth_bound(d, gpu, params) if memory else d
-    return _within_rate(d, rate, gpu) if math.isinf(d.hbm_cap_bytes_per_s) and not tiles else d
+    if not memory:
+        # GEMMs keep the bytes replay_hbm_fraction was fitted with (on the H100's harness data).
+        return d
+    d = cost.bandwidth_bound(d, gpu, params)
+    return _within_rate(d, rate, gpu) if math.isinf(d.hbm_cap_bytes_per_s) else d
 
 
 def _within_rate(d: KernelDemand, rate_bytes_per_s: float, gpu: GpuSpec) -> KernelDemand:
