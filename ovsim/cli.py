@@ -357,6 +357,10 @@ def _replay_table(result: Any, max_rows: int) -> str:
                          f"{_fmt_s(rec.predicted_duration_s):>12} {_fmt_s(rec.isolated_s):>9}  {rec.isolated_source}")
         if len(k) > max_rows:
             lines.append(f"... {len(k) - max_rows} more (use --json for all)")
+        lines += ["", "isolated from: where 'alone' comes from, never the kernel's own overlapped run. signature: "
+                      "the median of the same kernel (name, launch, operator shapes) where it ran without "
+                      "communication (scored); ambiguous: those runs disagree, one launch for several problem sizes "
+                      "(the median, not scored); none: no such run (its measured time, not scored)"]
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ too, though a profiler would record its copies as memcpys).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -85,9 +86,10 @@ def _with_end(ops: pd.DataFrame) -> pd.DataFrame:
     return ops.assign(end_s=ops["start_s"] + ops["duration_s"])
 
 
-def rank_overlap(ops: pd.DataFrame) -> list[RankOverlap]:
-    """Per rank: busy time of compute and communication, their overlap, exposed comm and idle time."""
-    ops = _with_end(ops)
+def rank_overlap(ops: pd.DataFrame | Any) -> list[RankOverlap]:
+    """Per rank: busy time of compute and communication, their overlap, exposed comm and idle time.
+    ``ops``: a kernel table, a timeline's ``ops``, or a timeline itself."""
+    ops = _with_end(getattr(ops, "ops", ops))
     rows = ops[(ops["rank"] >= 0) & (ops["kind"] != "delay")]
     t0 = float(rows["start_s"].min()) if len(rows) else 0.0
     out = []

@@ -320,9 +320,12 @@ def _is_trace_name(name: str) -> bool:
 def _inputs(path: Path) -> Iterator[tuple[str, str, bytes]]:
     """(source, file name, uncompressed bytes) for each trace file, one at a time."""
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
+        # Subfolders too (a run's ranks are often one folder each), not hidden ones.
+        files = sorted(p for p in path.rglob("*") if p.is_file() and _is_trace_name(p.name)
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if not files:
-            raise OvsimError("no trace files (*.json, *.json.gz) in the folder", source=str(path), field="path")
+            raise OvsimError("no trace files (*.json, *.json.gz) in the folder or its subfolders", source=str(path),
+                             field="path")
         for f in files:
             yield str(f), f.name, _decompress(_read(f), str(f))
         return
