@@ -199,6 +199,11 @@ def test_compare_prints_one_row_per_scenario(capsys: pytest.CaptureFixture[str])
     assert out[3].startswith("gemm-allreduce-h100x4-priority")
     assert main(["compare", *files, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
+    # Each printed row is its scenario's makespan (ms) and its change against the first's.
+    first, second = (s["makespan_s"] for s in data["scenarios"])
+    assert first != second
+    for line, makespan in ((out[2], first), (out[3], second)):
+        assert line.split()[2:4] == [f"{makespan * 1e3:.3f}", f"{makespan / first - 1:+.1%}"]
     assert [s["scenario"] for s in data["scenarios"]] == ["gemm-allreduce-h100x4-sequential",
                                                           "gemm-allreduce-h100x4-priority"]
 

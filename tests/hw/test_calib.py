@@ -71,11 +71,18 @@ def test_a_value_out_of_range_names_its_file_and_parameter(tmp_path: Path, a100:
     assert message in err.value.message and "\n" not in err.value.one_line()
 
 
-def test_values_in_range_load(tmp_path: Path, a100: GpuSpec) -> None:
+def test_values_in_range_load_on_top_of_the_shipped_file(tmp_path: Path, a100: GpuSpec) -> None:
+    """Values at their range's edge load; a mapping merges key by key over the shipped file's (the
+    BF16 efficiency stays the shipped one), and the file is listed after the shipped ones."""
+    shipped = load_calibration(a100, "a100-sxm4-40gb")
     ok = _write(tmp_path / "ok.v1.yaml", {"gemm_efficiency": {"fp16": 1.0}, "nccl_issue_fraction": 0.0,
                                           "memory_kernel_efficiency": 1.2, "kernel_overhead_s": 0.0})
-    params = load_calibration(a100, "a100-sxm4-40gb", (str(ok),)).params
+    calib = load_calibration(a100, "a100-sxm4-40gb", (str(ok),))
+    params = calib.params
     assert params.gemm_eff("fp16") == 1.0 and params.memory_kernel_efficiency == 1.2
+    assert params.kernel_overhead_s == 0.0 and shipped.params.kernel_overhead_s > 0
+    assert params.gemm_eff("bf16") == shipped.params.gemm_eff("bf16") != 1.0
+    assert calib.files == (*shipped.files, "ok.v1.yaml")
 
 
 HISTORY = Path(__file__).resolve().parents[2] / "calibration" / "history"

@@ -207,10 +207,18 @@ def test_settings_outside_the_settable_range_are_rejected(stem: str, settings: P
     assert "\n" not in err.value.one_line()
 
 
-def test_settings_at_the_range_ends_are_accepted(a100: GpuSpec) -> None:
+def test_settings_at_the_range_ends_are_accepted_and_just_beyond_refused(a100: GpuSpec) -> None:
+    """The A100's settable range (nvidia-smi: 100-400 W, 210-1410 MHz) is closed: its ends are
+    legal settings, and a step past either end is not (an off-by-one comparison fails one side)."""
     for s in (PowerSettings(cap_w=100.0), PowerSettings(cap_w=400.0), PowerSettings(sm_clock_hz=1.41e9),
               PowerSettings(sm_clock_hz=2.1e8, cap_w=250.0)):
-        check_settings(s, a100)
+        assert check_settings(s, a100) is None
+    for s, field in ((PowerSettings(cap_w=99.9), "power.cap_w"), (PowerSettings(cap_w=400.1), "power.cap_w"),
+                     (PowerSettings(sm_clock_hz=1.411e9), "power.sm_clock_hz"),
+                     (PowerSettings(sm_clock_hz=2.09e8), "power.sm_clock_hz")):
+        with pytest.raises(OvsimError) as err:
+            check_settings(s, a100)
+        assert err.value.field == field
 
 
 # -- the fit ----------------------------------------------------------------------------------------
