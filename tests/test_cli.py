@@ -321,8 +321,9 @@ def test_compare_shows_each_training_scenarios_memory(capsys: pytest.CaptureFixt
     ex = Path(__file__).resolve().parents[1] / "examples"
     assert main(["compare", str(ex / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"),
                  str(ex / "gemm-allreduce-a100x4-priority.yaml")]) == 0
-    head, _, training, ops = capsys.readouterr().out.splitlines()
+    head, _, training, ops, _, note = capsys.readouterr().out.splitlines()
     assert head.split()[-2:] == ["mem", "GB"]
+    assert note.startswith("contention: ") and "as a board's sensor reports it" in note
     assert training.split()[-1] == "36.2" and ops.split()[-1] == "-"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ovsim import cli
 from ovsim.api import predict
 from ovsim.cli import main
 from ovsim.errors import OvsimError
@@ -117,7 +118,8 @@ def test_sweep_command_table_json_and_csv(tmp_path: Path, capsys: pytest.Capture
     assert main([*args, "--csv", str(csv)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["ops.gemm.m", "power.cap_w", "iter"]
-    assert [line.split()[:2] for line in out[2:]] == [["1024", "None"], ["1024", "400"], ["2048", "None"],
+    assert out[-2:] == ["", cli._TABLE_NOTE]
+    assert [line.split()[:2] for line in out[2:-2]] == [["1024", "None"], ["1024", "400"], ["2048", "None"],
                                                         ["2048", "400"]]
     assert csv.read_text().splitlines()[0].startswith("ops.gemm.m,power.cap_w,scenario,")
     assert main([*args, "--json"]) == 0
