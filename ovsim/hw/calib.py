@@ -59,6 +59,11 @@ class Parameters(BaseModel):
     # the aligned efficiency on H100 traces. A precision not listed takes gemm_efficiency. Fitted
     # by `ovsim calibrate --fit gemm`.
     gemm_unaligned_efficiency: dict[str, Fraction] = Field(default_factory=dict)
+    # The main-loop efficiency of a GEMM kernel of one's own (a scenario op with a `tile`): a plain
+    # WMMA kernel reaches a fraction of what the vendor library's kernels do (measured: 15% of the
+    # FP16 peak on an H100 against cuBLAS's 80%). Per precision; a precision not listed takes
+    # gemm_efficiency (the A100s: not measured). An op's own `efficiency` overrides it.
+    own_gemm_efficiency: dict[str, Fraction] = Field(default_factory=dict)
     attention_efficiency: Fraction = 0.6
     # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches;
     # above 1 where a kernel beats the bandwidth test that set the achievable fraction.
@@ -232,6 +237,13 @@ class Parameters(BaseModel):
         if not aligned and precision in self.gemm_unaligned_efficiency:
             return self.gemm_unaligned_efficiency[precision]
         return self.gemm_efficiency.get(precision, self.gemm_efficiency.get("default", 0.8))
+
+    def own_gemm_eff(self, precision: str, aligned: bool = True) -> float:
+        """The main-loop efficiency of a tiled GEMM kernel of one's own (not the library's). BF16
+        and FP16 take each other's value where only one was measured: the same tensor cores and peak."""
+        twin = {"bf16": "fp16", "fp16": "bf16"}.get(precision, precision)
+        own = self.own_gemm_efficiency
+        return own.get(precision, own.get(twin, self.gemm_eff(precision, aligned)))
 
     def memory_eff(self, kind: str) -> float:
         return self.memory_kind_efficiency.get(kind, self.memory_kernel_efficiency)

@@ -263,6 +263,7 @@ def gemm(
     sm_count: int | None = None,
     persistent: bool = False,
     cluster_ctas: int = 1,
+    efficiency: float | None = None,
 ) -> KernelDemand:
     """A tiled tensor-core GEMM: output tiles are blocks, each block computes one tile.
 
@@ -278,6 +279,8 @@ def gemm(
     tiles (cuBLAS's Hopper kernels), the same time alone; the engine runs it differently beside
     kernels that hold SMs (:attr:`KernelDemand.persistent_ctas`). ``cluster_ctas``: CTAs per
     thread-block cluster, which beside held SMs find fewer SMs (:attr:`KernelDemand.cluster_ctas`).
+    ``efficiency``: the main loop's share of the tensor peak, in place of the library's
+    (``gemm_efficiency``): a kernel of one's own.
     """
     for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch), ("split_k", split_k)):
         if not isinstance(v, int) or v < 1:
@@ -308,8 +311,10 @@ def gemm(
     sms = sm_count if sm_count is not None else gpu.sm.count
     k_per_block = math.ceil(k / split_k)
     flops_tile = 2.0 * tm * tn * k_per_block
-    per_sm_rate = gpu.peak_flops_per_s(precision) / gpu.sm.count * params.gemm_eff(precision,
-                                                                                 gemm_aligned(n, k, precision))
+    eff = efficiency if efficiency is not None else params.gemm_eff(precision, gemm_aligned(n, k, precision))
+    if not 0.0 < eff <= 1.0:
+        raise OvsimError(f"must be in (0, 1], got {eff}", field="efficiency")
+    per_sm_rate = gpu.peak_flops_per_s(precision) / gpu.sm.count * eff
     # Co-resident tiles share the SM's tensor throughput: at its natural occupancy a block takes
     # `occ_natural` tile-times and uses 1/occ_natural of the SM. The fill and epilogue of a wave's
     # tiles add a fixed time (calibrated; co-resident tiles overlap theirs).

@@ -56,7 +56,7 @@ class _OpBase(InputModel):
 
 
 # A GemmOp's fields that describe its kernel's block, given only with a tile.
-GEMM_BLOCK_FIELDS = ("threads", "registers_per_thread", "stages")
+GEMM_BLOCK_FIELDS = ("threads", "registers_per_thread", "stages", "efficiency")
 
 
 class GemmOp(_OpBase):
@@ -73,6 +73,9 @@ class GemmOp(_OpBase):
     threads: PositiveInt | None = None
     registers_per_thread: PositiveInt | None = None
     stages: PositiveInt | None = None
+    # Your kernel's main-loop share of the tensor peak; None: the calibration's own_gemm_efficiency
+    # (a plain WMMA kernel, measured), not the library's.
+    efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
     batch: PositiveInt = 1
     # None: without a tile, the library's choice among ovsim.models.cost.LIBRARY_SPLITS_K; with a
     # tile, no split.
@@ -227,10 +230,13 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
             return cost.best_gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, extra_shared_mem_bytes=extra,
                                   batch=spec.batch, split_k=spec.split_k, sm_count=sms)
         # The block fields not given take cost.gemm's defaults.
-        given = {f: getattr(spec, f) for f in GEMM_BLOCK_FIELDS if getattr(spec, f) is not None}
+        given = {f: getattr(spec, f) for f in GEMM_BLOCK_FIELDS[:3] if getattr(spec, f) is not None}
+        # A kernel of one's own: its efficiency, else what a plain WMMA kernel was measured at.
+        eff = spec.efficiency if spec.efficiency is not None else params.own_gemm_eff(
+            spec.precision, cost.gemm_aligned(spec.n, spec.k, spec.precision))
         return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile,
                          extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k or 1, sm_count=sms,
-                         **given)
+                         efficiency=eff, **given)
     if isinstance(spec, AttentionOp):
         base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
                               causal=spec.causal, backward=spec.backward)
