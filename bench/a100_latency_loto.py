@@ -48,7 +48,7 @@ def predicted(d: ContentionData, warps: np.ndarray, x: np.ndarray) -> np.ndarray
         wait = moving + (1 - moving) * overhead_wait
         slow, _ = latency_slowdowns([max(own, 1e-6), share], [wait, 0.0], kappa, q)
         out[i] = base[i] * (1 - d.covered[i] + d.covered[i] * slow[0])
-    return out
+    return np.asarray(out, dtype=float)
 
 
 def weighted_pct(d: ContentionData, pred: np.ndarray) -> float:
@@ -75,7 +75,7 @@ def main() -> int:
     for j, (name, d, w) in enumerate(data):
         train = [x for i, x in enumerate(data) if i != j]
 
-        def loss(x: np.ndarray, train: list = train) -> float:
+        def loss(x: np.ndarray, train: list[tuple[str, ContentionData, np.ndarray]] = train) -> float:
             return float(np.mean([weighted_pct(dd, predicted(dd, ww, x)) for _, dd, ww in train]))
 
         fit = differential_evolution(loss, BOUNDS, seed=0, maxiter=40, popsize=10, tol=1e-6, polish=True)

@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         power = PowerConfig(model=power_model(gpu, params), settings=settings)
     system = bench_system()
     machines: dict[int, MachineModel] = {}
+    kernel_sweep: tuple[int, ...]
+    rank_sweep: tuple[int, ...]
     if args.quick:
         headline_cfg = QUICK_HEADLINE
         kernel_sweep, rank_sweep, per_rank = QUICK_KERNEL_SWEEP, QUICK_RANK_SWEEP, QUICK_PER_RANK
