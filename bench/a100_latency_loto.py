@@ -13,7 +13,7 @@ The closed form multiplies the engine's replay without memory contention (at the
 share of a collective, 0) by the law's slowdown over the share of each kernel's time a collective
 was resident, as ``ovsim calibrate``'s contention fit does.
 
-    python bench/a100_latency_loto.py [--traces ../shared/traces]     # about 40 s
+    python bench/a100_latency_loto.py [--traces TRACES]     # about 40 s
 """
 
 from __future__ import annotations

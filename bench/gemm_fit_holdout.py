@@ -22,7 +22,9 @@ from ovsim.calibrate import TraceInput, fit_gemm, gemm_points, trace_input
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.spec import load_gpu
 
-DEFAULT = ("../shared/traces/HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz",
+# The shared traces sit in shared/traces of the folder that holds the repository.
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+DEFAULT = (str(TRACES / "HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz"),
            "a100-sxm4-80gb")
 
 

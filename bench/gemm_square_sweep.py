@@ -5,7 +5,7 @@ given on top of the shipped one.
 
 Best over the library kernels a scenario GEMM chooses from (``ovsim.models.cost.best_gemm``:
 output tiles 128x256 down to 64x128, multistage and Hopper warp-specialized blocks). Published:
-zzc0721/torch-performance-test-data #79, as quoted in the research notes (science.md section 4.3).
+zzc0721/torch-performance-test-data #79 (H100 80GB HBM3, BF16 square GEMMs).
 
     python bench/gemm_square_sweep.py [CALIBRATION.yaml ...]
 """

@@ -1,5 +1,5 @@
-"""The overlap study's configuration matrix (Lee et al., arXiv 2507.03114, as summarised in
-seed-and-validation-numbers.md) and the GEMM + all-reduce priority/shaping study (Cui & Pericas,
+"""The overlap study's configuration matrix (Lee et al., arXiv 2507.03114, its abstract and a
+secondary reading note of the paper) and the GEMM + all-reduce priority/shaping study (Cui & Pericas,
 arXiv 2606.09200), predicted by ovsim (``ovsim.studies``) and set against the published figures.
 
     python bench/overlap_study.py            # the matrix with 4 layers per model (about 40 s)

@@ -9,7 +9,7 @@ communication, three figures that need no model:
   the median of the other clean instances: the run-to-run spread of the isolated durations that
   every prediction inherits.
 
-    python bench/replay_noise_floor.py ../shared/traces
+    python bench/replay_noise_floor.py TRACES
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def figures(path: Path) -> tuple[int, float, float, float]:
 
 
 def main() -> None:
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "../shared/traces")
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "traces"
     print(f"{'trace':<34} {'scored':>6} {'naive':>7} {'best constant':>14} {'clean spread':>13}")
     for rel, _ in TRACE_CASES:
         path = folder / rel

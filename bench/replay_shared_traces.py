@@ -4,7 +4,8 @@ For each trace: the compute kernels that overlapped communication and could be s
 MAPE on them, the naive (no contention) MAPE, the MAPE of a constant-slowdown oracle (every scored
 kernel's isolated duration times the median measured slowdown of the trace, a bound on what any
 model that predicts one slowdown per trace can reach), the median measured and predicted slowdown,
-and the span error. The traces are read where the project expects them (../shared/traces).
+and the span error. The traces are read where the project expects them (shared/traces in the folder
+that holds the repository).
 
     python bench/replay_shared_traces.py
 """

@@ -1,6 +1,6 @@
 """``ovsim calibrate``: fit model parameters to real traces and write them, with provenance, as a
-new calibration file (DESIGN.md section 3, "Everything fitted ... lives in versioned calibration
-files with provenance").
+new calibration file (docs/calibration.md: everything fitted lives in versioned calibration
+files with provenance).
 
 What is fitted, from what, and how
 ----------------------------------

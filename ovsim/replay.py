@@ -1,5 +1,5 @@
 """Replay a measured run: rebuild its workload from the kernel table, simulate it with contention,
-and compare every kernel with what was measured (DESIGN.md section 4).
+and compare every kernel with what was measured (docs/replay.md).
 
 Reconstruction
 - Each (rank, stream) runs its activities in measured start order.

@@ -150,7 +150,7 @@ def power_checks() -> list[Check]:
     from ovsim.api import predict
 
     src_thonking = "thonking.ai (8192^3 BF16 randn at the 400 W limit: 258 TFLOPS); tensor power weight fitted on it"
-    src_lee = "Lee et al., arXiv 2507.03114, via a secondary reading note (seed-and-validation-numbers.md 4.4)"
+    src_lee = "Lee et al., arXiv 2507.03114 (power caps), via a secondary reading note of the paper"
     a100 = predict(_gemm_power_scenario("dgx-a100-80gb"), power_cap_w=400.0, counters=False)
     d = float(a100.ops.set_index("id")["duration_s"].to_numpy(float)[0])
     h100 = predict(_gemm_power_scenario("hgx-h100"), power_cap_w=700.0, counters=False)
@@ -512,8 +512,7 @@ def study_checks(workers: int = 1, on_stage: Callable[[str], None] | None = None
     left out and counted."""
     from ovsim import studies
 
-    src_lee = ("Lee et al., arXiv 2507.03114, abstract; configurations per a secondary reading note "
-               "(seed-and-validation-numbers.md 1a)")
+    src_lee = "Lee et al., arXiv 2507.03114, abstract; configurations per a secondary reading note of the paper"
     src_cui = "Cui & Pericas, arXiv 2606.09200, abstract (up to 25.5%); setup per a secondary reading note"
     if on_stage is not None:
         on_stage("the overlap study's matrix (80 configurations, full depth, as they would fit in memory)")

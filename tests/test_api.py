@@ -86,7 +86,7 @@ def test_compare_needs_a_scenario() -> None:
 
 
 def test_accounted_sequential_follows_lee_et_al_definitions() -> None:
-    # Lee et al. (arXiv 2507.03114, metric definitions in seed-and-validation-numbers.md):
+    # Lee et al. (arXiv 2507.03114, metric definitions via a secondary reading note of the paper):
     # E2E_ideal = E2E_overlapping - compute slowdown time; E2E_sequential = E2E_ideal + overlapped
     # communication time. Overlapped run 10 ms with 8 ms compute, sequential compute 7 ms, 3 ms of
     # communication under compute: 10 - (8 - 7) + 3 = 12 ms.

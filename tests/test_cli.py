@@ -1,4 +1,4 @@
-"""The command line: output contracts and one-line errors for bad input (DESIGN.md section 5)."""
+"""The command line: output contracts and one-line errors for bad input (README.md, ``ovsim.cli``)."""
 
 from __future__ import annotations
 

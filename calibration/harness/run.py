@@ -79,7 +79,7 @@ PARTS = ("gemm", "shapes", "comm", "overlap", "smloss", "shaping", "dispatch", "
 # Parts the default run leaves out: Nsight Compute's, and the real framework kernels' (framework.py).
 OPT_IN_PARTS = ("ncu", "framework", "framework_copy", "framework_ncu")
 # NCCL's per-block shared memory: 4112 B of scratch per warp for its 20 warps, sized for 640 threads
-# whatever the launch uses (src/include/device.h; research notes, science.md section 1.1).
+# whatever the launch uses (NVIDIA/nccl src/include/device.h).
 CHANNEL_SMEM_BYTES = 4112 * 20
 # NCCL's kernels take 96 registers per thread; the channel kernels hold values live to come close.
 CHANNEL_MIN_REGISTERS = 88

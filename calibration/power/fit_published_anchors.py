@@ -4,7 +4,7 @@ Run from the repository root: ``python calibration/power/fit_published_anchors.p
 weights that ``calibration/history/a100-sxm4-{40,80}gb.v2.yaml`` record (carried into every later
 version). Nothing here is imported by ovsim.
 
-Anchors (both [P] in ../shared/research/seed-and-validation-numbers.md):
+Anchors (both primary sources):
 
 1. Tensor cores. H. He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given
    'Predictable' Data" (thonking.ai/p/strangely-matrix-multiplications): an 8192^3 half-precision
@@ -23,7 +23,7 @@ Anchors (both [P] in ../shared/research/seed-and-validation-numbers.md):
 Both weights describe the GA100 SMs, so the 40 GB and 80 GB parts share them; each part keeps its
 own idle power and HBM. Tests on these two numbers are consistency checks, not validations.
 
-H100 SXM5 has no published GEMM power measurement (seed-and-validation-numbers.md, "Gaps"), so its
+H100 SXM5 has no published GEMM power measurement (none was found in the public material searched), so its
 tensor weight is not fitted but derived from the TDP the same way: the same GEMM, at the compute
 clock (1830 MHz, the clock of NVIDIA's 989 TFLOPS figure, below the 1980 MHz maximum), draws 700 W.
 """

@@ -1,6 +1,6 @@
 """The GPU power model: board power from activity, clock and voltage; the cap and clock-lock solver.
 
-Form (DESIGN.md section 3, science.md section 6.2)::
+Form (docs/power.md; per-component dynamic power from activity, as in AccelWattch, Kandiah et al., MICRO 2021)::
 
     P(c) = P_idle + s(c) · Σ_k w_k · u_k  +  w_hbm · u_hbm  +  w_link · u_link
     s(c) = c · (V(c) / V(1))²                           dynamic CMOS power α·C·V²·f, normalised at c = 1

@@ -1,7 +1,7 @@
 """NCCL's own isolated-cost model of a collective, and the blocks its kernels launch.
 
 The time model is the one NCCL uses to pick an algorithm and protocol (``NVIDIA/nccl``
-``src/graph/tuning.cc``, read at v2.30; science.md section 1.4):
+``src/graph/tuning.cc``, read at v2.30):
 
     time = latency[op][algorithm][protocol] + S / algorithm_bandwidth[op][algorithm][protocol]
 
@@ -10,7 +10,7 @@ and the choice is the argmin over the enabled (algorithm, protocol) pairs. Only 
 
 Where NCCL's numbers come from a topology search we do not run (``src/graph/search.cc``), the
 search result is replaced by a rule stated next to the constant it uses, tagged [D] (our
-derivation) as in science.md. Everything is SI inside: seconds, bytes, bytes per second.
+derivation). Everything is SI inside: seconds, bytes, bytes per second.
 
 Channels. NCCL's cost model multiplies per-*search*-channel speeds by the search channel count, and
 launches two execution channels (CTAs) per search channel (``src/graph/connect.cc``). ovsim counts
@@ -216,7 +216,7 @@ DEFAULT_PARAMS = NcclParams()
 class CollectivePlan:
     """How NCCL runs one collective on one communicator, and what its own model says it costs.
 
-    ``channels`` is the number of CTAs the launch uses (one per SM, see science.md 1.1), after
+    ``channels`` is the number of CTAs the launch uses (one per SM: ``src/enqueue.cc``, NVIDIA/nccl #689), after
     NCCL's small-message reduction; the bandwidth is NCCL's model at the communicator's channel
     count. ``link_bytes_per_bus_byte`` and ``hbm_bytes_per_bus_byte`` are per rank and per byte of
     ``bus_bytes``; link bytes count the busier direction of the rank's GPU-to-GPU port.
@@ -349,8 +349,8 @@ def default_ring_channels(op: CollectiveOp, n_ranks: int, gpu: GpuSpec, system: 
 
     The system's published ``nccl_ring_channels`` if it has one; otherwise [D] the fewest CTAs whose
     per-CTA rate fills NCCL's link total, rounded up to even (NCCL launches 2 CTAs per search
-    channel) and kept within [2, 32]. That gives 24 on A100 NVSwitch and 32 on H100 NVSwitch
-    (science.md 1.2), 16 on an 8-link H800 (NVIDIA/nccl #892) and 4 on a PCIe Gen4 node.
+    channel) and kept within [2, 32]. That gives 24 on A100 NVSwitch (NVIDIA/nccl-tests #100) and 32 on
+    H100 NVSwitch (uccl-project/uccl #205), 16 on an 8-link H800 (NVIDIA/nccl #892) and 4 on a PCIe Gen4 node.
     """
     if system.nccl_ring_channels is not None:
         return system.nccl_ring_channels

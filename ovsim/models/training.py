@@ -19,7 +19,7 @@ degree, the Megatron-LM layout; Narayanan et al., SC'21):
 * the embedding on the first pipeline stage, the LM head and loss on the last;
 * an optimizer step: fused Adam over this rank's parameters (memory-bound).
 
-Communication (sizes as nccl-tests counts them, science.md sections 1.5 and 7):
+Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANCE.md):
 
 * DDP: gradients bucketed in the order backward produces them (``bucket_bytes``, the first bucket
   ``first_bucket_bytes``, PyTorch's 25 MiB / 1 MiB), one all-reduce per bucket on the ``dp``

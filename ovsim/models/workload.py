@@ -175,7 +175,8 @@ OpSpec = Annotated[
 
 
 class Knobs(InputModel):
-    """Schedule knobs (DESIGN.md section 1; science.md section 2.4-2.5)."""
+    """Schedule knobs (docs/scenario.md): stream priority as CUDA's cudaStreamCreateWithPriority, occupancy
+    shaping as Cui & Pericas (arXiv 2606.09200), NCCL_MIN/MAX_CTAS, SM carve-outs, copy-engine offload."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 

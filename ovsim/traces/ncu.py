@@ -1,8 +1,8 @@
 """Nsight Compute importer: per-kernel launch configuration, resource use and isolated throughput from
 ``ncu --csv --page raw``, and a join that puts them on the kernel table.
 
-Format (NVIDIA Nsight Compute CLI and Profiling Guide, summarised with public sources in the project's
-research notes, formats-and-ecosystem.md section 2.3): the header row holds the identifier columns
+Format (NVIDIA Nsight Compute CLI and Profiling Guide, https://docs.nvidia.com/nsight-compute/, and
+ncu CSV fixtures in public repositories): the header row holds the identifier columns
 (``ID``, ``Process ID``, ``Process Name``, ``Host Name``, ``Kernel Name``, ``Context``, ``Stream``,
 ``Block Size``, ``Grid Size``, ``Device``, ``CC``) and then one column per raw metric name; the second
 row holds units (empty under the identifier columns); then one row per profiled launch. Lines before

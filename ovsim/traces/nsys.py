@@ -2,8 +2,8 @@
 ``nsys stats --report cuda_gpu_trace --format csv`` report, into the canonical kernel table.
 
 Schemas follow NVIDIA's Post-Collection Analysis Guide ("SQLite Schema Reference", schema 3.28.1 of nsys
-2026.4, and the 2021.5 exporter reference for older files; "cuda_gpu_trace" for the CSV), as summarised
-with their public sources in the project's research notes (formats-and-ecosystem.md sections 1, 7).
+2026.4, and the 2021.5 exporter reference for older files; "cuda_gpu_trace" for the CSV),
+https://docs.nvidia.com/nsight-systems/AnalysisGuide/index.html.
 
 SQLite export
 -------------

@@ -5,7 +5,7 @@ Sources and what each figure checks:
 - A100 GEMM throughput at 400 W (258 TFLOPS randn, thonking.ai; 271 TFLOPS MAMF, ml-engineering):
   the tensor power weight was fitted on the thonking.ai point and the GEMM efficiency on MAMF, so
   these are consistency checks of the fit and of the engine's clock loop, not validations.
-- Lee et al., arXiv 2507.03114, read through a secondary note (seed-and-validation-numbers.md 4.4):
+- Lee et al., arXiv 2507.03114, read through a secondary reading note of the paper:
   overlap raises peak power by up to 25%; under a 100 W cap overlapped execution is 107% slower.
   Nothing was fitted on them, so they are the (weak, secondary-source) validations here.
 """
@@ -427,7 +427,7 @@ def test_a_saturating_streaming_kernel_on_h200_draws_what_the_harness_measured()
     """Consistency check (the H200 power weights were fitted on this phase): a streaming add at
     the achievable HBM bandwidth drew 662 W on an H200 (calibration/data/h200-sxm/2026-11-26, power
     part, NVML instantaneous power); within 10%. The published 137-300 W of memory-bound LLM decode
-    on H200 (Ma et al., arXiv 2605.11999, via science.md 6.2) is not this case: decode does not keep
+    on H200 (Ma et al., arXiv 2605.11999) is not this case: decode does not keep
     HBM saturated the way a streaming kernel does, which an earlier version of this test assumed."""
     sc = Scenario.model_validate({"system": "hgx-h200", "ranks": 1,
                                   "ops": [{"name": "e", "kind": "elementwise", "bytes": 8.0e9}]})

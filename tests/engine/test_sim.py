@@ -1,4 +1,4 @@
-"""Engine behaviour that must emerge from the resource rules (DESIGN.md section 3).
+"""Engine behaviour that must emerge from the resource rules (docs/design.md).
 
 Expected values are closed forms computed here from the specs, not outputs of the engine: wave
 counts from the occupancy rules, flow times from bytes / capacity.

@@ -66,11 +66,12 @@ def test_hbm_and_link_power_do_not_follow_the_sm_clock(a100_40: PowerModel) -> N
 
 
 @pytest.mark.parametrize(("stem", "low", "high"), [
-    # science.md section 6.2: A100 idle ~56-88 W observed.
+    # A100 idle 56-88 W observed (pc2/GPUInspector.jl stress-test plot; thonking.ai), as the specs cite.
     ("a100-sxm4-40gb", 56.0, 88.0),
     ("a100-sxm4-80gb", 56.0, 88.0),
     # Measured (calibration/data, H100 power part): 124.7 W idle between phases, the clocks still at
-    # 1980 MHz (science.md's 70-115 W is an H100 left idle long enough to drop its clocks; the
+    # 1980 MHz (the 72-111 W of public nvidia-smi -q dumps, the spec's idle source, is an H100 left idle
+    # long enough to drop its clocks; the
     # harness's nvidia-smi read 72 W before it started). The model's idle is a GPU between
     # kernels; the power fit put it at 134 W. Tolerance 10%.
     ("h100-sxm5-80gb", 124.7 * 0.9, 124.7 * 1.1 + 2.0),

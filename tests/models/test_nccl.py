@@ -1,10 +1,10 @@
 """NCCL's isolated-cost model against independent numbers.
 
 Golden values come from sources other than the code under test, named in each test:
-science.md section 1.4 (worked latency example from tuning.cc's tables), nccl-tests
-doc/PERFORMANCE.md (bus factors), nccl-tests runs tabulated in seed-and-validation-numbers.md
-section 4.1 (stas00/ml-engineering network/README.md: 8x A100 and 8x H200 tables; NVIDIA/nccl-tests
-#212 and #290 maintainer answers), and NCCL's source constants (device.h, enqueue.cc).
+a latency example worked by hand from NVIDIA/nccl src/graph/tuning.cc's tables, nccl-tests
+doc/PERFORMANCE.md (bus factors), nccl-tests runs (stas00/ml-engineering network/README.md: 8x A100
+and 8x H200 tables; NVIDIA/nccl-tests #212 and #290 maintainer answers), and NCCL's source
+constants (device.h, enqueue.cc).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def busbw(plan: CollectivePlan) -> float:
     return plan.algorithm_bandwidth_bytes_per_s * bus_factor(plan.op, plan.n_ranks)
 
 
-# -- Latency: science.md 1.4 worked example (tuning.cc baseLat/hwLat, 8 GPUs, NVLink, nsteps = 14).
+# -- Latency: worked example from tuning.cc's baseLat/hwLat (8 GPUs, NVLink, nsteps = 14).
 
 @pytest.mark.parametrize(("protocol", "latency_us"), [("ll", 15.0), ("ll128", 40.6), ("simple", 56.0)])
 def test_ring_all_reduce_latency_matches_worked_example(
@@ -74,13 +74,13 @@ def test_ring_all_reduce_latency_matches_worked_example(
 
 
 def test_nvls_latency_matches_worked_example(h100: GpuSpec, hgx_h100: SystemSpec) -> None:
-    """science.md 1.4: NVLS Simple = 25 us, no base term."""
+    """tuning.cc: NVLS Simple = 25 us, no base term."""
     plan = plan_collective("all_reduce", 1 * MIB, 8, h100, hgx_h100, algorithm="nvls")
     assert plan.latency_s == pytest.approx(25.0 * US)
 
 
 def test_tree_latency_follows_tuning_formula(a100: GpuSpec, dgx_a100: SystemSpec) -> None:
-    """science.md 1.4: Tree AR = base + 2 (ppn - 1) hop; LL: 6.8 + 14 x 0.6 = 15.2 us."""
+    """tuning.cc: Tree AR = base + 2 (ppn - 1) hop; LL: 6.8 + 14 x 0.6 = 15.2 us."""
     plan = plan_collective("all_reduce", 0, 8, a100, dgx_a100, algorithm="tree", protocol="ll")
     assert plan.latency_s == pytest.approx(15.2 * US)
 
@@ -101,7 +101,7 @@ def test_plan_bus_bytes_use_bus_factor(a100: GpuSpec, dgx_a100: SystemSpec) -> N
     assert busbw(plan) == pytest.approx(plan.bus_bytes / plan.isolated_s)
 
 
-# -- Large-message bandwidth against measurements (seed-and-validation-numbers.md 4.1).
+# -- Large-message bandwidth against measurements (stas00/ml-engineering network/README.md).
 
 @pytest.mark.parametrize(("size", "measured_gb_per_s"), [
     (1 * GIB, 229.04), (2 * GIB, 231.41), (4 * GIB, 233.88), (8 * GIB, 234.61), (16 * GIB, 234.89),
@@ -157,7 +157,7 @@ def test_h100_selection_matches_nccl(
     assert (plan.algorithm, plan.protocol) == (algorithm, protocol)
 
 
-# Measured 8x A100 all_reduce_perf times (us), stas00/ml-engineering via seed-and-validation 4.1.
+# Measured 8x A100 all_reduce_perf times (us), stas00/ml-engineering network/README.md.
 A100_SMALL_MEASURED_US = {
     32 * KIB: 43.83, 64 * KIB: 46.80, 128 * KIB: 51.76, 256 * KIB: 61.38, 512 * KIB: 80.40,
     1 * MIB: 101.9,
@@ -177,7 +177,7 @@ def test_a100_small_messages_latency_bound(
     assert 0.25 <= ratio <= 1.0
 
 
-# -- Per-block resources: device.h, tuning.cc, enqueue.cc, makefiles/common.mk (science.md 1.1).
+# -- Per-block resources: NVIDIA/nccl device.h, tuning.cc, enqueue.cc, makefiles/common.mk.
 
 @pytest.mark.parametrize(("algorithm", "protocol", "threads"), [
     ("ring", "simple", 512 + 32), ("ring", "ll", 512), ("ring", "ll128", 640),
@@ -191,7 +191,7 @@ def test_block_threads(h100: GpuSpec, algorithm: str, protocol: str, threads: in
 
 @pytest.mark.parametrize("gpu_name", ["a100-sxm4-80gb", "h100-sxm5-80gb"])
 def test_block_shared_memory(gpu_name: str) -> None:
-    """Dynamic part 4112 B x 20 warps = 82240 B (device.h formula, science.md 1.1) on sm80/sm90, plus
+    """Dynamic part 4112 B x 20 warps = 82240 B (device.h formula) on sm80/sm90, plus
     our estimate of the static ncclShmem (8 KiB sm80, 22 KiB sm90; documented in NcclParams)."""
     gpu = load_gpu(gpu_name)
     block = nccl_block_resources("ring", "simple", gpu)
@@ -208,7 +208,7 @@ def test_plan_carries_block_resources(a100: GpuSpec, dgx_a100: SystemSpec) -> No
     assert plan.block.shared_mem_bytes == plan.shared_mem_per_block_bytes
 
 
-# -- Channel counts: science.md 1.2.
+# -- Channel counts: NCCL's search.cc / connect.cc rules and logged counts.
 
 def test_default_channels(a100: GpuSpec, h100: GpuSpec, dgx_a100: SystemSpec, hgx_h100: SystemSpec) -> None:
     """A100 NVSwitch 24 (nccl-tests #100 log), H100 ring 32 (uccl #205), NVLS 16 (nvls.cc)."""
@@ -235,7 +235,7 @@ def test_system_channel_count_wins(a100: GpuSpec) -> None:
 
 def test_small_message_channel_reduction(a100: GpuSpec, dgx_a100: SystemSpec) -> None:
     """enqueue.cc: drop CTAs while bytes < CTAs x threads x 64 B (Simple), then halve threads;
-    science.md's example: 24 x 512 x 64 = 786432 B is the first size keeping all 24 CTAs."""
+    so 24 x 512 x 64 = 786432 B is the first size keeping all 24 CTAs."""
     def shape(size: int) -> tuple[int, int]:
         p = plan_collective("all_reduce", size, 8, a100, dgx_a100, algorithm="ring", protocol="simple")
         return p.channels, p.threads_per_block

@@ -1,5 +1,5 @@
 """Kineto importer: real public traces checked against facts recorded independently of ovsim
-(shared/traces/MANIFEST.md, the formats research notes), hand-made traces for every mapping and every
+(counts by a plain script over the files, and the files' own records), hand-made traces for every mapping and every
 kind of bad input, and fuzzing that must end in a table or an OvsimError, never another exception."""
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ DLRM = "param/et_replay/tests/inputs/dlrm_kineto.tar.gz"
 def real(rel: str) -> Path:
     p = TRACES / rel
     if not p.exists():
-        pytest.skip(f"shared trace {rel} not present at {TRACES} (see shared/traces/MANIFEST.md)")
+        pytest.skip(f"shared trace {rel} not present at {TRACES} (a copy of its upstream repository's file)")
     return p
 
 
 def comm_counts(b: TraceBundle) -> tuple[int, int]:
-    """(kernels, NCCL/RCCL collective kernels) as MANIFEST.md counts them (copies and memsets apart)."""
+    """(kernels, NCCL/RCCL collective kernels) as the independent count has them (copies and memsets apart)."""
     k = b.kernels
     kernels = k[~k["kind"].isin(["copy", "memset"])]
     nccl = kernels[(kernels["kind"] == "collective") & kernels["name"].str.contains("nccl|rccl", regex=True)]
@@ -50,7 +50,7 @@ def comm_counts(b: TraceBundle) -> tuple[int, int]:
 
 # -- real traces ----------------------------------------------------------------------------------
 
-# file, kernels, NCCL kernels, deviceProperties name, rank, world size, ovsim GPU spec (MANIFEST.md).
+# file, kernels, NCCL kernels, deviceProperties name, rank, world size, ovsim GPU spec (independent count).
 MANIFEST = [
     (f"{HTA}/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", 14, 0, "AMD Radeon Graphics", 0, None, None),
     (f"{HTA}/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz", 79, 0,
@@ -61,7 +61,7 @@ MANIFEST = [
      "a100-sxm4-80gb"),
     (f"{HTA}/timeline_analysis/sampled_rank-0.json.gz", 1154, 10, None, 0, 128, None),
     (f"{HTA}/trace_diff/test/test.json.gz", 9876, 64, "Tesla V100-SXM2-16GB", 1, 2, "v100-sxm2"),
-    # 74 comm kernels in MANIFEST.md: 1 NCCL AllGather + 73 PyTorch symmetric-memory multimem all-reduces.
+    # 74 comm kernels in the independent count: 1 NCCL AllGather + 73 PyTorch symmetric-memory multimem all-reduces.
     ("TraceLens/tests/traces/b200/eager_trace.json.gz", 768, 1, "NVIDIA B200", 0, 8, "b200"),
     ("TraceLens/tests/traces/h100/Falconsai_nsfw_image_detection__1016002.json.gz", 154, 0, "NVIDIA H100 80GB HBM3",
      0, None, "h100-sxm5-80gb"),
@@ -166,7 +166,7 @@ def test_folder_with_two_files_of_one_rank_names_both(tmp_path: Path) -> None:
 def test_nccl_kernel_message_size_from_record_param_comms() -> None:
     b = load_kineto(real(f"{HTA}/nccl_parser_config/nccl_data.json.gz"))
     k = b.kernels
-    # The kernel quoted in research/formats-and-ecosystem.md 3.2: In msg nelems 6637568, dtype Float.
+    # The trace's own record of this kernel (Kineto's kernel args): In msg nelems 6637568, dtype Float.
     row = k[k["correlation"] == 60047].iloc[0]
     assert row["name"].startswith("ncclKernel_AllReduce_RING_LL_Sum_float")
     assert (row["collective"], row["algorithm"], row["protocol"], row["dtype"]) == ("all_reduce", "ring", "LL",

@@ -1,13 +1,12 @@
 """Nsight Compute ``--csv --page raw`` import and its join onto the kernel table.
 
-No public ncu CSVs were available, so the fixtures follow the layout in the project's research notes
-(formats-and-ecosystem.md section 2.3, from the Nsight Compute CLI docs
-https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html and a public test fixture quoted
-there): the identifier columns ``ID`` .. ``CC`` then one column per raw metric, a units row with the
-identifier columns empty, one row per profiled launch. Metric names are those of the notes' table
-(Profiling Guide, https://docs.nvidia.com/nsight-compute/ProfilingGuide/index.html); value formats
-(thousands separators, ``n/a``, the European-locale ``27.595.520``) from section 2.2. Units in
-fixtures/ncu_raw.csv are ncu's base units, which ``--csv`` implies (section 2.1).
+No public ncu CSVs were available, so the fixtures follow the documented layout (Nsight Compute CLI
+docs, https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html, and a public test fixture):
+the identifier columns ``ID`` .. ``CC`` then one column per raw metric, a units row with the
+identifier columns empty, one row per profiled launch. Metric names are the Profiling Guide's
+(https://docs.nvidia.com/nsight-compute/ProfilingGuide/index.html); value formats (thousands
+separators, ``n/a``, the European-locale ``27.595.520``) as public fixtures show them. Units in
+fixtures/ncu_raw.csv are ncu's base units, which ``--csv`` implies (``ncu --help``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """Nsight Systems importers against hand-built files that follow the documented schemas.
 
 No public .sqlite exports or nsys stats CSVs were available, so the fixtures are built here from the
-schemas in the project's research notes (formats-and-ecosystem.md), which cite their upstream sources:
+documented schemas, from these upstream sources:
 
-- SQLite (section 1): NVIDIA Post-Collection Analysis Guide, "SQLite Schema Reference", schema 3.28.1
+- SQLite: NVIDIA Post-Collection Analysis Guide, "SQLite Schema Reference", schema 3.28.1
   (nsys 2026.4), https://docs.nvidia.com/nsight-systems/AnalysisGuide/index.html; the older column set
   (no mangledName/greenContextId/graph/cluster/QMD columns, the ENUM_CUDA_KRENEL_LAUNCH_TYPE spelling,
   everything NOT NULL) from the 2021.5 exporter reference
   https://docs.nvidia.com/nsight-systems/2021.5/nsys-exporter/exported_data.html and the doc copy in
-  chenyu-jiang/nsys2json:nsys2json.py; GlobalId layout from section 1.8 (PID = globalTid / 0x1000000
-  % 0x1000000); enum values from CUPTI's cupti_activity.h (section 1.3).
-- CUPTI_ACTIVITY_KIND_SYNCHRONIZATION / CUPTI_ACTIVITY_KIND_CUDA_EVENT are not in the notes: their columns
+  chenyu-jiang/nsys2json:nsys2json.py; GlobalId layout from nsys2json.py and the Guide's "Serialized
+  process and thread identifiers" (PID = globalTid / 0x1000000 % 0x1000000); enum values from CUPTI's
+  cupti_activity.h.
+- CUPTI_ACTIVITY_KIND_SYNCHRONIZATION / CUPTI_ACTIVITY_KIND_CUDA_EVENT: their columns
   follow CUPTI's CUpti_ActivitySynchronization and CUpti_ActivityCudaEvent records
   (https://docs.nvidia.com/cupti/api/structCUpti__ActivitySynchronization.html,
   .../structCUpti__ActivityCudaEvent2.html) as nsys exports them (start, end, deviceId, contextId,
@@ -18,8 +19,8 @@ schemas in the project's research notes (formats-and-ecosystem.md), which cite t
   syncType values from CUpti_ActivitySynchronizationType (2 = STREAM_WAIT_EVENT).
 - ENUM_CUDA_MEMCPY_OPER rows: name ``CUDA_MEMCPY_KIND_DTOH`` as public scripts filter on it, label
   ``Device-to-Host`` as in nsys's own "[CUDA memcpy <label>]" report names.
-- cuda_gpu_trace CSV (section 1.10): the Analysis Guide's "cuda_gpu_trace" report; both header variants
-  quoted in the notes (fixtures/cuda_gpu_trace_2026.csv, fixtures/cuda_gpu_trace_2022.csv).
+- cuda_gpu_trace CSV: the Analysis Guide's "cuda_gpu_trace" report; both header variants as public
+  test fixtures and parsers quote them (fixtures/cuda_gpu_trace_2026.csv, fixtures/cuda_gpu_trace_2022.csv).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ovsim.traces.table import COLUMNS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-# -- schemas (section 1.2 - 1.6) ------------------------------------------------------------------
+# -- schemas (the Analysis Guide's KERNEL, MEMCPY/MEMSET, RUNTIME, StringIds/NVTX, TARGET_INFO) -------
 
 KERNEL_3_28 = """CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (
     start INTEGER NOT NULL, "end" INTEGER NOT NULL, deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL,
@@ -105,7 +106,7 @@ GPU_3_28 = """CREATE TABLE TARGET_INFO_GPU (
     maxGridDimX INTEGER, maxGridDimY INTEGER, maxGridDimZ INTEGER, computeMajor INTEGER, computeMinor INTEGER,
     smMajor INTEGER, smMinor INTEGER, numaNodeId INTEGER)"""
 
-# The smaller set public hand-built fixtures use (section 1.6).
+# The smaller TARGET_INFO_GPU column set public hand-built fixtures use.
 GPU_2021 = """CREATE TABLE TARGET_INFO_GPU (id INTEGER NOT NULL, name TEXT NOT NULL, busLocation TEXT NOT NULL,
     totalMemory INTEGER NOT NULL, smCount INTEGER NOT NULL, chipName TEXT NOT NULL, memoryBandwidth INTEGER NOT NULL)"""
 
@@ -124,7 +125,7 @@ def enum_table(name: str) -> str:
 
 
 def gid(pid: int, tid: int = 0) -> int:
-    """A serialized GlobalId (section 1.8): TID in the low 24 bits, PID above."""
+    """A serialized GlobalId (nsys2json.py; the Guide's serialized identifiers): TID in the low 24 bits, PID above."""
     return pid * 0x1000000 + tid
 
 
@@ -300,8 +301,8 @@ def test_sqlite_reads_kernels_copies_and_memsets(nsys_db: Path) -> None:
 
 
 def test_sqlite_wall_clock_of_the_session_start(nsys_db: Path) -> None:
-    """The session timeline's 0 is TARGET_INFO_SESSION_START_TIME.utcEpochNs (formats research notes
-    section 1.1); an export without that table has no wall clock, and two disagreeing rows none."""
+    """The session timeline's 0 is TARGET_INFO_SESSION_START_TIME.utcEpochNs (the Analysis Guide's
+    SQLite Schema Reference); an export without that table has no wall clock, and two disagreeing rows none."""
     assert load_nsys_sqlite(nsys_db).wall_origin_s is None
     con = sqlite3.connect(nsys_db)
     con.execute("CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER, utcTime TEXT, localTime TEXT)")
@@ -316,7 +317,7 @@ def test_sqlite_wall_clock_of_the_session_start(nsys_db: Path) -> None:
 
 
 def test_sqlite_syncs_inferred_from_runtime_calls(nsys_db: Path) -> None:
-    """Without CUPTI sync/event records the runtime table has no stream column (section 1.4): the
+    """Without CUPTI sync/event records the runtime table has no stream column (CUPTI_ACTIVITY_KIND_RUNTIME): the
     record is the thread's latest cudaEventRecord before the wait, the recorded activity the one it
     launched last before that, the waiting stream the one it launches on next."""
     s = load_nsys_sqlite(nsys_db).syncs
