@@ -1594,6 +1594,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
     # Their modules build on this one's Check and replay helpers: imported here, not at the top.
     from ovsim.echo import echo_checks
     from ovsim.framework_checks import copy_checks, framework_checks
+    from ovsim.shaping_checks import shaping_checks
 
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
@@ -1614,6 +1615,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
                    + measured_gemm_checks(MEASURED_DATA) + measured_shape_checks(MEASURED_DATA)
                    + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA)
                    + measured_hbm_checks(MEASURED_DATA) + measured_smloss_checks(MEASURED_DATA, workers)
+                   + shaping_checks(MEASURED_DATA)
                    + framework_checks(MEASURED_DATA, workers, on_trace) + copy_checks(MEASURED_DATA))
     if traces is not None:
         checks += (trace_checks(traces, on_trace, workers) + memory_checks(traces, on_trace)

@@ -3,7 +3,8 @@ copies. Pure functions of (op parameters, GPU spec, calibration).
 
 Both fidelities use these: ``analytic`` mode takes ``isolated_s`` as is, and the engine turns the
 same :class:`KernelDemand` into blocks whose waves reproduce ``isolated_s`` exactly when a kernel
-runs alone. Formulas: science.md section 2.1 (occupancy) and 4.1 (tiles and waves).
+runs alone. Formulas: the CUDA occupancy calculator (occupancy) and NVIDIA's Matrix Multiplication
+Background User's Guide (tiles and waves); docs/design.md, "Kernels and SMs".
 """
 
 from __future__ import annotations
@@ -322,6 +323,7 @@ def gemm(
     ask = 1.0 / occ_natural
     most = issue_cap(block, gpu, params, ask)
     compute_s = math.ceil(blocks / (sms * occ_natural)) * t_wave
+    memory_wait = None
     if occ < occ_natural:
         # Shaped: the same blocks at the same pace, fewer to an SM; a block with room runs up to
         # `most` of its SM, so the SM loses less than in proportion.
@@ -329,7 +331,11 @@ def gemm(
             load = kept_load_share(params.gemm_load_share, per_sm)
             return alone_block_times(blocks, per_sm, sms, ask, most, load, gpu.sm.count)
 
-        compute_s *= count(occ) / count(occ_natural)
+        stretch = count(occ) / count(occ_natural)
+        compute_s *= stretch
+        # What fewer warps an SM no longer hide is latency, most of it memory's: the time the
+        # shaping added waits on memory, and stretches with HBM's loaded latency (the latency law).
+        memory_wait = 1.0 - 1.0 / stretch
     flops = 2.0 * m * n * k * batch
     # Each row panel of A is read by every column tile and each column panel of B by every row
     # tile; past the first two readers the re-reads hit L2 (an assumption for GEMMs of several
@@ -352,7 +358,8 @@ def gemm(
                          gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
                          issue_fraction=ask, cap=most, load_share=params.gemm_load_share)
     ctas = sms * occ
-    return replace(d, persistent_ctas=ctas if persistent and blocks > ctas else 0, cluster_ctas=cluster_ctas)
+    return replace(d, persistent_ctas=ctas if persistent and blocks > ctas else 0, cluster_ctas=cluster_ctas,
+                   memory_wait=memory_wait)
 
 
 def memory_bound(

@@ -89,3 +89,18 @@ def test_a_kernel_given_its_efficiency_runs_at_it(tmp_path: Path) -> None:
 def test_an_efficiency_without_a_tile_or_out_of_range_is_refused(tmp_path: Path, gemm: str, message: str) -> None:
     with pytest.raises(OvsimError, match=message):
         predict(_scenario(tmp_path, "h100x4", gemm), mode="analytic")
+
+
+def test_a_shaped_gemm_waits_on_memory_for_the_time_shaping_added(tmp_path: Path) -> None:
+    from ovsim.hw.calib import load_calibration
+    from ovsim.hw.spec import load_gpu
+    from ovsim.models import cost
+
+    gpu = load_gpu("h100-sxm5-80gb")
+    params = load_calibration(gpu, "h100-sxm5-80gb").params
+    kw = {"tile": (64, 64, 32), "threads": 128, "registers_per_thread": 80, "stages": 2}
+    natural = cost.gemm(8192, 8192, 8192, "fp16", gpu, params, **kw)
+    one = cost.gemm(8192, 8192, 8192, "fp16", gpu, params, extra_shared_mem_bytes=96257, **kw)
+    # At its natural occupancy the GEMM's pipelines hide latency; shaped, the added time waits.
+    assert natural.memory_wait is None
+    assert one.memory_wait == pytest.approx(1 - natural.isolated_s / one.isolated_s, rel=0.01)
