@@ -405,6 +405,15 @@ class _Progress:
             sys.stderr.flush()
 
 
+def _check_strict(bundle: Any, source: str, strict: bool) -> None:
+    """With ``--strict``, an event the importer skipped (malformed, or of a kind it cannot use) is an
+    error rather than a count in the summary."""
+    if strict and bundle.skipped:
+        what = ", ".join(f"{v} {r}" for r, v in sorted(bundle.skipped.items()))
+        raise OvsimError(f"skipped events ({what}); without --strict they are left out and counted",
+                         source=source, field="--strict")
+
+
 def _replay(args: argparse.Namespace) -> int:
     from ovsim.replay import replay
     from ovsim.traces.load import load_trace
@@ -417,6 +426,7 @@ def _replay(args: argparse.Namespace) -> int:
     bar.stage(f"reading {', '.join(args.traces)}")
     try:
         bundle = load_trace(args.traces, args.format)
+        _check_strict(bundle, ", ".join(args.traces), args.strict)
         bar.stage("building the workload")
         result = replay(bundle, gpu=args.gpu, counters=False, progress=bar.ops if bar.on else None,
                         calibration=args.calibration or ())
@@ -487,6 +497,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                                  fallback_gpu=None if gpu == "*" else gpu)
             except OvsimError as e:
                 raise e.located(t) from None
+            _check_strict(tr.bundle, t, args.strict)
             if tr.bundle.kernels.empty:
                 raise OvsimError("the trace has no GPU activity to fit", source=t, field="kernels")
             mine = logs.get(t, []) + (logs.get(Path(t).name, []) if Path(t).name != t else [])
@@ -562,6 +573,7 @@ def _import(args: argparse.Namespace) -> int:
     bar.stage(f"reading {', '.join(args.traces)}")
     try:
         bundle = load_trace(args.traces, args.format)
+        _check_strict(bundle, ", ".join(args.traces), args.strict)
         bar.stage(f"writing {args.output}")
         write_table(bundle, args.output)
     finally:
@@ -879,6 +891,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--calibration", action="append", metavar="FILE",
                     help="calibration file on top of the shipped ones (repeatable)")
     rp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    rp.add_argument("--strict", action="store_true",
+                    help="an event the importer would skip (malformed, or of a kind it cannot use) is an error")
     rp.set_defaults(func=_replay)
     cb = sub.add_parser("calibrate", help="fit model parameters to real traces; write a new calibration file")
     cb.add_argument("traces", nargs="+", help="traces, one run each (a file, a folder or tarball of ranks)")
@@ -909,12 +923,16 @@ def parser() -> argparse.ArgumentParser:
                          "from the name; needs matplotlib)")
     cb.add_argument("--json", action="store_true", help="print one JSON object")
     cb.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    cb.add_argument("--strict", action="store_true",
+                    help="an event the importer would skip (malformed, or of a kind it cannot use) is an error")
     cb.set_defaults(func=_calibrate)
     ip = sub.add_parser("import", help="convert traces to the canonical kernel table (parquet)")
     ip.add_argument("traces", nargs="+", help="trace files or folders")
     ip.add_argument("-o", "--output", required=True, type=_file_name, help="parquet file to write")
     ip.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: from the name)")
     ip.add_argument("--quiet", action="store_true", help="print nothing")
+    ip.add_argument("--strict", action="store_true",
+                    help="an event the importer would skip (malformed, or of a kind it cannot use) is an error")
     ip.set_defaults(func=_import)
     vp = sub.add_parser("validate", help="reproduce published figures and replay real traces; one table")
     vp.add_argument("--traces", metavar="DIR", type=_file_name,

@@ -395,3 +395,28 @@ def test_specs_lists_each_gpus_key_figures(capsys: pytest.CaptureFixture[str]) -
     data = json.loads(capsys.readouterr().out)
     row = next(g for g in data["gpus"] if g["gpu"] == "h100-sxm5-80gb")
     assert (row["SMs"], row["HBM GB"], row["HBM TB/s"], row["TDP W"]) == (132, 80.0, 3.35, 700)
+
+
+def test_strict_turns_a_skipped_event_into_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "traces" / "h100-gemm-beside-16-channels.json.gz"
+    doc = json.loads(gzip.decompress(sample.read_bytes()))
+    bad = dict(next(e for e in doc["traceEvents"] if e.get("cat") == "kernel"), dur=-1.0)
+    doc["traceEvents"].append(bad)
+    trace = tmp_path / "run.json"
+    trace.write_text(json.dumps(doc))
+    out = tmp_path / "k.parquet"
+    # Without --strict the event is left out and counted.
+    assert main(["import", str(trace), "-o", str(out)]) == 0
+    assert "skipped: 1 negative duration" in capsys.readouterr().out
+    for args in (["import", str(trace), "-o", str(tmp_path / "s.parquet")],
+                 ["replay", str(trace), "--quiet"],
+                 ["calibrate", str(trace), "--gpu", "h100-sxm5-80gb", "-o", str(tmp_path / "c"), "--quiet"]):
+        assert main([*args, "--strict"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"ovsim: error: {trace}: --strict: skipped events (1 negative duration); without --strict "
+                       "they are left out and counted\n")
+    assert not (tmp_path / "s.parquet").exists() and not (tmp_path / "c").exists()
+    # A clean trace passes --strict.
+    assert main(["replay", str(sample), "--quiet", "--strict"]) == 0
