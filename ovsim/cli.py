@@ -66,11 +66,17 @@ def _table(result: Any, max_rows: int) -> str:
     return "\n".join(lines)
 
 
+def _signed_pct(x: float) -> str:
+    """A change in percent with its sign, never "-0.0%"."""
+    return f"{round(x * 100, 1) + 0.0:+.1f}%"
+
+
 def _slowdown_parts(s: dict[str, Any]) -> str:
     total, clock = s["compute_slowdown"], s["compute_clock_slowdown"]
     if abs(clock) < 5e-4:
-        return f"{total * 100:+.1f}%"
-    return f"{total * 100:+.1f}%: {clock * 100:+.1f}% lowered clock, {(total - clock) * 100:+.1f}% contention"
+        return _signed_pct(total)
+    how = "lowered clock" if clock > 0 else "clock above the calibration's"
+    return f"{_signed_pct(total)}: {_signed_pct(clock)} {how}, {_signed_pct(total - clock)} contention"
 
 
 def _memory_lines(result: Any) -> list[str]:
@@ -189,7 +195,8 @@ _COMPARE_COLUMNS: list[tuple[str, str, str]] = [
 # engine's instantaneous peak can sit far above the board's limit within a window, which the
 # power-limit loop holds on averages (predict's text and --json give both).
 _TABLE_NOTE = ("contention: compute time lost beside other work, against alone at the same SM clock; clock: compute "
-               "time lost to an SM clock below the calibration's (power limit or lock); peak W: the highest 100 ms "
+               "time lost to an SM clock below the calibration's (power limit or lock), negative where the clock "
+               "runs above it; peak W: the highest 100 ms "
                "average per GPU, as a board's sensor reports it")
 
 
@@ -219,7 +226,7 @@ def _cell(x: Any, kind: str) -> str:
     if kind == "ms":
         return f"{x * 1e3:>10.3f}"
     if kind == "pct":
-        return f"{x * 100:>+9.1f}%"
+        return f"{round(x * 100, 1) + 0.0:>+9.1f}%"
     if kind == "frac":
         return f"{x * 100:>9.1f}%"
     if kind == "j":
@@ -364,6 +371,7 @@ def _replay_table(result: Any, max_rows: int) -> str:
     ]
     if s["skipped"]:
         lines.append("skipped    " + ", ".join(f"{v} {k}" for k, v in sorted(s["skipped"].items())))
+    lines.append(f"calibrated {', '.join(s['calibration_files'])}")
     k = result.kernels
     k = k[k["overlapped"]]
     if len(k):
@@ -889,7 +897,8 @@ def parser() -> argparse.ArgumentParser:
                     help="write measured and predicted tracks as a Perfetto trace")
     rp.add_argument("--rows", type=_count, default=30, help="overlapped kernels shown in the table (default 30)")
     rp.add_argument("--calibration", action="append", metavar="FILE",
-                    help="calibration file on top of the shipped ones (repeatable)")
+                    help="calibration file on top of the shipped ones (repeatable); a folder stands for the "
+                         "newest version in it of the GPU's file, as `ovsim calibrate -o FOLDER` writes them")
     rp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     rp.add_argument("--strict", action="store_true",
                     help="an event the importer would skip (malformed, or of a kind it cannot use) is an error")

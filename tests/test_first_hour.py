@@ -20,7 +20,7 @@ def test_the_readme_runs_its_commands_on_the_sample_trace() -> None:
     for command in ("ovsim replay $T --timeline replay.json", "ovsim replay $T --gpu h100-sxm5-80gb --json",
                     "ovsim import examples/traces/ -o kernels.parquet",
                     "ovsim calibrate examples/traces/ --gpu h100-sxm5-80gb -o mycalib/",
-                    "ovsim replay $T --calibration mycalib/h100-sxm5-80gb.v*.yaml"):
+                    "ovsim replay $T --calibration mycalib/"):
         assert command in readme
 
 
@@ -41,3 +41,16 @@ def test_replay_import_and_calibrate_on_the_sample_trace(tmp_path: Path, capsys:
     (written,) = (tmp_path / "mycalib").glob("h100-sxm5-80gb.v*.yaml")
     capsys.readouterr()
     assert main(["replay", str(TRACE), "--calibration", str(written), "--quiet"]) == 0
+    # Run twice, the folder holds two versions; the folder stands for the newest, and says so.
+    assert main(["calibrate", "examples/traces/", "--gpu", "h100-sxm5-80gb", "-o", str(tmp_path / "mycalib"),
+                 "--fit", "contention", "--quiet"]) == 0
+    newest = max((tmp_path / "mycalib").glob("h100-sxm5-80gb.v*.yaml"), key=lambda p: int(p.stem.split(".v")[1]))
+    assert newest != written
+    capsys.readouterr()
+    assert main(["replay", str(TRACE), "--calibration", str(tmp_path / "mycalib")]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("calibrated ")]
+    assert line.endswith(f".yaml, {newest.name}")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["replay", str(TRACE), "--calibration", str(empty)]) == 2
+    assert "no h100-sxm5-80gb.vN.yaml or default.vN.yaml in this folder" in capsys.readouterr().err

@@ -311,6 +311,16 @@ def newest_file(stem: str, folder: Path) -> Path | None:
     return best[1] if best else None
 
 
+def _extra_file(path: Path, gpu_file_stem: str) -> Path:
+    if not path.is_dir():
+        return path
+    newest = newest_file(gpu_file_stem, path) or newest_file("default", path)
+    if newest is None:
+        raise OvsimError(f"no {gpu_file_stem}.vN.yaml or default.vN.yaml in this folder", source=str(path),
+                         field="calibration")
+    return newest
+
+
 def read_calib_file(path: Path) -> CalibFile:
     """A calibration file, parsed and checked; cached while the file is unchanged (a sweep or a
     notebook loads the same files for every run)."""
@@ -343,7 +353,9 @@ def _read_calib_file(path: Path) -> CalibFile:
 
 
 def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = ()) -> Calibration:
-    """Merge the newest default file, the GPU's own file, then `extra` files in order."""
+    """Merge the newest default file, the GPU's own file, then `extra` files in order. A folder in
+    `extra` stands for the newest version in it of the GPU's file (what `ovsim calibrate -o
+    FOLDER` writes), else of `default`."""
     paths: list[Path] = []
     default = newest_file("default", CALIB_DIR)
     if default is None:
@@ -352,7 +364,7 @@ def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = 
     own = newest_file(gpu_file_stem, CALIB_DIR)
     if own is not None:
         paths.append(own)
-    paths.extend(Path(p) for p in extra)
+    paths.extend(_extra_file(Path(p), gpu_file_stem) for p in extra)
     merged: dict[str, Any] = {}
     names: list[str] = []
     for p in paths:
