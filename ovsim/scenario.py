@@ -83,6 +83,8 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; any problem is a one-line OvsimError naming file and field."""
     p = Path(path)
     data = read_yaml(p)
+    if isinstance(data, dict) and "traceEvents" in data:
+        raise OvsimError("a trace (it has traceEvents), not a scenario; replay it with `ovsim replay`", source=str(p))
     if not isinstance(data, dict):
         raise OvsimError("expected a mapping at the top level", source=str(p))
     try:

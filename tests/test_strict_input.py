@@ -66,3 +66,21 @@ def test_a_missing_spec_folder_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setenv("OVSIM_SPEC_PATH", str(tmp_path / "nope"))
     err = _error(["specs"], capsys)
     assert "OVSIM_SPEC_PATH" in err and "nope" in err
+
+
+def test_a_misspelt_field_is_named_with_the_one_meant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Pydantic alone reports only "size_bytes: Field required", which hides what was written.
+    err = _error(["predict", str(_variant(tmp_path, "size_bytes: 896.0e6", "size_byte: 896.0e6"))], capsys)
+    assert err.endswith("ops.1.all_reduce: unknown field 'size_byte'; did you mean 'size_bytes'?")
+
+
+def test_a_trace_given_as_a_scenario_is_sent_to_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    trace = Path(__file__).resolve().parents[1] / "examples" / "traces" / "h100-gemm-beside-16-channels.json.gz"
+    err = _error(["predict", str(trace)], capsys)
+    assert err == f"ovsim: error: {trace}: gzip-compressed, not a YAML file; a trace is replayed with `ovsim replay`"
+    plain = tmp_path / "t.json"
+    plain.write_bytes(gzip.decompress(trace.read_bytes()))
+    err = _error(["predict", str(plain)], capsys)
+    assert err == f"ovsim: error: {plain}: a trace (it has traceEvents), not a scenario; replay it with `ovsim replay`"

@@ -337,6 +337,9 @@ def read_yaml(path: Path) -> object:
     except OSError as e:
         raise OvsimError(f"cannot read: {e.strerror}", source=str(path)) from None
     except UnicodeDecodeError as e:
+        if e.object[:2] == b"\x1f\x8b":
+            raise OvsimError("gzip-compressed, not a YAML file; a trace is replayed with `ovsim replay`",
+                             source=str(path)) from None
         raise OvsimError(f"not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); is it a YAML file?",
                          source=str(path)) from None
     try:
@@ -366,6 +369,9 @@ def validation_error(e: ValidationError, source: str) -> OvsimError:
     got furthest into the value says what is wrong (a mapping for an inline system whose
     ``gpu_count`` is 0 is not "not a valid string"), and the type step is left out of the field."""
     errors = e.errors()
+    misspelt = _misspelt(errors)
+    if misspelt is not None:
+        return OvsimError(misspelt[1], source=source, field=".".join(str(p) for p in misspelt[0]))
     first = errors[0]
     loc = tuple(first["loc"])
     chosen = [first]
@@ -384,6 +390,22 @@ def validation_error(e: ValidationError, source: str) -> OvsimError:
             chosen = [x for x in chosen if _without(tuple(x["loc"]), cut) == loc]
     message = ", or ".join(dict.fromkeys(_message(x) for x in chosen))
     return OvsimError(message, source=source, field=".".join(str(p) for p in loc))
+
+
+def _misspelt(errors: list[Any]) -> tuple[tuple[int | str, ...], str] | None:
+    """A key the model does not know beside a required one it misses, spelt alike: the misspelling
+    (as pydantic has it, "field required" alone hides the key the user wrote)."""
+    import difflib
+
+    missing = [tuple(x["loc"]) for x in errors if x["type"] == "missing"]
+    for x in errors:
+        if x["type"] != "extra_forbidden":
+            continue
+        loc = tuple(x["loc"])
+        near = difflib.get_close_matches(str(loc[-1]), [str(m[-1]) for m in missing if m[:-1] == loc[:-1]], n=1)
+        if near:
+            return loc[:-1], f"unknown field '{loc[-1]}'; did you mean '{near[0]}'?"
+    return None
 
 
 def _without(loc: tuple[int | str, ...], i: int) -> tuple[int | str, ...]:
