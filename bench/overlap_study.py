@@ -2,8 +2,8 @@
 secondary reading note of the paper) and the GEMM + all-reduce priority/shaping study (Cui & Pericas,
 arXiv 2606.09200), predicted by ovsim (``ovsim.studies``) and set against the published figures.
 
-    python bench/overlap_study.py            # the matrix with 4 layers per model (about 40 s)
-    python bench/overlap_study.py --layers 0 --workers 2  # full depth (about 80 s)
+    python bench/overlap_study.py            # the matrix with 4 layers per model (about a minute)
+    python bench/overlap_study.py --layers 0 --workers 2  # full depth (about 2-4 minutes)
     python bench/overlap_study.py --layers 0 --reading fits --workers 2   # as it would fit in memory, about
                                                                           # 4 minutes (what ovsim validate
                                                                           # --studies checks)
@@ -49,6 +49,15 @@ def main() -> None:
     ap.add_argument("--reading", choices=studies.READINGS, default="literal",
                     help="how the study's batch becomes a configuration (ovsim.studies.READINGS)")
     args = ap.parse_args()
+    depth = "full depth" if args.layers == 0 else (
+        f"{args.layers} layers per model: the whole-iteration slowdowns come out low (the embedding, head, "
+        "optimizer and edge layers weigh more); --layers 0 for full depth")
+    reading = ("literal reading: the study's batch as one micro-batch per GPU (FSDP) or 8 micro-batches "
+               "(pipeline), whether it fits or not" if args.reading == "literal" else
+               "fits reading: each configuration run as it would fit in GPU memory (what ovsim validate "
+               "--studies checks)")
+    print(f"{depth}\n{reading}\ncolumns: micro-batches x size (R: recomputation), estimated memory per GPU "
+          "('!': does not fit), iteration, compute slowdown, sequential iteration against overlapped\n")
     t0 = time.perf_counter()
     df = studies.lee_matrix(args.layers, args.batches, workers=args.workers, on_row=show, reading=args.reading)
     print()
@@ -62,7 +71,7 @@ def main() -> None:
     print(f"  by the study's accounting (ideal + hidden communication): mean {df['accounted_slower_pct'].mean():.1f}%, "
           f"max {df['accounted_slower_pct'].max():.1f}%")
     print(df.groupby(["parallel", "system"])[["compute_slowdown_pct", "sequential_slower_pct",
-                                              "accounted_slower_pct"]].mean().round(1))
+                                              "accounted_slower_pct"]].mean().round(1).to_string())
     print()
     pr = studies.cui_pericas().pivot(index="system", columns="schedule", values="iteration_ms")
     pr = pr[list(studies.CUI_SCHEDULES)]
