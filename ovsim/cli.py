@@ -94,9 +94,11 @@ def _memory_lines(result: Any) -> list[str]:
         verdict = "tight: the estimate leaves out the CUDA context, workspaces and fragmentation (1-2 GB and more)"
     else:
         verdict = "fits"
+    training = result.scenario.training
+    stage = f"; pipeline stage {est.stage}" if training is not None and training.parallel.pp > 1 else ""
     return [f"memory     {est.total_bytes / 1e9:.1f} GB per GPU estimated ("
             + ", ".join(f"{name} {b / 1e9:.1f}" for name, b in parts if b > 0)
-            + f"; pipeline stage {est.stage}) of {cap / 1e9:.0f} GB: {verdict}"]
+            + f"{stage}) of {cap / 1e9:.0f} GB: {verdict}"]
 
 
 def _power_lines(s: dict[str, Any], tdp_w: float, window_s: float) -> list[str]:

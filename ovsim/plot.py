@@ -24,6 +24,7 @@ figures are made without pyplot so that nothing depends on a display or on globa
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -234,8 +235,10 @@ def timeline_figure(timeline: Timeline, *, title: str = "", max_ranks: int = 4) 
         if name == "SMs holding blocks":
             ax.set_ylim(0, 1.05)
         else:
-            # From zero: an axis fitted to the data makes a 1% dip in clock or power look like a fall.
-            ax.set_ylim(bottom=0)
+            # From zero: an axis fitted to the data makes a 1% dip in clock or power look like a fall;
+            # headroom above, so that a line at its maximum does not hide in the frame.
+            top = float(ax.dataLim.y1) if np.isfinite(ax.dataLim.y1) else 0.0
+            ax.set_ylim(0, top * 1.08 if top > 0 else 1.0)
         if len(shown) > 1:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     axes[-1].set_xlabel(f"time ({unit})")
@@ -370,7 +373,7 @@ def validate_figure(checks: Sequence[Check], *, title: str = "") -> Figure:
     when it fails, with its tolerance as a grey band; a range or band check shows its allowed interval."""
     if not checks:
         raise OvsimError("no checks to draw", field="checks")
-    fig = _figure(figsize=(11, 0.3 * len(checks) + 1.4), layout="constrained")
+    fig = _figure(figsize=(11, 0.42 * len(checks) + 1.4), layout="constrained")
     ax = fig.subplots()
     y = np.arange(len(checks))
     # The axis spans the errors and the bounded bands; "at most the reference" is unbounded below
@@ -399,7 +402,8 @@ def validate_figure(checks: Sequence[Check], *, title: str = "") -> Figure:
     ax.axvline(0, color="black", linewidth=0.8)
     pad = 0.05 * (max(seen) - min(seen)) or 1.0
     ax.set_xlim(min(seen) - pad, max(seen) + pad)
-    ax.set_yticks(y, [f"{c.name[:70]}" for c in checks], fontsize="small")
+    # Names whole, wrapped: two checks cut at the same length could not be told apart.
+    ax.set_yticks(y, [textwrap.fill(c.name, 60) for c in checks], fontsize="small")
     ax.set_ylim(len(checks) - 0.5, -0.5)
     ax.set_xlabel("error against the reference (%); grey: allowed")
     passed = sum(c.passed for c in checks)
