@@ -113,11 +113,7 @@ class Result:
         n = max(1, len(ranks))
         compute_s = float(compute["duration_s"].sum()) / n
         compute_iso_s = float(compute["isolated_s"].sum()) / n
-        # A kernel runs faster than alone only on a clock above the calibration's (the power loop
-        # raising it): that gain is the clock's part too, negative.
-        ahead_s = compute["duration_s"] - compute["isolated_s"]
-        gained_s = ahead_s.where(ahead_s < -1e-9 * compute["isolated_s"], 0.0)  # beyond round-off
-        compute_clock_s = float(compute["clock_s"].sum() + gained_s.sum()) / n
+        compute_clock_s = float(compute["clock_s"].sum()) / n
         return {
             "scenario": self.scenario.name,
             "mode": self.mode,

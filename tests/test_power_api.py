@@ -242,3 +242,15 @@ def test_a_clock_above_the_calibration_counts_as_the_clock_part_not_contention()
                 counters=False).summary()
     assert s["compute_slowdown"] < -0.05
     assert s["compute_clock_slowdown"] == pytest.approx(s["compute_slowdown"], abs=1e-9)
+
+
+def test_the_contention_part_beside_a_faster_clock_is_what_contention_alone_costs() -> None:
+    """Overlapped, the shaped A100 GEMM both gains from the loop's clock and loses to NCCL's blocks;
+    the contention part is what the run without the loop (every kernel at its calibrated clock,
+    nothing to split) loses."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "gemm-allreduce-a100x4-shaped.yaml"
+    managed = predict(path, counters=False).summary()
+    unmanaged = predict(path, counters=False, power_managed=False).summary()
+    assert managed["compute_clock_slowdown"] < -0.05 and unmanaged["compute_clock_slowdown"] == 0.0
+    contention = managed["compute_slowdown"] - managed["compute_clock_slowdown"]
+    assert contention == pytest.approx(unmanaged["compute_slowdown"], abs=0.01)

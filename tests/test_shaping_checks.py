@@ -19,7 +19,7 @@ def checks() -> list:
 
 
 def test_every_data_set_gives_its_four_experiments(checks: list) -> None:
-    assert len(checks) == 4 * len(sc.SHAPING_SETS)
+    assert len(checks) == 4 * len(sc.SHAPING_SETS) and len({c.name for c in checks}) == len(checks)
     assert {c.source.split(" ")[0] for c in checks} == {f"calibration/data/{rel}" for rel, *_ in sc.SHAPING_SETS}
 
 
@@ -34,13 +34,12 @@ def test_a_loop_of_normal_priority_waits_and_leaves_the_gemm_alone(checks: list)
 def test_the_shaped_gemm_beside_a_loop_of_high_priority_slows_as_measured(checks: list) -> None:
     # Measured x1.26-1.33: the loop's blocks sit beside the one GEMM block per SM, whose few warps
     # do not hide the latency the loop's traffic adds. Without the shaped GEMM's memory wait the
-    # model gave x1.11-1.12 (17% and 11% low).
-    shaped = [c for c in checks if c.name.startswith(tuple(g for _, g, *_ in sc.SHAPING_SETS))
-              and "1 GEMM blocks per SM, loop at high" in c.name]
+    # model gives no slowdown there (20-25% low).
+    shaped = [c for c in checks if "1 GEMM block per SM, loop at high" in c.name]
     assert len(shaped) == 4
     for c in shaped:
         assert c.reference > 1.2
-        assert abs(c.error_pct) <= 11.0, c
+        assert c.passed, c
 
 
 def test_the_unshaped_gemm_beside_a_loop_of_high_priority_is_within_ten_percent(checks: list) -> None:

@@ -477,7 +477,8 @@ def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:
         row = {str(k): v for k, v in rec.items()}
         oid = str(row["id"])
         if oid in iso:
-            row["clock_s"] = max(0.0, float(row["duration_s"]) - iso[oid]) if iso[oid] != row["isolated_s"] else 0.0
+            # Lost to a clock below the calibration's, or gained (negative) above it.
+            row["clock_s"] = float(row["duration_s"]) - iso[oid] if iso[oid] != row["isolated_s"] else 0.0
             row["isolated_s"] = iso[oid]
         rows.append(row)
     counters = [{str(k): v for k, v in c.items()} for c in timeline.counters.to_dict(orient="records")]

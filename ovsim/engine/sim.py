@@ -254,7 +254,7 @@ class _Gpu:
         self.model = model
         self.clock_factor = 1.0
         # Rate multipliers of (not clock-bound, CUDA-core, tensor-core) work; the SM clock as a
-        # fraction of the compute clock, where a power policy sets it; whether any multiplier < 1.
+        # fraction of the compute clock, where a power policy sets it; whether any multiplier is not 1.
         self.mult = [1.0, 1.0, 1.0]
         self.clock_frac = 1.0
         self.throttled = False
@@ -788,7 +788,7 @@ class Engine:
                 g.mult = [1.0] + [factor] * (len(g.mult) - 1)
                 for i, share in self.memory_share_cls.items():
                     g.mult[i] = PowerModel.memory_rate(factor, share)
-                g.throttled = factor < 1.0
+                g.throttled = any(x != 1.0 for x in g.mult)
         self.released, self.woken = self.woken, []
         gpus = self.gpus
         to_complete = self.to_complete
@@ -863,8 +863,9 @@ class Engine:
                 k.wait_sm_s += dt * (1 - f_res)
                 k.share_sm_s += dt * f_res * (1 - f_issue)
                 if throttled:
+                    # Time lost to a clock below the calibration's, or gained (negative) above it.
                     m = mult[k.clock_cls]
-                    if m < 1.0:
+                    if m != 1.0:
                         k.clock_s += dt * f_res * f_issue * (1 - m)
                         f_issue *= m
                 k.share_hbm_s += dt * f_res * f_issue * (1 - k.theta / k.theta_self)
@@ -1595,7 +1596,7 @@ class Engine:
         assert self.power is not None
         gpu.clock_frac = c
         gpu.mult = list(self.power.multipliers(c))
-        gpu.throttled = min(gpu.mult) < 1.0
+        gpu.throttled = any(x != 1.0 for x in gpu.mult)
 
     def _activity(self, gpu: _Gpu) -> _Activity:
         """Power inputs of a GPU from its current rates (before HBM shares are applied to block

@@ -17,7 +17,8 @@ share_sm_s      time lost sharing SM issue throughput with co-resident blocks
 share_hbm_s     time lost to a smaller HBM share than it asked for
 share_link_s    time lost to a smaller link share (flows)
 wait_peers_s    time a collective's kernel sat resident waiting for other ranks
-clock_s         time lost to an SM clock below the one its isolated time assumes (power cap, clock lock)
+clock_s         time lost to an SM clock below the one its isolated time assumes (power cap, clock lock);
+                negative: gained on a clock above it
 slowed_by       the largest of the six reasons above, or "" when within 1% of isolated
 blocks, bytes   grid size; bytes moved (HBM bytes for kernels, bus bytes for flows)
 =============== ======================================================================
@@ -76,13 +77,22 @@ def timeline_from_rows(rows: list[dict[str, Any]], counters: list[dict[str, Any]
     # duration - isolated, in the same proportions (a kernel pushed into an extra wave loses a
     # whole wave although its blocks were short of SMs only during the first one).
     # Producers that never lose time to a reason may leave its column out.
+    # A clock above the calibration's gains time: clock_s is negative then, and kept as it
+    # integrated; the other reasons split what is left of duration - isolated.
     ops[list(REASONS)] = ops[list(REASONS)].astype(float).fillna(0.0)
-    raw = ops[list(REASONS)]
+    net = ops["duration_s"] - ops["isolated_s"]
+    gained = ops["clock_s"].clip(upper=0.0)
+    # A kernel further ahead than its integrated gain (wave edges, round-off): all of its lead is
+    # the clock's, nothing was lost.
+    gained = gained.where(net >= gained, net)
+    gained = gained.where(gained < -1e-9 * ops["isolated_s"], 0.0)  # round-off is no gain
+    raw = ops[list(REASONS)].clip(lower=0.0)
     total = raw.sum(axis=1)
-    lost = (ops["duration_s"] - ops["isolated_s"]).clip(lower=0.0)
+    lost = (net - gained).clip(lower=0.0)
     scale = (lost / total.where(total > 0, np.nan)).fillna(0.0)
     for col in REASONS:
         ops[col] = raw[col] * scale
+    ops["clock_s"] = ops["clock_s"] + gained
     reasons = ops[list(REASONS)]
     top = reasons.idxmax(axis=1) if len(ops) else pd.Series([], dtype=str)
     slowed = (ops["duration_s"] - ops["isolated_s"]) > SLOWED_THRESHOLD * ops["isolated_s"]

@@ -323,7 +323,8 @@ def gemm(
     ask = 1.0 / occ_natural
     most = issue_cap(block, gpu, params, ask)
     compute_s = math.ceil(blocks / (sms * occ_natural)) * t_wave
-    memory_wait = None
+    memory_wait: float | None = None
+    added_s = 0.0
     if occ < occ_natural:
         # Shaped: the same blocks at the same pace, fewer to an SM; a block with room runs up to
         # `most` of its SM, so the SM loses less than in proportion.
@@ -332,10 +333,8 @@ def gemm(
             return alone_block_times(blocks, per_sm, sms, ask, most, load, gpu.sm.count)
 
         stretch = count(occ) / count(occ_natural)
+        added_s = compute_s * (stretch - 1.0)
         compute_s *= stretch
-        # What fewer warps an SM no longer hide is latency, most of it memory's: the time the
-        # shaping added waits on memory, and stretches with HBM's loaded latency (the latency law).
-        memory_wait = 1.0 - 1.0 / stretch
     flops = 2.0 * m * n * k * batch
     # Each row panel of A is read by every column tile and each column panel of B by every row
     # tile; past the first two readers the re-reads hit L2 (an assumption for GEMMs of several
@@ -347,6 +346,7 @@ def gemm(
     hbm_bytes = float(batch * eb * (reads_a * m * k + reads_b * k * n + m * n))
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     isolated = max(compute_s, hbm_bytes / bw) + params.kernel_overhead_s
+    compute_bound = compute_s > hbm_bytes / bw
     if split_k > 1:
         # Parallel split-K (CUTLASS's GemmSplitKParallel, cuBLAS's split-K kernels): each split
         # writes its partial tile in FP32 to a workspace and a reduction kernel sums them into C,
@@ -354,6 +354,10 @@ def gemm(
         partial_bytes = float(2 * split_k * batch * m * n * _ACCUMULATOR_BYTES)
         hbm_bytes += partial_bytes
         isolated += partial_bytes / bw + params.kernel_overhead_s
+    if added_s > 0 and compute_bound:
+        # What fewer warps an SM no longer hide is latency, most of it memory's: the time the
+        # shaping added waits on memory, and stretches with HBM's loaded latency (the latency law).
+        memory_wait = added_s / isolated
     d = demand_from_time(blocks=blocks, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
                          gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
                          issue_fraction=ask, cap=most, load_share=params.gemm_load_share)

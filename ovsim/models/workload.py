@@ -55,8 +55,10 @@ class _OpBase(InputModel):
     repeat: PositiveInt = 1
 
 
-# A GemmOp's fields that describe its kernel's block, given only with a tile.
-GEMM_BLOCK_FIELDS = ("threads", "registers_per_thread", "stages", "efficiency")
+# A GemmOp's fields that describe its kernel's block (cost.gemm's arguments), and all the fields
+# given only with a tile.
+GEMM_BLOCK_FIELDS = ("threads", "registers_per_thread", "stages")
+GEMM_TILE_FIELDS = (*GEMM_BLOCK_FIELDS, "efficiency")
 
 
 class GemmOp(_OpBase):
@@ -74,8 +76,8 @@ class GemmOp(_OpBase):
     registers_per_thread: PositiveInt | None = None
     stages: PositiveInt | None = None
     # Your kernel's main-loop share of the tensor peak; None: the calibration's own_gemm_efficiency
-    # (a plain WMMA kernel, measured), not the library's.
-    efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    # (a plain WMMA kernel, measured); "library": the library's (a cuBLAS or CUTLASS kernel of this tile).
+    efficiency: Annotated[float, Field(gt=0, le=1)] | Literal["library"] | None = None
     batch: PositiveInt = 1
     # None: without a tile, the library's choice among ovsim.models.cost.LIBRARY_SPLITS_K; with a
     # tile, no split.
@@ -83,7 +85,7 @@ class GemmOp(_OpBase):
 
     @model_validator(mode="after")
     def _block_needs_tile(self) -> GemmOp:
-        given = [f for f in GEMM_BLOCK_FIELDS if getattr(self, f) is not None]
+        given = [f for f in GEMM_TILE_FIELDS if getattr(self, f) is not None]
         if self.tile is None and given:
             raise ValueError(f"{given[0]} describes a kernel of your own: give its tile too (without one, the "
                              "library kernel is chosen whole)")
@@ -231,10 +233,12 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
             return cost.best_gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, extra_shared_mem_bytes=extra,
                                   batch=spec.batch, split_k=spec.split_k, sm_count=sms)
         # The block fields not given take cost.gemm's defaults.
-        given = {f: getattr(spec, f) for f in GEMM_BLOCK_FIELDS[:3] if getattr(spec, f) is not None}
-        # A kernel of one's own: its efficiency, else what a plain WMMA kernel was measured at.
-        eff = spec.efficiency if spec.efficiency is not None else params.own_gemm_eff(
-            spec.precision, cost.gemm_aligned(spec.n, spec.k, spec.precision))
+        given = {f: getattr(spec, f) for f in GEMM_BLOCK_FIELDS if getattr(spec, f) is not None}
+        # A kernel of one's own: its efficiency, else what a plain WMMA kernel was measured at; a
+        # library kernel of this tile: the library's.
+        aligned = cost.gemm_aligned(spec.n, spec.k, spec.precision)
+        eff = (params.gemm_eff(spec.precision, aligned) if spec.efficiency == "library"
+               else spec.efficiency if spec.efficiency is not None else params.own_gemm_eff(spec.precision, aligned))
         return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile,
                          extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k or 1, sm_count=sms,
                          efficiency=eff, **given)
@@ -256,6 +260,10 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
                             precision=spec.precision, duration_s=spec.duration_s)
         if spec.memory_wait is not None:
             base = dataclasses.replace(base, memory_wait=spec.memory_wait)
+    if isinstance(spec, KernelOp):
+        # A kernel described by its launch keeps its shared memory as given: the shaping knob pads
+        # the kernels ovsim prices (give a described kernel's padding in its shared_mem_bytes).
+        extra = 0
     if not extra and sms == gpu.sm.count:
         return base
     shaped = BlockShape(base.block.threads, base.block.registers_per_thread, base.block.shared_mem_bytes + extra)

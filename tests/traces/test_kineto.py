@@ -41,7 +41,8 @@ def real(rel: str) -> Path:
 
 
 def comm_counts(b: TraceBundle) -> tuple[int, int]:
-    """(kernels, NCCL/RCCL collective kernels) as the independent count has them (copies and memsets apart)."""
+    """(kernels, NCCL/RCCL collective kernels) as counted apart from ovsim in the listing that comes
+    with the shared traces (copies and memsets apart)."""
     k = b.kernels
     kernels = k[~k["kind"].isin(["copy", "memset"])]
     nccl = kernels[(kernels["kind"] == "collective") & kernels["name"].str.contains("nccl|rccl", regex=True)]
@@ -50,7 +51,8 @@ def comm_counts(b: TraceBundle) -> tuple[int, int]:
 
 # -- real traces ----------------------------------------------------------------------------------
 
-# file, kernels, NCCL kernels, deviceProperties name, rank, world size, ovsim GPU spec (independent count).
+# file, kernels, NCCL kernels, deviceProperties name, rank, world size, ovsim GPU spec (counted apart
+# from ovsim, as above).
 MANIFEST = [
     (f"{HTA}/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", 14, 0, "AMD Radeon Graphics", 0, None, None),
     (f"{HTA}/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz", 79, 0,
@@ -61,7 +63,7 @@ MANIFEST = [
      "a100-sxm4-80gb"),
     (f"{HTA}/timeline_analysis/sampled_rank-0.json.gz", 1154, 10, None, 0, 128, None),
     (f"{HTA}/trace_diff/test/test.json.gz", 9876, 64, "Tesla V100-SXM2-16GB", 1, 2, "v100-sxm2"),
-    # 74 comm kernels in the independent count: 1 NCCL AllGather + 73 PyTorch symmetric-memory multimem all-reduces.
+    # 74 comm kernels in that count: 1 NCCL AllGather + 73 PyTorch symmetric-memory multimem all-reduces.
     ("TraceLens/tests/traces/b200/eager_trace.json.gz", 768, 1, "NVIDIA B200", 0, 8, "b200"),
     ("TraceLens/tests/traces/h100/Falconsai_nsfw_image_detection__1016002.json.gz", 154, 0, "NVIDIA H100 80GB HBM3",
      0, None, "h100-sxm5-80gb"),
