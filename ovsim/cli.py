@@ -228,7 +228,7 @@ def _cell(x: Any, kind: str) -> str:
     if kind == "ms":
         return f"{x * 1e3:>10.3f}"
     if kind == "pct":
-        return f"{round(x * 100, 1) + 0.0:>+9.1f}%"
+        return f"{_signed_pct(x):>10}"
     if kind == "frac":
         return f"{x * 100:>9.1f}%"
     if kind == "j":
@@ -372,7 +372,7 @@ def _replay_table(result: Any, max_rows: int) -> str:
         f"({s['span_error_pct']:+.1f}%)",
     ]
     if s["skipped"]:
-        lines.append("skipped    " + ", ".join(f"{v} {k}" for k, v in sorted(s["skipped"].items())))
+        lines.append("skipped    " + _skipped_text(s["skipped"]))
     lines.append(f"calibrated {', '.join(s['calibration_files'])}")
     k = result.kernels
     k = k[k["overlapped"]]
@@ -415,13 +415,17 @@ class _Progress:
             sys.stderr.flush()
 
 
+def _skipped_text(skipped: dict[str, int]) -> str:
+    """What the importer skipped, as "N reason, ..." ("" when nothing)."""
+    return ", ".join(f"{v} {r}" for r, v in sorted(skipped.items()))
+
+
 def _check_strict(bundle: Any, source: str, strict: bool) -> None:
     """With ``--strict``, an event the importer skipped (malformed, or of a kind it cannot use) is an
     error rather than a count in the summary."""
     if strict and bundle.skipped:
-        what = ", ".join(f"{v} {r}" for r, v in sorted(bundle.skipped.items()))
-        raise OvsimError(f"skipped events ({what}); without --strict they are left out and counted",
-                         source=source, field="--strict")
+        raise OvsimError(f"skipped events ({_skipped_text(bundle.skipped)}); without --strict they are left out "
+                         "and counted", source=source, field="--strict")
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -590,7 +594,7 @@ def _import(args: argparse.Namespace) -> int:
         bar.done()
     if not args.quiet:
         k = bundle.kernels
-        skipped = ", ".join(f"{v} {r}" for r, v in sorted(bundle.skipped.items())) or "none"
+        skipped = _skipped_text(bundle.skipped) or "none"
         print(f"{len(k)} activities from {k['rank'].nunique()} rank(s) written to {args.output}; skipped: {skipped}")
     return 0
 
@@ -738,6 +742,11 @@ def _count(text: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got '{text}'")
     return n
+
+
+def _strict_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict", action="store_true",
+                   help="an event the importer would skip (malformed, or of a kind it cannot use) is an error")
 
 
 def _max_ops_flag(p: argparse.ArgumentParser) -> None:
@@ -902,8 +911,7 @@ def parser() -> argparse.ArgumentParser:
                     help="calibration file on top of the shipped ones (repeatable); a folder stands for the "
                          "newest version in it of the GPU's file, as `ovsim calibrate -o FOLDER` writes them")
     rp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
-    rp.add_argument("--strict", action="store_true",
-                    help="an event the importer would skip (malformed, or of a kind it cannot use) is an error")
+    _strict_flag(rp)
     rp.set_defaults(func=_replay)
     cb = sub.add_parser("calibrate", help="fit model parameters to real traces; write a new calibration file")
     cb.add_argument("traces", nargs="+", help="traces, one run each (a file, a folder or tarball of ranks)")
@@ -934,16 +942,14 @@ def parser() -> argparse.ArgumentParser:
                          "from the name; needs matplotlib)")
     cb.add_argument("--json", action="store_true", help="print one JSON object")
     cb.add_argument("--quiet", action="store_true", help="print nothing unless --json")
-    cb.add_argument("--strict", action="store_true",
-                    help="an event the importer would skip (malformed, or of a kind it cannot use) is an error")
+    _strict_flag(cb)
     cb.set_defaults(func=_calibrate)
     ip = sub.add_parser("import", help="convert traces to the canonical kernel table (parquet)")
     ip.add_argument("traces", nargs="+", help="trace files or folders")
     ip.add_argument("-o", "--output", required=True, type=_file_name, help="parquet file to write")
     ip.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: from the name)")
     ip.add_argument("--quiet", action="store_true", help="print nothing")
-    ip.add_argument("--strict", action="store_true",
-                    help="an event the importer would skip (malformed, or of a kind it cannot use) is an error")
+    _strict_flag(ip)
     ip.set_defaults(func=_import)
     vp = sub.add_parser("validate", help="reproduce published figures and replay real traces; one table")
     vp.add_argument("--traces", metavar="DIR", type=_file_name,

@@ -49,12 +49,9 @@ TOLERANCE_PCT = 10.0
 
 def copy_pace_bytes_per_s(folder: Path) -> float:
     """Bytes a second the data set's 16-channel, 512-thread copy moves alone (comm part, median)."""
-    from ovsim.validate import harness_experiments
+    from ovsim.validate import HARNESS_CHANNEL_PASS_BYTES, channel_pass_s
 
-    e = harness_experiments(folder)["channel_copy_16x512"]
-    k = pd.read_parquet(folder / "tables" / "comm" / "channel_copy_16x512.parquet")
-    k = k[k["name"].str.startswith(LOOP)]
-    return float(e["bytes_per_launch"]) / float(k["duration_s"].median())
+    return HARNESS_CHANNEL_PASS_BYTES / channel_pass_s(folder, threads=512)[("copy", 16)]
 
 
 def shaping_points(folder: Path, pace_bytes_per_s: float) -> list[dict[str, Any]]:

@@ -1368,15 +1368,15 @@ def harness_experiments(folder: Path) -> dict[str, dict[str, Any]]:
     return {e["label"]: e for e in map(json.loads, lines)}
 
 
-def channel_pass_s(folder: Path) -> dict[tuple[str, int], float]:
-    """Seconds one copy or reduce loop of 640 threads a block takes alone for one pass over its
-    buffer, by (op, loops), from a data set's comm part (median of its launches)."""
+def channel_pass_s(folder: Path, threads: int = 640) -> dict[tuple[str, int], float]:
+    """Seconds one copy or reduce loop of ``threads`` threads a block takes alone for one pass over
+    its buffer, by (op, loops), from a data set's comm part (median of its launches)."""
     import pandas as pd
 
     out: dict[tuple[str, int], float] = {}
     for label, e in harness_experiments(folder).items():
         t = folder / "tables" / "comm" / f"{label}.parquet"
-        if e.get("part") == "comm" and e.get("threads") == 640 and t.is_file():
+        if e.get("part") == "comm" and e.get("threads") == threads and t.is_file():
             k = pd.read_parquet(t)
             k = k[k["name"].str.startswith("ovsim_channel")]
             out[(e["op"], int(e["channels"]))] = (float(k["duration_s"].median()) * HARNESS_CHANNEL_PASS_BYTES

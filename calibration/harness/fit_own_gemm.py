@@ -28,6 +28,7 @@ from ovsim.calibrate import FitReport, TraceInput, write_shipped
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu
 from ovsim.models import cost
+from ovsim.shaping_checks import GEMM, GEMM_NATURAL_SMEM_BYTES, GEMM_STAGES, GEMM_TILE
 from ovsim.traces.table import TraceBundle, validate_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,13 +38,13 @@ FIT_SET = ("h100-sxm5-80gb", "2026-11-26")
 HELD_OUT_SETS = (("h100-sxm5-80gb", "2026-11-26-repeat"), ("h200-sxm", "2026-11-26"), ("h200-sxm", "2026-11-26-e"))
 # Sets that no fit has seen: block_issue_share_per_warp was fitted on each GPU's 2026-11-26 set.
 REPEAT_SETS = ("2026-11-26-repeat", "2026-11-26-e")
-KERNEL = "ovsim_gemm_tile64"
+KERNEL = GEMM
 SIZE = 8192
-TILE = (64, 64, 32)
-STAGES = 2
-# The cost model's shared memory for the natural block: stages x (A and B tiles) x 2 bytes; the
-# harness kernel's padding and shaping are the rest of what it declared.
-NATURAL_SMEM = STAGES * (TILE[0] * TILE[2] + TILE[1] * TILE[2]) * 2
+TILE = GEMM_TILE
+STAGES = GEMM_STAGES
+# The cost model's shared memory for the natural block; the harness kernel's padding is the rest
+# of what it declared.
+NATURAL_SMEM = GEMM_NATURAL_SMEM_BYTES
 
 
 def measured(gpu: str, date: str) -> pd.DataFrame:

@@ -237,8 +237,12 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
         # A kernel of one's own: its efficiency, else what a plain WMMA kernel was measured at; a
         # library kernel of this tile: the library's.
         aligned = cost.gemm_aligned(spec.n, spec.k, spec.precision)
-        eff = (params.gemm_eff(spec.precision, aligned) if spec.efficiency == "library"
-               else spec.efficiency if spec.efficiency is not None else params.own_gemm_eff(spec.precision, aligned))
+        if spec.efficiency == "library":
+            eff = params.gemm_eff(spec.precision, aligned)
+        elif spec.efficiency is None:
+            eff = params.own_gemm_eff(spec.precision, aligned)
+        else:
+            eff = spec.efficiency
         return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile,
                          extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k or 1, sm_count=sms,
                          efficiency=eff, **given)
@@ -260,7 +264,6 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
                             precision=spec.precision, duration_s=spec.duration_s)
         if spec.memory_wait is not None:
             base = dataclasses.replace(base, memory_wait=spec.memory_wait)
-    if isinstance(spec, KernelOp):
         # A kernel described by its launch keeps its shared memory as given: the shaping knob pads
         # the kernels ovsim prices (give a described kernel's padding in its shared_mem_bytes).
         extra = 0
