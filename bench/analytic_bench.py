@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import GPU_NAME, build
+from engine_bench import build
 
 from ovsim.engine.analytic import analytic_timeline
 from ovsim.hw.calib import load_calibration
-from ovsim.hw.spec import SystemSpec, load_gpu
+from ovsim.hw.spec import load_gpu, load_system
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,12 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 512])
     args = ap.parse_args(argv)
     gpu = load_gpu("h100-sxm5-80gb")
-    # One NVSwitch domain as large as the largest run: not a real product (the NCCL model covers
-    # one node), only a way to give the analytic fidelity collectives that span every rank.
-    system = SystemSpec.model_validate({
-        "schema": "ovsim.system/1", "name": "bench-h100-nvswitch-wide", "gpu": GPU_NAME, "gpu_count": max(args.ranks),
-        "topology": "nvswitch", "nccl_ring_channels": 32,
-        "sources": {"topology": "synthetic benchmark system, not a real product"}})
+    # Nodes of 8 H100s joined by eight 400 Gb/s NICs each (the shipped hgx-h100-ndr).
+    system = load_system("hgx-h100-ndr").model_copy(update={"nodes": -(-max(args.ranks) // 8), "nvls": False})
     params = load_calibration(gpu, "h100-sxm5-80gb").params
     print(f"{'ranks':>6} {'kernels':>9} {'collectives':>11} {'build s':>8} {'analytic s':>10} {'kernels/s':>10}")
     for n in args.ranks:

@@ -37,14 +37,13 @@ from ovsim.engine.power import PowerConfig
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.power import PowerSettings, power_model
-from ovsim.hw.spec import GpuSpec, SystemSpec, load_gpu
+from ovsim.hw.spec import GpuSpec, SystemSpec, load_gpu, load_system
 from ovsim.models import cost
 from ovsim.models.ir import FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
 from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
 
 GPU_NAME = "h100-sxm5-80gb"
-# A 64-GPU NVSwitch node does not exist, but the rank sweep goes to 64: an inline system lets the
-# NCCL model and the machine cover it. NVLS off so every rank count plans a ring/tree collective.
+# The rank sweep's largest run: 8 nodes of 8.
 MAX_RANKS = 64
 COMPUTE_STREAM = "compute"
 COMM_STREAM = "comm"
@@ -69,17 +68,9 @@ QUICK_PER_RANK = 200
 
 
 def bench_system() -> SystemSpec:
-    return SystemSpec.model_validate({
-        "schema": "ovsim.system/1",
-        "name": "bench-h100-nvswitch-64",
-        "description": "Synthetic 64x H100-SXM5 NVSwitch node for engine benchmarks only.",
-        "gpu": GPU_NAME,
-        "gpu_count": MAX_RANKS,
-        "topology": "nvswitch",
-        "nccl_ring_channels": 32,
-        "nvls": False,
-        "sources": {"topology": "synthetic benchmark system, not a real product (HGX H100 scaled to 64 GPUs)"},
-    })
+    """Nodes of 8 H100s joined by eight 400 Gb/s NICs each (the shipped hgx-h100-ndr), as many as
+    the rank sweep needs; NVLS off so every rank count plans a ring or tree collective."""
+    return load_system("hgx-h100-ndr").model_copy(update={"nodes": -(-MAX_RANKS // 8), "nvls": False})
 
 
 @dataclass(frozen=True)

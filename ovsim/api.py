@@ -24,7 +24,7 @@ from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Calibration, load_calibration
 from ovsim.hw.power import PowerSettings, check_settings, power_model
-from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu, load_system, validation_error
+from ovsim.hw.spec import GpuSpec, SystemSpec, check_domain, gpu_file, load_gpu, load_system, validation_error
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy
 from ovsim.models.ir import Workload
 from ovsim.models.memory import MemoryEstimate, memory_estimate
@@ -156,6 +156,7 @@ def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str
     try:
         system = sc.system.to_spec() if isinstance(sc.system, InlineSystem) else load_system(sc.system)
         gpu = load_gpu(system.gpu)
+        check_domain(system, gpu)
     except ValidationError as e:
         # An inline system that passed its own fields but not the system schema (a mesh without links).
         err = validation_error(e, source)
@@ -167,6 +168,11 @@ def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str
             raise OvsimError(message, source=source, field="system") from None
         field = "system" if e.field in ("", "system") else f"system.{e.field}"
         raise OvsimError(e.message, source=source, field=field) from None
+    if sc.nodes is not None and sc.nodes != system.nodes:
+        if system.network is None:
+            raise OvsimError(f"{sc.nodes} nodes of {system.name}, which has no network to join them "
+                             "(use a system with a network)", source=source, field="nodes")
+        system = system.model_copy(update={"nodes": sc.nodes})
     return system, gpu, gpu_file(system.gpu).stem
 
 
@@ -179,9 +185,9 @@ def build(sc: Scenario, source: str = "", max_ops: int | None = None) -> tuple[W
         calib = load_calibration(gpu, stem, tuple(sc.calibration))
     except OvsimError as e:
         raise e.located(source) from None
-    n_ranks = sc.ranks or system.gpu_count
-    if n_ranks > system.gpu_count:
-        raise OvsimError(f"{n_ranks} ranks on a {system.gpu_count}-GPU system", source=source, field="ranks")
+    n_ranks = sc.ranks or system.total_gpus
+    if n_ranks > system.total_gpus:
+        raise OvsimError(f"{n_ranks} ranks on a {system.total_gpus}-GPU system", source=source, field="ranks")
     if sc.training is not None:
         wl = build_training_workload(sc.training, gpu=gpu, system=system, params=calib.params, n_ranks=n_ranks,
                                      schedule=sc.schedule, knobs=sc.knobs, streams=sc.streams, source=source,

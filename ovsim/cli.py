@@ -796,7 +796,8 @@ def _specs(args: argparse.Namespace) -> int:
     from ovsim.hw.spec import known_gpus, known_systems, load_gpu, load_system
 
     gpus = [_gpu_row(load_gpu(n), n) for n in known_gpus()]
-    systems = [{"system": n, "gpu": s.gpu, "gpus": s.gpu_count, "topology": s.topology}
+    systems = [{"system": n, "gpu": s.gpu, "nodes": s.nodes, "gpus per node": s.gpu_count, "topology": s.topology,
+                "NIC GB/s per GPU": round(s.nic_bytes_per_s_per_gpu / 1e9, 1) if s.network else None}
                for n in known_systems() for s in [load_system(n)]]
     if args.json:
         print(_json({"gpus": gpus, "systems": systems}))
@@ -804,6 +805,7 @@ def _specs(args: argparse.Namespace) -> int:
     print(_rows(gpus))
     print("max GHz: top SM clock; BF16 TF: dense BF16 peak as the vendor quotes it; HBM TB/s: peak; "
           "link GB/s: NVLink or xGMI per direction, all links; TDP W: default board power limit")
+    print("NIC GB/s per GPU: a GPU's share of its node's NICs per direction, at the line rate (multi-node systems)")
     print()
     print(_rows(systems))
     return 0

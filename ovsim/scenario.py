@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationE
 from ovsim.errors import OvsimError
 from ovsim.hw.inputs import InputModel
 from ovsim.hw.power import PowerSettings
-from ovsim.hw.spec import SystemSpec, read_yaml, validation_error
+from ovsim.hw.spec import NetworkSpec, SystemSpec, read_yaml, validation_error
 from ovsim.models.training import TrainingSpec
 from ovsim.models.workload import Knobs, OpSpec, Schedule
 
@@ -42,10 +42,13 @@ class InlineSystem(InputModel):
     links_per_pair: NonNegativeInt = 0
     nccl_ring_channels: PositiveInt | None = None
     nvls: bool = False
+    nodes: PositiveInt = 1
+    network: NetworkSpec | None = None
 
     def to_spec(self) -> SystemSpec:
+        name = f"{self.gpu_count}x {self.gpu}" if self.nodes == 1 else f"{self.nodes}x {self.gpu_count}x {self.gpu}"
         return SystemSpec.model_validate({
-            "schema": "ovsim.system/1", "name": f"{self.gpu_count}x {self.gpu}", **self.model_dump(),
+            "schema": "ovsim.system/1", "name": name, **self.model_dump(),
             "sources": {"topology": "given inline by the scenario"},
         })
 
@@ -57,6 +60,8 @@ class Scenario(InputModel):
     name: str = "scenario"
     description: str = ""
     system: str | InlineSystem
+    # How many of the system's nodes run the scenario (a system with a network); absent: the system's own count.
+    nodes: PositiveInt | None = None
     ranks: PositiveInt | None = None
     mode: Mode = "simulate"
     schedule: Schedule = "overlapped"

@@ -99,7 +99,7 @@ def _memory_bytes(training: dict[str, Any], system: str) -> tuple[float, float]:
 
     spec_sys = load_system(system)
     full = {k: v for k, v in training.items() if k != "layers"}
-    total = memory_estimate(TrainingSpec.model_validate(full), spec_sys.gpu_count).total_bytes
+    total = memory_estimate(TrainingSpec.model_validate(full), spec_sys.total_gpus).total_bytes
     return total, load_gpu(spec_sys.gpu).memory.capacity_bytes
 
 

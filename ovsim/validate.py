@@ -1594,6 +1594,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
     # Their modules build on this one's Check and replay helpers: imported here, not at the top.
     from ovsim.echo import echo_checks
     from ovsim.framework_checks import copy_checks, framework_checks
+    from ovsim.network_checks import network_checks
     from ovsim.shaping_checks import shaping_checks
 
     if workers < 0:
@@ -1605,7 +1606,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
             # A wrong folder would otherwise pass with the trace checks silently left out.
             raise OvsimError(f"none of the {len(set(known))} shared traces is in this folder (looked for e.g. "
                              f"{known[-1]})", source=str(traces), field="traces")
-    checks = published_checks() + power_checks()
+    checks = published_checks() + network_checks() + power_checks()
     if studies:
         checks += study_checks(workers, on_trace)
     if measured:

@@ -98,11 +98,20 @@ def _bad(tmp_path: Path, text: str) -> Path:
         (GOOD.replace("k: 4096}", "k: 4096, split_k: 8192}"), "ops.g.split_k: split_k 8192 is more than k 4096"),
         (GOOD.replace("name: ar", "name: g"), "ops: op name 'g' is used twice"),
         (GOOD.replace("k: 4096}", "k: 4096, stages: 4}"), "stages describes a kernel of your own: give its tile too"),
+        (GOOD.replace("system: h100x4", "system: {gpu: h100-sxm5-80gb, gpu_count: 16}"),
+         "system.gpu_count: 16 H100-SXM5-80GB GPUs in one nvswitch domain: no H100-SXM5-80GB system joins more than 8"),
+        (GOOD.replace("system: h100x4", "system: h100x4\nnodes: 2"), "nodes: 2 nodes of H100x4, which has no network"),
+        (GOOD.replace("system: h100x4", "system: {gpu: h100-sxm5-80gb, gpu_count: 8, nodes: 2}"),
+         "2 nodes need a network"),
+        (GOOD.replace("system: h100x4", "system: hgx-h100-ndr\nranks: 16").replace(
+            "ops:\n", "ops:\n  - {name: cp, kind: copy, direction: peer, size_bytes: 1.0e6, ranks: [0], peer: 8}\n"),
+         "rank 8 is on another node"),
     ],
     ids=["yaml", "unknown-system", "negative-size", "cycle", "bad-rank", "unknown-key", "tp-ranks", "pp-layers",
          "bucket", "heads", "ops-and-training", "negative-links", "mesh-without-links", "no-gpus", "infinite-delay",
          "nan-size", "infinite-bucket", "no-ranks", "negative-rank", "unnamed-stream", "split-k-over-k",
-         "duplicate-name", "block-without-tile"],
+         "duplicate-name", "block-without-tile", "nvswitch-domain", "nodes-without-network", "nodes-need-network",
+         "copy-across-nodes"],
 )
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      text: str, expected: str) -> None:
@@ -390,7 +399,9 @@ def test_specs_lists_each_gpus_key_figures(capsys: pytest.CaptureFixture[str]) -
                               "GB/s", "TDP", "W"]
     (h100,) = [line.split() for line in out if line.startswith("h100-sxm5-80gb ")]
     assert h100 == ["h100-sxm5-80gb", "sm90", "132", "1.98", "989.4", "80.0", "3.35", "450.0", "700"]
-    assert any(line.split()[:4] == ["hgx-h100", "h100-sxm5-80gb", "8", "nvswitch"] for line in out)
+    assert any(line.split()[:5] == ["hgx-h100", "h100-sxm5-80gb", "1", "8", "nvswitch"] for line in out)
+    # Eight 400 Gb/s NICs for eight GPUs: 50 GB/s per GPU each way.
+    assert any(line.split()[:6] == ["hgx-h100-ndr", "h100-sxm5-80gb", "2", "8", "nvswitch", "50.0"] for line in out)
     assert main(["specs", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     row = next(g for g in data["gpus"] if g["gpu"] == "h100-sxm5-80gb")

@@ -8,7 +8,8 @@ from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, collective_pressure
 from ovsim.hw.spec import GpuSpec, SystemSpec
 
-LinkKey = tuple[str, int, int]  # ("egress"|"ingress"|"link"|"pcie_out"|"pcie_in", a, b)
+# ("egress"|"ingress"|"link"|"pcie_out"|"pcie_in"|"nic_out"|"nic_in", a, b)
+LinkKey = tuple[str, int, int]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,12 @@ class MachineModel:
     memory_clock_share: dict[str, float] = field(default_factory=dict)
     # Parameters.copy_engine_hbm_weight: under 1, copy-engine flows yield HBM to kernels.
     copy_engine_hbm_weight: float = 1.0
+    # Ranks per node (rank r is on node r // gpus_per_node); a GPU's share of its node's NICs is
+    # the ("nic_out"|"nic_in", r, -1) link.
+    gpus_per_node: int = 1 << 30
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
 
     def pressure_of(self, protocol: str) -> tuple[float, float]:
         """(share of HBM capacity, max-min weight) of a resident collective of ``protocol``."""
@@ -78,9 +85,9 @@ class MachineModel:
 def build_machine(
     system: SystemSpec, gpu: GpuSpec, params: Parameters, *, n_ranks: int | None = None, sm_carveout: int = 0
 ) -> MachineModel:
-    ranks = n_ranks if n_ranks is not None else system.gpu_count
-    if not 1 <= ranks <= system.gpu_count:
-        raise OvsimError(f"{ranks} ranks on a {system.gpu_count}-GPU system", field="ranks")
+    ranks = n_ranks if n_ranks is not None else system.total_gpus
+    if not 1 <= ranks <= system.total_gpus:
+        raise OvsimError(f"{ranks} ranks on a {system.total_gpus}-GPU system", field="ranks")
     if not 0 <= sm_carveout < gpu.sm.count:
         raise OvsimError(f"carve-out of {sm_carveout} SMs on a {gpu.sm.count}-SM GPU", field="sm_carveout")
     g = GpuModel(
@@ -101,9 +108,13 @@ def build_machine(
     )
     links: dict[LinkKey, float] = {}
     pcie = gpu.pcie.bandwidth_bytes_per_s
+    nic = system.nic_bytes_per_s_per_gpu
     for r in range(ranks):
         links[("pcie_out", r, -1)] = pcie
         links[("pcie_in", r, -1)] = pcie
+        if nic > 0:
+            links[("nic_out", r, -1)] = nic
+            links[("nic_in", r, -1)] = nic
         if system.topology == "nvswitch":
             links[("egress", r, -1)] = gpu.links.bandwidth_bytes_per_s
             links[("ingress", r, -1)] = gpu.links.bandwidth_bytes_per_s
@@ -113,7 +124,7 @@ def build_machine(
         else:
             per_pair = system.links_per_pair * gpu.links.bandwidth_per_link_bytes_per_s
             for s in range(ranks):
-                if s != r:
+                if s != r and system.node_of(s) == system.node_of(r):
                     links[("link", r, s)] = per_pair
     return MachineModel(
         gpus=tuple(g for _ in range(ranks)),
@@ -128,4 +139,5 @@ def build_machine(
         collective_memory_wait=params.hbm_latency_collective_wait,
         memory_clock_share=dict(params.memory_kind_clock_share),
         copy_engine_hbm_weight=params.copy_engine_hbm_weight,
+        gpus_per_node=system.gpu_count,
     )

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -679,11 +680,12 @@ class Engine:
         use: dict[Any, float] = {}
 
         def add(key: Any, c: float) -> None:
-            if key in self.link_index or key[0] == "hbm":
+            if c > 0 and (key in self.link_index or key[0] == "hbm"):
                 use[key] = use.get(key, 0.0) + c
 
         ranks = list(d.ranks)
         mesh = self.machine.topology == "mesh"
+        node = self.machine.node_of
         if d.pattern == "local":
             add(("hbm", ranks[0]), d.hbm_coeff)
         elif d.pattern == "host":
@@ -697,27 +699,53 @@ class Engine:
             src, dst = d.endpoints
             add(("hbm", src), d.hbm_coeff)
             add(("hbm", dst), d.hbm_coeff)
-            if mesh:
+            if node(src) != node(dst):
+                net = d.link_coeff if d.net_coeff is None else d.net_coeff
+                add(("nic_out", src, -1), net)
+                add(("nic_in", dst, -1), net)
+            elif mesh:
                 add(("link", src, dst), d.link_coeff)
             else:
                 add(("egress", src, -1), d.link_coeff)
                 add(("ingress", dst, -1), d.link_coeff)
         else:
-            n = len(ranks)
-            for i, r in enumerate(ranks):
-                add(("hbm", r), d.hbm_coeff)
-                if n < 2:
-                    continue
-                if not mesh:
-                    add(("egress", r, -1), d.link_coeff)
-                    add(("ingress", r, -1), d.link_coeff)
-                elif d.pattern == "all_pairs":
-                    for s in ranks:
-                        if s != r:
-                            add(("link", r, s), d.link_coeff / (n - 1))
-                else:
-                    add(("link", r, ranks[(i + 1) % n]), d.link_coeff)
+            self._group_usage(d, ranks, add)
         return list(use.items())
+
+    def _group_usage(self, d: FlowDemand, ranks: list[int], add: Callable[[Any, float], None]) -> None:
+        """A collective's links: of a rank's link bytes, the share that leaves its node crosses its
+        NICs. A ring crosses to the next node once per node and ring, and NCCL spreads its rings
+        over the NICs of the node's m members: 1/m of a member's bytes. All-pairs traffic goes to
+        the n - m members elsewhere: (n - m)/(n - 1)."""
+        n = len(ranks)
+        node = self.machine.node_of
+        members = Counter(node(r) for r in ranks)
+        multi = len(members) > 1
+        mesh = self.machine.topology == "mesh"
+        for i, r in enumerate(ranks):
+            add(("hbm", r), d.hbm_coeff)
+            if n < 2:
+                continue
+            m = members[node(r)]
+            intra = d.link_coeff
+            if multi and d.net_coeff is not None:
+                add(("nic_out", r, -1), d.net_coeff)
+                add(("nic_in", r, -1), d.net_coeff)
+            elif multi:
+                net = (n - m) / (n - 1) if d.pattern == "all_pairs" else 1.0 / m
+                add(("nic_out", r, -1), d.link_coeff * net)
+                add(("nic_in", r, -1), d.link_coeff * net)
+                intra = d.link_coeff * (1.0 - net)
+            if not mesh:
+                add(("egress", r, -1), intra)
+                add(("ingress", r, -1), intra)
+                continue
+            peers = [s for s in ranks if s != r and node(s) == node(r)]
+            if d.pattern == "all_pairs" or multi:
+                for s in peers:
+                    add(("link", r, s), intra / len(peers))
+            else:
+                add(("link", r, ranks[(i + 1) % n]), intra)
 
     def _take_ce(self, gpu: _Gpu, member: _Member) -> None:
         if gpu.ce_free > 0:

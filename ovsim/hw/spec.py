@@ -158,6 +158,9 @@ class LinkSpec(Spec):
     kind: Literal["nvlink", "xgmi", "none"]
     count: NonNegativeInt
     bandwidth_per_link_bytes_per_s: float = Field(ge=0)
+    # The most GPUs of this part one NVLink/xGMI domain (a switched or meshed node) has held in a
+    # product; a system that puts more in one domain is refused. None: not checked.
+    max_domain_gpus: PositiveInt | None = None
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -237,24 +240,41 @@ class GpuSpec(Spec):
 Topology = Literal["nvswitch", "mesh", "pcie"]
 
 
-class SystemSpec(Spec):
-    """A node: identical GPUs and how they are connected.
+class NetworkSpec(Spec):
+    """The NICs that join a system's nodes, through a non-blocking (full-bisection) fabric.
 
-    ``nvswitch``: every GPU has one port into a non-blocking switch; a transfer from a to b uses a's
-    egress and b's ingress. ``mesh``: direct links between every pair (links_per_pair of the GPU's
-    links each). ``pcie``: GPUs talk through PCIe only.
+    Bandwidth is per NIC and direction, at the line rate (400 Gb/s NDR InfiniBand: 50e9). Each GPU
+    sends through the NICs nearest it, so a GPU's share of the network is ``nics_per_node x
+    bandwidth / gpus per node`` (rail-optimised HGX nodes have one NIC per GPU).
+    """
+
+    kind: Literal["infiniband", "roce", "ethernet"]
+    nics_per_node: PositiveInt
+    bandwidth_per_nic_bytes_per_s: PositiveFloat
+
+
+class SystemSpec(Spec):
+    """``nodes`` identical nodes, each of ``gpu_count`` identical GPUs, and how they are connected.
+
+    Within a node: ``nvswitch``: every GPU has one port into a non-blocking switch; a transfer from
+    a to b uses a's egress and b's ingress. ``mesh``: direct links between every pair
+    (links_per_pair of the GPU's links each). ``pcie``: GPUs talk through PCIe only. Between nodes:
+    the ``network``'s NICs. Rank r lives on node r // gpu_count.
     """
 
     schema_id: Literal["ovsim.system/1"] = Field(alias="schema")
     name: str
     description: str = ""
     gpu: str
+    # GPUs per node.
     gpu_count: PositiveInt
     topology: Topology
     links_per_pair: NonNegativeInt = 0
     # NCCL's default number of ring channels for collectives on this node, where published.
     nccl_ring_channels: PositiveInt | None = None
     nvls: bool = False
+    nodes: PositiveInt = 1
+    network: NetworkSpec | None = None
     sources: dict[str, str]
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
@@ -263,9 +283,36 @@ class SystemSpec(Spec):
     def _topology_fields(self) -> SystemSpec:
         if self.topology == "mesh" and self.links_per_pair == 0:
             raise ValueError("a mesh topology needs links_per_pair")
+        if self.nodes > 1 and self.network is None:
+            raise ValueError(f"{self.nodes} nodes need a network (nics_per_node, bandwidth_per_nic_bytes_per_s)")
         if not self.sources:
             raise ValueError("sources must cite the system's topology")
         return self
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpu_count * self.nodes
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpu_count
+
+    @property
+    def nic_bytes_per_s_per_gpu(self) -> float:
+        """A GPU's share of its node's NICs, per direction (0 on one node without a network)."""
+        if self.network is None:
+            return 0.0
+        return self.network.nics_per_node * self.network.bandwidth_per_nic_bytes_per_s / self.gpu_count
+
+
+def check_domain(system: SystemSpec, gpu: GpuSpec) -> None:
+    """Refuse a node that puts more GPUs in one NVLink/xGMI domain than any product of this GPU has."""
+    most = gpu.links.max_domain_gpus
+    if system.topology == "pcie" or most is None or system.gpu_count <= most:
+        return
+    raise OvsimError(
+        f"{system.gpu_count} {gpu.name} GPUs in one {system.topology} domain: no {gpu.name} system joins more "
+        f"than {most} by {gpu.links.kind}; describe the rest as nodes joined by a network "
+        "(gpu_count per node, nodes, network)", field="gpu_count")
 
 
 def _spec_dirs(kind: str) -> list[Path]:

@@ -98,6 +98,9 @@ class FlowDemand:
     # (src, dst) ranks for p2p; -1 stands for the host.
     endpoints: tuple[int, int] | None = None
     protocol: str = ""
+    # Across nodes: bytes through each member's NICs per flow byte, link_coeff then being its
+    # NVLink bytes. None: the pattern's share of link_coeff (ring 1/m, all-pairs (n - m)/(n - 1)).
+    net_coeff: float | None = None
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ The time model is the one NCCL uses to pick an algorithm and protocol (``NVIDIA/
 
     time = latency[op][algorithm][protocol] + S / algorithm_bandwidth[op][algorithm][protocol]
 
-and the choice is the argmin over the enabled (algorithm, protocol) pairs. Only the single-node
-(NVSwitch, NVLink mesh, PCIe) part of that model is implemented: ovsim's systems are one node.
+and the choice is the argmin over the enabled (algorithm, protocol) pairs. Within a node it covers
+NVSwitch, NVLink mesh and PCIe; across nodes joined by NICs, ring and tree (docs/design.md,
+"Nodes joined by NICs"). NVLS runs within one node; NVLS-tree, CollNet (SHARP) and PXN's
+routing are not modelled.
 
 Where NCCL's numbers come from a topology search we do not run (``src/graph/search.cc``), the
 search result is replaced by a rule stated next to the constant it uses, tagged [D] (our
@@ -34,17 +36,21 @@ from __future__ import annotations
 
 import math
 import operator
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 from ovsim.errors import OvsimError
-from ovsim.hw.spec import GpuSpec, SystemSpec
+from ovsim.hw.spec import GpuSpec, SystemSpec, check_domain
+from ovsim.models import nccl_net
 from ovsim.models.ir import BlockShape
+from ovsim.models.nccl_net import Span
 
 CollectiveOp = Literal[
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv"
 ]
-Algorithm = Literal["ring", "tree", "nvls"]
+Algorithm = Literal["ring", "tree", "nvls", "nvls_tree"]
 Protocol = Literal["ll", "ll128", "simple"]
 Path = Literal["nvlink", "pcie"]
 
@@ -65,7 +71,7 @@ PerArchInt = tuple[int, int, int, int]
 
 _PROTO_INDEX: dict[str, int] = {"ll": 0, "ll128": 1, "simple": 2}
 # NCCL's tuning loop visits Tree before Ring before NVLS and breaks ties by keeping the first.
-_SEARCH_ORDER: tuple[Algorithm, ...] = ("tree", "ring", "nvls")
+_SEARCH_ORDER: tuple[Algorithm, ...] = ("tree", "ring", "nvls", "nvls_tree")
 
 # tuning.cc treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B .. 512 MiB: trees are slower
 # than their model at medium sizes, NCCL corrects the bandwidth by this table. [R] The 24-entry
@@ -236,6 +242,9 @@ class CollectivePlan:
     bus_bytes: float
     link_bytes_per_bus_byte: float
     hbm_bytes_per_bus_byte: float
+    n_nodes: int = 1
+    # Across nodes: bytes through each member's NICs per bus byte (link bytes are then NVLink's).
+    net_bytes_per_bus_byte: float = 0.0
 
     @property
     def isolated_s(self) -> float:
@@ -317,6 +326,15 @@ class _Comm:
     nvls: bool
     topology: str
     params: NcclParams
+    # Across nodes: the communicator's span (None within one node), whether NVLS-tree may run, and
+    # the CTAs a launch uses there.
+    span: Span | None = None
+    nvls_tree: bool = False
+    net_ctas: int = 0
+
+    @property
+    def multi_node(self) -> bool:
+        return self.span is not None
 
 
 def _link_cap(op: CollectiveOp, n_ranks: int, arch: int, gpu: GpuSpec, system: SystemSpec,
@@ -361,15 +379,35 @@ def default_ring_channels(op: CollectiveOp, n_ranks: int, gpu: GpuSpec, system: 
     return max(params.min_default_channels, min(params.default_max_channels, _even_up(raw)))
 
 
+def node_span(ranks: Sequence[int], system: SystemSpec) -> tuple[int, int]:
+    """(nodes the ranks span, the fewest of them on one node)."""
+    per_node = Counter(system.node_of(r) for r in ranks)
+    return len(per_node), min(per_node.values()) if per_node else 1
+
+
+def _span(n_ranks: int, n_nodes: int, node_ranks: int, arch: int, gpu: GpuSpec, system: SystemSpec,
+          params: NcclParams) -> Span | None:
+    net = system.network
+    if n_nodes < 2 or net is None:
+        return None
+    nic = net.bandwidth_per_nic_bytes_per_s
+    speed = nccl_net.channel_speed_bytes_per_s(nic, gpu.pcie.bandwidth_bytes_per_s * params.pcie_bw_fraction, arch)
+    nics = net.nics_per_node * node_ranks / system.gpu_count
+    return Span(arch=arch, n_ranks=n_ranks, n_nodes=n_nodes, node_ranks=node_ranks,
+                channels=nccl_net.search_channels(nics, nic, speed), speed_bytes_per_s=speed)
+
+
 def _ring_bus_bw(comm: _Comm, channels: int) -> float:
+    """A ring's (or p2p's) bus bandwidth within a node: NCCL's per-CTA rate up to its link total."""
     p = comm.params
     return min(channels * p.ring_bw_per_channel_bytes_per_s[comm.arch], comm.link_cap_bytes_per_s)
 
 
-def _nvls_speed(comm: _Comm) -> float:
-    """Per-channel speed the intra-node NVLS search settles on (one channel per GPU)."""
+def _nvls_speed(comm: _Comm, gpus: int | None = None) -> float:
+    """Per-channel speed the intra-node NVLS search settles on (one channel per GPU of the node)."""
     ladder = comm.params.nvls_speed_ladder_bytes_per_s
-    fitting = [s for s in ladder if s * comm.n_ranks <= comm.link_cap_bytes_per_s]
+    gpus = comm.n_ranks if gpus is None else gpus
+    fitting = [s for s in ladder if s * gpus <= comm.link_cap_bytes_per_s]
     return fitting[0] if fitting else ladder[-1]
 
 
@@ -438,6 +476,8 @@ def _algorithm_bw(comm: _Comm, algorithm: Algorithm, protocol: Protocol, channel
     a = comm.arch
     n = comm.n_ranks
     op = comm.op
+    if comm.span is not None:
+        return _net_algorithm_bw(comm, algorithm, protocol, channels)
     search_channels = channels / p.channels_per_search_channel
     ring_bus = _ring_bus_bw(comm, channels)
 
@@ -476,7 +516,44 @@ def _algorithm_bw(comm: _Comm, algorithm: Algorithm, protocol: Protocol, channel
     return bus * n / _nsteps(op, n)
 
 
-def _latency_s(comm: _Comm, algorithm: Algorithm, protocol: Protocol) -> float:
+def _net_algorithm_bw(comm: _Comm, algorithm: Algorithm, protocol: Protocol, channels: int) -> float:
+    """Algorithm bandwidth across nodes (:mod:`ovsim.models.nccl_net`); fewer CTAs than NCCL's
+    default give proportionally less [D]."""
+    span = comm.span
+    assert span is not None
+    p = comm.params
+    op, n = comm.op, comm.n_ranks
+    scale = min(1.0, channels / max(comm.net_ctas, 1))
+    if algorithm == "tree":
+        return nccl_net.tree_bus_bw(span, protocol) * scale * p.tree_algorithm_bw_ratio
+    if algorithm == "nvls_tree":
+        m = span.node_ranks
+        intra = _nvls_speed(comm, m) * p.nvls_efficiency[comm.arch] * (m - 1) / m * 2.0
+        return nccl_net.nvls_tree_bus_bw(span, intra) * scale * n / _nsteps(op, n)
+    bus = nccl_net.ring_bus_bw(span, protocol, _ring_bus_bw(comm, comm.ring_channels), op) * scale
+    if op in P2P_OPS:
+        return bus / bus_factor(op, n)
+    return bus * n / _nsteps(op, n)
+
+
+def _net_latency_s(comm: _Comm, algorithm: Algorithm, protocol: Protocol, size_bytes: float, ctas: int) -> float:
+    span = comm.span
+    assert span is not None
+    p = comm.params
+    i = _PROTO_INDEX[protocol]
+    pcie = comm.path == "pcie"
+    if algorithm == "tree":
+        hop = (p.tree_pcie_hop_latency_s if pcie else p.tree_nvlink_hop_latency_s)[i]
+        return nccl_net.tree_latency_s(span, i, p.tree_base_latency_s[i], hop)
+    if algorithm == "nvls_tree":
+        return nccl_net.nvls_tree_latency_s(span)
+    hop = (p.ring_pcie_hop_latency_s if pcie else p.ring_nvlink_hop_latency_s)[i]
+    return nccl_net.ring_latency_s(span, comm.op, i, _nsteps(comm.op, comm.n_ranks), p.ring_base_latency_s[i], hop,
+                                   size_bytes, ctas)
+
+
+def _latency_s(comm: _Comm, algorithm: Algorithm, protocol: Protocol, size_bytes: float = 0.0,
+               ctas: int = 0) -> float:
     p = comm.params
     i = _PROTO_INDEX[protocol]
     n = comm.n_ranks
@@ -484,11 +561,16 @@ def _latency_s(comm: _Comm, algorithm: Algorithm, protocol: Protocol) -> float:
     pcie = comm.path == "pcie"
     if algorithm == "nvls":
         return p.nvls_base_latency_s + p.nvls_nvlink_latency_s
+    if comm.span is not None and op not in P2P_OPS:
+        return _net_latency_s(comm, algorithm, protocol, size_bytes, ctas)
     if algorithm == "tree":
         hop = (p.tree_pcie_hop_latency_s if pcie else p.tree_nvlink_hop_latency_s)[i]
         return p.tree_base_latency_s[i] + 2 * (n - 1) * hop
     ring_hop = (p.ring_pcie_hop_latency_s if pcie else p.ring_nvlink_hop_latency_s)[i]
     base = p.ring_base_latency_s[i]
+    if comm.span is not None:
+        # A p2p step that crosses the network [D].
+        ring_hop = nccl_net.NET_PARAMS.ring_net_hop_latency_s[i]
     if op == "send_recv":
         # [D] one hop; NCCL's tuning tables do not cover p2p.
         return base + ring_hop
@@ -520,12 +602,12 @@ def _predicted_s(comm: _Comm, algorithm: Algorithm, protocol: Protocol, size_byt
         bw *= _tree_correction(size_bytes, protocol)
     if bw <= 0:
         return math.inf
-    return _latency_s(comm, algorithm, protocol) + size_bytes / bw
+    return _latency_s(comm, algorithm, protocol, size_bytes, channels) + size_bytes / bw
 
 
 def _valid_algorithms(op: CollectiveOp) -> tuple[Algorithm, ...]:
     if op == "all_reduce":
-        return ("ring", "tree", "nvls")
+        return ("ring", "tree", "nvls", "nvls_tree")
     if op in NVLS_OPS:
         return ("ring", "nvls")
     return ("ring",)
@@ -544,10 +626,13 @@ def _candidates(comm: _Comm, size_bytes: float, algorithm: Algorithm | None,
                              field="algorithm")
         if algorithm == "nvls" and not comm.nvls:
             raise OvsimError("NVLS needs an sm90+ GPU on an NVSwitch system with nvls: true and "
-                             "at least 2 ranks", field="algorithm")
+                             "at least 2 ranks, on one node (across nodes: nvls_tree)", field="algorithm")
+        if algorithm == "nvls_tree" and not comm.nvls_tree:
+            raise OvsimError("NVLS-tree needs nodes of sm90+ GPUs on NVSwitch with nvls: true, and a "
+                             "communicator that spans them", field="algorithm")
     if protocol is not None and protocol not in PROTOCOLS:
         raise OvsimError(f"unknown protocol '{protocol}' (known: {', '.join(PROTOCOLS)})", field="protocol")
-    if algorithm == "nvls" and protocol not in (None, "simple"):
+    if algorithm in ("nvls", "nvls_tree") and protocol not in (None, "simple"):
         raise OvsimError("NVLS runs the simple protocol only", field="protocol")
     if op in P2P_OPS:
         if protocol == "ll128":
@@ -561,12 +646,12 @@ def _candidates(comm: _Comm, size_bytes: float, algorithm: Algorithm | None,
     for a in _SEARCH_ORDER:
         if a not in valid or (algorithm is not None and a != algorithm):
             continue
-        if a == "nvls" and not comm.nvls:
+        if (a == "nvls" and not comm.nvls) or (a == "nvls_tree" and not comm.nvls_tree):
             continue
         for pr in PROTOCOLS:
             if protocol is not None and pr != protocol:
                 continue
-            if a == "nvls" and pr != "simple":
+            if a in ("nvls", "nvls_tree") and pr != "simple":
                 continue
             # LL128 is on by default only over NVLink; asking for it forces it, as NCCL_PROTO does.
             if pr == "ll128" and protocol is None and comm.path != "nvlink":
@@ -580,7 +665,7 @@ def _candidates(comm: _Comm, size_bytes: float, algorithm: Algorithm | None,
 def _max_threads(comm: _Comm, algorithm: Algorithm, protocol: Protocol) -> int:
     """tuning.cc maxThreads[algorithm][protocol] before enqueue.cc trims it."""
     p = comm.params
-    if algorithm in ("nvls", "tree") or comm.op in P2P_OPS:
+    if algorithm in ("nvls", "nvls_tree", "tree") or comm.op in P2P_OPS:
         return p.max_threads
     if protocol == "ll":
         return p.ll_max_threads
@@ -648,7 +733,7 @@ def nccl_block_resources(algorithm: Algorithm, protocol: Protocol, gpu: GpuSpec,
     if protocol not in PROTOCOLS:
         raise OvsimError(f"unknown protocol '{protocol}'", field="protocol")
     if threads is None:
-        if algorithm in ("nvls", "tree"):
+        if algorithm in ("nvls", "nvls_tree", "tree"):
             threads = params.max_threads
         else:
             threads = {"ll": params.ll_max_threads, "ll128": params.ll128_max_threads,
@@ -659,13 +744,16 @@ def nccl_block_resources(algorithm: Algorithm, protocol: Protocol, gpu: GpuSpec,
 
 def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuSpec, system: SystemSpec, *,
                     algorithm: Algorithm | None = None, protocol: Protocol | None = None,
-                    channels: int | None = None, params: NcclParams = DEFAULT_PARAMS) -> CollectivePlan:
+                    channels: int | None = None, params: NcclParams = DEFAULT_PARAMS,
+                    ranks: Sequence[int] | None = None) -> CollectivePlan:
     """NCCL's choice of algorithm, protocol and CTAs for one collective, and its predicted cost.
 
     ``size_bytes`` is S as nccl-tests defines it (all-gather and reduce-scatter: the whole gathered
     buffer). ``algorithm``/``protocol`` restrict the choice like NCCL_ALGO/NCCL_PROTO; ``channels``
     sets the communicator's CTA count like NCCL_MIN_CTAS = NCCL_MAX_CTAS. all_to_all and send_recv
-    run NCCL's p2p kernels, reported as algorithm "ring".
+    run NCCL's p2p kernels, reported as algorithm "ring". ``ranks`` places the communicator on
+    the system's nodes (rank r on node r // GPUs per node); by default ranks 0..n_ranks-1, as
+    nccl-tests places them.
     """
     op = _check_op(op)
     n_ranks = _check_ranks(n_ranks)
@@ -676,9 +764,14 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
     if not (math.isfinite(size) and size >= 0):
         raise OvsimError(f"must be a finite number >= 0, got {size_bytes!r}", field="size_bytes")
     size_bytes = size
-    if n_ranks > system.gpu_count:
-        raise OvsimError(f"{n_ranks} ranks on {system.name}, which has {system.gpu_count} GPUs "
-                         "(the NCCL model covers one node)", field="n_ranks")
+    if n_ranks > system.total_gpus:
+        raise OvsimError(f"{n_ranks} ranks on {system.name}, which has {system.total_gpus} GPUs", field="n_ranks")
+    members = list(range(n_ranks)) if ranks is None else list(ranks)
+    if len(members) != n_ranks or len(set(members)) != n_ranks or not all(0 <= r < system.total_gpus for r in members):
+        raise OvsimError(f"expected {n_ranks} distinct ranks of the {system.total_gpus}, got {members[:8]}",
+                         field="ranks")
+    check_domain(system, gpu)
+    n_nodes, node_ranks = node_span(members, system)
     if channels is not None and (not isinstance(channels, int) or not 1 <= channels <= params.max_channels):
         raise OvsimError(f"must be an integer in 1..{params.max_channels}, got {channels!r}",
                          field="channels")
@@ -686,11 +779,15 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
     path, cap = _link_cap(op, n_ranks, arch, gpu, system, params)
     nvls = (system.nvls and system.topology == "nvswitch" and params.nvls_efficiency[arch] > 0
             and params.nvls_channels[arch] > 0 and n_ranks >= 2)
-    ring_channels = channels or default_ring_channels(op, n_ranks, gpu, system, params)
+    span = _span(n_ranks, n_nodes, node_ranks, arch, gpu, system, params)
+    # Within a node's share of the communicator: the intra-node rates across nodes are its members'.
+    ring_channels = channels or default_ring_channels(op, n_ranks if span is None else node_ranks, gpu, system, params)
+    net_ctas = nccl_net.default_ctas(span) if span is not None else 0
     comm = _Comm(
         op=op, n_ranks=n_ranks, arch=arch, path=path, link_cap_bytes_per_s=cap, ring_channels=ring_channels,
         nvls_channels=channels if channels is not None else params.nvls_channels[arch],
-        nvls=nvls, topology=system.topology, params=params,
+        nvls=nvls and span is None, topology=system.topology, params=params, span=span,
+        nvls_tree=nvls and span is not None and node_ranks >= 2, net_ctas=net_ctas,
     )
     candidates = _candidates(comm, size_bytes, algorithm, protocol)
 
@@ -706,6 +803,8 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
         )
 
     def channels_for(a: Algorithm) -> int:
+        if span is not None:
+            return channels or net_ctas
         return comm.nvls_channels if a == "nvls" else comm.ring_channels
 
     best = min(candidates, key=lambda ap: _predicted_s(comm, ap[0], ap[1], size_bytes, channels_for(ap[0])))
@@ -715,6 +814,7 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
     if algo == "tree":
         alg_bw *= _tree_correction(size_bytes, proto)
     factor = bus_factor(op, n_ranks)
+    link, net = (_link_bytes_per_bus_byte(op, algo, n_ranks), 0.0) if span is None else nccl_net.shares(op, algo, span)
     n_cta, n_threads = launch_shape(comm_channels, size_bytes, _max_threads(comm, algo, proto),
                                     _thread_threshold(comm, algo, proto), algo, proto, params,
                                     p2p=op in P2P_OPS)
@@ -722,9 +822,9 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
         op=op, algorithm=algo, protocol=proto, n_ranks=n_ranks, size_bytes=float(size_bytes),
         channels=n_cta, threads_per_block=n_threads, registers_per_thread=params.registers_per_thread,
         shared_mem_per_block_bytes=nccl_shared_mem_per_block_bytes(gpu, params),
-        latency_s=_latency_s(comm, algo, proto),
+        latency_s=_latency_s(comm, algo, proto, size_bytes, comm_channels),
         bus_bandwidth_bytes_per_s=alg_bw * factor,
         bus_bytes=size_bytes * factor,
-        link_bytes_per_bus_byte=_link_bytes_per_bus_byte(op, algo, n_ranks),
-        hbm_bytes_per_bus_byte=_hbm_bytes_per_bus_byte(op, algo, n_ranks, params),
+        link_bytes_per_bus_byte=link, net_bytes_per_bus_byte=net,
+        hbm_bytes_per_bus_byte=_hbm_bytes_per_bus_byte(op, algo, n_ranks, params), n_nodes=n_nodes,
     )

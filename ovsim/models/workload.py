@@ -299,12 +299,14 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
                                                                                          FlowDemand, str]]:
     channels = spec.channels or knobs.nccl_channels
     if isinstance(spec, SendRecvOp):
-        plan = nccl.plan_collective("send_recv", spec.size_bytes, 2, gpu, system, channels=channels)
+        plan = nccl.plan_collective("send_recv", spec.size_bytes, 2, gpu, system, channels=channels,
+                                    ranks=(spec.src, spec.dst))
         flow = FlowDemand(group=group, ranks=(spec.src, spec.dst), bytes=plan.bus_bytes,
                           latency_s=plan.latency_s, rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s,
                           link_coeff=plan.link_bytes_per_bus_byte, hbm_coeff=plan.hbm_bytes_per_bus_byte,
                           hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0), pattern="p2p",
-                          endpoints=(spec.src, spec.dst), protocol=plan.protocol)
+                          endpoints=(spec.src, spec.dst), protocol=plan.protocol,
+                          net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
         k = _nccl_kernel(plan)
         return {spec.src: (k, flow, "collective"), spec.dst: (k, flow, "collective")}
     offload = spec.engine == "copy_engine" or (knobs.ce_offload and spec.kind in ("all_gather", "all_to_all"))
@@ -312,6 +314,9 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
         if spec.kind not in ("all_gather", "all_to_all"):
             raise OvsimError(f"copy engines cannot run {spec.kind} (no reductions); only all_gather and "
                              "all_to_all", field="engine")
+        if len({system.node_of(r) for r in ranks}) > 1:
+            raise OvsimError("copy engines move data within a node; this collective spans nodes (run it on "
+                             "NCCL's kernels)", field="engine")
         n = len(ranks)
         bus = spec.size_bytes * (n - 1) / n
         link_bw = _peer_bandwidth(gpu, system) * params.ce_link_efficiency
@@ -322,9 +327,9 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
         # and a trace's memcpy are copies ("transfer"), which HTA counts as neither.
         return {r: (None, flow, "collective") for r in ranks}
     plan = nccl.plan_collective(spec.kind, spec.size_bytes, len(ranks), gpu, system, algorithm=spec.algorithm,
-                                protocol=spec.protocol, channels=channels)
+                                protocol=spec.protocol, channels=channels, ranks=ranks)
     measured = params.nccl_fitted.get(f"{plan.op}/{plan.algorithm}/{plan.protocol}/{plan.n_ranks}")
-    if measured is not None:
+    if measured is not None and plan.n_nodes == 1:
         # A calibration measured this very collective: its latency and bandwidth replace NCCL's model.
         plan = dataclasses.replace(plan, latency_s=measured["latency_s"],
                                    bus_bandwidth_bytes_per_s=measured["bus_bandwidth_bytes_per_s"])
@@ -333,7 +338,7 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
                       rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,
                       hbm_coeff=plan.hbm_bytes_per_bus_byte,
                       hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0), pattern=pattern,
-                      protocol=plan.protocol)
+                      protocol=plan.protocol, net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
     k = _nccl_kernel(plan)
     return {r: (k, flow, "collective") for r in ranks}
 
@@ -370,6 +375,9 @@ def _copy_flow(spec: CopyOp, group: str, rank: int, gpu: GpuSpec, system: System
                           protocol="ce")
     if spec.peer is None or spec.peer >= n_ranks or spec.peer == rank:
         raise OvsimError(f"copy '{spec.name}' needs a peer rank other than {rank} below {n_ranks}", field="peer")
+    if system.node_of(spec.peer) != system.node_of(rank):
+        raise OvsimError(f"copy '{spec.name}': rank {spec.peer} is on another node; a peer copy runs within one "
+                         "(use a send_recv)", field="peer")
     return FlowDemand(group=group, ranks=(rank,), bytes=spec.size_bytes, latency_s=params.kernel_overhead_s,
                       rate_cap_bytes_per_s=_peer_bandwidth(gpu, system) * params.ce_link_efficiency,
                       link_coeff=1.0, hbm_coeff=1.0, pattern="p2p", endpoints=(rank, spec.peer),
