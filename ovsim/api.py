@@ -63,7 +63,7 @@ class Result:
         context, workspaces or fragmentation); None for a list of ops."""
         if self.scenario.training is None:
             return None
-        return memory_estimate(self.scenario.training, self.workload.n_ranks)
+        return memory_estimate(self.scenario.training, self.workload.total_ranks)
 
     def _memory_summary(self) -> dict[str, Any]:
         est = self.memory()
@@ -86,7 +86,8 @@ class Result:
         pc = self.power_config
         settings = pc.settings
         t = self.power(window_s=SENSOR_WINDOW_S)
-        energy = float(t["energy_j"].sum())
+        # Every replica a simulated rank stands for spends what it spends.
+        energy = float(t["energy_j"].sum()) * self.workload.replicas
         return {
             "power_managed": pc.managed,
             "power_cap_w": settings.cap_w,
@@ -120,7 +121,9 @@ class Result:
             "schedule": self.scenario.schedule,
             "system": self.system.name,
             "gpu": self.gpu.name,
-            "ranks": len(ranks),
+            "ranks": len(ranks) * self.workload.replicas,
+            # Rank symmetry: the ranks simulated, each standing for ranks / simulated_ranks replicas.
+            "simulated_ranks": len(ranks),
             "makespan_s": self.timeline.makespan_s,
             "compute_s": compute_s,
             "compute_isolated_s": compute_iso_s,
@@ -142,6 +145,24 @@ class Result:
 
     def streams(self) -> pd.DataFrame:
         return stream_busy(self.timeline.ops)
+
+    def expanded_ops(self) -> pd.DataFrame:
+        """The timeline's ops on every rank of the job: where rank symmetry simulated one
+        data-parallel replica (``workload.replicas`` > 1), each replica d's rows are the simulated
+        ones with rank r as r + d x simulated ranks, and ids renamed to match. Flows (rank -1)
+        appear once."""
+        ops = self.timeline.ops
+        k, replicas = self.workload.n_ranks, self.workload.replicas
+        if replicas == 1:
+            return ops
+        per_rank = ops[ops["rank"] >= 0]
+        parts = [ops]
+        for d in range(1, replicas):
+            copy = per_rank.copy()
+            copy["rank"] = copy["rank"] + d * k
+            copy["id"] = [f"{i.rsplit('@r', 1)[0]}@r{r}" for i, r in zip(copy["id"], copy["rank"], strict=True)]
+            parts.append(copy)
+        return pd.concat(parts, ignore_index=True)
 
     def to_json(self) -> dict[str, Any]:
         ops = self.timeline.ops.replace([float("inf")], None)

@@ -31,7 +31,9 @@ def _table(result: Any, max_rows: int) -> str:
     s = result.summary()
     lines = [
         f"scenario   {s['scenario']}  ({s['mode']}, {s['schedule']})",
-        f"system     {s['system']}: {s['ranks']} x {s['gpu']}",
+        f"system     {s['system']}: {s['ranks']} x {s['gpu']}"
+        + (f" (one data-parallel replica of {s['simulated_ranks']} simulated, standing for all; the rows below "
+           "are its ranks)" if s["simulated_ranks"] < s["ranks"] else ""),
         f"makespan   {_fmt_s(s['makespan_s'])} ms",
         f"compute    {_fmt_s(s['compute_s'])} ms per rank, {_fmt_s(s['compute_isolated_s'])} ms alone "
         f"({_slowdown_parts(s)})",

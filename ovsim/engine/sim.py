@@ -717,7 +717,7 @@ class Engine:
         NICs. A ring crosses to the next node once per node and ring, and NCCL spreads its rings
         over the NICs of the node's m members: 1/m of a member's bytes. All-pairs traffic goes to
         the n - m members elsewhere: (n - m)/(n - 1)."""
-        n = len(ranks)
+        n = d.group_size or len(ranks)
         node = self.machine.node_of
         members = Counter(node(r) for r in ranks)
         multi = len(members) > 1
@@ -728,7 +728,7 @@ class Engine:
                 continue
             m = members[node(r)]
             intra = d.link_coeff
-            if multi and d.net_coeff is not None:
+            if d.net_coeff is not None:
                 add(("nic_out", r, -1), d.net_coeff)
                 add(("nic_in", r, -1), d.net_coeff)
             elif multi:
@@ -745,7 +745,7 @@ class Engine:
                 for s in peers:
                     add(("link", r, s), intra / len(peers))
             else:
-                add(("link", r, ranks[(i + 1) % n]), intra)
+                add(("link", r, ranks[(i + 1) % len(ranks)]), intra)
 
     def _take_ce(self, gpu: _Gpu, member: _Member) -> None:
         if gpu.ce_free > 0:

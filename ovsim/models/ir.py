@@ -101,6 +101,8 @@ class FlowDemand:
     # Across nodes: bytes through each member's NICs per flow byte, link_coeff then being its
     # NVLink bytes. None: the pattern's share of link_coeff (ring 1/m, all-pairs (n - m)/(n - 1)).
     net_coeff: float | None = None
+    # Members of the whole communicator where only some are simulated (rank symmetry); 0: len(ranks).
+    group_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,14 @@ class Workload:
 
     ops: tuple[Op, ...]
     streams: tuple[StreamSpec, ...]
+    # Ranks simulated (0..n_ranks-1); each stands for ``replicas`` identical ones (rank symmetry:
+    # data-parallel replicas), so the job has n_ranks x replicas GPUs.
     n_ranks: int
+    replicas: int = 1
+
+    @property
+    def total_ranks(self) -> int:
+        return self.n_ranks * self.replicas
 
     def graph(self) -> nx.DiGraph:
         """Dependencies as a DAG: explicit deps plus stream order."""

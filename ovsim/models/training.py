@@ -823,7 +823,8 @@ def build_training_workload(
     except OvsimError as e:
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
-                        knobs=knobs, streams=streams, source=source, max_ops=max_ops)
+                        knobs=knobs, streams=streams, source=source, max_ops=max_ops,
+                        simulated_ranks=_replica_ranks(spec, n_ranks, system, knobs))
     if schedule == "sequential" and gen.p2p_items:
         wl = _blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved")
     if not gen.peer_deps:
@@ -835,9 +836,22 @@ def build_training_workload(
         for dst, src in mapping.items():
             extra.setdefault(f"{name}@r{dst}", []).append(f"{dep}@r{src}")
     ops = tuple(replace(op, deps=op.deps + tuple(extra[op.id])) if op.id in extra else op for op in wl.ops)
-    out = Workload(ops=ops, streams=wl.streams, n_ranks=wl.n_ranks)
+    out = replace(wl, ops=ops)
     out.validate(source)
     return out
+
+
+def _replica_ranks(spec: TrainingSpec, n_ranks: int, system: SystemSpec, knobs: Knobs | None) -> int | None:
+    """Ranks of one data-parallel replica (rank = (dp x pp + stage) x tp + tp index, so replica 0
+    is ranks 0..tp x pp - 1), where the replicas can stand for each other: every GPU's links, NIC
+    and memory are its own, so identical replicas meet identical rates. None: simulate every rank
+    (asked for, one replica, or a mesh, whose links join particular pairs)."""
+    if knobs is not None and not knobs.rank_symmetry:
+        return None
+    lay = layout(spec, n_ranks)
+    if lay.dp < 2 or system.topology == "mesh":
+        return None
+    return lay.tp * lay.pp
 
 
 def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str, *,
@@ -860,7 +874,9 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
     once the sender's step and the step before the receiver's are done, and each rank's next step
     waits for its whole exchange. (As blocking transfers one item at a time, its ring of stages
     could each wait on a send the next cannot receive yet.)"""
-    specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp)}
+    # A pipeline's transfers stay within a data-parallel replica: those of replicas the simulated
+    # one stands for (rank symmetry) have no ops.
+    specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp) and o.src < wl.n_ranks}
     main: dict[int, list[str]] = {}
     for op in wl.ops:
         if op.stream == "main" and op.name not in gen.p2p_items:
@@ -878,6 +894,8 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
     # the rank's next op on its one stream waits for the end.
     after: dict[str, tuple[str | None, str | None]] = {}
     for name, (ss, si, ds, di) in gen.p2p_items.items():
+        if name not in specs:
+            continue
         after[name] = (step_last(ss, gen.stage_steps[ss][si]), step_last(ds, gen.stage_steps[ds][di] - 1))
     extra: dict[str, list[str]] = {}
     sent: dict[tuple[str, int], list[SendRecvOp]] = {}
@@ -912,6 +930,6 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
         if (op.rank, op.stream) not in streams:
             streams[(op.rank, op.stream)] = StreamSpec(rank=op.rank, name=op.stream,
                                                        priority=priorities.get(specs_stream.get(op.stream, ""), 0))
-    out = Workload(ops=tuple(ops), streams=tuple(streams[k] for k in sorted(streams)), n_ranks=wl.n_ranks)
+    out = replace(wl, ops=tuple(ops), streams=tuple(streams[k] for k in sorted(streams)))
     out.validate(source)
     return out

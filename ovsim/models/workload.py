@@ -192,6 +192,9 @@ class Knobs(InputModel):
     sm_carveout: NonNegativeInt = 0
     # Run all-gathers (and all-to-alls) on copy engines instead of SMs.
     ce_offload: bool = False
+    # A training iteration's data-parallel replicas run the same ops: simulate one and stand it
+    # for all (docs/design.md, "Rank symmetry"); false: every rank.
+    rank_symmetry: bool = True
 
 
 Schedule = Literal["overlapped", "sequential"]
@@ -211,9 +214,14 @@ def _ranks(spec: _OpBase, n_ranks: int) -> list[int]:
 
 
 def _check_size(specs: Sequence[_OpBase], n_ranks: int, max_ops: int, source: str) -> None:
+    """Refuse a scenario that expands to more than ``max_ops`` ops on ranks 0..n_ranks-1 (the
+    simulated ones)."""
     total = 0
     for spec in specs:
-        on = 2 if isinstance(spec, SendRecvOp) else (n_ranks if spec.ranks == "all" else len(spec.ranks))
+        if isinstance(spec, SendRecvOp):
+            on = (spec.src < n_ranks) + (spec.dst < n_ranks)
+        else:
+            on = n_ranks if spec.ranks == "all" else sum(1 for r in spec.ranks if r < n_ranks)
         total += on * spec.repeat
     if total > max_ops:
         raise OvsimError(f"the scenario expands to {total:,} ops (ranks x repeat), over the limit of {max_ops:,}; "
@@ -396,12 +404,18 @@ def build_workload(
     streams: dict[str, int] | None = None,
     source: str = "",
     max_ops: int | None = None,
+    simulated_ranks: int | None = None,
 ) -> Workload:
     """Expand op specs over ranks and repeats, price them, and apply the schedule and knobs.
 
     ``streams`` maps stream names to CUDA priorities (lower is higher). Under ``sequential`` every
-    op of a rank runs on one stream in the order listed.
+    op of a rank runs on one stream in the order listed. ``simulated_ranks`` k: ops only for ranks
+    0..k-1, which stand for ``n_ranks // k`` identical replicas (rank symmetry, docs/design.md):
+    collectives are still planned over their whole groups.
     """
+    keep = simulated_ranks or n_ranks
+    if n_ranks % keep:
+        raise OvsimError(f"{keep} simulated ranks do not divide the {n_ranks}", source=source, field="ranks")
     knobs = knobs or Knobs()
     if knobs.sm_carveout >= gpu.sm.count:
         raise OvsimError(f"carve-out of {knobs.sm_carveout} SMs on a {gpu.sm.count}-SM GPU", source=source,
@@ -410,7 +424,7 @@ def build_workload(
     if dup:
         raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
     by_name = {s.name: s for s in specs}
-    _check_size(specs, n_ranks, MAX_OPS if max_ops is None else max_ops, source)
+    _check_size(specs, keep, MAX_OPS if max_ops is None else max_ops, source)
     # A priority for a stream no op runs on, beside ops on a stream given none, is a typo: it would
     # silently leave the ops' stream at priority 0. (A declared stream may go unused: one streams
     # section serves several variants of a scenario.)
@@ -430,6 +444,7 @@ def build_workload(
     used_streams: set[tuple[int, str]] = set()
     # A training iteration repeats each layer's kernels: price each distinct kernel once.
     demands: dict[str, KernelDemand] = {}
+    rank_sets: dict[str, frozenset[int]] = {}
     for spec in specs:
         for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
             for dep in deps:
@@ -439,21 +454,25 @@ def build_workload(
         try:
             ranks = _ranks(spec, n_ranks)
             ops.extend(_expand(spec, ranks, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
-                               n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands))
+                               n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands, keep=keep,
+                               rank_sets=rank_sets))
         except OvsimError as e:
             raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
     for op in ops:
         used_streams.add((op.rank, op.stream))
     stream_specs = tuple(StreamSpec(rank=r, name=s, priority=priorities.get(s, 0)) for r, s in sorted(used_streams))
-    wl = Workload(ops=tuple(ops), streams=stream_specs, n_ranks=n_ranks)
+    wl = Workload(ops=tuple(ops), streams=stream_specs, n_ranks=keep, replicas=n_ranks // keep)
     wl.validate(source)
     return wl
 
 
 def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: GpuSpec, system: SystemSpec,
             params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
-            demands: dict[str, KernelDemand]) -> list[Op]:
+            demands: dict[str, KernelDemand], keep: int, rank_sets: dict[str, frozenset[int]]) -> list[Op]:
+    """The ops of ``spec`` on ``ranks`` below ``keep`` (all of them without rank symmetry)."""
     out: list[Op] = []
+    members = ranks
+    ranks = [r for r in ranks if r < keep]
     stream = "main" if sequential else spec.stream
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
     # Nothing changes an op's info after the build, so its ranks and repeats share one.
@@ -464,10 +483,13 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
         if key not in demands:
             demands[key] = _kernel_demand(spec, gpu, params, knobs)
         kernel = demands[key]
-    on = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else ranks
+    on = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else members
+    on_set = frozenset(on) if spec.after_any else frozenset()
     for d in spec.after_any:
-        if not any(_runs_on(by_name[d], r, n_ranks) for r in on):
+        if not _runs_on_any(by_name[d], on_set, n_ranks, rank_sets):
             raise OvsimError(f"op '{spec.name}' follows '{d}', which runs on none of its ranks", field="after_any")
+    if not any(r < keep for r in on):
+        return out  # a replica's op that the simulated one stands for
     for i in range(spec.repeat):
         suffix = f"#{i}" if spec.repeat > 1 else ""
 
@@ -504,7 +526,9 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
                         raise OvsimError(f"rank {end} does not exist", field="src" if end == spec.src else "dst")
                 if spec.src == spec.dst:
                     raise OvsimError("send and receive ranks must differ", field="dst")
-            parts = _collective_ops(spec, name, ranks, gpu, system, params, knobs)
+            parts = _collective_ops(spec, name, members, gpu, system, params, knobs)
+            if keep < n_ranks:
+                parts = _simulated_parts(parts, keep, spec.name)
             for r, (kd, flow, kind) in parts.items():
                 out.append(Op(id=_op_id(name, r), name=name, kind=kind, rank=r, stream=stream,  # type: ignore[arg-type]
                               deps=dep_ids(r), delay_s=spec.delay_s, kernel=kd, flow=flow, info=info))
@@ -516,6 +540,34 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
                 out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=r, stream=stream,
                               deps=dep_ids(r), delay_s=spec.delay_s, flow=flow, info=info))
     return out
+
+
+def _simulated_parts(parts: dict[int, tuple[KernelDemand | None, FlowDemand, str]], keep: int,
+                     name: str) -> dict[int, tuple[KernelDemand | None, FlowDemand, str]]:
+    """A collective's members among the simulated ranks, its flow still priced for its whole
+    group (``group_size``)."""
+    kept = {r: part for r, part in parts.items() if r < keep}
+    if not kept:
+        return {}
+    if len(kept) < len(parts) and any(r >= keep for r in (next(iter(parts.values()))[1].endpoints or ())):
+        raise OvsimError(f"'{name}' joins a simulated rank to a replica's; run without rank symmetry",
+                         field="ranks")
+    flow = next(iter(kept.values()))[1]
+    narrowed = dataclasses.replace(flow, ranks=tuple(r for r in flow.ranks if r < keep),
+                                   group_size=flow.group_size or len(flow.ranks))
+    return {r: (kd, narrowed, kind) for r, (kd, _, kind) in kept.items()}
+
+
+def _runs_on_any(spec: OpSpec, ranks: frozenset[int], n_ranks: int, rank_sets: dict[str, frozenset[int]]) -> bool:
+    """Whether ``spec`` runs on any of ``ranks``; ``rank_sets`` keeps each op's ranks as a set
+    (a training iteration asks about an op on every rank once per op that follows it)."""
+    if isinstance(spec, SendRecvOp):
+        return spec.src in ranks or spec.dst in ranks
+    if spec.ranks == "all":
+        return any(r < n_ranks for r in ranks)
+    if spec.name not in rank_sets:
+        rank_sets[spec.name] = frozenset(spec.ranks)
+    return not rank_sets[spec.name].isdisjoint(ranks)
 
 
 def _runs_on(spec: OpSpec, rank: int, n_ranks: int) -> bool:

@@ -1,0 +1,83 @@
+"""Rank symmetry: a training iteration's data-parallel replicas simulated once.
+
+The golden result is the full simulation of every rank: on small jobs the symmetric run, expanded
+to every rank, must give the same timeline and the same summary (round-off aside).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from ovsim.api import Result, predict
+from ovsim.scenario import Scenario
+
+JOBS: dict[str, dict[str, Any]] = {
+    # TP inside a node, DDP across 2 nodes joined by NICs.
+    "ddp-2-nodes": {"system": "hgx-h100-ndr", "nodes": 2, "training": {
+        "model": "llama2-70b", "layers": 2, "micro_batch_size": 1, "precision": "bf16", "embedding_and_head": False,
+        "parallel": {"tp": 8, "sequence_parallel": True, "dp_mode": "ddp"}}},
+    # FSDP over 4 GPUs of one node: each replica is one GPU.
+    "fsdp-one-node": {"system": "a100x4", "training": {
+        "model": "gpt3-1.3b", "layers": 2, "micro_batch_size": 2, "precision": "fp16",
+        "parallel": {"dp_mode": "fsdp", "fsdp_prefetch": 1}}},
+    # A 2-stage 1F1B pipeline, 2 replicas.
+    "pipeline-dp": {"system": "h100x4", "training": {
+        "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
+        "parallel": {"pp": 2, "pipeline": "1f1b"}}},
+    # The same, sequential: each transfer blocks both ends (Megatron's batch_p2p_sync).
+    "pipeline-dp-sequential": {"system": "h100x4", "schedule": "sequential", "training": {
+        "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
+        "parallel": {"pp": 2, "pipeline": "1f1b"}}},
+}
+
+
+def _pair(job: dict[str, Any], **kw: Any) -> tuple[Result, Result]:
+    sym = Scenario.model_validate(job)
+    full = Scenario.model_validate({**job, "knobs": {"rank_symmetry": False}})
+    return predict(sym, **kw), predict(full, **kw)
+
+
+def _rows(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per-rank rows; a sequential pipeline's transfer streams are named by their ranks
+    (p2p0>1), which a replica's copy keeps, so they compare as one."""
+    per_rank = ops[ops["rank"] >= 0].copy()
+    per_rank["stream"] = per_rank["stream"].where(~per_rank["stream"].str.startswith("p2p"), "p2p")
+    return (per_rank[["rank", "stream", "start_s", "end_s"]].sort_values(["rank", "stream", "start_s", "end_s"])
+            .reset_index(drop=True))
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_one_replica_expanded_is_the_full_simulation(name: str) -> None:
+    sym, full = _pair(JOBS[name])
+    assert sym.workload.replicas == full.workload.total_ranks // sym.workload.n_ranks > 1
+    assert full.workload.replicas == 1
+    a, b = _rows(sym.expanded_ops()), _rows(full.timeline.ops)
+    assert len(a) == len(b)
+    assert (a["rank"] == b["rank"]).all() and (a["stream"] == b["stream"]).all()
+    assert a["start_s"].to_numpy() == pytest.approx(b["start_s"].to_numpy(), rel=1e-9, abs=1e-12)
+    assert a["end_s"].to_numpy() == pytest.approx(b["end_s"].to_numpy(), rel=1e-9, abs=1e-12)
+    sa, sb = sym.summary(), full.summary()
+    assert sa["simulated_ranks"] == sym.workload.n_ranks and sb["simulated_ranks"] == sb["ranks"]
+    for key, value in sb.items():
+        if key in ("simulated_ranks", "calibration_files", "scenario"):
+            continue
+        if isinstance(value, float):
+            assert sa[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+        else:
+            assert sa[key] == value, key
+
+
+def test_the_analytic_fidelity_takes_the_same_replica() -> None:
+    sym, full = _pair(JOBS["ddp-2-nodes"], mode="analytic")
+    assert sym.summary()["makespan_s"] == pytest.approx(full.summary()["makespan_s"], rel=1e-9)
+
+
+def test_a_mesh_node_runs_every_rank() -> None:
+    """Mesh links join particular pairs, so one replica's traffic does not stand for another's."""
+    job = {**JOBS["fsdp-one-node"], "system": "v100x8-dgx1"}
+    job["training"] = {**job["training"], "precision": "fp16"}
+    result = predict(Scenario.model_validate(job), mode="analytic")
+    assert result.workload.replicas == 1 and result.workload.n_ranks == 8
