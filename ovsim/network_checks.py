@@ -9,6 +9,7 @@ a misconfigured fabric are left out (docs/design.md, "Nodes joined by NICs").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ovsim.hw.spec import SystemSpec, load_gpu, load_system
@@ -38,39 +39,53 @@ def busbw_gb_s(op: str, size_bytes: float, system: SystemSpec, algorithm: str | 
     return plan.algorithm_bandwidth_bytes_per_s * nccl.bus_factor(plan.op, plan.n_ranks) / 1e9
 
 
+@dataclass(frozen=True)
+class _Row:
+    """One published all-reduce figure and the system it was measured on."""
+
+    name: str
+    reference_gb_s: float
+    size_bytes: float
+    system: str
+    nodes: int
+    source: str
+    algorithm: str | None = None
+    nics_per_node: int | None = None
+    gpu: str | None = None
+
+
+_H100, _A100 = "hgx-h100-ndr", "dgx-a100-hdr"
+ROWS: tuple[_Row, ...] = (
+    _Row("NCCL all-reduce busbw, ring, 2x 8 H100, 8x 400G IB, 8 GiB", 396.0, 8 * GIB, _H100, 2,
+         "NVIDIA/nccl-tests #319 (NVIDIA maintainer: 'around 48GB/s from each CX7 NIC at 400Gbps ... up to "
+         "~396GB/s with the RING protocol'; 2 nodes with NCCL_ALGO=RING)", algorithm="ring"),
+    _Row("NCCL all-reduce busbw, 2x 8 H100, 8x 400G IB (VMs), largest size", 470.0, 8 * GIB, _H100, 2,
+         "NVIDIA/nccl-tests #309 (as below: 'each 2 nodes with 16 pairs can still get 470 GB/s'; NCCL's "
+         "default, NVLS-tree at 2 nodes)"),
+    _Row("NCCL all-reduce busbw, 4x 8 H100, 8x 400G IB, 8 GiB", 390.33, 8 * GIB, _H100, 4,
+         "jingchaozhang.github.io, 'Debugging InfiniBand performance degradation' (Azure H100 nodes, 8 "
+         "ConnectX-7 NICs each, 32 GPUs, NCCL 2.22.3 with 32 channels: 390.33 GB/s at 8 GiB)"),
+    _Row("NCCL all-reduce busbw, 4x 8 H100, 8x 400G IB (VMs), largest size", 365.84, 8 * GIB, _H100, 4,
+         "NVIDIA/nccl-tests #309 (Dell XE9680, 8x H100 and 8x CX-7 400G IB per node, NCCL 2.26.2: "
+         "'4 nodes on 32 GPU-NIC pairs ... max busbw can get 365.84 GB/s')"),
+    _Row("NCCL all-reduce busbw, 248x 8 H200, 8 NICs, 512 MiB", 350.0, 512 * 2**20, _H100, 248,
+         "NVIDIA/nccl-tests #283 (1,984 H200 on 248 nodes of 8 HCAs, NCCL's default: '~350' GB/s at 512 MB, "
+         "'sometimes <300'; 400 Gb/s NICs assumed)", gpu="h200-sxm"),
+    _Row("NCCL all-reduce busbw, DGX A100 nodes, 8x 200G IB", 192.0, 8 * GIB, _A100, 4,
+         "NVIDIA/nccl #812 (NVIDIA maintainer: 'On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards "
+         "and we measure 192GB/s AllReduce BusBW'; node count not stated, 4 assumed)"),
+    _Row("NCCL all-reduce busbw, 2x 8 A100, 4x 200G IB, 1-8 GiB", 91.0, 8 * GIB, _A100, 2,
+         "NVIDIA/nccl-tests #100 (2 HGX A100 80GB nodes, 4 ConnectX-6 200G NICs each: 91 GB/s)", nics_per_node=4),
+    _Row("NCCL all-reduce busbw, 2x 8 A100, 4x 200G IB, 4 GiB", 86.0, 4 * GIB, _A100, 2,
+         "NVIDIA/nccl #1048 and nccl-tests #175 (8x A100 with 4x 200G IB per node, 2 nodes: 86 GB/s)",
+         nics_per_node=4),
+)
+
+
 def network_checks() -> list[Check]:
     from ovsim.validate import Check
 
-    h100, a100 = "hgx-h100-ndr", "dgx-a100-hdr"
-    return [
-        Check("NCCL all-reduce busbw, ring, 2x 8 H100, 8x 400G IB, 8 GiB", NETWORK_GROUP, 396.0,
-              busbw_gb_s("all_reduce", 8 * GIB, _system(h100, 2), "ring"), "GB/s", 10.0,
-              "NVIDIA/nccl-tests #319 (NVIDIA maintainer: 'around 48GB/s from each CX7 NIC at 400Gbps ... up to "
-              "~396GB/s with the RING protocol'; 2 nodes with NCCL_ALGO=RING)"),
-        Check("NCCL all-reduce busbw, 2x 8 H100, 8x 400G IB (VMs), largest size", NETWORK_GROUP, 470.0,
-              busbw_gb_s("all_reduce", 8 * GIB, _system(h100, 2)), "GB/s", 10.0,
-              "NVIDIA/nccl-tests #309 (as below: 'each 2 nodes with 16 pairs can still get 470 GB/s'; NCCL's "
-              "default, NVLS-tree at 2 nodes)"),
-        Check("NCCL all-reduce busbw, 4x 8 H100, 8x 400G IB, 8 GiB", NETWORK_GROUP, 390.33,
-              busbw_gb_s("all_reduce", 8 * GIB, _system(h100, 4)), "GB/s", 10.0,
-              "jingchaozhang.github.io, 'Debugging InfiniBand performance degradation' (Azure H100 nodes, 8 "
-              "ConnectX-7 NICs each, 32 GPUs, NCCL 2.22.3 with 32 channels: 390.33 GB/s at 8 GiB)"),
-        Check("NCCL all-reduce busbw, 4x 8 H100, 8x 400G IB (VMs), largest size", NETWORK_GROUP, 365.84,
-              busbw_gb_s("all_reduce", 8 * GIB, _system(h100, 4)), "GB/s", 10.0,
-              "NVIDIA/nccl-tests #309 (Dell XE9680, 8x H100 and 8x CX-7 400G IB per node, NCCL 2.26.2: "
-              "'4 nodes on 32 GPU-NIC pairs ... max busbw can get 365.84 GB/s')"),
-        Check("NCCL all-reduce busbw, 248x 8 H200, 8 NICs, 512 MiB", NETWORK_GROUP, 350.0,
-              busbw_gb_s("all_reduce", 512 * 2**20, _system(h100, 248, gpu="h200-sxm")), "GB/s", 10.0,
-              "NVIDIA/nccl-tests #283 (1,984 H200 on 248 nodes of 8 HCAs, NCCL's default: '~350' GB/s at 512 MB, "
-              "'sometimes <300'; 400 Gb/s NICs assumed)"),
-        Check("NCCL all-reduce busbw, DGX A100 nodes, 8x 200G IB", NETWORK_GROUP, 192.0,
-              busbw_gb_s("all_reduce", 8 * GIB, _system(a100, 4)), "GB/s", 10.0,
-              "NVIDIA/nccl #812 (NVIDIA maintainer: 'On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards "
-              "and we measure 192GB/s AllReduce BusBW'; node count not stated, 4 assumed)"),
-        Check("NCCL all-reduce busbw, 2x 8 A100, 4x 200G IB, 1-8 GiB", NETWORK_GROUP, 91.0,
-              busbw_gb_s("all_reduce", 8 * GIB, _system(a100, 2, nics_per_node=4)), "GB/s", 10.0,
-              "NVIDIA/nccl-tests #100 (2 HGX A100 80GB nodes, 4 ConnectX-6 200G NICs each: 91 GB/s)"),
-        Check("NCCL all-reduce busbw, 2x 8 A100, 4x 200G IB, 4 GiB", NETWORK_GROUP, 86.0,
-              busbw_gb_s("all_reduce", 4 * GIB, _system(a100, 2, nics_per_node=4)), "GB/s", 10.0,
-              "NVIDIA/nccl #1048 and nccl-tests #175 (8x A100 with 4x 200G IB per node, 2 nodes: 86 GB/s)"),
-    ]
+    return [Check(r.name, NETWORK_GROUP, r.reference_gb_s,
+                  busbw_gb_s("all_reduce", r.size_bytes, _system(r.system, r.nodes, r.nics_per_node, r.gpu),
+                             r.algorithm), "GB/s", 10.0, r.source)
+            for r in ROWS]
