@@ -149,8 +149,9 @@ class Result:
     def expanded_ops(self) -> pd.DataFrame:
         """The timeline's ops on every rank of the job: where rank symmetry simulated one
         data-parallel replica (``workload.replicas`` > 1), each replica d's rows are the simulated
-        ones with rank r as r + d x simulated ranks, and ids renamed to match. Flows (rank -1)
-        appear once."""
+        ones with rank r as r + d x simulated ranks and each id's ``@r`` suffix renamed to match.
+        Names, groups and streams are replica 0's (a collective's group name, a sequential
+        pipeline's ``p2p0>1`` stream). Flows (rank -1) appear once."""
         ops = self.timeline.ops
         k, replicas = self.workload.n_ranks, self.workload.replicas
         if replicas == 1:

@@ -66,12 +66,16 @@ class MachineModel:
     memory_clock_share: dict[str, float] = field(default_factory=dict)
     # Parameters.copy_engine_hbm_weight: under 1, copy-engine flows yield HBM to kernels.
     copy_engine_hbm_weight: float = 1.0
-    # Ranks per node (rank r is on node r // gpus_per_node); a GPU's share of its node's NICs is
-    # the ("nic_out"|"nic_in", r, -1) link.
+    # Ranks per node (rank r is on node r // gpus_per_node), and each rank's network port: the
+    # ("nic_out"|"nic_in", port, -1) link, its own NICs or a NIC it shares (SystemSpec.nic_port_of).
     gpus_per_node: int = 1 << 30
+    nic_ports: tuple[int, ...] = ()
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
+
+    def nic_port(self, rank: int) -> int:
+        return self.nic_ports[rank] if self.nic_ports else rank
 
     def pressure_of(self, protocol: str) -> tuple[float, float]:
         """(share of HBM capacity, max-min weight) of a resident collective of ``protocol``."""
@@ -108,13 +112,13 @@ def build_machine(
     )
     links: dict[LinkKey, float] = {}
     pcie = gpu.pcie.bandwidth_bytes_per_s
-    nic = system.nic_bytes_per_s_per_gpu
+    nic = system.nic_port_bytes_per_s
     for r in range(ranks):
         links[("pcie_out", r, -1)] = pcie
         links[("pcie_in", r, -1)] = pcie
         if nic > 0:
-            links[("nic_out", r, -1)] = nic
-            links[("nic_in", r, -1)] = nic
+            links[("nic_out", system.nic_port_of(r), -1)] = nic
+            links[("nic_in", system.nic_port_of(r), -1)] = nic
         if system.topology == "nvswitch":
             links[("egress", r, -1)] = gpu.links.bandwidth_bytes_per_s
             links[("ingress", r, -1)] = gpu.links.bandwidth_bytes_per_s
@@ -140,4 +144,5 @@ def build_machine(
         memory_clock_share=dict(params.memory_kind_clock_share),
         copy_engine_hbm_weight=params.copy_engine_hbm_weight,
         gpus_per_node=system.gpu_count,
+        nic_ports=tuple(system.nic_port_of(r) for r in range(ranks)),
     )

@@ -343,7 +343,7 @@ def isolated_activity(op: Op, gpu: GpuSpec, model: PowerModel) -> _OpPower:
     if op.flow is not None:
         f = op.flow
         hbm += f.bytes * f.hbm_coeff / iso
-        if f.pattern in ("ring", "all_pairs") and len(f.ranks) > 1:
+        if f.pattern in ("ring", "all_pairs") and (f.group_size or len(f.ranks)) > 1:
             link += 2.0 * f.bytes * f.link_coeff / iso
         elif f.pattern == "p2p":
             link += f.bytes * f.link_coeff / iso

@@ -701,8 +701,8 @@ class Engine:
             add(("hbm", dst), d.hbm_coeff)
             if node(src) != node(dst):
                 net = d.link_coeff if d.net_coeff is None else d.net_coeff
-                add(("nic_out", src, -1), net)
-                add(("nic_in", dst, -1), net)
+                add(("nic_out", self.machine.nic_port(src), -1), net)
+                add(("nic_in", self.machine.nic_port(dst), -1), net)
             elif mesh:
                 add(("link", src, dst), d.link_coeff)
             else:
@@ -728,13 +728,14 @@ class Engine:
                 continue
             m = members[node(r)]
             intra = d.link_coeff
+            port = self.machine.nic_port(r)
             if d.net_coeff is not None:
-                add(("nic_out", r, -1), d.net_coeff)
-                add(("nic_in", r, -1), d.net_coeff)
+                add(("nic_out", port, -1), d.net_coeff)
+                add(("nic_in", port, -1), d.net_coeff)
             elif multi:
                 net = (n - m) / (n - 1) if d.pattern == "all_pairs" else 1.0 / m
-                add(("nic_out", r, -1), d.link_coeff * net)
-                add(("nic_in", r, -1), d.link_coeff * net)
+                add(("nic_out", port, -1), d.link_coeff * net)
+                add(("nic_in", port, -1), d.link_coeff * net)
                 intra = d.link_coeff * (1.0 - net)
             if not mesh:
                 add(("egress", r, -1), intra)

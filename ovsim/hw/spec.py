@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -302,6 +302,35 @@ class SystemSpec(Spec):
         if self.network is None:
             return 0.0
         return self.network.nics_per_node * self.network.bandwidth_per_nic_bytes_per_s / self.gpu_count
+
+    @property
+    def _gpus_share_nics(self) -> bool:
+        return self.network is not None and self.network.nics_per_node < self.gpu_count
+
+    def nic_port_of(self, rank: int) -> int:
+        """The network port a rank's traffic leaves by: its own NICs where each GPU has at least
+        one, else the NIC it shares with its neighbours on the node (GPUs split evenly over NICs)."""
+        if self.network is None or not self._gpus_share_nics:
+            return rank
+        nics = self.network.nics_per_node
+        return self.node_of(rank) * nics + (rank % self.gpu_count) * nics // self.gpu_count
+
+    @property
+    def nic_port_bytes_per_s(self) -> float:
+        """One port's bandwidth per direction: a shared NIC's line rate, or a GPU's own NICs."""
+        if self.network is None:
+            return 0.0
+        if self._gpus_share_nics:
+            return self.network.bandwidth_per_nic_bytes_per_s
+        return self.nic_bytes_per_s_per_gpu
+
+    def nics_under(self, ranks: Sequence[int]) -> float:
+        """NICs that carry these ranks' traffic, counted in NICs' worth of bandwidth."""
+        if self.network is None:
+            return 0.0
+        if self._gpus_share_nics:
+            return float(len({self.nic_port_of(r) for r in ranks}))
+        return len(ranks) * self.network.nics_per_node / self.gpu_count
 
 
 def check_domain(system: SystemSpec, gpu: GpuSpec) -> None:

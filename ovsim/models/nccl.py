@@ -6,9 +6,9 @@ The time model is the one NCCL uses to pick an algorithm and protocol (``NVIDIA/
     time = latency[op][algorithm][protocol] + S / algorithm_bandwidth[op][algorithm][protocol]
 
 and the choice is the argmin over the enabled (algorithm, protocol) pairs. Within a node it covers
-NVSwitch, NVLink mesh and PCIe; across nodes joined by NICs, ring and tree (docs/design.md,
-"Nodes joined by NICs"). NVLS runs within one node; NVLS-tree, CollNet (SHARP) and PXN's
-routing are not modelled.
+NVSwitch, NVLink mesh and PCIe; across nodes joined by NICs, ring, tree and NVLS-tree
+(docs/design.md, "Nodes joined by NICs"). NVLS runs within one node; CollNet (network SHARP),
+PAT and PXN's routing are not modelled.
 
 Where NCCL's numbers come from a topology search we do not run (``src/graph/search.cc``), the
 search result is replaced by a rule stated next to the constant it uses, tagged [D] (our
@@ -331,6 +331,8 @@ class _Comm:
     span: Span | None = None
     nvls_tree: bool = False
     net_ctas: int = 0
+    # NVLS on this system (sm90+, NVSwitch with SHARP), whatever the communicator's shape.
+    nvls_possible: bool = False
 
     @property
     def multi_node(self) -> bool:
@@ -385,16 +387,26 @@ def node_span(ranks: Sequence[int], system: SystemSpec) -> tuple[int, int]:
     return len(per_node), min(per_node.values()) if per_node else 1
 
 
-def _span(n_ranks: int, n_nodes: int, node_ranks: int, arch: int, gpu: GpuSpec, system: SystemSpec,
+def _nics_under_members(members: Sequence[int], system: SystemSpec) -> float:
+    """NICs under the communicator's members on the node that has fewest (that node sets the pace)."""
+    by_node: dict[int, list[int]] = {}
+    for r in members:
+        by_node.setdefault(system.node_of(r), []).append(r)
+    return min(system.nics_under(rs) for rs in by_node.values())
+
+
+def _span(members: Sequence[int], n_nodes: int, node_ranks: int, arch: int, gpu: GpuSpec, system: SystemSpec,
           params: NcclParams) -> Span | None:
     net = system.network
     if n_nodes < 2 or net is None:
         return None
-    nic = net.bandwidth_per_nic_bytes_per_s
-    speed = nccl_net.channel_speed_bytes_per_s(nic, gpu.pcie.bandwidth_bytes_per_s * params.pcie_bw_fraction, arch)
-    nics = net.nics_per_node * node_ranks / system.gpu_count
+    n_ranks = len(members)
+    # The GPU-to-NIC path carries the least of the NIC's line rate and PCIe as NCCL rates it.
+    path = min(net.bandwidth_per_nic_bytes_per_s, gpu.pcie.bandwidth_bytes_per_s * params.pcie_bw_fraction)
+    speed = nccl_net.channel_speed_bytes_per_s(path, path, arch)
+    nics = _nics_under_members(members, system)
     return Span(arch=arch, n_ranks=n_ranks, n_nodes=n_nodes, node_ranks=node_ranks,
-                channels=nccl_net.search_channels(nics, nic, speed), speed_bytes_per_s=speed)
+                channels=nccl_net.search_channels(nics, path, speed), speed_bytes_per_s=speed)
 
 
 def _ring_bus_bw(comm: _Comm, channels: int) -> float:
@@ -442,7 +454,8 @@ def _link_bytes_per_bus_byte(op: CollectiveOp, algorithm: Algorithm, n: int) -> 
     return 1.0
 
 
-def _hbm_bytes_per_bus_byte(op: CollectiveOp, algorithm: Algorithm, n: int, params: NcclParams) -> float:
+def _hbm_bytes_per_bus_byte(op: CollectiveOp, algorithm: Algorithm, n: int, params: NcclParams,
+                            net_bytes_per_bus_byte: float = 0.0) -> float:
     """Local HBM bytes per bus byte, per rank.
 
     Ring and p2p follow NVIDIA/nccl #1428 (3 per link byte when the step reduces, 2 when it
@@ -453,6 +466,8 @@ def _hbm_bytes_per_bus_byte(op: CollectiveOp, algorithm: Algorithm, n: int, para
     NVLS's buffer (read + write S) and one back out (read + write S): 6S against 2(n-1)/n S, or 2S
     when registered. All-gather: multicast lands S and the copies add ~2S + 2S/n, reduce-scatter
     symmetric; registered, S + S/n.
+    NVLS-tree [D]: NVLS's figure within the node, plus a reducing ring's 3 HBM bytes per byte the
+    member sends across nodes (``net_bytes_per_bus_byte``).
     """
     ring = params.hbm_bytes_per_bus_byte_reduce if op in REDUCING_OPS else params.hbm_bytes_per_bus_byte_copy
     if n < 2:
@@ -461,6 +476,9 @@ def _hbm_bytes_per_bus_byte(op: CollectiveOp, algorithm: Algorithm, n: int, para
     if algorithm == "tree":
         per_link = 0.5 * (params.hbm_bytes_per_bus_byte_reduce + params.hbm_bytes_per_bus_byte_copy)
         return per_link * _link_bytes_per_bus_byte(op, algorithm, n)
+    if algorithm == "nvls_tree":
+        return (_hbm_bytes_per_bus_byte(op, "nvls", n, params)
+                + params.hbm_bytes_per_bus_byte_reduce * net_bytes_per_bus_byte)
     if algorithm == "nvls":
         if op == "all_reduce":
             per_rank_s = 2.0 if params.nvls_registered_buffers else 6.0
@@ -524,12 +542,19 @@ def _net_algorithm_bw(comm: _Comm, algorithm: Algorithm, protocol: Protocol, cha
     p = comm.params
     op, n = comm.op, comm.n_ranks
     scale = min(1.0, channels / max(comm.net_ctas, 1))
-    if algorithm == "tree":
-        return nccl_net.tree_bus_bw(span, protocol) * scale * p.tree_algorithm_bw_ratio
-    if algorithm == "nvls_tree":
-        m = span.node_ranks
-        intra = _nvls_speed(comm, m) * p.nvls_efficiency[comm.arch] * (m - 1) / m * 2.0
-        return nccl_net.nvls_tree_bus_bw(span, intra) * scale * n / _nsteps(op, n)
+    if algorithm in ("tree", "nvls_tree"):
+        if algorithm == "tree":
+            alg = nccl_net.tree_bus_bw(span, protocol) * p.tree_algorithm_bw_ratio
+        else:
+            m = span.node_ranks
+            intra = _nvls_speed(comm, m) * p.nvls_efficiency[comm.arch] * (m - 1) / m * 2.0
+            alg = nccl_net.nvls_tree_bus_bw(span, intra) * n / _nsteps(op, n)
+        # Never faster than the node's links carry the share that stays on them [D].
+        nvlink_share = nccl_net.shares(op, algorithm, span)[0]
+        if nvlink_share > 0:
+            links = _ring_bus_bw(comm, comm.ring_channels) if algorithm == "tree" else comm.link_cap_bytes_per_s
+            alg = min(alg, links / (nvlink_share * bus_factor(op, n)))
+        return alg * scale
     bus = nccl_net.ring_bus_bw(span, protocol, _ring_bus_bw(comm, comm.ring_channels), op) * scale
     if op in P2P_OPS:
         return bus / bus_factor(op, n)
@@ -568,15 +593,17 @@ def _latency_s(comm: _Comm, algorithm: Algorithm, protocol: Protocol, size_bytes
         return p.tree_base_latency_s[i] + 2 * (n - 1) * hop
     ring_hop = (p.ring_pcie_hop_latency_s if pcie else p.ring_nvlink_hop_latency_s)[i]
     base = p.ring_base_latency_s[i]
-    if comm.span is not None:
-        # A p2p step that crosses the network [D].
-        ring_hop = nccl_net.NET_PARAMS.ring_net_hop_latency_s[i]
+    net_hop = nccl_net.NET_PARAMS.ring_net_hop_latency_s[i]
     if op == "send_recv":
-        # [D] one hop; NCCL's tuning tables do not cover p2p.
-        return base + ring_hop
+        # [D] one hop (across the network when the pair spans nodes); NCCL's tuning tables do not
+        # cover p2p.
+        return base + (net_hop if comm.span is not None else ring_hop)
     if op == "all_to_all":
-        # [D] one hop per peer.
-        return base + (n - 1) * ring_hop
+        # [D] one hop per peer: the node's other members over NVLink, the rest over the network.
+        if comm.span is None:
+            return base + (n - 1) * ring_hop
+        local = comm.span.node_ranks - 1
+        return base + local * ring_hop + (n - 1 - local) * net_hop
     if op in ("broadcast", "reduce"):
         # tuning.cc: a pipelined chain pays one hop when all channels follow the same ring (NVSwitch
         # and PCIe rings repeat one GPU order [D]); otherwise nsteps hops, Simple at the tree's rate.
@@ -628,6 +655,9 @@ def _candidates(comm: _Comm, size_bytes: float, algorithm: Algorithm | None,
             raise OvsimError("NVLS needs an sm90+ GPU on an NVSwitch system with nvls: true and "
                              "at least 2 ranks, on one node (across nodes: nvls_tree)", field="algorithm")
         if algorithm == "nvls_tree" and not comm.nvls_tree:
+            if comm.span is not None and comm.span.node_ranks < 2 and comm.nvls_possible:
+                raise OvsimError("NVLS-tree needs at least 2 members of the communicator on each node",
+                                 field="algorithm")
             raise OvsimError("NVLS-tree needs nodes of sm90+ GPUs on NVSwitch with nvls: true, and a "
                              "communicator that spans them", field="algorithm")
     if protocol is not None and protocol not in PROTOCOLS:
@@ -776,18 +806,24 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
         raise OvsimError(f"must be an integer in 1..{params.max_channels}, got {channels!r}",
                          field="channels")
     arch = _arch_index(gpu)
-    path, cap = _link_cap(op, n_ranks, arch, gpu, system, params)
+    # Across nodes a mesh member reaches only the peers on its own node by NVLink.
+    path, cap = _link_cap(op, n_ranks if n_nodes == 1 else node_ranks, arch, gpu, system, params)
     nvls = (system.nvls and system.topology == "nvswitch" and params.nvls_efficiency[arch] > 0
             and params.nvls_channels[arch] > 0 and n_ranks >= 2)
-    span = _span(n_ranks, n_nodes, node_ranks, arch, gpu, system, params)
-    # Within a node's share of the communicator: the intra-node rates across nodes are its members'.
-    ring_channels = channels or default_ring_channels(op, n_ranks if span is None else node_ranks, gpu, system, params)
+    span = _span(members, n_nodes, node_ranks, arch, gpu, system, params)
+    # Across nodes the NVLink part is the node's default ring over its members (the links' cap, not
+    # the launch's CTAs: NCCL's 16 CTAs carry 7/8 of 396 GB/s on an H100 node); a user's channel
+    # count scales the whole collective once (_net_algorithm_bw).
+    if span is None:
+        ring_channels = channels or default_ring_channels(op, n_ranks, gpu, system, params)
+    else:
+        ring_channels = default_ring_channels(op, node_ranks, gpu, system, params)
     net_ctas = nccl_net.default_ctas(span) if span is not None else 0
     comm = _Comm(
         op=op, n_ranks=n_ranks, arch=arch, path=path, link_cap_bytes_per_s=cap, ring_channels=ring_channels,
         nvls_channels=channels if channels is not None else params.nvls_channels[arch],
         nvls=nvls and span is None, topology=system.topology, params=params, span=span,
-        nvls_tree=nvls and span is not None and node_ranks >= 2, net_ctas=net_ctas,
+        nvls_tree=nvls and span is not None and node_ranks >= 2, net_ctas=net_ctas, nvls_possible=nvls,
     )
     candidates = _candidates(comm, size_bytes, algorithm, protocol)
 
@@ -826,5 +862,5 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
         bus_bandwidth_bytes_per_s=alg_bw * factor,
         bus_bytes=size_bytes * factor,
         link_bytes_per_bus_byte=link, net_bytes_per_bus_byte=net,
-        hbm_bytes_per_bus_byte=_hbm_bytes_per_bus_byte(op, algo, n_ranks, params), n_nodes=n_nodes,
+        hbm_bytes_per_bus_byte=_hbm_bytes_per_bus_byte(op, algo, n_ranks, params, net), n_nodes=n_nodes,
     )

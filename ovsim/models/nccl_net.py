@@ -105,9 +105,10 @@ def channel_speed_bytes_per_s(nic_bytes_per_s: float, pcie_bytes_per_s: float, a
     return (fitting[0] if fitting else most) * 1e9
 
 
-def search_channels(nics_under_members: float, nic_bytes_per_s: float, speed_bytes_per_s: float) -> int:
-    """Channels the search fits: as many per NIC as its line rate holds at the speed, at least one."""
-    per_nic = max(1, math.floor(nic_bytes_per_s / speed_bytes_per_s + 1e-9))
+def search_channels(nics_under_members: float, path_bytes_per_s: float, speed_bytes_per_s: float) -> int:
+    """Channels the search fits: as many per NIC as the GPU-to-NIC path (the least of the NIC's
+    line rate and PCIe as NCCL rates it) holds at the speed, at least one."""
+    per_nic = max(1, math.floor(path_bytes_per_s / speed_bytes_per_s + 1e-9))
     return max(1, math.floor(nics_under_members * per_nic + 1e-9))
 
 
@@ -166,6 +167,9 @@ def nvls_tree_bus_bw(span: Span, nvls_intra_bytes_per_s: float, params: NetParam
 
 def ring_latency_s(span: Span, op: str, protocol: int, nsteps: int, base_s: float, nvlink_hop_s: float,
                    size_bytes: float, ctas: int, params: NetParams = NET_PARAMS) -> float:
+    if op in ("broadcast", "reduce"):
+        # tuning.cc: a pipelined chain whose channels all follow one ring pays one (network) hop.
+        return base_s + params.ring_net_hop_latency_s[protocol]
     overhead = params.net_overhead_s * (params.net_overhead_simple_factor if protocol == 2 else 1.0)
     intra = max(nvlink_hop_s, overhead)
     # One member per node: every hop crosses the network, at the tree's network latency.

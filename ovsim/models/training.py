@@ -851,7 +851,14 @@ def _replica_ranks(spec: TrainingSpec, n_ranks: int, system: SystemSpec, knobs: 
     lay = layout(spec, n_ranks)
     if lay.dp < 2 or system.topology == "mesh":
         return None
-    return lay.tp * lay.pp
+    k = lay.tp * lay.pp
+    # A replica that straddles nodes unevenly meets the network differently from its neighbours.
+    if k % system.gpu_count and system.gpu_count % k:
+        return None
+    # Nor may one NIC serve two replicas: the unsimulated one's traffic would be missing from it.
+    if system.network is not None and system.nic_port_of(k - 1) == system.nic_port_of(k):
+        return None
+    return k
 
 
 def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str, *,

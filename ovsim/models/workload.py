@@ -317,12 +317,15 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
                           net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
         k = _nccl_kernel(plan)
         return {spec.src: (k, flow, "collective"), spec.dst: (k, flow, "collective")}
-    offload = spec.engine == "copy_engine" or (knobs.ce_offload and spec.kind in ("all_gather", "all_to_all"))
+    # The knob offloads what copy engines can move (within a node); an explicit engine is checked.
+    spans_nodes = len({system.node_of(r) for r in ranks}) > 1
+    offload = spec.engine == "copy_engine" or (
+        knobs.ce_offload and spec.kind in ("all_gather", "all_to_all") and not spans_nodes)
     if offload:
         if spec.kind not in ("all_gather", "all_to_all"):
             raise OvsimError(f"copy engines cannot run {spec.kind} (no reductions); only all_gather and "
                              "all_to_all", field="engine")
-        if len({system.node_of(r) for r in ranks}) > 1:
+        if spans_nodes:
             raise OvsimError("copy engines move data within a node; this collective spans nodes (run it on "
                              "NCCL's kernels)", field="engine")
         n = len(ranks)

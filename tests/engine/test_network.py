@@ -103,7 +103,59 @@ def test_a_collective_alone_across_nodes_takes_what_nccls_model_says(nodes: int,
     assert out["duration_s"].max() == pytest.approx(plan.isolated_s, rel=1e-6)
 
 
+def test_a_tree_across_pcie_nodes_is_held_to_pcie_within_them() -> None:
+    """Nodes of 8 PCIe GPUs: the tree's chain within a node crosses PCIe, which the plan, like the
+    engine's ports, holds it to (NCCL rates PCIe Gen5 x16 at 48 GB/s)."""
+    from ovsim.api import predict
+    from ovsim.models import nccl
+    from ovsim.scenario import Scenario
+
+    inline = {"gpu": "h100-sxm5-80gb", "gpu_count": 8, "topology": "pcie", "nodes": 2, "network": {
+        "kind": "infiniband", "nics_per_node": 8, "bandwidth_per_nic_bytes_per_s": NIC_BYTES_PER_S}}
+    sc = Scenario.model_validate({"system": inline, "ops": [
+        {"name": "ar", "kind": "all_reduce", "size_bytes": 2**30, "algorithm": "tree", "protocol": "simple"}]})
+    ops = predict(sc, power_managed=False).timeline.ops
+    system = SystemSpec.model_validate({"schema": "ovsim.system/1", "name": "pcie-nodes", **inline,
+                                        "sources": {"topology": "test"}})
+    plan = nccl.plan_collective("all_reduce", 2**30, 16, h100_spec(), system, algorithm="tree",
+                                protocol="simple")
+    nvlink_share = 16 / 15 * 7 / 8
+    assert plan.bus_bandwidth_bytes_per_s <= 48e9 / nvlink_share * (1 + 1e-9)
+    assert ops[ops["kind"] == "collective"]["duration_s"].max() == pytest.approx(plan.isolated_s, rel=1e-6)
+
+
 def h100_spec() -> GpuSpec:
     from ovsim.hw.spec import load_gpu
 
     return load_gpu("h100-sxm5-80gb")
+
+
+def test_two_gpus_behind_one_nic_share_it_only_when_both_send(h100: GpuSpec, h100_calib: Calibration) -> None:
+    """4 NICs for 8 GPUs (GPUs 0-1 behind NIC 0, 2-3 behind NIC 1): a GPU sending alone has its
+    NIC's whole line rate; two behind the same NIC split it; two behind different NICs do not."""
+    system = _two_nodes(nics=4)
+    alone = _run([Op("a", "a", "transfer", 0, "s", flow=_p2p("a", 0, 8, 5e9))], system, h100, h100_calib, 16)
+    assert alone.loc["a", "duration_s"] == pytest.approx(5e9 / NIC_BYTES_PER_S, rel=1e-9)
+    for peer, share in ((1, 2.0), (2, 1.0)):
+        ops = [Op("a", "a", "transfer", 0, "s", flow=_p2p("a", 0, 8, 5e9)),
+               Op("b", "b", "transfer", peer, "s", flow=_p2p("b", peer, 8 + peer, 5e9))]
+        out = _run(ops, system, h100, h100_calib, 16)
+        assert out.loc["a", "duration_s"] == pytest.approx(share * 5e9 / NIC_BYTES_PER_S, rel=1e-9), peer
+
+
+def test_a_ring_of_one_gpu_per_node_behind_a_shared_nic_runs_at_nccls_plan() -> None:
+    """One member per node on 4-NIC nodes of 8 GPUs: NCCL's search finds one NIC under the member
+    (one channel at its ladder speed), and the engine leaves that NIC to it alone."""
+    from ovsim.api import predict
+    from ovsim.models import nccl
+    from ovsim.scenario import Scenario
+
+    system = _two_nodes(nics=4)
+    sc = Scenario.model_validate({
+        "system": {"gpu": "h100-sxm5-80gb", "gpu_count": 8, "nodes": 2, "network": {
+            "kind": "infiniband", "nics_per_node": 4, "bandwidth_per_nic_bytes_per_s": NIC_BYTES_PER_S}},
+        "ops": [{"name": "ar", "kind": "all_reduce", "size_bytes": 2**30, "ranks": [0, 8]}]})
+    ops = predict(sc, power_managed=False).timeline.ops
+    plan = nccl.plan_collective("all_reduce", 2**30, 2, h100_spec(), system, ranks=(0, 8))
+    assert plan.bus_bandwidth_bytes_per_s <= NIC_BYTES_PER_S
+    assert ops[ops["kind"] == "collective"]["duration_s"].max() == pytest.approx(plan.isolated_s, rel=1e-6)

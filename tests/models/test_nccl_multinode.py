@@ -46,6 +46,31 @@ def test_half_the_nics_half_the_bandwidth() -> None:
     assert plan.bus_bandwidth_bytes_per_s == pytest.approx(96e9, rel=1e-9)
 
 
+def test_a_nic_faster_than_pcie_is_held_to_pcie() -> None:
+    """A 400 Gb/s NIC behind an A100's PCIe Gen4 x16: NCCL's path is PCIe, rated 24 GB/s, and fits
+    one channel of that speed per NIC, not two (the NIC's 50 GB/s would hold two)."""
+    base = load_system("dgx-a100-hdr")
+    assert base.network is not None
+    sys_ = base.model_copy(update={"network": base.network.model_copy(
+        update={"bandwidth_per_nic_bytes_per_s": 50e9})})
+    plan = nccl.plan_collective("all_reduce", 64 * GIB, 16, load_gpu(sys_.gpu), sys_, algorithm="ring",
+                                protocol="simple")
+    assert plan.bus_bandwidth_bytes_per_s == pytest.approx(8 * 24e9, rel=1e-9)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_half_nccls_ctas_across_nodes_give_half_the_bandwidth(algorithm: str) -> None:
+    """2 nodes of 8 H100s launch 16 CTAs (2 per NIC channel); asking for 8 halves the rate, once
+    (the NVLink part is not cut again by the smaller count)."""
+    sys_ = _nodes("hgx-h100-ndr", 2)
+    gpu = load_gpu(sys_.gpu)
+    full = nccl.plan_collective("all_reduce", 64 * GIB, 16, gpu, sys_, algorithm=algorithm, protocol="simple")
+    half = nccl.plan_collective("all_reduce", 64 * GIB, 16, gpu, sys_, algorithm=algorithm, protocol="simple",
+                                channels=full.channels // 2)
+    assert full.channels == 16
+    assert half.bus_bandwidth_bytes_per_s == pytest.approx(full.bus_bandwidth_bytes_per_s / 2, rel=1e-9)
+
+
 def test_a_group_of_one_gpu_per_node_gets_one_nic() -> None:
     """Data parallelism across 4 nodes with TP inside: the ring's every edge is a NIC of 48 GB/s."""
     sys_ = _nodes("hgx-h100-ndr", 4)
@@ -87,6 +112,19 @@ def test_ring_latency_pays_the_network_hop_on_the_steps_that_cross_it() -> None:
     assert small.latency_s == pytest.approx(p.ring_base_latency_s[0] + 28 * 1e-6 + 2 * 2.7e-6, rel=1e-12)
 
 
+def test_broadcast_and_all_to_all_pay_the_network_only_where_they_cross_it() -> None:
+    """tuning.cc: a broadcast whose channels follow one ring pays one hop, hwLat[NET] across nodes;
+    an all-to-all [D] pays a hop per peer, 7 over NVLink and 8 over the network on 2 nodes of 8."""
+    sys_ = _nodes("hgx-h100-ndr", 2)
+    gpu = load_gpu(sys_.gpu)
+    p, net = nccl.DEFAULT_PARAMS, NET_PARAMS
+    bcast = nccl.plan_collective("broadcast", 1024, 16, gpu, sys_, protocol="ll")
+    assert bcast.latency_s == pytest.approx(p.ring_base_latency_s[0] + net.ring_net_hop_latency_s[0], rel=1e-12)
+    a2a = nccl.plan_collective("all_to_all", 1024, 16, gpu, sys_, protocol="ll")
+    want = p.ring_base_latency_s[0] + 7 * p.ring_nvlink_hop_latency_s[0] + 8 * net.ring_net_hop_latency_s[0]
+    assert a2a.latency_s == pytest.approx(want, rel=1e-12)
+
+
 def test_one_member_per_node_pays_the_trees_network_latency() -> None:
     """With one rank per node every ring hop crosses the network, at hwLat[NET][Tree]."""
     sys_ = _nodes("hgx-h100-ndr", 4)
@@ -110,6 +148,42 @@ def test_nvls_tree_joins_nodes_of_nvswitch_sharp() -> None:
     with pytest.raises(OvsimError, match="NVLS-tree needs"):
         nccl.plan_collective("all_reduce", GIB, 16, load_gpu("a100-sxm4-80gb"), _nodes("dgx-a100-hdr", 2),
                              algorithm="nvls_tree")
+
+
+def test_nvls_tree_with_one_member_per_node_says_so() -> None:
+    sys_ = _nodes("hgx-h100-ndr", 2)
+    with pytest.raises(OvsimError, match="at least 2 members of the communicator on each node"):
+        nccl.plan_collective("all_reduce", GIB, 2, load_gpu(sys_.gpu), sys_, algorithm="nvls_tree", ranks=[0, 8])
+
+
+def test_copy_engine_offload_leaves_collectives_across_nodes_to_nccl() -> None:
+    """The ce_offload knob moves what copy engines can (a node's all-gather); an all-gather across
+    nodes stays on NCCL's kernels. Asked for explicitly, copy engines across nodes are refused."""
+    from ovsim.api import predict
+    from ovsim.scenario import Scenario
+
+    ops = [{"name": "ag", "kind": "all_gather", "size_bytes": 2**28, "ranks": list(range(8))},
+           {"name": "ag2", "kind": "all_gather", "size_bytes": 2**28, "ranks": [0, 8]}]
+    sc = Scenario.model_validate({"system": "hgx-h100-ndr", "knobs": {"ce_offload": True}, "ops": ops})
+    out = predict(sc, mode="analytic").timeline.ops
+    on_sms = out[out["rank"] >= 0].groupby("name")["blocks"].max()
+    assert on_sms["ag"] == 0 and on_sms["ag2"] > 0
+    ops[1]["engine"] = "copy_engine"
+    with pytest.raises(OvsimError, match="spans nodes"):
+        predict(Scenario.model_validate({"system": "hgx-h100-ndr", "ops": ops}), mode="analytic")
+
+
+def test_nvls_tree_reads_hbm_as_nvls_within_the_node_and_a_ring_across() -> None:
+    """[D] 16 ranks on 2 nodes, unregistered buffers: NVLS's 6 S per rank against 2 x 15/16 S of bus
+    bytes, plus 3 HBM bytes per byte sent across nodes (1/2 x 16/15 / 8 per bus byte)."""
+    sys_ = _nodes("hgx-h100-ndr", 2)
+    plan = nccl.plan_collective("all_reduce", 8 * GIB, 16, load_gpu(sys_.gpu), sys_, algorithm="nvls_tree")
+    p = nccl.DEFAULT_PARAMS
+    assert not p.nvls_registered_buffers
+    net = 0.5 * 16 / 15 / 8
+    assert plan.net_bytes_per_bus_byte == pytest.approx(net, rel=1e-12)
+    assert plan.hbm_bytes_per_bus_byte == pytest.approx(6.0 / (2 * 15 / 16) + p.hbm_bytes_per_bus_byte_reduce * net,
+                                                        rel=1e-12)
 
 
 def test_nvls_stays_within_a_node() -> None:

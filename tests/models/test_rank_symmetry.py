@@ -71,8 +71,30 @@ def test_one_replica_expanded_is_the_full_simulation(name: str) -> None:
 
 
 def test_the_analytic_fidelity_takes_the_same_replica() -> None:
+    """Time, power and energy: a collective's link power counts its whole group, simulated or not."""
     sym, full = _pair(JOBS["ddp-2-nodes"], mode="analytic")
-    assert sym.summary()["makespan_s"] == pytest.approx(full.summary()["makespan_s"], rel=1e-9)
+    sa, sb = sym.summary(), full.summary()
+    for key, value in sb.items():
+        if isinstance(value, float):
+            assert sa[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+@pytest.mark.parametrize(("tp", "pp", "ranks"), [(2, 3, 12), (2, 1, 16)])
+def test_replicas_that_do_not_tile_the_network_alike_run_in_full(tp: int, pp: int, ranks: int) -> None:
+    """A 6-rank replica on 8-GPU nodes straddles nodes unevenly; 2-rank replicas on nodes whose
+    4 NICs each serve 4 GPUs share NICs with their neighbours. Neither stands for the others."""
+    system: Any = "hgx-h100-ndr"
+    if pp == 1:
+        system = {"gpu": "h100-sxm5-80gb", "gpu_count": 8, "nodes": 2, "network": {
+            "kind": "infiniband", "nics_per_node": 2, "bandwidth_per_nic_bytes_per_s": 50e9}}
+    job = {"system": system, "nodes": 2, "ranks": ranks, "training": {
+        "model": "gpt3-1.3b", "layers": 6, "micro_batch_size": 1, "micro_batches": 3, "precision": "bf16",
+        "parallel": {"tp": tp, "pp": pp, "pipeline": "1f1b"}}}
+    if pp == 1:
+        del job["nodes"]
+        job["training"]["parallel"] = {"tp": tp}
+    result = predict(Scenario.model_validate(job), mode="analytic")
+    assert result.workload.replicas == 1 and result.workload.n_ranks == ranks
 
 
 def test_a_mesh_node_runs_every_rank() -> None:
@@ -81,3 +103,22 @@ def test_a_mesh_node_runs_every_rank() -> None:
     job["training"] = {**job["training"], "precision": "fp16"}
     result = predict(Scenario.model_validate(job), mode="analytic")
     assert result.workload.replicas == 1 and result.workload.n_ranks == 8
+
+
+def test_a_collectives_link_power_counts_its_whole_group(h100: Any, h100_calib: Any) -> None:
+    """Under symmetry a collective lists only its simulated members (group_size says how many it
+    has): its link traffic, and so its link power, is that of the whole ring."""
+    from dataclasses import replace
+
+    from ovsim.engine.power import isolated_activity
+    from ovsim.hw.power import power_model
+    from ovsim.models.ir import FlowDemand, Op
+
+    flow = FlowDemand(group="g", ranks=(0, 8), bytes=1e9, latency_s=1e-5, rate_cap_bytes_per_s=1e11,
+                      link_coeff=1.0, hbm_coeff=2.0, pattern="ring")
+    model = power_model(h100, h100_calib.params)
+    whole = isolated_activity(Op("a", "a", "collective", 0, "s", flow=flow), h100, model)
+    one = isolated_activity(Op("a", "a", "collective", 0, "s", flow=replace(flow, ranks=(0,), group_size=2)),
+                            h100, model)
+    assert whole.link_bytes_per_s > 0
+    assert one == whole
