@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -124,8 +125,8 @@ def _power_lines(s: dict[str, Any], tdp_w: float, window_s: float) -> list[str]:
         over.append(f"note       the power-limit loop holds {limit:g} W on {window_s * 1e3:g} ms averages; within them "
                     f"the instantaneous peak can be above it")
     return [
-        f"power      {s['avg_power_w']:.1f} W average, {s['peak_power_w']:.1f} W peak per GPU "
-        f"({s['peak_100ms_power_w']:.1f} W over 100 ms, as a sensor shows it); "
+        f"power      {s['avg_power_w']:.1f} W average, {s['peak_100ms_power_w']:.1f} W peak per GPU "
+        f"(highest 100 ms average, as a board's sensor reports it; {s['peak_power_w']:.1f} W instantaneous); "
         f"SM clock {s['avg_sm_clock_hz'] / 1e6:.0f} MHz average, {s['min_sm_clock_hz'] / 1e6:.0f} MHz lowest "
         f"({', '.join(settings) or 'no power management'})",
         f"energy     {s['energy_j']:.4g} J per iteration (all GPUs), energy x delay {s['energy_delay_j_s']:.4g} J s",
@@ -138,6 +139,7 @@ def _predict(args: argparse.Namespace) -> int:
     from ovsim.traces.perfetto import write_trace
 
     _check_output(args.timeline, "--timeline")
+    _check_extension(args.timeline, "--timeline", (".json",), "a Perfetto (Chrome trace) JSON file")
     _check_plot(args.plot)
     # A value out of range that came from a flag is the flag's, not the scenario's power section.
     flags = {"power.cap_w": "--power-cap-w" if args.power_cap_w is not None else "",
@@ -268,6 +270,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from ovsim.sweep import sweep
 
     _check_output(args.csv, "--csv")
+    _check_extension(args.csv, "--csv", (".csv",), "CSV")
     _check_plot(args.plot)
     axes: dict[str, list[Any]] = {}
     for item in args.axis:
@@ -437,6 +440,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     _check_gpu(args.gpu)
     _check_output(args.timeline, "--timeline")
+    _check_extension(args.timeline, "--timeline", (".json",), "a Perfetto (Chrome trace) JSON file")
     _check_plot(args.plot)
     bar = _Progress(args.quiet or args.json)
     bar.stage(f"reading {', '.join(args.traces)}")
@@ -469,6 +473,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ovsim.calibrate import PowerLog, calibrate, output_path, trace_input, write_calibration
+    from ovsim.traces.power import read_power_samples
 
     if args.gpu != "*":
         _check_gpu(args.gpu)
@@ -499,6 +504,9 @@ def _calibrate(args: argparse.Namespace) -> int:
                              field="--power-log")
         if not Path(log).is_file():
             raise OvsimError("no such file", source=log, field="--power-log")
+        # A log the user named must be one ovsim reads: say so before the fit, not in its report.
+        with _flag("--power-log"):
+            read_power_samples(log)
         trace = name or args.traces[0]
         if trace not in args.traces and not any(Path(t).name == trace for t in args.traces):
             raise OvsimError(f"'{trace}' is not one of the traces given", source=log, field="--power-log")
@@ -590,6 +598,10 @@ def _import(args: argparse.Namespace) -> int:
     try:
         bundle = load_trace(args.traces, args.format)
         _check_strict(bundle, ", ".join(args.traces), args.strict)
+        if bundle.kernels.empty:
+            skipped = _skipped_text(bundle.skipped) or "nothing"
+            raise OvsimError(f"no GPU activity left to write (skipped: {skipped})", source=", ".join(args.traces),
+                             field="traceEvents")
         bar.stage(f"writing {args.output}")
         write_table(bundle, args.output)
     finally:
@@ -665,6 +677,19 @@ def _check_output(path: str | None, flag: str, *, make_folders: bool = False) ->
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise OvsimError(f"folder '{folder}' {what}", source=path, field=flag)
+    # A read-only folder (for new folders: the existing one they would go in) says so now, with
+    # nothing left behind.
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise OvsimError(f"cannot write in folder '{folder}': {e.strerror}", source=path, field=flag) from None
+
+
+def _check_extension(path: str | None, flag: str, suffixes: tuple[str, ...], what: str) -> None:
+    """An output's name must say its format: a trace named .csv would hold JSON."""
+    if path is not None and not path.lower().endswith(suffixes):
+        raise OvsimError(f"{flag} writes {what}; name it {' or '.join(suffixes)}", source=path, field=flag)
 
 
 def _check_plot(path: str | None) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ovsim.traces.table import TraceBundle, validate_table
+from ovsim.workers import worker_pool
 
 if TYPE_CHECKING:
     from ovsim.validate import Check
@@ -73,7 +73,7 @@ def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], N
         on_stage(f"replaying {sum(len(v) for v in by_victim.values())} framework experiments")
     names = sorted(by_victim)
     jobs = min(workers, len(names))
-    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    pool = worker_pool(jobs)
     with pool or nullcontext():
         run = pool.map if pool is not None else map
         pooled = list(run(_pooled, [by_victim[v] for v in names], itertools.repeat({})))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from typing import Any
 
@@ -36,6 +35,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models.memory import USABLE_FRACTION
 from ovsim.scenario import Scenario
+from ovsim.workers import worker_pool
 
 LEE_MODELS = ("gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "llama2-13b")
 LEE_SYSTEMS = ("a100x4", "h100x4")
@@ -164,7 +164,7 @@ def lee_matrix(layers: int = 0, batches: Sequence[int] = LEE_BATCHES, *, workers
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
     configs = list(itertools.product(LEE_MODELS, LEE_SYSTEMS, LEE_PARALLEL, batches))
     jobs = min(workers or os.cpu_count() or 1, len(configs))
-    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    pool = worker_pool(jobs)
     rows = []
     with pool or nullcontext():
         run = pool.map if pool is not None else map

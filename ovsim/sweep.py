@@ -22,10 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -38,6 +35,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.spec import read_yaml, validation_error
 from ovsim.limits import MAX_COMBINATIONS
 from ovsim.scenario import Mode, Scenario, scenario_from_mapping
+from ovsim.workers import worker_pool
 
 Progress = Callable[[int, int], None]
 
@@ -123,17 +121,6 @@ def _predict_summary(sc: Scenario, mode: Mode | None, max_ops: int | None) -> di
     return predict(sc, mode=mode, counters=False, max_ops=max_ops).summary()
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """In a worker: end this process when the sweep's process is gone. A pool's workers otherwise
-    outlive a parent killed by a signal it cannot catch, and go on predicting for nobody."""
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *, mode: Mode | None = None,
           workers: int = 1, progress: Progress | None = None, max_ops: int | None = None,
           max_combinations: int = MAX_COMBINATIONS) -> pd.DataFrame:
@@ -154,8 +141,7 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
     n = len(grid)
     jobs = workers or os.cpu_count() or 1
     summaries: list[dict[str, Any]] = []
-    pool = (ProcessPoolExecutor(max_workers=min(jobs, n), initializer=_watch_parent, initargs=(os.getpid(),))
-            if jobs > 1 and n > 1 else None)
+    pool = worker_pool(min(jobs, n))
     with pool or nullcontext():
         # The pool's map starts every prediction at once; the built-in one predicts each as it is
         # asked for. Either gives results in the grid's order.

@@ -14,7 +14,6 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.spec import gpu_file, load_gpu, load_system
 from ovsim.models import cost, nccl
+from ovsim.workers import worker_pool
 
 if TYPE_CHECKING:
     import numpy as np
@@ -225,7 +225,7 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, wo
         inputs.append(trace_input([folder / rel], gpu))
     names = [Path(rel).name for rel, _ in present]
     jobs = min(workers, len(inputs))
-    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    pool = worker_pool(jobs)
     with pool or nullcontext():
         # The pool's map starts every trace at once; the built-in one replays each as it is asked
         # for. Either gives results in the traces' order.
@@ -641,7 +641,7 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
     base = inputs[0]
     victims = sorted({_victim(tr.label) for tr in base})
     jobs = min(workers, len(victims))
-    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    pool = worker_pool(jobs)
     rows: list[tuple[tuple[str, str], str, list[list[float]], str]] = []
     with pool or nullcontext():
         run = pool.map if pool is not None else map
@@ -1219,7 +1219,7 @@ def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> li
     if not jobs:
         return []
     n = min(workers, len(jobs))
-    pool = ProcessPoolExecutor(max_workers=n) if n > 1 else None
+    pool = worker_pool(n)
     with pool or nullcontext():
         run = pool.map if pool is not None else map
         scored = list(run(smloss_scored, [j[4] for j in jobs], [j[1] for j in jobs]))

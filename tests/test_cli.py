@@ -260,6 +260,14 @@ def test_usage_errors_are_one_line(args: list[str], expected: str, capsys: pytes
      "folder '{d}/file.txt' is a file, not a folder"),
     (["calibrate", "{d}/never-read.json", "--gpu", "h100-sxm5-80gb", "-o", "{d}/h100.v1.yaml"], "--output",
      "exists: calibration files are never edited"),
+    (["replay", "{d}/never-read.json", "--timeline", "{d}/t.csv"], "--timeline",
+     "--timeline writes a Perfetto (Chrome trace) JSON file; name it .json"),
+    (["sweep", "{d}/never-read.yaml", "--axis", "ops.gemm.m=1,2", "--csv", "{d}/s.parquet"], "--csv",
+     "--csv writes CSV; name it .csv"),
+    (["replay", "{d}/never-read.json", "--timeline", "/proc/t.json"], "--timeline", "cannot write in folder '/proc'"),
+    (["calibrate", "{d}/never-read.json", "--gpu", "h100-sxm5-80gb", "-o", "{d}/cal", "--power-log", "{d}/file.txt"],
+     "--power-log",
+     "not a power log ovsim knows"),
 ])
 def test_an_output_that_cannot_be_written_is_refused_before_the_work(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], flag: str, words: str) -> None:

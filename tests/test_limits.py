@@ -91,3 +91,34 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and ps --ppid")
+def test_every_pool_ends_with_its_parent() -> None:
+    """validate's, the studies' and the framework checks' pools come from the same place as the
+    sweep's: a worker busy for a minute is gone within seconds of its parent's kill."""
+    code = ("import time; from ovsim.workers import worker_pool; pool = worker_pool(2); "
+            "futures = [pool.submit(time.sleep, 60) for _ in range(2)]; time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(parent.pid)) < 2:
+            assert time.monotonic() < deadline and parent.poll() is None, "the pool never started its workers"
+            time.sleep(0.2)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(w) for w in workers):
+            assert time.monotonic() < deadline, "a worker outlived its parent by 10 s"
+            time.sleep(0.2)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_no_module_starts_a_pool_of_its_own() -> None:
+    """Every process pool comes from ovsim.workers.worker_pool, which ties it to its parent."""
+    root = Path(__file__).resolve().parents[1] / "ovsim"
+    offenders = [p.name for p in root.rglob("*.py")
+                 if p.name != "workers.py" and "ProcessPoolExecutor(" in p.read_text()]
+    assert offenders == []

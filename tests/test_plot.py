@@ -158,6 +158,20 @@ def test_compare_bars_stack_to_the_makespan() -> None:
         compare_figure(df.iloc[:0])
 
 
+def test_compare_power_panel_draws_what_a_board_reports() -> None:
+    """Average and the highest 100 ms average, never the instantaneous peak (892 W drawn for a 700 W
+    board), with each scenario's energy above its bars."""
+    df = pd.DataFrame({"scenario": ["a", "b"], "makespan_s": [5e-3, 4e-3], "compute_s": [1e-3, 1.5e-3],
+                       "compute_isolated_s": [1e-3, 1e-3], "exposed_comm_s": [4e-3, 2e-3],
+                       "avg_power_w": [610.0, 650.0], "peak_power_w": [891.9, 950.0],
+                       "peak_100ms_power_w": [694.1, 699.0], "energy_j": [12.2, 10.4]})
+    pax = compare_figure(df).axes[1]
+    avg, peak = ([b.get_height() for b in c] for c in pax.containers)
+    assert avg == pytest.approx([610.0, 650.0]) and peak == pytest.approx([694.1, 699.0])
+    assert [t.get_text() for t in pax.get_legend().get_texts()] == ["average", "peak (100 ms)"]
+    assert [t.get_text() for t in pax.texts] == ["12.2 J", "10.4 J"]
+
+
 def test_compare_bars_stack_to_the_makespan_when_compute_beat_alone() -> None:
     # A run above the calibration clock computes in less than "alone": the bars once stacked the
     # whole of alone plus exposed, above the makespan (715 against 656.7 ms in a user's compare).

@@ -84,3 +84,25 @@ def test_a_trace_given_as_a_scenario_is_sent_to_replay(tmp_path: Path, capsys: p
     plain.write_bytes(gzip.decompress(trace.read_bytes()))
     err = _error(["predict", str(plain)], capsys)
     assert err == f"ovsim: error: {plain}: a trace (it has traceEvents), not a scenario; replay it with `ovsim replay`"
+
+
+def test_import_with_nothing_left_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "abc", "dur": 5, '
+                     '"pid": 0, "tid": 7, "args": {"device": 0, "stream": 7}}]}')
+    err = _error(["import", str(trace), "-o", str(tmp_path / "k.parquet")], capsys)
+    assert "no GPU activity left to write (skipped: 1 malformed ts)" in err
+    assert not (tmp_path / "k.parquet").exists()
+
+
+def test_a_gz_name_on_bytes_that_are_not_gzip_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.json.gz"
+    trace.write_bytes(b"\xff\xfe not gzip at all" * 50)
+    assert "not gzip data, though the name ends .gz" in _error(["replay", str(trace)], capsys)
+
+
+def test_a_bad_byte_is_reported_where_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.json"
+    # Line 1 is 18 bytes with its newline; on line 2, 24 characters come before the bad byte.
+    trace.write_bytes(b'{"traceEvents": [\n  {"ph": "X", "name": "k\xff"}\n]}')
+    assert "byte 42 (line 2, column 25) is not valid UTF-8" in _error(["replay", str(trace)], capsys)

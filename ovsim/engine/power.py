@@ -204,7 +204,8 @@ class ClockWindow:
     clock once a control period, to the highest clock at which the window's average activity
     fits the limit."""
 
-    __slots__ = ("acc", "acc_s", "act", "act_t", "own", "periods", "sat", "window_s")
+    __slots__ = ("acc", "acc_s", "act", "act_t", "changed_t", "own", "own_sat", "own_total", "periods", "sat",
+                 "window_s")
 
     def __init__(self, window_s: float, history: Iterable[Period] = ()) -> None:
         self.window_s = window_s
@@ -215,12 +216,24 @@ class ClockWindow:
         self.acc_s = 0.0
         self.act: SolverInputs = (0.0, 0.0, 0.0, 0.0, ())
         self.act_t = 0.0
-        self.own: list[Period] = []  # the periods of this run, from its start
+        # When the activity last changed (-inf: never), so the engine can tell a steady window.
+        self.changed_t = -math.inf
+        # This run's periods: the last window of them, and the totals of all (what repeated() needs,
+        # in memory that does not grow with the run).
+        self.own: deque[Period] = deque()
+        self.own_total: list[float] = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self.own_sat: dict[float, float] = {}
 
     def record(self, t: float, act: SolverInputs) -> None:
         """The activity changed to ``act`` at time ``t``."""
         self.advance(t)
+        if act != self.act:
+            self.changed_t = t
         self.act = act
+
+    def steady_since(self, t: float) -> bool:
+        """Whether the activity has not changed since ``t``."""
+        return self.changed_t <= t
 
     def advance(self, t: float) -> None:
         dt = t - self.act_t
@@ -242,16 +255,14 @@ class ClockWindow:
             a = self.acc
             period = (self.acc_s, a[0], a[1], a[2], a[3], tuple(self.sat.items()))
             self.periods.append(period)
-            self.own.append(period)
+            self._keep_own(period)
         self.acc = [0.0, 0.0, 0.0, 0.0]
         self.sat = {}
         self.acc_s = 0.0
         self._trim()
 
     def _trim(self) -> None:
-        total = sum(p[0] for p in self.periods)
-        while self.periods and total - self.periods[0][0] >= self.window_s:
-            total -= self.periods.popleft()[0]
+        _trim_window(self.periods, self.window_s)
 
     def average(self) -> SolverInputs | None:
         """The closed periods' activity averaged over the last ``window_s`` (the oldest period in
@@ -275,25 +286,35 @@ class ClockWindow:
         return (sums[0] / span, sums[1] / span, sums[2] / span, sums[3] / span,
                 tuple((b / span, x) for x, b in sat.items()))
 
+    def _keep_own(self, period: Period) -> None:
+        self.own.append(period)
+        _trim_window(self.own, self.window_s)
+        length, sm, fixed, per_c, link, saturating = period
+        for i, x in enumerate((length, sm, fixed, per_c, link)):
+            self.own_total[i] += x
+        for x, b in saturating:
+            self.own_sat[x] = self.own_sat.get(x, 0.0) + b
+
     def repeated(self) -> tuple[Period, ...]:
         """The window this run would leave were it run again and again: its last ``window_s`` of
         periods, or, where the whole run is shorter, the run's totals stretched over the window
         (as many repeats as the window holds; the average is the run's)."""
-        total = sum(p[0] for p in self.own)
+        total = self.own_total[0]
         if total <= 0:
             return ()
         if total >= self.window_s:
-            return tuple(ClockWindow(self.window_s, self.own).periods)
+            return tuple(self.own)
         k = self.window_s / total
-        sat: dict[float, float] = {}
-        for p in self.own:
-            for x, b in p[5]:
-                sat[x] = sat.get(x, 0.0) + b * k
-        sm = k * sum(p[1] for p in self.own)
-        fixed = k * sum(p[2] for p in self.own)
-        per_c = k * sum(p[3] for p in self.own)
-        link = k * sum(p[4] for p in self.own)
-        return ((self.window_s, sm, fixed, per_c, link, tuple(sat.items())),)
+        sm, fixed, per_c, link = (k * x for x in self.own_total[1:])
+        sat = tuple((x, b * k) for x, b in self.own_sat.items())
+        return ((self.window_s, sm, fixed, per_c, link, sat),)
+
+
+def _trim_window(periods: deque[Period], window_s: float) -> None:
+    """Drop the oldest periods while the rest still cover ``window_s``."""
+    total = sum(p[0] for p in periods)
+    while periods and total - periods[0][0] >= window_s:
+        total -= periods.popleft()[0]
 
 
 def window_clock(model: PowerModel, cap_w: float, hi: float, window: ClockWindow) -> float:

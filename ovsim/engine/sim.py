@@ -328,8 +328,7 @@ def _interleave(sizes: list[int], first_end_s: list[float], period_s: list[float
     With ``keep_last``, the wave that would take the last blocks is not given either: the moment
     the kernel has none left waiting is when a kernel behind it may dispatch, which must be an
     event."""
-    given = [0] * len(sizes)
-    ends = list(first_end_s)
+    given, ends, blocks = _skip_waves(sizes, first_end_s, period_s, blocks)
     while True:
         t = min(ends)
         tie = [i for i, x in enumerate(ends) if x <= t + 1e-9 * max(t, 1e-9)]
@@ -340,6 +339,27 @@ def _interleave(sizes: list[int], first_end_s: list[float], period_s: list[float
         for i in tie:
             given[i] += 1
             ends[i] += period_s[i]
+
+
+def _skip_waves(sizes: list[int], first_end_s: list[float], period_s: list[float],
+                blocks: int) -> tuple[list[int], list[float], int]:
+    """The waves that surely end before :func:`_interleave` stops, given at once: counted in closed
+    form up to three of the longest periods before the time the blocks would run out at the groups'
+    mean rates, so that the wave-by-wave loop only settles the last few (a kernel of billions of
+    blocks would otherwise take a loop turn per wave). Returns (waves given, each group's next wave
+    end, blocks left)."""
+    zero = [0] * len(sizes)
+    rate = sum(n / p for n, p in zip(sizes, period_s, strict=True))
+    if rate <= 0 or blocks < 64 * sum(sizes):
+        return zero, list(first_end_s), blocks
+    t_out = (blocks + sum(n * f / p for n, f, p in zip(sizes, first_end_s, period_s, strict=True))) / rate
+    t0 = t_out - 3 * max(period_s)
+    given = [max(0, math.floor((t0 - f) / p) + 1) if t0 >= f else 0 for f, p in zip(first_end_s, period_s, strict=True)]
+    used = sum(n * g for n, g in zip(sizes, given, strict=True))
+    if used >= blocks:
+        return zero, list(first_end_s), blocks
+    ends = [f + g * p for f, g, p in zip(first_end_s, given, period_s, strict=True)]
+    return given, ends, blocks - used
 
 
 class _Stream:
@@ -445,6 +465,8 @@ class Engine:
         # re-solves the clock at every event.
         self.windowed = self.managed and self.power is not None and self.power.model.control_window_s > 0
         self.tick_due = False
+        # Whether the last control period moved any clock (a steady loop may skip periods).
+        self.clock_moved = True
         self.power_history = power_history
         # A warm-up run (_steady_history) only needs the window it leaves: no power counters.
         self.records_power = True
@@ -491,9 +513,27 @@ class Engine:
         if not self.resolve_pending and self.env.peek() == _INF:
             return
         assert self.power is not None
+        period = self.power.model.control_period_s
+        periods = self._steady_periods(period)
         self.tick_due = True
         self._request_resolve()
-        self.env.timeout(self.power.model.control_period_s).callbacks.append(self._tick)
+        self.env.timeout(periods * period).callbacks.append(self._tick)
+
+    def _steady_periods(self, period_s: float) -> int:
+        """Control periods until the next tick: one, or, where no GPU's activity has changed for a
+        window and the last period moved no clock, all those before the next event but one (each
+        would close an identical period and set the same clock; the window keeps them as one, of
+        the same average). A GEMM of hours under the loop takes a few ticks, not millions."""
+        assert self.power is not None
+        if self.clock_moved:
+            return 1
+        quiet_since = self.now - self.power.model.control_window_s - 2 * period_s
+        if not all(g.ctl is not None and g.ctl.steady_since(quiet_since) for g in self.gpus):
+            return 1
+        next_event = self.env.peek()
+        if not math.isfinite(next_event):
+            return 1
+        return max(1, math.floor((next_event - self.now) / period_s) - 1)
 
     def _control(self) -> None:
         """Close every GPU's control period and set the clock its window gives."""
@@ -501,11 +541,13 @@ class Engine:
         pc = self.power
         cap, hi = pc.cap_w, pc.max_clock_fraction
         now = self.now
+        self.clock_moved = False
         for gpu in self.gpus:
             assert gpu.ctl is not None
             gpu.ctl.close(now)
             c = window_clock(pc.model, cap, hi, gpu.ctl)
             if c != gpu.clock_frac:
+                self.clock_moved = True
                 self._touch(gpu.rank)
                 self._set_clock(gpu, c)
 

@@ -25,6 +25,27 @@ def _numeric(tp: Any) -> bool:
     return tp in (int, float)
 
 
+def _numeric_values(tp: Any) -> bool:
+    """A mapping whose values are numbers (a scenario's stream priorities)."""
+    if typing.get_origin(tp) is not dict:
+        return False
+    args = typing.get_args(tp)
+    return len(args) == 2 and _numeric(args[1])
+
+
+def _numeric_items(tp: Any) -> bool:
+    """A list or tuple of numbers (a GEMM's tile), optionally or in a union with None."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _numeric_items(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_numeric_items(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin not in (list, tuple):
+        return False
+    args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+    return bool(args) and all(_numeric(a) for a in args)
+
+
 class InputModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
@@ -35,4 +56,12 @@ class InputModel(BaseModel):
                 value = data.get(key)
                 if isinstance(value, bool) and _numeric(f.annotation):
                     raise ValueError(f"{key}: a number is expected, not {str(value).lower()}")
+                if isinstance(value, dict) and _numeric_values(f.annotation):
+                    for k, v in value.items():
+                        if isinstance(v, bool):
+                            raise ValueError(f"{key}.{k}: a number is expected, not {str(v).lower()}")
+                if isinstance(value, (list, tuple)) and _numeric_items(f.annotation):
+                    for i, v in enumerate(value):
+                        if isinstance(v, bool):
+                            raise ValueError(f"{key}.{i}: a number is expected, not {str(v).lower()}")
         return data

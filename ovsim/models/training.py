@@ -54,6 +54,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.inputs import InputModel
 from ovsim.hw.spec import GpuSpec, SystemSpec, validation_error
+from ovsim.limits import MAX_OPS
 from ovsim.models.ir import StreamSpec, Workload
 from ovsim.models.workload import (
     AttentionOp,
@@ -785,13 +786,17 @@ class _FsdpState:
                                                      self.groups)
         st.pending += self.names[("E", -1, 0)]
 
+    def _ahead(self) -> range:
+        # Prefetching more layers than the model has is prefetching all of them.
+        return range(min(self.g.p.fsdp_prefetch, self.g.m.layers) + 1)
+
     def before_forward(self, st: _Stage, layer: int, mb: int) -> None:
-        for ahead in range(self.g.p.fsdp_prefetch + 1):
+        for ahead in self._ahead():
             self._gather(st, "F", layer + ahead, mb)
         st.pending += self.names[("F", layer, mb)]
 
     def before_backward(self, st: _Stage, layer: int, mb: int) -> None:
-        for ahead in range(self.g.p.fsdp_prefetch + 1):
+        for ahead in self._ahead():
             self._gather(st, "B", layer - ahead, mb)
         st.pending += self.names[("B", layer, mb)]
 
@@ -818,6 +823,7 @@ def build_training_workload(
     max_ops: int | None = None,
 ) -> Workload:
     """The workload of one training iteration, priced and scheduled like any op list."""
+    _check_training_size(spec, MAX_OPS if max_ops is None else max_ops, source)
     try:
         gen = training_ops(spec, n_ranks)
     except OvsimError as e:
@@ -839,6 +845,23 @@ def build_training_workload(
     out = replace(wl, ops=ops)
     out.validate(source)
     return out
+
+
+def _check_training_size(spec: TrainingSpec, max_ops: int, source: str) -> None:
+    """Refuse, before any op is made, an iteration that surely expands past ``max_ops``: every
+    micro-batch runs each layer's forward and backward on each of its stage's tensor-parallel
+    ranks, at least two ops each (on one data-parallel replica, the least that is simulated)."""
+    try:
+        layers = spec.shape().layers
+    except OvsimError as e:
+        raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
+    tp = spec.parallel.tp
+    least = 2 * layers * spec.micro_batches * tp
+    if least > max_ops:
+        raise OvsimError(f"the training iteration expands to at least {least:,} ops (2 x {layers} layers x "
+                         f"{spec.micro_batches:,} micro-batches x tp {tp}), over the limit of {max_ops:,}; to run "
+                         "it anyway, "
+                         "pass a larger --max-ops (Python: max_ops=)", source=source, field="training.micro_batches")
 
 
 def _replica_ranks(spec: TrainingSpec, n_ranks: int, system: SystemSpec, knobs: Knobs | None) -> int | None:

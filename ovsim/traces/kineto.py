@@ -234,8 +234,11 @@ class _State:
                 if role == _KERNEL:
                     kind = known[1]
                     grid, block = args.get("grid"), args.get("block")
-                    gx, gy, gz = grid if grid.__class__ is list and len(grid) == 3 else (None, None, None)
-                    bx, by, bz = block if block.__class__ is list and len(block) == 3 else (None, None, None)
+                    if not (_launch_dims(grid) and _launch_dims(block)):
+                        skipped["malformed grid" if not _launch_dims(grid) else "malformed block"] += 1
+                        continue
+                    gx, gy, gz = grid if grid is not None else (None, None, None)
+                    bx, by, bz = block if block is not None else (None, None, None)
                     if "Collective name" in args or "In msg nelems" in args or "Seq" in args:
                         comm = args
                 else:
@@ -299,10 +302,20 @@ def _hashable(v: Any) -> Any:
     return v if v.__class__ in (int, str) else None
 
 
+def _launch_dims(dims: Any) -> bool:
+    """A kernel's grid or block as CUDA takes it: absent, or three whole numbers from 1 to 2^31 - 1."""
+    if dims is None:
+        return True
+    return (dims.__class__ is list and len(dims) == 3
+            and all(d.__class__ is int and 1 <= d < 2**31 for d in dims))
+
+
 # -- reading files ---------------------------------------------------------------------------------
 
 def _decompress(data: bytes, source: str) -> bytes:
     if data[:2] != b"\x1f\x8b":
+        if source.lower().endswith(".gz"):
+            raise OvsimError("not gzip data, though the name ends .gz", source=source, field="gzip")
         return data
     try:
         return gzip.decompress(data)
@@ -370,7 +383,19 @@ def _loads(data: bytes | memoryview, source: str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as e:
-        raise OvsimError(f"invalid JSON: {e}", source=source, field="json") from None
+        raise OvsimError(f"invalid JSON: {_utf8_where(data) or e}", source=source, field="json") from None
+
+
+def _utf8_where(data: bytes | memoryview) -> str | None:
+    """Where a document stops being UTF-8, as a line and column (orjson says line 1 column 1)."""
+    raw = bytes(data)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        return f"byte {e.start} (line {line}, column {column}) is not valid UTF-8"
+    return None
 
 
 def _skip_ws(raw: bytes, i: int) -> int:

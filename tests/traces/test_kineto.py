@@ -548,12 +548,24 @@ def test_bad_events_are_skipped_and_counted(tmp_path: Path) -> None:
 
 
 def test_wrong_types_in_optional_fields_become_unknown(tmp_path: Path) -> None:
-    ev = kernel(grid="big", block=[1, "2", 3], correlation=2**64 - 1)
+    ev = kernel(correlation=2**64 - 1)
     ev["args"].update({"registers per thread": True, "shared memory": 1.5, "device": "cuda:0"})
     row = load_kineto(write(tmp_path / "t.json", doc([ev]))).kernels.iloc[0]
-    for c in ("grid_x", "block_y", "correlation", "registers_per_thread", "shared_mem_bytes", "device"):
+    for c in ("correlation", "registers_per_thread", "shared_mem_bytes", "device"):
         assert pd.isna(row[c]), c
-    assert row["block_x"] == 1
+
+
+@pytest.mark.parametrize(("grid", "block", "reason"), [
+    ("big", [1, 2, 3], "malformed grid"), ([-5, 1, 1], [1, 2, 3], "malformed grid"),
+    ([4, 1, 1], [1, "2", 3], "malformed block"), ([4, 1, 1], [0, 1, 1], "malformed block"),
+    ([4, 1], [128, 1, 1], "malformed grid"), ([4, 1, True], [128, 1, 1], "malformed grid")])
+def test_a_launch_shape_out_of_its_domain_skips_the_kernel_with_a_count(
+        tmp_path: Path, grid: object, block: object, reason: str) -> None:
+    """A kernel cannot be priced without its launch shape: it is skipped and counted, as a malformed
+    time is, never read as unknown blocks."""
+    bundle = load_kineto(write(tmp_path / "t.json", doc([kernel(grid=grid, block=block), kernel(corr=2)])))
+    assert len(bundle.kernels) == 1
+    assert bundle.skipped == {reason: 1}
 
 
 def test_empty_folder_and_empty_archive(tmp_path: Path) -> None:
