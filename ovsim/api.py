@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -224,7 +224,7 @@ def build(sc: Scenario, source: str = "", max_ops: int | None = None) -> tuple[W
 def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counters: bool = True,
             power_cap_w: float | None = None, sm_clock_hz: float | None = None,
             power_start: Literal["steady", "idle"] | None = None, power_managed: bool | None = None,
-            max_ops: int | None = None) -> Result:
+            max_ops: int | None = None, progress: Callable[[int, int], None] | None = None) -> Result:
     """Predict a scenario (a file path or a :class:`Scenario`); ``mode`` overrides the file's.
 
     The prediction runs the board's power-limit loop (docs/power.md) at the GPU's default limit,
@@ -233,7 +233,8 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     ``power_start`` ("idle": from an idle GPU) and ``power_managed`` (False: no loop, every kernel
     at its calibrated rate) override the scenario's ``power`` settings. Power and energy are
     reported either way. ``max_ops``: the most ops the scenario may expand to (default
-    ``ovsim.models.workload.MAX_OPS``, a million); a larger one is refused before any work."""
+    ``ovsim.models.workload.MAX_OPS``, a million); a larger one is refused before any work.
+    ``progress(done, total)`` is called as the engine finishes ops (simulate mode)."""
     source = str(scenario) if not isinstance(scenario, Scenario) else scenario.name
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     use_mode: Mode = mode or sc.mode
@@ -260,7 +261,7 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     else:
         machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout)
         try:
-            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power)).run()
+            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power, progress=progress)).run()
         except OvsimError as e:
             raise e.located(source) from None
     return Result(scenario=sc, mode=use_mode, system=system, gpu=gpu, calibration=calib, timeline=timeline,

@@ -145,14 +145,17 @@ def _predict(args: argparse.Namespace) -> int:
     flags = {"power.cap_w": "--power-cap-w" if args.power_cap_w is not None else "",
              "power.sm_clock_hz": "--sm-clock-hz" if args.sm_clock_hz is not None else "",
              "power.start": "--power-start" if args.power_start is not None else ""}
+    bar = _Progress(args.quiet or args.json)
     try:
         result = predict(args.scenario, mode=args.mode, power_cap_w=args.power_cap_w, sm_clock_hz=args.sm_clock_hz,
                          power_start=args.power_start, power_managed=False if args.no_power_management else None,
-                         max_ops=args.max_ops)
+                         max_ops=args.max_ops, progress=bar.ops if bar.on else None)
     except OvsimError as e:
         if flags.get(e.field):
             raise OvsimError(e.message, source=e.source, field=flags[e.field]) from None
         raise
+    finally:
+        bar.done()
     if args.timeline:
         write_trace(result.timeline, args.timeline, label=result.scenario.name)
     if args.plot:

@@ -419,6 +419,10 @@ _MAX_SWEEP_LINES = 12
 # (column, title, scale, unit) of the sweep panels; energy only when the predictions tracked power.
 _SWEEP_PANELS: tuple[tuple[str, str, float, str], ...] = (
     ("makespan_s", "makespan", 1e3, "ms"),
+    # Split where the table has the clock's part (ovsim.sweep's does): contention at the same
+    # clock, and what a lower clock cost; the total for a table without it.
+    ("compute_contention_slowdown", "compute slowdown by contention (same clock)", 100.0, "%"),
+    ("compute_clock_slowdown", "compute slowdown by the clock", 100.0, "%"),
     ("compute_slowdown", "compute slowdown (vs alone)", 100.0, "%"),
     ("exposed_comm_s", "exposed communication", 1e3, "ms per rank"),
     ("energy_j", "energy per iteration", 1.0, "J, all GPUs"),
@@ -441,6 +445,10 @@ def sweep_figure(df: pd.DataFrame, axes: Sequence[str], *, title: str = "") -> F
     xs = list(dict.fromkeys(df[x_axis].tolist()))
     numeric = all(_is_number(v) for v in xs)
     groups = list(df.groupby(others, sort=False, dropna=False)) if others else [((), df)]
+    if {"compute_slowdown", "compute_clock_slowdown"} <= set(df.columns):
+        df = df.assign(compute_contention_slowdown=df["compute_slowdown"] - df["compute_clock_slowdown"])
+        df = df.drop(columns="compute_slowdown")
+        groups = list(df.groupby(others, sort=False, dropna=False)) if others else [((), df)]
     panels = [p for p in _SWEEP_PANELS if p[0] in df.columns and df[p[0]].notna().any()]
     fig = _figure(figsize=(6 * len(panels) / 2 + 4, 4.2), layout="constrained")
     axs = fig.subplots(1, len(panels), squeeze=False)[0]

@@ -192,6 +192,19 @@ def test_sweep_panels_keep_zero_in_view_and_label_energy_for_all_gpus() -> None:
     assert fig.axes[3].get_ylabel() == "J, all GPUs"
 
 
+def test_sweep_splits_the_compute_slowdown_into_contention_and_clock() -> None:
+    """A sweep over power caps: the lower clock's part and contention's part are drawn apart, as
+    compare's table gives them (the total mixed a cap's slowdown into "vs alone")."""
+    df = pd.DataFrame({"cap": [400, 200], "makespan_s": [1.0, 1.5], "compute_slowdown": [0.05, 0.55],
+                       "compute_clock_slowdown": [0.0, 0.5], "exposed_comm_s": [0.1, 0.1]})
+    fig = sweep_figure(df, ["cap"])
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert titles == ["makespan", "compute slowdown by contention (same clock)", "compute slowdown by the clock",
+                      "exposed communication"]
+    assert list(fig.axes[1].get_lines()[0].get_ydata()) == pytest.approx([5.0, 5.0])
+    assert list(fig.axes[2].get_lines()[0].get_ydata()) == pytest.approx([0.0, 50.0])
+
+
 def test_validate_bars_are_the_errors_coloured_by_outcome() -> None:
     checks = [Check("close", "published", 100.0, 104.0, "x", 5.0, "s"),
               Check("far", "published", 100.0, 80.0, "x", 5.0, "s"),
