@@ -8,13 +8,18 @@ its parent was gone. Every pool ovsim starts comes from :func:`worker_pool`.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 
 def _watch_parent(parent_pid: int) -> None:
-    """In a worker: end this process when its parent is gone (it is then re-parented)."""
+    """In a worker: end this process when its parent is gone (it is then re-parented), and end it
+    quietly on Ctrl-C, which reaches the whole process group: the parent says "interrupted" once,
+    and no worker prints a traceback."""
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(0.5)

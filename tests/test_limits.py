@@ -122,3 +122,27 @@ def test_no_module_starts_a_pool_of_its_own() -> None:
     offenders = [p.name for p in root.rglob("*.py")
                  if p.name != "workers.py" and "ProcessPoolExecutor(" in p.read_text()]
     assert offenders == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and ps --ppid")
+def test_ctrl_c_ends_the_sweep_and_its_workers(tmp_path: Path) -> None:
+    """Ctrl-C on a terminal interrupts the whole foreground process group: the command exits 130
+    with one line and leaves no worker predicting."""
+    parent = subprocess.Popen([sys.executable, "-m", "ovsim.cli", "sweep", str(_repeated(tmp_path, 30000)),
+                               "--axis", "ops.gemm.m=1024,2048,4096", "--workers", "2", "--quiet"],
+                              start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(parent.pid)) < 2:
+            assert time.monotonic() < deadline and parent.poll() is None, "the sweep never started its workers"
+            time.sleep(0.2)
+        os.killpg(parent.pid, signal.SIGINT)
+        _, err = parent.communicate(timeout=20)
+        assert parent.returncode == 130 and err.strip().splitlines()[-1] == "ovsim: interrupted"
+        deadline = time.monotonic() + 10
+        while any(_alive(w) for w in workers):
+            assert time.monotonic() < deadline, "a worker outlived the interrupt by 10 s"
+            time.sleep(0.2)
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
