@@ -823,7 +823,7 @@ def build_training_workload(
     max_ops: int | None = None,
 ) -> Workload:
     """The workload of one training iteration, priced and scheduled like any op list."""
-    _check_training_size(spec, MAX_OPS if max_ops is None else max_ops, source)
+    _check_training_size(spec, n_ranks, MAX_OPS if max_ops is None else max_ops, source)
     try:
         gen = training_ops(spec, n_ranks)
     except OvsimError as e:
@@ -847,21 +847,22 @@ def build_training_workload(
     return out
 
 
-def _check_training_size(spec: TrainingSpec, max_ops: int, source: str) -> None:
+def _check_training_size(spec: TrainingSpec, n_ranks: int, max_ops: int, source: str) -> None:
     """Refuse, before any op is made, an iteration that surely expands past ``max_ops``: every
-    micro-batch runs each layer's forward and backward on each of its stage's tensor-parallel
-    ranks, at least two ops each (on one data-parallel replica, the least that is simulated)."""
+    micro-batch runs each layer's forward and backward on each rank of the layer's stage, at least
+    two ops each, and the generator makes them for every rank (rank symmetry then keeps one
+    data-parallel replica)."""
     try:
         layers = spec.shape().layers
     except OvsimError as e:
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
-    tp = spec.parallel.tp
-    least = 2 * layers * spec.micro_batches * tp
+    per_stage = max(1, n_ranks // spec.parallel.pp)
+    least = 2 * layers * spec.micro_batches * per_stage
     if least > max_ops:
         raise OvsimError(f"the training iteration expands to at least {least:,} ops (2 x {layers} layers x "
-                         f"{spec.micro_batches:,} micro-batches x tp {tp}), over the limit of {max_ops:,}; to run "
-                         "it anyway, "
-                         "pass a larger --max-ops (Python: max_ops=)", source=source, field="training.micro_batches")
+                         f"{spec.micro_batches:,} micro-batches x {per_stage:,} ranks a stage), over the limit of "
+                         f"{max_ops:,}; to run it anyway, pass a larger --max-ops (Python: max_ops=)",
+                         source=source, field="training")
 
 
 def _replica_ranks(spec: TrainingSpec, n_ranks: int, system: SystemSpec, knobs: Knobs | None) -> int | None:
