@@ -69,6 +69,22 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ")[-1].split()[0] != "Z"
 
 
+def _two_workers(parent: subprocess.Popen[str] | subprocess.Popen[bytes]) -> list[int]:
+    """The parent's worker processes, once it has started two (within a minute)."""
+    deadline = time.monotonic() + 60
+    while len(workers := _children(parent.pid)) < 2:
+        assert time.monotonic() < deadline and parent.poll() is None, "the workers never started"
+        time.sleep(0.2)
+    return workers
+
+
+def _all_end(workers: list[int]) -> None:
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers):
+        assert time.monotonic() < deadline, "a worker outlived its parent by 10 s"
+        time.sleep(0.2)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and ps --ppid")
 def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
     # A sweep's worker once went on for 22 minutes after its parent was killed.
@@ -78,16 +94,10 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
             "sweep(sys.argv[1], {'ops.gemm.m': [1024, 2048, 4096]}, workers=2)")
     parent = subprocess.Popen([sys.executable, "-c", code, str(_repeated(tmp_path, 30000))])
     try:
-        deadline = time.monotonic() + 60
-        while len(workers := _children(parent.pid)) < 2:
-            assert time.monotonic() < deadline and parent.poll() is None, "the sweep never started its workers"
-            time.sleep(0.2)
+        workers = _two_workers(parent)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        deadline = time.monotonic() + 10
-        while any(_alive(w) for w in workers):
-            assert time.monotonic() < deadline, "a worker outlived its parent by 10 s"
-            time.sleep(0.2)
+        _all_end(workers)
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -101,16 +111,10 @@ def test_every_pool_ends_with_its_parent() -> None:
             "futures = [pool.submit(time.sleep, 60) for _ in range(2)]; time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
-        deadline = time.monotonic() + 60
-        while len(workers := _children(parent.pid)) < 2:
-            assert time.monotonic() < deadline and parent.poll() is None, "the pool never started its workers"
-            time.sleep(0.2)
+        workers = _two_workers(parent)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        deadline = time.monotonic() + 10
-        while any(_alive(w) for w in workers):
-            assert time.monotonic() < deadline, "a worker outlived its parent by 10 s"
-            time.sleep(0.2)
+        _all_end(workers)
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -132,17 +136,11 @@ def test_ctrl_c_ends_the_sweep_and_its_workers(tmp_path: Path) -> None:
                                "--axis", "ops.gemm.m=1024,2048,4096", "--workers", "2", "--quiet"],
                               start_new_session=True, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while len(workers := _children(parent.pid)) < 2:
-            assert time.monotonic() < deadline and parent.poll() is None, "the sweep never started its workers"
-            time.sleep(0.2)
+        workers = _two_workers(parent)
         os.killpg(parent.pid, signal.SIGINT)
         _, err = parent.communicate(timeout=20)
         assert parent.returncode == 130 and err.strip().splitlines()[-1] == "ovsim: interrupted"
-        deadline = time.monotonic() + 10
-        while any(_alive(w) for w in workers):
-            assert time.monotonic() < deadline, "a worker outlived the interrupt by 10 s"
-            time.sleep(0.2)
+        _all_end(workers)
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
