@@ -207,15 +207,22 @@ class Layout:
     tp: int
     pp: int
     v: int
+    # Data-parallel replicas whose own ops are made (the first ones); the rest are stood for by
+    # them (rank symmetry). Their data-parallel collectives still span every replica.
+    made_dp: int | None = None
+
+    @property
+    def replicas_made(self) -> int:
+        return self.dp if self.made_dp is None else self.made_dp
 
     def rank(self, d: int, s: int, i: int) -> int:
         return (d * self.pp + s) * self.tp + i
 
     def stage_ranks(self, s: int) -> list[int]:
-        return [self.rank(d, s, i) for d in range(self.dp) for i in range(self.tp)]
+        return [self.rank(d, s, i) for d in range(self.replicas_made) for i in range(self.tp)]
 
     def tp_groups(self, s: int) -> list[list[int]]:
-        return [[self.rank(d, s, i) for i in range(self.tp)] for d in range(self.dp)]
+        return [[self.rank(d, s, i) for i in range(self.tp)] for d in range(self.replicas_made)]
 
     def dp_groups(self, s: int) -> list[list[int]]:
         return [[self.rank(d, s, i) for d in range(self.dp)] for i in range(self.tp)]
@@ -501,8 +508,10 @@ class _Gen:
                    groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm") -> list[str]:
         """One collective per group, after the stage's last compute op."""
         names = []
+        # Tensor-parallel groups are numbered by replica whether or not every replica's are made.
+        numbered = len(groups) > 1 or (stream == "tp" and self.lay.dp > 1)
         for gi, ranks in enumerate(groups):
-            nm = f"{name}.g{gi}" if len(groups) > 1 else name
+            nm = f"{name}.g{gi}" if numbered else name
             self.ops.append(CollectiveOpSpec(name=nm, kind=kind, size_bytes=size, stream=stream, ranks=ranks,
                                              after=[st.last] if st.last else [], engine=engine))
             names.append(nm)
@@ -664,9 +673,10 @@ class _Gen:
                                           float(T * m.hidden * self.act_b), "tp", self.lay.tp_groups(s))
 
 
-def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
-    """The op specs of one training iteration on ``n_ranks`` ranks."""
-    lay = layout(spec, n_ranks)
+def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None = None) -> TrainingOps:
+    """The op specs of one training iteration on ``n_ranks`` ranks; with ``replicas_made``, only the
+    first replicas' own ops (their data-parallel collectives still list every member)."""
+    lay = replace(layout(spec, n_ranks), made_dp=replicas_made)
     g = _Gen(spec, lay)
     m = g.m
     p, v, mbs = lay.pp, lay.v, spec.micro_batches
@@ -695,7 +705,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
             src_stage = src_vs % p
             sender = item_last[(ph, mb, src_vs)]
             if spec.communication and src_stage != s:
-                for d in range(lay.dp):
+                for d in range(lay.replicas_made):
                     for i in range(lay.tp):
                         a, b = lay.rank(d, src_stage, i), lay.rank(d, s, i)
                         name = f"{ph}{mb}.v{src_vs}to{vs}.d{d}t{i}"
@@ -707,7 +717,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int) -> TrainingOps:
                         g.p2p_items[name] = (src_stage, orders[src_stage].index((ph, mb, src_vs // p)), s,
                                              orders[s].index((ph, mb, c)))
             elif src_stage != s:
-                mapping = {lay.rank(d, s, i): lay.rank(d, src_stage, i) for d in range(lay.dp)
+                mapping = {lay.rank(d, s, i): lay.rank(d, src_stage, i) for d in range(lay.replicas_made)
                            for i in range(lay.tp)}
                 peer_wait = (sender, mapping)
         first_index = len(g.ops)
@@ -823,14 +833,22 @@ def build_training_workload(
     max_ops: int | None = None,
 ) -> Workload:
     """The workload of one training iteration, priced and scheduled like any op list."""
-    _check_training_size(spec, n_ranks, MAX_OPS if max_ops is None else max_ops, source)
+    limit = MAX_OPS if max_ops is None else max_ops
+    if n_ranks > limit:
+        # Every rank is listed in its collectives' groups, so a rank costs at least an op.
+        raise OvsimError(f"{n_ranks:,} ranks, over the limit of {limit:,} ops (every rank is at least one op in "
+                         "its groups); to run it anyway, pass a larger --max-ops (Python: max_ops=)",
+                         source=source, field="ranks")
     try:
-        gen = training_ops(spec, n_ranks)
+        simulated = _replica_ranks(spec, n_ranks, system, knobs)
+        _check_training_size(spec, simulated or n_ranks, limit, source)
+        gen = training_ops(spec, n_ranks, replicas_made=1 if simulated else None)
     except OvsimError as e:
+        if e.source:
+            raise
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
-                        knobs=knobs, streams=streams, source=source, max_ops=max_ops,
-                        simulated_ranks=_replica_ranks(spec, n_ranks, system, knobs))
+                        knobs=knobs, streams=streams, source=source, max_ops=max_ops, simulated_ranks=simulated)
     if schedule == "sequential" and gen.p2p_items:
         wl = _blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved")
     if not gen.peer_deps:
@@ -850,8 +868,8 @@ def build_training_workload(
 def _check_training_size(spec: TrainingSpec, n_ranks: int, max_ops: int, source: str) -> None:
     """Refuse, before any op is made, an iteration that surely expands past ``max_ops``: every
     micro-batch runs each layer's forward and backward on each rank of the layer's stage, at least
-    two ops each, and the generator makes them for every rank (rank symmetry then keeps one
-    data-parallel replica)."""
+    two ops each, on the ``n_ranks`` whose ops are made (one data-parallel replica under rank
+    symmetry)."""
     try:
         layers = spec.shape().layers
     except OvsimError as e:
