@@ -9,9 +9,11 @@ it in every run.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import fuzz_support as fz
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 SCENARIOS = fz.base_scenarios()
@@ -19,10 +21,12 @@ TRACE = fz.base_trace()
 SCENARIO_KINDS = ("unknown_key", "odd_number", "bad_enum", "negative", "duplicate_op", "scale", "null", "delete")
 TRACE_KINDS = ("truncate_gzip", "flip_gzip", "truncate_json", "delete_field", "odd_field")
 # Cases are about input, not scale: a small op limit keeps each one short.
-MAX_OPS = ["--max-ops", "20000"]
-FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+MAX_OPS = ["--max-ops", "5000"]
+# No shrinking: a case already says what was mutated, and shrinking a slow case takes long.
+_PHASES = (Phase.explicit, Phase.generate)
+FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None, phases=_PHASES,
                 suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=5000, deadline=None, derandomize=True, database=None,
+SLOW = settings(max_examples=5000, deadline=None, derandomize=True, database=None, phases=_PHASES,
                 suppress_health_check=[HealthCheck.too_slow])
 
 _index = st.integers(min_value=0, max_value=10**6)
@@ -93,3 +97,20 @@ def test_an_invalid_case_that_ran_would_be_caught() -> None:
     assert fz.violations(case, two_lines)
     stray = fz.Outcome(rc=1, err="", seconds=0.1, stray_files=["x.png"])
     assert fz.violations(case, stray) == ["wrote files it was not asked for: ['x.png']"]
+
+
+@pytest.mark.xfail(strict=True, reason="open: when the wave fast-forward does not apply (this priority "
+                   "example), the engine steps a GEMM's waves one by one; found by this campaign")
+def test_a_gemm_of_a_million_times_the_work_ends_in_seconds(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    text = (fz.EXAMPLES / "gemm-allreduce-a100x4-priority.yaml").read_text()
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(text.replace("    n: 8192\n", "    n: 8.192e9\n"))
+    try:
+        done = subprocess.run([sys.executable, "-m", "ovsim.cli", "predict", str(scenario), "--quiet"],
+                              timeout=20, capture_output=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("still simulating after 20 s")
+    assert done.returncode == 0
