@@ -1153,7 +1153,7 @@ class Engine:
             if k.flow is not None:
                 continue
             where = [(g, e) for g in gpu.groups for e in g.entries if e.k is k]
-            if not where or (len(where) > 1 and len({id(g) for g, _ in where}) < len(where)):
+            if not where:
                 continue
             if any(first.get(g.part) is not k or e.extra or e.rate <= 0 for g, e in where):
                 continue
