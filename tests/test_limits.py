@@ -85,31 +85,22 @@ def _all_end(workers: list[int]) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and ps --ppid")
-def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
-    # A sweep's worker once went on for 22 minutes after its parent was killed.
-    # Each combination takes about 30 s (30,000 all-reduces on 4 ranks), so a worker left behind
-    # would still be predicting when the deadline below passes.
-    code = ("from ovsim.sweep import sweep; import sys; "
-            "sweep(sys.argv[1], {'ops.gemm.m': [1024, 2048, 4096]}, workers=2)")
-    parent = subprocess.Popen([sys.executable, "-c", code, str(_repeated(tmp_path, 30000))])
-    try:
-        workers = _two_workers(parent)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        _all_end(workers)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
+# A sweep's worker once went on for 22 minutes after its parent was killed. Each sweep combination
+# takes about 30 s (30,000 all-reduces on 4 ranks), so a worker left behind would still be
+# predicting when the deadline passes. validate's, the studies' and the framework checks' pools come
+# from the same place as the sweep's (ovsim.workers): a worker busy for a minute must go too.
+_KILLED_PARENTS = {
+    "sweep": "from ovsim.sweep import sweep; import sys; "
+             "sweep(sys.argv[1], {'ops.gemm.m': [1024, 2048, 4096]}, workers=2)",
+    "any pool": "import time; from ovsim.workers import worker_pool; pool = worker_pool(2); "
+                "futures = [pool.submit(time.sleep, 60) for _ in range(2)]; time.sleep(60)",
+}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and ps --ppid")
-def test_every_pool_ends_with_its_parent() -> None:
-    """validate's, the studies' and the framework checks' pools come from the same place as the
-    sweep's: a worker busy for a minute is gone within seconds of its parent's kill."""
-    code = ("import time; from ovsim.workers import worker_pool; pool = worker_pool(2); "
-            "futures = [pool.submit(time.sleep, 60) for _ in range(2)]; time.sleep(60)")
-    parent = subprocess.Popen([sys.executable, "-c", code])
+@pytest.mark.parametrize("parent_code", list(_KILLED_PARENTS.values()), ids=list(_KILLED_PARENTS))
+def test_workers_end_when_their_parent_is_killed(tmp_path: Path, parent_code: str) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", parent_code, str(_repeated(tmp_path, 30000))])
     try:
         workers = _two_workers(parent)
         parent.send_signal(signal.SIGKILL)

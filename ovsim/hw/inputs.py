@@ -8,6 +8,7 @@ the YAML loader (``ovsim.hw.spec.read_yaml``) and taken by an integer field when
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from typing import Any
@@ -46,6 +47,7 @@ def _numeric_items(tp: Any) -> bool:
     return bool(args) and all(_numeric(a) for a in args)
 
 
+@functools.cache
 def _number_fields(cls: type[BaseModel]) -> tuple[tuple[str, str | None, str], ...]:
     """(name, alias, shape) of each field that holds numbers: "number", "values" (a mapping's) or
     "items" (a list's). Read from the annotations once per model: on every validation it cost a
@@ -60,9 +62,6 @@ def _number_fields(cls: type[BaseModel]) -> tuple[tuple[str, str | None, str], .
     return tuple(found)
 
 
-_NUMBER_FIELDS: dict[type, tuple[tuple[str, str | None, str], ...]] = {}
-
-
 def _not_a_number(key: str, value: Any) -> ValueError:
     return ValueError(f"{key}: a number is expected, not {str(value).lower()}")
 
@@ -73,10 +72,7 @@ class InputModel(BaseModel):
     def _booleans_are_not_numbers(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        fields = _NUMBER_FIELDS.get(cls)
-        if fields is None:
-            fields = _NUMBER_FIELDS[cls] = _number_fields(cls)
-        for name, alias, shape in fields:
+        for name, alias, shape in _number_fields(cls):
             key = alias if alias is not None and alias in data else name
             value = data.get(key)
             if shape == "number" and isinstance(value, bool):

@@ -234,8 +234,9 @@ class _State:
                 if role == _KERNEL:
                     kind = known[1]
                     grid, block = args.get("grid"), args.get("block")
-                    if not (_launch_dims(grid) and _launch_dims(block)):
-                        skipped["malformed grid" if not _launch_dims(grid) else "malformed block"] += 1
+                    bad = "grid" if not _launch_dims(grid) else "block" if not _launch_dims(block) else ""
+                    if bad:
+                        skipped[f"malformed {bad}"] += 1
                         continue
                     gx, gy, gz = grid if grid is not None else (None, None, None)
                     bx, by, bz = block if block is not None else (None, None, None)
