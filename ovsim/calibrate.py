@@ -248,7 +248,7 @@ def contention_slowdown(kind: str, collectives: Sequence[tuple[str, int]], press
         return 1.0
     asked = demand
     if params.hbm_latency_capacity > 0:
-        # HBM's latency law first, as the engine applies it (Engine._latency): utilizations of the
+        # HBM's latency law first, as the engine applies it (RateSolver.latency): utilizations of the
         # peak; the kernel waits on memory as a memory-bound kind does, the pressure (a fixed
         # share) not at all.
         wait = 1.0 - params.memory_kind_clock_share.get(kind, 0.0) if memory else 0.0

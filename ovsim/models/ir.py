@@ -55,16 +55,16 @@ class KernelDemand:
     # keeps its bandwidth on fewer SMs; infinite for a kernel whose blocks' pace sets its traffic.
     hbm_cap_bytes_per_s: float = float("inf")
     # The share of its time alone the kernel waits on memory, for HBM's latency law. None: from
-    # its kind (Engine._memory_wait).
+    # its kind (RateSolver.memory_wait).
     memory_wait: float | None = None
     # A persistent kernel (cuBLAS's Hopper GEMMs): this many blocks (CTAs, one wave) loop over the
     # ``blocks`` output tiles, which the engine runs as blocks of their own. A CTA that finds no
     # SM at launch runs its first tile only after the resident CTAs have run all the others
-    # (Engine._place); 0: an ordinary kernel, one block per tile.
+    # (dispatch.place); 0: an ordinary kernel, one block per tile.
     persistent_ctas: int = 0
     # CTAs per thread-block cluster (Hopper's cuBLAS GEMMs: 2). A cluster runs on SMs of one
     # placement unit, so beside SMs another kernel holds some free SMs may take none of its blocks
-    # (Engine._cluster_room).
+    # (dispatch.cluster_room).
     cluster_ctas: int = 1
     # The share of a block's time at full residency that goes with the fraction of the GPU's SMs
     # running blocks of such kernels (GEMM tiles loading through the shared memory system,

@@ -1,0 +1,342 @@
+"""The rate solver: how fast every resident block and every flow moves at this instant.
+
+Per GPU, each SM's issue throughput is shared among its resident blocks (max-min with per-block
+demands); HBM's loaded-latency law then lowers the demands of whoever waits on memory; HBM, links,
+PCIe and NICs are shared among kernels and flows (weighted max-min with demand caps,
+:mod:`ovsim.engine.channel`). A kernel's HBM grant sets ``theta``, the share of its blocks' pace it
+keeps; a flow's grant is its rate.
+
+A new resource that flows cross (a port, a switch, a NIC: NICs came this way) needs no change
+here: a capacity in ``MachineModel.links`` under its own key, and the key with its bytes per flow
+byte in :func:`ovsim.engine.routing.flow_usage`; every such channel is shared like the others. A
+resource that kernels use too, as HBM is, is added to :meth:`RateSolver.solve` as a channel of
+its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ovsim.engine.channel import CAP, latency_slowdowns, max_min_rates, water_fill
+from ovsim.engine.machine import MachineModel
+from ovsim.engine.state import FlowState, GpuState, KernelState, check_sms
+from ovsim.hw.calib import PRESSURE_MAX
+from ovsim.models.ir import Op
+
+
+@dataclass
+class ChannelLoads:
+    """The channels one solve shared: each resource's index (("hbm", rank) or a link key), its
+    capacity in bytes/s, and each user's rate with its (channel, bytes per byte) usage."""
+
+    channel: dict[Any, int]
+    capacity: list[float]
+    rates: list[float]
+    usage: list[list[tuple[int, float]]]
+
+
+class RateSolver:
+    """Sets block rates, kernels' HBM shares and flows' rates on the GPUs of a run."""
+
+    def __init__(self, machine: MachineModel, gpus: list[GpuState], *, any_load: bool,
+                 memory_share_cls: dict[int, float], keep_loads: bool, check_invariants: bool) -> None:
+        self.machine = machine
+        self.gpus = gpus
+        # Some kernel's pace goes with how many SMs run such blocks (KernelDemand.load_share).
+        self.any_load = any_load
+        # Rate classes of memory-bound kernels and the share of their time that follows the clock.
+        self.memory_share_cls = memory_share_cls
+        self.keep_loads = keep_loads
+        self.check_invariants = check_invariants
+        self.has_pressure = any(v > 0 for v in machine.nccl_memory_pressure.values())
+        # HBM's loaded-latency law (channel.latency_slowdowns), where the calibration has one.
+        self.latency_law = machine.hbm_latency_capacity > 0
+
+    def solve(self, ranks: list[int], moving: bool) -> ChannelLoads | None:
+        """Rates of everything on the GPUs in ``ranks``: closed over running flows, so no flow or
+        channel outside them is affected. ``moving``: some flow of the run moves data. Returns the
+        channels' loads where the solver keeps them (counters, checks) and any were shared."""
+        # HBM bytes/s each kernel would move at its block rates, one dict per GPU (in rank order).
+        demands: list[tuple[int, dict[KernelState, float]]] = []
+        gpus = self.gpus
+        for r in ranks:
+            gpu = gpus[r]
+            mult = gpu.mult
+            groups = gpu.groups
+            for g in groups:
+                for e in g.entries:
+                    e.k.issued = 0.0
+            demand: dict[KernelState, float] = {}
+            # The fraction of the GPU's SMs running blocks that load the shared memory system
+            # (GEMM tiles, KernelDemand.load_share): the fewer, the faster each of those runs.
+            busy = 0
+            if self.any_load:
+                for g in groups:
+                    for e in g.entries:
+                        if e.k.load_share > 0:
+                            busy += g.n
+                            break
+            idle_share = 1.0 - busy / gpu.model.sm_count
+            for g in groups:
+                entries = g.entries
+                if not entries:
+                    continue
+                if len(entries) == 1:
+                    e = entries[0]
+                    ask = e.k.ask
+                    if ask > 0:
+                        x = 1.0 / e.per_sm
+                        cap = e.k.cap
+                        e.share = (x if x < cap else cap) / ask
+                    else:
+                        e.share = 1.0
+                else:
+                    shares = water_fill([e.k.cap for e in entries], [e.per_sm for e in entries], 1.0)
+                    for e, got in zip(entries, shares, strict=True):
+                        ask = e.k.ask
+                        e.share = got / ask if ask > 0 else 1.0
+                n = g.n
+                for e in entries:
+                    k = e.k
+                    blocks = n * e.per_sm
+                    k.issued += blocks * e.share
+                    if k.flow is not None:
+                        e.rate = 0.0
+                        continue
+                    e.rate = e.share * mult[k.clock_cls] / k.t_block
+                    if k.load_share > 0:
+                        e.rate /= 1.0 - k.load_share * idle_share
+                    if k.bytes_per_block > 0:
+                        demand[k] = demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
+            for k in gpu.running:
+                k.theta = k.theta_self = 1.0
+            for k, raw in demand.items():
+                # The clock slows a memory-bound kernel's whole rate by the part of its time that
+                # follows it, even one whose blocks could move data faster than HBM lets them.
+                cap = k.hbm_cap * mult[k.clock_cls] if k.clock_cls in self.memory_share_cls else k.hbm_cap
+                if raw > cap:
+                    k.theta = k.theta_self = cap / raw
+                    demand[k] = cap
+            if demand:
+                demands.append((r, demand))
+
+        # Only flows moving data take bandwidth; the others' rates are never read.
+        flows: list[FlowState] = []
+        if moving:
+            seen: set[int] = set()
+            for r in ranks:
+                for f in gpus[r].flows:
+                    if f.phase == "data" and id(f) not in seen:
+                        seen.add(id(f))
+                        flows.append(f)
+        pressure = self._pressure(ranks) if self.has_pressure else []
+        for f in flows:
+            d = f.demand
+            factor = 1.0
+            if not d.uses_copy_engine:
+                # NCCL moves data no faster than its resident channels can issue copies.
+                for m in f.members.values():
+                    if m.kernel is not None:
+                        factor = min(factor, m.kernel.issued / m.kernel.blocks)
+            f.sm_factor = factor
+            f.cap = d.rate_cap_bytes_per_s * factor
+        # HBM's loaded latency slows whoever waits on memory (channel.latency_slowdowns): their
+        # demands fall before bandwidth is shared.
+        asked_alone: dict[KernelState, float] = {}
+        if self.latency_law:
+            asked_alone = self.latency(demands, flows, pressure)
+        if not flows and not pressure and not self.keep_loads and not self.check_invariants:
+            self._hbm_only(demands, asked_alone)
+            return None
+
+        # Channels: HBM of each GPU in ranks, then the links the flows use.
+        channel: dict[Any, int] = {("hbm", r): i for i, r in enumerate(ranks)}
+        capacity = [self.gpus[r].model.hbm_bytes_per_s for r in ranks]
+        caps: list[float] = []
+        weights: list[float] = []
+        usage: list[list[tuple[int, float]]] = []
+        owners: list[KernelState | FlowState | None] = []
+        hbm_has_kernel: set[int] = set()
+        hbm_has_flow: set[int] = set()
+        for r, demand in demands:
+            hbm = [(channel[("hbm", r)], 1.0)]
+            for k, asked in demand.items():
+                caps.append(asked)
+                weights.append(1.0)
+                usage.append(hbm)
+                owners.append(k)
+            hbm_has_kernel.add(r)
+        for f in flows:
+            d = f.demand
+            use: list[tuple[int, float]] = []
+            for key, c in f.usage:
+                if key[0] == "hbm":
+                    hbm_has_flow.add(key[1])
+                idx = channel.get(key)
+                if idx is None:
+                    idx = channel[key] = len(capacity)
+                    capacity.append(self.machine.links[key])
+                use.append((idx, c))
+            # Shares are fair in HBM bytes: a flow's rate counts hbm_coeff bytes per byte moved. The
+            # floor keeps a flow that barely touches HBM from an unbounded weight.
+            caps.append(f.cap)
+            ce_weight = self.machine.copy_engine_hbm_weight if d.uses_copy_engine else 1.0
+            weights.append(ce_weight * d.hbm_weight / max(d.hbm_coeff, 0.05))
+            usage.append(use)
+            owners.append(f)
+        for r, share, weight in pressure:
+            # A resident collective's memory-system traffic: it does not back off, so it asks for a
+            # fixed share of HBM, with its protocol's weight, whether or not its data is moving.
+            hbm_has_flow.add(r)
+            caps.append(share * capacity[channel[("hbm", r)]])
+            weights.append(weight)
+            usage.append([(channel[("hbm", r)], 1.0)])
+            owners.append(None)
+        for r in hbm_has_kernel & hbm_has_flow:
+            capacity[channel[("hbm", r)]] *= self.machine.hbm_mix_efficiency
+        alloc = max_min_rates(caps, weights, usage, capacity)
+        if self.check_invariants:
+            self._check(ranks, capacity, alloc.rates, usage)
+        n_hbm = len(ranks)
+        for i, owner in enumerate(owners):
+            x = alloc.rates[i]
+            if owner is None:
+                continue
+            if isinstance(owner, KernelState):
+                full = asked_alone.get(owner, caps[i])
+                owner.theta = (x / full if full > 0 else 1.0) * owner.theta_self
+            else:
+                owner.rate = x
+                b = alloc.bottleneck[i]
+                # A cap lowered by HBM's latency is HBM holding the flow back.
+                owner.bottleneck = (("hbm" if owner.latency_slow > 1.0 else "") if b == CAP
+                                    else ("hbm" if b < n_hbm else "link"))
+        return ChannelLoads(channel, capacity, alloc.rates, usage) if self.keep_loads else None
+
+    def _pressure(self, ranks: list[int]) -> list[tuple[int, float, float]]:
+        """(rank, share of HBM, weight) of every SM collective with blocks resident on ``ranks``: its
+        protocol's share per block times its resident blocks, at most ``PRESSURE_MAX``."""
+        out: list[tuple[int, float, float]] = []
+        if not self.has_pressure:
+            return out
+        for r in ranks:
+            for f in self.gpus[r].flows:
+                m = f.members.get(r)
+                if m is None or m.kernel is None or m.kernel.resident == 0 or f.demand.uses_copy_engine:
+                    continue
+                share, weight = self.machine.pressure_of(f.demand.protocol)
+                if share > 0:
+                    total = share * m.kernel.resident
+                    out.append((r, total if total < PRESSURE_MAX else PRESSURE_MAX, weight))
+        return out
+
+    def _hbm_only(self, demands: list[tuple[int, dict[KernelState, float]]],
+                  asked_alone: dict[KernelState, float]) -> None:
+        """No flow moves data on these GPUs: each HBM is shared among its kernels alone (max-min
+        with demand caps, which is a water fill). ``asked_alone``: the demands of kernels the
+        latency law slowed, before it did."""
+        for r, demand in demands:
+            cap = self.gpus[r].model.hbm_bytes_per_s
+            ks = list(demand)
+            asked = list(demand.values())
+            got = asked if sum(asked) <= cap * (1 + 1e-9) else water_fill(asked, [1] * len(ks), cap)
+            for k, d, x in zip(ks, asked, got, strict=True):
+                full = asked_alone.get(k, d)
+                if full != d or x != d:
+                    k.theta = (x / full if full > 0 else 1.0) * k.theta_self
+
+    def memory_wait(self, op: Op) -> float:
+        """The share of a kernel's time alone that waits on memory, for the latency law: a
+        memory-bound kernel's time less the part that follows the SM clock, none of a
+        compute-bound kernel's (its pipelines hide latency) or of a collective's kernel (its flow
+        moves the data)."""
+        k = op.kernel
+        if k is None or op.flow is not None or k.hbm_bytes <= 0:
+            return 0.0
+        if k.memory_wait is not None:
+            return k.memory_wait
+        if k.clock_sensitive:
+            return 0.0
+        return 1.0 - self.machine.memory_clock_share.get(op.kind, 0.0)
+
+    def latency(self, demands: list[tuple[int, dict[KernelState, float]]], flows: list[FlowState],
+                 pressure: list[tuple[int, float, float]]) -> dict[KernelState, float]:
+        """Apply HBM's loaded-latency law on each GPU: lower the demands of kernels (in place in
+        ``demands``) and the caps of flows by their slowdowns; returns the kernels' demands
+        before, for their pace. A flow spanning GPUs takes its largest slowdown; a collective's
+        pressure loads the memory and does not slow."""
+        m = self.machine
+        kappa, q = m.hbm_latency_capacity, m.hbm_latency_exponent
+        users: dict[int, list[tuple[KernelState | FlowState | int, float, float]]] = {}
+        for r, demand in demands:
+            peak = self.gpus[r].model.hbm_peak_bytes_per_s
+            users[r] = [(k, d / peak, k.mem_wait) for k, d in demand.items() if d > 0]
+        yielding = m.copy_engine_hbm_weight < 1.0
+        left = self._hbm_left(demands, flows, pressure) if yielding else {}
+        for f in flows:
+            wait = 0.0 if f.demand.uses_copy_engine else m.collective_memory_wait
+            for key, c in f.usage:
+                if key[0] == "hbm" and c > 0:
+                    r = key[1]
+                    moved = f.cap * c
+                    if yielding and f.demand.uses_copy_engine:
+                        # A copy engine yielding to kernels moves what they leave of HBM.
+                        moved = min(moved, left[r])
+                    users.setdefault(r, []).append((f, moved / self.gpus[r].model.hbm_peak_bytes_per_s, wait))
+        for i, (r, share, _) in enumerate(pressure):
+            # A resident collective's pressure is a fixed share: it does not back off, and it
+            # raises the latency the others see.
+            users.setdefault(r, []).append((i, share * self.gpus[r].model.hbm_bytes_per_s
+                                            / self.gpus[r].model.hbm_peak_bytes_per_s, 0.0))
+        before: dict[KernelState, float] = {}
+        flow_slow: dict[int, float] = {}
+        by_rank = dict(demands)
+        for r, us in users.items():
+            if len(us) < 2 or not any(w > 0 for _, _, w in us):
+                continue
+            slow, _ = latency_slowdowns([x for _, x, _ in us], [w for _, _, w in us], kappa, q)
+            for (owner, _, _), s in zip(us, slow, strict=True):
+                if s <= 1.0:
+                    continue
+                if isinstance(owner, KernelState):
+                    demand = by_rank[r]
+                    before[owner] = demand[owner]
+                    demand[owner] = demand[owner] / s
+                elif isinstance(owner, FlowState) and s > flow_slow.get(id(owner), 1.0):
+                    flow_slow[id(owner)] = s
+        for f in flows:
+            f.latency_slow = flow_slow.get(id(f), 1.0)
+            f.cap /= f.latency_slow
+        return before
+
+    def _hbm_left(self, demands: list[tuple[int, dict[KernelState, float]]], flows: list[FlowState],
+                  pressure: list[tuple[int, float, float]]) -> dict[int, float]:
+        """Per GPU, the HBM bandwidth (bytes/s) its kernels, SM flows and collective pressure leave
+        to copy engines that yield to them."""
+        left = {r: self.gpus[r].model.hbm_bytes_per_s - sum(d.values()) for r, d in demands}
+        for f in flows:
+            for key, c in f.usage:
+                if key[0] == "hbm":
+                    r = key[1]
+                    if r not in left:
+                        left[r] = self.gpus[r].model.hbm_bytes_per_s
+                    if not f.demand.uses_copy_engine:
+                        left[r] -= f.cap * c
+        for r, share, _ in pressure:
+            if r in left:
+                left[r] -= share * self.gpus[r].model.hbm_bytes_per_s
+        return {r: max(0.0, x) for r, x in left.items()}
+
+    def _check(self, ranks: list[int], capacity: list[float], rates: list[float],
+               usage: list[list[tuple[int, float]]]) -> None:
+        load = [0.0] * len(capacity)
+        for x, use in zip(rates, usage, strict=True):
+            for r, c in use:
+                load[r] += x * c
+        for r, (used, cap) in enumerate(zip(load, capacity, strict=True)):
+            if used > cap * (1 + 1e-9):
+                raise RuntimeError(f"channel {r} over-subscribed: {used} > {cap}")
+        for rank in ranks:
+            check_sms(self.gpus[rank])
+
