@@ -9,38 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import networkx as nx
-
 from ovsim.engine.timeline import Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
-from ovsim.models.ir import Op, Workload
-
-# The prefix of a collective's join node in the order graph; no op id starts with a NUL.
-_JOIN = "\0join:"
+from ovsim.gcpause import paused_gc
+from ovsim.models.ir import Op, Workload, topological_order
 
 
 def analytic_timeline(workload: Workload) -> Timeline:
-    g = workload.graph()
+    # Lists and dicts per op, none in a cycle: the cyclic collector's passes only cost time.
+    with paused_gc():
+        return _timeline(workload)
+
+
+def _timeline(workload: Workload) -> Timeline:
     groups: dict[str, list[Op]] = {}
     for op in workload.ops:
         if op.flow is not None:
             groups.setdefault(op.flow.group, []).append(op)
-    # A member may only be finished once every member is ready: each member waits for the
-    # predecessors of all the others, through one join node per collective (predecessors -> join
-    # -> members: the same order with edges in proportion to the members, not their square).
-    for name, members in groups.items():
-        ids = {m.id for m in members}
-        join = _JOIN + name
-        for m in members:
-            for p in list(g.predecessors(m.id)):
-                if p not in ids:
-                    g.add_edge(p, join)
-            g.add_edge(join, m.id)
-    try:
-        order = list(nx.topological_sort(g))
-    except nx.NetworkXUnfeasible:
-        raise OvsimError("the ops cannot all finish: collectives are joined in conflicting orders",
-                         field="ops") from None
+    order = [workload.ops[i].id for i in _order(workload, groups)]
     by_id = {op.id: op for op in workload.ops}
     stream_pred: dict[str, str] = {}
     last: dict[tuple[int, str], str] = {}
@@ -54,8 +40,6 @@ def analytic_timeline(workload: Workload) -> Timeline:
     rows: list[dict[str, Any]] = []
     done_groups: dict[str, float] = {}
     for oid in order:
-        if oid.startswith(_JOIN):
-            continue  # a collective's join node
         op = by_id[oid]
         t = 0.0
         if oid in stream_pred:
@@ -94,9 +78,38 @@ def analytic_timeline(workload: Workload) -> Timeline:
                      "blocks": op.kernel.blocks if op.kernel is not None else 0,
                      "bytes": op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0),
                      **reasons})
+    # Ops in program order, then flows in the order of their first member.
     order_index = {op.id: i for i, op in enumerate(workload.ops)}
-    rows.sort(key=lambda r: (r["rank"] < 0, order_index.get(r["id"], 0)))
+    for name, members in groups.items():
+        order_index[f"flow:{name}"] = order_index[members[0].id]
+    rows.sort(key=lambda r: (r["rank"] < 0, order_index[r["id"]]))
     return timeline_from_rows(rows, [])
+
+
+def _order(workload: Workload, groups: dict[str, list[Op]]) -> list[int]:
+    """The ops' indices in an order that respects stream order, dependencies and collectives.
+
+    A member of a collective may only be finished once every member is ready: each member waits
+    for the predecessors of all the others, through one join node per collective (predecessors ->
+    join -> members: edges in proportion to the members, not their square)."""
+    n = len(workload.ops)
+    succ = workload.successors()
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for p, out in enumerate(succ):
+        for v in out:
+            preds[v].append(p)
+    index = {op.id: i for i, op in enumerate(workload.ops)}
+    for j, members in enumerate(groups.values(), start=n):
+        ids = {index[m.id] for m in members}
+        succ.append(list(ids))
+        for m in ids:
+            for p in preds[m]:
+                if p not in ids:
+                    succ[p].append(j)
+    order = topological_order(succ)
+    if order is None:
+        raise OvsimError("the ops cannot all finish: collectives are joined in conflicting orders", field="ops")
+    return [v for v in order if v < n]
 
 
 def _ready_of(op: Op, ready: dict[str, float], end: dict[str, float], stream_pred: dict[str, str]) -> float:

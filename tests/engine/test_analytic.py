@@ -1,0 +1,58 @@
+"""The analytic fidelity's ordering (ovsim.engine.analytic): closed forms of stream order,
+dependencies and collectives, each op taking its isolated time."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovsim.engine.analytic import analytic_timeline
+from ovsim.errors import OvsimError
+from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, StreamSpec, Workload
+
+
+def _kernel(seconds: float) -> KernelDemand:
+    return KernelDemand(blocks=1, block=BlockShape(threads=128, registers_per_thread=32, shared_mem_bytes=0),
+                        block_time_s=seconds, issue_fraction=1.0, hbm_bytes=0.0, flops=1.0, isolated_s=seconds)
+
+
+def _member(op_id: str, group: str, rank: int, stream: str, seconds: float, deps: tuple[str, ...] = ()) -> Op:
+    flow = FlowDemand(group=group, ranks=(0, 1), bytes=1.0, latency_s=seconds, rate_cap_bytes_per_s=1e30,
+                      link_coeff=1.0, hbm_coeff=0.0)
+    return Op(op_id, group, "collective", rank, stream, deps=deps, flow=flow)
+
+
+def _workload(ops: list[Op]) -> Workload:
+    streams = sorted({(op.rank, op.stream) for op in ops})
+    return Workload(ops=tuple(ops), streams=tuple(StreamSpec(r, s) for r, s in streams), n_ranks=2)
+
+
+def test_a_collective_ends_its_time_after_its_last_member_is_ready() -> None:
+    """Rank 0 computes 1 s, rank 1 3 s, then both all-reduce for 2 s: both members end at 3 + 2,
+    rank 0's having waited 2 s for its peer; a kernel after it on rank 0 ends at 5 + 1."""
+    ops = [Op("c0", "c0", "gemm", 0, "s", kernel=_kernel(1.0)),
+           Op("c1", "c1", "gemm", 1, "s", kernel=_kernel(3.0)),
+           _member("a0", "ar", 0, "s", 2.0), _member("a1", "ar", 1, "s", 2.0),
+           Op("d0", "d0", "gemm", 0, "s", kernel=_kernel(1.0))]
+    out = analytic_timeline(_workload(ops)).ops.set_index("id")
+    assert out.loc["a0", "end_s"] == out.loc["a1", "end_s"] == pytest.approx(5.0)
+    assert out.loc["a0", "wait_peers_s"] == pytest.approx(2.0)
+    assert out.loc["d0", "end_s"] == pytest.approx(6.0)
+    # Ops in program order, then the flow.
+    assert list(out.index) == ["c0", "c1", "a0", "a1", "d0", "flow:ar"]
+
+
+def test_a_member_on_another_stream_waits_for_its_peers_predecessors() -> None:
+    """Rank 0's member is on its own stream with no predecessor, rank 1's after a 4 s kernel: the
+    collective starts at 4 s on both."""
+    ops = [Op("c1", "c1", "gemm", 1, "s", kernel=_kernel(4.0)),
+           _member("a0", "ar", 0, "comm", 1.0), _member("a1", "ar", 1, "s", 1.0)]
+    out = analytic_timeline(_workload(ops)).ops.set_index("id")
+    assert out.loc["a0", "end_s"] == pytest.approx(5.0)
+
+
+def test_collectives_joined_in_opposite_orders_are_refused() -> None:
+    """Rank 0 joins A then B, rank 1 B then A on one stream each: neither can ever start."""
+    ops = [_member("a0", "A", 0, "s", 1.0), _member("b0", "B", 0, "s", 1.0),
+           _member("b1", "B", 1, "s", 1.0), _member("a1", "A", 1, "s", 1.0)]
+    with pytest.raises(OvsimError, match="conflicting orders"):
+        analytic_timeline(_workload(ops))
