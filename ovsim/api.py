@@ -16,9 +16,9 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import ValidationError
 
-from ovsim.engine.analytic import analytic_timeline
+from ovsim.engine.analytic import Plan, analytic_timeline
 from ovsim.engine.machine import build_machine
-from ovsim.engine.power import PowerConfig, analytic_power, power_table, restore_isolated, throttled_workload
+from ovsim.engine.power import PowerConfig, analytic_power, power_table, restore_isolated, throttled_durations
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline
 from ovsim.errors import OvsimError
@@ -250,12 +250,13 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     check_settings(settings, gpu, source)
     power = PowerConfig(model=power_model(gpu, calib.params), settings=settings)
     if use_mode == "analytic":
+        plan = Plan.of(wl)
         if power.managed:
-            throttled, clocks = throttled_workload(wl, gpu, power)
-            timeline = restore_isolated(analytic_timeline(throttled), wl)
+            durations, clocks = throttled_durations(wl, gpu, power, plan)
+            timeline = restore_isolated(analytic_timeline(wl, durations, plan), wl)
         else:
             clocks = None
-            timeline = analytic_timeline(wl)
+            timeline = analytic_timeline(wl, plan=plan)
         counters_rows = analytic_power(timeline, wl, gpu, power, clocks)
         timeline = Timeline(ops=timeline.ops, counters=pd.DataFrame(counters_rows, columns=COUNTER_COLUMNS))
     else:

@@ -7,6 +7,8 @@ ready. No resource is shared, so with nothing overlapping this agrees with the e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ovsim.engine.timeline import Timeline, timeline_from_rows
@@ -15,75 +17,123 @@ from ovsim.gcpause import paused_gc
 from ovsim.models.ir import Op, Workload, topological_order
 
 
-def analytic_timeline(workload: Workload) -> Timeline:
+def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = None,
+                      plan: Plan | None = None) -> Timeline:
+    """The workload's timeline with every op taking its isolated time, or ``durations_s`` (one per
+    op of ``workload.ops``, as the power loop's clocks stretch them). ``plan``: the workload's
+    :class:`Plan`, where the caller has it already."""
     # Lists and dicts per op, none in a cycle: the cyclic collector's passes only cost time.
     with paused_gc():
-        return _timeline(workload)
+        if plan is None:
+            plan = Plan.of(workload)
+        dur = [op.isolated_s for op in workload.ops] if durations_s is None else list(durations_s)
+        return plan.timeline(dur)
 
 
-def _timeline(workload: Workload) -> Timeline:
-    groups: dict[str, list[Op]] = {}
-    for op in workload.ops:
-        if op.flow is not None:
-            groups.setdefault(op.flow.group, []).append(op)
-    order = [workload.ops[i].id for i in _order(workload, groups)]
-    by_id = {op.id: op for op in workload.ops}
-    stream_pred: dict[str, str] = {}
-    last: dict[tuple[int, str], str] = {}
-    for op in workload.ops:
-        key = (op.rank, op.stream)
-        if key in last:
-            stream_pred[op.id] = last[key]
-        last[key] = op.id
-    ready: dict[str, float] = {}
-    end: dict[str, float] = {}
-    rows: list[dict[str, Any]] = []
-    done_groups: dict[str, float] = {}
-    for oid in order:
-        op = by_id[oid]
-        t = 0.0
-        if oid in stream_pred:
-            t = max(t, end[stream_pred[oid]])
-        for d in op.deps:
-            t = max(t, end[d])
-        launch = t
-        t += op.delay_s
-        if op.kind == "delay":
-            end[oid] = t
-            continue
-        ready[oid] = t
-        wait_peers = 0.0
-        if op.flow is not None:
-            members = groups[op.flow.group]
-            missing = set(op.flow.ranks) - {m.rank for m in members}
+@dataclass
+class Plan:
+    """What the analytic fidelity needs of a workload's order, worked out once for any durations:
+    ops in an order that respects stream order, dependencies and collectives, each op's stream
+    predecessor (-1: none) and dependencies by index, and each collective's members."""
+
+    workload: Workload
+    order: list[int]
+    stream_pred: list[int]
+    deps: list[list[int]]
+    group_of: list[int]  # the op's collective (index into members), -1: none
+    members: list[list[int]]
+
+    @staticmethod
+    def of(workload: Workload) -> Plan:
+        ops = workload.ops
+        groups: dict[str, list[Op]] = {}
+        for op in ops:
+            if op.flow is not None:
+                groups.setdefault(op.flow.group, []).append(op)
+        order = _order(workload, groups)
+        index = {op.id: i for i, op in enumerate(ops)}
+        stream_pred = [-1] * len(ops)
+        last: dict[tuple[int, str], int] = {}
+        for i, op in enumerate(ops):
+            key = (op.rank, op.stream)
+            stream_pred[i] = last.get(key, -1)
+            last[key] = i
+        group_of = [-1] * len(ops)
+        members: list[list[int]] = []
+        for g, (name, ms) in enumerate(groups.items()):
+            missing = set(ms[0].flow.ranks if ms[0].flow else ()) - {m.rank for m in ms}
             if missing:
-                raise OvsimError(f"collective '{op.flow.group}' is never joined by rank(s) {sorted(missing)}",
-                                 field="ranks")
-            if op.flow.group not in done_groups:
-                starts = [_ready_of(m, ready, end, stream_pred) for m in members]
-                done_groups[op.flow.group] = max(starts) + op.isolated_s
-                f = op.flow
-                rows.append({"id": f"flow:{f.group}", "name": f.group, "kind": "flow", "rank": -1, "stream": "",
-                             "launch_s": min(starts), "start_s": max(starts), "end_s": done_groups[f.group],
-                             "isolated_s": op.isolated_s, "blocks": 0, "bytes": f.bytes, **_zero_reasons()})
-            finish = done_groups[op.flow.group]
-            wait_peers = finish - t - op.isolated_s
-        else:
-            finish = t + op.isolated_s
-        end[oid] = finish
-        reasons = _zero_reasons()
-        reasons["wait_peers_s"] = max(0.0, wait_peers)
-        rows.append({"id": oid, "name": op.name, "kind": op.kind, "rank": op.rank, "stream": op.stream,
-                     "launch_s": launch, "start_s": t, "end_s": finish, "isolated_s": op.isolated_s,
-                     "blocks": op.kernel.blocks if op.kernel is not None else 0,
-                     "bytes": op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0),
-                     **reasons})
-    # Ops in program order, then flows in the order of their first member.
-    order_index = {op.id: i for i, op in enumerate(workload.ops)}
-    for name, members in groups.items():
-        order_index[f"flow:{name}"] = order_index[members[0].id]
-    rows.sort(key=lambda r: (r["rank"] < 0, order_index[r["id"]]))
-    return timeline_from_rows(rows, [])
+                raise OvsimError(f"collective '{name}' is never joined by rank(s) {sorted(missing)}", field="ranks")
+            members.append([index[m.id] for m in ms])
+            for m in members[-1]:
+                group_of[m] = g
+        return Plan(workload, order, stream_pred, [[index[d] for d in op.deps] for op in ops], group_of, members)
+
+    def times(self, dur: list[float]) -> tuple[list[float], list[float], list[float], list[float],
+                                                dict[int, tuple[float, float, float, float]]]:
+        """Per op: launch, start and end times and time waiting for peers; per collective (by
+        index): its flow's launch, start, end and duration. ``dur``: each op's duration."""
+        ops = self.workload.ops
+        n = len(ops)
+        launch = [0.0] * n
+        start = [0.0] * n
+        end = [0.0] * n
+        wait = [0.0] * n
+        seen = [False] * n
+        flows: dict[int, tuple[float, float, float, float]] = {}
+        group_of = self.group_of
+        for i in self.order:
+            op = ops[i]
+            t = self._ready(i, end)
+            launch[i] = t
+            t += op.delay_s
+            start[i] = t
+            seen[i] = True
+            if op.kind == "delay":  # a host gap: it ends once served
+                end[i] = t
+                continue
+            g = group_of[i]
+            if g < 0:
+                end[i] = t + dur[i]
+                continue
+            if g not in flows:
+                starts = [start[m] if seen[m] else self._ready(m, end) + ops[m].delay_s for m in self.members[g]]
+                flows[g] = (min(starts), max(starts), max(starts) + dur[i], dur[i])
+            end[i] = flows[g][2]
+            wait[i] = max(0.0, end[i] - t - dur[i])
+        return launch, start, end, wait, flows
+
+    def _ready(self, i: int, end: list[float]) -> float:
+        p = self.stream_pred[i]
+        t = end[p] if p >= 0 and end[p] > 0.0 else 0.0
+        for d in self.deps[i]:
+            if end[d] > t:
+                t = end[d]
+        return t
+
+    def timeline(self, dur: list[float]) -> Timeline:
+        launch, start, end, wait, flows = self.times(dur)
+        ops = self.workload.ops
+        rows: list[dict[str, Any]] = []
+        for i, op in enumerate(ops):
+            if op.kind == "delay":
+                continue
+            reasons = _zero_reasons()
+            reasons["wait_peers_s"] = wait[i]
+            rows.append({"id": op.id, "name": op.name, "kind": op.kind, "rank": op.rank, "stream": op.stream,
+                         "launch_s": launch[i], "start_s": start[i], "end_s": end[i], "isolated_s": dur[i],
+                         "blocks": op.kernel.blocks if op.kernel is not None else 0,
+                         "bytes": op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0),
+                         **reasons})
+        # Flows in the order of their first member.
+        for g in sorted(flows, key=lambda g: self.members[g][0]):
+            f = ops[self.members[g][0]].flow
+            assert f is not None
+            f_launch, f_start, f_end, f_dur = flows[g]
+            rows.append({"id": f"flow:{f.group}", "name": f.group, "kind": "flow", "rank": -1, "stream": "",
+                         "launch_s": f_launch, "start_s": f_start, "end_s": f_end, "isolated_s": f_dur, "blocks": 0,
+                         "bytes": f.bytes, **_zero_reasons()})
+        return timeline_from_rows(rows, [])
 
 
 def _order(workload: Workload, groups: dict[str, list[Op]]) -> list[int]:
@@ -110,17 +160,6 @@ def _order(workload: Workload, groups: dict[str, list[Op]]) -> list[int]:
     if order is None:
         raise OvsimError("the ops cannot all finish: collectives are joined in conflicting orders", field="ops")
     return [v for v in order if v < n]
-
-
-def _ready_of(op: Op, ready: dict[str, float], end: dict[str, float], stream_pred: dict[str, str]) -> float:
-    if op.id in ready:
-        return ready[op.id]
-    t = 0.0
-    if op.id in stream_pred:
-        t = max(t, end[stream_pred[op.id]])
-    for d in op.deps:
-        t = max(t, end[d])
-    return t + op.delay_s
 
 
 def _zero_reasons() -> dict[str, float]:

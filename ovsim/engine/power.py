@@ -10,13 +10,12 @@ are constant between events.
 
 The analytic fidelity has no shared resources, so the power of ops that run at the same time is
 the sum of their isolated activities (:func:`analytic_power`). Under a windowed loop it runs the
-same loop on that activity, the workload repeated (:func:`throttled_workload`); with no window
+same loop on that activity, the workload repeated (:func:`throttled_durations`); with no window
 each op runs at the clock the cap gives it alone.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ovsim.engine.analytic import Plan
 from ovsim.engine.timeline import Timeline, timeline_from_rows
 from ovsim.hw.power import MEMORY, TENSOR, Activity, PowerModel, PowerSettings
 from ovsim.hw.spec import GpuSpec
@@ -371,9 +371,24 @@ def isolated_activity(op: Op, gpu: GpuSpec, model: PowerModel) -> _OpPower:
     return _OpPower(cls, sm_w, hbm, link)
 
 
-def _solver_inputs(op: Op, gpu: GpuSpec, model: PowerModel) -> SolverInputs:
+# Isolated activities by (op kind, id of its kernel demand, id of its flow demand, precision).
+_ActivityCache = dict[tuple[str, int, int, object], _OpPower]
+
+
+def _activity_of(op: Op, gpu: GpuSpec, model: PowerModel, cache: _ActivityCache) -> _OpPower:
+    """:func:`isolated_activity`, once per kind, kernel, flow and precision: the ops of a repeated
+    layer share their demands (the workload keeps them alive, so their ids are not reused)."""
+    key = (op.kind, id(op.kernel), id(op.flow), op.info.get("precision"))
+    a = cache.get(key)
+    if a is None:
+        a = cache[key] = isolated_activity(op, gpu, model)
+    return a
+
+
+def _solver_inputs(op: Op, gpu: GpuSpec, model: PowerModel,
+                   cache: _ActivityCache) -> SolverInputs:
     """An op's isolated activity as the clock solver takes it (PowerModel.solve_clock's terms)."""
-    a = isolated_activity(op, gpu, model)
+    a = _activity_of(op, gpu, model, cache)
     follow = a.hbm_bytes_per_s if a.cls in (TENSOR, "fp32") else 0.0
     ref = model.tensor_reference_clock_fraction if a.cls == TENSOR else 1.0
     saturation = model.tensor_saturations[tensor_clock_class(op, model) - 2] if a.cls == TENSOR else math.inf
@@ -384,21 +399,24 @@ def _solver_inputs(op: Op, gpu: GpuSpec, model: PowerModel) -> SolverInputs:
     return (a.sm_w, a.hbm_bytes_per_s - follow, follow / ref, a.link_bytes_per_s, ())
 
 
-def _stretched(workload: Workload, cfg: PowerConfig, clocks: dict[str, float], classes: dict[str, int]) -> Workload:
-    """The workload with every clock-bound kernel's time (and the part of a memory-bound kernel's
-    that follows the clock) stretched or shrunk by its op's clock; ``classes``: each kernel's
-    :func:`rate_class`."""
-    ops: list[Op] = []
+def _stretched(workload: Workload, cfg: PowerConfig, clocks: dict[str, float], classes: dict[str, int]) -> list[float]:
+    """Each op's time with every clock-bound kernel's time (and the part of a memory-bound
+    kernel's that follows the clock) stretched or shrunk by its op's clock; ``classes``: each
+    kernel's :func:`rate_class`."""
+    out: list[float] = []
+    mults: dict[float, tuple[float, ...]] = {}  # ops share a few clocks: each multiplier set once
     for op in workload.ops:
         k = op.kernel
         cls = classes.get(op.id, 0)
-        if k is None or cls == 0:
-            ops.append(op)
+        if k is None or cls == 0 or op.flow is not None:
+            out.append(op.isolated_s)
             continue
-        mult = cfg.multipliers(clocks[op.id])[cls]
-        k2 = dataclasses.replace(k, block_time_s=k.block_time_s / mult, isolated_s=k.isolated_s / mult)
-        ops.append(dataclasses.replace(op, kernel=k2))
-    return dataclasses.replace(workload, ops=tuple(ops))
+        c = clocks[op.id]
+        mult = mults.get(c)
+        if mult is None:
+            mult = mults[c] = cfg.multipliers(c)
+        out.append(k.isolated_s / mult[cls])
+    return out
 
 
 # Passes of the analytic fidelity's power-limit loop (clocks, then the timeline they give), at most.
@@ -420,33 +438,40 @@ def _periodic_integral(t: np.ndarray, times: np.ndarray, cum: np.ndarray, span: 
 
 
 def _windowed_clocks(workload: Workload, inputs: dict[str, SolverInputs], cfg: PowerConfig,
-                     classes: dict[str, int]) -> dict[str, float]:
+                     classes: dict[str, int], plan: Plan) -> dict[str, float]:
     """Each op's clock under the windowed power-limit loop, the workload repeated back to back (or,
     with the settings' ``start`` "idle", after idleness): the loop sets each rank's clock every
     control period from the rank's activity over the window before (wrapping round to the previous
     repeat), and an op takes the average clock over its span. The timeline depends on the clocks,
     so the two are iterated from the top clock."""
-    from ovsim.engine.analytic import analytic_timeline
-
     m = cfg.model
     hi, cap = cfg.max_clock_fraction, cfg.cap_w
     period, window = m.control_period_s, m.control_window_s
     sats = sorted({x for v in inputs.values() for _, x in v[4]})
     clocks = dict.fromkeys(inputs, hi)
+    # The ops a timeline has rows for (host gaps have none), by rank in program order.
+    by_rank: dict[int, list[int]] = {}
+    for i, op in enumerate(workload.ops):
+        if op.kind != "delay" and op.id in inputs:
+            by_rank.setdefault(op.rank, []).append(i)
+    ids_of = {r: [workload.ops[i].id for i in rows] for r, rows in by_rank.items()}
+    # Each op's solver terms, the saturating traffic by saturation clock.
+    terms = {r: np.array([[*inputs[i][:4], *(dict((s, b) for b, s in inputs[i][4]).get(s, 0.0) for s in sats)]
+                          for i in ids]) for r, ids in ids_of.items()}
     for _ in range(_ANALYTIC_LOOP_PASSES):
-        tl = analytic_timeline(_stretched(workload, cfg, clocks, classes)).ops
-        tl = tl[tl["id"].isin(inputs)]
-        span = float(tl["end_s"].max()) if len(tl) else 0.0
+        _, start_all, end_all, _, _ = plan.times(_stretched(workload, cfg, clocks, classes))
+        span = max((end_all[i] for rows in by_rank.values() for i in rows), default=0.0)
         new: dict[str, float] = {}
-        for _, mine in tl.groupby("rank"):
-            ids = mine["id"].astype(str).to_list()
-            start, end = mine["start_s"].to_numpy(float), mine["end_s"].to_numpy(float)
+        for r in sorted(by_rank):
+            rows = by_rank[r]
+            ids = ids_of[r]
+            start = np.array([start_all[i] for i in rows], dtype=float)
+            end = np.array([end_all[i] for i in rows], dtype=float)
             if span <= 0:
                 new.update(dict.fromkeys(ids, hi))
                 continue
             # Each solver term's rate as steps at the ops' starts and ends, then its integral.
-            x = np.array([[*inputs[i][:4], *(dict((s, b) for b, s in inputs[i][4]).get(s, 0.0) for s in sats)]
-                          for i in ids])
+            x = terms[r]
             times = np.concatenate([start, end, [0.0, span]])
             steps = np.concatenate([x, -x, np.zeros((2, x.shape[1]))])
             order = np.argsort(times, kind="stable")
@@ -473,16 +498,19 @@ def _windowed_clocks(workload: Workload, inputs: dict[str, SolverInputs], cfg: P
     return clocks
 
 
-def throttled_workload(workload: Workload, gpu: GpuSpec, cfg: PowerConfig) -> tuple[Workload, dict[str, float]]:
-    """The workload with every clock-bound kernel's time (and the part of a memory-bound kernel's
-    that follows the clock) stretched or shrunk by its op's clock, and each op's clock fraction:
-    under a windowed power-limit loop the clock the loop gives the repeated workload where the op
-    runs (:func:`_windowed_clocks`), without a window the clock the cap gives the op alone."""
+def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
+                        plan: Plan | None = None) -> tuple[list[float], dict[str, float]]:
+    """Each op's time with every clock-bound kernel's time (and the part of a memory-bound
+    kernel's that follows the clock) stretched or shrunk by its op's clock, and each op's clock
+    fraction: under a windowed power-limit loop the clock the loop gives the repeated workload
+    where the op runs (:func:`_windowed_clocks`), without a window the clock the cap gives the op
+    alone. ``plan``: the workload's analytic plan, where the caller has it already."""
     m = cfg.model
-    inputs = {op.id: _solver_inputs(op, gpu, m) for op in workload.ops}
+    cache: _ActivityCache = {}
+    inputs = {op.id: _solver_inputs(op, gpu, m, cache) for op in workload.ops}
     classes = {op.id: rate_class(op, m, op_power_class(op, m)[0]) for op in workload.ops if op.kernel is not None}
     if m.control_window_s > 0:
-        clocks = _windowed_clocks(workload, inputs, cfg, classes)
+        clocks = _windowed_clocks(workload, inputs, cfg, classes, plan if plan is not None else Plan.of(workload))
     else:
         clocks = {oid: m.solve_clock(cfg.cap_w, x[0], x[1], x[2], x[3], cfg.max_clock_fraction, hbm_saturating=x[4])
                   for oid, x in inputs.items()}
@@ -491,19 +519,15 @@ def throttled_workload(workload: Workload, gpu: GpuSpec, cfg: PowerConfig) -> tu
 
 def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:
     """Report the cost model's isolated times again; the difference is time lost to the clock."""
-    iso = {op.id: op.isolated_s for op in workload.ops}
-    ops = timeline.ops
-    rows: list[dict[str, Any]] = []
-    for rec in ops.to_dict(orient="records"):
-        row = {str(k): v for k, v in rec.items()}
-        oid = str(row["id"])
-        if oid in iso:
-            # Lost to a clock below the calibration's, or gained (negative) above it.
-            row["clock_s"] = float(row["duration_s"]) - iso[oid] if iso[oid] != row["isolated_s"] else 0.0
-            row["isolated_s"] = iso[oid]
-        rows.append(row)
-    counters = [{str(k): v for k, v in c.items()} for c in timeline.counters.to_dict(orient="records")]
-    return timeline_from_rows(rows, counters)
+    iso = pd.Series({op.id: op.isolated_s for op in workload.ops}, dtype=float)
+    ops = timeline.ops.copy()
+    mine = ops["id"].map(iso)
+    known = mine.notna().to_numpy()
+    # Lost to a clock below the calibration's, or gained (negative) above it.
+    stretched = known & (mine != ops["isolated_s"]).to_numpy()
+    ops["clock_s"] = np.where(stretched, ops["duration_s"] - mine, np.where(known, 0.0, ops["clock_s"]))
+    ops["isolated_s"] = np.where(known, mine, ops["isolated_s"])
+    return timeline_from_rows(ops, timeline.counters)
 
 
 def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
@@ -516,6 +540,7 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
     ops = ops[(ops["rank"] >= 0) & ops["id"].isin(by_id)]
     out: list[dict[str, Any]] = []
     x_t = m.tensor_reference_clock_fraction
+    cache: _ActivityCache = {}
     for r in range(workload.n_ranks):
         mine = ops[ops["rank"] == r]
         events: list[tuple[float, int, float]] = []  # time, op index, +1 start / -1 end
@@ -525,7 +550,7 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
             op = by_id[oid]
             if not end > start:
                 continue
-            a = isolated_activity(op, gpu, m)
+            a = _activity_of(op, gpu, m, cache)
             # Under a policy each op runs at its own solved clock; without one, as calibrated.
             managed_c = (clocks or {}).get(op.id, cfg.max_clock_fraction)
             c = managed_c if cfg.managed else (x_t if a.cls == TENSOR else 1.0)

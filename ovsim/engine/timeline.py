@@ -68,7 +68,10 @@ class Timeline:
         return float(rows["end_s"].max() - min(0.0, float(rows["launch_s"].min())))
 
 
-def timeline_from_rows(rows: list[dict[str, Any]], counters: list[dict[str, Any]]) -> Timeline:
+def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame,
+                       counters: list[dict[str, Any]] | pd.DataFrame) -> Timeline:
+    """A Timeline from op rows (dicts, or a frame with those columns) and counter samples; the
+    derived columns (duration, slowdown, the split of time lost, slowed_by) are computed here."""
     ops = pd.DataFrame(rows, columns=[c for c in OP_COLUMNS if c not in ("duration_s", "slowdown", "slowed_by")])
     ops["duration_s"] = ops["end_s"] - ops["start_s"]
     iso = ops["isolated_s"].where(ops["isolated_s"] > 0, np.nan)

@@ -56,3 +56,22 @@ def test_collectives_joined_in_opposite_orders_are_refused() -> None:
            _member("b1", "B", 1, "s", 1.0), _member("a1", "A", 1, "s", 1.0)]
     with pytest.raises(OvsimError, match="conflicting orders"):
         analytic_timeline(_workload(ops))
+
+
+def test_host_gaps_delay_the_ops_behind_them() -> None:
+    """A 0.5 s delay op between two 1 s kernels, and a 0.25 s launch delay on the second: the second
+    is launched at 1.5 s, starts at 1.75 s and ends at 2.75 s."""
+    ops = [Op("k0", "k0", "gemm", 0, "s", kernel=_kernel(1.0)),
+           Op("gap", "gap", "delay", 0, "s", delay_s=0.5),
+           Op("k1", "k1", "gemm", 0, "s", delay_s=0.25, kernel=_kernel(1.0))]
+    out = analytic_timeline(_workload(ops)).ops.set_index("id")
+    assert "gap" not in out.index
+    assert (out.loc["k1", "launch_s"], out.loc["k1", "start_s"], out.loc["k1", "end_s"]) == \
+        pytest.approx((1.5, 1.75, 2.75))
+
+
+def test_durations_replace_the_isolated_times() -> None:
+    ops = [Op("k0", "k0", "gemm", 0, "s", kernel=_kernel(1.0)), Op("k1", "k1", "gemm", 0, "s", kernel=_kernel(1.0))]
+    out = analytic_timeline(_workload(ops), [2.0, 3.0]).ops.set_index("id")
+    assert out.loc["k1", "end_s"] == pytest.approx(5.0)
+    assert out.loc["k1", "isolated_s"] == pytest.approx(3.0)
