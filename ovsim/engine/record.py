@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from ovsim.engine.rates import ChannelLoads
-from ovsim.engine.state import FlowState, GpuState, KernelState
+from ovsim.engine.state import FlowMember, FlowState, GpuState, KernelState
 from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
 from ovsim.models.ir import Workload
 
@@ -48,42 +52,67 @@ class Counters:
             self.add(now, r, "link_out_bytes_per_s", link_out[r])
 
 
-def timeline_of(workload: Workload, kernels: list[KernelState], flows: list[FlowState],
-                counters: Counters) -> Timeline:
+# Per op: launch, start and end times, then the seconds lost to each reason.
+RESULT_FIELDS = ("launch_s", "start_s", "end_s", "wait_sm_s", "share_sm_s", "share_hbm_s", "share_link_s",
+                 "wait_peers_s", "clock_s")
+_N = len(RESULT_FIELDS)
+
+
+class Results:
+    """What each op and flow came to, kept compactly as they finish (72 bytes an op), so that a
+    finished kernel's or flow's state can be dropped at once."""
+
+    def __init__(self, n_ops: int) -> None:
+        self.values = array("d", bytes(8 * _N * n_ops))
+        # (creation order, launch, start, end, isolated seconds, bytes) of each finished flow, by group.
+        self.flows: dict[str, tuple[int, float, float, float, float, float]] = {}
+
+    def kernel(self, i: int, k: KernelState) -> None:
+        """Op ``i`` ran as kernel ``k``, now finished."""
+        self.values[_N * i:_N * (i + 1)] = array("d", (
+            k.launch_s, k.start_s, k.end_s, k.wait_sm_s, k.share_sm_s, k.share_hbm_s, 0.0, 0.0, k.clock_s))
+
+    def member(self, i: int, m: FlowMember) -> None:
+        """Op ``i`` was member ``m`` of a collective or transfer, now finished."""
+        self.values[_N * i:_N * (i + 1)] = array("d", (
+            m.launch_s, min(m.start_s, m.end_s), m.end_s, m.wait_sm_s, m.share_sm_s, m.share_hbm_s,
+            m.share_link_s, m.wait_peers_s, 0.0))
+
+    def flow(self, seq: int, f: FlowState) -> None:
+        """Flow ``f``, the ``seq``-th created, has finished."""
+        d = f.demand
+        isolated = d.latency_s + (d.bytes / d.rate_cap_bytes_per_s if d.bytes > 0 else 0.0)
+        self.flows[d.group] = (seq, min(m.launch_s for m in f.members.values()), f.start_s, f.end_s, isolated, d.bytes)
+
+
+def timeline_of(workload: Workload, results: Results, counters: Counters) -> Timeline:
     """The run's Timeline: one row per op (its kernel's or its flow member's times and losses) and
-    one per flow, with the counters' samples."""
+    one per flow, in the order they were created, with the counters' samples."""
+    ops = [op for op in workload.ops if op.kind != "delay"]
+    index = [i for i, op in enumerate(workload.ops) if op.kind != "delay"]
+    v = np.frombuffer(results.values, dtype=float).reshape(-1, _N)[index] if index else np.zeros((0, _N))
+    cols: dict[str, Any] = {
+        "id": [op.id for op in ops], "name": [op.name for op in ops], "kind": [op.kind for op in ops],
+        "rank": [op.rank for op in ops], "stream": [op.stream for op in ops],
+        "isolated_s": [op.isolated_s for op in ops],
+    }
+    for j, name in enumerate(RESULT_FIELDS):
+        cols[name] = v[:, j]
+    cols["blocks"] = [op.kernel.blocks if op.kernel is not None else 0 for op in ops]
+    cols["bytes"] = [op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0)
+                     for op in ops]
+    frame = pd.DataFrame(cols)
+    flows = sorted(results.flows.items(), key=lambda kv: kv[1][0])
     rows: list[dict[str, Any]] = []
-    by_id = {k.id: k for k in kernels}
-    members = {m.op.id: m for f in flows for m in f.members.values()}
-    for op in workload.ops:
-        if op.kind == "delay":
-            continue
-        row: dict[str, Any] = {
-            "id": op.id, "name": op.name, "kind": op.kind, "rank": op.rank, "stream": op.stream,
-            "isolated_s": op.isolated_s,
-        }
-        if op.id in members:
-            m = members[op.id]
-            row.update(launch_s=m.launch_s, start_s=min(m.start_s, m.end_s), end_s=m.end_s,
-                       wait_sm_s=m.wait_sm_s, share_sm_s=m.share_sm_s, share_hbm_s=m.share_hbm_s,
-                       share_link_s=m.share_link_s, wait_peers_s=m.wait_peers_s)
-        else:
-            k = by_id[op.id]
-            row.update(launch_s=k.launch_s, start_s=k.start_s, end_s=k.end_s, wait_sm_s=k.wait_sm_s,
-                       share_sm_s=k.share_sm_s, share_hbm_s=k.share_hbm_s, share_link_s=0.0,
-                       wait_peers_s=0.0, clock_s=k.clock_s)
-        row["blocks"] = op.kernel.blocks if op.kernel is not None else 0
-        row["bytes"] = op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0)
-        rows.append(row)
-    for f in flows:
+    for group, (_, launch, start, end, isolated, size) in flows:
         rows.append({
-            "id": f"flow:{f.demand.group}", "name": f.demand.group, "kind": "flow", "rank": -1, "stream": "",
-            "isolated_s": f.demand.latency_s + (f.demand.bytes / f.demand.rate_cap_bytes_per_s
-                                                if f.demand.bytes > 0 else 0.0),
-            "launch_s": min(m.launch_s for m in f.members.values()), "start_s": f.start_s, "end_s": f.end_s,
+            "id": f"flow:{group}", "name": group, "kind": "flow", "rank": -1, "stream": "", "isolated_s": isolated,
+            "launch_s": launch, "start_s": start, "end_s": end,
             "wait_sm_s": 0.0, "share_sm_s": 0.0, "share_hbm_s": 0.0, "share_link_s": 0.0,
-            "wait_peers_s": 0.0, "blocks": 0, "bytes": f.demand.bytes,
+            "wait_peers_s": 0.0, "blocks": 0, "bytes": size,
         })
-    c_t, c_rank, c_name, c_value = COUNTER_COLUMNS  # a dict display per row: a long run records many
-    samples = [{c_t: t, c_rank: r, c_name: n, c_value: v} for t, r, n, v in counters.rows]
-    return timeline_from_rows(rows, samples)
+    if rows:
+        frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
+    c_t, c_rank, c_name, c_value = COUNTER_COLUMNS
+    samples = pd.DataFrame(counters.rows, columns=[c_t, c_rank, c_name, c_value])
+    return timeline_from_rows(frame, samples)

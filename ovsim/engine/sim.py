@@ -57,7 +57,7 @@ from ovsim.engine.machine import MachineModel
 from ovsim.engine.power import ClockWindow, Period, PowerConfig, window_clock
 from ovsim.engine.power_loop import PowerLoop
 from ovsim.engine.rates import RateSolver
-from ovsim.engine.record import Counters, timeline_of
+from ovsim.engine.record import Counters, Results, timeline_of
 from ovsim.engine.routing import flow_usage
 from ovsim.engine.state import (
     INF,
@@ -115,7 +115,9 @@ class Engine:
         self.waiters: dict[str, list[StreamState]] = {}
         self.streams: dict[tuple[int, str], StreamState] = {}
         self.released: list[StreamState] = []  # streams to move on once this instant's dispatching is done
-        self.kernels: list[KernelState] = []
+        # What finished ops and flows came to; a finished kernel's or flow's state is dropped.
+        self.results = Results(len(workload.ops))
+        self.n_flows = 0  # flows created so far
         # Block shapes by (id of the kernel demand, id of the GPU model, main partition only); the
         # workload and the machine keep both alive, so the ids are not reused during the run.
         self.shapes: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {}
@@ -199,7 +201,7 @@ class Engine:
 
     def run(self) -> Timeline:
         self._simulate()
-        return timeline_of(self.workload, self.kernels, list(self.flows.values()), self.counters)
+        return timeline_of(self.workload, self.results, self.counters)
 
     def _simulate(self) -> None:
         if self.windowed:
@@ -311,7 +313,6 @@ class Engine:
             kernel = KernelState(op, gpu, priority, self.seq, now, self.nccl_issue, shape, self.power)
             if self.solver.latency_law:
                 kernel.mem_wait = self.solver.memory_wait(op)
-            self.kernels.append(kernel)
             pending = gpu.pending
             # Launch order is seq order: a kernel of no higher priority than the last goes last.
             if not pending or pending[-1].priority <= priority:
@@ -324,7 +325,7 @@ class Engine:
         if op.flow is not None:
             flow = self._flow(op.flow)
             member = FlowMember(op=op, rank=op.rank, kernel=kernel, launch_s=now)
-            if op.rank in flow.members:
+            if op.rank in flow.members or op.flow.group in self.results.flows:
                 raise OvsimError(f"rank {op.rank} joins collective '{op.flow.group}' twice", field="group")
             flow.members[op.rank] = member
             if kernel is not None:
@@ -336,7 +337,8 @@ class Engine:
         flow = self.flows.get(demand.group)
         if flow is None:
             flow = FlowState(demand=demand, latency_left_s=demand.latency_s, remaining_bytes=demand.bytes,
-                         last_t=self.now)
+                             last_t=self.now, seq=self.n_flows)
+            self.n_flows += 1
             flow.usage = flow_usage(self.machine, demand)
             ranks = set(demand.ranks)
             for key, _ in flow.usage:
@@ -499,6 +501,7 @@ class Engine:
             self.to_dispatch.add(gpu.rank)
             for k in done:
                 k.end_s = now
+                self.results.kernel(self.order[k.op.id], k)
                 self._stream_op_done(k.op)
         for f in list(gpu.flows) if gpu.flows else ():
             if f.phase == "latency" and f.latency_left_s <= eps:
@@ -529,6 +532,10 @@ class Engine:
                 self.to_dispatch.add(k.gpu.rank)
             if m.has_ce:
                 self._release_ce(self.gpus[m.rank])
+        for m in f.members.values():
+            self.results.member(self.order[m.op.id], m)
+        self.results.flow(f.seq, f)
+        del self.flows[f.demand.group]
         for m in f.members.values():
             self._stream_op_done(m.op)
 

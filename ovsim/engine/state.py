@@ -291,6 +291,7 @@ class FlowState:
     usage: list[tuple[Any, float]] = field(default_factory=list)
     # GPUs whose HBM or links the flow uses, and the ranks of its members: all touched together.
     ranks: tuple[int, ...] = ()
+    seq: int = 0  # flows created before it
 
 
 class StreamState:

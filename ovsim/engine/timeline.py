@@ -71,35 +71,55 @@ class Timeline:
 def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame,
                        counters: list[dict[str, Any]] | pd.DataFrame) -> Timeline:
     """A Timeline from op rows (dicts, or a frame with those columns) and counter samples; the
-    derived columns (duration, slowdown, the split of time lost, slowed_by) are computed here."""
-    ops = pd.DataFrame(rows, columns=[c for c in OP_COLUMNS if c not in ("duration_s", "slowdown", "slowed_by")])
-    ops["duration_s"] = ops["end_s"] - ops["start_s"]
-    iso = ops["isolated_s"].where(ops["isolated_s"] > 0, np.nan)
-    ops["slowdown"] = (ops["duration_s"] / iso).fillna(1.0)
+    derived columns (duration, slowdown, the split of time lost, slowed_by) are computed here, on
+    arrays: a frame's column operations copy the whole frame (a million ops: gigabytes)."""
+    given = [c for c in OP_COLUMNS if c not in ("duration_s", "slowdown", "slowed_by")]
+    src = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, columns=given)
+    n = len(src)
+
+    def column(c: str) -> Any:
+        return src[c].array if c in src.columns else np.full(n, np.nan)
+
+    start = np.asarray(column("start_s"), dtype=float)
+    iso = np.asarray(column("isolated_s"), dtype=float)
+    duration = np.asarray(column("end_s"), dtype=float) - start
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slowdown = duration / np.where(iso > 0, iso, np.nan)
+    slowdown = np.where(np.isnan(slowdown), 1.0, slowdown)
     # The raw reasons integrate where progress was lost; rescale them so they split the time lost,
     # duration - isolated, in the same proportions (a kernel pushed into an extra wave loses a
     # whole wave although its blocks were short of SMs only during the first one).
     # Producers that never lose time to a reason may leave its column out.
     # A clock above the calibration's gains time: clock_s is negative then, and kept as it
     # integrated; the other reasons split what is left of duration - isolated.
-    ops[list(REASONS)] = ops[list(REASONS)].astype(float).fillna(0.0)
-    net = ops["duration_s"] - ops["isolated_s"]
-    gained = ops["clock_s"].clip(upper=0.0)
+    names = list(REASONS)
+    raw = np.column_stack([np.asarray(column(c), dtype=float) for c in names]) if n else np.zeros((0, len(names)))
+    raw = np.where(np.isnan(raw), 0.0, raw)
+    net = duration - iso
+    clock = raw[:, names.index("clock_s")]
+    gained = np.where(clock <= 0.0, clock, 0.0)
     # A kernel further ahead than its integrated gain (wave edges, round-off): all of its lead is
     # the clock's, nothing was lost.
-    gained = gained.where(net >= gained, net)
-    gained = gained.where(gained < -1e-9 * ops["isolated_s"], 0.0)  # round-off is no gain
-    raw = ops[list(REASONS)].clip(lower=0.0)
+    gained = np.where(net >= gained, gained, net)
+    gained = np.where(gained < -1e-9 * iso, gained, 0.0)  # round-off is no gain
+    raw = np.where(raw >= 0.0, raw, 0.0)
     total = raw.sum(axis=1)
-    lost = (net - gained).clip(lower=0.0)
-    scale = (lost / total.where(total > 0, np.nan)).fillna(0.0)
-    for col in REASONS:
-        ops[col] = raw[col] * scale
-    ops["clock_s"] = ops["clock_s"] + gained
-    reasons = ops[list(REASONS)]
-    top = reasons.idxmax(axis=1) if len(ops) else pd.Series([], dtype=str)
-    slowed = (ops["duration_s"] - ops["isolated_s"]) > SLOWED_THRESHOLD * ops["isolated_s"]
-    has_reason = reasons.max(axis=1) > 0 if len(ops) else pd.Series([], dtype=bool)
-    ops["slowed_by"] = np.where(slowed & has_reason, top.map(REASONS).fillna(""), "")
-    ops = ops[OP_COLUMNS].reset_index(drop=True)
+    lost = net - gained
+    lost = np.where(lost >= 0.0, lost, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = lost / np.where(total > 0, total, np.nan)
+    scale = np.where(np.isnan(scale), 0.0, scale)
+    reasons = raw * scale[:, None]
+    reasons[:, names.index("clock_s")] += gained
+    slowed = net > SLOWED_THRESHOLD * iso
+    if n:
+        top = np.array([REASONS[n] for n in names], dtype=object)[reasons.argmax(axis=1)]
+        has_reason = reasons.max(axis=1) > 0
+    else:
+        top, has_reason = np.array([], dtype=object), np.array([], dtype=bool)
+    derived: dict[str, Any] = {"duration_s": duration, "slowdown": slowdown,
+                               "slowed_by": np.where(slowed & has_reason, top, "")}
+    for j, c in enumerate(names):
+        derived[c] = reasons[:, j]
+    ops = pd.DataFrame({c: derived[c] if c in derived else column(c) for c in OP_COLUMNS})
     return Timeline(ops=ops, counters=pd.DataFrame(counters, columns=COUNTER_COLUMNS))
