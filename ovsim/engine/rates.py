@@ -266,13 +266,15 @@ class RateSolver:
         ``demands``) and the caps of flows by their slowdowns; returns the kernels' demands
         before, for their pace. A flow spanning GPUs takes its largest slowdown; a collective's
         pressure loads the memory and does not slow."""
+        if not flows and not pressure and all(len(d) < 2 for _, d in demands):
+            return {}  # no HBM has two users: nobody waits on another's traffic
         m = self.machine
         kappa, q = m.hbm_latency_capacity, m.hbm_latency_exponent
         users: dict[int, list[tuple[KernelState | FlowState | int, float, float]]] = {}
         for r, demand in demands:
             peak = self.gpus[r].model.hbm_peak_bytes_per_s
             users[r] = [(k, d / peak, k.mem_wait) for k, d in demand.items() if d > 0]
-        yielding = m.copy_engine_hbm_weight < 1.0
+        yielding = m.copy_engine_hbm_weight < 1.0 and any(f.demand.uses_copy_engine for f in flows)
         left = self._hbm_left(demands, flows, pressure) if yielding else {}
         for f in flows:
             wait = 0.0 if f.demand.uses_copy_engine else m.collective_memory_wait
