@@ -15,8 +15,9 @@ tensor parallelism, ``sbh (10 + 24/t + 5as/(ht))`` bytes for GPT's layer, 16-bit
 with sequence parallelism everything divides by t, ``sbh/t (34 + 5as/h)``; with full
 recomputation only the layer's input, ``2sbh`` (over t with sequence parallelism). Generalised
 here, term by term as the paper derives them, to grouped-query attention (K and V of ``kv/a`` the
-size) and to any MLP width and gated MLPs (both FC1 halves stored). ovsim's attention is one fused
-kernel (FlashAttention-style) that stores no s x s scores, so the ``5as/h`` term is left out. The
+size) and to any MLP width and gated MLPs (both FC1 halves stored). Fused (flash) attention stores
+no s x s scores, so the ``5as/h`` term (scores, probabilities, dropout mask) counts only for
+unfused attention (``TrainingSpec.attention``). The
 loss keeps FP32 logits, ``4sbv/t`` (the paper's output-layer term). With pipeline parallelism a
 stage holds the activations of every micro-batch whose forward has run and whose backward has
 not: counted from the schedule ovsim runs (:func:`ovsim.models.training.stage_order`), not from a
@@ -69,7 +70,7 @@ class MemoryEstimate:
 
 
 def layer_activation_bytes(m: ModelShape, tokens: int, tp: int, sequence_parallel: bool, recompute: bool,
-                           act_bytes: int = 2) -> float:
+                           act_bytes: int = 2, unfused_attention: bool = False) -> float:
     """Activation bytes one layer keeps for its backward, per micro-batch of ``tokens`` (s x b)
     tokens on one tensor-parallel rank (Korthikanti et al. 2023, generalised; module docstring).
     ``act_bytes`` scales the 16-bit figures (4: FP32 training)."""
@@ -87,6 +88,9 @@ def layer_activation_bytes(m: ModelShape, tokens: int, tp: int, sequence_paralle
     # Inside: Q (2), K and V (2r each), the projection's input (2), the activation's input(s)
     # (2gf) and FC2's input (2f), in units of sbh.
     parallel = 2 + 4 * r + 2 + (2 * g + 2) * f
+    if unfused_attention:
+        # Scores and probabilities (2 bytes each) and the dropout mask (1) of every head's s x s.
+        parallel += 5 * m.heads * m.seq_len / m.hidden
     if sequence_parallel:
         return sbh * scale * (replicated + parallel) / tp
     return sbh * scale * (replicated + parallel / tp)
@@ -117,9 +121,11 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     positions = m.seq_len * m.hidden if m.tied_embeddings else 0
     tokens = spec.micro_batch_size * m.seq_len
     act_b = activation_element_bytes(spec.precision)
-    per_layer = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, spec.recompute, act_b)
+    unfused = spec.attention == "unfused"
+    per_layer = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, spec.recompute, act_b, unfused)
     # With full recomputation the layer in backward holds its whole activations again for a moment.
-    recomputed = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, False, act_b) if spec.recompute else 0.0
+    recomputed = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, False, act_b, unfused) \
+        if spec.recompute else 0.0
     best: MemoryEstimate | None = None
     for s in range(p):
         params = m.layers // p * layer_p

@@ -174,6 +174,11 @@ class TrainingSpec(InputModel):
     precision: TrainPrecision = "bf16"
     # Full activation recomputation: every layer's forward runs again before its backward.
     recompute: bool = False
+    # flash: one fused attention kernel (FlashAttention), causal blocks skipped, no s x s scores in
+    # memory. unfused: the core attention frameworks ran before it (Megatron-LM's until 2022):
+    # batched GEMMs for QK^T and PV over the whole s x s, a fused scale-mask-softmax and a dropout
+    # on the probabilities, each moving the s x s scores through HBM.
+    attention: Literal["flash", "unfused"] = "flash"
     optimizer: bool = True
     # Embedding on the first stage, LM head and loss on the last; false studies a uniform pipeline.
     embedding_and_head: bool = True
@@ -578,9 +583,7 @@ class _Gen:
         post: Literal["rs", "ar"] = "rs" if sp else "ar"
         self.mem(st, f"{pre}.norm1", 2 * hb, "norm")
         self.tp_gemm(st, s, f"{pre}.qkv", T, mats["qkv"][1], mats["qkv"][0], pre=sp)
-        self.compute(st, AttentionOp(name=f"{pre}.attn", kind="attention", batch=self.spec.micro_batch_size,
-                                     heads=m.heads // t, seq_len=m.seq_len, head_dim=m.hidden // m.heads,
-                                     precision=self._attn_precision()))
+        self.attention(st, f"{pre}.attn", backward=False)
         self.tp_gemm(st, s, f"{pre}.proj", T, mats["proj"][1], mats["proj"][0], post=post)
         self.mem(st, f"{pre}.norm2", 4 * hb, "norm")
         self.tp_gemm(st, s, f"{pre}.fc1", T, mats["fc1"][1], mats["fc1"][0], pre=sp)
@@ -612,9 +615,7 @@ class _Gen:
         self.tp_gemm(st, s, f"{pre}.proj.dgrad", T, mats["proj"][0], mats["proj"][1], pre=sp)
         self.gemm(st, f"{pre}.proj.wgrad", mats["proj"][0], mats["proj"][1], T)
         self.grad_ready(st, s, mats["proj"][0] * mats["proj"][1] * gb, last_mb)
-        self.compute(st, AttentionOp(name=f"{pre}.attn.bwd", kind="attention", batch=self.spec.micro_batch_size,
-                                     heads=m.heads // t, seq_len=m.seq_len, head_dim=m.hidden // m.heads,
-                                     precision=self._attn_precision(), backward=True))
+        self.attention(st, f"{pre}.attn.bwd", backward=True)
         self._column_backward(st, s, f"{pre}.qkv", mats["qkv"], post, sp)
         self.mem(st, f"{pre}.norm1.bwd", 3 * hb, "norm")
         small = (layer_params(m, t) - sum(i * o for i, o in mats.values())) * gb
@@ -634,6 +635,37 @@ class _Gen:
         st.pending = list(ag)
         self.gemm(st, f"{name}.wgrad", mat[0], mat[1], T)
         st.pending = after_reduction
+
+    def attention(self, st: _Stage, name: str, backward: bool) -> None:
+        """The core attention of one micro-batch on one tensor-parallel rank (its heads)."""
+        m, b = self.m, self.spec.micro_batch_size
+        heads, s, d = m.heads // self.lay.tp, m.seq_len, m.hidden // m.heads
+        if self.spec.attention == "flash":
+            self.compute(st, AttentionOp(name=name, kind="attention", batch=b, heads=heads, seq_len=s, head_dim=d,
+                                         precision=self._attn_precision(), backward=backward))
+            return
+        # Unfused: every head's s x s scores go through HBM. The batched GEMMs are priced as one
+        # GEMM of the same FLOPs and operand shapes (b x heads x s rows).
+        rows = b * heads * s
+        scores = float(b * heads * s * s)
+        prec = self._attn_precision()
+        eb = activation_element_bytes(prec)
+
+        def bmm(part: str, n: int, k: int) -> None:
+            self.compute(st, GemmOp(name=f"{name}.{part}", kind="gemm", m=rows, n=n, k=k, precision=prec))
+
+        if not backward:
+            bmm("qk", s, d)
+            self.mem(st, f"{name}.softmax", 2 * eb * scores, "softmax")  # scores in, probabilities out
+            self.mem(st, f"{name}.dropout", (2 * eb + 1) * scores, "elementwise")  # and its byte mask
+            bmm("pv", d, s)
+            return
+        bmm("pv.dgrad", s, d)  # the probabilities' gradient
+        bmm("pv.wgrad", d, s)  # V's
+        self.mem(st, f"{name}.dropout", (2 * eb + 1) * scores, "elementwise")
+        self.mem(st, f"{name}.softmax", 3 * eb * scores, "softmax")  # probabilities and gradient in, out
+        bmm("qk.dgrad", d, s)  # Q's
+        bmm("qk.wgrad", d, s)  # K's
 
     def _attn_precision(self) -> Literal["fp32", "tf32", "fp16", "bf16"]:
         # FP8 recipes (Transformer Engine) keep attention in 16 bits.

@@ -36,6 +36,19 @@ def test_layer_activations_are_korthikantis_with_a_fused_attention(tp: int) -> N
     assert layer_activation_bytes(GPT, S * B, 1, False, False, act_bytes=4) == pytest.approx(2 * 34 * SBH)
 
 
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_unfused_attention_keeps_korthikantis_score_term(tp: int) -> None:
+    """Korthikanti et al. (MLSys 2023), eq. 2-4 with the attention scores, probabilities and
+    dropout mask stored: sbh(10 + 24/t + 5as/(ht)), and 34 + 5as/h over t with sequence
+    parallelism; full recomputation still keeps only the layer's input."""
+    a = GPT.heads
+    assert layer_activation_bytes(GPT, S * B, tp, False, False, unfused_attention=True) == \
+        pytest.approx(SBH * (10 + 24 / tp + 5 * a * S / (H * tp)))
+    assert layer_activation_bytes(GPT, S * B, tp, True, False, unfused_attention=True) == \
+        pytest.approx(SBH * (34 + 5 * a * S / H) / tp)
+    assert layer_activation_bytes(GPT, S * B, tp, False, True, unfused_attention=True) == pytest.approx(2 * SBH)
+
+
 def test_grouped_query_attention_and_a_gated_mlp_store_what_they_produce() -> None:
     """LLaMA2-70B: K and V an eighth the size of Q, FC1 two ffn-wide halves; per layer, in units
     of sbh: 10 outside the TP regions, Q 2 + K, V 2/8 each + projection input 2 + both FC1 halves

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from ovsim.api import predict
+from ovsim.api import build, predict
 from ovsim.errors import OvsimError
 from ovsim.models.training import (
     PRESETS,
@@ -58,6 +58,41 @@ def test_forward_and_backward_gemm_flops_are_six_times_params_times_tokens() -> 
         ops = training_ops(spec.model_copy(update={"recompute": recompute}), 1).ops
         flops = sum(2 * o.m * o.n * o.k for o in ops if isinstance(o, GemmOp))
         assert flops == factor * weights * m.layers * tokens
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_unfused_attention_does_the_papers_gemm_flops(tp: int) -> None:
+    """Narayanan et al. (SC'21), section 5.1: a layer's forward does 24 b s h^2 + 4 b s^2 h FLOPs of
+    GEMMs, the second term the unfused attention's QK^T and PV over the whole s x s; backward
+    twice the forward. Per tensor-parallel rank, a t-th of it."""
+    spec = TrainingSpec.model_validate({**SMALL, "embedding_and_head": False, "optimizer": False,
+                                        "attention": "unfused", "parallel": {"tp": tp}})
+    m = spec.shape()
+    b, s, h = spec.micro_batch_size, m.seq_len, m.hidden
+    ops = [o for o in training_ops(spec, tp).ops if isinstance(o, GemmOp) and 0 in o.ranks]
+    flops = sum(2 * o.m * o.n * o.k for o in ops)
+    assert flops == 3 * m.layers * (24 * b * s * h * h + 4 * b * s * s * h) // tp
+    assert not any(o.kind == "attention" for o in training_ops(spec, tp).ops)
+
+
+def test_an_iteration_does_the_flops_megatron_lm_counts() -> None:
+    """Narayanan et al. (SC'21), equation 3, an iteration's FLOPs with full recomputation and
+    unfused attention: 96 B s l h^2 (1 + s/(6h) + V/(16 l h)); their table 1's 18B row
+    (h 6144, 48 heads, 40 layers, vocabulary 51,200, sequence 2048, TP 8 on 256 GPUs, batch 1024 of
+    micro-batches of 8). ovsim's GEMMs and attention on one data-parallel replica, times the
+    replicas, must do exactly that."""
+    B, s, l_, h, V = 1024, 2048, 40, 6144, 51200
+    sc = Scenario.model_validate({
+        "schema": "ovsim.scenario/1", "name": "megatron-18b", "system": "dgx-a100-hdr", "nodes": 32,
+        "training": {"model": {"layers": l_, "hidden": h, "heads": 48, "vocab": V, "seq_len": s,
+                               "gated_mlp": False, "tied_embeddings": True},
+                     "micro_batch_size": 8, "micro_batches": 4, "precision": "fp16", "recompute": True,
+                     "attention": "unfused", "parallel": {"tp": 8, "dp": 32}}})
+    wl = build(sc)[0]
+    flops = sum(op.kernel.flops for op in wl.ops if op.kernel is not None and op.flow is None)
+    assert wl.n_ranks * wl.replicas == 256
+    per_gpu = flops / wl.n_ranks
+    assert per_gpu * 256 == pytest.approx(96 * B * s * l_ * h * h * (1 + s / (6 * h) + V / (16 * l_ * h)), rel=1e-12)
 
 
 def test_tensor_parallel_splits_gemms_and_adds_two_all_reduces_per_layer_each_way() -> None:
