@@ -13,6 +13,7 @@ from ovsim import validate
 from ovsim.cli import main
 from ovsim.errors import OvsimError
 from ovsim.validate import Check
+from ovsim.validate import traces as validate_traces
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
@@ -61,19 +62,25 @@ def test_power_figures_are_reported_against_their_sources() -> None:
     assert {c.reference for c in lee} == {1.25, 2.07} and len(lee) == 3
 
 
+
+def _cases(monkeypatch: pytest.MonkeyPatch, name: str, value: object) -> None:
+    """Replace a table of trace cases where the trace checks and the command's folder check read it."""
+    monkeypatch.setattr(validate_traces, name, value)
+    monkeypatch.setattr(validate, name, value)
+
 @pytest.mark.slow
 def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     if not TRACES.exists():
         pytest.skip(f"shared traces not found at {TRACES}")
-    monkeypatch.setattr(validate, "TRACE_CASES", (
+    _cases(monkeypatch, "TRACE_CASES", (
         ("param/et_replay/tests/inputs/dlrm_kineto.tar.gz", None),
         ("HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz", "a100-sxm4-80gb")))
     h100 = "TraceLens/tests/traces/h100/"
-    monkeypatch.setattr(validate, "MEMORY_CASES", {"h100-sxm5-80gb": (
+    _cases(monkeypatch, "MEMORY_CASES", {"h100-sxm5-80gb": (
         h100 + "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
         h100 + "google_owlv2-large-patch14-ensemble__1016001.json.gz")})
-    monkeypatch.setattr(validate, "GEMM_CASES", validate.MEMORY_CASES)
+    _cases(monkeypatch, "GEMM_CASES", validate_traces.MEMORY_CASES)
     rc = main(["validate", "--traces", str(TRACES), "--json"])
     doc = json.loads(capsys.readouterr().out)
     checks = doc["checks"]
@@ -163,7 +170,7 @@ def test_validate_rejects_a_folder_without_the_shared_traces(tmp_path: Path,
 def test_held_out_folds_in_processes_give_the_same_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     if not TRACES.exists():
         pytest.skip(f"shared traces not found at {TRACES}")
-    monkeypatch.setattr(validate, "TRACE_CASES", (
+    _cases(monkeypatch, "TRACE_CASES", (
         ("HolisticTraceAnalysis/tests/data/negative_queue_length_values_check/rank0.json.gz", None),
         ("HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz", "a100-sxm4-80gb")))
     one = validate.trace_checks(TRACES, workers=1)
