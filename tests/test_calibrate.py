@@ -141,7 +141,7 @@ def test_contention_fit_recovers_the_planted_pressure_and_replay_then_matches() 
 def test_contention_values_the_engine_does_worse_with_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fit's one-kernel channel is a surrogate; when the full engine replays a trace worse with
     the fitted values than without, no memory contention is written."""
-    import ovsim.calibrate as cal
+    import ovsim.calibrate.contention as cal
 
     monkeypatch.setattr(cal, "_replay_mape", lambda tr, d, overrides: 1e3)
     tr = TraceInput(bundle=contention_trace(), label="synthetic", gpu=GPU)
