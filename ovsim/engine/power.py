@@ -27,7 +27,7 @@ import pandas as pd
 
 from ovsim.engine.analytic import Plan
 from ovsim.engine.timeline import Timeline, timeline_from_rows
-from ovsim.hw.power import MEMORY, TENSOR, Activity, PowerModel, PowerSettings
+from ovsim.hw.power import MEMORY, TENSOR, PowerModel, PowerSettings
 from ovsim.hw.spec import GpuSpec
 from ovsim.models.cost import blocks_per_sm
 from ovsim.models.ir import Op, Workload
@@ -531,42 +531,47 @@ def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:
 
 
 def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
-                   clocks: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """``power_w`` and ``sm_clock_hz`` counter rows for an analytic timeline: each rank's power is
-    idle plus the isolated activity of whatever ops run, each at its own clock."""
+                   clocks: dict[str, float] | None = None) -> list[tuple[float, int, str, float]]:
+    """``power_w`` and ``sm_clock_hz`` counter rows ``(time_s, rank, counter, value)`` for an
+    analytic timeline: each rank's power is idle plus the isolated activity of whatever ops run,
+    each at its own clock."""
     m = cfg.model
     by_id = {op.id: op for op in workload.ops}
     ops = timeline.ops
     ops = ops[(ops["rank"] >= 0) & ops["id"].isin(by_id)]
-    out: list[dict[str, Any]] = []
+    out: list[tuple[float, int, str, float]] = []
     x_t = m.tensor_reference_clock_fraction
     cache: _ActivityCache = {}
+    clock_of = clocks or {}
+    hz = m.compute_clock_hz
+    rows_of: dict[Any, Any] = ops.groupby("rank").indices  # rank -> row positions, in order
+    ids = ops["id"].astype(str).to_numpy()
+    starts, ends = ops["start_s"].to_numpy(float), ops["end_s"].to_numpy(float)
     for r in range(workload.n_ranks):
-        mine = ops[ops["rank"] == r]
         events: list[tuple[float, int, float]] = []  # time, op index, +1 start / -1 end
         acts: list[tuple[float, float, float, float]] = []
-        for oid, start, end in zip(mine["id"].astype(str), mine["start_s"].to_numpy(float),
-                                   mine["end_s"].to_numpy(float), strict=True):
-            op = by_id[oid]
+        for k in rows_of.get(r, ()):
+            start, end = starts[k], ends[k]
             if not end > start:
                 continue
+            op = by_id[ids[k]]
             a = _activity_of(op, gpu, m, cache)
             # Under a policy each op runs at its own solved clock; without one, as calibrated.
-            managed_c = (clocks or {}).get(op.id, cfg.max_clock_fraction)
-            c = managed_c if cfg.managed else (x_t if a.cls == TENSOR else 1.0)
+            c = clock_of.get(op.id, cfg.max_clock_fraction) if cfg.managed else (x_t if a.cls == TENSOR else 1.0)
             j = len(acts)
             acts.append((m.dynamic_scale(c) * a.sm_w, a.hbm_bytes_per_s, a.link_bytes_per_s, c))
             events.append((start, j, 1.0))
             events.append((end, j, -1.0))
         idle_clock = cfg.max_clock_fraction if cfg.managed else 1.0
-        out.append({"time_s": 0.0, "rank": r, "counter": POWER_COUNTER, "value": m.idle_w})
-        out.append({"time_s": 0.0, "rank": r, "counter": CLOCK_COUNTER, "value": idle_clock * m.compute_clock_hz})
-        events.sort(key=lambda e: (e[0], e[1], e[2]))
+        out.append((0.0, r, POWER_COUNTER, m.idle_w))
+        out.append((0.0, r, CLOCK_COUNTER, idle_clock * hz))
+        events.sort()
         active: dict[int, None] = {}
         i = 0
-        while i < len(events):
+        n = len(events)
+        while i < n:
             t = events[i][0]
-            while i < len(events) and events[i][0] == t:
+            while i < n and events[i][0] == t:
                 _, j, sign = events[i]
                 if sign > 0:
                     active[j] = None
@@ -574,9 +579,9 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
                     active.pop(j, None)
                 i += 1
             vals = [acts[j] for j in active]
-            act = Activity(hbm_bytes_per_s=sum(v[1] for v in vals), link_bytes_per_s=sum(v[2] for v in vals))
-            p = m.power_w(act, 1.0) + sum(v[0] for v in vals)
+            p = m.board_power_w(0.0, 0.0, sum(v[1] for v in vals), sum(v[2] for v in vals), 1.0, 1.0) \
+                + sum(v[0] for v in vals)
             clock = min((v[3] for v in vals), default=idle_clock)
-            out.append({"time_s": t, "rank": r, "counter": POWER_COUNTER, "value": p})
-            out.append({"time_s": t, "rank": r, "counter": CLOCK_COUNTER, "value": clock * m.compute_clock_hz})
+            out.append((t, r, POWER_COUNTER, p))
+            out.append((t, r, CLOCK_COUNTER, clock * hz))
     return out
