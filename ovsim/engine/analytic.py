@@ -27,6 +27,8 @@ def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = 
         if plan is None:
             plan = Plan.of(workload)
         dur = [op.isolated_s for op in workload.ops] if durations_s is None else list(durations_s)
+        if len(dur) != len(workload.ops):
+            raise OvsimError(f"{len(dur)} durations for {len(workload.ops)} ops", field="durations_s")
         return plan.timeline(dur)
 
 

@@ -75,3 +75,9 @@ def test_durations_replace_the_isolated_times() -> None:
     out = analytic_timeline(_workload(ops), [2.0, 3.0]).ops.set_index("id")
     assert out.loc["k1", "end_s"] == pytest.approx(5.0)
     assert out.loc["k1", "isolated_s"] == pytest.approx(3.0)
+
+
+def test_durations_must_cover_every_op() -> None:
+    ops = [Op("k0", "k0", "gemm", 0, "s", kernel=_kernel(1.0)), Op("k1", "k1", "gemm", 0, "s", kernel=_kernel(1.0))]
+    with pytest.raises(OvsimError, match="1 durations for 2 ops"):
+        analytic_timeline(_workload(ops), [2.0])
