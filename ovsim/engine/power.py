@@ -482,8 +482,7 @@ def _windowed_clocks(workload: Workload, inputs: dict[str, SolverInputs], cfg: P
             idle = cfg.settings.start == "idle"
             avg = (_periodic_integral(ticks, times, cum, span, idle)
                    - _periodic_integral(ticks - window, times, cum, span, idle)) / window
-            c = np.array([m.solve_clock(cap, a[0], a[1], a[2], a[3], hi,
-                                        hbm_saturating=tuple(zip(a[4:], sats, strict=True))) for a in avg])
+            c = m.solve_clocks(cap, avg, hi, sats)
             # The clock's integral over time, then each op's average clock over its span.
             edges = np.append(ticks, ticks[-1] + period)
             c_cum = np.concatenate([[0.0], np.cumsum(c * period)])
@@ -543,6 +542,7 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
     x_t = m.tensor_reference_clock_fraction
     cache: _ActivityCache = {}
     clock_of = clocks or {}
+    managed, top = cfg.managed, cfg.max_clock_fraction
     hz = m.compute_clock_hz
     rows_of: dict[Any, Any] = ops.groupby("rank").indices  # rank -> row positions, in order
     ids = ops["id"].astype(str).to_numpy()
@@ -557,12 +557,12 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
             op = by_id[ids[k]]
             a = _activity_of(op, gpu, m, cache)
             # Under a policy each op runs at its own solved clock; without one, as calibrated.
-            c = clock_of.get(op.id, cfg.max_clock_fraction) if cfg.managed else (x_t if a.cls == TENSOR else 1.0)
+            c = clock_of.get(op.id, top) if managed else (x_t if a.cls == TENSOR else 1.0)
             j = len(acts)
             acts.append((m.dynamic_scale(c) * a.sm_w, a.hbm_bytes_per_s, a.link_bytes_per_s, c))
             events.append((start, j, 1.0))
             events.append((end, j, -1.0))
-        idle_clock = cfg.max_clock_fraction if cfg.managed else 1.0
+        idle_clock = top if managed else 1.0
         out.append((0.0, r, POWER_COUNTER, m.idle_w))
         out.append((0.0, r, CLOCK_COUNTER, idle_clock * hz))
         events.sort()

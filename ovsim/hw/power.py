@@ -207,6 +207,52 @@ class PowerModel:
         return (self.idle_w + self.dynamic_scale(c_tensor) * sm_tensor_w + self.dynamic_scale(c) * sm_other_w
                 + self.hbm_w * (hbm if hbm < 1.0 else 1.0) + self.link_w * (link if link < 1.0 else 1.0))
 
+    def solve_clocks(self, cap_w: float, terms: np.ndarray, hi: float, saturations: Sequence[float] = ()) -> np.ndarray:
+        """:meth:`solve_clock` for many activities at once, with the same arithmetic and the same
+        search, so each result equals the scalar one. ``terms``: one row per activity, columns
+        ``sm_w``, ``hbm_fixed_bytes_per_s``, ``hbm_per_c_bytes_per_s``, ``link_bytes_per_s``, then
+        the saturating tensor traffic at each of ``saturations``."""
+        n = terms.shape[0]
+        lo = self.min_clock_fraction
+        fc, fmin, step = self.compute_clock_hz, self.min_clock_hz, self.clock_step_hz
+        if hi <= lo:
+            return np.full(n, lo)
+        if step <= 0 or n == 0:
+            sats = list(saturations)
+            return np.array([self.solve_clock(cap_w, row[0], row[1], row[2], row[3], hi,
+                                             tuple(zip(row[4:], sats, strict=True))) for row in terms], dtype=float)
+        idle, hbm_w, link_w = self.idle_w, self.hbm_w, self.link_w
+        hbm_peak, link_peak = self.hbm_peak_bytes_per_s, self.link_peak_bytes_per_s
+        k, vk = self.knee_clock_fraction, self.knee_voltage_fraction
+        slope = (1.0 - vk) / (1.0 - k)
+        sm_w, fixed, per_c, link_b = terms[:, 0], terms[:, 1], terms[:, 2], terms[:, 3]
+        link = link_w * np.minimum(1.0, link_b / link_peak) if link_peak > 0 else np.zeros(n)
+
+        def fits(c: np.ndarray) -> np.ndarray:
+            v = np.where(c <= k, vk, vk + slope * (c - k))
+            moved = fixed + per_c * c
+            for j, sat in enumerate(saturations):
+                moved = moved + terms[:, 4 + j] * np.where(c < sat, c, sat) / sat
+            hbm = moved / hbm_peak
+            out: np.ndarray = idle + c * v * v * sm_w + hbm_w * np.where(hbm < 1.0, hbm, 1.0) + link <= cap_w
+            return out
+
+        at_hi = fits(np.full(n, hi))
+        at_lo = fits(np.full(n, lo))
+        # Grid points min + i·step below hi: the lowest fits, find the highest that does.
+        i_lo = np.zeros(n, dtype=np.int64)
+        i_hi = np.full(n, math.ceil((hi * fc - fmin) / step - 1e-9), dtype=np.int64)
+        open_ = ~at_hi & at_lo
+        while True:
+            searching = open_ & (i_hi - i_lo > 1)
+            if not searching.any():
+                break
+            mid = (i_lo + i_hi) // 2
+            ok = fits((fmin + mid * step) / fc)
+            i_lo = np.where(searching & ok, mid, i_lo)
+            i_hi = np.where(searching & ~ok, mid, i_hi)
+        return np.where(at_hi, hi, np.where(~at_lo, lo, (fmin + i_lo * step) / fc))
+
     def solve_clock(self, cap_w: float, sm_w: float, hbm_fixed_bytes_per_s: float, hbm_per_c_bytes_per_s: float,
                     link_bytes_per_s: float, hi: float,
                     hbm_saturating: Sequence[tuple[float, float]] = ()) -> float:

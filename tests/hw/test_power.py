@@ -329,3 +329,30 @@ def test_a_held_knee_clock_leaves_the_floor_to_the_samples_above_it(a100_40: Pow
     assert fit.params["knee_voltage_fraction"] == pytest.approx(0.9, abs=0.01)
     with pytest.raises(OvsimError, match="cannot hold knee_clock"):
         fit_power(table, a100_40, fit_voltage=True, hold=("knee_clock",))
+
+
+@pytest.mark.parametrize("stem", ["a100-sxm4-40gb", "h100-sxm5-80gb"])
+def test_clocks_solved_together_equal_the_clocks_solved_one_by_one(stem: str) -> None:
+    """PowerModel.solve_clocks (the analytic power loop's, every control tick at once) must give
+    exactly what solve_clock gives for each activity, caps from below idle to above the board's
+    worst case, traffic from none to past HBM's peak, saturating tensor traffic included."""
+    m = model_of(stem)
+    rng = np.random.default_rng(7)
+    n = 500
+    sats = (0.6, 0.8)
+    terms = np.column_stack([rng.uniform(0, 2.5 * m.tensor_w["default"], n),
+                             rng.uniform(0, 1.2 * m.hbm_peak_bytes_per_s, n),
+                             rng.uniform(0, 0.8 * m.hbm_peak_bytes_per_s, n),
+                             rng.uniform(0, 1.5 * max(m.link_peak_bytes_per_s, 1.0), n),
+                             rng.uniform(0, 0.5 * m.hbm_peak_bytes_per_s, n),
+                             np.where(rng.uniform(size=n) < 0.5, 0.0, rng.uniform(0, 1e12, n))])
+    interior = 0
+    for cap in (0.5 * m.idle_w, 200.0, 400.0, 700.0, 5000.0):
+        for hi in (m.min_clock_fraction, 0.7, 1.0):
+            together = m.solve_clocks(cap, terms, hi, sats)
+            alone = [m.solve_clock(cap, float(r[0]), float(r[1]), float(r[2]), float(r[3]), hi,
+                                   hbm_saturating=tuple(zip((float(x) for x in r[4:]), sats, strict=True)))
+                     for r in terms]
+            assert together.tolist() == alone
+            interior += sum(m.min_clock_fraction < c < hi for c in alone)
+    assert interior > 100  # the search itself was exercised, not only the two ends
