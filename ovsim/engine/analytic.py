@@ -52,7 +52,6 @@ class Plan:
         for op in ops:
             if op.flow is not None:
                 groups.setdefault(op.flow.group, []).append(op)
-        order = _order(workload, groups)
         index = {op.id: i for i, op in enumerate(ops)}
         stream_pred = [-1] * len(ops)
         last: dict[tuple[int, str], int] = {}
@@ -60,16 +59,17 @@ class Plan:
             key = (op.rank, op.stream)
             stream_pred[i] = last.get(key, -1)
             last[key] = i
+        deps = [[index[d] for d in op.deps] for op in ops]
+        members = [[index[m.id] for m in ms] for ms in groups.values()]
+        order = _order(stream_pred, deps, members)
         group_of = [-1] * len(ops)
-        members: list[list[int]] = []
         for g, (name, ms) in enumerate(groups.items()):
             missing = set(ms[0].flow.ranks if ms[0].flow else ()) - {m.rank for m in ms}
             if missing:
                 raise OvsimError(f"collective '{name}' is never joined by rank(s) {sorted(missing)}", field="ranks")
-            members.append([index[m.id] for m in ms])
-            for m in members[-1]:
+            for m in members[g]:
                 group_of[m] = g
-        return Plan(workload, order, stream_pred, [[index[d] for d in op.deps] for op in ops], group_of, members)
+        return Plan(workload, order, stream_pred, deps, group_of, members)
 
     def times(self, dur: list[float]) -> tuple[list[float], list[float], list[float], list[float],
                                                 dict[int, tuple[float, float, float, float]]]:
@@ -138,21 +138,20 @@ class Plan:
         return timeline_from_rows(rows, [])
 
 
-def _order(workload: Workload, groups: dict[str, list[Op]]) -> list[int]:
+def _order(stream_pred: list[int], deps: list[list[int]], members: list[list[int]]) -> list[int]:
     """The ops' indices in an order that respects stream order, dependencies and collectives.
 
     A member of a collective may only be finished once every member is ready: each member waits
     for the predecessors of all the others, through one join node per collective (predecessors ->
     join -> members: edges in proportion to the members, not their square)."""
-    n = len(workload.ops)
-    succ = workload.successors()
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for p, out in enumerate(succ):
-        for v in out:
-            preds[v].append(p)
-    index = {op.id: i for i, op in enumerate(workload.ops)}
-    for j, members in enumerate(groups.values(), start=n):
-        ids = {index[m.id] for m in members}
+    n = len(stream_pred)
+    preds = [([p] if p >= 0 else []) + d for p, d in zip(stream_pred, deps, strict=True)]
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i, ps in enumerate(preds):
+        for p in ps:
+            succ[p].append(i)
+    for j, ms in enumerate(members, start=n):
+        ids = set(ms)
         succ.append(list(ids))
         for m in ids:
             for p in preds[m]:
