@@ -69,6 +69,9 @@ DEFAULT_REGISTERS = 32
 # span is a corrupt timestamp or files on different clocks, and the simulation's float seconds
 # would no longer resolve a kernel's microseconds that far from its start.
 MAX_SPAN_S = 1e6
+# A kernel replayed at its own overlapped measurement that comes out further than this from it is
+# replayed again with the contention the first replay gave it taken out of its isolated time.
+OWN_MEASUREMENT_TOLERANCE = 0.005
 COMPUTE_KINDS = ("gemm", "attention", "elementwise", "norm", "other")
 MEMORY_KINDS = ("elementwise", "norm")
 _ENGINE_KIND: dict[str, KernelKind] = {"gemm": "gemm", "attention": "attention", "elementwise": "elementwise",
@@ -202,6 +205,42 @@ def isolated_durations(c: _Cols, overlapped: np.ndarray) -> tuple[np.ndarray, np
     return iso, src
 
 
+def held_blocks(c: _Cols, i: int, gpu: GpuSpec, params: Parameters) -> int:
+    """Blocks a collective kernel holds in replay: ``replay_collective_sm_fraction`` of its grid."""
+    grid, _ = _block(c, i, gpu)
+    return math.ceil(grid * params.replay_collective_sm_fraction - 1e-9)
+
+
+def sms_measured_on(c: _Cols, src: np.ndarray, gpu: GpuSpec, params: Parameters) -> np.ndarray:
+    """Per row, the SMs the kernel's isolated duration was measured on.
+
+    A kernel that runs at its own overlapped measurement (``none``) ran beside the collectives of
+    its rank, whose held blocks (:func:`held_blocks`, one per SM) it did not have: its time is
+    priced on the SMs left, averaged over its measured interval, so that a replay beside the same
+    collectives gives it back its measured time instead of slowing it a second time. That is the
+    case of communication resident on a fixed share of the SMs for a whole step (expert-parallel
+    dispatch and combine kernels beside grouped GEMMs), where nearly every kernel overlaps and has
+    no clean instance. Every other kernel's isolated duration comes from instances that did not
+    overlap, on the whole GPU."""
+    sms = np.full(len(c.start), gpu.sm.count, dtype=np.int64)
+    is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
+    for r in np.unique(c.rank):
+        rows = np.flatnonzero((src == "none") & (c.rank == r))
+        colls = np.flatnonzero(is_coll & (c.rank == r))
+        if len(rows) == 0 or len(colls) == 0:
+            continue
+        held = np.array([held_blocks(c, int(j), gpu, params) for j in colls], dtype=np.float64)
+        if not held.any():
+            continue
+        cs, ce = c.start[colls], c.end[colls]
+        for i in rows:
+            s, e = float(c.start[i]), float(c.end[i])
+            shared = np.clip(np.minimum(ce, e) - np.maximum(cs, s), 0.0, None)
+            mean_held = float(shared @ held) / max(e - s, 1e-12)
+            sms[i] = max(1, gpu.sm.count - min(round(mean_held), gpu.sm.count - 1))
+    return sms
+
+
 def _block(c: _Cols, i: int, gpu: GpuSpec) -> tuple[int, BlockShape]:
     def val(x: float, default: int) -> int:
         return default if not math.isfinite(x) else int(x)
@@ -250,8 +289,12 @@ def persistent_tiles(c: _Cols, i: int, grid: int, shape: BlockShape, gpu: GpuSpe
     return tiles if tiles > grid else None
 
 
-def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Parameters) -> KernelDemand:
+def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Parameters,
+                   sm_count: int | None = None) -> KernelDemand:
+    """The kernel's demand, its isolated time ``iso_s`` measured on ``sm_count`` SMs (all of them
+    unless given: :func:`sms_measured_on`)."""
     grid, shape = _block(c, i, gpu)
+    sms = gpu.sm.count if sm_count is None else sm_count
     iso_s = max(iso_s, 1e-9)
     memory = c.kind[i] in MEMORY_KINDS
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
@@ -265,7 +308,7 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
     # blocks need.
     tiles = persistent_tiles(c, i, grid, shape, gpu)
     d = cost.demand_from_time(blocks=tiles or grid, block=shape, isolated_s=iso_s, flops=0.0,
-                              hbm_bytes=data_moving_s(iso_s, params) * rate, gpu=gpu,
+                              hbm_bytes=data_moving_s(iso_s, params) * rate, gpu=gpu, sm_count=sms,
                               issue_intensity=params.memory_issue_floor if memory else 1.0, clock_sensitive=not memory,
                               cap=None if memory else cost.issue_cap(shape, gpu, params,
                                                                      1.0 / cost.blocks_per_sm(shape, gpu)),
@@ -275,11 +318,11 @@ def _kernel_demand(c: _Cols, i: int, iso_s: float, gpu: GpuSpec, params: Paramet
     if not memory:
         # GEMMs keep the bytes replay_hbm_fraction was fitted with (on the H100's harness data).
         return d
-    d = cost.bandwidth_bound(d, gpu, params)
-    return _within_rate(d, rate, gpu) if math.isinf(d.hbm_cap_bytes_per_s) else d
+    d = cost.bandwidth_bound(d, gpu, params, sm_count=sms)
+    return _within_rate(d, rate, gpu, sms) if math.isinf(d.hbm_cap_bytes_per_s) else d
 
 
-def _within_rate(d: KernelDemand, rate_bytes_per_s: float, gpu: GpuSpec) -> KernelDemand:
+def _within_rate(d: KernelDemand, rate_bytes_per_s: float, gpu: GpuSpec, sm_count: int) -> KernelDemand:
     """``d`` with its bytes lowered, where needed, so that no wave asks more than the rate they
     were read backwards at. A kernel whose time follows its blocks (no HBM headroom in the
     calibration) moves its bytes block by block: with a partial last wave, its full waves carry
@@ -287,7 +330,7 @@ def _within_rate(d: KernelDemand, rate_bytes_per_s: float, gpu: GpuSpec) -> Kern
     kernel ran 15% over its own measured time alone (the Adam step of a real A100 trace)."""
     if d.hbm_bytes <= 0 or rate_bytes_per_s <= 0:
         return d
-    resident = min(d.blocks, gpu.sm.count * cost.blocks_per_sm(d.block, gpu))
+    resident = min(d.blocks, sm_count * cost.blocks_per_sm(d.block, gpu))
     peak = d.hbm_bytes / d.blocks * resident / d.block_time_s
     return replace(d, hbm_bytes=d.hbm_bytes * rate_bytes_per_s / peak) if peak > rate_bytes_per_s else d
 
@@ -361,8 +404,10 @@ def _on_trace_ranks(tl: Timeline, ranks: list[int]) -> Timeline:
 
 
 def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Parameters,
-                          syncs: pd.DataFrame | None = None) -> tuple[Workload, list[str]]:
-    """The workload that replays the table; returns it and the op id of every row."""
+                          syncs: pd.DataFrame | None = None,
+                          sms: np.ndarray | None = None) -> tuple[Workload, list[str]]:
+    """The workload that replays the table; returns it and the op id of every row. ``sms``: per
+    row, the SMs its isolated duration was measured on (:func:`sms_measured_on`; all if None)."""
     rank_ix = {r: i for i, r in enumerate(trace_ranks(c))}
     groups = _collective_groups(c)
     flows = _flows(c, groups, rank_ix, params)
@@ -401,8 +446,8 @@ def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Param
         kind = c.kind[i]
         dur = max(float(c.dur[i]), 1e-9)
         if kind == "collective":
-            grid, shape = _block(c, i, gpu)
-            held = math.ceil(grid * params.replay_collective_sm_fraction - 1e-9)
+            _, shape = _block(c, i, gpu)
+            held = held_blocks(c, i, gpu, params)
             kd = KernelDemand(blocks=held, block=shape, block_time_s=1.0, issue_fraction=1.0, hbm_bytes=0.0,
                               flops=0.0, isolated_s=dur, clock_sensitive=False) if held > 0 else None
             ops.append(Op(kind="collective", kernel=kd, flow=flows[groups[i]], **common))
@@ -416,7 +461,7 @@ def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Param
                               uses_copy_engine=True)
             ops.append(Op(kind="transfer", flow=flow, **common))
         else:
-            kd = _kernel_demand(c, i, float(iso[i]), gpu, params)
+            kd = _kernel_demand(c, i, float(iso[i]), gpu, params, None if sms is None else int(sms[i]))
             ops.append(Op(kind=engine_kind(kind, c.name[i]), kernel=kd, **common))
     wl = Workload(ops=tuple(ops), streams=tuple(StreamSpec(r, s) for r, s in sorted(streams)), n_ranks=len(rank_ix))
     return wl, op_ids
@@ -496,15 +541,30 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
     cols = _Cols.of(df)
     overlapped = _overlap_flags(cols)
     iso, src = isolated_durations(cols, overlapped)
-    wl, op_ids = build_replay_workload(cols, iso, spec, params, bundle.syncs)
-    machine = build_machine(_system_for(gpu_name, wl.n_ranks), spec, params, n_ranks=wl.n_ranks)
+    sms = sms_measured_on(cols, src, spec, params)
     # The trace's durations already hold whatever clock the run's own power loop gave each kernel:
     # no second loop on top of them.
     power_config = (PowerConfig(model=power_model(spec, params), settings=PowerSettings(managed=False))
                     if power else None)
-    sim = Engine(wl, machine, EngineOptions(counters=counters, progress=progress, power=power_config)).run()
-    timeline = _on_trace_ranks(sim, trace_ranks(cols))
-    pred = timeline.ops.set_index("id").loc[op_ids]
+
+    def run(iso: np.ndarray) -> tuple[Workload, Timeline, pd.DataFrame]:
+        wl, op_ids = build_replay_workload(cols, iso, spec, params, bundle.syncs, sms)
+        machine = build_machine(_system_for(gpu_name, wl.n_ranks), spec, params, n_ranks=wl.n_ranks)
+        sim = Engine(wl, machine, EngineOptions(counters=counters, progress=progress, power=power_config)).run()
+        timeline = _on_trace_ranks(sim, trace_ranks(cols))
+        return wl, timeline, timeline.ops.set_index("id").loc[op_ids]
+
+    wl, timeline, pred = run(iso)
+    # A kernel replayed at its own overlapped measurement beside collectives that hold SMs already
+    # carries the contention it ran under: replayed beside them it would pay it twice. Its isolated
+    # time is its measurement less the slowdown the first replay gave it (docs/replay.md says why
+    # only beside held SMs).
+    own = np.flatnonzero((src == "none") & overlapped & (sms < spec.sm.count))
+    ratio = pred["duration_s"].to_numpy(dtype=float)[own] / np.maximum(cols.dur[own], 1e-12)
+    if np.any(np.abs(ratio - 1.0) > OWN_MEASUREMENT_TOLERANCE):
+        iso = iso.copy()
+        iso[own] = iso[own] / ratio
+        wl, timeline, pred = run(iso)
     p_start = pred["start_s"].to_numpy(dtype=float)
     clock_offset_s = float(cols.start.min()) - float(p_start.min())
     out = pd.DataFrame({

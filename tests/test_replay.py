@@ -351,6 +351,53 @@ def test_the_replay_keeps_the_trace_rank_numbers() -> None:
     assert set(res.timeline.counters["rank"]) == {2, 5}
 
 
+# One block per SM (shared memory): the GEMM's 264 blocks take 2 waves on 132 SMs, 3 on 112.
+ONE_PER_SM = {"grid_x": 264, "block_x": 256, "registers_per_thread": 128, "shared_mem_bytes": 150_000}
+# An expert-parallel dispatch kernel resident on 20 SMs (one block each) for the whole step.
+EP_DISPATCH = {"grid_x": 20, "block_x": 512, "registers_per_thread": 64, "shared_mem_bytes": 200_000}
+
+
+def _fixed_partition_run() -> pd.DataFrame:
+    """A GEMM alone (40 us: 2 waves on 132 SMs), then a dispatch kernel holding 20 SMs for 950 us
+    beside ten GEMMs seen only beside it (60 us: 3 waves on the 112 SMs left) and the first GEMM
+    again (60 us)."""
+    rows = [k("deep_gemm::fp8_gemm_a", 0, 40, kind="gemm", **ONE_PER_SM),
+            k("dpsk::ep::internode::dispatch", 50, 950, stream=9, kind="collective", **EP_DISPATCH)]
+    rows += [k("deep_gemm::fp8_gemm_b", 55 + 61 * i, 60, kind="gemm", **ONE_PER_SM) for i in range(10)]
+    rows.append(k("deep_gemm::fp8_gemm_a", 55 + 61 * 10, 60, kind="gemm", **ONE_PER_SM))
+    return table(rows)
+
+
+def test_kernels_seen_only_beside_resident_communication_keep_their_measured_time() -> None:
+    """Communication resident on a fixed share of the SMs (expert-parallel dispatch and combine
+    beside grouped GEMMs): a GEMM with no clean instance ran on the 112 SMs left, so it is priced on
+    them and replays at its measured 60 us, where pricing it on all 132 gave 3 waves for 2 (90 us).
+    A GEMM whose isolated 40 us is a clean instance on the whole GPU does pay the held SMs: 3 waves
+    for 2, less its tiles' faster pace on fewer busy SMs (gemm_load_share s; 112 + 112 + 40 blocks
+    leave 20 + 20 + 92 SMs idle of 132 in three waves): 40 us x (3 - s) / 2."""
+    out = replay(TraceBundle(kernels=_fixed_partition_run()), gpu=GPU, counters=False, overrides=ALL_BLOCKS).kernels
+    own = out[out["isolated_source"] == "none"]
+    assert len(own) == 10
+    np.testing.assert_allclose(own["predicted_duration_s"], 60e-6, rtol=1e-6)
+    s = load_calibration(load_gpu(GPU), GPU).params.gemm_load_share
+    clean = out[out["isolated_source"] == "signature"]
+    np.testing.assert_allclose(clean["predicted_duration_s"], 40e-6 * (3 - s) / 2, rtol=1e-6)
+
+
+def test_resident_communication_stays_hidden_under_the_shipped_contention() -> None:
+    """With the shipped H100 contention the GEMMs seen only beside the dispatch kernel also share
+    HBM with it; their measurement already holds that, so they still replay within 0.5% of it, and
+    the communication exposed and hidden come out as measured (290 us exposed, 69.5% hidden; the
+    targets: within 5% and 2 points)."""
+    res = replay(TraceBundle(kernels=_fixed_partition_run()), gpu=GPU, counters=False)
+    own = res.kernels[res.kernels["isolated_source"] == "none"]
+    np.testing.assert_allclose(own["predicted_duration_s"], own["measured_duration_s"], rtol=0.005)
+    s = res.summary
+    assert s["exposed_comm_measured_s"] == pytest.approx(290e-6)
+    assert s["exposed_comm_predicted_s"] == pytest.approx(s["exposed_comm_measured_s"], rel=0.05)
+    assert s["hidden_pct_predicted"] == pytest.approx(s["hidden_pct_measured"], abs=2.0)
+
+
 @pytest.mark.parametrize(("threads", "blocks"), [(128, 1), (256, 24), (128, 6144)])
 def test_a_memory_bound_kernel_of_few_warps_moves_at_most_its_warps_rate(threads: int, blocks: int) -> None:
     """Little's law (Parameters.memory_warp_bytes_per_s): a memory-bound kernel's bytes are its
