@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ovsim import cli
 from ovsim.api import predict
 from ovsim.cli import main
+from ovsim.cli.common import TABLE_NOTE
 from ovsim.errors import OvsimError
 from ovsim.scenario import load_scenario
 from ovsim.sweep import _set, points, sweep
@@ -118,7 +118,7 @@ def test_sweep_command_table_json_and_csv(tmp_path: Path, capsys: pytest.Capture
     assert main([*args, "--csv", str(csv)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["ops.gemm.m", "power.cap_w", "iter"]
-    assert out[-2:] == ["", cli._TABLE_NOTE]
+    assert out[-2:] == ["", TABLE_NOTE]
     assert [line.split()[:2] for line in out[2:-2]] == [["1024", "None"], ["1024", "400"], ["2048", "None"],
                                                         ["2048", "400"]]
     assert csv.read_text().splitlines()[0].startswith("ops.gemm.m,power.cap_w,scenario,")
@@ -145,7 +145,7 @@ def test_none_is_text_as_in_a_scenario_file(capsys: pytest.CaptureFixture[str]) 
     """YAML reads ``none`` as text, so an enum value such as ``tp_overlap: none`` can be swept;
     ``null`` stays null."""
     scenario = EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"
-    from ovsim.cli import _axis_value
+    from ovsim.cli.sweep import axis_value as _axis_value
 
     assert _axis_value("none", "x=none") == "none"
     assert _axis_value("null", "x=null") is None and _axis_value("~", "x=~") is None
