@@ -247,6 +247,35 @@ def timeline_figure(timeline: Timeline, *, title: str = "", max_ranks: int = 4) 
     return fig
 
 
+def leaders_figure(timelines: Sequence[tuple[str, Timeline]], *, title: str = "") -> Figure:
+    """The first rank's streams under each schedule (``ovsim tune --plot``), one panel each on one
+    time axis, slowed time hatched by reason."""
+    if not timelines:
+        raise OvsimError("no schedules to draw", field="timelines")
+    panels = []
+    for label, tl in timelines:
+        ops = tl.ops[~tl.ops["kind"].isin(_HIDDEN_KINDS) & (tl.ops["rank"] >= 0)]
+        lane_keys, _ = _lane_order(ops, 1)
+        panels.append((label, [(f"r{r} {st}", st, ops[(ops["rank"] == r) & (ops["stream"].astype(str) == st)])
+                               for r, st in lane_keys], tl.makespan_s))
+    scale, unit = _time_unit(max(end for _, _, end in panels))
+    heights = [max(1.0, 0.32 * len(lanes) + 0.5) for _, lanes, _ in panels]
+    fig = _figure(figsize=(12, sum(heights) + 0.9), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    kinds: set[str] = set()
+    reasons: set[str] = set()
+    for ax, (label, lanes, end) in zip(axes, panels, strict=True):
+        k, r = _draw_lanes(ax, lanes, scale, lost=True)
+        kinds |= k
+        reasons |= r
+        ax.set_title(f"{label}: {end * scale:.4g} {unit}", loc="left", fontsize="small")
+    _legend(axes[0], kinds, reasons)
+    if title:
+        fig.suptitle(title, x=0.01, ha="left")
+    axes[-1].set_xlabel(f"time ({unit})")
+    return fig
+
+
 def _pct(x: float) -> str:
     return f"{x:.1f}%" if math.isfinite(x) else "-"
 

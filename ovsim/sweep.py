@@ -72,7 +72,7 @@ def _index(items: list[Any], key: str, path: str) -> int:
     return names.index(key)
 
 
-def _base(scenario: str | Path | Scenario) -> tuple[dict[str, Any], Path | None, str]:
+def base_mapping(scenario: str | Path | Scenario) -> tuple[dict[str, Any], Path | None, str]:
     if isinstance(scenario, Scenario):
         return scenario.model_dump(mode="json", by_alias=True, exclude_unset=True), None, scenario.name
     path = Path(scenario)
@@ -84,7 +84,7 @@ def _base(scenario: str | Path | Scenario) -> tuple[dict[str, Any], Path | None,
 
 def points(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]]) -> list[tuple[dict[str, Any], Scenario]]:
     """Every combination of the axes' values (the first axis slowest) and its validated scenario."""
-    data, path, source = _base(scenario)
+    data, path, source = base_mapping(scenario)
     if not axes:
         raise OvsimError("no axes to sweep", source=source, field="axes")
     for name, values in axes.items():
@@ -100,13 +100,28 @@ def points(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]]) -
             except ValueError as e:
                 raise OvsimError(str(e), source=source, field=name) from None
         try:
-            sc = scenario_from_mapping(edited, path) if path is not None else Scenario.model_validate(edited)
-        except ValidationError as e:
-            raise _of_point(validation_error(e, source), point, source) from None
+            sc = scenario_at(edited, path, source)
         except OvsimError as e:
             raise _of_point(e, point, source) from None
         out.append((point, sc))
     return out
+
+
+def scenario_at(data: dict[str, Any], path: Path | None, source: str) -> Scenario:
+    """The validated scenario of an edited mapping; ``path``: the file it came from (its relative
+    calibration paths are relative to it), None for one given in Python."""
+    try:
+        return scenario_from_mapping(data, path) if path is not None else Scenario.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e, source) from None
+
+
+def edited(data: dict[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with every path of ``point`` set to its value (raises ValueError)."""
+    out: Any = data
+    for name, value in point.items():
+        out = _set(out, name, value)
+    return dict(out)
 
 
 def _of_point(e: OvsimError, point: Mapping[str, Any], source: str) -> OvsimError:

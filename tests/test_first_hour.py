@@ -67,7 +67,7 @@ def test_the_readme_command_table_runs_as_written(tmp_path: Path, capsys: pytest
     rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
     cells = [line.split("|")[2].strip() for line in rows]
     commands = [c.strip("`") for c in cells if c.startswith("`ovsim ")]
-    assert len(commands) == 8
+    assert len(commands) == 9
     for command in commands:
         args = shlex.split(command)[1:]
         expected = 1 if args[0] == "validate" else 0

@@ -22,6 +22,7 @@ from ovsim.cli.common import (
 from ovsim.cli.predict import run_compare, run_predict
 from ovsim.cli.replay import run_import, run_replay
 from ovsim.cli.sweep import run_sweep
+from ovsim.cli.tune import run_tune
 from ovsim.errors import OvsimError
 from ovsim.limits import MAX_COMBINATIONS
 
@@ -87,6 +88,28 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--max-combinations", type=at_least_one, default=MAX_COMBINATIONS, metavar="N",
                     help=f"the most combinations run (default {MAX_COMBINATIONS:,}); more is refused before any work")
     sw.set_defaults(func=run_sweep)
+    tu = sub.add_parser("tune", help="search the schedule knobs a scenario leaves open for the best schedule")
+    tu.add_argument("scenario", help="scenario YAML file")
+    tu.add_argument("--objective", choices=["time", "energy", "edp"], default="time",
+                    help="what to minimise: iteration time (default), energy, or energy x time")
+    tu.add_argument("--space", metavar="FILE",
+                    help="YAML mapping of knob paths (as sweep's --axis spells them) to lists of values: the only "
+                         "knobs searched (default: every schedule knob the scenario leaves open, docs/tune.md)")
+    tu.add_argument("-o", "--output", metavar="FILE", type=file_name, help="write the best schedule as a scenario")
+    tu.add_argument("--plot", metavar="FILE", type=file_name,
+                    help="draw the leaders' timelines side by side (PNG, PDF or SVG; needs matplotlib)")
+    tu.add_argument("--top", type=at_least_one, default=5, metavar="N", help="leaders explained (default 5)")
+    tu.add_argument("--rows", type=at_least_one, default=20, metavar="N",
+                    help="schedules shown in the table (default 20)")
+    tu.add_argument("--workers", type=count_arg, default=1, metavar="N",
+                    help="processes to predict in (default 1; 0: one per CPU core)")
+    tu.add_argument("--confirm-max", type=at_least_one, default=50, metavar="N",
+                    help="the most schedules predicted with the engine (default 50)")
+    tu.add_argument("--max-grid", type=at_least_one, default=2000, metavar="N",
+                    help="a larger space is sampled, N schedules by Optuna's TPE (default 2000)")
+    tu.add_argument("--json", action="store_true", help="print one JSON object")
+    tu.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    tu.set_defaults(func=run_tune)
     from ovsim.traces.load import FORMATS
 
     rp = sub.add_parser("replay", help="replay measured traces with contention and compare with the measurement")
@@ -175,7 +198,7 @@ def parser() -> argparse.ArgumentParser:
 _OUTPUTS = ("timeline", "plot", "csv", "output")
 
 
-_INPUTS = ("scenario", "scenarios", "traces", "calibration", "power_log")
+_INPUTS = ("scenario", "scenarios", "traces", "calibration", "power_log", "space")
 
 
 def _refuse_clobber(args: argparse.Namespace) -> None:

@@ -1,0 +1,86 @@
+"""`ovsim tune` against an exhaustive search on the benchmark set (bench/tune_cases/).
+
+    python bench/tune_bench.py                 # every case; prints a row per case and the summary
+    python bench/tune_bench.py --family cui    # one family (ficco, tpgemm, cui, ddp, fsdp, nodes)
+    python bench/tune_bench.py --objective energy
+
+For each case the exhaustive search predicts every candidate of the case's space with the engine
+(simulate mode); tune searches the same space. Reported: whether tune's pick is within 2% of the
+exhaustive best (the target: in at least 95% of the cases), tune's wall time as a share of the
+exhaustive search's (the target: at most 10%), the best schedule's gain over the scenario as given
+and, for the FiCCO-like cases, the best gain beside FiCCO's published up-to-1.6x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ovsim.tune import candidates, objective_value, summarize, tune
+
+CASES = Path(__file__).resolve().parent / "tune_cases"
+WITHIN = 0.02
+
+
+def exhaustive(case: Path, space: dict[str, list[Any]], objective: str) -> tuple[float, float, int]:
+    """(best objective, wall seconds, candidates) with every candidate predicted by the engine."""
+    t0 = time.perf_counter()
+    cands, _ = candidates(case, space)
+    best = min(objective_value(summarize(c.scenario, "simulate"), objective) for c in cands)  # type: ignore[arg-type]
+    return best, time.perf_counter() - t0, len(cands)
+
+
+def run_case(case: Path, space: dict[str, list[Any]], objective: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    res = tune(case, space=space, objective=objective)  # type: ignore[arg-type]
+    t_tune = time.perf_counter() - t0
+    best, t_all, n = exhaustive(case, space, objective)
+    picked = float(res.table["objective"].iloc[0])
+    return {"case": case.stem, "candidates": n, "engine": res.stats["engine_predictions"],
+            "pick_vs_best_pct": 100.0 * (picked / best - 1.0), "time_share_pct": 100.0 * t_tune / t_all,
+            "gain_pct": float(res.table["gain_pct"].iloc[0]), "violations": res.stats["bound_violations"],
+            "tune_s": t_tune, "exhaustive_s": t_all}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", help="only cases whose name starts with this")
+    ap.add_argument("--objective", choices=["time", "energy", "edp"], default="time")
+    args = ap.parse_args()
+    manifest = yaml.safe_load((CASES / "cases.yaml").read_text())
+    rows = []
+    print(f"{'case':44} {'cands':>5} {'engine':>6} {'pick vs best':>12} {'time share':>10} {'gain':>7}")
+    for name, family in manifest["cases"].items():
+        if args.family and not name.startswith(args.family):
+            continue
+        r = run_case(CASES / name, manifest["spaces"][family], args.objective)
+        rows.append(r)
+        print(f"{r['case']:44} {r['candidates']:>5} {r['engine']:>6} {r['pick_vs_best_pct']:>+11.2f}% "
+              f"{r['time_share_pct']:>9.1f}% {r['gain_pct']:>+6.1f}%", flush=True)
+    if not rows:
+        raise SystemExit("no case matched")
+    within = sum(1 for r in rows if r["pick_vs_best_pct"] <= 100 * WITHIN)
+    shares = [r["time_share_pct"] for r in rows]
+    total_share = 100.0 * sum(r["tune_s"] for r in rows) / sum(r["exhaustive_s"] for r in rows)
+    print(f"\n{len(rows)} cases ({args.objective}): pick within {WITHIN:.0%} of the exhaustive best in {within} "
+          f"({100 * within / len(rows):.1f}%; target 95%)")
+    print(f"tune's time as a share of the exhaustive search's: median {statistics.median(shares):.1f}%, "
+          f"max {max(shares):.1f}%, all cases together {total_share:.1f}% (target 10%)")
+    print(f"time bound violations: {sum(r['violations'] for r in rows)}")
+    ficco = [r for r in rows if r["case"].startswith("ficco")]
+    if ficco:
+        best = max(ficco, key=lambda r: r["gain_pct"])
+        print(f"FiCCO-like cases: best gain over the schedule as given (no decomposition) "
+              f"{1 + best['gain_pct'] / 100:.2f}x ({best['case']}); FiCCO reports up to 1.6x")
+    if not math.isfinite(total_share):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

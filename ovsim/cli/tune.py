@@ -1,0 +1,111 @@
+"""``ovsim tune``: the best schedule for a scenario, ranked with the others the search confirmed."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from ovsim.cli.common import Progress, check_extension, check_output, check_plot, json_text, save_plot
+from ovsim.errors import OvsimError
+from ovsim.files import atomic_output
+
+# (column, header, format, scale) of the ranked table, after the knobs; the estimate is in the
+# objective's unit (_ESTIMATE).
+_COLUMNS = (("makespan_s", "iter ms", "{:.3f}", 1e3), ("bound_s", "bound ms", "{:.3f}", 1e3),
+            ("energy_j", "energy J", "{:.4g}", 1.0), ("estimate", "", "{:.4g}", 1.0),
+            ("gain_pct", "gain", "{:+.1f}%", 1.0))
+_ESTIMATE = {"time": ("est. ms", 1e3), "energy": ("est. J", 1.0), "edp": ("est. J s", 1.0)}
+
+
+def _value(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        # A knob left out: its default (NCCL's channels, no cap).
+        return "default"
+    if isinstance(x, float) and x.is_integer():
+        return str(int(x))
+    return str(x)
+
+
+def tune_table(result: Any, rows: int) -> str:
+    """The ranked schedules: the knobs the search varied, then time, energy, bound and gain."""
+    df = result.table.head(rows)
+    given = result.table[result.table["as_given"]]
+    # The knobs that vary among the rows shown or differ there from the scenario as given.
+    knobs = [k for k in result.stats["space"]
+             if df[k].map(_value).nunique() > 1 or (len(given) and _value(given[k].iloc[0]) != _value(df[k].iloc[0]))]
+    est_head, est_scale = _ESTIMATE[result.stats["objective"]]
+    columns = [(c, h or est_head, fmt, est_scale if c == "estimate" else f) for c, h, fmt, f in _COLUMNS]
+    heads = ["#", *(k.rsplit(".", 1)[-1] for k in knobs), *(h for _, h, _, _ in columns)]
+    cells = []
+    for rec in df.to_dict(orient="records"):
+        mark = "*" if rec["as_given"] else ""
+        cells.append([f"{rec['rank']}{mark}", *(_value(rec[k]) for k in knobs),
+                      *(fmt.format(rec[c] * f) if rec[c] == rec[c] else "-" for c, _, fmt, f in columns)])
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(heads, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def tune_text(result: Any, scenario: str, rows: int) -> str:
+    st = result.stats
+    search = (f"{st['grid']:,} combinations, {st['candidates']:,} searched "
+              f"({'sampled by TPE; ' if st['sampled'] else ''}{st['redundant']} redundant, {st['invalid']} invalid, "
+              f"{st['unfit']} do not fit memory, {st['failed']} failed)")
+    pruned = ("no other schedule's time bound could beat the best" if st["objective"] == "time" else
+              "no other schedule's estimate came within 5% of the best")
+    stop = (f"stopped at --confirm-max: {st['could_still_win']} more could have won" if st["stopped_at_budget"]
+            else pruned)
+    bound = ("" if not st["bound_violations"] else
+             f"; the time bound failed on {st['bound_violations']} of them: pruning may have missed a better one")
+    lines = [f"scenario   {scenario}  (objective: {st['objective']})", f"space      {search}",
+             f"predicted  {st['analytic_predictions']:,} analytic, {st['engine_predictions']} with the engine; "
+             f"{stop}{bound}",
+             "", tune_table(result, rows),
+             "(* the scenario as given; bound: its time with no contention at the top clock; est.: the analytic "
+             "fidelity's objective; gain: of the objective, over the scenario as given)", "", "why"]
+    lines += [f"{i}. {w}" for i, w in enumerate(result.why, 1)]
+    return "\n".join(lines)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from ovsim.tune import read_space, scenario_yaml, tune
+
+    check_output(args.output, "--output")
+    check_extension(args.output, "--output", (".yaml", ".yml"), "YAML")
+    check_plot(args.plot)
+    space = read_space(args.space) if args.space else None
+    bar = Progress(args.quiet or args.json)
+    bar.stage("searching schedules")
+    try:
+        result = tune(args.scenario, space=space, objective=args.objective, top=args.top, workers=args.workers,
+                      confirm_max=args.confirm_max, max_grid=args.max_grid)
+    finally:
+        bar.done()
+    if args.output:
+        try:
+            with atomic_output(args.output) as tmp:
+                tmp.write_text(scenario_yaml(result.best_mapping, args.scenario, args.output))
+        except OSError as e:
+            raise OvsimError(f"cannot write: {e.strerror}", source=args.output, field="--output") from None
+    if args.plot:
+        _plot(result, args.plot, args.scenario)
+    if args.json:
+        print(json_text({"stats": result.stats, "schedules": result.table.to_dict(orient="records"),
+                         "why": result.why, "best": result.best_mapping}))
+    elif not args.quiet:
+        print(tune_text(result, args.scenario, args.rows))
+        if args.output:
+            print(f"\nbest schedule written to {args.output}")
+    return 0
+
+
+def _plot(result: Any, path: str, scenario: str) -> None:
+    """The leaders' timelines (predicted again with the engine: the search keeps only summaries)."""
+    from ovsim.api import predict
+    from ovsim.plot import leaders_figure
+
+    timelines = [(f"{i}. {line.split(':', 1)[0]}", predict(c.scenario, mode="simulate", counters=False).timeline)
+                 for i, (c, line) in enumerate(zip(result.leaders, result.why, strict=True), 1)]
+    save_plot(leaders_figure(timelines, title=f"{scenario}: leading schedules"), path)

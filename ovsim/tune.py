@@ -1,0 +1,479 @@
+"""Schedule search: the best overlap schedule for a scenario, and why it wins (docs/tune.md).
+
+    result = tune("examples/gemm-allreduce-h100x4-overlapped.yaml", objective="time")
+    result.table          # ranked schedules: knob values, predicted time, energy, gain
+    result.why            # one line per leader: what it hides, what it slows, and by what
+    result.best_mapping   # the best schedule as a scenario mapping (write it as YAML)
+
+The space is the schedule knobs the scenario leaves open (:func:`default_space`) or those a space
+file names, each with its legal values; every combination is a candidate. The method:
+
+1. Every candidate is built and validated; those that do not validate are dropped and counted,
+   those whose training memory does not fit the GPU are kept out of the ranking and counted.
+2. Every candidate is predicted with the analytic fidelity, where each op takes its isolated
+   time: with the power-limit loop, its objective is the candidate's ``estimate``; its ops'
+   isolated times, every one sped up as much as the top SM clock speeds any op
+   (:func:`fastest_rate`), give its time ``bound``. Candidates that differ only in knobs the
+   analytic fidelity does not see (stream priority) share one prediction.
+   Contention (shared SMs, HBM, links) only adds time to ops, and with precedence the only
+   constraint the longest path only grows with its ops' times, so no engine prediction of a
+   candidate is faster than its bound (checked on every one the engine makes; a violation is
+   counted). The estimate is not a bound: with the power loop, contention spreads a
+   kernel's power and raises the clock (an H100 GEMM beside an all-reduce holding SMs: 9.70 ms
+   with the engine, 10.09 ms analytic).
+3. Candidates in order of their estimate are predicted with the engine, ``workers`` at a time,
+   skipping those that cannot win: for time, a bound no better than the best the engine has found
+   (exact pruning); for energy and energy x delay, which have no such bound, an estimate more than
+   ``ESTIMATE_MARGIN`` above it (a heuristic). The search stops when none is left or after
+   ``confirm_max`` engine predictions; ``stats`` says which, and how many could still have won.
+4. A space of more than ``max_grid`` combinations is not enumerated: Optuna's TPE sampler picks
+   ``max_grid`` of them on the estimate.
+
+The scenario as given is always predicted with the engine: the gains are over it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from ovsim.api import Result, build, predict
+from ovsim.engine.analytic import analytic_timeline
+from ovsim.errors import OvsimError
+from ovsim.metrics import COMM_KINDS, NON_COMPUTE
+from ovsim.models.workload import CollectiveOpSpec
+from ovsim.scenario import Mode, Scenario
+from ovsim.sweep import base_mapping, edited, scenario_at
+from ovsim.workers import worker_pool
+
+Objective = Literal["time", "energy", "edp"]
+OBJECTIVE_FIELDS: dict[str, str] = {"time": "makespan_s", "energy": "energy_j", "edp": "energy_delay_j_s"}
+# Candidate values of the default space's knobs (docs/tune.md says why these).
+NCCL_CHANNELS = (2, 4, 8, 16, 32)
+SM_CARVEOUTS = (8, 16, 32)
+SHAPING_SMEM_BYTES = (32 * 1024, 64 * 1024, 100 * 1024)
+BUCKET_MIB = (1, 5, 25, 100)
+FSDP_PREFETCH = (0, 1, 2)
+TP_CHUNKS = (2, 4, 8)
+CAP_FRACTIONS = (0.9, 0.8, 0.7, 0.6)
+CLOCK_FRACTIONS = (0.9, 0.8, 0.7)
+# A knob that matters only while another has one of some values: a combination that sets it
+# elsewhere, other than to its first value, repeats another candidate and is not searched.
+CONDITIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "training.parallel.tp_chunks": ("training.parallel.tp_overlap", ("chunked", "copy_engine")),
+    "knobs.comm_priority": ("schedule", ("overlapped",)),
+}
+# An engine time below its bound by more than this share is a violation.
+BOUND_TOLERANCE = 1e-6
+# Knobs the analytic fidelity does not see (it shares no resource, so stream priority changes
+# nothing): candidates that differ only in them share one analysis.
+ANALYTIC_BLIND = ("knobs.comm_priority",)
+# Energy objectives: a candidate whose estimate is this much above the best found is not confirmed.
+ESTIMATE_MARGIN = 0.05
+MAX_GRID = 2000
+# Where compute and communication lost time (the timeline's columns), as the why-lines name it.
+LOST_TO = {"wait_sm_s": "waiting for SMs", "share_sm_s": "sharing SMs", "share_hbm_s": "sharing HBM",
+           "share_link_s": "sharing links", "clock_s": "the clock"}
+
+
+@dataclass
+class Candidate:
+    """One schedule: its knob values, its scenario mapping and scenario, the analytic summary
+    (``analytic``; its objective ``estimate``, and the time ``bound_s``) and the engine's."""
+
+    point: dict[str, Any]
+    mapping: dict[str, Any]
+    scenario: Scenario
+    estimate: float = math.nan
+    bound_s: float = math.nan
+    analytic: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
+
+    def could_win(self, best: float, objective: Objective) -> bool:
+        """Whether the engine could find this candidate better than ``best``."""
+        if not math.isfinite(self.estimate):
+            return False
+        if objective == "time":
+            return self.bound_s < best
+        return self.estimate < best * (1.0 + ESTIMATE_MARGIN)
+
+
+@dataclass
+class TuneResult:
+    """The ranked schedules the engine predicted (``table``), the best one's scenario mapping, one
+    line per leader saying why it wins, and the search's counts (``stats``)."""
+
+    table: pd.DataFrame
+    best_mapping: dict[str, Any]
+    why: list[str]
+    stats: dict[str, Any]
+    leaders: list[Candidate] = field(repr=False)
+    given: Candidate = field(repr=False)
+
+
+# -- the space -------------------------------------------------------------------------------------
+
+def default_space(sc: Scenario, objective: Objective = "time") -> dict[str, list[Any]]:
+    """The schedule knobs ``sc`` leaves open, each with its candidate values, the scenario's own
+    value first. Power caps and locked clocks are searched only when energy counts: below the
+    default limit a run can only be slower."""
+    wl, _, gpu, _ = build(sc, sc.name)
+    space: dict[str, list[Any]] = {}
+    if any(op.kind == "collective" for op in wl.ops):
+        space["schedule"] = ["overlapped", "sequential"]
+        space["knobs.comm_priority"] = ["normal", "high"]
+        space["knobs.nccl_channels"] = [None, *NCCL_CHANNELS]
+        space["knobs.sm_carveout"] = [0, *(c for c in SM_CARVEOUTS if c < gpu.sm.count // 2)]
+        space["knobs.occupancy_shaping_smem_bytes"] = [0, *(b for b in SHAPING_SMEM_BYTES
+                                                            if b <= gpu.sm.max_shared_mem_per_block_bytes)]
+        if _gathers(sc):
+            space["knobs.ce_offload"] = [False, True]
+    space.update(_training_space(sc))
+    if objective != "time":
+        p, c = gpu.power, gpu.clocks
+        space["power.cap_w"] = [None, *(round(p.tdp_w * f) for f in CAP_FRACTIONS
+                                        if p.tdp_w * f >= p.min_power_limit_w)]
+        space["power.sm_clock_hz"] = [None, *(round(c.max_sm_clock_hz * f, -6) for f in CLOCK_FRACTIONS
+                                              if c.max_sm_clock_hz * f >= c.min_sm_clock_hz)]
+    return {path: _given_first(sc, path, values) for path, values in space.items()}
+
+
+def _gathers(sc: Scenario) -> bool:
+    """Whether the scenario runs collectives copy engines can carry (all-gathers, all-to-alls)."""
+    if sc.training is not None:
+        return sc.training.parallel.dp_mode == "fsdp"
+    return any(isinstance(op, CollectiveOpSpec) and op.kind in ("all_gather", "all_to_all") for op in sc.ops)
+
+
+def _training_space(sc: Scenario) -> dict[str, list[Any]]:
+    if sc.training is None:
+        return {}
+    p = sc.training.parallel
+    space: dict[str, list[Any]] = {}
+    if p.tp > 1:
+        space["training.parallel.tp_overlap"] = ["none", "chunked", "copy_engine"]
+        space["training.parallel.tp_chunks"] = [None, *TP_CHUNKS]
+    if p.dp_mode == "fsdp":
+        space["training.parallel.fsdp_prefetch"] = list(FSDP_PREFETCH)
+    elif p.dp != 1:
+        space["training.parallel.bucket_bytes"] = [m * 2**20 for m in BUCKET_MIB]
+    return space
+
+
+def value_at(sc: Scenario, path: str) -> Any:
+    """The scenario's value at a knob path (None where the scenario leaves it out)."""
+    data: Any = sc.model_dump(mode="json", by_alias=True)
+    for key in path.split("."):
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def _given_first(sc: Scenario, path: str, values: Sequence[Any]) -> list[Any]:
+    given = value_at(sc, path)
+    return [given, *(v for v in values if v != given)]
+
+
+def read_space(path: str | Path) -> dict[str, list[Any]]:
+    """A space file: a mapping of knob paths (as ``ovsim sweep`` spells them) to lists of values."""
+    from ovsim.hw.spec import read_yaml
+
+    data = read_yaml(Path(path))
+    if not isinstance(data, dict) or not data:
+        raise OvsimError("expected a mapping of knob paths to lists of values", source=str(path))
+    for key, values in data.items():
+        if not isinstance(values, list) or not values:
+            raise OvsimError("expected a non-empty list of values", source=str(path), field=str(key))
+    return {str(k): list(v) for k, v in data.items()}
+
+
+# -- candidates ------------------------------------------------------------------------------------
+
+def _redundant(point: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> bool:
+    return any(knob in point and point[knob] != space[knob][0] and point.get(on, values[0]) not in values
+               for knob, (on, values) in CONDITIONS.items())
+
+
+def candidates(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]],
+               points: Sequence[dict[str, Any]] | None = None) -> tuple[list[Candidate], dict[str, int]]:
+    """The space's combinations (or ``points``) as validated candidates, and the counts of those
+    dropped: ``invalid`` (the scenario does not validate) and ``redundant`` (a knob set where it
+    does not matter)."""
+    data, path, source = base_mapping(scenario)
+    out: list[Candidate] = []
+    dropped = {"invalid": 0, "redundant": 0}
+    combos = points if points is not None else (dict(zip(space, c, strict=True))
+                                                for c in itertools.product(*space.values()))
+    for point in combos:
+        if _redundant(point, space):
+            dropped["redundant"] += 1
+            continue
+        try:
+            mapping = edited(data, point)
+            out.append(Candidate(point=dict(point), mapping=mapping, scenario=scenario_at(mapping, path, source)))
+        except (OvsimError, ValueError):
+            dropped["invalid"] += 1
+    return out, dropped
+
+
+# -- predictions -----------------------------------------------------------------------------------
+
+def summarize(sc: Scenario, mode: Mode) -> dict[str, Any]:
+    """The prediction's summary, with where compute and communication lost time per rank
+    (``compute_lost_<column>``, ``comm_lost_<column>``: the timeline's columns) and, in analytic
+    mode, the time ``bound_s`` (the module docstring, step 2); an error's message under ``error``
+    instead (an illegal value the scenario's schema lets through)."""
+    try:
+        result = predict(sc, mode=mode, counters=False)
+    except OvsimError as e:
+        return {"error": e.message}
+    out = result.summary()
+    ops = result.timeline.ops[result.timeline.ops["rank"] >= 0]
+    n = max(1, out["simulated_ranks"])
+    for what, rows in (("compute", ops[~ops["kind"].isin(NON_COMPUTE)]), ("comm", ops[ops["kind"].isin(COMM_KINDS)])):
+        for col in LOST_TO:
+            out[f"{what}_lost_{col}"] = float(rows[col].sum()) / n if col in rows.columns else 0.0
+    if mode == "analytic":
+        out["bound_s"] = analytic_timeline(result.workload).makespan_s / fastest_rate(result)
+    return out
+
+
+def analyze(sc: Scenario) -> dict[str, Any]:
+    """The analytic summary of :func:`summarize`, with its time bound."""
+    return summarize(sc, "analytic")
+
+
+def fastest_rate(result: Result) -> float:
+    """The most any op runs faster than its isolated time, on its clock alone: at the top SM clock,
+    a tensor kernel calibrated at a reference clock below the calibration clock (the A100's) gains
+    the top clock over that reference."""
+    if result.power_config is None:
+        return 1.0
+    m = result.power_config.model
+    return max(1.0, m.max_clock_fraction / min(1.0, m.tensor_reference_clock_fraction))
+
+
+def objective_value(summary: Mapping[str, Any], objective: Objective) -> float:
+    """The summary's objective; infinite for a failed prediction or one that does not fit memory."""
+    if "error" in summary or summary.get("fits_memory") is False:
+        return math.inf
+    return float(summary[OBJECTIVE_FIELDS[objective]])
+
+
+def _mapped(fn: Any, cands: Sequence[Candidate], pool: Any, *args: Any) -> list[dict[str, Any]]:
+    scenarios = [c.scenario for c in cands]
+    return list((pool.map if pool is not None else map)(fn, scenarios, *(itertools.repeat(a) for a in args)))
+
+
+def _analyze(cands: Sequence[Candidate], objective: Objective, pool: Any) -> int:
+    """Analyse the candidates: one of each group that differs only in knobs the analytic fidelity
+    does not see (``ANALYTIC_BLIND``) stands for the group; returns the analyses made."""
+    groups: dict[str, list[Candidate]] = {}
+    for c in cands:
+        key = repr(sorted((k, repr(v)) for k, v in c.point.items() if k not in ANALYTIC_BLIND))
+        groups.setdefault(key, []).append(c)
+    firsts = [g[0] for g in groups.values()]
+    for group, s in zip(groups.values(), _mapped(analyze, firsts, pool), strict=True):
+        for c in group:
+            _analyzed(c, s, objective)
+    return len(firsts)
+
+
+def _analyzed(c: Candidate, s: dict[str, Any], objective: Objective) -> None:
+    c.analytic, c.estimate = s, objective_value(s, objective)
+    c.bound_s = float(s.get("bound_s", math.inf))
+
+
+def _engine(cands: Sequence[Candidate], pool: Any) -> None:
+    for c, s in zip(cands, _mapped(summarize, cands, pool, "simulate"), strict=True):
+        c.engine = s
+
+
+def _confirm(cands: Sequence[Candidate], objective: Objective, pool: Any, jobs: int,
+             confirm_max: int) -> dict[str, Any]:
+    """Predict with the engine, in order of their estimate and ``jobs`` at a time, the candidates
+    that could still beat the best found (step 3); returns how many it predicted, whether it
+    stopped at ``confirm_max``, and how many that could have won it left."""
+    ranked = sorted((c for c in cands if math.isfinite(c.estimate) and not c.engine), key=lambda c: c.estimate)
+    best = min((objective_value(c.engine, objective) for c in cands if c.engine), default=math.inf)
+    done = 0
+    while done < confirm_max:
+        batch = [c for c in ranked if not c.engine and c.could_win(best, objective)][: min(jobs, confirm_max - done)]
+        if not batch:
+            break
+        _engine(batch, pool)
+        done += len(batch)
+        best = min([best, *(objective_value(c.engine, objective) for c in batch)])
+    left = sum(1 for c in ranked if not c.engine and c.could_win(best, objective))
+    return {"engine_predictions": done, "stopped_at_budget": left > 0, "could_still_win": left}
+
+
+def _sampled(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]], objective: Objective,
+             trials: int, seed: int) -> list[Candidate]:
+    """``trials`` candidates of a space too large to enumerate, chosen by Optuna's TPE sampler on
+    the estimate (each analysed once)."""
+    try:
+        import optuna  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        raise OvsimError(f"the space has more than {trials:,} combinations; searching it needs Optuna "
+                         "(pip install 'ovsim[tune]'), or a smaller --space", field="space") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    keys = list(space)
+    seen: dict[tuple[int, ...], Candidate | None] = {}
+
+    def value(trial: Any) -> float:
+        ix = tuple(trial.suggest_categorical(k, list(range(len(space[k])))) for k in keys)
+        if ix not in seen:
+            found, _ = candidates(scenario, space, [{k: space[k][j] for k, j in zip(keys, ix, strict=True)}])
+            seen[ix] = found[0] if found else None
+            if found:
+                _analyzed(found[0], analyze(found[0].scenario), objective)
+        c = seen[ix]
+        return c.estimate if c is not None else math.inf
+
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
+    study.optimize(value, n_trials=trials)
+    return [c for c in seen.values() if c is not None]
+
+
+# -- the search ------------------------------------------------------------------------------------
+
+def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] | None = None,
+         objective: Objective = "time", top: int = 5, workers: int = 1, confirm_max: int = 50,
+         max_grid: int = MAX_GRID, seed: int = 0) -> TuneResult:
+    """Search ``space`` (default: :func:`default_space`) for the schedule that minimises
+    ``objective`` (the module docstring says how); ``top`` leaders are ranked and explained.
+    ``workers``: processes for the predictions (1: this process; 0: one per core)."""
+    if objective not in OBJECTIVE_FIELDS:
+        raise OvsimError(f"must be one of {', '.join(OBJECTIVE_FIELDS)}, got '{objective}'", field="objective")
+    data, path, source = base_mapping(scenario)
+    given_sc = scenario if isinstance(scenario, Scenario) else scenario_at(data, path, source)
+    space = dict(space) if space is not None else default_space(given_sc, objective)
+    if not space:
+        raise OvsimError("the scenario leaves no schedule knob open (nothing to overlap); name the knobs to "
+                         "search in a space file (--space)", source=source, field="space")
+    n_grid = math.prod(len(v) for v in space.values())
+    sampled = n_grid > max_grid
+    if sampled:
+        cands, dropped = _sampled(scenario, space, objective, max_grid, seed), {"invalid": 0, "redundant": 0}
+    else:
+        cands, dropped = candidates(scenario, space)
+    given = _given(cands, data, given_sc, space)
+    jobs = min(workers or os.cpu_count() or 1, max(1, len(cands)))
+    pool = worker_pool(jobs)
+    with pool or nullcontext():
+        n_analytic = _analyze([c for c in cands if not c.analytic], objective, pool)
+        _engine([given], pool)
+        confirmed = _confirm(cands, objective, pool, jobs, confirm_max)
+    confirmed["engine_predictions"] += 1
+    stats = {"objective": objective, "space": {k: list(v) for k, v in space.items()}, "grid": n_grid,
+             "sampled": sampled, "candidates": len(cands), **dropped,
+             "unfit": sum(1 for c in cands if c.analytic.get("fits_memory") is False),
+             "failed": sum(1 for c in cands if "error" in c.analytic),
+             "analytic_predictions": n_analytic + (len(cands) if sampled else 0), **confirmed}
+    return _result(cands, given, space, objective, top, stats)
+
+
+def _given(cands: list[Candidate], data: dict[str, Any], sc: Scenario,
+           space: Mapping[str, Sequence[Any]]) -> Candidate:
+    """The candidate that is the scenario as given, added to ``cands`` if the space leaves it out."""
+    point = {k: value_at(sc, k) for k in space}
+    for c in cands:
+        if c.point == point:
+            return c
+    c = Candidate(point=point, mapping=data, scenario=sc)
+    cands.append(c)
+    return c
+
+
+def _result(cands: list[Candidate], given: Candidate, space: Mapping[str, Sequence[Any]], objective: Objective,
+            top: int, stats: dict[str, Any]) -> TuneResult:
+    done = [c for c in cands if c.engine and math.isfinite(objective_value(c.engine, objective))]
+    done.sort(key=lambda c: objective_value(c.engine, objective))
+    if not done:
+        g = given.engine
+        why = g.get("error") or (f"its training memory, {g['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU, does not "
+                                 f"fit {g['memory_capacity_bytes'] / 1e9:.0f} GB")
+        raise OvsimError(f"no schedule searched fits memory or could be predicted; the scenario as given: {why}",
+                         field="scenario")
+    base = objective_value(given.engine, objective)
+    rows = []
+    for rank, c in enumerate(done, 1):
+        value = objective_value(c.engine, objective)
+        rows.append({"rank": rank, **{k: c.point.get(k) for k in space}, "makespan_s": c.engine["makespan_s"],
+                     "energy_j": c.engine.get("energy_j", math.nan), "objective": value, "estimate": c.estimate,
+                     "bound_s": c.bound_s,
+                     "gain_pct": 100.0 * (base / value - 1.0) if math.isfinite(base) else math.nan,
+                     "as_given": c is given})
+    stats["bound_violations"] = sum(1 for c in done if c.engine["makespan_s"] < c.bound_s * (1 - BOUND_TOLERANCE))
+    leaders = done[:top]
+    return TuneResult(table=pd.DataFrame(rows), best_mapping=done[0].mapping,
+                      why=[explain(c, given, objective) for c in leaders], stats=stats, leaders=leaders,
+                      given=given)
+
+
+# -- why a leader wins -----------------------------------------------------------------------------
+
+def _changes(c: Candidate, given: Candidate) -> str:
+    diff = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in c.point.items() if given.point.get(k) != v]
+    return ", ".join(diff) or "as given"
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3g} ms"
+
+
+def _lost_line(what: str, s: Mapping[str, Any], g: Mapping[str, Any], span_s: float) -> str | None:
+    """What ``what`` (compute, comm) lost to contention against the scenario as given, by cause."""
+    deltas = {name: s.get(f"{what}_lost_{col}", 0.0) - g.get(f"{what}_lost_{col}", 0.0)
+              for col, name in LOST_TO.items()}
+    big = sorted(((d, n) for n, d in deltas.items() if abs(d) > 1e-3 * span_s), key=lambda x: -abs(x[0]))
+    if not big:
+        return None
+    label = "compute" if what == "compute" else "communication"
+    return f"{label} " + ", ".join(f"{'+' if d > 0 else '-'}{_ms(abs(d))} {n}" for d, n in big)
+
+
+def explain(c: Candidate, given: Candidate, objective: Objective) -> str:
+    """One line: how the leader differs from the scenario as given, what it hides, what it slows
+    and by what (SMs, HBM, links, the clock)."""
+    s, g = c.engine, given.engine
+    value, base = objective_value(s, objective), objective_value(g, objective)
+    parts = [f"{_changes(c, given)}: {objective} {100.0 * (value / base - 1.0):+.1f}%"]
+    span = g["makespan_s"]
+    hidden = g["exposed_comm_s"] - s["exposed_comm_s"]
+    if abs(hidden) > 1e-3 * span:
+        parts.append(f"{'hides' if hidden > 0 else 'exposes'} {_ms(abs(hidden))} more communication "
+                     f"({_ms(g['exposed_comm_s'])} -> {_ms(s['exposed_comm_s'])} exposed)")
+    alone = s["compute_isolated_s"] - g["compute_isolated_s"]
+    if abs(alone) > 1e-3 * span:
+        parts.append(f"compute alone {'+' if alone > 0 else '-'}{_ms(abs(alone))}")
+    parts += [line for line in (_lost_line("compute", s, g, span), _lost_line("comm", s, g, span)) if line]
+    if abs(s.get("avg_sm_clock_hz", 0.0) - g.get("avg_sm_clock_hz", 0.0)) > 5e6:
+        parts.append(f"clock {g['avg_sm_clock_hz'] / 1e9:.2f} -> {s['avg_sm_clock_hz'] / 1e9:.2f} GHz")
+    if objective != "time" and "avg_power_w" in s:
+        parts.append(f"power {g['avg_power_w']:.0f} -> {s['avg_power_w']:.0f} W")
+    return "; ".join(parts)
+
+
+def scenario_yaml(mapping: Mapping[str, Any], scenario_path: str | Path | None, out_path: str | Path) -> str:
+    """A candidate's scenario as YAML to be written at ``out_path``: its calibration files, which
+    the scenario names relative to its own file, named relative to the new one."""
+    import yaml
+
+    data = dict(mapping)
+    if scenario_path is not None and data.get("calibration"):
+        here, there = Path(scenario_path).resolve().parent, Path(out_path).resolve().parent
+        data["calibration"] = [c if Path(c).is_absolute() else os.path.relpath(here / c, there)
+                               for c in data["calibration"]]
+    text: str = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return text

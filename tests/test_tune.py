@@ -1,0 +1,163 @@
+"""Schedule search (ovsim.tune, `ovsim tune`): its pick against an exhaustive search with the
+engine, the analytic bound it prunes with, and the command's outputs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ovsim.api import predict
+from ovsim.cli import main
+from ovsim.errors import OvsimError
+from ovsim.scenario import load_scenario
+from ovsim.sweep import sweep
+from ovsim.tune import analyze, candidates, default_space, scenario_yaml, tune
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+A100 = EXAMPLES / "gemm-allreduce-a100x4-overlapped.yaml"
+H100 = EXAMPLES / "gemm-allreduce-h100x4-overlapped.yaml"
+SMALL = {"schedule": ["overlapped", "sequential"], "knobs.comm_priority": ["normal", "high"],
+         "knobs.sm_carveout": [0, 8, 16, 32]}
+
+
+@pytest.mark.parametrize("scenario", [A100, H100], ids=["a100", "h100"])
+def test_the_pick_is_the_exhaustive_best(scenario: Path) -> None:
+    """The reference is every candidate predicted with the engine (a sweep in simulate mode): the
+    search's best is its best, while the engine predicted fewer of them."""
+    res = tune(scenario, space=SMALL)
+    every = sweep(scenario, SMALL, mode="simulate")
+    # Priority does not matter in a sequential schedule: those combinations are not searched.
+    every = every[(every["schedule"] == "overlapped") | (every["knobs.comm_priority"] == "normal")]
+    assert res.stats["candidates"] == len(every) == 12
+    assert res.table["makespan_s"].iloc[0] == pytest.approx(every["makespan_s"].min(), rel=1e-9)
+    assert res.stats["engine_predictions"] <= len(every)
+    assert res.stats["bound_violations"] == 0
+
+
+@pytest.mark.parametrize("scenario", sorted(EXAMPLES.glob("gemm-*.yaml")), ids=lambda p: p.stem)
+def test_the_time_bound_is_below_the_engine(scenario: Path) -> None:
+    """What the pruning rests on: contention (shared SMs, HBM, links) only adds time to ops that each
+    take their isolated time, and no clock is above the top one, so no schedule the engine predicts,
+    power-limit loop and caps included, is faster than its bound."""
+    space = {"knobs.comm_priority": ["normal", "high"], "knobs.sm_carveout": [0, 16], "power.cap_w": [None, 300]}
+    for c in candidates(scenario, space)[0]:
+        engine = predict(c.scenario, mode="simulate", counters=False).timeline.makespan_s
+        assert analyze(c.scenario)["bound_s"] <= engine * (1 + 1e-9), c.point
+
+
+def test_the_scenario_as_given_is_ranked_with_no_gain() -> None:
+    res = tune(A100, space={"knobs.sm_carveout": [8, 0]})
+    given = res.table[res.table["as_given"]]
+    assert len(given) == 1 and given["knobs.sm_carveout"].iloc[0] == 0
+    assert given["gain_pct"].iloc[0] == pytest.approx(0.0)
+    best = res.table.iloc[0]
+    assert best["gain_pct"] == pytest.approx(100 * (given["objective"].iloc[0] / best["objective"] - 1))
+
+
+def test_a_space_value_the_scenario_refuses_is_dropped_and_counted() -> None:
+    res = tune(A100, space={"knobs.sm_carveout": [0, -4, 16]})
+    assert res.stats["invalid"] == 1
+    assert res.stats["candidates"] == 2
+
+
+def test_the_default_space_holds_the_scenarios_own_values_first() -> None:
+    sc = load_scenario(EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml")
+    space = default_space(sc)
+    assert space["training.parallel.fsdp_prefetch"][0] == 1
+    assert space["knobs.ce_offload"] == [False, True]
+    assert "power.cap_w" not in space
+    assert "power.cap_w" in default_space(sc, "energy")
+
+
+def test_a_scenario_with_nothing_to_overlap_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "gemm.yaml"
+    path.write_text(yaml.safe_dump({"schema": "ovsim.scenario/1", "system": "a100x4",
+                                    "ops": [{"name": "g", "kind": "gemm", "m": 1024, "n": 1024, "k": 1024}]}))
+    with pytest.raises(OvsimError, match="no schedule knob open"):
+        tune(path)
+
+
+def test_the_best_schedule_is_written_as_a_scenario_that_predicts_the_same(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs.sm_carveout: [0, 16, 32]\n")
+    out = tmp_path / "sub" / "best.yaml"
+    out.parent.mkdir()
+    assert main(["tune", str(A100), "--space", str(space), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "why" in text and "sm_carveout=" in text
+    best = load_scenario(out)
+    res = tune(A100, space={"knobs.sm_carveout": [0, 16, 32]})
+    assert best.knobs.sm_carveout == res.table["knobs.sm_carveout"].iloc[0]
+    assert predict(out, counters=False).timeline.makespan_s == pytest.approx(res.table["makespan_s"].iloc[0])
+
+
+def test_calibration_paths_are_rewritten_relative_to_the_new_file(tmp_path: Path) -> None:
+    text = scenario_yaml({"calibration": ["cal/a.yaml", "/abs/b.yaml"]}, tmp_path / "s.yaml",
+                         tmp_path / "out" / "best.yaml")
+    assert yaml.safe_load(text)["calibration"] == ["../cal/a.yaml", "/abs/b.yaml"]
+
+
+@pytest.mark.parametrize(("content", "message"), [("[1, 2]", "expected a mapping"),
+                                                  ("knobs.sm_carveout: 4", "non-empty list")])
+def test_a_bad_space_file_is_one_line_and_status_2(tmp_path: Path, content: str, message: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(content)
+    assert main(["tune", str(A100), "--space", str(space)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "space.yaml" in err
+
+
+def test_json_output_has_the_ranked_schedules(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    space_args = ["--objective", "energy", "--top", "2"]
+    assert main(["tune", str(A100), *space_args, "--json", "--confirm-max", "3", "--max-grid", "40"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["objective"] == "energy"
+    # Caps and clocks make the space 7,680 combinations: 40 trials of Optuna's sampler pick those searched.
+    assert out["stats"]["sampled"] and out["stats"]["grid"] > 40 >= out["stats"]["candidates"] - 1
+    assert out["stats"]["engine_predictions"] <= 4
+    energies = [s["energy_j"] for s in out["schedules"]]
+    assert energies == sorted(energies) and all(math.isfinite(e) for e in energies)
+    assert len(out["why"]) == 2
+
+
+def test_a_space_where_nothing_fits_memory_is_refused_in_one_line() -> None:
+    """GPT-3 6.7B under DDP keeps 16 bytes a parameter (weights, gradients, Adam's moments) on every
+    GPU: about 107 GB, over an A100's 40."""
+    sc = {"schema": "ovsim.scenario/1", "system": "a100x4",
+          "training": {"model": "gpt3-6.7b", "micro_batch_size": 1, "parallel": {"dp_mode": "ddp"}}}
+    from ovsim.scenario import Scenario
+
+    with pytest.raises(OvsimError, match="does not fit 40 GB"):
+        tune(Scenario.model_validate(sc), space={"knobs.comm_priority": ["normal", "high"]})
+
+
+def test_the_leaders_are_drawn(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "leaders.png"
+    assert main(["tune", str(A100), "--space", str(_space(tmp_path)), "--plot", str(out), "--quiet"]) == 0
+    assert out.stat().st_size > 10_000
+
+
+def _space(tmp_path: Path) -> Path:
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs.sm_carveout: [0, 16]\n")
+    return space
+
+
+def test_the_benchmark_cases_are_valid_scenarios_with_spaces() -> None:
+    """bench/tune_cases: at least 50 scenarios (the benchmark's size), each one valid and searched
+    over a space its manifest defines."""
+    cases = EXAMPLES.parent / "bench" / "tune_cases"
+    manifest = yaml.safe_load((cases / "cases.yaml").read_text())
+    assert len(manifest["cases"]) >= 50
+    assert {p.name for p in cases.glob("*.yaml")} - {"cases.yaml"} == set(manifest["cases"])
+    for name, family in manifest["cases"].items():
+        assert family in manifest["spaces"], name
+        load_scenario(cases / name)
