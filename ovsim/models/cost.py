@@ -545,6 +545,26 @@ _DOES_NOT_LAUNCH = ("tile", "extra_shared_mem_bytes", "shared_mem_bytes", "threa
 LIBRARY_SPLITS_K = (1, 2, 4, 8, 16)
 
 
+# best_gemm's answers, by its arguments and the content of the GPU spec and parameters: a sweep or
+# a schedule search builds the same GEMMs over and over (a GPT-3 1.3B iteration's build spent 37%
+# of its time choosing among the library's kernels), and both inputs are frozen models.
+_BEST_GEMMS: dict[tuple[object, ...], KernelDemand] = {}
+_BEST_GEMMS_MAX = 4096
+# Fingerprints of the specs and parameters seen, by id; each keeps its object alive so that the id
+# is not reused while its entry lives.
+_FINGERPRINTS: dict[int, tuple[object, str]] = {}
+
+
+def _fingerprint(model: GpuSpec | Parameters) -> str:
+    hit = _FINGERPRINTS.get(id(model))
+    if hit is None or hit[0] is not model:
+        if len(_FINGERPRINTS) >= 64:
+            _FINGERPRINTS.clear()
+        hit = (model, model.model_dump_json())
+        _FINGERPRINTS[id(model)] = hit
+    return hit[1]
+
+
 def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters, *,
               extra_shared_mem_bytes: int = 0, batch: int = 1, split_k: int | None = None,
               sm_count: int | None = None) -> KernelDemand:
@@ -553,6 +573,19 @@ def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Para
     (cuBLAS chooses among its kernels per shape; the GEMM efficiency and time per wave shipped
     for Hopper are fitted on measured cuBLAS GEMMs through this very choice). ``split_k`` None:
     the library also chooses among ``LIBRARY_SPLITS_K`` (splits of at least one K tile each)."""
+    key = (m, n, k, precision, extra_shared_mem_bytes, batch, split_k, sm_count, _fingerprint(gpu),
+           _fingerprint(params))
+    hit = _BEST_GEMMS.get(key)
+    if hit is None:
+        if len(_BEST_GEMMS) >= _BEST_GEMMS_MAX:
+            _BEST_GEMMS.clear()
+        hit = _BEST_GEMMS[key] = _best_gemm(m, n, k, precision, gpu, params, extra_shared_mem_bytes,
+                                            batch, split_k, sm_count)
+    return hit
+
+
+def _best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters,
+               extra_shared_mem_bytes: int, batch: int, split_k: int | None, sm_count: int | None) -> KernelDemand:
     best: KernelDemand | None = None
     refusal: OvsimError | None = None
     splits = LIBRARY_SPLITS_K if split_k is None else (split_k,)

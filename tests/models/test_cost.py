@@ -255,3 +255,18 @@ def test_a_shaped_gemm_counts_the_load_share_only_at_one_block_per_sm() -> None:
     # Compute-bound: 5 tiles of 2*64*64*8192 FLOP a wave beside 117 MB of operands.
     assert (shaped.isolated_s - p.kernel_overhead_s) == pytest.approx(
         (natural.isolated_s - p.kernel_overhead_s) * ratio, rel=1e-9)
+
+
+def test_best_gemm_answers_by_the_content_of_its_inputs() -> None:
+    """best_gemm remembers its answers: the same shape on equal parameters (a new object, as every
+    prediction loads them) gives the answer of a fresh search, and parameters that differ give
+    their own."""
+    from ovsim.models.cost import _best_gemm
+
+    h100 = load_gpu("h100-sxm5-80gb")
+    p = load_calibration(h100, "h100-sxm5-80gb").params
+    first = best_gemm(4096, 3584, 8192, "bf16", h100, p)
+    again = best_gemm(4096, 3584, 8192, "bf16", h100, load_calibration(h100, "h100-sxm5-80gb").params)
+    assert again == first == _best_gemm(4096, 3584, 8192, "bf16", h100, p, 0, 1, None, None)
+    slower = p.merged({"gemm_efficiency": {k: v / 2 for k, v in p.gemm_efficiency.items()}})
+    assert best_gemm(4096, 3584, 8192, "bf16", h100, slower).isolated_s > first.isolated_s
