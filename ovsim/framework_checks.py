@@ -26,15 +26,14 @@ import numpy as np
 import pandas as pd
 
 from ovsim.traces.table import TraceBundle, validate_table
+from ovsim.validate.datasets import fitted, sets
 from ovsim.workers import worker_pool
 
 if TYPE_CHECKING:
     from ovsim.validate import Check
 
 # Data sets of the framework part, and their GPU spec.
-FRAMEWORK_SETS: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-27-d", "h100-sxm5-80gb"),
-                                               ("h100-sxm5-80gb/2026-11-27-e", "h100-sxm5-80gb"),
-                                               ("h200-sxm/2026-11-27-f", "h200-sxm"))
+FRAMEWORK_SETS = sets("framework", "set", "gpu")
 FRAMEWORK_GROUP = ("measured framework kernels beside channels (calibration harness framework part; "
                    "predicted: nothing fitted on these experiments)")
 GPU_NAMES = {"h100-sxm5-80gb": "NVIDIA H100 80GB HBM3", "h200-sxm": "NVIDIA H200"}
@@ -94,9 +93,9 @@ COPY_GROUP = ("measured framework kernels beside copy engines (calibration harne
               "held out: the copy engines' parameters fitted on another data set)")
 COPY_FIT_GROUP = ("measured framework kernels beside copy engines (calibration harness framework_copy part; the data "
                   "set the copy engines' weight is fitted on)")
-# The data set the copy-engine parameters are fitted on (calibration/harness/fit_copy_engine.py);
-# the others of FRAMEWORK_SETS are held out.
-COPY_FIT_SET = "h100-sxm5-80gb/2026-11-27-d"
+# The data set the copy-engine parameters are fitted on (calibration/harness/fit_copy_engine.py;
+# marked "fit" in the registry); the others of FRAMEWORK_SETS are held out.
+COPY_FIT_SET = next(iter(fitted("framework").values()), "")
 
 
 def beside_slowdowns(table: pd.DataFrame, gpu: str, overrides: dict[str, Any] | None = None, *,
@@ -140,14 +139,9 @@ def beside_slowdowns(table: pd.DataFrame, gpu: str, overrides: dict[str, Any] | 
     return pd.DataFrame(rows)
 
 
-# (data set, GPU spec); the copy-engine parameters were fitted on the first: the framework_copy
-# parts (merged tables) and the copy parts of the first H100 and H200 runs (an add and a GEMM
-# beside 1 GiB device-to-device and host-to-device copies).
-COPY_SETS: tuple[tuple[str, str], ...] = ((COPY_FIT_SET, "h100-sxm5-80gb"),
-                                          ("h100-sxm5-80gb/2026-11-27-e", "h100-sxm5-80gb"),
-                                          ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
-                                          ("h200-sxm/2026-11-27-f", "h200-sxm"),
-                                          ("h200-sxm/2026-11-26", "h200-sxm"))
+# (data set, GPU spec) of kernels beside copy engines; the copy-engine parameters were fitted on
+# the first (the registry says what each holds).
+COPY_SETS = sets("framework_copy", "set", "gpu")
 
 
 def copy_table(folder: Path, rel: str) -> pd.DataFrame | None:

@@ -22,16 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from ovsim.validate.datasets import sets
+
 if TYPE_CHECKING:
     from ovsim.validate import Check
 
 # Data sets of the shaping part: GPU spec, a system holding it, and the data set whose comm part
 # timed the 16-channel copy alone (the repeat run has no comm part: its first run's).
-SHAPING_SETS: tuple[tuple[str, str, str, str], ...] = (
-    ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
-    ("h100-sxm5-80gb/2026-11-26-repeat", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
-    ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26"),
-    ("h200-sxm/2026-11-26-e", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26-e"))
+SHAPING_SETS = sets("shaping", "set", "gpu", "system", "comm")
 SHAPING_GROUP = ("measured priority and occupancy shaping, a WMMA GEMM beside a copy loop (calibration harness "
                  "shaping part; held out)")
 GEMM = "ovsim_gemm_tile64"

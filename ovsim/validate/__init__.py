@@ -234,6 +234,11 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
             # A wrong folder would otherwise pass with the trace checks silently left out.
             raise OvsimError(f"none of the {len(set(known))} shared traces is in this folder (looked for e.g. "
                              f"{known[-1]})", source=str(traces), field="traces")
+    if measured:
+        # Refused before any work: a missing data folder would leave the measured checks out.
+        from ovsim.validate.datasets import require
+
+        require()
     checks = published_checks() + network_checks() + power_checks()
     if studies:
         checks += study_checks(workers, on_trace)

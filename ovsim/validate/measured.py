@@ -18,21 +18,15 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import Check
+from ovsim.validate.datasets import data_root, sets
 from ovsim.validate.traces import _held_out_bar
 
-# The calibration harness's measured data sets, shipped with the repository (calibration/data/).
-MEASURED_DATA = Path(__file__).resolve().parents[2] / "calibration" / "data"
+# The calibration harness's measured data sets (calibration/data/ in a checkout, or OVSIM_DATA).
+MEASURED_DATA = data_root()
 # Data sets whose overlap part the contention checks replay, and their GPU spec: the first is
-# folded (leave one victim kernel out); the others are predicted from a fit on all of the first:
-# the same kernels beside 8 and 24 channels (the first has 16 and 32) on another H100 machine,
-# beside 8 to 32 and beside 1 to 8 on two more, beside 16 and 32 on an H200, and beside 8 to 32 on
-# another H200.
-MEASURED_OVERLAP: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
-                                                ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb"),
-                                                ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb"),
-                                                ("h100-sxm5-80gb/2026-11-27-c", "h100-sxm5-80gb"),
-                                                ("h200-sxm/2026-11-26", "h200-sxm"),
-                                                ("h200-sxm/2026-11-26-e", "h200-sxm"))
+# folded (leave one victim kernel out), the others predicted from a fit on it (the registry,
+# calibration/data/datasets.yaml, says what each holds).
+MEASURED_OVERLAP = sets("overlap", "set", "gpu")
 MEASURED = "measured kernels beside communication (calibration harness; held out)"
 # The harness's channel kernels hold every block's SM for the whole kernel (its per-block records).
 HARNESS_SM_FRACTION = 1.0

@@ -17,13 +17,13 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import Check
+from ovsim.validate.datasets import sets
 from ovsim.validate.measured import MEASURED_DATA
 from ovsim.validate.measured_memory import harness_power_log
 from ovsim.validate.traces import _MAMF_BY_PRECISION, MEMORY_TOLERANCE_PCT, _split_at_10us
 
 # Data sets of the harness's gemm part (cuBLAS GEMMs alone, 10 repeats each after 3 warm-ups).
-MEASURED_GEMM: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb"),
-                                              ("h200-sxm/2026-11-26", "h200-sxm"))
+MEASURED_GEMM = sets("gemm", "set", "gpu")
 MEASURED_GEMM_PRECISIONS = ("bf16", "fp16", "fp8", "tf32")
 # The gemm part's shapes that ran at the top clock: the squares up to 8192^3 ran first, within the
 # part's first 0.35 s, each repeat within 1% of the others and NVML reading 1980 MHz throughout;
@@ -100,10 +100,7 @@ def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
 # The shapes part's data sets (cuBLAS GEMMs over training and inference shapes), and each of its
 # experiments' precision. Nothing is fitted on them: the GEMM parameters they are priced with come
 # from the gemm part's squares on another board (MEASURED_GEMM).
-MEASURED_SHAPES: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26-f", "h100-sxm5-80gb"),
-                                                ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb"),
-                                                ("h100-sxm5-80gb/2026-11-27", "h100-sxm5-80gb"),
-                                                ("h200-sxm/2026-11-27", "h200-sxm"))
+MEASURED_SHAPES = sets("shapes", "set", "gpu")
 SHAPE_EXPERIMENTS = {"bf16_linear": "bf16", "fp16_linear": "fp16", "fp8_linear": "fp8", "tf32_linear": "tf32",
                      "bf16_batched": "bf16"}
 MEASURED_SHAPES_GROUP = "measured GEMM shapes (calibration harness shapes part; GEMM parameters fitted on other shapes)"

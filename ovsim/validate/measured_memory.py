@@ -16,19 +16,13 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import GB, GIB, Check
+from ovsim.validate.datasets import sets
 from ovsim.validate.measured import MEASURED_DATA
 
 # HBM shared by a memory-bound kernel and the harness's copy loops (overlap part): data sets, their
 # GPU, a system holding it, and the data set whose comm part timed the loops alone (each pass of
-# one over its buffer). The first is what the latency law is fitted on
-# (calibration/harness/fit_measured.py); the others are held out: the same kernels beside 8 and 24
-# loops on another H100, and the H200, which carries the H100's fit.
-MEASURED_HBM: tuple[tuple[str, str, str, str], ...] = (
-    ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
-    ("h100-sxm5-80gb/2026-11-26-c", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26"),
-    ("h100-sxm5-80gb/2026-11-26-g", "h100-sxm5-80gb", "hgx-h100", "h100-sxm5-80gb/2026-11-26-g"),
-    ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26"),
-    ("h200-sxm/2026-11-26-e", "h200-sxm", "hgx-h200", "h200-sxm/2026-11-26-e"))
+# one over its buffer). The latency law is fitted on the first; the others are held out.
+MEASURED_HBM = sets("hbm", "set", "gpu", "system", "comm")
 MEASURED_HBM_FIT = "measured HBM sharing, memory-bound kernels beside copy loops (calibration harness; law fitted here)"
 MEASURED_HBM_HELD_OUT = ("measured HBM sharing, memory-bound kernels beside copy loops (calibration harness; held out: "
                          "law fitted on another data set)")
@@ -200,8 +194,7 @@ def measured_hbm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
 
 # The copy part's copies alone (a 1 GiB cudaMemcpyAsync, 3 in a row), by direction: the data set,
 # its GPU and a system holding it.
-MEASURED_COPY: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100"),
-                                                   ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200"))
+MEASURED_COPY = sets("copy", "set", "gpu", "system")
 COPY_DIRECTIONS = ("d2d", "h2d")
 # What default.v4 assumes for both copy efficiencies, the baseline of the copy rows' notes.
 COPY_ASSUMED_EFFICIENCY = 0.8

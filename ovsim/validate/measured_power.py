@@ -16,12 +16,12 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import Check
+from ovsim.validate.datasets import sets
 from ovsim.validate.measured import MEASURED_DATA
 from ovsim.validate.measured_memory import harness_power_log
 
 # Data sets whose power part the power checks predict, and their GPU spec and system.
-MEASURED_POWER: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26-b", "h100-sxm5-80gb", "hgx-h100"),
-                                                    ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200"))
+MEASURED_POWER = sets("power", "set", "gpu", "system")
 # Phase -> (the op it repeats, the power calibration fitted on it): the power of a fitted phase is
 # a consistency check, every time and the power of the others predictions.
 _POWER_PHASES: dict[str, tuple[dict[str, Any], bool]] = {
@@ -98,20 +98,19 @@ def measured_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
 
 
 # Data sets of the harness's clock part (each kernel with the SM clock its probes counted).
-MEASURED_CLOCK: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26-d", "h100-sxm5-80gb", "hgx-h100"),
-                                                    ("h200-sxm/2026-11-26-c", "h200-sxm", "hgx-h200"))
+MEASURED_CLOCK = sets("clock", "set", "gpu", "system")
 _CLOCK_PHASES = {f"gemm_{p}_8192x8192x8192": {"kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": p}
                  for p in ("bf16", "fp8", "tf32")}
 MEASURED_CLOCK_FIT = "measured clocks (calibration harness clock part; calibration source)"
 
 
-def _clock_sets(folder: Path, sets: tuple[tuple[str, str, str], ...] = MEASURED_CLOCK
+def _clock_sets(folder: Path, clock_sets: tuple[tuple[str, ...], ...] = MEASURED_CLOCK
                 ) -> Iterator[tuple[str, str, str, pd.DataFrame, float]]:
-    """Each clock part data set of ``sets`` that ``folder`` holds: its folder, GPU, system,
+    """Each clock part data set of ``clock_sets`` that ``folder`` holds: its folder, GPU, system,
     kernels with their counted clocks, and the GPU's default power limit."""
     import pandas as pd
 
-    for rel, gpu, system in sets:
+    for rel, gpu, system in clock_sets:
         path = folder / rel / "clock.parquet"
         if path.is_file():
             yield rel, gpu, system, pd.read_parquet(path), float(load_gpu(gpu).power.tdp_w)
@@ -154,8 +153,7 @@ _MIX_VICTIMS: dict[str, dict[str, Any]] = {
 }
 # Boards whose clock part also alternated the GEMM with the add at GEMM time shares of 10-90%
 # (the power fit reads none of them).
-MEASURED_CLOCK_SHARES: tuple[tuple[str, str, str], ...] = (
-    ("h100-sxm5-80gb/2026-11-26-e", "h100-sxm5-80gb", "hgx-h100"), ("h200-sxm/2026-11-26-d", "h200-sxm", "hgx-h200"))
+MEASURED_CLOCK_SHARES = sets("clock_shares", "set", "gpu", "system")
 _SHARE_VICTIMS = {f"add_bf16_256M__gemm_share_{p}": _MIX_VICTIMS["add_bf16_256M__after_gemm"] for p in (10, 25, 75, 90)}
 _MIX_CYCLES = 5  # cycles a mixed phase is predicted as (repeated: the loop's steady state)
 MEASURED_CLOCK_MIX = ("measured clocks, GEMM alternating with a memory-bound kernel (calibration harness clock "

@@ -14,22 +14,17 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import Check
+from ovsim.validate.datasets import fitted, sets
 from ovsim.validate.measured import HARNESS_SM_FRACTION, MEASURED_DATA, _replay_row
 from ovsim.validate.measured_memory import harness_experiments
 
 # Data sets whose smloss part the SM-loss checks replay, and their GPU spec: cuBLAS's GEMMs beside a
 # kernel that only holds SMs (every set held out: nothing is fitted on their GEMMs).
-MEASURED_SMLOSS: tuple[tuple[str, str], ...] = (("h100-sxm5-80gb/2026-11-26-b", "h100-sxm5-80gb"),
-                                               ("h100-sxm5-80gb/2026-11-27-b", "h100-sxm5-80gb"),
-                                               ("h100-sxm5-80gb/2026-11-27-c", "h100-sxm5-80gb"),
-                                               ("h200-sxm/2026-11-26-b", "h200-sxm"),
-                                               ("h200-sxm/2026-11-27-b", "h200-sxm"),
-                                               ("h200-sxm/2026-11-27-c", "h200-sxm"),
-                                               ("h200-sxm/2026-11-27-e", "h200-sxm"))
+MEASURED_SMLOSS = sets("smloss", "set", "gpu")
 MEASURED_SMLOSS_GROUP = "measured GEMMs beside SM-holding blocks (calibration harness smloss part; held out)"
-# The smloss data set of each GPU that its ``gemm_load_share`` is fitted on
-# (calibration/harness/fit_measured.py); its rows are a fit, reported as a group of their own.
-SMLOSS_LOAD_FIT: dict[str, str] = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-27-b", "h200-sxm": "h200-sxm/2026-11-27-b"}
+# The smloss data set of each GPU that its ``gemm_load_share`` is fitted on (marked "fit" in the
+# registry; calibration/harness/fit_measured.py); its rows are a fit, reported as a group of their own.
+SMLOSS_LOAD_FIT = fitted("smloss")
 MEASURED_SMLOSS_FIT_GROUP = ("measured GEMMs beside SM-holding blocks (calibration harness smloss part; "
                              "the data set gemm_load_share is fitted on)")
 _HOLD_KERNEL = "ovsim_probe_first"
@@ -119,8 +114,7 @@ def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> li
 
 # The dispatch part's probes (a kernel of many blocks, then a second one launched on another stream
 # at equal or higher priority), by data set, GPU and a system holding it.
-MEASURED_DISPATCH: tuple[tuple[str, str, str], ...] = (("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb", "hgx-h100"),
-                                                       ("h200-sxm/2026-11-26", "h200-sxm", "hgx-h200"))
+MEASURED_DISPATCH = sets("dispatch", "set", "gpu", "system")
 MEASURED_DISPATCH_GROUP = "measured block dispatch (calibration harness dispatch part; predicted, nothing fitted)"
 _DISPATCH_FIRST = "ovsim_probe_first"
 
