@@ -27,7 +27,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.inputs import InputModel
 from ovsim.hw.power import PowerSettings
 from ovsim.hw.spec import NetworkSpec, SystemSpec, read_yaml, validation_error
-from ovsim.models.training import TrainingSpec
+from ovsim.models.training_spec import TrainingSpec
 from ovsim.models.workload import Knobs, OpSpec, Schedule
 
 Mode = Literal["simulate", "analytic"]

@@ -95,7 +95,7 @@ def _memory_bytes(training: dict[str, Any], system: str) -> tuple[float, float]:
     model's own depth whatever depth is simulated."""
     from ovsim.hw.spec import load_gpu, load_system
     from ovsim.models.memory import memory_estimate
-    from ovsim.models.training import TrainingSpec
+    from ovsim.models.training_spec import TrainingSpec
 
     spec_sys = load_system(system)
     full = {k: v for k, v in training.items() if k != "layers"}

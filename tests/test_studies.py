@@ -51,7 +51,7 @@ def test_matrix_rows_in_processes_are_the_same(monkeypatch: pytest.MonkeyPatch) 
     assert (fsdp["comm_hidden_pct"] > 0).all() and (fsdp["compute_slowdown_pct"] >= 0).all()
     # Memory is the configuration's at the model's own depth, not at the 4 layers simulated.
     from ovsim.models.memory import memory_estimate
-    from ovsim.models.training import TrainingSpec
+    from ovsim.models.training_spec import TrainingSpec
 
     full = memory_estimate(TrainingSpec.model_validate(studies.lee_training("gpt3-1.3b", "fsdp", 8)), 4)
     assert fsdp["memory_per_gpu_gb"].tolist() == pytest.approx([full.total_bytes / 1e9] * 2)
@@ -96,7 +96,7 @@ def test_the_fits_reading_takes_the_largest_micro_batch_that_fits() -> None:
     8. GPT-3 13B's model states alone, 16 bytes a parameter over 4 GPUs (52 GB), fit no A100 40 GB."""
     from ovsim.hw.spec import load_gpu
     from ovsim.models.memory import USABLE_FRACTION, memory_estimate
-    from ovsim.models.training import TrainingSpec
+    from ovsim.models.training_spec import TrainingSpec
 
     a100 = studies.lee_training("gpt3-1.3b", "fsdp", 8, reading="fits", system="a100x4")
     h100 = studies.lee_training("gpt3-1.3b", "fsdp", 8, reading="fits", system="h100x4")

@@ -20,7 +20,7 @@ no s x s scores, so the ``5as/h`` term (scores, probabilities, dropout mask) cou
 unfused attention (``TrainingSpec.attention``). The
 loss keeps FP32 logits, ``4sbv/t`` (the paper's output-layer term). With pipeline parallelism a
 stage holds the activations of every micro-batch whose forward has run and whose backward has
-not: counted from the schedule ovsim runs (:func:`ovsim.models.training.stage_order`), not from a
+not: counted from the schedule ovsim runs (:func:`ovsim.models.pipeline.stage_order`), not from a
 formula.
 
 Not counted: the CUDA context and library workspaces (about 0.5-2 GB), allocator fragmentation,
@@ -32,13 +32,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ovsim.models.training import (
+from ovsim.models.pipeline import stage_order
+from ovsim.models.training_spec import (
     ModelShape,
     TrainingSpec,
     activation_element_bytes,
     layer_params,
     layout,
-    stage_order,
     wire_element_bytes,
 )
 

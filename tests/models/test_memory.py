@@ -10,7 +10,7 @@ import pytest
 from ovsim.api import predict
 from ovsim.cli import main
 from ovsim.models.memory import layer_activation_bytes, memory_estimate
-from ovsim.models.training import PRESETS, TrainingSpec
+from ovsim.models.training_spec import PRESETS, TrainingSpec
 
 GPT = PRESETS["gpt3-1.3b"]  # multi-head attention, 4h MLP, not gated: the paper's layer
 S, B, H = GPT.seq_len, 4, GPT.hidden

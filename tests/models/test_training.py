@@ -13,13 +13,9 @@ import pytest
 
 from ovsim.api import build, predict
 from ovsim.errors import OvsimError
-from ovsim.models.training import (
-    PRESETS,
-    TrainingSpec,
-    layer_params,
-    stage_order,
-    training_ops,
-)
+from ovsim.models.pipeline import stage_order
+from ovsim.models.training import training_ops
+from ovsim.models.training_spec import PRESETS, TrainingSpec, layer_params
 from ovsim.models.workload import CollectiveOpSpec, GemmOp, SendRecvOp
 from ovsim.scenario import Scenario
 

@@ -1,0 +1,272 @@
+"""What a training iteration is: the model's shape (presets with their sources), the parallel
+layout (data, tensor, pipeline; DDP or FSDP; tensor-parallel overlap), the batch and precision,
+and the parameter and gradient counts that follow from them. :mod:`ovsim.models.training` turns
+a :class:`TrainingSpec` into ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+
+from ovsim.errors import OvsimError
+from ovsim.hw.inputs import InputModel
+from ovsim.hw.spec import validation_error
+from ovsim.units import MIB
+
+TrainPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+
+
+class ModelShape(InputModel):
+    """A decoder-only transformer's dimensions."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    # Key/value heads (grouped-query attention); None: as many as query heads.
+    kv_heads: PositiveInt | None = None
+    # MLP inner size; None: 4 x hidden.
+    ffn_hidden: PositiveInt | None = None
+    vocab: PositiveInt = 50257
+    seq_len: PositiveInt = 2048
+    # SwiGLU-style MLP: FC1 produces two ffn_hidden-wide halves.
+    gated_mlp: bool = False
+    # Output head shares the embedding matrix (GPT-3) or has its own (LLaMA).
+    tied_embeddings: bool = True
+    source: str = ""
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelShape:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden size {self.hidden} is not a multiple of the {self.heads} heads")
+        if self.heads % self.kv:
+            raise ValueError(f"{self.heads} heads are not a multiple of the {self.kv} key/value heads")
+        return self
+
+
+_GPT3 = "Brown et al., Language Models are Few-Shot Learners, 2020, table 2.1"
+_LLAMA2 = "Touvron et al., Llama 2, 2023, table 1 and the released config.json (ffn, kv heads)"
+
+# GPT-3 XL lists 24 heads of 128 in table 2.1, which does not divide 2048; implementations
+# (Megatron-LM's examples, the seed study's DeepSpeed runs) use 16 heads of 128.
+PRESETS: dict[str, ModelShape] = {
+    "gpt3-1.3b": ModelShape(layers=24, hidden=2048, heads=16, source=_GPT3 + " (16 heads, see above)"),
+    "gpt3-2.7b": ModelShape(layers=32, hidden=2560, heads=32, source=_GPT3),
+    "gpt3-6.7b": ModelShape(layers=32, hidden=4096, heads=32, source=_GPT3),
+    "gpt3-13b": ModelShape(layers=40, hidden=5120, heads=40, source=_GPT3 + " (hidden 5120 as implemented)"),
+    "gpt3-175b": ModelShape(layers=96, hidden=12288, heads=96, source=_GPT3),
+    "llama2-13b": ModelShape(layers=40, hidden=5120, heads=40, ffn_hidden=13824, vocab=32000, seq_len=4096,
+                             gated_mlp=True, tied_embeddings=False, source=_LLAMA2),
+    "llama2-70b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000,
+                             seq_len=4096, gated_mlp=True, tied_embeddings=False, source=_LLAMA2),
+}
+ALIASES = {"gpt3-xl": "gpt3-1.3b"}
+
+
+class ParallelSpec(InputModel):
+    """How ranks split the model: rank = (dp_index * pp + stage) * tp + tp_index (TP innermost)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # Data-parallel degree; None: whatever the ranks leave after tp x pp.
+    dp: PositiveInt | None = None
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp_mode: Literal["ddp", "fsdp"] = "ddp"
+    bucket_bytes: PositiveFloat = 25 * MIB
+    first_bucket_bytes: PositiveFloat = 1 * MIB
+    # All-gathers FSDP issues ahead of the layer computing (1 = PyTorch's forward/backward prefetch).
+    fsdp_prefetch: int = Field(default=1, ge=0)
+    sequence_parallel: bool = False
+    tp_overlap: Literal["none", "chunked", "copy_engine"] = "none"
+    # Pieces per decomposed collective + GEMM; None: the TP degree.
+    tp_chunks: PositiveInt | None = None
+    pipeline: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    # Model chunks per pipeline rank (interleaved 1F1B).
+    virtual_stages: PositiveInt = 1
+
+
+class TrainingSpec(InputModel):
+    """One training iteration: see docs/training.md."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # A preset name (``gpt3-1.3b`` ... ``llama2-70b``) or the dimensions themselves.
+    model: str | ModelShape
+    # Overrides of the model's dimensions.
+    layers: PositiveInt | None = None
+    hidden: PositiveInt | None = None
+    heads: PositiveInt | None = None
+    kv_heads: PositiveInt | None = None
+    ffn_hidden: PositiveInt | None = None
+    vocab: PositiveInt | None = None
+    seq_len: PositiveInt | None = None
+    micro_batch_size: PositiveInt = 1
+    # Micro-batches per iteration and data-parallel replica: gradient accumulation steps, or the
+    # pipeline's micro-batches.
+    micro_batches: PositiveInt = 1
+    precision: TrainPrecision = "bf16"
+    # Full activation recomputation: every layer's forward runs again before its backward.
+    recompute: bool = False
+    # flash: one fused attention kernel (FlashAttention), causal blocks skipped, no s x s scores in
+    # memory. unfused: the core attention frameworks ran before it (Megatron-LM's until 2022):
+    # batched GEMMs for QK^T and PV over the whole s x s, a fused scale-mask-softmax and a dropout
+    # on the probabilities, each moving the s x s scores through HBM.
+    attention: Literal["flash", "unfused"] = "flash"
+    optimizer: bool = True
+    # Embedding on the first stage, LM head and loss on the last; false studies a uniform pipeline.
+    embedding_and_head: bool = True
+    # false drops every collective and send/recv (the compute-only reference; stages still wait
+    # for each other).
+    communication: bool = True
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+
+    def shape(self) -> ModelShape:
+        if isinstance(self.model, ModelShape):
+            base = self.model
+        else:
+            key = ALIASES.get(self.model.lower(), self.model.lower())
+            if key not in PRESETS:
+                raise OvsimError(f"unknown model '{self.model}'; presets: {', '.join(PRESETS)}", field="model")
+            base = PRESETS[key]
+        over = {k: getattr(self, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+                                               "seq_len") if getattr(self, k) is not None}
+        if not over:
+            return base
+        try:
+            return ModelShape.model_validate({**base.model_dump(), **over})
+        except ValidationError as e:
+            err = validation_error(e, "")
+            raise OvsimError(err.message, field="model") from None
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int
+    pp: int
+    v: int
+    # Data-parallel replicas whose own ops are made (the first ones); the rest are stood for by
+    # them (rank symmetry). Their data-parallel collectives still span every replica.
+    made_dp: int | None = None
+
+    @property
+    def replicas_made(self) -> int:
+        return self.dp if self.made_dp is None else self.made_dp
+
+    def rank(self, d: int, s: int, i: int) -> int:
+        return (d * self.pp + s) * self.tp + i
+
+    def stage_ranks(self, s: int) -> list[int]:
+        return [self.rank(d, s, i) for d in range(self.replicas_made) for i in range(self.tp)]
+
+    def tp_groups(self, s: int) -> list[list[int]]:
+        return [[self.rank(d, s, i) for i in range(self.tp)] for d in range(self.replicas_made)]
+
+    def dp_groups(self, s: int) -> list[list[int]]:
+        return [[self.rank(d, s, i) for d in range(self.dp)] for i in range(self.tp)]
+
+
+def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
+    """Check the parallel layout against the model and the ranks; every error names its field."""
+    p = spec.parallel
+    m = spec.shape()
+    if n_ranks % (p.tp * p.pp):
+        raise OvsimError(f"tp {p.tp} x pp {p.pp} does not divide the {n_ranks} ranks", field="parallel")
+    dp = p.dp if p.dp is not None else n_ranks // (p.tp * p.pp)
+    if dp * p.tp * p.pp != n_ranks:
+        raise OvsimError(f"dp {dp} x tp {p.tp} x pp {p.pp} = {dp * p.tp * p.pp} ranks, the scenario has "
+                         f"{n_ranks}", field="parallel.dp")
+    if m.heads % p.tp:
+        raise OvsimError(f"tensor-parallel degree {p.tp} does not divide the {m.heads} attention heads",
+                         field="parallel.tp")
+    if m.kv % p.tp and p.tp % m.kv:
+        raise OvsimError(f"tensor-parallel degree {p.tp} and {m.kv} key/value heads do not divide each other",
+                         field="parallel.tp")
+    if m.ffn % p.tp:
+        raise OvsimError(f"tensor-parallel degree {p.tp} does not divide the MLP size {m.ffn}",
+                         field="parallel.tp")
+    v = p.virtual_stages
+    if p.pipeline != "interleaved" and v != 1:
+        raise OvsimError(f"virtual_stages {v} needs pipeline: interleaved", field="parallel.virtual_stages")
+    if p.pp * v > m.layers:
+        raise OvsimError(f"{p.pp * v} pipeline stages (pp {p.pp} x virtual {v}) for {m.layers} layers",
+                         field="parallel.pp")
+    if m.layers % (p.pp * v):
+        raise OvsimError(f"{m.layers} layers do not split evenly over pp {p.pp} x virtual {v} stages",
+                         field="parallel.pp")
+    if p.pipeline == "interleaved" and (p.pp < 2 or spec.micro_batches % p.pp):
+        raise OvsimError(f"interleaved 1F1B needs pp >= 2 and micro_batches a multiple of pp (Megatron-LM); "
+                         f"pp {p.pp}, micro_batches {spec.micro_batches}", field="parallel.pipeline")
+    if p.dp_mode == "fsdp" and p.pp > 1:
+        raise OvsimError("FSDP with pipeline parallelism is not modelled; use dp_mode: ddp with pp > 1",
+                         field="parallel.dp_mode")
+    if p.sequence_parallel and p.tp == 1:
+        raise OvsimError("sequence_parallel needs tp > 1", field="parallel.sequence_parallel")
+    if p.tp_overlap != "none" and p.tp == 1:
+        raise OvsimError(f"tp_overlap: {p.tp_overlap} needs tp > 1", field="parallel.tp_overlap")
+    tokens = spec.micro_batch_size * m.seq_len
+    chunks = p.tp_chunks or p.tp
+    if chunks > tokens:
+        raise OvsimError(f"{chunks} chunks for {tokens} tokens", field="parallel.tp_chunks")
+    if p.sequence_parallel and tokens % p.tp:
+        raise OvsimError(f"sequence parallelism splits {tokens} tokens over tp {p.tp} unevenly",
+                         field="parallel.sequence_parallel")
+    if p.dp_mode == "ddp" and dp > 1:
+        grad = grad_bytes_per_rank(spec, m, p.tp, p.pp)
+        if p.bucket_bytes > grad:
+            raise OvsimError(f"bucket of {p.bucket_bytes / MIB:.1f} MiB is larger than the {grad / MIB:.1f} MiB "
+                             "of gradients a rank holds", field="parallel.bucket_bytes")
+    return Layout(dp=dp, tp=p.tp, pp=p.pp, v=v)
+
+
+def wire_element_bytes(precision: str) -> int:
+    """Bytes per element of gradients and gathered parameters on the wire: fp32 for fp32/tf32
+    training, 16-bit otherwise (FP8 training keeps 16-bit weights and gradients)."""
+    return 4 if precision in ("fp32", "tf32") else 2
+
+
+def activation_element_bytes(precision: str) -> int:
+    return 4 if precision in ("fp32", "tf32") else 2
+
+
+def layer_matrices(m: ModelShape, tp: int) -> dict[str, tuple[int, int]]:
+    """(in, out) of each linear of a layer on one TP rank, in forward order."""
+    h, a = m.hidden, m.heads
+    qkv_out = h + 2 * h * m.kv // a
+    g = 2 if m.gated_mlp else 1
+    return {"qkv": (h, qkv_out // tp), "proj": (h // tp, h), "fc1": (h, g * m.ffn // tp), "fc2": (m.ffn // tp, h)}
+
+
+def layer_params(m: ModelShape, tp: int) -> int:
+    """Parameters of one layer on one TP rank (matrices, biases and norms)."""
+    mats = layer_matrices(m, tp)
+    weights = sum(i * o for i, o in mats.values())
+    small = 4 * m.hidden + sum(o for _, o in mats.values())
+    return weights + small
+
+
+def embedding_params(m: ModelShape, tp: int) -> int:
+    table = m.vocab * m.hidden // tp
+    return table * (1 if m.tied_embeddings else 2) + (m.seq_len * m.hidden if m.tied_embeddings else 0)
+
+
+def params_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> int:
+    layers = m.layers // pp * layer_params(m, tp)
+    emb = embedding_params(m, tp) if spec.embedding_and_head else 0
+    return layers + (emb if pp == 1 else emb // 2)
+
+
+def grad_bytes_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> float:
+    return float(params_per_rank(spec, m, tp, pp) * wire_element_bytes(spec.precision))
