@@ -161,3 +161,12 @@ def test_the_benchmark_cases_are_valid_scenarios_with_spaces() -> None:
     for name, family in manifest["cases"].items():
         assert family in manifest["spaces"], name
         load_scenario(cases / name)
+
+
+def test_workers_find_the_same_best() -> None:
+    """Predictions in two processes pick what one process picks (batches of two confirm in the
+    same order of estimates)."""
+    one = tune(A100, space=SMALL)
+    two = tune(A100, space=SMALL, workers=2)
+    assert two.table["makespan_s"].iloc[0] == one.table["makespan_s"].iloc[0]
+    assert two.stats["bound_violations"] == 0

@@ -72,13 +72,10 @@ Speed
 from __future__ import annotations
 
 import bisect
-import gzip
 import math
 import re
-import tarfile
-import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -90,6 +87,14 @@ import pandas as pd
 
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
+from ovsim.traces.json_slices import (
+    WholeParse,
+    json_type,
+    loads,
+    parse_sliced,
+    skip_ws,
+    trace_inputs,
+)
 from ovsim.traces.table import (
     DTYPE_BYTES,
     TraceBundle,
@@ -103,12 +108,8 @@ from ovsim.traces.table import (
 
 __all__ = ["load_kineto"]
 
-# Slices of about this size keep the parsed objects of one slice (4-5x its size) small next to the
-# file's bytes, which must be in memory anyway.
-_CHUNK_BYTES = 4 << 20
 # Longer events are corrupt records (HTA drops them too, past its MAX_EVENT_DURATION_US).
 _MAX_DURATION_US = 1e9
-_SEP = re.compile(rb"\}\s*,\s*\{")
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d{1,9})(?!\d)", re.IGNORECASE)
 _COPY_KIND = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
 _COPY_KINDS = ("HtoD", "DtoH", "DtoD", "PtoP", "HtoH")
@@ -123,10 +124,6 @@ _EMPTY: dict[str, Any] = {}
 (_DEV, _STREAM, _CORR, _NAME, _KIND, _TS, _DUR, _GX, _GY, _GZ, _BX, _BY, _BZ, _REGS, _SMEM, _BYTES, _EXT,
  _HINT, _COMM) = range(19)
 _NFIELDS = 19
-
-
-class _WholeParse(Exception):
-    """The slicing did not work out for this file; parse it as one document instead."""
 
 
 @dataclass
@@ -311,216 +308,37 @@ def _launch_dims(dims: Any) -> bool:
             and all(d.__class__ is int and 1 <= d < 2**31 for d in dims))
 
 
-# -- reading files ---------------------------------------------------------------------------------
-
-def _decompress(data: bytes, source: str) -> bytes:
-    if data[:2] != b"\x1f\x8b":
-        if source.lower().endswith(".gz"):
-            raise OvsimError("not gzip data, though the name ends .gz", source=source, field="gzip")
-        return data
-    try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as e:
-        reason = "truncated" if isinstance(e, EOFError) else "corrupt"
-        raise OvsimError(f"cannot decompress: {reason} gzip data ({e})", source=source, field="gzip") from None
-
-
-def _is_trace_name(name: str) -> bool:
-    base = name.rsplit("/", 1)[-1]
-    # "._name" files are macOS resource forks that tar picks up beside the real file.
-    return base.lower().endswith((".json", ".json.gz")) and not base.startswith("._")
-
-
-def _inputs(path: Path) -> Iterator[tuple[str, str, bytes]]:
-    """(source, file name, uncompressed bytes) for each trace file, one at a time."""
-    if path.is_dir():
-        # Subfolders too (a run's ranks are often one folder each), not hidden ones.
-        files = sorted(p for p in path.rglob("*") if p.is_file() and _is_trace_name(p.name)
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
-        if not files:
-            raise OvsimError("no trace files (*.json, *.json.gz) in the folder or its subfolders", source=str(path),
-                             field="path")
-        for f in files:
-            yield str(f), f.name, _decompress(_read(f), str(f))
-        return
-    if path.name.lower().endswith((".tar.gz", ".tgz", ".tar")):
-        yield from _archive_inputs(path)
-        return
-    yield str(path), path.name, _decompress(_read(path), str(path))
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise OvsimError(f"cannot read: {e.strerror or e}", source=str(path), field="path") from None
-
-
-def _archive_inputs(path: Path) -> Iterator[tuple[str, str, bytes]]:
-    found = False
-    try:
-        with tarfile.open(path, mode="r:*") as tar:
-            # Iterating reads members in archive order, so a compressed archive is decompressed once.
-            for member in tar:
-                if not (member.isfile() and _is_trace_name(member.name)):
-                    continue
-                handle = tar.extractfile(member)
-                if handle is None:
-                    continue
-                source = f"{path}::{member.name}"
-                found = True
-                yield source, member.name.rsplit("/", 1)[-1], _decompress(handle.read(), source)
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
-        # tarfile's "could not be opened" lists every compression it tried, one line each.
-        why = "not a tar archive (plain, gzip, bzip2 or xz)" if "could not be opened" in str(e) else str(e)
-        raise OvsimError(f"cannot read the archive: {why}", source=str(path), field="archive") from None
-    if not found:
-        raise OvsimError("no trace files (*.json, *.json.gz) in the archive", source=str(path), field="path")
-
-
-# -- parsing one document --------------------------------------------------------------------------
-
-def _loads(data: bytes | memoryview, source: str) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        raise OvsimError(f"invalid JSON: {_utf8_where(data) or e}", source=source, field="json") from None
-
-
-def _utf8_where(data: bytes | memoryview) -> str | None:
-    """Where a document stops being UTF-8, as a line and column (orjson says line 1 column 1)."""
-    raw = bytes(data)
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        return f"byte {e.start} (line {line}, column {column}) is not valid UTF-8"
-    return None
-
-
-def _skip_ws(raw: bytes, i: int) -> int:
-    n = len(raw)
-    while i < n and raw[i] in b" \t\r\n":
-        i += 1
-    return i
-
-
-def _try_list(parts: tuple[bytes | memoryview, ...]) -> list[Any] | None:
-    try:
-        value = orjson.loads(b"".join(parts))
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, list) else None
-
-
-def _parse_sliced(raw: bytes, on_events: Callable[[list[Any]], None]) -> dict[str, Any]:
-    """Feed ``traceEvents`` to on_events a slice at a time; returns the rest of the document.
-
-    A slice ends at a ``}`` followed by ``,`` and ``{``. Cut anywhere but between two events, the
-    text has an unclosed string or bracket and does not parse, so parsing each slice proves the
-    cut; when no cut proves out the caller parses the whole document instead."""
-    key = raw.find(b'"traceEvents"')
-    if key < 0:
-        raise _WholeParse
-    colon = _skip_ws(raw, key + len(b'"traceEvents"'))
-    if colon >= len(raw) or raw[colon] != ord(":"):
-        raise _WholeParse
-    open_at = _skip_ws(raw, colon + 1)
-    if open_at >= len(raw) or raw[open_at] != ord("["):
-        raise _WholeParse
-    mv = memoryview(raw)
-    p = open_at + 1
-    n = len(raw)
-    while p + _CHUNK_BYTES < n:
-        m = _SEP.search(raw, p + _CHUNK_BYTES)
-        if m is None:
-            break
-        events = None
-        for _ in range(8):
-            events = _try_list((b"[", mv[p:m.start() + 1], b"]"))
-            if events is not None:
-                break
-            # That "},{" was inside a string or a nested list: try the next one.
-            m = _SEP.search(raw, m.end() - 1)
-            if m is None:
-                raise _WholeParse
-        if events is None:
-            raise _WholeParse
-        on_events(events)
-        p = m.end() - 1
-    # The last slice: up to the last separator between events, then the last event alone, so that
-    # finding the end of the array by trial parses only a short text. Separators after the array
-    # (a list of objects among the trailing metadata) fail to parse and the one before is tried.
-    seps = list(_SEP.finditer(raw, p))
-    for m in reversed(seps[-16:]):
-        events = _try_list((b"[", mv[p:m.start() + 1], b"]"))
-        if events is not None:
-            on_events(events)
-            p = m.end() - 1
-            break
-    else:
-        if seps:
-            raise _WholeParse
-    close = _skip_ws(raw, p)
-    if close < n and raw[close] == ord("]"):
-        end = close
-        tail: list[Any] = []
-    else:
-        end = p - 1
-        for _ in range(1000):
-            end = raw.find(b"]", end + 1)
-            if end < 0:
-                raise _WholeParse
-            found = _try_list((b"[", mv[p:end + 1]))
-            if found is not None:
-                tail = found
-                break
-        else:
-            raise _WholeParse
-    try:
-        meta = orjson.loads(b"".join((mv[:open_at], b"[]", mv[end + 1:])))
-    except orjson.JSONDecodeError:
-        raise _WholeParse from None
-    if not isinstance(meta, dict) or meta.get("traceEvents") != []:
-        raise _WholeParse
-    on_events(tail)
-    return meta
+# -- parsing one file (reading files and slicing their JSON: json_slices.py) ------------------------
 
 
 def _parse_file(source: str, name: str, raw: bytes) -> _FileData:
     if raw[:3] == b"\xef\xbb\xbf":
         raw = raw[3:]
-    first = _skip_ws(raw, 0)
+    first = skip_ws(raw, 0)
     if first >= len(raw):
         raise OvsimError("empty file", source=source, field="json")
     state = _State()
     meta: dict[str, Any] | None = None
     if raw[first] == ord("{"):
         try:
-            meta = _parse_sliced(raw, state.scan)
-        except _WholeParse:
+            meta = parse_sliced(raw, state.scan)
+        except WholeParse:
             state = _State()
     if meta is None:
-        doc = _loads(raw, source)
+        doc = loads(raw, source)
         if not isinstance(doc, dict):
-            raise OvsimError(f"the top-level JSON value is {_json_type(doc)}, not an object", source=source,
+            raise OvsimError(f"the top-level JSON value is {json_type(doc)}, not an object", source=source,
                              field="traceEvents")
         events = doc.get("traceEvents")
         if events is None:
             raise OvsimError("no traceEvents: not a Chrome trace", source=source, field="traceEvents")
         if not isinstance(events, list):
-            raise OvsimError(f"traceEvents is {_json_type(events)}, not a list", source=source, field="traceEvents")
+            raise OvsimError(f"traceEvents is {json_type(events)}, not a list", source=source, field="traceEvents")
         state.scan(events)
         del doc["traceEvents"]
         meta = doc
     del raw
     return _file_data(source, name, meta, state)
-
-
-def _json_type(v: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number"}.get(type(v), "null")
 
 
 # -- one file's columns ----------------------------------------------------------------------------
@@ -530,7 +348,7 @@ def _meta_int(meta: dict[str, Any], section: str, key: str, source: str) -> int 
     if holder is None:
         return None
     if not isinstance(holder, dict):
-        raise OvsimError(f"{section} is {_json_type(holder)}, not an object", source=source, field=section)
+        raise OvsimError(f"{section} is {json_type(holder)}, not an object", source=source, field=section)
     v = holder.get(key)
     if v is None:
         return None
@@ -887,7 +705,7 @@ def load_kineto(path: str | Path) -> TraceBundle:
         raise OvsimError("no such file or folder", source=str(p), field="path")
     files: list[_FileData] = []
     with paused_gc():
-        for item in _inputs(p):
+        for item in trace_inputs(p):
             files.append(_parse_file(*item))
             # Drop this file's bytes before the next file is read.
             del item

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import known_gpus
-from ovsim.traces import kineto
+from ovsim.traces import json_slices, kineto
 from ovsim.traces.devices import spec_for_device_name
 from ovsim.traces.kineto import load_kineto
 from ovsim.traces.table import TraceBundle, validate_table
@@ -605,10 +605,10 @@ def test_world_size_disagreement_and_rank_outside_it(tmp_path: Path) -> None:
 
 def whole(path: Path, monkeypatch: pytest.MonkeyPatch) -> TraceBundle:
     def refuse(raw: bytes, on_events: Any) -> dict[str, Any]:
-        raise kineto._WholeParse
+        raise json_slices.WholeParse
 
     with monkeypatch.context() as m:
-        m.setattr(kineto, "_parse_sliced", refuse)
+        m.setattr(kineto, "parse_sliced", refuse)
         return load_kineto(path)
 
 
@@ -626,7 +626,7 @@ def test_slices_read_a_real_trace_like_one_parse(tmp_path: Path, monkeypatch: py
                                                   chunk: int) -> None:
     src = real(f"{HTA}/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz")
     path = write(tmp_path / "t.json", gzip.decompress(src.read_bytes()))
-    monkeypatch.setattr(kineto, "_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(json_slices, "CHUNK_BYTES", chunk)
     same(load_kineto(path), whole(path, monkeypatch))
 
 
@@ -653,7 +653,7 @@ def test_slices_never_cut_inside_a_value(tmp_path: Path, monkeypatch: pytest.Mon
     d = doc(events, **trailer)
     path = write(tmp_path / "t.json", orjson.dumps(d, option=orjson.OPT_INDENT_2 if indent else 0))
     with monkeypatch.context() as m:
-        m.setattr(kineto, "_CHUNK_BYTES", chunk)
+        m.setattr(json_slices, "CHUNK_BYTES", chunk)
         sliced = load_kineto(path)
     same(sliced, whole(path, monkeypatch))
     assert len(sliced.kernels) == sum(1 for e in events if isinstance(e, dict) and e.get("cat") == "kernel")
@@ -720,7 +720,7 @@ def test_fuzz_mutated_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fu
     text = json.dumps(d, indent=2 if indent else None).encode()
     path = write(tmp_path / ("t.json.gz" if gz else "t.json"), text, gz=gz)
     with monkeypatch.context() as m:
-        m.setattr(kineto, "_CHUNK_BYTES", chunk)
+        m.setattr(json_slices, "CHUNK_BYTES", chunk)
         outcome(path)
 
 
@@ -736,7 +736,7 @@ def test_fuzz_truncated_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, f
     data = gzip.compress(fuzz_text) if gz else fuzz_text
     path = write(tmp_path / ("t.json.gz" if gz else "t.json"), data[: int(len(data) * cut)])
     with monkeypatch.context() as m:
-        m.setattr(kineto, "_CHUNK_BYTES", chunk)
+        m.setattr(json_slices, "CHUNK_BYTES", chunk)
         outcome(path)
 
 
