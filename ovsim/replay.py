@@ -232,12 +232,26 @@ def sms_measured_on(c: _Cols, src: np.ndarray, gpu: GpuSpec, params: Parameters)
         held = np.array([held_blocks(c, int(j), gpu, params) for j in colls], dtype=np.float64)
         if not held.any():
             continue
-        cs, ce = c.start[colls], c.end[colls]
-        for i in rows:
-            s, e = float(c.start[i]), float(c.end[i])
-            shared = np.clip(np.minimum(ce, e) - np.maximum(cs, s), 0.0, None)
-            mean_held = float(shared @ held) / max(e - s, 1e-12)
-            sms[i] = max(1, gpu.sm.count - min(round(mean_held), gpu.sm.count - 1))
+        # SMs held over time as a step function (+held at a collective's start, -held at its end)
+        # and its running integral: a kernel's held SM-seconds are the integral's rise over its
+        # interval, for all kernels at once.
+        t = np.concatenate([c.start[colls], c.end[colls]])
+        order = np.argsort(t, kind="stable")
+        t = t[order]
+        level = np.cumsum(np.concatenate([held, -held])[order])
+        integral = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(t))])
+
+        def area(x: np.ndarray, t: np.ndarray = t, level: np.ndarray = level,
+                 integral: np.ndarray = integral) -> np.ndarray:
+            k = np.searchsorted(t, x, side="right") - 1
+            inside = k >= 0
+            out = np.zeros(len(x))
+            out[inside] = integral[k[inside]] + level[k[inside]] * (x[inside] - t[k[inside]])
+            return out
+
+        s, e = c.start[rows], c.end[rows]
+        mean_held = (area(e) - area(s)) / np.maximum(e - s, 1e-12)
+        sms[rows] = np.maximum(1, gpu.sm.count - np.minimum(np.round(mean_held), gpu.sm.count - 1)).astype(np.int64)
     return sms
 
 

@@ -135,8 +135,7 @@ def default_space(sc: Scenario, objective: Objective = "time") -> dict[str, list
         space["knobs.comm_priority"] = ["normal", "high"]
         space["knobs.nccl_channels"] = [None, *NCCL_CHANNELS]
         space["knobs.sm_carveout"] = [0, *(c for c in SM_CARVEOUTS if c < gpu.sm.count // 2)]
-        space["knobs.occupancy_shaping_smem_bytes"] = [0, *(b for b in SHAPING_SMEM_BYTES
-                                                            if b <= gpu.sm.max_shared_mem_per_block_bytes)]
+        space["knobs.occupancy_shaping_smem_bytes"] = [0, *(b for b in SHAPING_SMEM_BYTES if _builds(sc, b))]
         if _gathers(sc):
             space["knobs.ce_offload"] = [False, True]
     space.update(_training_space(sc))
@@ -147,6 +146,17 @@ def default_space(sc: Scenario, objective: Objective = "time") -> dict[str, list
         space["power.sm_clock_hz"] = [None, *(round(c.max_sm_clock_hz * f, -6) for f in CLOCK_FRACTIONS
                                               if c.max_sm_clock_hz * f >= c.min_sm_clock_hz)]
     return {path: _given_first(sc, path, values) for path, values in space.items()}
+
+
+def _builds(sc: Scenario, shaping_smem_bytes: int) -> bool:
+    """Whether every kernel of ``sc`` still launches with this much shaping padding (a kernel's
+    own shared memory plus the padding must fit the GPU's per-block limit)."""
+    try:
+        build(sc.model_copy(update={"knobs": sc.knobs.model_copy(
+            update={"occupancy_shaping_smem_bytes": shaping_smem_bytes})}), sc.name)
+    except OvsimError:
+        return False
+    return True
 
 
 def _gathers(sc: Scenario) -> bool:
@@ -163,7 +173,8 @@ def _training_space(sc: Scenario) -> dict[str, list[Any]]:
     space: dict[str, list[Any]] = {}
     if p.tp > 1:
         space["training.parallel.tp_overlap"] = ["none", "chunked", "copy_engine"]
-        space["training.parallel.tp_chunks"] = [None, *TP_CHUNKS]
+        # None is the TP degree: the same pieces as a value equal to it.
+        space["training.parallel.tp_chunks"] = [None, *(c for c in TP_CHUNKS if c != p.tp)]
     if p.dp_mode == "fsdp":
         space["training.parallel.fsdp_prefetch"] = list(FSDP_PREFETCH)
     elif p.dp != 1:
@@ -172,12 +183,17 @@ def _training_space(sc: Scenario) -> dict[str, list[Any]]:
 
 
 def value_at(sc: Scenario, path: str) -> Any:
-    """The scenario's value at a knob path (None where the scenario leaves it out)."""
+    """The scenario's value at a knob path, as ``ovsim sweep`` spells it (a list item by its index
+    or name: ``ops.gemm.m``); None where the scenario leaves it out."""
     data: Any = sc.model_dump(mode="json", by_alias=True)
     for key in path.split("."):
-        if not isinstance(data, dict) or key not in data:
+        if isinstance(data, list):
+            named = [it for it in data if isinstance(it, dict) and it.get("name") == key]
+            data = named[0] if named else (data[int(key)] if key.isdigit() and int(key) < len(data) else None)
+        elif isinstance(data, dict):
+            data = data.get(key)
+        else:
             return None
-        data = data[key]
     return data
 
 
@@ -213,7 +229,7 @@ def candidates(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any
     does not matter)."""
     data, path, source = base_mapping(scenario)
     out: list[Candidate] = []
-    dropped = {"invalid": 0, "redundant": 0}
+    dropped: dict[str, Any] = {"invalid": 0, "redundant": 0, "invalid_example": ""}
     combos = points if points is not None else (dict(zip(space, c, strict=True))
                                                 for c in itertools.product(*space.values()))
     for point in combos:
@@ -223,9 +239,34 @@ def candidates(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any
         try:
             mapping = edited(data, point)
             out.append(Candidate(point=dict(point), mapping=mapping, scenario=scenario_at(mapping, path, source)))
-        except (OvsimError, ValueError):
+        except (OvsimError, ValueError) as e:
             dropped["invalid"] += 1
+            dropped["invalid_example"] = dropped["invalid_example"] or f"{_point_text(point)}: {_message(e)}"
     return out, dropped
+
+
+def _message(e: Exception) -> str:
+    return e.one_line() if isinstance(e, OvsimError) else str(e)
+
+
+def _point_text(point: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in point.items())
+
+
+def check_space(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]], source: str) -> None:
+    """Refuse a space a user wrote with a knob path the scenario has no place for, or a value that
+    is illegal on its own (the scenario as given with only that knob changed does not validate or
+    does not build): a one-line error naming the space's file and the knob. Values legal alone but
+    not together are dropped from the search and counted."""
+    data, path, name = base_mapping(scenario)
+    for knob, values in space.items():
+        for value in values:
+            try:
+                sc = scenario_at(edited(data, {knob: value}), path, name)
+                build(sc, name)
+            except (OvsimError, ValueError) as e:
+                reason = e.message if isinstance(e, OvsimError) else str(e)
+                raise OvsimError(f"{value!r}: {reason}", source=source, field=knob) from None
 
 
 # -- predictions -----------------------------------------------------------------------------------
@@ -329,22 +370,29 @@ def _confirm(cands: Sequence[Candidate], objective: Objective, pool: Any, jobs: 
 
 
 def _sampled(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]], objective: Objective,
-             trials: int, seed: int) -> list[Candidate]:
-    """``trials`` candidates of a space too large to enumerate, chosen by Optuna's TPE sampler on
-    the estimate (each analysed once)."""
+             trials: int, seed: int) -> tuple[list[Candidate], dict[str, Any]]:
+    """Up to ``trials`` distinct candidates of a space too large to enumerate, chosen by Optuna's
+    TPE sampler on the estimate (each analysed once; a trial may repeat a combination), and the
+    counts of the combinations it drew that were dropped (as :func:`candidates` counts them)."""
     try:
         import optuna  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
-        raise OvsimError(f"the space has more than {trials:,} combinations; searching it needs Optuna "
-                         "(pip install 'ovsim[tune]'), or a smaller --space", field="space") from None
+        n = math.prod(len(v) for v in space.values())
+        raise OvsimError(f"{n:,} combinations, over --max-grid {trials:,}: sampling them needs Optuna (pip install "
+                         "-e \".[tune]\"); or raise --max-grid to search them all, or give a smaller --space",
+                         field="space") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     keys = list(space)
     seen: dict[tuple[int, ...], Candidate | None] = {}
+    dropped: dict[str, Any] = {"invalid": 0, "redundant": 0, "invalid_example": ""}
 
     def value(trial: Any) -> float:
         ix = tuple(trial.suggest_categorical(k, list(range(len(space[k])))) for k in keys)
         if ix not in seen:
-            found, _ = candidates(scenario, space, [{k: space[k][j] for k, j in zip(keys, ix, strict=True)}])
+            found, lost = candidates(scenario, space, [{k: space[k][j] for k, j in zip(keys, ix, strict=True)}])
+            dropped["invalid"] += lost["invalid"]
+            dropped["redundant"] += lost["redundant"]
+            dropped["invalid_example"] = dropped["invalid_example"] or lost["invalid_example"]
             seen[ix] = found[0] if found else None
             if found:
                 _analyzed(found[0], analyze(found[0].scenario, objective), objective)
@@ -353,14 +401,14 @@ def _sampled(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]]
 
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
     study.optimize(value, n_trials=trials)
-    return [c for c in seen.values() if c is not None]
+    return [c for c in seen.values() if c is not None], dropped
 
 
 # -- the search ------------------------------------------------------------------------------------
 
 def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] | None = None,
          objective: Objective = "time", top: int = 5, workers: int = 1, confirm_max: int = 50,
-         max_grid: int = MAX_GRID, seed: int = 0) -> TuneResult:
+         max_grid: int = MAX_GRID, seed: int = 0, space_source: str = "space") -> TuneResult:
     """Search ``space`` (default: :func:`default_space`) for the schedule that minimises
     ``objective`` (the module docstring says how); ``top`` leaders are ranked and explained.
     ``workers``: processes for the predictions (1: this process; 0: one per core)."""
@@ -368,29 +416,31 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
         raise OvsimError(f"must be one of {', '.join(OBJECTIVE_FIELDS)}, got '{objective}'", field="objective")
     data, path, source = base_mapping(scenario)
     given_sc = scenario if isinstance(scenario, Scenario) else scenario_at(data, path, source)
+    if space is not None:
+        check_space(given_sc if path is None else scenario, space, space_source)
     space = dict(space) if space is not None else default_space(given_sc, objective)
     if not space:
         raise OvsimError("the scenario leaves no schedule knob open (nothing to overlap); name the knobs to "
                          "search in a space file (--space)", source=source, field="space")
     n_grid = math.prod(len(v) for v in space.values())
     sampled = n_grid > max_grid
-    if sampled:
-        cands, dropped = _sampled(scenario, space, objective, max_grid, seed), {"invalid": 0, "redundant": 0}
-    else:
-        cands, dropped = candidates(scenario, space)
+    cands, dropped = _sampled(scenario, space, objective, max_grid, seed) if sampled else candidates(scenario, space)
     given = _given(cands, data, given_sc, space)
     jobs = min(workers or os.cpu_count() or 1, max(1, len(cands)))
     pool = worker_pool(jobs)
     with pool or nullcontext():
-        n_analytic = _analyze([c for c in cands if not c.analytic], objective, pool)
+        n_analytic = sum(1 for c in cands if c.analytic)
+        n_analytic += _analyze([c for c in cands if not c.analytic], objective, pool)
         _engine([given], pool)
         confirmed = _confirm(cands, objective, pool, jobs, confirm_max)
     confirmed["engine_predictions"] += 1
     stats = {"objective": objective, "space": {k: list(v) for k, v in space.items()}, "grid": n_grid,
              "sampled": sampled, "candidates": len(cands), **dropped,
              "unfit": sum(1 for c in cands if c.analytic.get("fits_memory") is False),
-             "failed": sum(1 for c in cands if "error" in c.analytic),
-             "analytic_predictions": n_analytic + (len(cands) if sampled else 0), **confirmed}
+             "failed": sum(1 for c in cands if "error" in c.analytic or "error" in c.engine),
+             "failed_example": next((f"{_point_text(c.point)}: {c.analytic.get('error') or c.engine['error']}"
+                                     for c in cands if "error" in c.analytic or "error" in c.engine), ""),
+             "analytic_predictions": n_analytic, **confirmed}
     return _result(cands, given, space, objective, top, stats)
 
 
@@ -409,13 +459,15 @@ def _given(cands: list[Candidate], data: dict[str, Any], sc: Scenario,
 def _result(cands: list[Candidate], given: Candidate, space: Mapping[str, Sequence[Any]], objective: Objective,
             top: int, stats: dict[str, Any]) -> TuneResult:
     done = [c for c in cands if c.engine and math.isfinite(objective_value(c.engine, objective))]
-    done.sort(key=lambda c: objective_value(c.engine, objective))
+    # Ties go to the scenario as given, then to the fewest changes: a change that gains nothing is
+    # no advice.
+    done.sort(key=lambda c: (objective_value(c.engine, objective), c is not given,
+                             sum(given.point.get(k) != v for k, v in c.point.items())))
+    given_ok = math.isfinite(objective_value(given.engine, objective))
+    stats["given_problem"] = "" if given_ok else _given_problem(given)
     if not done:
-        g = given.engine
-        why = g.get("error") or (f"its training memory, {g['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU, does not "
-                                 f"fit {g['memory_capacity_bytes'] / 1e9:.0f} GB")
-        raise OvsimError(f"no schedule searched fits memory or could be predicted; the scenario as given: {why}",
-                         field="scenario")
+        raise OvsimError(f"no schedule searched fits memory or could be predicted; the scenario as given: "
+                         f"{stats['given_problem']}", field="scenario")
     base = objective_value(given.engine, objective)
     rows = []
     for rank, c in enumerate(done, 1):
@@ -423,6 +475,7 @@ def _result(cands: list[Candidate], given: Candidate, space: Mapping[str, Sequen
         rows.append({"rank": rank, **{k: c.point.get(k) for k in space}, "makespan_s": c.engine["makespan_s"],
                      "energy_j": c.engine.get("energy_j", math.nan), "objective": value, "estimate": c.estimate,
                      "bound_s": c.bound_s,
+                     "change_pct": 100.0 * (value / base - 1.0) if math.isfinite(base) else math.nan,
                      "gain_pct": 100.0 * (base / value - 1.0) if math.isfinite(base) else math.nan,
                      "as_given": c is given})
     stats["bound_violations"] = sum(1 for c in done if c.engine["makespan_s"] < c.bound_s * (1 - BOUND_TOLERANCE))
@@ -432,10 +485,30 @@ def _result(cands: list[Candidate], given: Candidate, space: Mapping[str, Sequen
                       given=given)
 
 
+def _given_problem(given: Candidate) -> str:
+    """Why the scenario as given has no objective: its prediction failed or it does not fit."""
+    g = given.engine
+    if "error" in g:
+        return str(g["error"])
+    return (f"its training memory, {g['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU, does not fit "
+            f"{g['memory_capacity_bytes'] / 1e9:.0f} GB")
+
+
 # -- why a leader wins -----------------------------------------------------------------------------
 
+def knob_value(knob: str, v: Any) -> str:
+    """A knob's value as the table and the why-lines print it (clocks in MHz; None: the default)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "default"
+    if knob.endswith("_hz") and isinstance(v, int | float):
+        return f"{v / 1e6:.0f} MHz"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
 def _changes(c: Candidate, given: Candidate) -> str:
-    diff = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in c.point.items() if given.point.get(k) != v]
+    diff = [f"{k.rsplit('.', 1)[-1]}={knob_value(k, v)}" for k, v in c.point.items() if given.point.get(k) != v]
     return ", ".join(diff) or "as given"
 
 
@@ -459,6 +532,8 @@ def explain(c: Candidate, given: Candidate, objective: Objective) -> str:
     and by what (SMs, HBM, links, the clock)."""
     s, g = c.engine, given.engine
     value, base = objective_value(s, objective), objective_value(g, objective)
+    if not math.isfinite(base):
+        return f"{_changes(c, given)}: {objective} {value:.4g} (the scenario as given: {_given_problem(given)})"
     parts = [f"{_changes(c, given)}: {objective} {100.0 * (value / base - 1.0):+.1f}%"]
     span = g["makespan_s"]
     hidden = g["exposed_comm_s"] - s["exposed_comm_s"]
@@ -469,8 +544,8 @@ def explain(c: Candidate, given: Candidate, objective: Objective) -> str:
     if abs(alone) > 1e-3 * span:
         parts.append(f"compute alone {'+' if alone > 0 else '-'}{_ms(abs(alone))}")
     parts += [line for line in (_lost_line("compute", s, g, span), _lost_line("comm", s, g, span)) if line]
-    if abs(s.get("avg_sm_clock_hz", 0.0) - g.get("avg_sm_clock_hz", 0.0)) > 5e6:
-        parts.append(f"clock {g['avg_sm_clock_hz'] / 1e9:.2f} -> {s['avg_sm_clock_hz'] / 1e9:.2f} GHz")
+    if abs(s.get("avg_sm_clock_hz", 0.0) - g.get("avg_sm_clock_hz", 0.0)) >= 5e6:
+        parts.append(f"clock {g['avg_sm_clock_hz'] / 1e6:.0f} -> {s['avg_sm_clock_hz'] / 1e6:.0f} MHz")
     if objective != "time" and "avg_power_w" in s:
         parts.append(f"power {g['avg_power_w']:.0f} -> {s['avg_power_w']:.0f} W")
     return "; ".join(parts)

@@ -434,3 +434,21 @@ def test_a_memory_bound_kernel_alone_takes_its_own_measured_time(blocks: int, wa
     assert res.kernels["isolated_source"].tolist() == ["self"]
     assert res.kernels["predicted_duration_s"].iloc[0] == pytest.approx(383e-6, rel=1e-9)
     assert blocks / (108 * 2) == pytest.approx(waves, abs=0.01)
+
+
+def test_sms_a_kernel_had_are_its_rank_s_held_sms_averaged_over_its_interval() -> None:
+    """Against the direct sum (each collective's held blocks x its overlap with the kernel, over
+    the kernel's duration): two collectives of 20 and 16 blocks, one kernel under both, one partly
+    under the first, one under none, on a rank whose collectives hold their grid."""
+    from ovsim.replay import sms_measured_on
+
+    rows = [k("dpsk::ep::dispatch", 0, 100, stream=9, kind="collective", **EP_DISPATCH),
+            k("dpsk::ep::combine", 50, 100, stream=10, kind="collective", **{**EP_DISPATCH, "grid_x": 16}),
+            k("g", 60, 20, kind="gemm"), k("g2", 90, 40, kind="gemm"), k("g3", 300, 10, kind="gemm")]
+    c = _Cols.of(table(rows))
+    gpu = load_gpu(GPU)
+    params = load_calibration(gpu, GPU).params.merged(ALL_BLOCKS)
+    src = np.array(["measured", "measured", "none", "none", "none"], dtype=object)
+    sms = sms_measured_on(c, src, gpu, params)
+    # g: 36 held throughout; g2: 36 for 10 us, then 16 for 30 us (mean 21); g3: none.
+    assert sms[2:].tolist() == [132 - 36, 132 - 21, 132]

@@ -57,10 +57,45 @@ def test_the_scenario_as_given_is_ranked_with_no_gain() -> None:
     assert best["gain_pct"] == pytest.approx(100 * (given["objective"].iloc[0] / best["objective"] - 1))
 
 
-def test_a_space_value_the_scenario_refuses_is_dropped_and_counted() -> None:
-    res = tune(A100, space={"knobs.sm_carveout": [0, -4, 16]})
-    assert res.stats["invalid"] == 1
-    assert res.stats["candidates"] == 2
+@pytest.mark.parametrize(("space", "field", "message"), [
+    ({"knobs.sm_carveout": [0, -4, 16]}, "knobs.sm_carveout", "-4"),
+    ({"knobs.sm_carveout": [0, 500]}, "knobs.sm_carveout", "500 SMs"),
+    ({"knobs.comm_prority": ["normal", "high"]}, "knobs.comm_prority", "Extra inputs"),
+    ({"ops.gemmm.m": [4096]}, "ops.gemmm.m", "no item named 'gemmm'"),
+])
+def test_a_space_knob_or_value_the_scenario_refuses_is_named(space: dict[str, list[object]], field: str,
+                                                             message: str) -> None:
+    """A value illegal on its own, or a knob the scenario has no place for, is the space's error: a
+    search that dropped it would report the scenario as given as the best, and exit 0."""
+    with pytest.raises(OvsimError, match=message) as e:
+        tune(A100, space=space, space_source="my-space.yaml")
+    assert (e.value.source, e.value.field) == ("my-space.yaml", field)
+
+
+def test_an_op_field_knob_finds_the_scenario_as_given_among_the_candidates() -> None:
+    res = tune(A100, space={"ops.gemm.m": [4096, 8192]})
+    assert len(res.table) == 2 and res.table["as_given"].sum() == 1
+    assert res.table.loc[res.table["as_given"], "ops.gemm.m"].iloc[0] == 8192
+
+
+def test_a_scenario_as_given_that_cannot_run_still_ranks_the_others(tmp_path: Path) -> None:
+    """Shaping padding the GEMM's block cannot hold: the scenario as given does not launch, the
+    schedules of the space do, and are ranked with no change against it; the why-lines say why."""
+    data = yaml.safe_load(A100.read_text())
+    data["knobs"] = {"occupancy_shaping_smem_bytes": 163840}
+    path = tmp_path / "padded.yaml"
+    path.write_text(yaml.safe_dump(data))
+    res = tune(path, space={"knobs.occupancy_shaping_smem_bytes": [0, 32768]})
+    assert len(res.table) == 2 and not res.table["as_given"].any()
+    assert res.table["change_pct"].isna().all()
+    assert "shared memory" in res.stats["given_problem"] and "the scenario as given:" in res.why[0]
+
+
+def test_a_tie_goes_to_the_scenario_as_given() -> None:
+    """The default cap is the board's TDP: capping at it changes nothing, and is no advice."""
+    res = tune(H100, space={"power.cap_w": [700, None]})
+    assert res.table["as_given"].iloc[0]
+    assert (res.best_mapping.get("power") or {}).get("cap_w") is None
 
 
 def test_the_default_space_holds_the_scenarios_own_values_first() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
 from ovsim.cli.common import Progress, check_extension, check_output, check_plot, json_text, save_plot
@@ -14,33 +13,27 @@ from ovsim.files import atomic_output
 # objective's unit (_ESTIMATE).
 _COLUMNS = (("makespan_s", "iter ms", "{:.3f}", 1e3), ("bound_s", "bound ms", "{:.3f}", 1e3),
             ("energy_j", "energy J", "{:.4g}", 1.0), ("estimate", "", "{:.4g}", 1.0),
-            ("gain_pct", "gain", "{:+.1f}%", 1.0))
+            ("change_pct", "vs given", "{:+.1f}%", 1.0))
 _ESTIMATE = {"time": ("est. ms", 1e3), "energy": ("est. J", 1.0), "edp": ("est. J s", 1.0)}
 
 
-def _value(x: Any) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        # A knob left out: its default (NCCL's channels, no cap).
-        return "default"
-    if isinstance(x, float) and x.is_integer():
-        return str(int(x))
-    return str(x)
-
-
 def tune_table(result: Any, rows: int) -> str:
-    """The ranked schedules: the knobs the search varied, then time, energy, bound and gain."""
+    """The ranked schedules: the knobs the search varied, then time, energy, bound and the
+    objective's change against the scenario as given."""
+    from ovsim.tune import knob_value
+
     df = result.table.head(rows)
     given = result.table[result.table["as_given"]]
     # The knobs that vary among the rows shown or differ there from the scenario as given.
     knobs = [k for k in result.stats["space"]
-             if df[k].map(_value).nunique() > 1 or (len(given) and _value(given[k].iloc[0]) != _value(df[k].iloc[0]))]
+             if df[k].map(str).nunique() > 1 or (len(given) and str(given[k].iloc[0]) != str(df[k].iloc[0]))]
     est_head, est_scale = _ESTIMATE[result.stats["objective"]]
     columns = [(c, h or est_head, fmt, est_scale if c == "estimate" else f) for c, h, fmt, f in _COLUMNS]
     heads = ["#", *(k.rsplit(".", 1)[-1] for k in knobs), *(h for _, h, _, _ in columns)]
     cells = []
     for rec in df.to_dict(orient="records"):
         mark = "*" if rec["as_given"] else ""
-        cells.append([f"{rec['rank']}{mark}", *(_value(rec[k]) for k in knobs),
+        cells.append([f"{rec['rank']}{mark}", *(knob_value(k, rec[k]) for k in knobs),
                       *(fmt.format(rec[c] * f) if rec[c] == rec[c] else "-" for c, _, fmt, f in columns)])
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(heads)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(heads, widths, strict=True))]
@@ -55,18 +48,29 @@ def tune_text(result: Any, scenario: str, rows: int) -> str:
               f"{st['unfit']} do not fit memory, {st['failed']} failed)")
     pruned = ("no other schedule's time bound could beat the best" if st["objective"] == "time" else
               "no other schedule's estimate came within 5% of the best")
-    stop = (f"stopped at --confirm-max: {st['could_still_win']} more could have won" if st["stopped_at_budget"]
+    stop = (f"stopped at --confirm-max: {st['could_still_win']} more could have won (--confirm-max "
+            f"{st['engine_predictions'] - 1 + st['could_still_win']} would finish it)" if st["stopped_at_budget"]
             else pruned)
     bound = ("" if not st["bound_violations"] else
              f"; the time bound failed on {st['bound_violations']} of them: pruning may have missed a better one")
     lines = [f"scenario   {scenario}  (objective: {st['objective']})", f"space      {search}",
              f"predicted  {st['analytic_predictions']:,} analytic, {st['engine_predictions']} with the engine; "
              f"{stop}{bound}",
-             "", tune_table(result, rows),
+             *(f"           {what}, e.g. {st[key]}" for what, key in (("invalid", "invalid_example"),
+                                                                       ("failed", "failed_example")) if st.get(key)),
+             _given_line(result), "", tune_table(result, rows),
              "(* the scenario as given; bound: its time with no contention at the top clock; est.: the analytic "
-             "fidelity's objective; gain: of the objective, over the scenario as given)", "", "why"]
+             "fidelity's objective; vs given: the objective's change against the scenario as given)", "", "why"]
     lines += [f"{i}. {w}" for i, w in enumerate(result.why, 1)]
     return "\n".join(lines)
+
+
+def _given_line(result: Any) -> str:
+    st, table = result.stats, result.table
+    if st.get("given_problem"):
+        return f"as given   not ranked: {st['given_problem']}"
+    row = table[table["as_given"]].iloc[0]
+    return f"as given   {row['makespan_s'] * 1e3:.3f} ms, {row['energy_j']:.4g} J: rank {row['rank']} of {len(table)}"
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -80,7 +84,7 @@ def run_tune(args: argparse.Namespace) -> int:
     bar.stage("searching schedules")
     try:
         result = tune(args.scenario, space=space, objective=args.objective, top=args.top, workers=args.workers,
-                      confirm_max=args.confirm_max, max_grid=args.max_grid)
+                      confirm_max=args.confirm_max, max_grid=args.max_grid, space_source=args.space or "space")
     finally:
         bar.done()
     if args.output:

@@ -53,6 +53,10 @@ from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models.ir import StreamSpec, Workload
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
+
+# PRESETS and ModelShape (below) are re-exported: callers imported them from here before the
+# description of a model had its own module.
+from ovsim.models.training_spec import PRESETS as PRESETS
 from ovsim.models.training_spec import (
     Layout,
     TrainingSpec,
@@ -64,6 +68,7 @@ from ovsim.models.training_spec import (
     params_per_rank,
     wire_element_bytes,
 )
+from ovsim.models.training_spec import ModelShape as ModelShape
 from ovsim.models.workload import (
     AttentionOp,
     CollectiveKind,
