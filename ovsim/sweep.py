@@ -35,7 +35,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.spec import read_yaml, validation_error
 from ovsim.limits import MAX_COMBINATIONS
 from ovsim.scenario import Mode, Scenario, scenario_from_mapping
-from ovsim.workers import worker_pool
+from ovsim.workers import executor
 
 Progress = Callable[[int, int], None]
 
@@ -138,10 +138,12 @@ def _predict_summary(sc: Scenario, mode: Mode | None, max_ops: int | None) -> di
 
 def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *, mode: Mode | None = None,
           workers: int = 1, progress: Progress | None = None, max_ops: int | None = None,
-          max_combinations: int = MAX_COMBINATIONS) -> pd.DataFrame:
+          max_combinations: int = MAX_COMBINATIONS, scheduler: str | None = None) -> pd.DataFrame:
     """Predict every combination of ``axes`` on ``scenario``; one row each, the axes first.
 
-    ``workers``: processes to run predictions in (1: this process; 0: one per CPU core).
+    ``workers``: processes to run predictions in (1: this process; 0: one per CPU core);
+    ``scheduler``: a Dask scheduler's address, to run them on its cluster instead
+    (:func:`ovsim.workers.executor`; also ``OVSIM_SCHEDULER``).
     ``progress(done, total)`` is called as predictions finish. ``max_ops``: the most ops one
     combination may expand to (:func:`ovsim.api.predict`); ``max_combinations``: the most
     combinations run, checked before any is built."""
@@ -156,7 +158,7 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
     n = len(grid)
     jobs = workers or os.cpu_count() or 1
     summaries: list[dict[str, Any]] = []
-    pool = worker_pool(min(jobs, n))
+    pool = executor(min(jobs, n), scheduler)
     with pool or nullcontext():
         # The pool's map starts every prediction at once; the built-in one predicts each as it is
         # asked for. Either gives results in the grid's order.

@@ -53,7 +53,7 @@ from ovsim.metrics import COMM_KINDS, NON_COMPUTE
 from ovsim.models.workload import CollectiveOpSpec
 from ovsim.scenario import Mode, Scenario
 from ovsim.sweep import base_mapping, edited, scenario_at
-from ovsim.workers import worker_pool
+from ovsim.workers import executor
 
 Objective = Literal["time", "energy", "edp"]
 OBJECTIVE_FIELDS: dict[str, str] = {"time": "makespan_s", "energy": "energy_j", "edp": "energy_delay_j_s"}
@@ -408,10 +408,13 @@ def _sampled(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]]
 
 def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] | None = None,
          objective: Objective = "time", top: int = 5, workers: int = 1, confirm_max: int = 50,
-         max_grid: int = MAX_GRID, seed: int = 0, space_source: str = "space") -> TuneResult:
+         max_grid: int = MAX_GRID, seed: int = 0, space_source: str = "space",
+         scheduler: str | None = None) -> TuneResult:
     """Search ``space`` (default: :func:`default_space`) for the schedule that minimises
     ``objective`` (the module docstring says how); ``top`` leaders are ranked and explained.
-    ``workers``: processes for the predictions (1: this process; 0: one per core)."""
+    ``workers``: predictions at once (1: in this process; 0: one process per core); ``scheduler``:
+    a Dask scheduler's address, to run them on its cluster (:func:`ovsim.workers.executor`; give
+    the cluster's worker count as ``workers``)."""
     if objective not in OBJECTIVE_FIELDS:
         raise OvsimError(f"must be one of {', '.join(OBJECTIVE_FIELDS)}, got '{objective}'", field="objective")
     data, path, source = base_mapping(scenario)
@@ -427,7 +430,7 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
     cands, dropped = _sampled(scenario, space, objective, max_grid, seed) if sampled else candidates(scenario, space)
     given = _given(cands, data, given_sc, space)
     jobs = min(workers or os.cpu_count() or 1, max(1, len(cands)))
-    pool = worker_pool(jobs)
+    pool = executor(jobs, scheduler)
     with pool or nullcontext():
         n_analytic = sum(1 for c in cands if c.analytic)
         n_analytic += _analyze([c for c in cands if not c.analytic], objective, pool)

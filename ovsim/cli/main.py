@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenario's mode")
     sw.add_argument("--workers", type=count_arg, default=1, metavar="N",
                     help="processes to predict in (default 1; 0: one per CPU core)")
+    sw.add_argument("--scheduler", metavar="ADDRESS",
+                    help="a Dask scheduler (tcp://host:8786) to predict on its cluster (needs the 'cluster' extra; "
+                         "also OVSIM_SCHEDULER)")
     sw.add_argument("--json", action="store_true", help="print one JSON object")
     sw.add_argument("--csv", metavar="FILE", type=file_name, help="write the table, every summary column, as CSV")
     sw.add_argument("--plot", metavar="FILE", type=file_name,
@@ -103,6 +106,9 @@ def parser() -> argparse.ArgumentParser:
                     help="schedules shown in the table (default 20)")
     tu.add_argument("--workers", type=count_arg, default=1, metavar="N",
                     help="processes to predict in (default 1; 0: one per CPU core)")
+    tu.add_argument("--scheduler", metavar="ADDRESS",
+                    help="a Dask scheduler (tcp://host:8786) to predict on its cluster; --workers: predictions at "
+                         "once (needs the 'cluster' extra; also OVSIM_SCHEDULER)")
     tu.add_argument("--confirm-max", type=at_least_one, default=50, metavar="N",
                     help="the most schedules predicted with the engine (default 50)")
     tu.add_argument("--max-grid", type=at_least_one, default=2000, metavar="N",

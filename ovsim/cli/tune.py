@@ -84,7 +84,8 @@ def run_tune(args: argparse.Namespace) -> int:
     bar.stage("searching schedules")
     try:
         result = tune(args.scenario, space=space, objective=args.objective, top=args.top, workers=args.workers,
-                      confirm_max=args.confirm_max, max_grid=args.max_grid, space_source=args.space or "space")
+                      confirm_max=args.confirm_max, max_grid=args.max_grid, space_source=args.space or "space",
+                      scheduler=args.scheduler)
     finally:
         bar.done()
     if args.output:
