@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -78,7 +78,7 @@ def residency(blocks: pd.DataFrame) -> pd.DataFrame:
     for (kernel, launch), g in blocks.groupby(["kernel", "launch"], sort=True):
         per_sm = [max_resident(s["start_ns"].to_numpy(), s["end_ns"].to_numpy()) for _, s in g.groupby("smid")]
         dur = (g["end_ns"] - g["start_ns"]).to_numpy(dtype=float) * 1e-9
-        rows.append({"kernel": kernel, "launch": int(launch), "blocks": len(g), "sms": g["smid"].nunique(),
+        rows.append({"kernel": kernel, "launch": int(cast(float, launch)), "blocks": len(g), "sms": g["smid"].nunique(),
                      "max_resident_per_sm": max(per_sm), "block_s_median": float(np.median(dur)),
                      "span_s": float(g["end_ns"].max() - g["start_ns"].min()) * 1e-9})
     return pd.DataFrame(rows)

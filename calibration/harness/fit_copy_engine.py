@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,20 +56,21 @@ LATENCY_BOUND_L2_PCT = 60.0
 MIN_BYTES = 1e6
 
 
-def warp_rate(ncu_csv: Path) -> tuple[float, list[dict[str, float]]]:
+def warp_rate(ncu_csv: Path) -> tuple[float, list[dict[str, Any]]]:
     """The most bytes per second per resident warp among the latency-bound kernels, and them."""
     d = load_ncu_csv(ncu_csv)
     moved = d["dram_bytes_read"] + d["dram_bytes_write"]
     warps = d["blocks"] * np.ceil(d["threads_per_block"] / 32)
     keep = ((d["dram_throughput_pct"] < LATENCY_BOUND_DRAM_PCT) & (d["sm_throughput_pct"] < LATENCY_BOUND_SM_PCT)
             & (d["l2_throughput_pct"] < LATENCY_BOUND_L2_PCT) & (moved > MIN_BYTES))
-    rows = [{"kernel": str(n)[:80], "warps": float(w), "bytes": float(b), "duration_s": float(t),
-             "bytes_per_s_per_warp": float(b / t / w)}
-            for n, w, b, t in zip(d.loc[keep, "name"], warps[keep], moved[keep], d.loc[keep, "ncu_duration_s"],
-                                  strict=True)]
+    rows: list[dict[str, Any]] = [
+        {"kernel": str(n)[:80], "warps": float(w), "bytes": float(b), "duration_s": float(t),
+         "bytes_per_s_per_warp": float(b / t / w)}
+        for n, w, b, t in zip(d.loc[keep, "name"], warps[keep], moved[keep], d.loc[keep, "ncu_duration_s"],
+                              strict=True)]
     if not rows:
         raise SystemExit(f"{ncu_csv}: no latency-bound kernel to fit the warps' rate on")
-    return max(r["bytes_per_s_per_warp"] for r in rows), rows
+    return max(float(r["bytes_per_s_per_warp"]) for r in rows), rows
 
 
 def copy_error_pct(table: pd.DataFrame, overrides: dict[str, float]) -> float:

@@ -257,8 +257,11 @@ def load_share_report(gpu: str) -> tuple[FitReport, list[Path]]:
     bundles = [smloss_bundle(t) for t in tables]
 
     def ratios(share: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        return [tuple(np.asarray(x, dtype=float) for x in smloss_scored(b, gpu, {"gemm_load_share": share}))
-                for b in bundles]  # type: ignore[misc]
+        out = []
+        for b in bundles:
+            a, c, d = (np.asarray(x, dtype=float) for x in smloss_scored(b, gpu, {"gemm_load_share": share}))
+            out.append((a, c, d))
+        return out
 
     def pooled_mape(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> float:
         meas = np.concatenate([r[0] for r in rows])
@@ -396,7 +399,8 @@ def _busy(kernels: list[dict[str, Any]], start_s: float, end_s: float, name: str
 
 def _main_kernel(points: pd.DataFrame) -> pd.DataFrame:
     """The rows of the most frequent kernel: a clock experiment's victim (the rest are PyTorch's)."""
-    return points[points["name"] == points["name"].value_counts().index[0]]
+    main: pd.DataFrame = points[points["name"] == points["name"].value_counts().index[0]]
+    return main
 
 
 def power_table(gpu: str, rel: str, comm_rel: str, phases: tuple[str, ...]) -> pd.DataFrame | None:
@@ -444,7 +448,7 @@ def clock_points_of(rel: str) -> pd.DataFrame:
     pts = pts[pts["experiment"].str.startswith("gemm_") & (pts["clock_step_hz"] < CLOCK_STEADY_HZ)]
     out = []
     for exp, g in pts.groupby("experiment", sort=True):
-        out.append(_main_kernel(g).assign(precision=exp.split("_")[1]))
+        out.append(_main_kernel(g).assign(precision=str(exp).split("_")[1]))
     return pd.concat(out, ignore_index=True)
 
 
@@ -534,7 +538,7 @@ def copy_report(gpu: str, rel: str) -> tuple[FitReport, list[Path]]:
 def clock_report(gpu: str) -> tuple[FitReport, list[Path]]:
     rel = CLOCK[gpu]
     pts = clock_points_of(rel)
-    fits = {prec: fit_saturation(g) for prec, g in pts.groupby("precision", sort=True)}
+    fits = {str(prec): fit_saturation(g) for prec, g in pts.groupby("precision", sort=True)}
     values = {prec: f["value_hz"] for prec, f in fits.items()}
     notes = ""
     if "bf16" in values and "fp16" not in values:
@@ -645,9 +649,10 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     table = pd.concat([table, clock_power_rows(CLOCK[gpu])], ignore_index=True)
     fit = fit_power({c: table[c].to_numpy(float) for c in FIT_COLUMNS}, model)
     v = fit.params
-    values = {"power_idle_w": round(v["idle_w"], 1), "power_tensor_w": {"default": round(v["tensor_w"], 1)},
-              "power_memory_w": round(v["memory_w"], 1),
-              "power_hbm_j_per_byte": float(f"{v['hbm_w'] / spec.memory.bandwidth_bytes_per_s:.4g}")}
+    values: dict[str, Any] = {
+        "power_idle_w": round(v["idle_w"], 1), "power_tensor_w": {"default": round(v["tensor_w"], 1)},
+        "power_memory_w": round(v["memory_w"], 1),
+        "power_hbm_j_per_byte": float(f"{v['hbm_w'] / spec.memory.bandwidth_bytes_per_s:.4g}")}
     by_precision: dict[str, Any] = {}
     for prec, phase in CLOCK_PRECISION_PHASES.items():
         rows = clock_power_rows(CLOCK[gpu], phase)
@@ -667,14 +672,16 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     for name, tbl in (("fitted", table), ("held_out", power_table(gpu, rel, comm_rel, POWER_HELD_OUT))):
         if tbl is None:
             continue
-        pred = np.concatenate([fit_table_power_w({c: g[c].to_numpy(float) for c in FIT_COLUMNS[1:]}, phase_model(ph))
+        pred = np.concatenate([fit_table_power_w({c: g[c].to_numpy(float) for c in FIT_COLUMNS[1:]},
+                                                 phase_model(str(ph)))
                                for ph, g in tbl.groupby("phase", sort=False)])
         tbl = pd.concat([g for _, g in tbl.groupby("phase", sort=False)], ignore_index=True)
-        for phase, g in tbl.assign(pred=pred).groupby("phase", sort=False):
+        for phase_name, g in tbl.assign(pred=pred).groupby("phase", sort=False):
             m, p_ = float(g["power_w"].mean()), float(g["pred"].mean())
-            by_phase[phase] = {"set": name, "samples": len(g), "measured_w": round(m, 1), "predicted_w": round(p_, 1),
-                               "error_pct": round((p_ - m) / m * 100, 1),
-                               "sm_clock_mhz_median": round(float(g["sm_clock_hz"].median()) / 1e6)}
+            by_phase[str(phase_name)] = {
+                "set": name, "samples": len(g), "measured_w": round(m, 1), "predicted_w": round(p_, 1),
+                "error_pct": round((p_ - m) / m * 100, 1),
+                "sm_clock_mhz_median": round(float(g["sm_clock_hz"].median()) / 1e6)}
     src = (f"measured: calibration/data/{rel} (power part: NVML instantaneous power, phases "
            f"{', '.join(POWER_FITTED)}) and calibration/data/{CLOCK[gpu]} (clock part: {CLOCK_POWER_PHASE} "
            f"at the SM clocks its probes counted), ovsim.hw.power.fit_power; {COMMAND}")

@@ -21,6 +21,7 @@ slowdown from traffic that evicts L2 can be told from the slowdown of HBM itself
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -159,7 +160,7 @@ def part_framework_copy(h: Any, overlappers: tuple[tuple[int, int], ...] = COPY_
             pairs = [(h.rand(n, dtype=t.bfloat16), t.empty(n, dtype=t.bfloat16, device=h.dev))
                      for _ in range(streams)]
             h.made()
-            copies = [lambda s=s, d=d: d.copy_(s, non_blocking=True) for s, d in pairs]
+            copies = [functools.partial(d.copy_, s, non_blocking=True) for s, d in pairs]
             with t.cuda.stream(h.normal):
                 one_s = h.time_alone_s(copies[0], reps=3)
             for vname, fn in kernels.items():

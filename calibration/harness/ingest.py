@@ -45,7 +45,7 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 from analysis import (
@@ -63,7 +63,7 @@ from ovsim.errors import OvsimError
 from ovsim.traces.load import load_trace, write_table
 
 # The parts whose kernels are compared alone and beside something, and what that something is.
-PARQUET_COMPRESSION = "zstd"
+PARQUET_COMPRESSION: Literal["zstd"] = "zstd"
 SLOWDOWN_PARTS = {"overlap": "collective", "smloss": "other", "shaping": "collective", "copy": "copy",
                   "power": "collective", "framework": "collective", "framework_copy": "copy"}
 

@@ -221,6 +221,11 @@ def share_plan(share: float, gemm_s: float, victim_s: float, max_cycle_s: float)
     return g, n
 
 
+
+def _times(fn: Callable[[], Any], n: int) -> list[Any]:
+    """``fn`` called ``n`` times (a phase's loop body)."""
+    return [fn() for _ in range(n)]
+
 class PowerSampler:
     """NVML samples on a thread, as fast as NVML answers, in nvidia-smi's CSV layout. The files are
     appended to about once a second, so a run stopped by a time limit keeps what it sampled, and a
@@ -416,7 +421,7 @@ class Harness:
 
     # -- kernels as callables --------------------------------------------------------------------
 
-    def channel(self, op: str, channels: int, threads: int, iters: int) -> Callable[[Any, Any], None]:
+    def channel(self, op: str, channels: int, threads: int, iters: int) -> Callable[..., None]:
         """A communication-like launch: (stream, record buffer or None)."""
         a = self.rand(CHANNEL_BUFFER_BYTES // 2)
         b = self.rand(CHANNEL_BUFFER_BYTES // 2)
@@ -430,7 +435,7 @@ class Harness:
         return run
 
     def channel_lasting(self, op: str, channels: int, threads: int, seconds: float,
-                        extra_iters: int = 0) -> tuple[Callable[[Any, Any], None], int]:
+                        extra_iters: int = 0) -> tuple[Callable[..., None], int]:
         """A channel launch that passes over its buffer often enough to last about ``seconds``
         alone (plus ``extra_iters`` passes, at least one), and that count."""
         key = (op, channels, threads)
@@ -452,7 +457,7 @@ class Harness:
         i32 = self.cupy.int32
         return (a, b, c, i32(m), i32(n), i32(k), rec if rec is not None else self.cupy.uint64(0))
 
-    def gemm64(self, m: int, n: int, k: int, extra_smem: int) -> tuple[Callable[[Any, Any], None], int]:
+    def gemm64(self, m: int, n: int, k: int, extra_smem: int) -> tuple[Callable[..., None], int]:
         a, b = self.rand(m, k), self.rand(k, n)
         c = self.torch.empty(m, n, device=self.dev, dtype=self.torch.float32)
         self.made()
@@ -649,7 +654,7 @@ class Harness:
             for channels in (8, 16, 24, 32):
                 for threads in (512, 640):
                     run = self.channel(op, channels, threads, iters=2)
-                    self.warm(lambda run=run: run(self.normal))
+                    self.warm(functools.partial(run, self.normal))
                     label = f"channel_{op}_{channels}x{threads}"
                     with self.experiment("comm", label, op=op, channels=channels, threads=threads,
                                          bytes_per_launch=2 * CHANNEL_BUFFER_BYTES,
@@ -743,7 +748,7 @@ class Harness:
                     t.cuda.synchronize()
                     ctx["records"].append(("ovsim_probe_first", 0, rec))
 
-    def _alone_then_beside(self, fn: Callable[[], Any], comm: Callable[[Any, Any], None], stream: Any,
+    def _alone_then_beside(self, fn: Callable[[], Any], comm: Callable[..., None], stream: Any,
                            first: str, reps: int, ctx: dict[str, Any], op: str, channels: int) -> None:
         """``reps`` clean instances of the victim, then ``reps`` beside one long communication kernel;
         the importer tells them apart by whether a collective kernel overlaps each."""
@@ -790,7 +795,7 @@ class Harness:
         paddings = self.shaping_paddings()
         for occ, pad in paddings:
             run, blocks = self.gemm64(size, size, size, pad)
-            self.warm(lambda run=run: run(self.compute))
+            self.warm(functools.partial(run, self.compute))
             with self.experiment("shaping", f"gemm64_{size}_occ{occ}", blocks_per_sm_target=occ,
                                  extra_smem_bytes=pad) as ctx:
                 for i in range(3):
@@ -801,7 +806,7 @@ class Harness:
         # Both ends of the occupancy range (one, when the GEMM's natural occupancy is one block).
         for occ, pad in dict((paddings[0], paddings[-1])).items():
             run, blocks = self.gemm64(size, size, size, pad)
-            victim_s = self.time_alone_s(lambda run=run: run(self.compute), reps=2)
+            victim_s = self.time_alone_s(functools.partial(run, self.compute), reps=2)
             comm, _ = self.channel_lasting("copy", 16, 544, 1.2 * victim_s)
             for prio in ("normal", "high"):
                 stream = self.high if prio == "high" else self.normal
@@ -918,7 +923,7 @@ class Harness:
                 continue
             self.warm(other)
             with self.experiment("power", f"gemm_{dname}_8192", seconds=phase_s):
-                loop(lambda other=other: [other() for _ in range(20)])
+                loop(functools.partial(_times, other, 20))
             del other
         with self.experiment("power", "add_bf16_256M", seconds=phase_s):
             loop(lambda: [add() for _ in range(20)])
@@ -1005,10 +1010,10 @@ class Harness:
                 slot = self._clock_probe(out, slot)
                 t.cuda.synchronize()
                 rows = out[: 4 * slot].view(-1, 4).cpu().tolist()
-            with open(self.out / "clock" / f"{label}.clock.csv", "w") as f:
-                f.write("launch,smid,start_ns,end_ns,sm_cycles\n")
+            with open(self.out / "clock" / f"{label}.clock.csv", "w") as fh:
+                fh.write("launch,smid,start_ns,end_ns,sm_cycles\n")
                 for i, (sm, s0, s1, cyc) in enumerate(rows):
-                    f.write(f"{i},{sm},{s0},{s1},{cyc}\n")
+                    fh.write(f"{i},{sm},{s0},{s1},{cyc}\n")
 
     def _clock_probe(self, out: Any, slot: int) -> int:
         """Launch a clock probe writing slot ``slot`` of ``out`` on the compute stream; the next slot."""
@@ -1024,10 +1029,10 @@ class Harness:
         if only is None:
             for op in ("copy", "reduce"):
                 chan = self.channel(op, 16, 640, iters=1)
-                launches.append(lambda chan=chan: chan(self.normal))
+                launches.append(functools.partial(chan, self.normal))
             for _, pad in (self.shaping_paddings()[0], self.shaping_paddings()[-1]):
                 gemm = self.gemm64(4096, 4096, 4096, pad)[0]
-                launches.append(lambda gemm=gemm: gemm(self.compute))
+                launches.append(functools.partial(gemm, self.compute))
         # Once outside the profiled range: cuBLAS's handle and workspace, and any lazily loaded
         # module, are set up here rather than profiled.
         for fn in launches:
