@@ -223,10 +223,10 @@ def _redundant(point: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> 
 
 
 def candidates(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]],
-               points: Sequence[dict[str, Any]] | None = None) -> tuple[list[Candidate], dict[str, int]]:
+               points: Sequence[dict[str, Any]] | None = None) -> tuple[list[Candidate], dict[str, Any]]:
     """The space's combinations (or ``points``) as validated candidates, and the counts of those
-    dropped: ``invalid`` (the scenario does not validate) and ``redundant`` (a knob set where it
-    does not matter)."""
+    dropped: ``invalid`` (the scenario does not validate; ``invalid_example`` says why for one) and
+    ``redundant`` (a knob set where it does not matter)."""
     data, path, source = base_mapping(scenario)
     out: list[Candidate] = []
     dropped: dict[str, Any] = {"invalid": 0, "redundant": 0, "invalid_example": ""}
