@@ -205,9 +205,9 @@ def isolated_durations(c: _Cols, overlapped: np.ndarray) -> tuple[np.ndarray, np
     return iso, src
 
 
-def held_blocks(c: _Cols, i: int, gpu: GpuSpec, params: Parameters) -> int:
-    """Blocks a collective kernel holds in replay: ``replay_collective_sm_fraction`` of its grid."""
-    grid, _ = _block(c, i, gpu)
+def held_blocks(grid: int, params: Parameters) -> int:
+    """Blocks a collective kernel of ``grid`` blocks holds in replay: ``replay_collective_sm_fraction``
+    of them."""
     return math.ceil(grid * params.replay_collective_sm_fraction - 1e-9)
 
 
@@ -229,7 +229,7 @@ def sms_measured_on(c: _Cols, src: np.ndarray, gpu: GpuSpec, params: Parameters)
         colls = np.flatnonzero(is_coll & (c.rank == r))
         if len(rows) == 0 or len(colls) == 0:
             continue
-        held = np.array([held_blocks(c, int(j), gpu, params) for j in colls], dtype=np.float64)
+        held = np.array([held_blocks(_block(c, int(j), gpu)[0], params) for j in colls], dtype=np.float64)
         if not held.any():
             continue
         # SMs held over time as a step function (+held at a collective's start, -held at its end)
@@ -460,8 +460,8 @@ def build_replay_workload(c: _Cols, iso: np.ndarray, gpu: GpuSpec, params: Param
         kind = c.kind[i]
         dur = max(float(c.dur[i]), 1e-9)
         if kind == "collective":
-            _, shape = _block(c, i, gpu)
-            held = held_blocks(c, i, gpu, params)
+            grid, shape = _block(c, i, gpu)
+            held = held_blocks(grid, params)
             kd = KernelDemand(blocks=held, block=shape, block_time_s=1.0, issue_fraction=1.0, hbm_bytes=0.0,
                               flops=0.0, isolated_s=dur, clock_sensitive=False) if held > 0 else None
             ops.append(Op(kind="collective", kernel=kd, flow=flows[groups[i]], **common))

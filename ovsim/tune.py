@@ -222,12 +222,22 @@ def _redundant(point: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> 
                for knob, (on, values) in CONDITIONS.items())
 
 
+# A scenario's mapping as read, its file (None: given in Python) and its name for messages
+# (sweep.base_mapping): read once per search, not once per candidate.
+Base = tuple[dict[str, Any], Path | None, str]
+
+
 def candidates(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]],
                points: Sequence[dict[str, Any]] | None = None) -> tuple[list[Candidate], dict[str, Any]]:
     """The space's combinations (or ``points``) as validated candidates, and the counts of those
     dropped: ``invalid`` (the scenario does not validate; ``invalid_example`` says why for one) and
     ``redundant`` (a knob set where it does not matter)."""
-    data, path, source = base_mapping(scenario)
+    return _candidates(base_mapping(scenario), space, points)
+
+
+def _candidates(base: Base, space: Mapping[str, Sequence[Any]],
+                points: Sequence[dict[str, Any]] | None = None) -> tuple[list[Candidate], dict[str, Any]]:
+    data, path, source = base
     out: list[Candidate] = []
     dropped: dict[str, Any] = {"invalid": 0, "redundant": 0, "invalid_example": ""}
     combos = points if points is not None else (dict(zip(space, c, strict=True))
@@ -253,12 +263,12 @@ def _point_text(point: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in point.items())
 
 
-def check_space(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]], source: str) -> None:
+def check_space(base: Base, space: Mapping[str, Sequence[Any]], source: str) -> None:
     """Refuse a space a user wrote with a knob path the scenario has no place for, or a value that
     is illegal on its own (the scenario as given with only that knob changed does not validate or
     does not build): a one-line error naming the space's file and the knob. Values legal alone but
     not together are dropped from the search and counted."""
-    data, path, name = base_mapping(scenario)
+    data, path, name = base
     for knob, values in space.items():
         for value in values:
             try:
@@ -273,8 +283,8 @@ def check_space(scenario: Scenario | str | Path, space: Mapping[str, Sequence[An
 
 def summarize(sc: Scenario, mode: Mode, power: bool = True) -> dict[str, Any]:
     """The prediction's summary, with where compute and communication lost time per rank
-    (``compute_lost_<column>``, ``comm_lost_<column>``: the timeline's columns) and, in analytic
-    mode, the time ``bound_s`` (the module docstring, step 2); an error's message under ``error``
+    (``compute_lost_<column>``, ``comm_lost_<column>``: the timeline's columns; simulate mode) or,
+    in analytic mode, the time ``bound_s`` (the module docstring, step 2); an error's message under ``error``
     instead (an illegal value the scenario's schema lets through). ``power`` False: without the
     power-limit loop (and the scenario's power settings), every op at its calibrated rate."""
     try:
@@ -285,13 +295,16 @@ def summarize(sc: Scenario, mode: Mode, power: bool = True) -> dict[str, Any]:
     except OvsimError as e:
         return {"error": e.message}
     out = result.summary()
+    if mode == "analytic":
+        # No resource is shared there: nothing is lost to contention, and the why-lines read the
+        # engine's summaries only.
+        out["bound_s"] = analytic_timeline(result.workload).makespan_s / fastest_rate(result)
+        return out
     ops = result.timeline.ops[result.timeline.ops["rank"] >= 0]
     n = max(1, out["simulated_ranks"])
     for what, rows in (("compute", ops[~ops["kind"].isin(NON_COMPUTE)]), ("comm", ops[ops["kind"].isin(COMM_KINDS)])):
         for col in LOST_TO:
             out[f"{what}_lost_{col}"] = float(rows[col].sum()) / n if col in rows.columns else 0.0
-    if mode == "analytic":
-        out["bound_s"] = analytic_timeline(result.workload).makespan_s / fastest_rate(result)
     return out
 
 
@@ -369,7 +382,7 @@ def _confirm(cands: Sequence[Candidate], objective: Objective, pool: Any, jobs: 
     return {"engine_predictions": done, "stopped_at_budget": left > 0, "could_still_win": left}
 
 
-def _sampled(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]], objective: Objective,
+def _sampled(base: Base, space: Mapping[str, Sequence[Any]], objective: Objective,
              trials: int, seed: int) -> tuple[list[Candidate], dict[str, Any]]:
     """Up to ``trials`` distinct candidates of a space too large to enumerate, chosen by Optuna's
     TPE sampler on the estimate (each analysed once; a trial may repeat a combination), and the
@@ -389,7 +402,7 @@ def _sampled(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]]
     def value(trial: Any) -> float:
         ix = tuple(trial.suggest_categorical(k, list(range(len(space[k])))) for k in keys)
         if ix not in seen:
-            found, lost = candidates(scenario, space, [{k: space[k][j] for k, j in zip(keys, ix, strict=True)}])
+            found, lost = _candidates(base, space, [{k: space[k][j] for k, j in zip(keys, ix, strict=True)}])
             dropped["invalid"] += lost["invalid"]
             dropped["redundant"] += lost["redundant"]
             dropped["invalid_example"] = dropped["invalid_example"] or lost["invalid_example"]
@@ -417,17 +430,18 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
     the cluster's worker count as ``workers``)."""
     if objective not in OBJECTIVE_FIELDS:
         raise OvsimError(f"must be one of {', '.join(OBJECTIVE_FIELDS)}, got '{objective}'", field="objective")
-    data, path, source = base_mapping(scenario)
+    base = base_mapping(scenario)
+    data, path, source = base
     given_sc = scenario if isinstance(scenario, Scenario) else scenario_at(data, path, source)
     if space is not None:
-        check_space(given_sc if path is None else scenario, space, space_source)
+        check_space(base, space, space_source)
     space = dict(space) if space is not None else default_space(given_sc, objective)
     if not space:
         raise OvsimError("the scenario leaves no schedule knob open (nothing to overlap); name the knobs to "
                          "search in a space file (--space)", source=source, field="space")
     n_grid = math.prod(len(v) for v in space.values())
     sampled = n_grid > max_grid
-    cands, dropped = _sampled(scenario, space, objective, max_grid, seed) if sampled else candidates(scenario, space)
+    cands, dropped = _sampled(base, space, objective, max_grid, seed) if sampled else _candidates(base, space)
     given = _given(cands, data, given_sc, space)
     jobs = min(workers or os.cpu_count() or 1, max(1, len(cands)))
     pool = executor(jobs, scheduler)

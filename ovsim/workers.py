@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from ovsim.errors import OvsimError
+
 
 def _watch_parent(parent_pid: int) -> None:
     """In a worker: end this process when its parent is gone (it is then re-parented), and end it
@@ -52,15 +54,11 @@ class ClusterPool:
             # distributed ships without type hints: its client is used as Any.
             client_class: Any = importlib.import_module("distributed").Client
         except ImportError:
-            from ovsim.errors import OvsimError
-
             raise OvsimError("a cluster scheduler needs Dask's distributed: pip install -e \".[cluster]\"",
                              field="--scheduler") from None
         try:
             self._client: Any = client_class(address, timeout=10)
         except (OSError, TimeoutError) as e:
-            from ovsim.errors import OvsimError
-
             raise OvsimError(f"cannot reach the Dask scheduler at {address}: {e}", field="--scheduler") from None
         self._futures: list[Any] = []
 

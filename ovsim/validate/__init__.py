@@ -238,9 +238,10 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
         # Refused before any work: a missing data folder would leave the measured checks out.
         from ovsim.validate.datasets import require
 
-        if require() != MEASURED_DATA:
+        root = require()
+        if root != MEASURED_DATA:
             # The families' data sets were read from the registry when this module was imported.
-            raise OvsimError(f"OVSIM_DATA points at {require()}, but the measured checks were set up from "
+            raise OvsimError(f"OVSIM_DATA points at {root}, but the measured checks were set up from "
                              f"{MEASURED_DATA}: set it before importing ovsim.validate", field="--measured")
     checks = published_checks() + network_checks() + power_checks()
     if studies:
