@@ -56,15 +56,15 @@ def test_each_point_is_the_scenario_with_its_fields_set_by_hand(tmp_path: Path) 
 
 def test_a_power_cap_axis_keeps_none_and_slows_with_the_cap() -> None:
     """None sets no cap: the loop holds the A100's 400 W default limit, which lets this iteration's
-    GEMM run at the top clock (its all-reduce half keeps the 70 ms average low), as does 300 W;
-    150 W slows it."""
+    GEMM run at the top clock (its all-reduce half keeps the window's average low); 300 W nearly
+    (within 1%); 150 W slows it."""
     df = sweep(EXAMPLES / "gemm-allreduce-a100x4-overlapped.yaml", {"power.cap_w": [None, 300, 150]})
     assert df["power.cap_w"].tolist() == [None, 300, 150]
     assert df["power_cap_w"].tolist()[1:] == [300, 150]
     assert df["power_cap_w"].isna().tolist()[0]
     assert df["power_limit_w"].tolist() == [400, 300, 150]
     makespan = df["makespan_s"].tolist()
-    assert makespan[0] == pytest.approx(makespan[1], rel=1e-3) and makespan[1] * 1.05 < makespan[2]
+    assert makespan[0] <= makespan[1] <= 1.01 * makespan[0] and makespan[1] * 1.05 < makespan[2]
 
 
 def test_processes_change_nothing() -> None:

@@ -85,6 +85,7 @@ import argparse
 import dataclasses
 import gzip
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,11 @@ POWER_HELD_OUT = ("gemm_bf16_8192", "gemm_tf32_8192", "gemm_fp8_8192", "gemm_bf1
 # Phases recorded before the harness fixed its power loop (calibration/data/README.md): not used.
 POWER_DEFECTIVE = {"h200-sxm/2026-11-26": ("gemm_bf16_8192__channel_copy_32",)}
 POWER_SETTLE_S = 1.0  # the first second of a phase: the clock and the sensor settling
+# Idle power at the minimum SM clock, held in the power fits: the H100 spec's idle (public nvidia-smi
+# -q dumps of 700 W Hopper SXM boards idling at 345 MHz), carried to the H200 (the same GH100 die
+# on a 700 W SXM board; the H200 spec's idle names no clock). The idle the harness measured is at
+# the top clock, 1980 MHz, where an idle board sits after work.
+IDLE_MIN_CLOCK_GPU = "h100-sxm5-80gb"
 # Data sets of the ``clock`` part: each kernel with the SM clock its probes counted.
 CLOCK = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-d", "h200-sxm": "h200-sxm/2026-11-26-c"}
 # The clock part's GEMM phase that stands in for the power part's when the power weights are
@@ -638,10 +644,22 @@ def share_power_rows(rel: str, phase: str) -> pd.DataFrame:
                          "hbm_bytes_per_s": gemm_share * gemm_bps + add_share * add_bps, "link_bytes_per_s": 0.0})
 
 
+def _idle_min_clock(gpu: str) -> tuple[dict[str, Any], str]:
+    """The minimum-clock idle the power fits hold (``IDLE_MIN_CLOCK_GPU``), and its source."""
+    w = load_gpu(IDLE_MIN_CLOCK_GPU).power.idle_w
+    src = (f"the {IDLE_MIN_CLOCK_GPU} GPU spec's idle power ({w:g} W; public nvidia-smi -q dumps of 700 W Hopper "
+           f"SXM boards idling at their 345 MHz idle clock)" + ("" if gpu == IDLE_MIN_CLOCK_GPU else
+                                                                "; carried over: the same GH100 die on a 700 W "
+                                                                "SXM board, and this GPU's spec idle names no "
+                                                                "clock") + f"; held in the power fit, {COMMAND}")
+    return {"power_idle_min_clock_w": w}, src
+
+
 def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     rel, comm_rel = POWER[gpu]
     spec = load_gpu(gpu)
-    shipped = load_calibration(spec, gpu_file(gpu).stem).params
+    idle_min, idle_min_src = _idle_min_clock(gpu)
+    shipped = load_calibration(spec, gpu_file(gpu).stem).params.merged(idle_min)
     model = power_model(spec, shipped)
     table = power_table(gpu, rel, comm_rel, POWER_FITTED)
     if table is None:
@@ -650,6 +668,7 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     fit = fit_power({c: table[c].to_numpy(float) for c in FIT_COLUMNS}, model)
     v = fit.params
     values: dict[str, Any] = {
+        **idle_min,
         "power_idle_w": round(v["idle_w"], 1), "power_tensor_w": {"default": round(v["tensor_w"], 1)},
         "power_memory_w": round(v["memory_w"], 1),
         "power_hbm_j_per_byte": float(f"{v['hbm_w'] / spec.memory.bandwidth_bytes_per_s:.4g}")}
@@ -686,6 +705,8 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
            f"{', '.join(POWER_FITTED)}) and calibration/data/{CLOCK[gpu]} (clock part: {CLOCK_POWER_PHASE} "
            f"at the SM clocks its probes counted), ovsim.hw.power.fit_power; {COMMAND}")
     sources = dict.fromkeys(values, src)
+    sources["power_idle_min_clock_w"] = idle_min_src
+    sources["power_idle_w"] = f"at the maximum clock (1980 MHz, where the idle phase ran): {src}"
     sources["power_tensor_w"] = (
         f"default: {src}; " + ", ".join(CLOCK_PRECISION_PHASES) + f": calibration/data/{CLOCK[gpu]} (clock part: "
         + ", ".join(CLOCK_PRECISION_PHASES.values()) + " at the SM clocks their probes counted), each precision's "
@@ -707,38 +728,53 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
     return report, [*tables, *(DATA / CLOCK[gpu] / "tables" / "clock" / f"{ph}.parquet" for ph in clock)]
 
 
-def voltage_report(gpu: str) -> dict[str, Any]:
-    """The voltage floor the GEMM-share alternations fit (``VOLTAGE``'s data set: one board's power
-    and clock parts), with the knee clock held: reported, not shipped (docs/power.md, "What the
-    alternating phases say about the voltage curve", says why)."""
+def voltage_report(gpu: str) -> tuple[FitReport, list[Path]]:
+    """The voltage floor (``power_knee_voltage_fraction``) the GEMM-share alternations fit, with the
+    knee clock held (every sample lies above it): ``VOLTAGE``'s data set, one board's power part
+    and its clock part's GEMM-share phases, the weights fitted with it on the same samples and
+    not shipped (:func:`power_report` refits them on the power data set under the new floor). The
+    ~55% alternation (``SHARE_HELD_OUT``) is held out and reported."""
     rel, comm_rel = VOLTAGE[gpu]
     spec = load_gpu(gpu)
-    model = power_model(spec, load_calibration(spec, gpu_file(gpu).stem).params)
+    shipped = load_calibration(spec, gpu_file(gpu).stem).params.merged(_idle_min_clock(gpu)[0])
+    model = power_model(spec, shipped)
     base = power_table(gpu, rel, comm_rel, POWER_FITTED)
     if base is None:
         raise SystemExit(f"{gpu}: calibration/data/{rel}: no power phase to fit")
     table = pd.concat([base, clock_power_rows(rel), *(share_power_rows(rel, ph) for ph in SHARE_PHASES)],
                       ignore_index=True)
-    out: dict[str, Any] = {"data_set": f"calibration/data/{rel}", "shipped": False,
-                           "lowest_counted_clock_mhz": round(float(
-                               table.loc[table["phase"].str.startswith("clock:"), "sm_clock_hz"].min()) / 1e6)}
+    lowest_mhz = round(float(table.loc[table["phase"].str.startswith("clock:"), "sm_clock_hz"].min()) / 1e6)
+    fits: dict[str, Any] = {"method": "ovsim.hw.power.fit_power with fit_voltage, knee_clock_fraction, fp32_w "
+                                      "and link_w held, on each phase's samples after its first second",
+                            "data_set": f"calibration/data/{rel}", "lowest_counted_clock_mhz": lowest_mhz}
+    floor = math.nan
     for name, fit_voltage in (("assumed_curve", False), ("floor_fitted", True)):
         fit = fit_power({c: table[c].to_numpy(float) for c in FIT_COLUMNS}, model, fit_voltage=fit_voltage,
                         hold=("knee_clock_fraction", "fp32_w", "link_w"))
         v = fit.params
-        fitted = power_model(spec, load_calibration(spec, gpu_file(gpu).stem).params.merged({
+        fitted = power_model(spec, shipped.merged({
             "power_idle_w": v["idle_w"], "power_tensor_w": {"default": v["tensor_w"]}, "power_memory_w": v["memory_w"],
             "power_hbm_j_per_byte": v["hbm_w"] / spec.memory.bandwidth_bytes_per_s,
             "power_knee_voltage_fraction": v["knee_voltage_fraction"]}))
         held = share_power_rows(rel, SHARE_HELD_OUT)
         pred = fit_table_power_w({c: held[c].to_numpy(float) for c in FIT_COLUMNS[1:]}, fitted)
-        out[name] = {"knee_voltage_fraction": round(v["knee_voltage_fraction"], 3),
-                     "knee_clock_fraction": v["knee_clock_fraction"], "idle_w": round(v["idle_w"], 1),
-                     "tensor_w": round(v["tensor_w"], 1), "hbm_w": round(v["hbm_w"], 1),
-                     "fit_mape_pct": round(fit.mape_pct, 2), "samples": fit.n_samples,
-                     f"held_out_{SHARE_HELD_OUT}_error_pct": round(
-                         (float(pred.mean()) / float(held["power_w"].mean()) - 1) * 100, 1)}
-    return out
+        fits[name] = {"knee_voltage_fraction": round(v["knee_voltage_fraction"], 3),
+                      "knee_clock_fraction": v["knee_clock_fraction"], "idle_w": round(v["idle_w"], 1),
+                      "tensor_w": round(v["tensor_w"], 1), "hbm_w": round(v["hbm_w"], 1),
+                      "fit_mape_pct": round(fit.mape_pct, 2), "samples": fit.n_samples,
+                      f"held_out_{SHARE_HELD_OUT}_error_pct": round(
+                          (float(pred.mean()) / float(held["power_w"].mean()) - 1) * 100, 1)}
+        if fit_voltage:
+            floor = round(v["knee_voltage_fraction"], 3)
+    src = (f"measured: calibration/data/{rel} (power part: idle, the add and 32 copy channels; clock part: the "
+           f"8192^3 BF16 GEMM alone and alternating with the add at GEMM time shares of 10, 25, 75 and 90%, "
+           f"{lowest_mhz}-1980 MHz counted), ovsim.hw.power.fit_power with the knee clock held: the voltage "
+           f"barely moves between those clocks, so dynamic power follows the clock there; below {lowest_mhz} MHz "
+           f"it is an extrapolation; {COMMAND}")
+    report = FitReport(parameters={"power_knee_voltage_fraction": floor},
+                       sources={"power_knee_voltage_fraction": src}, fits={"voltage": fits})
+    tables = [t for t in sorted((DATA / rel / "tables" / "power").glob("*.parquet")) if "idle" not in t.name]
+    return report, [*tables, DATA / rel / "clock.parquet", _power_log(DATA / rel)]
 
 
 def control_window_report(gpu: str) -> tuple[FitReport, list[Path]]:
@@ -934,12 +970,15 @@ def main() -> int:
         report, tables = clock_share_report(gpu)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
         _ship(report, tables, gpu, args.dry_run)
+    # The voltage floor first: the power weights are refitted under it.
+    for gpu in VOLTAGE:
+        report, tables = voltage_report(gpu)
+        print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
+        _ship(report, tables, gpu, args.dry_run)
     for gpu in POWER:
         report, tables = power_report(gpu)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
         _ship(report, [t for t in tables if "idle" not in t.name], gpu, args.dry_run)
-    for gpu in VOLTAGE:
-        print(json.dumps({"gpu": gpu, "voltage_floor": voltage_report(gpu)}, indent=1))
     for gpu in CLOCK:
         report, tables = control_window_report(gpu)
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))

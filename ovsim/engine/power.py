@@ -563,7 +563,7 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
             events.append((start, j, 1.0))
             events.append((end, j, -1.0))
         idle_clock = top if managed else 1.0
-        out.append((0.0, r, POWER_COUNTER, m.idle_w))
+        out.append((0.0, r, POWER_COUNTER, m.idle_power_w(idle_clock)))
         out.append((0.0, r, CLOCK_COUNTER, idle_clock * hz))
         events.sort()
         active: dict[int, None] = {}
@@ -579,9 +579,9 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
                     active.pop(j, None)
                 i += 1
             vals = [acts[j] for j in active]
-            p = m.board_power_w(0.0, 0.0, sum(v[1] for v in vals), sum(v[2] for v in vals), 1.0, 1.0) \
-                + sum(v[0] for v in vals)
             clock = min((v[3] for v in vals), default=idle_clock)
+            p = m.board_power_w(0.0, 0.0, sum(v[1] for v in vals), sum(v[2] for v in vals), clock, clock) \
+                + sum(v[0] for v in vals)
             out.append((t, r, POWER_COUNTER, p))
             out.append((t, r, CLOCK_COUNTER, clock * hz))
     return out

@@ -216,8 +216,10 @@ class PowerLoop:
         hbm = (fixed + follow) / model.hbm_peak_bytes_per_s
         lp = model.link_peak_bytes_per_s
         lk = link / lp if lp > 0 else 0.0
-        p = (model.idle_w + s_tensor * tensor + s_other * other + model.hbm_w * (hbm if hbm < 1.0 else 1.0)
-             + model.link_w * (lk if lk < 1.0 else 1.0))
+        # Idle power follows the board's clock: the tensor work's where there is any (as recorded).
+        s_idle = s_tensor if tensor > 0 else s_other
+        p = (model.idle_static_w + model.idle_clock_w * s_idle + s_tensor * tensor + s_other * other
+             + model.hbm_w * (hbm if hbm < 1.0 else 1.0) + model.link_w * (lk if lk < 1.0 else 1.0))
         r = gpu.rank
         self.counters.add(now, r, POWER_COUNTER, p)
         self.counters.add(now, r, CLOCK_COUNTER, (c_tensor if tensor > 0 else c) * model.compute_clock_hz)

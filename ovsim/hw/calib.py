@@ -204,6 +204,10 @@ class Parameters(BaseModel):
     # the compute clock; a missing weight is derived from the TDP (see power.power_model).
     # Idle power in place of the GPU spec's (fitted to a power log by ovsim calibrate).
     power_idle_w: float | None = Field(default=None, ge=0)
+    # Idle power at the minimum SM clock. Given, power_idle_w is the idle power at the maximum
+    # clock and the part between them follows the clock as dynamic power does; None: idle power
+    # is one number at every clock.
+    power_idle_min_clock_w: float | None = Field(default=None, ge=0)
     power_tensor_w: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
     power_fp32_w: float | None = Field(default=None, ge=0)
     power_memory_w: float | None = Field(default=None, ge=0)

@@ -33,8 +33,9 @@ fraction on the GPU's clock grid whose predicted power fits, within the settable
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,6 +54,11 @@ SM_CLASSES = (TENSOR, FP32, MEMORY)
 TENSOR_KINDS = frozenset({"gemm", "attention"})
 # Bisection steps of the clock solver: 2**-48 of the clock range is far below any clock grid.
 _BISECT_STEPS = 48
+# Below its minimum clock a board holds its power limit by hardware slowdown: NVML's clock event
+# reason "HW Slowdown" ("power draw is too high and Fast Trigger protection is reducing the
+# clocks", by "a factor of 2 or more"). Taken as a continuous clock down to this fraction of the
+# minimum: what a board does below half its minimum clock is not documented.
+HW_SLOWDOWN_FLOOR = 0.5
 # A large GEMM's compulsory HBM traffic as a fraction of peak bandwidth; used only where the tensor
 # weight is derived from the TDP (an 8192^3 BF16 GEMM moves ~0.7 GB in ~4 ms on A100: ~0.1).
 _GEMM_HBM_FRACTION = 0.1
@@ -125,6 +131,10 @@ class PowerModel:
     control_period_s: float = 0.0
     control_window_s: float = 0.0
     derived: tuple[str, ...] = ()  # parameters derived from the TDP rather than given
+    # Idle power at the minimum SM clock (``power_idle_min_clock_w``); None: idle power does not
+    # depend on the clock. With it, ``idle_w`` is the idle power at the maximum clock, and the part
+    # between the two follows dynamic power (clock distribution and logic that never gates).
+    idle_min_clock_w: float | None = None
 
     # -- the model ---------------------------------------------------------------------------------
 
@@ -167,6 +177,24 @@ class PowerModel:
         its time there follows the clock: ``1 / ((1 - share) + share / c)``."""
         return 1.0 / ((1.0 - share) + share / c)
 
+    @functools.cached_property
+    def idle_clock_w(self) -> float:
+        """The clock-following part of idle power: dynamic watts at c = 1 (0 without a minimum-clock
+        idle), so idle power at clock fraction c is ``idle_static_w + idle_clock_w·s(c)``."""
+        if self.idle_min_clock_w is None:
+            return 0.0
+        lo, hi = self.dynamic_scale(self.min_clock_fraction), self.dynamic_scale(self.max_clock_fraction)
+        return (self.idle_w - self.idle_min_clock_w) / (hi - lo) if hi > lo else 0.0
+
+    @functools.cached_property
+    def idle_static_w(self) -> float:
+        """Idle power that does not follow the clock (all of it without a minimum-clock idle)."""
+        return self.idle_w - self.idle_clock_w * self.dynamic_scale(self.max_clock_fraction)
+
+    def idle_power_w(self, c: float) -> float:
+        """Board power of an idle GPU at clock fraction ``c``."""
+        return self.idle_static_w + self.idle_clock_w * self.dynamic_scale(c)
+
     def voltage_fraction(self, c: float) -> float:
         """V(c)/V(1)."""
         k, vk = self.knee_clock_fraction, self.knee_voltage_fraction
@@ -182,7 +210,9 @@ class PowerModel:
     def sm_weight_w(self, kind: str, precision: str | None, clock_bound: bool) -> tuple[str, float]:
         """The class and full-GPU dynamic weight of a kernel."""
         if not clock_bound:
-            return MEMORY, self.memory_w
+            # The share of a memory-bound kind's time that follows the SM clock is work on the
+            # CUDA cores (a norm's reductions, a softmax's exponentials), and draws their power.
+            return MEMORY, self.memory_w + self.memory_clock_share.get(kind, 0.0) * self.fp32_w
         # GEMMs and attention run on tensor cores unless their precision has none (an FP32 GEMM
         # runs on the CUDA cores, as its cost does); a traced kernel known only by its totals runs
         # on tensor cores when its precision does.
@@ -204,8 +234,12 @@ class PowerModel:
         hbm = hbm_bytes_per_s / self.hbm_peak_bytes_per_s
         lp = self.link_peak_bytes_per_s
         link = link_bytes_per_s / lp if lp > 0 else 0.0
-        return (self.idle_w + self.dynamic_scale(c_tensor) * sm_tensor_w + self.dynamic_scale(c) * sm_other_w
-                + self.hbm_w * (hbm if hbm < 1.0 else 1.0) + self.link_w * (link if link < 1.0 else 1.0))
+        # The board's clock is the tensor work's where there is any (they differ only unmanaged).
+        s_tensor = self.dynamic_scale(c_tensor)
+        s_idle = s_tensor if sm_tensor_w > 0 else self.dynamic_scale(c)
+        return (self.idle_static_w + self.idle_clock_w * s_idle + s_tensor * sm_tensor_w
+                + self.dynamic_scale(c) * sm_other_w + self.hbm_w * (hbm if hbm < 1.0 else 1.0)
+                + self.link_w * (link if link < 1.0 else 1.0))
 
     def solve_clocks(self, cap_w: float, terms: np.ndarray, hi: float, saturations: Sequence[float] = ()) -> np.ndarray:
         """:meth:`solve_clock` for many activities at once, with the same arithmetic and the same
@@ -221,11 +255,11 @@ class PowerModel:
             sats = list(saturations)
             return np.array([self.solve_clock(cap_w, row[0], row[1], row[2], row[3], hi,
                                              tuple(zip(row[4:], sats, strict=True))) for row in terms], dtype=float)
-        idle, hbm_w, link_w = self.idle_w, self.hbm_w, self.link_w
+        idle, hbm_w, link_w = self.idle_static_w, self.hbm_w, self.link_w
         hbm_peak, link_peak = self.hbm_peak_bytes_per_s, self.link_peak_bytes_per_s
         k, vk = self.knee_clock_fraction, self.knee_voltage_fraction
         slope = (1.0 - vk) / (1.0 - k)
-        sm_w, fixed, per_c, link_b = terms[:, 0], terms[:, 1], terms[:, 2], terms[:, 3]
+        sm_w, fixed, per_c, link_b = terms[:, 0] + self.idle_clock_w, terms[:, 1], terms[:, 2], terms[:, 3]
         link = link_w * np.minimum(1.0, link_b / link_peak) if link_peak > 0 else np.zeros(n)
 
         def fits(c: np.ndarray) -> np.ndarray:
@@ -239,6 +273,7 @@ class PowerModel:
 
         at_hi = fits(np.full(n, hi))
         at_lo = fits(np.full(n, lo))
+        below = self._slowed(fits, lo, ~at_lo)
         # Grid points min + i·step below hi: the lowest fits, find the highest that does.
         i_lo = np.zeros(n, dtype=np.int64)
         i_hi = np.full(n, math.ceil((hi * fc - fmin) / step - 1e-9), dtype=np.int64)
@@ -251,15 +286,31 @@ class PowerModel:
             ok = fits((fmin + mid * step) / fc)
             i_lo = np.where(searching & ok, mid, i_lo)
             i_hi = np.where(searching & ~ok, mid, i_hi)
-        return np.where(at_hi, hi, np.where(~at_lo, lo, (fmin + i_lo * step) / fc))
+        return np.where(at_hi, hi, np.where(~at_lo, below, (fmin + i_lo * step) / fc))
+
+    @staticmethod
+    def _slowed(fits: Callable[[np.ndarray], np.ndarray], lo: float, rows: np.ndarray) -> np.ndarray:
+        """For each of ``rows`` (the activities the minimum clock does not fit): the clock below
+        it, down to ``HW_SLOWDOWN_FLOOR`` of it, at which the power fits (bisection; the floor if
+        none does). Other rows: the minimum clock."""
+        n = len(rows)
+        a, b = np.full(n, lo * HW_SLOWDOWN_FLOOR), np.full(n, lo)
+        if not rows.any():
+            return b
+        floor_fits = fits(a)
+        for _ in range(_BISECT_STEPS):
+            mid = 0.5 * (a + b)
+            ok = fits(mid)
+            a, b = np.where(ok, mid, a), np.where(ok, b, mid)
+        return np.where(rows, np.where(floor_fits, a, lo * HW_SLOWDOWN_FLOOR), lo)
 
     def solve_clock(self, cap_w: float, sm_w: float, hbm_fixed_bytes_per_s: float, hbm_per_c_bytes_per_s: float,
                     link_bytes_per_s: float, hi: float,
                     hbm_saturating: Sequence[tuple[float, float]] = ()) -> float:
         """The highest clock fraction in [min clock, ``hi``] on the clock grid whose power fits
-        ``cap_w`` (``hi`` itself, a locked clock, counts too), or the minimum clock when none does
-        (the GPU then draws more than the cap, as a real one would before its hardware slowdown
-        engages).
+        ``cap_w`` (``hi`` itself, a locked clock, counts too). When none does, the board's hardware
+        slowdown takes the clock below the minimum, continuously, to where the power fits, down to
+        ``HW_SLOWDOWN_FLOOR`` of the minimum (where the GPU then draws more than the cap).
 
         ``sm_w`` is the SM dynamic power at c = 1; compute-bound kernels' HBM traffic scales with
         the clock (``hbm_per_c_bytes_per_s · c``), those of tensor kernels that saturate only up to
@@ -269,11 +320,12 @@ class PowerModel:
         lo = self.min_clock_fraction
         if hi <= lo:
             return lo
-        idle, hbm_w, link_w = self.idle_w, self.hbm_w, self.link_w
+        idle, hbm_w, link_w = self.idle_static_w, self.hbm_w, self.link_w
         hbm_peak, link_peak = self.hbm_peak_bytes_per_s, self.link_peak_bytes_per_s
         k, vk = self.knee_clock_fraction, self.knee_voltage_fraction
         slope = (1.0 - vk) / (1.0 - k)
         link = link_w * min(1.0, link_bytes_per_s / link_peak) if link_peak > 0 else 0.0
+        sm_w = sm_w + self.idle_clock_w
 
         def fits(c: float) -> bool:
             v = vk if c <= k else vk + slope * (c - k)
@@ -286,7 +338,17 @@ class PowerModel:
         if fits(hi):
             return hi
         if not fits(lo):
-            return lo
+            # Hardware slowdown below the minimum clock (HW_SLOWDOWN_FLOOR).
+            a, b = lo * HW_SLOWDOWN_FLOOR, lo
+            if not fits(a):
+                return a
+            for _ in range(_BISECT_STEPS):
+                mid = 0.5 * (a + b)
+                if fits(mid):
+                    a = mid
+                else:
+                    b = mid
+            return a
         fc, fmin, step = self.compute_clock_hz, self.min_clock_hz, self.clock_step_hz
         if step <= 0:
             a, b = lo, hi
@@ -337,10 +399,12 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
                                           for k, v in p.power_tensor_saturation_clock_hz.items()},
         memory_clock_share=dict(p.memory_kind_clock_share),
         control_period_s=p.power_control_period_s, control_window_s=p.power_control_window_s,
+        idle_min_clock_w=p.power_idle_min_clock_w,
     )
     tensor = dict(p.power_tensor_w)
     if "default" not in tensor:
-        budget = gpu.power.tdp_w - idle_w - hbm_w * _GEMM_HBM_FRACTION
+        budget = (gpu.power.tdp_w - base.idle_power_w(p.power_tensor_reference_clock_fraction)
+                  - hbm_w * _GEMM_HBM_FRACTION)
         tensor["default"] = max(0.0, budget) / base.dynamic_scale(p.power_tensor_reference_clock_fraction)
         derived.append("power_tensor_w")
     fp32 = p.power_fp32_w
@@ -351,8 +415,7 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
     if memory is None:
         memory = p.power_memory_fraction_of_tensor * tensor["default"]
         derived.append("power_memory_w")
-    return PowerModel(**{**base.__dict__, "tensor_w": tensor, "fp32_w": fp32, "memory_w": memory,
-                         "derived": tuple(derived)})
+    return dataclasses.replace(base, tensor_w=tensor, fp32_w=fp32, memory_w=memory, derived=tuple(derived))
 
 
 def check_settings(settings: PowerSettings, gpu: GpuSpec, source: str = "") -> None:
@@ -412,10 +475,20 @@ def _table_power_w(cols: Mapping[str, np.ndarray], values: Mapping[str, float], 
     ul = (np.minimum(1.0, cols["link_bytes_per_s"] / model.link_peak_bytes_per_s)
           if model.link_peak_bytes_per_s > 0 else np.zeros(len(c)))
     s = _scale(c, values["knee_voltage_fraction"], values["knee_clock_fraction"])
-    return np.asarray(values["idle_w"] + s * (values["tensor_w"] * cols["sm_tensor_fraction"]
+    return np.asarray(_idle_w(c, s, values, model) + s * (values["tensor_w"] * cols["sm_tensor_fraction"]
                                               + values["fp32_w"] * cols["sm_fp32_fraction"]
                                               + values["memory_w"] * cols["sm_memory_fraction"])
                       + values["hbm_w"] * uh + values["link_w"] * ul)
+
+
+def _idle_w(c: np.ndarray, s: np.ndarray, values: Mapping[str, float], model: PowerModel) -> np.ndarray:
+    """Idle power at each clock, ``values["idle_w"]`` being the idle at the maximum clock (as
+    :class:`PowerModel` takes it) and the model's minimum-clock idle held."""
+    if model.idle_min_clock_w is None:
+        return np.full(len(c), values["idle_w"])
+    vk, ck = values["knee_voltage_fraction"], values["knee_clock_fraction"]
+    lo, hi = _scale(np.array([model.min_clock_fraction, model.max_clock_fraction]), vk, ck)
+    return np.asarray(model.idle_min_clock_w + (values["idle_w"] - model.idle_min_clock_w) * (s - lo) / (hi - lo))
 
 
 def fit_table_power_w(table: Mapping[str, Sequence[float] | np.ndarray], model: PowerModel) -> np.ndarray:

@@ -157,8 +157,11 @@ MEASURED_CLOCK_SHARES = sets("clock_shares", "set", "gpu", "system")
 _SHARE_VICTIMS = {f"add_bf16_256M__gemm_share_{p}": _MIX_VICTIMS["add_bf16_256M__after_gemm"] for p in (10, 25, 75, 90)}
 _MIX_CYCLES = 5  # cycles a mixed phase is predicted as (repeated: the loop's steady state)
 MEASURED_CLOCK_MIX = ("measured clocks, GEMM alternating with a memory-bound kernel (calibration harness clock "
-                      "part; held out: the power-limit loop's window was fitted on the GEMM phases alone, and no "
-                      "fit reads the GEMM-share boards)")
+                      "part; held out: the power-limit loop's window was fitted on the GEMM phases alone, and the "
+                      "voltage floor on the GEMM-share phases)")
+# The GEMM-share phases: the voltage floor was fitted on them (calibration/harness/fit_measured.py).
+MEASURED_CLOCK_SHARE_MIX = ("measured clocks, GEMM alternating with the add at GEMM time shares of 10-90% "
+                            "(calibration harness clock part; calibration source of the voltage floor)")
 
 
 def _runs(is_gemm: np.ndarray) -> tuple[int, int]:
@@ -232,14 +235,15 @@ def measured_clock_mix_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             what = (f"{gpu} {rel.rsplit('/', 1)[-1]}: {phase.split('__')[0]} after {n_gemm} GEMMs"
                     + (f" ({share}% GEMM time)" if share else "") + f" at the {limit:.0f} W limit")
             gs, vs = steady[steady["name"] == gemm_name], steady[steady["name"] == victim_name]
-            checks.append(Check(f"{what}: GEMM's counted SM clock", MEASURED_CLOCK_MIX,
+            group = MEASURED_CLOCK_SHARE_MIX if share else MEASURED_CLOCK_MIX
+            checks.append(Check(f"{what}: GEMM's counted SM clock", group,
                                 float(gs["sm_clock_hz"].median()) / 1e6, _clock_during(tl, gemm_ids) / 1e6,
                                 "MHz", 10.0, src, note="median over the GEMMs after the first second"))
-            checks.append(Check(f"{what}: victim's counted SM clock", MEASURED_CLOCK_MIX,
+            checks.append(Check(f"{what}: victim's counted SM clock", group,
                                 float(vs["sm_clock_hz"].median()) / 1e6, _clock_during(tl, victim_ids) / 1e6,
                                 "MHz", 10.0, src, note="median over the victim's kernels after the first second"))
             dur = tl.ops.set_index("id").loc[gemm_ids, "duration_s"]
-            checks.append(Check(f"{what}: GEMM time", MEASURED_CLOCK_MIX,
+            checks.append(Check(f"{what}: GEMM time", group,
                                 float(gs["duration_s"].median()) * 1e3, float(dur.median()) * 1e3,
                                 "ms", 10.0, src, note="median of the GEMMs after the first second"))
     return checks

@@ -7,7 +7,7 @@ import pytest
 
 from ovsim.engine.power import ClockWindow, window_clock
 from ovsim.hw.calib import load_calibration
-from ovsim.hw.power import power_model
+from ovsim.hw.power import Activity, power_model
 from ovsim.hw.spec import load_gpu
 
 
@@ -62,6 +62,7 @@ def test_window_clock_fits_the_cap_and_is_the_top_clock_when_empty() -> None:
     w.close(0.07)
     c = window_clock(model, 700.0, hi, w)
     assert c < hi
-    assert model.idle_w + model.dynamic_scale(c) * model.tensor_w["default"] <= 700.0
+    gemm = Activity(sm_tensor_w=model.tensor_w["default"])
+    assert model.power_w(gemm, c) <= 700.0
     step = model.clock_step_hz / model.compute_clock_hz
-    assert model.idle_w + model.dynamic_scale(c + step) * model.tensor_w["default"] > 700.0
+    assert model.power_w(gemm, c + step) > 700.0
