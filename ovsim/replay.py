@@ -53,7 +53,7 @@ from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.power import PowerSettings, power_model
 from ovsim.hw.spec import GpuSpec, SystemSpec, gpu_file, load_gpu
 from ovsim.metrics import RankOverlap, rank_overlap
-from ovsim.models import cost, nccl
+from ovsim.models import cost, nccl, nccl_params
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
 from ovsim.traces.aten import gemm_problem
 from ovsim.traces.table import TraceBundle, gemm_cluster, gemm_tile
@@ -380,7 +380,7 @@ def _flows(c: _Cols, groups: dict[int, str], rank_ix: dict[int, int], params: Pa
     members: dict[str, list[int]] = {}
     for i, g in groups.items():
         members.setdefault(g, []).append(i)
-    p = nccl.DEFAULT_PARAMS
+    p = nccl_params.DEFAULT_PARAMS
     flows: dict[str, FlowDemand] = {}
     for gname, rows in members.items():
         dur = max(float(min(c.dur[i] for i in rows)), 1e-9)
@@ -389,7 +389,7 @@ def _flows(c: _Cols, groups: dict[int, str], rank_ix: dict[int, int], params: Pa
         n = int(c.group_size[rows[0]]) if math.isfinite(c.group_size[rows[0]]) else len(rows)
         if op in NCCL_OPS and math.isfinite(size) and size > 0 and n > 1:
             bus = size * nccl.bus_factor(op, n)  # type: ignore[arg-type]
-            hbm = p.hbm_bytes_per_bus_byte_reduce if op in nccl.REDUCING_OPS else p.hbm_bytes_per_bus_byte_copy
+            hbm = p.hbm_bytes_per_bus_byte_reduce if op in nccl_params.REDUCING_OPS else p.hbm_bytes_per_bus_byte_copy
         else:
             bus, hbm = 1.0, 0.0
         proto = protocol_key(c.protocol[rows[0]])

@@ -29,7 +29,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.inputs import InputModel
 from ovsim.hw.spec import GpuSpec, Precision, SystemSpec
 from ovsim.limits import MAX_OPS
-from ovsim.models import cost, nccl
+from ovsim.models import cost, nccl, nccl_params
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 
 # A stream's name; "" would be a stream no table can show.
@@ -139,8 +139,8 @@ class CollectiveOpSpec(_OpBase):
     stream: StreamName = "comm"
     # Bytes as nccl-tests counts them (for all_gather / reduce_scatter the whole gathered buffer).
     size_bytes: PositiveFloat
-    algorithm: nccl.Algorithm | None = None
-    protocol: nccl.Protocol | None = None
+    algorithm: nccl_params.Algorithm | None = None
+    protocol: nccl_params.Protocol | None = None
     channels: PositiveInt | None = None
     # "sm": NCCL kernels; "copy_engine": NCCL's copy-engine collectives (all_gather, all_to_all only).
     engine: Literal["sm", "copy_engine"] = "sm"
