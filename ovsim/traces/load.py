@@ -42,7 +42,7 @@ def _load_one(path: Path, fmt: str) -> TraceBundle:
         from ovsim.traces.nsys import load_nsys_sqlite
         return load_nsys_sqlite(path)
     if kind == "nsys-csv":
-        from ovsim.traces.nsys import load_nsys_csv
+        from ovsim.traces.nsys_csv import load_nsys_csv
         return load_nsys_csv(path)
     if kind == "parquet":
         return read_table(path)

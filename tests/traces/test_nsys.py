@@ -33,7 +33,8 @@ import pandas as pd
 import pytest
 
 from ovsim.errors import OvsimError
-from ovsim.traces.nsys import load_nsys_csv, load_nsys_sqlite, rank_from_name
+from ovsim.traces.nsys import load_nsys_sqlite, rank_from_name
+from ovsim.traces.nsys_csv import load_nsys_csv
 from ovsim.traces.table import COLUMNS
 
 FIXTURES = Path(__file__).parent / "fixtures"
