@@ -70,14 +70,18 @@ def test_large_bf16_gemm_on_a100_is_power_limited_at_400_w(system: str) -> None:
     assert 258.0 * 0.95 <= tflops(r) <= 271.0 * 1.05
 
 
-def test_unmanaged_the_a100_gemm_runs_as_calibrated_at_the_limit() -> None:
-    """No power-limit loop: nothing throttles, the GEMM takes its calibrated time, and the fitted
-    model puts its power at the 400 W it was fitted to (consistency check)."""
+def test_unmanaged_the_a100_gemm_runs_as_calibrated_and_the_limit_throttles_it() -> None:
+    """No power-limit loop: nothing throttles, and the GEMM takes its calibrated time, at the clock
+    MAMF's efficiency holds at (0.919 of 1410 MHz), where it draws more than 400 W. Under the 400 W
+    limit it runs at the clock its power was fitted to draw 400 W at (thonking.ai's randn GEMM,
+    258/295 of 1410 MHz; consistency check)."""
     r = predict(gemm_scenario("dgx-a100-80gb"), power_managed=False)
     ops = r.ops.set_index("id")
     assert ops.loc["g@r0", "duration_s"] == pytest.approx(ops.loc["g@r0", "isolated_s"], rel=1e-9)
-    assert r.summary()["peak_power_w"] == pytest.approx(400.0, rel=0.01)
+    assert r.summary()["peak_power_w"] > 400.0
     assert r.summary()["power_cap_w"] is None and r.summary()["power_limit_w"] is None
+    capped = predict(gemm_scenario("dgx-a100-80gb"), power_cap_w=400.0)
+    assert capped.summary()["avg_sm_clock_hz"] == pytest.approx(258.0 / 295.0 * 1410e6, abs=15e6)
 
 
 def test_h100_full_load_power_is_in_the_published_range() -> None:

@@ -450,3 +450,15 @@ def test_a_memory_bound_kind_draws_cuda_core_power_for_the_share_of_its_time_on_
     assert m.sm_weight_w("norm", "bf16", clock_bound=False) == ("memory", pytest.approx(m.memory_w + share * m.fp32_w))
     assert m.sm_weight_w("elementwise", "bf16", clock_bound=False) == ("memory", m.memory_w)
     assert m.sm_weight_w("all_reduce", None, clock_bound=False) == ("memory", m.memory_w)
+
+
+@pytest.mark.parametrize("stem", ["a100-sxm4-40gb", "a100-sxm4-80gb"])
+def test_no_a100_gemm_does_more_per_clock_than_cublas_measured(stem: str) -> None:
+    """Bound: the most a cuBLAS GEMM does per clock on an A100 is 295 of 312 TFLOPS at 1410 MHz
+    (thonking.ai: an 8192^3 GEMM with all-zero inputs, which draws too little to be throttled). The
+    calibrated efficiency, scaled to the compute clock from the clock it holds at, stays under it
+    (with the reference clock at thonking's throttled 0.875 it was 99.4%)."""
+    gpu = load_gpu(stem)
+    p = load_calibration(gpu, stem).params
+    per_clock = max(p.gemm_efficiency[k] for k in ("bf16", "fp16")) / p.power_tensor_reference_clock_fraction
+    assert per_clock <= 295.0 / 312.0 + 1e-3
