@@ -562,10 +562,13 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
             acts.append((m.dynamic_scale(c) * a.sm_w, a.hbm_bytes_per_s, a.link_bytes_per_s, c))
             events.append((start, j, 1.0))
             events.append((end, j, -1.0))
-        idle_clock = top if managed else 1.0
+        events.sort()
+        # Between ops a windowed loop keeps the clock it last set (the op before's; before the
+        # first op, the first op's); without a window an idle GPU boosts to the top clock.
+        windowed = managed and m.control_window_s > 0
+        idle_clock = (acts[events[0][1]][3] if windowed and events else top) if managed else 1.0
         out.append((0.0, r, POWER_COUNTER, m.idle_power_w(idle_clock)))
         out.append((0.0, r, CLOCK_COUNTER, idle_clock * hz))
-        events.sort()
         active: dict[int, None] = {}
         i = 0
         n = len(events)
@@ -580,6 +583,8 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
                 i += 1
             vals = [acts[j] for j in active]
             clock = min((v[3] for v in vals), default=idle_clock)
+            if windowed and vals:
+                idle_clock = clock
             p = m.board_power_w(0.0, 0.0, sum(v[1] for v in vals), sum(v[2] for v in vals), clock, clock) \
                 + sum(v[0] for v in vals)
             out.append((t, r, POWER_COUNTER, p))

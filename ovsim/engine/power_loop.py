@@ -130,6 +130,9 @@ class PowerLoop:
                         xf += x
                     else:
                         xm += x
+                        # The clock-following share of a memory-bound kind is CUDA-core work: its
+                        # power is in pw_w, and the fit tables read it as such (PowerModel.sm_weight_w).
+                        xf += x * memory_cls.get(k.clock_cls, 0.0)
                 if k.bytes_per_block > 0:
                     b = n * e.per_sm * e.rate * k.theta * k.bytes_per_block
                     if k.clock_cls in self.saturating_cls:

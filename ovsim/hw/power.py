@@ -2,7 +2,8 @@
 
 Form (docs/power.md; per-component dynamic power from activity, as in AccelWattch, Kandiah et al., MICRO 2021)::
 
-    P(c) = P_idle + s(c) · Σ_k w_k · u_k  +  w_hbm · u_hbm  +  w_link · u_link
+    P(c) = P_idle(c) + s(c) · Σ_k w_k · u_k  +  w_hbm · u_hbm  +  w_link · u_link
+    P_idle(c) = P_min + (P_top - P_min) · (s(c) - s(c_min)) / (s(c_max) - s(c_min))
     s(c) = c · (V(c) / V(1))²                           dynamic CMOS power α·C·V²·f, normalised at c = 1
     V(c) / V(1) = v_knee                                 for c <= c_knee (the regulator's floor)
                 = v_knee + (1 - v_knee)·(c - c_knee)/(1 - c_knee)   above it (linear, extends past 1)
@@ -12,14 +13,17 @@ peak rates hold). ``u_k`` is the fraction of the GPU's SMs kept busy by work of 
 
 - ``tensor``: tensor-core kernels (GEMM, attention, tensor-precision kernels), weight per precision;
 - ``fp32``: clock-bound kernels on the CUDA cores;
-- ``memory``: memory-bound kernels and NCCL's copy/reduce loops (load/store, L1/L2, crossbar).
+- ``memory``: memory-bound kernels and NCCL's copy/reduce loops (load/store, L1/L2, crossbar); a
+  memory-bound kind with a measured clock share also draws that share of the ``fp32`` weight.
 
 ``w_k`` is the dynamic power of *every* SM doing that work at c = 1, so a fully busy GPU running a
 tensor GEMM draws ``P_idle + w_tensor·s(c) + ...``. HBM and link power follow bytes moved
 (``u_hbm``: HBM bytes/s over the peak; ``u_link``: bytes/s in plus out over twice the per-direction
 link bandwidth) and do not scale with the SM clock (they have their own clocks). ``P_idle`` is the
-board power of an idle GPU (constant power plus leakage at the lowest voltage); leakage growth with
-voltage is folded into the dynamic weights, which are fitted at the voltage where they are used.
+board power of an idle GPU: with a measured idle at the minimum clock (``P_min``,
+``power_idle_min_clock_w``) it follows the clock up to the idle at the maximum clock (``P_top``),
+as clock distribution and logic that never gates do; without one it is one number. Leakage growth
+with voltage is folded into the dynamic weights, which are fitted at the voltage where they are used.
 
 Parameters come from calibration files (:mod:`ovsim.hw.calib`, keys ``power_*``), each with its
 source. Where a GPU has no fitted tensor weight, it follows from the TDP: a large dense GEMM at the
@@ -27,7 +31,9 @@ tensor reference clock draws exactly the TDP (see :func:`power_model`). docs/pow
 sources and what is not modelled.
 
 A cap is met by lowering the clock: :meth:`PowerModel.solve_clock` returns the highest clock
-fraction on the GPU's clock grid whose predicted power fits, within the settable clock range.
+fraction on the GPU's clock grid whose predicted power fits, within the settable clock range, and
+where even the minimum clock does not fit, the clock below it at which the power does (the board's
+hardware slowdown, down to ``HW_SLOWDOWN_FLOOR`` of the minimum).
 """
 
 from __future__ import annotations
@@ -249,8 +255,6 @@ class PowerModel:
         n = terms.shape[0]
         lo = self.min_clock_fraction
         fc, fmin, step = self.compute_clock_hz, self.min_clock_hz, self.clock_step_hz
-        if hi <= lo:
-            return np.full(n, lo)
         if step <= 0 or n == 0:
             sats = list(saturations)
             return np.array([self.solve_clock(cap_w, row[0], row[1], row[2], row[3], hi,
@@ -271,9 +275,11 @@ class PowerModel:
             out: np.ndarray = idle + c * v * v * sm_w + hbm_w * np.where(hbm < 1.0, hbm, 1.0) + link <= cap_w
             return out
 
-        at_hi = fits(np.full(n, hi))
         at_lo = fits(np.full(n, lo))
         below = self._slowed(fits, lo, ~at_lo)
+        if hi <= lo:  # a clock locked at the minimum: only the slowdown below it is left
+            return np.where(at_lo, lo, below)
+        at_hi = fits(np.full(n, hi))
         # Grid points min + i·step below hi: the lowest fits, find the highest that does.
         i_lo = np.zeros(n, dtype=np.int64)
         i_hi = np.full(n, math.ceil((hi * fc - fmin) / step - 1e-9), dtype=np.int64)
@@ -318,8 +324,7 @@ class PowerModel:
         rest does not. P(c) grows with c, so a binary
         search over the grid finds the crossing (about seven evaluations on a 15 MHz grid)."""
         lo = self.min_clock_fraction
-        if hi <= lo:
-            return lo
+        hi = max(hi, lo)  # a clock locked at the minimum: only the slowdown below it is left
         idle, hbm_w, link_w = self.idle_static_w, self.hbm_w, self.link_w
         hbm_peak, link_peak = self.hbm_peak_bytes_per_s, self.link_peak_bytes_per_s
         k, vk = self.knee_clock_fraction, self.knee_voltage_fraction
@@ -383,6 +388,10 @@ def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
                          field="power_control_period_s")
     derived: list[str] = []
     idle_w = gpu.power.idle_w if p.power_idle_w is None else p.power_idle_w
+    if p.power_idle_min_clock_w is not None and p.power_idle_min_clock_w > idle_w:
+        raise OvsimError(f"{p.power_idle_min_clock_w:g} W at the minimum clock is above the idle power at the "
+                         f"maximum clock, {idle_w:g} W: idle power cannot fall as the clock rises",
+                         field="power_idle_min_clock_w")
     hbm_w = gpu.memory.bandwidth_bytes_per_s * p.power_hbm_j_per_byte
     link_peak = 2.0 * max(gpu.links.bandwidth_bytes_per_s, 0.0)
     link_w = link_peak * p.power_link_j_per_byte

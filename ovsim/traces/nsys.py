@@ -691,3 +691,12 @@ def _inferred_syncs(act: pd.DataFrame, runtime: pd.DataFrame, skipped: dict[str,
 
 
 # -- cuda_gpu_trace CSV ---------------------------------------------------------------------------
+
+
+def __getattr__(name: str) -> object:
+    """``load_nsys_csv`` moved to :mod:`ovsim.traces.nsys_csv`; it is still found here."""
+    if name == "load_nsys_csv":
+        from ovsim.traces.nsys_csv import load_nsys_csv
+
+        return load_nsys_csv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
