@@ -344,26 +344,11 @@ class PowerModel:
             return hi
         if not fits(lo):
             # Hardware slowdown below the minimum clock (HW_SLOWDOWN_FLOOR).
-            a, b = lo * HW_SLOWDOWN_FLOOR, lo
-            if not fits(a):
-                return a
-            for _ in range(_BISECT_STEPS):
-                mid = 0.5 * (a + b)
-                if fits(mid):
-                    a = mid
-                else:
-                    b = mid
-            return a
+            floor = lo * HW_SLOWDOWN_FLOOR
+            return _highest_fitting(fits, floor, lo) if fits(floor) else floor
         fc, fmin, step = self.compute_clock_hz, self.min_clock_hz, self.clock_step_hz
         if step <= 0:
-            a, b = lo, hi
-            for _ in range(_BISECT_STEPS):
-                mid = 0.5 * (a + b)
-                if fits(mid):
-                    a = mid
-                else:
-                    b = mid
-            return a
+            return _highest_fitting(fits, lo, hi)
         # Grid points min + i·step below hi: the lowest fits, find the highest that does.
         i_lo, i_hi = 0, math.ceil((hi * fc - fmin) / step - 1e-9)  # i_hi: first point at or above hi
         while i_hi - i_lo > 1:
@@ -373,6 +358,18 @@ class PowerModel:
             else:
                 i_hi = mid
         return (fmin + i_lo * step) / fc
+
+
+def _highest_fitting(fits: Callable[[float], bool], a: float, b: float) -> float:
+    """Bisection between a clock that fits (``a``) and one that does not (``b``): the highest that
+    fits, to ``_BISECT_STEPS`` halvings (the arithmetic :meth:`PowerModel._slowed` repeats on arrays)."""
+    for _ in range(_BISECT_STEPS):
+        mid = 0.5 * (a + b)
+        if fits(mid):
+            a = mid
+        else:
+            b = mid
+    return a
 
 
 def power_model(gpu: GpuSpec, params: Parameters) -> PowerModel:
