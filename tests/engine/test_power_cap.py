@@ -460,8 +460,9 @@ def test_a_short_run_starts_where_a_long_run_of_it_settles() -> None:
 def test_analytic_power_between_ops_is_at_the_clock_the_loop_holds() -> None:
     """GEMMs with 1.5 ms host gaps between them on an H100 under a 300 W cap: between ops the
     windowed loop keeps the clock it set, so the gaps idle at that clock, not at the top one, and
-    the analytic fidelity's average power comes within 8% of the engine's (324 W against 304 W;
-    with the gaps idling at 1980 MHz it was 338 W)."""
+    each GEMM's traffic follows its rate at the clock it runs at. The analytic fidelity's average
+    power then holds the cap and comes within 3% of the engine's (298 W against 304 W; with the
+    gaps idling at 1980 MHz it was 338 W, with the GEMMs' traffic at the calibrated rate 324 W)."""
     ops: list[dict[str, object]] = []
     for i in range(10):
         ops.append({"name": f"g{i}", "kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "bf16"})
@@ -472,4 +473,5 @@ def test_analytic_power_between_ops_is_at_the_clock_the_loop_holds() -> None:
     clk = clk[(clk["rank"] == 0) & (clk["counter"] == "sm_clock_hz")]["value"].to_numpy(float)
     assert clk.max() < r.gpu.clocks.max_sm_clock_hz and np.ptp(clk) <= r.calibration.params.power_clock_step_hz
     engine = predict(sc, power_cap_w=300.0).summary()
-    assert r.summary()["avg_power_w"] == pytest.approx(engine["avg_power_w"], rel=0.08)
+    assert r.summary()["avg_power_w"] <= 300.0 * 1.005
+    assert r.summary()["avg_power_w"] == pytest.approx(engine["avg_power_w"], rel=0.03)
