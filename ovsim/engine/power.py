@@ -27,7 +27,7 @@ import pandas as pd
 
 from ovsim.engine.analytic import Plan
 from ovsim.engine.timeline import Timeline, timeline_from_rows
-from ovsim.hw.power import FP32, MEMORY, TENSOR, PowerModel, PowerSettings
+from ovsim.hw.power import MEMORY, TENSOR, PowerModel, PowerSettings
 from ovsim.hw.spec import GpuSpec
 from ovsim.models.cost import blocks_per_sm
 from ovsim.models.ir import Op, Workload
@@ -529,13 +529,10 @@ def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:
     return timeline_from_rows(ops, timeline.counters)
 
 
-def _compute_rate(op: Op, cls: str, model: PowerModel, c: float) -> float:
-    """A compute-bound kernel's rate at clock fraction ``c`` relative to its calibrated one (a
-    tensor kernel's up to its saturation clock); 1 for memory-bound work and ops off the SMs."""
-    if cls == TENSOR:
-        precision = op.info.get("precision")
-        return model.tensor_rate(c, model.tensor_saturation(precision if isinstance(precision, str) else None))
-    return c if cls == FP32 else 1.0
+def _hbm_at(x: SolverInputs, c: float) -> float:
+    """An op's HBM bytes/s at clock fraction ``c`` from its clock-solver terms: the traffic that does
+    not follow the clock, that which does, and that which does up to its saturation clock."""
+    return x[1] + x[2] * c + sum(b * min(c, sat) / sat for b, sat in x[4])
 
 
 def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
@@ -567,11 +564,10 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
             a = _activity_of(op, gpu, m, cache)
             # Under a policy each op runs at its own solved clock; without one, as calibrated.
             c = clock_of.get(op.id, top) if managed else (x_t if a.cls == TENSOR else 1.0)
-            # A compute-bound kernel moves its bytes at its own pace: its traffic follows its rate
-            # at that clock (1 at the calibrated clock), as the clock solver takes it.
-            hbm = a.hbm_bytes_per_s * _compute_rate(op, a.cls, m, c)
+            # A compute-bound kernel moves its bytes at its own pace, as the clock solver takes it.
             j = len(acts)
-            acts.append((m.dynamic_scale(c) * a.sm_w, hbm, a.link_bytes_per_s, c))
+            acts.append((m.dynamic_scale(c) * a.sm_w, _hbm_at(_solver_inputs(op, gpu, m, cache), c),
+                         a.link_bytes_per_s, c))
             events.append((start, j, 1.0))
             events.append((end, j, -1.0))
         events.sort()
