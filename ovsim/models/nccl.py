@@ -35,7 +35,6 @@ bytes to move, i.e. when the operation is latency-bound.
 from __future__ import annotations
 
 import math
-import operator
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,21 +45,30 @@ from ovsim.models import nccl_net
 from ovsim.models.ir import BlockShape
 from ovsim.models.nccl_net import Span
 from ovsim.models.nccl_params import (
-    _PROTO_INDEX,
     _SEARCH_ORDER,
-    _TREE_CORRECTION,
     ALGORITHMS,
     DEFAULT_PARAMS,
     NVLS_OPS,
-    OPS,
     P2P_OPS,
     PROTOCOLS,
-    REDUCING_OPS,
     Algorithm,
     CollectiveOp,
     NcclParams,
     Path,
     Protocol,
+)
+from ovsim.models.nccl_time import (
+    Comm,
+    algorithm_bw,
+    bus_factor,
+    check_op,
+    check_ranks,
+    hbm_bytes_per_bus_byte,
+    latency_s,
+    link_bytes_per_bus_byte,
+    predicted_s,
+    ring_bus_bw,
+    tree_correction,
 )
 
 
@@ -107,33 +115,6 @@ class CollectivePlan:
         return BlockShape(self.threads_per_block, self.registers_per_thread, self.shared_mem_per_block_bytes)
 
 
-def _check_op(op: str) -> CollectiveOp:
-    if op not in OPS:
-        raise OvsimError(f"unknown collective '{op}' (known: {', '.join(OPS)})", field="op")
-    return op
-
-
-def _check_ranks(n_ranks: int) -> int:
-    try:
-        n = operator.index(n_ranks)
-    except TypeError:
-        n = 0
-    if n < 1 or isinstance(n_ranks, bool):
-        raise OvsimError(f"must be an integer >= 1, got {n_ranks!r}", field="n_ranks")
-    return n
-
-
-def bus_factor(op: CollectiveOp, n_ranks: int) -> float:
-    """nccl-tests' busbw / algbw factor (doc/PERFORMANCE.md)."""
-    _check_op(op)
-    n = _check_ranks(n_ranks)
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
-
-
 def _compute_capability(gpu: GpuSpec) -> int:
     if gpu.vendor != "nvidia":
         raise OvsimError(f"{gpu.name}: the NCCL model covers NVIDIA GPUs only (RCCL is not modeled)",
@@ -155,34 +136,6 @@ def _arch_index(gpu: GpuSpec) -> int:
     if cc >= 80:
         return 1
     return 0
-
-
-@dataclass(frozen=True)
-class _Comm:
-    """What NCCL knows about a communicator when it builds its tuning tables."""
-
-    op: CollectiveOp
-    n_ranks: int
-    arch: int
-    path: Path
-    # NCCL's bandwidth total for this op's pattern: what all of a rank's links can carry.
-    link_cap_bytes_per_s: float
-    ring_channels: int
-    nvls_channels: int
-    nvls: bool
-    topology: str
-    params: NcclParams
-    # Across nodes: the communicator's span (None within one node), whether NVLS-tree may run, and
-    # the CTAs a launch uses there.
-    span: Span | None = None
-    nvls_tree: bool = False
-    net_ctas: int = 0
-    # NVLS on this system (sm90+, NVSwitch with SHARP), whatever the communicator's shape.
-    nvls_possible: bool = False
-
-    @property
-    def multi_node(self) -> bool:
-        return self.span is not None
 
 
 def _link_cap(op: CollectiveOp, n_ranks: int, arch: int, gpu: GpuSpec, system: SystemSpec,
@@ -255,229 +208,6 @@ def _span(members: Sequence[int], n_nodes: int, node_ranks: int, arch: int, gpu:
                 channels=nccl_net.search_channels(nics, path, speed), speed_bytes_per_s=speed)
 
 
-def _ring_bus_bw(comm: _Comm, channels: int) -> float:
-    """A ring's (or p2p's) bus bandwidth within a node: NCCL's per-CTA rate up to its link total."""
-    p = comm.params
-    return min(channels * p.ring_bw_per_channel_bytes_per_s[comm.arch], comm.link_cap_bytes_per_s)
-
-
-def _nvls_speed(comm: _Comm, gpus: int | None = None) -> float:
-    """Per-channel speed the intra-node NVLS search settles on (one channel per GPU of the node)."""
-    ladder = comm.params.nvls_speed_ladder_bytes_per_s
-    gpus = comm.n_ranks if gpus is None else gpus
-    fitting = [s for s in ladder if s * gpus <= comm.link_cap_bytes_per_s]
-    return fitting[0] if fitting else ladder[-1]
-
-
-def _nsteps(op: CollectiveOp, n: int) -> int:
-    if op == "all_reduce":
-        return 2 * (n - 1)
-    if op in ("all_gather", "reduce_scatter"):
-        return n - 1
-    return n
-
-
-def _link_bytes_per_bus_byte(op: CollectiveOp, algorithm: Algorithm, n: int) -> float:
-    """Bytes through the busier direction of a rank's link port per bus byte [D].
-
-    Ring, p2p, broadcast, reduce: each rank sends (and receives) exactly the bus bytes, 1.0.
-    Tree all-reduce (a chain within a node): a middle rank sends S up and S down, 2S against
-    2(n-1)/n S bus bytes -> n/(n-1).
-    NVLS all-reduce: a rank's link carries its whole input to the switch for the reductions
-    (multimem.ld_reduce reads every rank, itself included) plus its reduced shard S/n out for the
-    multicast store; inbound, the reduced shard plus the multicast of all n shards: (1 + 1/n) S
-    each way against 2(n-1)/n S -> (n+1)/(2(n-1)), 9/14 for 8 GPUs. NVLS all-gather receives all n
-    shards (S) and reduce-scatter sends its whole input (S) against (n-1)/n S -> n/(n-1).
-    """
-    if n < 2:
-        return 1.0
-    if algorithm == "tree":
-        return n / (n - 1)
-    if algorithm == "nvls":
-        if op == "all_reduce":
-            return (n + 1) / (2 * (n - 1))
-        return n / (n - 1)
-    return 1.0
-
-
-def _hbm_bytes_per_bus_byte(op: CollectiveOp, algorithm: Algorithm, n: int, params: NcclParams,
-                            net_bytes_per_bus_byte: float = 0.0) -> float:
-    """Local HBM bytes per bus byte, per rank.
-
-    Ring and p2p follow NVIDIA/nccl #1428 (3 per link byte when the step reduces, 2 when it
-    copies). Tree all-reduce reduces on the way up and copies on the way down: the mean of the two
-    per link byte, times its n/(n-1) link bytes per bus byte.
-    NVLS [D]: the switch does the arithmetic, so the rank's HBM serves the switch's reads (S) and
-    absorbs its multicast writes (S) for all-reduce; unregistered buffers add a local copy into
-    NVLS's buffer (read + write S) and one back out (read + write S): 6S against 2(n-1)/n S, or 2S
-    when registered. All-gather: multicast lands S and the copies add ~2S + 2S/n, reduce-scatter
-    symmetric; registered, S + S/n.
-    NVLS-tree [D]: NVLS's figure within the node, plus a reducing ring's 3 HBM bytes per byte the
-    member sends across nodes (``net_bytes_per_bus_byte``).
-    """
-    ring = params.hbm_bytes_per_bus_byte_reduce if op in REDUCING_OPS else params.hbm_bytes_per_bus_byte_copy
-    if n < 2:
-        return ring
-    bus = bus_factor(op, n)
-    if algorithm == "tree":
-        per_link = 0.5 * (params.hbm_bytes_per_bus_byte_reduce + params.hbm_bytes_per_bus_byte_copy)
-        return per_link * _link_bytes_per_bus_byte(op, algorithm, n)
-    if algorithm == "nvls_tree":
-        return (_hbm_bytes_per_bus_byte(op, "nvls", n, params)
-                + params.hbm_bytes_per_bus_byte_reduce * net_bytes_per_bus_byte)
-    if algorithm == "nvls":
-        if op == "all_reduce":
-            per_rank_s = 2.0 if params.nvls_registered_buffers else 6.0
-        else:
-            per_rank_s = 1.0 + 1.0 / n if params.nvls_registered_buffers else 3.0 + 3.0 / n
-        return per_rank_s / bus
-    return ring
-
-
-def _algorithm_bw(comm: _Comm, algorithm: Algorithm, protocol: Protocol, channels: int) -> float:
-    """NCCL's algorithm bandwidth (size / time once latency is paid) for ``channels`` CTAs."""
-    p = comm.params
-    a = comm.arch
-    n = comm.n_ranks
-    op = comm.op
-    if comm.span is not None:
-        return _net_algorithm_bw(comm, algorithm, protocol, channels)
-    search_channels = channels / p.channels_per_search_channel
-    ring_bus = _ring_bus_bw(comm, channels)
-
-    if algorithm == "nvls":
-        eff = p.nvls_efficiency[a]
-        graph_channels = n
-        per_channel = _nvls_speed(comm) * eff * (graph_channels - 1) / graph_channels
-        per_channel *= 2.0 if op == "all_reduce" else (n - 1) / n
-        bw = graph_channels * per_channel * min(1.0, channels / max(p.nvls_channels[a], 1))
-        # tuning.cc converts NVLS all-reduce like a ring; for all-gather/reduce-scatter the
-        # figure already is the algorithm bandwidth.
-        alg_bw = bw * n / _nsteps(op, n) if op == "all_reduce" else bw
-        # Never faster than the rank's links can feed the switch.
-        link_limit = comm.link_cap_bytes_per_s / (_link_bytes_per_bus_byte(op, "nvls", n) * bus_factor(op, n))
-        return min(alg_bw, link_limit)
-
-    if algorithm == "tree":
-        bus = min(p.tree_bw_fraction * ring_bus,
-                  search_channels * p.tree_max_bw_per_search_channel_bytes_per_s[a])
-        if protocol == "ll":
-            bus = min(bus / p.tree_ll_bw_divisor, p.ll_max_bw_bytes_per_s[a])
-        elif protocol == "ll128":
-            bus = min(bus * p.tree_ll128_bw_fraction,
-                      search_channels * p.tree_ll128_max_bw_per_search_channel_bytes_per_s[a])
-        return bus * p.tree_algorithm_bw_ratio
-
-    bus = ring_bus
-    if protocol == "ll":
-        bus = min(p.ll_max_bw_bytes_per_s[a], p.ll_bw_fraction * bus)
-    elif protocol == "ll128":
-        bus = min(p.ll128_bw_fraction * bus,
-                  search_channels * p.ring_ll128_max_bw_per_search_channel_bytes_per_s[a])
-    if op in P2P_OPS:
-        # [D] p2p moves its bus bytes at the ring rate; convert with nccl-tests' factor.
-        return bus / bus_factor(op, n)
-    return bus * n / _nsteps(op, n)
-
-
-def _net_algorithm_bw(comm: _Comm, algorithm: Algorithm, protocol: Protocol, channels: int) -> float:
-    """Algorithm bandwidth across nodes (:mod:`ovsim.models.nccl_net`); fewer CTAs than NCCL's
-    default give proportionally less [D]."""
-    span = comm.span
-    assert span is not None
-    p = comm.params
-    op, n = comm.op, comm.n_ranks
-    scale = min(1.0, channels / max(comm.net_ctas, 1))
-    if algorithm in ("tree", "nvls_tree"):
-        if algorithm == "tree":
-            alg = nccl_net.tree_bus_bw(span, protocol) * p.tree_algorithm_bw_ratio
-        else:
-            m = span.node_ranks
-            intra = _nvls_speed(comm, m) * p.nvls_efficiency[comm.arch] * (m - 1) / m * 2.0
-            alg = nccl_net.nvls_tree_bus_bw(span, intra) * n / _nsteps(op, n)
-        # Never faster than the node's links carry the share that stays on them [D].
-        nvlink_share = nccl_net.shares(op, algorithm, span)[0]
-        if nvlink_share > 0:
-            links = _ring_bus_bw(comm, comm.ring_channels) if algorithm == "tree" else comm.link_cap_bytes_per_s
-            alg = min(alg, links / (nvlink_share * bus_factor(op, n)))
-        return alg * scale
-    bus = nccl_net.ring_bus_bw(span, protocol, _ring_bus_bw(comm, comm.ring_channels), op) * scale
-    if op in P2P_OPS:
-        return bus / bus_factor(op, n)
-    return bus * n / _nsteps(op, n)
-
-
-def _net_latency_s(comm: _Comm, algorithm: Algorithm, protocol: Protocol, size_bytes: float, ctas: int) -> float:
-    span = comm.span
-    assert span is not None
-    p = comm.params
-    i = _PROTO_INDEX[protocol]
-    pcie = comm.path == "pcie"
-    if algorithm == "tree":
-        hop = (p.tree_pcie_hop_latency_s if pcie else p.tree_nvlink_hop_latency_s)[i]
-        return nccl_net.tree_latency_s(span, i, p.tree_base_latency_s[i], hop)
-    if algorithm == "nvls_tree":
-        return nccl_net.nvls_tree_latency_s(span)
-    hop = (p.ring_pcie_hop_latency_s if pcie else p.ring_nvlink_hop_latency_s)[i]
-    return nccl_net.ring_latency_s(span, comm.op, i, _nsteps(comm.op, comm.n_ranks), p.ring_base_latency_s[i], hop,
-                                   size_bytes, ctas)
-
-
-def _latency_s(comm: _Comm, algorithm: Algorithm, protocol: Protocol, size_bytes: float = 0.0,
-               ctas: int = 0) -> float:
-    p = comm.params
-    i = _PROTO_INDEX[protocol]
-    n = comm.n_ranks
-    op = comm.op
-    pcie = comm.path == "pcie"
-    if algorithm == "nvls":
-        return p.nvls_base_latency_s + p.nvls_nvlink_latency_s
-    if comm.span is not None and op not in P2P_OPS:
-        return _net_latency_s(comm, algorithm, protocol, size_bytes, ctas)
-    if algorithm == "tree":
-        hop = (p.tree_pcie_hop_latency_s if pcie else p.tree_nvlink_hop_latency_s)[i]
-        return p.tree_base_latency_s[i] + 2 * (n - 1) * hop
-    ring_hop = (p.ring_pcie_hop_latency_s if pcie else p.ring_nvlink_hop_latency_s)[i]
-    base = p.ring_base_latency_s[i]
-    net_hop = nccl_net.NET_PARAMS.ring_net_hop_latency_s[i]
-    if op == "send_recv":
-        # [D] one hop (across the network when the pair spans nodes); NCCL's tuning tables do not
-        # cover p2p.
-        return base + (net_hop if comm.span is not None else ring_hop)
-    if op == "all_to_all":
-        # [D] one hop per peer: the node's other members over NVLink, the rest over the network.
-        if comm.span is None:
-            return base + (n - 1) * ring_hop
-        local = comm.span.node_ranks - 1
-        return base + local * ring_hop + (n - 1 - local) * net_hop
-    if op in ("broadcast", "reduce"):
-        # tuning.cc: a pipelined chain pays one hop when all channels follow the same ring (NVSwitch
-        # and PCIe rings repeat one GPU order [D]); otherwise nsteps hops, Simple at the tree's rate.
-        if comm.topology != "mesh":
-            return base + ring_hop
-        tree_hop = (p.tree_pcie_hop_latency_s if pcie else p.tree_nvlink_hop_latency_s)[i]
-        hop = tree_hop if protocol == "simple" else ring_hop
-        return base + _nsteps(op, n) * hop
-    return base + _nsteps(op, n) * ring_hop
-
-
-def _tree_correction(size_bytes: float, protocol: Protocol) -> float:
-    table = _TREE_CORRECTION[_PROTO_INDEX[protocol]]
-    units = int(size_bytes) >> 6
-    log_size = units.bit_length() - 1 if units > 0 else 0
-    return table[log_size] if log_size < len(table) else 1.0
-
-
-def _predicted_s(comm: _Comm, algorithm: Algorithm, protocol: Protocol, size_bytes: float,
-                 channels: int) -> float:
-    bw = _algorithm_bw(comm, algorithm, protocol, channels)
-    if algorithm == "tree":
-        bw *= _tree_correction(size_bytes, protocol)
-    if bw <= 0:
-        return math.inf
-    return _latency_s(comm, algorithm, protocol, size_bytes, channels) + size_bytes / bw
-
-
 def _valid_algorithms(op: CollectiveOp) -> tuple[Algorithm, ...]:
     if op == "all_reduce":
         return ("ring", "tree", "nvls", "nvls_tree")
@@ -486,7 +216,7 @@ def _valid_algorithms(op: CollectiveOp) -> tuple[Algorithm, ...]:
     return ("ring",)
 
 
-def _candidates(comm: _Comm, size_bytes: float, algorithm: Algorithm | None,
+def _candidates(comm: Comm, size_bytes: float, algorithm: Algorithm | None,
                 protocol: Protocol | None) -> list[tuple[Algorithm, Protocol]]:
     op = comm.op
     valid = _valid_algorithms(op)
@@ -538,7 +268,7 @@ def _candidates(comm: _Comm, size_bytes: float, algorithm: Algorithm | None,
     return out
 
 
-def _max_threads(comm: _Comm, algorithm: Algorithm, protocol: Protocol) -> int:
+def _max_threads(comm: Comm, algorithm: Algorithm, protocol: Protocol) -> int:
     """tuning.cc maxThreads[algorithm][protocol] before enqueue.cc trims it."""
     p = comm.params
     if algorithm in ("nvls", "nvls_tree", "tree") or comm.op in P2P_OPS:
@@ -547,12 +277,12 @@ def _max_threads(comm: _Comm, algorithm: Algorithm, protocol: Protocol) -> int:
         return p.ll_max_threads
     if protocol == "ll128":
         return p.ll128_max_threads
-    if _ring_bus_bw(comm, comm.ring_channels) <= p.slow_ring_bw_threshold_bytes_per_s:
+    if ring_bus_bw(comm, comm.ring_channels) <= p.slow_ring_bw_threshold_bytes_per_s:
         return p.slow_ring_threads
     return p.simple_max_threads
 
 
-def _thread_threshold(comm: _Comm, algorithm: Algorithm, protocol: Protocol) -> int:
+def _thread_threshold(comm: Comm, algorithm: Algorithm, protocol: Protocol) -> int:
     p = comm.params
     if protocol == "ll":
         return p.ll_thread_threshold_bytes * (comm.n_ranks if algorithm == "ring" else 1)
@@ -631,8 +361,8 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
     the system's nodes (rank r on node r // GPUs per node); by default ranks 0..n_ranks-1, as
     nccl-tests places them.
     """
-    op = _check_op(op)
-    n_ranks = _check_ranks(n_ranks)
+    op = check_op(op)
+    n_ranks = check_ranks(n_ranks)
     try:
         size = math.nan if isinstance(size_bytes, str) else float(size_bytes)
     except (TypeError, ValueError):
@@ -659,13 +389,13 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
     span = _span(members, n_nodes, node_ranks, arch, gpu, system, params)
     # Across nodes the NVLink part is the node's default ring over its members (the links' cap, not
     # the launch's CTAs: NCCL's 16 CTAs carry 7/8 of 396 GB/s on an H100 node); a user's channel
-    # count scales the whole collective once (_net_algorithm_bw).
+    # count scales the whole collective once (net_algorithm_bw).
     if span is None:
         ring_channels = channels or default_ring_channels(op, n_ranks, gpu, system, params)
     else:
         ring_channels = default_ring_channels(op, node_ranks, gpu, system, params)
     net_ctas = nccl_net.default_ctas(span) if span is not None else 0
-    comm = _Comm(
+    comm = Comm(
         op=op, n_ranks=n_ranks, arch=arch, path=path, link_cap_bytes_per_s=cap, ring_channels=ring_channels,
         nvls_channels=channels if channels is not None else params.nvls_channels[arch],
         nvls=nvls and span is None, topology=system.topology, params=params, span=span,
@@ -680,8 +410,8 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
             op=op, algorithm=algo, protocol=proto, n_ranks=1, size_bytes=float(size_bytes), channels=0,
             threads_per_block=0, registers_per_thread=0, shared_mem_per_block_bytes=0, latency_s=0.0,
             bus_bandwidth_bytes_per_s=cap, bus_bytes=0.0,
-            link_bytes_per_bus_byte=_link_bytes_per_bus_byte(op, algo, 1),
-            hbm_bytes_per_bus_byte=_hbm_bytes_per_bus_byte(op, algo, 1, params),
+            link_bytes_per_bus_byte=link_bytes_per_bus_byte(op, algo, 1),
+            hbm_bytes_per_bus_byte=hbm_bytes_per_bus_byte(op, algo, 1, params),
         )
 
     def channels_for(a: Algorithm) -> int:
@@ -689,14 +419,14 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
             return channels or net_ctas
         return comm.nvls_channels if a == "nvls" else comm.ring_channels
 
-    best = min(candidates, key=lambda ap: _predicted_s(comm, ap[0], ap[1], size_bytes, channels_for(ap[0])))
+    best = min(candidates, key=lambda ap: predicted_s(comm, ap[0], ap[1], size_bytes, channels_for(ap[0])))
     algo, proto = best
     comm_channels = channels_for(algo)
-    alg_bw = _algorithm_bw(comm, algo, proto, comm_channels)
+    alg_bw = algorithm_bw(comm, algo, proto, comm_channels)
     if algo == "tree":
-        alg_bw *= _tree_correction(size_bytes, proto)
+        alg_bw *= tree_correction(size_bytes, proto)
     factor = bus_factor(op, n_ranks)
-    link, net = (_link_bytes_per_bus_byte(op, algo, n_ranks), 0.0) if span is None else nccl_net.shares(op, algo, span)
+    link, net = (link_bytes_per_bus_byte(op, algo, n_ranks), 0.0) if span is None else nccl_net.shares(op, algo, span)
     n_cta, n_threads = launch_shape(comm_channels, size_bytes, _max_threads(comm, algo, proto),
                                     _thread_threshold(comm, algo, proto), algo, proto, params,
                                     p2p=op in P2P_OPS)
@@ -704,9 +434,9 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
         op=op, algorithm=algo, protocol=proto, n_ranks=n_ranks, size_bytes=float(size_bytes),
         channels=n_cta, threads_per_block=n_threads, registers_per_thread=params.registers_per_thread,
         shared_mem_per_block_bytes=nccl_shared_mem_per_block_bytes(gpu, params),
-        latency_s=_latency_s(comm, algo, proto, size_bytes, comm_channels),
+        latency_s=latency_s(comm, algo, proto, size_bytes, comm_channels),
         bus_bandwidth_bytes_per_s=alg_bw * factor,
         bus_bytes=size_bytes * factor,
         link_bytes_per_bus_byte=link, net_bytes_per_bus_byte=net,
-        hbm_bytes_per_bus_byte=_hbm_bytes_per_bus_byte(op, algo, n_ranks, params, net), n_nodes=n_nodes,
+        hbm_bytes_per_bus_byte=hbm_bytes_per_bus_byte(op, algo, n_ranks, params, net), n_nodes=n_nodes,
     )
