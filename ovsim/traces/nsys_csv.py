@@ -28,12 +28,12 @@ from ovsim.traces.nsys import (
     _GRID_OUT,
     _copy_kind_from_text,
     _copy_name,
-    _count,
     _existing_file,
     _finish,
     _most_common,
     rank_from_name,
 )
+from ovsim.traces.nsys_db import count_skipped
 from ovsim.traces.table import TraceBundle
 
 _TIME_UNITS = {"ns": 1e-9, "nsec": 1e-9, "us": 1e-6, "usec": 1e-6, "μs": 1e-6, "µs": 1e-6, "ms": 1e-3, "msec": 1e-3,
@@ -193,9 +193,9 @@ def _read_csv(p: Path, src: str, rank: int | None) -> TraceBundle:
     })
     skipped: dict[str, int] = {}
     missing = (~np.isfinite(t0) | ~np.isfinite(dur) | stream.isna().to_numpy(dtype=bool))
-    _count(skipped, "missing start, end or stream", int(missing.sum()))
+    count_skipped(skipped, "missing start, end or stream", int(missing.sum()))
     negative = ~missing & (np.nan_to_num(dur) < 0)
-    _count(skipped, "negative duration", int(negative.sum()))
+    count_skipped(skipped, "negative duration", int(negative.sum()))
     act = act.loc[~missing & ~negative].reset_index(drop=True)
 
     r = rank if rank is not None else rank_from_name(p)
