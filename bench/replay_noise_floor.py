@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ovsim.replay import COMPUTE_KINDS, SIGNATURE_SPREAD, _Cols, _overlap_flags, isolated_durations
+from ovsim.replay_kernels import COMPUTE_KINDS, SIGNATURE_SPREAD, KernelColumns, isolated_durations, overlap_flags
 from ovsim.traces.load import load_trace
 from ovsim.validate import TRACE_CASES
 
 
 def figures(path: Path) -> tuple[int, float, float, float]:
-    c = _Cols.of(load_trace([path]).kernels.reset_index(drop=True))
-    overlapped = _overlap_flags(c)
+    c = KernelColumns.of(load_trace([path]).kernels.reset_index(drop=True))
+    overlapped = overlap_flags(c)
     iso, src = isolated_durations(c, overlapped)
     sel = np.flatnonzero(overlapped & (src == "signature") & (c.dur > 0))
     meas, base = c.dur[sel], iso[sel]

@@ -107,7 +107,8 @@ def beside_slowdowns(table: pd.DataFrame, gpu: str, overrides: dict[str, Any] | 
     Replay takes the isolated time of a kernel that overlaps no collective from its own (here
     overlapped) measurement; the overlapped instances are given their kernel's median alone first,
     so the prediction starts from the time alone as for a collective's neighbours."""
-    from ovsim.replay import COMPUTE_KINDS, replay
+    from ovsim.replay import replay
+    from ovsim.replay_kernels import COMPUTE_KINDS
 
     rows = []
     for exp, g in table.groupby("experiment", sort=True):
@@ -158,7 +159,7 @@ def copy_table(folder: Path, rel: str) -> pd.DataFrame | None:
 def copy_checks(folder: Path) -> list[Check]:
     """Per data set of ``COPY_SETS``: the kernels' slowdowns beside copies, predicted from their time
     alone with the shipped calibration, against the measured ones (MAPE; the held-out bar)."""
-    from ovsim.replay import _mape
+    from ovsim.replay_score import mape_pct
     from ovsim.validate import Check, _held_out_bar
 
     checks = []
@@ -170,10 +171,10 @@ def copy_checks(folder: Path) -> list[Check]:
         if s.empty:
             continue
         measured = s["measured"].to_numpy()
-        mape, naive = _mape(s["predicted"].to_numpy(), measured), _mape(np.ones(len(s)), measured)
+        mape, naive = mape_pct(s["predicted"].to_numpy(), measured), mape_pct(np.ones(len(s)), measured)
         # The copy engines sharing HBM fairly and moving at their full rate in the latency law.
         fair = beside_slowdowns(table, gpu, {"copy_engine_hbm_weight": 1.0, "memory_warp_bytes_per_s": 0.0})
-        fair_pct = _mape(fair["predicted"].to_numpy(), fair["measured"].to_numpy())
+        fair_pct = mape_pct(fair["predicted"].to_numpy(), fair["measured"].to_numpy())
         fitted = rel == COPY_FIT_SET
         what = ("the copy engines' weight fitted here (a consistency check)" if fitted else
                 f"held out: the copy engines' weight fitted on calibration/data/{COPY_FIT_SET}")

@@ -18,16 +18,9 @@ from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models import cost
 from ovsim.models.ir import Op, StreamSpec, Workload
 from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
-from ovsim.replay import (
-    _collective_groups,
-    _Cols,
-    _dependencies,
-    _overlap_flags,
-    comm_summary,
-    isolated_durations,
-    replay,
-    summarize,
-)
+from ovsim.replay import _collective_groups, _dependencies, replay
+from ovsim.replay_kernels import KernelColumns, isolated_durations, overlap_flags
+from ovsim.replay_score import comm_summary, summarize
 from ovsim.traces.load import load_trace
 from ovsim.traces.table import TraceBundle, make_table
 
@@ -57,14 +50,14 @@ def k(name: str, start_us: float, dur_us: float, *, stream: int = 7, rank: int =
 def test_overlap_flags_mark_compute_kernels_that_intersect_a_collective() -> None:
     df = table([k("gemm_a", 0, 10), k("nccl", 5, 10, stream=9, kind="collective"), k("gemm_b", 20, 5),
                 k("gemm_c", 14.9, 1)])
-    assert _overlap_flags(_Cols.of(df)).tolist() == [True, False, False, True]
+    assert overlap_flags(KernelColumns.of(df)).tolist() == [True, False, False, True]
 
 
 def test_isolated_duration_comes_from_clean_instances_never_from_itself() -> None:
     df = table([k("gemm", 0, 10), k("gemm", 20, 12), k("nccl", 25, 30, stream=9, kind="collective"),
                 k("gemm", 60, 11), k("other", 26, 4)])
-    c = _Cols.of(df)
-    iso, src = isolated_durations(c, _overlap_flags(c))
+    c = KernelColumns.of(df)
+    iso, src = isolated_durations(c, overlap_flags(c))
     # The overlapped GEMM takes the median of the two clean ones; the other kernel has no clean twin.
     assert src.tolist() == ["self", "signature", "measured", "self", "none"]
     assert iso[1] == pytest.approx(10.5e-6)
@@ -75,23 +68,23 @@ def test_a_kernel_queued_behind_another_stream_depends_on_it() -> None:
     # b on stream 8 starts 1 us after a (stream 7) ends, its own stream idle since 0: it waited for a.
     # c starts 2 us after a ends too, but its own stream was busy until after a ended: no wait on a.
     df = table([k("a", 0, 10), k("b", 11, 5, stream=8), k("x", 0, 11.5, stream=9), k("c", 12, 5, stream=9)])
-    deps = _dependencies(_Cols.of(df), None)
+    deps = _dependencies(KernelColumns.of(df), None)
     assert deps == {1: [0]}
 
 
 def test_a_kernel_launched_after_the_other_ended_waited_for_the_host_instead() -> None:
     df = table([k("a", 0, 10), k("b", 11, 5, stream=8, launch_s=10.5e-6)])
-    assert _dependencies(_Cols.of(df), None) == {}
+    assert _dependencies(KernelColumns.of(df), None) == {}
 
 
 def test_collectives_match_by_sequence_number_or_by_order() -> None:
     by_seq = table([k("nccl", 0, 5, kind="collective", seq=4, process_group="0"),
                     k("nccl", 1, 5, rank=1, kind="collective", seq=4, process_group="0")])
-    assert set(_collective_groups(_Cols.of(by_seq)).values()) == {"pg0:seq4"}
+    assert set(_collective_groups(KernelColumns.of(by_seq)).values()) == {"pg0:seq4"}
     uneven = table([k("nccl", 0, 5, kind="collective"), k("nccl", 10, 5, kind="collective"),
                     k("nccl", 1, 5, rank=1, kind="collective")])
     with pytest.raises(OvsimError, match="different numbers of collectives"):
-        _collective_groups(_Cols.of(uneven))
+        _collective_groups(KernelColumns.of(uneven))
 
 
 # -- round trip ---------------------------------------------------------------------------------------
@@ -404,19 +397,19 @@ def test_a_memory_bound_kernel_of_few_warps_moves_at_most_its_warps_rate(threads
     data-moving time at the lower of HBM's achievable rate and its resident warps' rate. 1 block of
     4 warps, 24 of 8 and 6144 of 4 (one wave of 6144 blocks fits the H100: 16 blocks of 128 threads
     per SM x 132 SMs = 2112, so 2112 resident x 4 warps)."""
-    from ovsim.replay import _Cols, _kernel_demand, data_moving_s
+    from ovsim.replay_kernels import KernelColumns, data_moving_s, kernel_demand
 
     gpu = load_gpu("h100-sxm5-80gb")
     params = load_calibration(gpu, "h100-sxm5-80gb").params.merged({"memory_warp_bytes_per_s": 5e8})
     table = make_table({"rank": [0], "stream": [7], "name": ["vectorized_elementwise_kernel<4, AddFunctor>"],
                         "start_s": [0.0], "duration_s": [20e-6], "grid_x": [blocks], "block_x": [threads]})
-    d = _kernel_demand(_Cols.of(table), 0, 20e-6, gpu, params)
+    d = kernel_demand(KernelColumns.of(table), 0, 20e-6, gpu, params)
     resident = min(blocks, 132 * cost.blocks_per_sm(cost.BlockShape(threads, 32, 0), gpu))
     warps = resident * threads // 32
     hbm = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction * params.memory_kernel_efficiency
     assert d.hbm_bytes == pytest.approx(data_moving_s(20e-6, params) * min(hbm, warps * 5e8), rel=1e-12)
     # Without the law (the schema default) every memory-bound kernel moves at HBM's rate.
-    d0 = _kernel_demand(_Cols.of(table), 0, 20e-6, gpu, params.merged({"memory_warp_bytes_per_s": 0.0}))
+    d0 = kernel_demand(KernelColumns.of(table), 0, 20e-6, gpu, params.merged({"memory_warp_bytes_per_s": 0.0}))
     assert d0.hbm_bytes == pytest.approx(data_moving_s(20e-6, params) * hbm, rel=1e-12)
 
 
@@ -440,12 +433,12 @@ def test_sms_a_kernel_had_are_its_rank_s_held_sms_averaged_over_its_interval() -
     """Against the direct sum (each collective's held blocks x its overlap with the kernel, over
     the kernel's duration): two collectives of 20 and 16 blocks, one kernel under both, one partly
     under the first, one under none, on a rank whose collectives hold their grid."""
-    from ovsim.replay import sms_measured_on
+    from ovsim.replay_kernels import sms_measured_on
 
     rows = [k("dpsk::ep::dispatch", 0, 100, stream=9, kind="collective", **EP_DISPATCH),
             k("dpsk::ep::combine", 50, 100, stream=10, kind="collective", **{**EP_DISPATCH, "grid_x": 16}),
             k("g", 60, 20, kind="gemm"), k("g2", 90, 40, kind="gemm"), k("g3", 300, 10, kind="gemm")]
-    c = _Cols.of(table(rows))
+    c = KernelColumns.of(table(rows))
     gpu = load_gpu(GPU)
     params = load_calibration(gpu, GPU).params.merged(ALL_BLOCKS)
     src = np.array(["measured", "measured", "none", "none", "none"], dtype=object)

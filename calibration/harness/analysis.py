@@ -23,7 +23,8 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from ovsim.replay import COMPUTE_KINDS, _Cols, _overlap_flags
+from ovsim import replay_kernels
+from ovsim.replay_kernels import COMPUTE_KINDS, KernelColumns
 from ovsim.traces.table import validate_table
 
 BLOCK_COLUMNS = ("kernel", "launch", "block", "smid", "start_ns", "end_ns")
@@ -121,13 +122,13 @@ def overlap_flags(kernels: pd.DataFrame, overlapper: str = "collective") -> np.n
     out = np.zeros(len(k), dtype=bool)
     device = k["device"].fillna(-1) if "device" in k.columns else pd.Series(0, index=k.index)
     for rows in k.groupby(device).indices.values():
-        cols = _Cols.of(validate_table(k.iloc[rows]))
+        cols = KernelColumns.of(validate_table(k.iloc[rows]))
         if overlapper != "collective":
             # Replay's rule looks for collectives: the overlapper's rows play them, and the
             # collectives (none in a copy or smloss experiment) take the overlapper's kind.
             cols = replace(cols, kind=["collective" if x == overlapper else overlapper if x == "collective" else x
                                        for x in cols.kind])
-        out[rows] = _overlap_flags(cols)
+        out[rows] = replay_kernels.overlap_flags(cols)
     return out
 
 

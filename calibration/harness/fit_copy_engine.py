@@ -37,7 +37,7 @@ import pandas as pd
 
 from ovsim.calibrate import FitReport, TraceInput, write_shipped
 from ovsim.framework_checks import COPY_FIT_SET, beside_slowdowns
-from ovsim.replay import _mape
+from ovsim.replay_score import mape_pct
 from ovsim.traces.ncu import load_ncu_csv
 from ovsim.traces.table import TraceBundle, validate_table
 
@@ -75,7 +75,7 @@ def warp_rate(ncu_csv: Path) -> tuple[float, list[dict[str, Any]]]:
 
 def copy_error_pct(table: pd.DataFrame, overrides: dict[str, float]) -> float:
     s = beside_slowdowns(table, GPU, overrides)
-    return _mape(s["predicted"].to_numpy(), s["measured"].to_numpy())
+    return mape_pct(s["predicted"].to_numpy(), s["measured"].to_numpy())
 
 
 def provenance_input(folder: Path, table: pd.DataFrame) -> TraceInput:
@@ -106,7 +106,7 @@ def main() -> int:
         print(f"copy_engine_hbm_weight {w:<5} slowdown error {e:5.1f}%")
     best = min(errors, key=lambda w: errors[w])
     measured = beside_slowdowns(table, GPU, predict=False)["measured"].to_numpy()
-    naive = _mape(np.ones(len(measured)), measured)
+    naive = mape_pct(np.ones(len(measured)), measured)
     src_rate = (f"measured: calibration/data/{COPY_FIT_SET} (framework_ncu part: Nsight Compute, each kernel of a "
                 f"GPT-2 layer alone), the DRAM bytes over the duration over the resident warps of the "
                 f"{len(kernels)} kernels moving over 1 MB at under {LATENCY_BOUND_DRAM_PCT:g}% of HBM's peak, "

@@ -12,19 +12,15 @@ from scipy.optimize import nnls
 from ovsim.calibrate.inputs import TraceInput
 from ovsim.errors import OvsimError
 from ovsim.models import nccl
-from ovsim.replay import (
-    COMPUTE_KINDS,
-    NCCL_OPS,
-    _Cols,
-    protocol_key,
-)
+from ovsim.replay import NCCL_OPS, protocol_key
+from ovsim.replay_kernels import COMPUTE_KINDS, KernelColumns
 from ovsim.traces.table import TraceBundle
 
 
 def _collective_rows(bundle: TraceBundle) -> dict[str, list[tuple[float, float]]]:
     """(bus bytes, fastest duration) per message size of collectives that did not overlap compute."""
     df = bundle.kernels.reset_index(drop=True)
-    c = _Cols.of(df)
+    c = KernelColumns.of(df)
     is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
     is_compute = np.array([k in COMPUTE_KINDS for k in c.kind], dtype=bool)
     out: dict[str, dict[float, float]] = {}

@@ -20,16 +20,16 @@ from ovsim.hw.calib import (
     load_calibration,
 )
 from ovsim.hw.spec import gpu_file, load_gpu
-from ovsim.replay import (
+from ovsim.replay import protocol_key
+from ovsim.replay_kernels import (
     MEMORY_KINDS,
-    _Cols,
-    _mape,
-    _overlap_flags,
+    KernelColumns,
     data_moving_s,
     engine_kind,
     isolated_durations,
-    protocol_key,
+    overlap_flags,
 )
+from ovsim.replay_score import mape_pct
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ def contention_data(tr: TraceInput) -> ContentionData:
     from ovsim.metrics import union_intervals
     from ovsim.replay import replay
 
-    c = _Cols.of(tr.bundle.kernels.reset_index(drop=True))
-    overlapped = _overlap_flags(c)
+    c = KernelColumns.of(tr.bundle.kernels.reset_index(drop=True))
+    overlapped = overlap_flags(c)
     iso, src = isolated_durations(c, overlapped)
     params = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params
     is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
@@ -156,7 +156,7 @@ def _replay_mape(tr: TraceInput, d: ContentionData, overrides: dict[str, Any]) -
     from ovsim.replay import replay
 
     pred = replay(tr.bundle, gpu=tr.gpu, counters=False, overrides=overrides).kernels["predicted_duration_s"]
-    return _mape(pred.to_numpy(dtype=float)[d.rows], d.measured_s)
+    return mape_pct(pred.to_numpy(dtype=float)[d.rows], d.measured_s)
 
 
 def fit_contention(traces: Sequence[TraceInput], params: Parameters,

@@ -16,10 +16,7 @@ from ovsim.hw.calib import (
     Parameters,
 )
 from ovsim.hw.spec import GpuSpec, load_gpu
-from ovsim.replay import (
-    _Cols,
-    _overlap_flags,
-)
+from ovsim.replay_kernels import KernelColumns, overlap_flags
 from ovsim.traces.aten import gemm_problem
 
 # CUTLASS and cuBLAS tensor-op names: accumulator letter, MMA instruction shape, "gemm".
@@ -86,7 +83,8 @@ def _precision_in_name(kernel_name: str) -> str | None:
     return "tf32" if shape == "1688" else None
 
 
-def _clean_gemms(traces: Sequence[TraceInput]) -> Iterator[tuple[GpuSpec, _Cols, int, tuple[int, int, int, int], str]]:
+def _clean_gemms(
+        traces: Sequence[TraceInput]) -> Iterator[tuple[GpuSpec, KernelColumns, int, tuple[int, int, int, int], str]]:
     """(GPU, kernel columns, row, (m, n, k, batch), precision) of every GEMM kernel the GEMM fits
     can use: ran without communication beside it, launching operator with input shapes, precision
     in the name or the operator's input types (:func:`gemm_precision`), a peak for that precision;
@@ -94,9 +92,9 @@ def _clean_gemms(traces: Sequence[TraceInput]) -> Iterator[tuple[GpuSpec, _Cols,
     for tr in traces:
         gpu = load_gpu(tr.gpu)
         df = tr.bundle.kernels.reset_index(drop=True)
-        c = _Cols.of(df)
+        c = KernelColumns.of(df)
         host_types = [str(x) for x in df["host_types"].tolist()]
-        overlapped = _overlap_flags(c)
+        overlapped = overlap_flags(c)
         for i in np.flatnonzero(np.array([k == "gemm" for k in c.kind]) & ~overlapped):
             name = c.name[i].lower()
             if "reduce" in name or "gemv" in name or not c.dur[i] > 0:
@@ -126,11 +124,11 @@ def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, flo
     the same efficiency. Unaligned GEMMs all stay: their own efficiency is what the narrow-load
     kernels achieve, memory or not."""
     from ovsim.models import cost
-    from ovsim.replay import _block
+    from ovsim.replay_kernels import kernel_launch
 
     work: dict[str, list[tuple[float, float, float, float, bool]]] = {}
     for gpu, c, i, prob, prec in _clean_gemms(traces):
-        grid, shape = _block(c, i, gpu)
+        grid, shape = kernel_launch(c, i, gpu)
         occ = max(1, cost.blocks_per_sm(shape, gpu))
         m, n, k, batch = prob
         flops = 2.0 * m * n * k * batch

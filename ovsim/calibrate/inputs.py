@@ -12,11 +12,8 @@ import pandas as pd
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import load_gpu
-from ovsim.replay import (
-    COMPUTE_KINDS,
-    MEMORY_KINDS,
-    bundle_gpu,
-)
+from ovsim.replay import bundle_gpu
+from ovsim.replay_kernels import COMPUTE_KINDS, MEMORY_KINDS
 from ovsim.traces.table import TraceBundle
 
 QUANTITIES = ("contention", "collectives", "overhead", "gemm", "memory", "power")

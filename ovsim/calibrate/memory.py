@@ -18,10 +18,7 @@ from ovsim.hw.calib import (
     read_calib_file,
 )
 from ovsim.hw.spec import load_gpu
-from ovsim.replay import (
-    _Cols,
-    _overlap_flags,
-)
+from ovsim.replay_kernels import KernelColumns, overlap_flags
 from ovsim.traces.aten import Traffic, traffic
 
 MEMORY_MIN_POINTS = 3
@@ -47,8 +44,8 @@ def _memory_kernels(tr: TraceInput) -> tuple[list[tuple[float, Traffic]], dict[s
     that time one operator call alone (measured s, traffic); and how many were left out, by
     reason."""
     df = tr.bundle.kernels.reset_index(drop=True)
-    c = _Cols.of(df)
-    overlapped = _overlap_flags(c)
+    c = KernelColumns.of(df)
+    overlapped = overlap_flags(c)
     ids = df["host_op_id"]
     # Kernels per operator call: an operator that launched several kernels cannot be split.
     calls = df.groupby([df["rank"], ids], dropna=True).size()

@@ -60,7 +60,6 @@ from ovsim.models.nccl_params import (
 from ovsim.models.nccl_time import (
     Comm,
     algorithm_bw,
-    bus_factor,
     check_op,
     check_ranks,
     hbm_bytes_per_bus_byte,
@@ -69,6 +68,9 @@ from ovsim.models.nccl_time import (
     predicted_s,
     ring_bus_bw,
     tree_correction,
+)
+from ovsim.models.nccl_time import (
+    bus_factor as bus_factor,
 )
 
 

@@ -79,13 +79,13 @@ def _replay_row(pooled: Sequence[Sequence[float]]) -> tuple[int, float, float, f
     of a held-out replay row (:func:`_held_out_bar`); None without kernels."""
     import numpy as np
 
-    from ovsim.replay import _mape
+    from ovsim.replay_score import mape_pct
 
     meas, pred, iso = (np.asarray(x, dtype=float) for x in pooled)
     if not len(meas):
         return None
-    naive = _mape(iso, meas)
-    return len(meas), _mape(pred, meas), naive, _held_out_bar(naive)
+    naive = mape_pct(iso, meas)
+    return len(meas), mape_pct(pred, meas), naive, _held_out_bar(naive)
 
 
 def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,

@@ -158,7 +158,7 @@ def measured_hbm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     import numpy as np
 
     from ovsim.api import predict
-    from ovsim.replay import _mape
+    from ovsim.replay_score import mape_pct
 
     checks: list[Check] = []
     for i, (rel, gpu, system, comm_rel) in enumerate(MEASURED_HBM):
@@ -179,16 +179,17 @@ def measured_hbm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
                 pv.append(float(np.median(ops.loc[ops["name"].str.startswith("victim"), "duration_s"])))
                 pl.append(float(ops.loc[ops["name"] == "loop", "duration_s"].iloc[0]))
             meas_v = rows["victim_beside_s"].to_numpy(float)
-            naive = _mape(rows["victim_alone_s"].to_numpy(float), meas_v)
+            naive = mape_pct(rows["victim_alone_s"].to_numpy(float), meas_v)
             source = f"calibration/data/{rel} (overlap part, {len(rows)} experiments beside 1 copy or reduce loop)"
             checks.append(Check(f"{label}: {victim} beside copy loops: its time", group,
-                                min(HBM_TOLERANCE_PCT, naive / 3), _mape(np.asarray(pv), meas_v), "% MAPE", 0.0,
+                                min(HBM_TOLERANCE_PCT, naive / 3), mape_pct(np.asarray(pv), meas_v), "% MAPE", 0.0,
                                 source, rule="at_most",
                                 note=f"naive {naive:.1f}%; median of the victims beside a loop, per experiment"))
             meas_l = rows["loop_s"].to_numpy(float)
             checks.append(Check(f"{label}: copy loops beside {victim}: their time", group, HBM_TOLERANCE_PCT,
-                                _mape(np.asarray(pl), meas_l), "% MAPE", 0.0, source, rule="at_most",
-                                note=f"as fast as alone: {_mape(rows['loop_alone_s'].to_numpy(float), meas_l):.1f}%"))
+                                mape_pct(np.asarray(pl), meas_l), "% MAPE", 0.0, source, rule="at_most",
+                                note=f"as fast as alone: "
+                                     f"{mape_pct(rows['loop_alone_s'].to_numpy(float), meas_l):.1f}%"))
     return checks
 
 
