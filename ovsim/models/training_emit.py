@@ -1,0 +1,322 @@
+"""The op specs a training iteration is made of, emitted part by part: a transformer layer forward
+and backward (with tensor-parallel collectives, chunked or not), the embedding and LM head, DDP's
+gradient buckets and FSDP's per-layer all-gathers and reduce-scatters. What each part holds, and
+why, is stated in :mod:`ovsim.models.training`, which orders the parts into a schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ovsim.models.training_spec import (
+    Layout,
+    TrainingSpec,
+    activation_element_bytes,
+    embedding_params,
+    layer_matrices,
+    layer_params,
+    wire_element_bytes,
+)
+from ovsim.models.workload import (
+    AttentionOp,
+    CollectiveKind,
+    CollectiveOpSpec,
+    GemmOp,
+    MemoryOp,
+    OpSpec,
+)
+
+
+@dataclass
+class StageState:
+    """One pipeline stage's ranks while ops are emitted: its last compute op, the communication its
+    next compute op waits for, and its data-parallel buckets and reduce-scatters so far."""
+
+    ranks: list[int]
+    last: str | None = None
+    pending: list[str] = field(default_factory=list)
+    bucket_bytes: float = 0.0
+    bucket_index: int = 0
+    buckets: list[str] = field(default_factory=list)
+    rs: list[str] = field(default_factory=list)
+
+
+class LayerEmitter:
+    """Emits the op specs of a training iteration's parts (layers forward and backward, embedding,
+    head, gradient buckets) stage by stage; :func:`ovsim.models.training.training_ops` orders them."""
+
+    def __init__(self, spec: TrainingSpec, lay: Layout) -> None:
+        self.spec = spec
+        self.m = spec.shape()
+        self.lay = lay
+        self.p = spec.parallel
+        self.comm = spec.communication
+        self.ops: list[OpSpec] = []
+        self.peer: list[tuple[str, str, dict[int, int]]] = []
+        self.p2p_items: dict[str, tuple[int, int, int, int]] = {}
+        self.stages = [StageState(ranks=lay.stage_ranks(s)) for s in range(lay.pp)]
+        self.gemm_precision = spec.precision
+        self.act_b = activation_element_bytes(spec.precision)
+        self.comm_b = wire_element_bytes(spec.precision)
+        self.tokens = spec.micro_batch_size * self.m.seq_len
+        self.chunks = self.p.tp_chunks or self.p.tp
+
+    # basic emitters
+
+    def compute(self, st: StageState, op: OpSpec) -> str:
+        extra = list(st.pending)
+        st.pending = []
+        op = op.model_copy(update={"ranks": st.ranks, "stream": "compute", "after_any": extra})
+        self.ops.append(op)
+        st.last = op.name
+        return op.name
+
+    def gemm(self, st: StageState, name: str, m: int, n: int, k: int) -> str:
+        # No tile: each GEMM on the library kernel the cost model finds fastest for its shape.
+        return self.compute(st, GemmOp(name=name, kind="gemm", m=m, n=n, k=k, precision=self.gemm_precision))
+
+    def mem(self, st: StageState, name: str, nbytes: float, kind: Literal["elementwise", "norm", "softmax"]) -> str:
+        return self.compute(st, MemoryOp(name=name, kind=kind, bytes=max(1.0, nbytes), grid_stride=True))
+
+    def collective(self, st: StageState, name: str, kind: CollectiveKind, size: float, stream: str,
+                   groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm") -> list[str]:
+        """One collective per group, after the stage's last compute op."""
+        names = []
+        # Tensor-parallel groups are numbered by replica whether or not every replica's are made.
+        numbered = len(groups) > 1 or (stream == "tp" and self.lay.dp > 1)
+        for gi, ranks in enumerate(groups):
+            nm = f"{name}.g{gi}" if numbered else name
+            self.ops.append(CollectiveOpSpec(name=nm, kind=kind, size_bytes=size, stream=stream, ranks=ranks,
+                                             after=[st.last] if st.last else [], engine=engine))
+            names.append(nm)
+        return names
+
+    # tensor-parallel GEMMs with their communication
+
+    def tp_gemm(self, st: StageState, s: int, name: str, m: int, n: int, k: int, *, pre: bool = False,
+                post: Literal["rs", "ar"] | None = None) -> None:
+        """A GEMM over the micro-batch's tokens (m rows), with an all-gather of its input before
+        (``pre``) or a reduce-scatter / all-reduce of its output after (``post``)."""
+        tp_comm = self.comm and self.lay.tp > 1
+        size = float(self.tokens * self.m.hidden * self.act_b)
+        groups = self.lay.tp_groups(s)
+        if not tp_comm or (not pre and post is None):
+            self.gemm(st, name, m, n, k)
+            return
+        chunks = self.chunks if self.p.tp_overlap != "none" else 1
+        engine: Literal["sm", "copy_engine"] = "copy_engine" if self.p.tp_overlap == "copy_engine" else "sm"
+        kind: CollectiveKind = "reduce_scatter" if post == "rs" else "all_reduce"
+        rows = [m // chunks + (1 if i < m % chunks else 0) for i in range(chunks)]
+        if pre:
+            ags = [self.collective(st, f"{name}.ag{i}" if chunks > 1 else f"{name}.ag", "all_gather",
+                                   size / chunks, "tp", groups, engine) for i in range(chunks)]
+            for i in range(chunks):
+                st.pending += ags[i]
+                self.gemm(st, f"{name}.{i}" if chunks > 1 else name, rows[i], n, k)
+            return
+        posts: list[str] = []
+        for i in range(chunks):
+            self.gemm(st, f"{name}.{i}" if chunks > 1 else name, rows[i], n, k)
+            posts += self.collective(st, f"{name}.{post}{i}" if chunks > 1 else f"{name}.{post}", kind,
+                                     size / chunks, "tp", groups)
+        st.pending += posts
+
+    # data parallelism
+
+    def grad_ready(self, st: StageState, s: int, nbytes: float, last_mb: bool) -> None:
+        """DDP: a gradient tensor is ready after the stage's last op; close a bucket when full."""
+        if self.p.dp_mode != "ddp" or self.lay.dp == 1 or not self.comm or not last_mb:
+            return
+        st.bucket_bytes += nbytes
+        cap = self.p.first_bucket_bytes if st.bucket_index == 0 else self.p.bucket_bytes
+        if st.bucket_bytes >= cap:
+            self.flush_bucket(st, s)
+
+    def flush_bucket(self, st: StageState, s: int) -> None:
+        if st.bucket_bytes <= 0:
+            return
+        st.buckets += self.collective(st, f"s{s}.bucket{st.bucket_index}", "all_reduce", st.bucket_bytes, "dp",
+                                      self.lay.dp_groups(s))
+        st.bucket_bytes = 0.0
+        st.bucket_index += 1
+
+    # a layer
+
+    def layer_forward(self, st: StageState, s: int, pre: str) -> None:
+        m, t = self.m, self.lay.tp
+        T = self.tokens
+        sp = self.p.sequence_parallel
+        mats = layer_matrices(m, t)
+        local = T // t if sp else T
+        hb = local * m.hidden * self.act_b
+        post: Literal["rs", "ar"] = "rs" if sp else "ar"
+        self.mem(st, f"{pre}.norm1", 2 * hb, "norm")
+        self.tp_gemm(st, s, f"{pre}.qkv", T, mats["qkv"][1], mats["qkv"][0], pre=sp)
+        self.attention(st, f"{pre}.attn", backward=False)
+        self.tp_gemm(st, s, f"{pre}.proj", T, mats["proj"][1], mats["proj"][0], post=post)
+        self.mem(st, f"{pre}.norm2", 4 * hb, "norm")
+        self.tp_gemm(st, s, f"{pre}.fc1", T, mats["fc1"][1], mats["fc1"][0], pre=sp)
+        f_local = T * mats["fc1"][1]
+        self.mem(st, f"{pre}.act", (f_local + f_local // (2 if m.gated_mlp else 1)) * self.act_b, "elementwise")
+        self.tp_gemm(st, s, f"{pre}.fc2", T, mats["fc2"][1], mats["fc2"][0], post=post)
+        self.mem(st, f"{pre}.residual", 3 * hb, "elementwise")
+
+    def layer_backward(self, st: StageState, s: int, pre: str, last_mb: bool) -> None:
+        m, t = self.m, self.lay.tp
+        T = self.tokens
+        sp = self.p.sequence_parallel and self.comm
+        mats = layer_matrices(m, t)
+        local = T // t if self.p.sequence_parallel else T
+        hb = local * m.hidden * self.act_b
+        post: Literal["rs", "ar"] = "rs" if self.p.sequence_parallel else "ar"
+        gb = self.comm_b
+        self.mem(st, f"{pre}.residual.bwd", 3 * hb, "elementwise")
+        # Row-parallel FC2: with SP its output gradient is gathered first.
+        self.tp_gemm(st, s, f"{pre}.fc2.dgrad", T, mats["fc2"][0], mats["fc2"][1], pre=sp)
+        self.gemm(st, f"{pre}.fc2.wgrad", mats["fc2"][0], mats["fc2"][1], T)
+        self.grad_ready(st, s, mats["fc2"][0] * mats["fc2"][1] * gb, last_mb)
+        f_local = T * mats["fc1"][1]
+        self.mem(st, f"{pre}.act.bwd", 2 * (f_local + f_local // (2 if m.gated_mlp else 1)) * self.act_b,
+                 "elementwise")
+        self._column_backward(st, s, f"{pre}.fc1", mats["fc1"], post, sp)
+        self.grad_ready(st, s, mats["fc1"][0] * mats["fc1"][1] * gb, last_mb)
+        self.mem(st, f"{pre}.norm2.bwd", 6 * hb, "norm")
+        self.tp_gemm(st, s, f"{pre}.proj.dgrad", T, mats["proj"][0], mats["proj"][1], pre=sp)
+        self.gemm(st, f"{pre}.proj.wgrad", mats["proj"][0], mats["proj"][1], T)
+        self.grad_ready(st, s, mats["proj"][0] * mats["proj"][1] * gb, last_mb)
+        self.attention(st, f"{pre}.attn.bwd", backward=True)
+        self._column_backward(st, s, f"{pre}.qkv", mats["qkv"], post, sp)
+        self.mem(st, f"{pre}.norm1.bwd", 3 * hb, "norm")
+        small = (layer_params(m, t) - sum(i * o for i, o in mats.values())) * gb
+        self.grad_ready(st, s, mats["qkv"][0] * mats["qkv"][1] * gb + small, last_mb)
+
+    def _column_backward(self, st: StageState, s: int, name: str, mat: tuple[int, int], post: Literal["rs", "ar"],
+                         sp: bool) -> None:
+        """Column-parallel linear backward as Megatron-LM overlaps it: the input's all-gather (SP)
+        is issued first, the data gradient's reduction runs beside the weight-gradient GEMM."""
+        T = self.tokens
+        ag: list[str] = []
+        if sp and self.lay.tp > 1:
+            ag = self.collective(st, f"{name}.wgrad.ag", "all_gather", float(T * self.m.hidden * self.act_b),
+                                 "tp", self.lay.tp_groups(s))
+        self.tp_gemm(st, s, f"{name}.dgrad", T, mat[0], mat[1], post=post)
+        after_reduction = st.pending
+        st.pending = list(ag)
+        self.gemm(st, f"{name}.wgrad", mat[0], mat[1], T)
+        st.pending = after_reduction
+
+    def attention(self, st: StageState, name: str, backward: bool) -> None:
+        """The core attention of one micro-batch on one tensor-parallel rank (its heads)."""
+        m, b = self.m, self.spec.micro_batch_size
+        heads, s, d = m.heads // self.lay.tp, m.seq_len, m.hidden // m.heads
+        if self.spec.attention == "flash":
+            self.compute(st, AttentionOp(name=name, kind="attention", batch=b, heads=heads, seq_len=s, head_dim=d,
+                                         precision=self._attn_precision(), backward=backward))
+            return
+        # Unfused: every head's s x s scores go through HBM. The batched GEMMs are priced as one
+        # GEMM of the same FLOPs and operand shapes (b x heads x s rows).
+        rows = b * heads * s
+        scores = float(b * heads * s * s)
+        prec = self._attn_precision()
+        eb = activation_element_bytes(prec)
+
+        def bmm(part: str, n: int, k: int) -> None:
+            self.compute(st, GemmOp(name=f"{name}.{part}", kind="gemm", m=rows, n=n, k=k, precision=prec))
+
+        if not backward:
+            bmm("qk", s, d)
+            self.mem(st, f"{name}.softmax", 2 * eb * scores, "softmax")  # scores in, probabilities out
+            self.mem(st, f"{name}.dropout", (2 * eb + 1) * scores, "elementwise")  # and its byte mask
+            bmm("pv", d, s)
+            return
+        bmm("pv.dgrad", s, d)  # the probabilities' gradient
+        bmm("pv.wgrad", d, s)  # V's
+        self.mem(st, f"{name}.dropout", (2 * eb + 1) * scores, "elementwise")
+        self.mem(st, f"{name}.softmax", 3 * eb * scores, "softmax")  # probabilities and gradient in, out
+        bmm("qk.dgrad", d, s)  # Q's
+        bmm("qk.wgrad", d, s)  # K's
+
+    def _attn_precision(self) -> Literal["fp32", "tf32", "fp16", "bf16"]:
+        # FP8 recipes (Transformer Engine) keep attention in 16 bits.
+        return "bf16" if self.spec.precision == "fp8" else self.spec.precision
+
+    # embedding and head
+
+    def embedding(self, st: StageState, s: int, pre: str, backward: bool, last_mb: bool) -> None:
+        m, t = self.m, self.lay.tp
+        T = self.tokens
+        hb = T * m.hidden * self.act_b
+        if not backward:
+            self.mem(st, f"{pre}.embed", 2 * hb, "elementwise")
+            if self.lay.tp > 1 and self.comm:
+                kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
+                st.pending += self.collective(st, f"{pre}.embed.{kind}", kind, float(hb), "tp",
+                                              self.lay.tp_groups(s))
+            return
+        self.mem(st, f"{pre}.embed.bwd", 2 * hb, "elementwise")
+        self.grad_ready(st, s, m.vocab * m.hidden // t * self.comm_b, last_mb)
+
+    def head(self, st: StageState, s: int, pre: str, backward: bool, last_mb: bool) -> None:
+        m, t = self.m, self.lay.tp
+        T = self.tokens
+        vocab = m.vocab // t
+        if not backward:
+            self.tp_gemm(st, s, f"{pre}.head", T, vocab, m.hidden, pre=self.p.sequence_parallel and self.comm)
+            self.mem(st, f"{pre}.loss", 3 * T * vocab * self.act_b, "softmax")
+            return
+        self.gemm(st, f"{pre}.head.dgrad", T, m.hidden, vocab)
+        self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
+        if not m.tied_embeddings:
+            self.grad_ready(st, s, m.hidden * vocab * self.comm_b, last_mb)
+        if self.lay.tp > 1 and self.comm:
+            kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
+            st.pending += self.collective(st, f"{pre}.head.{kind}", kind,
+                                          float(T * m.hidden * self.act_b), "tp", self.lay.tp_groups(s))
+
+
+class FsdpCollectives:
+    """FSDP / ZeRO-3 per-layer all-gathers (prefetched) and reduce-scatters."""
+
+    def __init__(self, g: LayerEmitter, layers: int) -> None:
+        self.g = g
+        self.layers = layers
+        self.groups = g.lay.dp_groups(0)
+        self.layer_bytes = float(layer_params(g.m, g.lay.tp) * g.comm_b * g.lay.dp)
+        self.emb_bytes = float(embedding_params(g.m, g.lay.tp) * g.comm_b * g.lay.dp)
+        self.names: dict[tuple[str, int, int], list[str]] = {}
+
+    def _gather(self, st: StageState, phase: str, layer: int, mb: int) -> None:
+        key = (phase, layer, mb)
+        if key in self.names or not 0 <= layer < self.layers:
+            return
+        self.names[key] = self.g.collective(st, f"{phase}{mb}.L{layer}.fsdp.ag", "all_gather", self.layer_bytes,
+                                            "dp", self.groups)
+
+    def gather_embedding(self, st: StageState) -> None:
+        if ("E", -1, 0) in self.names:
+            return
+        self.names[("E", -1, 0)] = self.g.collective(st, "fsdp.embed.ag", "all_gather", self.emb_bytes, "dp",
+                                                     self.groups)
+        st.pending += self.names[("E", -1, 0)]
+
+    def _ahead(self) -> range:
+        # Prefetching more layers than the model has is prefetching all of them.
+        return range(min(self.g.p.fsdp_prefetch, self.g.m.layers) + 1)
+
+    def before_forward(self, st: StageState, layer: int, mb: int) -> None:
+        for ahead in self._ahead():
+            self._gather(st, "F", layer + ahead, mb)
+        st.pending += self.names[("F", layer, mb)]
+
+    def before_backward(self, st: StageState, layer: int, mb: int) -> None:
+        for ahead in self._ahead():
+            self._gather(st, "B", layer - ahead, mb)
+        st.pending += self.names[("B", layer, mb)]
+
+    def after_backward(self, st: StageState, layer: int, mb: int) -> None:
+        st.rs += self.g.collective(st, f"B{mb}.L{layer}.fsdp.rs", "reduce_scatter", self.layer_bytes, "dp",
+                                   self.groups)
+
+    def reduce_embedding(self, st: StageState, mb: int) -> None:
+        st.rs += self.g.collective(st, f"B{mb}.fsdp.embed.rs", "reduce_scatter", self.emb_bytes, "dp",
+                                   self.groups)
