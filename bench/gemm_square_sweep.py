@@ -3,7 +3,7 @@ the shipped calibration (its GEMM fit on the calibration harness's measured cuBL
 published best-shape efficiency the shipped files held before any fit, and with calibration files
 given on top of the shipped one.
 
-Best over the library kernels a scenario GEMM chooses from (``ovsim.models.cost.best_gemm``:
+Best over the library kernels a scenario GEMM chooses from (``ovsim.models.gemm_library.best_gemm``:
 output tiles 128x256 down to 64x128, multistage and Hopper warp-specialized blocks). Published:
 zzc0721/torch-performance-test-data #79 (H100 80GB HBM3, BF16 square GEMMs).
 

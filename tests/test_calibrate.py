@@ -396,7 +396,7 @@ def test_the_scenario_frame_gemm_fit_recovers_what_scenarios_were_priced_at() ->
     on the fitted prices, and the CLI offers exactly the frames the fit knows."""
     from ovsim.calibrate import GEMM_FRAMES
     from ovsim.cli import parser
-    from ovsim.models.cost import best_gemm
+    from ovsim.models.gemm_library import best_gemm
 
     gpu = load_gpu(GPU)
     planted = load_calibration(gpu, GPU).params.merged(
@@ -860,7 +860,7 @@ def test_the_library_gemm_fit_recovers_planted_parameters() -> None:
     from ovsim.calibrate import fit_library_gemm
     from ovsim.hw.calib import load_calibration
     from ovsim.hw.spec import load_gpu
-    from ovsim.models.cost import best_gemm
+    from ovsim.models.gemm_library import best_gemm
 
     gpu = load_gpu("h100-sxm5-80gb")
     base = load_calibration(gpu, "h100-sxm5-80gb").params

@@ -510,7 +510,7 @@ def gemm_report(gpu: str, rel: str) -> tuple[FitReport, list[Path]]:
     report = FitReport(parameters={"gemm_efficiency": effs, "gemm_tile_overhead_s": tiles},
                        sources={"gemm_efficiency": src, "gemm_tile_overhead_s": src},
                        fits={"gemm": {"method": "least mean absolute relative error (Powell, bounded, three starts) of "
-                                                "ovsim.models.cost.best_gemm against the median measured time",
+                                                "ovsim.models.gemm_library.best_gemm against the median measured time",
                                       "data_set": f"calibration/data/{rel}", "precisions": fits}})
     tables = [DATA / rel / "tables" / "gemm" / f"gemm_{prec}_{m}x{n}x{k}.parquet"
               for prec, f in fits.items() for m, n, k in (map(int, s.split("x")) for s in f["shapes"])]

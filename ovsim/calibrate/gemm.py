@@ -263,8 +263,8 @@ def _fit_gemm_scenario(traces: Sequence[TraceInput], params: Parameters) -> tupl
     effs: dict[str, float] = {}
     tiles: dict[str, float] = {}
     record: dict[str, Any] = {"method": "scenario frame: each aligned GEMM priced as a scenario GEMM of its problem "
-                                        "(ovsim.models.cost.best_gemm), efficiency and time per wave of least mean "
-                                        "absolute relative error (ovsim.calibrate.fit_library_gemm); no unaligned "
+                                        "(ovsim.models.gemm_library.best_gemm), efficiency and time per wave of least "
+                                        "mean absolute relative error (ovsim.calibrate.fit_library_gemm); no unaligned "
                                         "efficiency in this frame", "frame": "scenario", "precisions": {}}
     for prec, rows in sorted(shapes.items()):
         effs[prec], tiles[prec], err = fit_library_gemm(rows, prec, gpu, params)
@@ -322,14 +322,14 @@ def _fit_gemm_main(pts: list[tuple[float, float, float, float, bool]], ko: float
 
 def library_gemm_times(problems: Sequence[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
                        params: Parameters) -> np.ndarray:
-    """:func:`ovsim.models.cost.best_gemm`'s time (s) for each GEMM (m, n, k, batch, measured s),
+    """:func:`ovsim.models.gemm_library.best_gemm`'s time (s) for each GEMM (m, n, k, batch, measured s),
     in order; each problem is priced once."""
-    from ovsim.models import cost
+    from ovsim.models import gemm_library
 
     times: dict[tuple[int, int, int, int], float] = {}
     for m, n, k, b, _ in problems:
         if (m, n, k, b) not in times:
-            times[(m, n, k, b)] = cost.best_gemm(m, n, k, precision, gpu, params, batch=b).isolated_s
+            times[(m, n, k, b)] = gemm_library.best_gemm(m, n, k, precision, gpu, params, batch=b).isolated_s
     return np.array([times[(m, n, k, b)] for m, n, k, b, _ in problems])
 
 
@@ -343,7 +343,7 @@ def library_gemm_errors(problems: Sequence[tuple[int, int, int, int, float]], pr
 
 def library_gemm_mape(problems: Sequence[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
                       params: Parameters) -> float:
-    """Mean absolute relative error (a fraction) of :func:`ovsim.models.cost.best_gemm`'s time
+    """Mean absolute relative error (a fraction) of :func:`ovsim.models.gemm_library.best_gemm`'s time
     against GEMMs (m, n, k, batch, measured s)."""
     return float(np.mean(library_gemm_errors(problems, precision, gpu, params)))
 
@@ -356,7 +356,7 @@ _LIBRARY_STARTS = ((0.8, 1.0), (0.9, 5.0), (0.7, 0.0))
 def fit_library_gemm(problems: Sequence[tuple[int, int, int, int, float]], precision: str, gpu: GpuSpec,
                      params: Parameters) -> tuple[float, float, float]:
     """``gemm_efficiency`` and ``gemm_tile_overhead_s`` of ``precision`` (and their error, a
-    fraction) that bring the scenario GEMM, :func:`ovsim.models.cost.best_gemm`, to GEMMs
+    fraction) that bring the scenario GEMM, :func:`ovsim.models.gemm_library.best_gemm`, to GEMMs
     (m, n, k, batch, measured s) measured alone: the mean absolute relative error,
     minimised with Powell from a few starts.
 

@@ -29,7 +29,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.inputs import InputModel
 from ovsim.hw.spec import GpuSpec, Precision, SystemSpec
 from ovsim.limits import MAX_OPS
-from ovsim.models import cost, nccl, nccl_params
+from ovsim.models import cost, gemm_library, nccl, nccl_params
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 
 # A stream's name; "" would be a stream no table can show.
@@ -67,7 +67,7 @@ class GemmOp(_OpBase):
     n: PositiveInt
     k: PositiveInt
     precision: Precision = "bf16"
-    # None: the fastest of the library kernels ovsim knows (ovsim.models.cost.best_gemm), as a
+    # None: the fastest of the library kernels ovsim knows (ovsim.models.gemm_library.best_gemm), as a
     # library's heuristic picks one; the block fields then stay unset. With a tile, the block
     # fields not given take ovsim.models.cost.gemm's defaults (256 threads, 128 registers per
     # thread, 3 stages).
@@ -79,7 +79,7 @@ class GemmOp(_OpBase):
     # (a plain WMMA kernel, measured); "library": the library's (a cuBLAS or CUTLASS kernel of this tile).
     efficiency: Annotated[float, Field(gt=0, le=1)] | Literal["library"] | None = None
     batch: PositiveInt = 1
-    # None: without a tile, the library's choice among ovsim.models.cost.LIBRARY_SPLITS_K; with a
+    # None: without a tile, the library's choice among ovsim.models.gemm_library.LIBRARY_SPLITS_K; with a
     # tile, no split.
     split_k: PositiveInt | None = None
 
@@ -238,8 +238,9 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
     sms = gpu.sm.count - knobs.sm_carveout
     if isinstance(spec, GemmOp):
         if spec.tile is None:
-            return cost.best_gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, extra_shared_mem_bytes=extra,
-                                  batch=spec.batch, split_k=spec.split_k, sm_count=sms)
+            return gemm_library.best_gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params,
+                                          extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k,
+                                          sm_count=sms)
         # The block fields not given take cost.gemm's defaults.
         given = {f: getattr(spec, f) for f in GEMM_BLOCK_FIELDS if getattr(spec, f) is not None}
         # A kernel of one's own: its efficiency, else what a plain WMMA kernel was measured at; a

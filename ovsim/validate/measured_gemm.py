@@ -68,7 +68,7 @@ def _mamf_roofline_note(problems: list[tuple[int, int, int, int, float]], precis
 def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     """The gemm part's GEMMs at the top clock held out: per GPU and precision, each shape priced
     as a scenario prices it (the library kernel the cost model picks,
-    :func:`ovsim.models.cost.best_gemm`) with the efficiency and time per wave fitted on the other
+    :func:`ovsim.models.gemm_library.best_gemm`) with the efficiency and time per wave fitted on the other
     shapes alone (:func:`ovsim.calibrate.fit_library_gemm`). Each MAPE passes at or below 10%;
     the note gives the roofline at the published best-shape efficiency (MAMF's, where there is one
     for the precision) with no time per wave."""
@@ -163,7 +163,7 @@ def measured_shape_points(folder: Path, experiment: str, precision: str) -> list
 
 def measured_shape_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     """The shapes part's GEMMs priced as a scenario prices them (the library kernel the cost model
-    picks, :func:`ovsim.models.cost.best_gemm`) with the shipped calibration, whose GEMM
+    picks, :func:`ovsim.models.gemm_library.best_gemm`) with the shipped calibration, whose GEMM
     efficiency and time per wave were fitted on the gemm part's squares on another board. Each
     MAPE passes at or below 10%; the note splits it at 10 us and gives the roofline at MAMF's
     best-shape efficiency with no time per wave."""

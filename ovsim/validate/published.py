@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.spec import gpu_file, load_gpu, load_system
-from ovsim.models import cost, nccl
+from ovsim.models import gemm_library, nccl
 
 if TYPE_CHECKING:
 
@@ -27,12 +27,12 @@ def _busbw(op: str, size: float, system: str, algorithm: str | None = None) -> f
 def best_gemm_tflops(gpu_name: str, m: int, n: int, k: int, precision: str, params: Parameters | None = None
                      ) -> float:
     """The cost model's best throughput for the GEMM over the library kernels ovsim knows
-    (:func:`ovsim.models.cost.best_gemm`), with ``params`` (default: the GPU's shipped
+    (:func:`ovsim.models.gemm_library.best_gemm`), with ``params`` (default: the GPU's shipped
     calibration)."""
     gpu = load_gpu(gpu_name)
     if params is None:
         params = load_calibration(gpu, gpu_file(gpu_name).stem).params
-    return 2.0 * m * n * k / cost.best_gemm(m, n, k, precision, gpu, params).isolated_s / 1e12
+    return 2.0 * m * n * k / gemm_library.best_gemm(m, n, k, precision, gpu, params).isolated_s / 1e12
 
 
 # NCCL figures are predictions: the NCCL model comes from NCCL's own tuning tables, not from them.

@@ -311,7 +311,7 @@ SCENARIO_GEMM = "trace GEMMs priced as a scenario prices them (shipped calibrati
 def _scenario_gemm_checks(gpu_name: str, present: Sequence[str], inputs: Sequence[TraceInput],
                           params: Parameters, source: str) -> list[Check]:
     """Each trace's aligned GEMMs priced as a scenario GEMM of the same problem (the library kernel
-    the cost model picks, :func:`ovsim.models.cost.best_gemm`) with the shipped calibration, whose
+    the cost model picks, :func:`ovsim.models.gemm_library.best_gemm`) with the shipped calibration, whose
     GEMM parameters the traces had no part in where they come from measured data."""
     from ovsim.calibrate import gemm_shapes, library_gemm_errors
 

@@ -8,7 +8,8 @@ import pytest
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu
-from ovsim.models.cost import best_gemm, blocks_per_sm, gemm, gemm_aligned, library_gemm_kernels
+from ovsim.models.cost import blocks_per_sm, gemm, gemm_aligned
+from ovsim.models.gemm_library import best_gemm, library_gemm_kernels
 from ovsim.models.ir import BlockShape
 
 
@@ -261,7 +262,7 @@ def test_best_gemm_answers_by_the_content_of_its_inputs() -> None:
     """best_gemm remembers its answers: the same shape on equal parameters (a new object, as every
     prediction loads them) gives the answer of a fresh search, and parameters that differ give
     their own."""
-    from ovsim.models.cost import _best_gemm
+    from ovsim.models.gemm_library import _best_gemm
 
     h100 = load_gpu("h100-sxm5-80gb")
     p = load_calibration(h100, "h100-sxm5-80gb").params

@@ -1,0 +1,144 @@
+"""The GEMM a library would run for a problem: the kernels ovsim knows cuBLAS and CUTLASS pick among
+(output tiles, block shapes, K splits), each priced by :func:`ovsim.models.cost.gemm`, and the
+fastest that launches. Scenarios' GEMMs without a kernel of their own are priced this way; the GEMM
+efficiency and time per wave shipped for Hopper were fitted through this very choice."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ovsim.errors import OvsimError
+from ovsim.hw.calib import Parameters
+from ovsim.hw.spec import GpuSpec
+from ovsim.models.cost import element_bytes, gemm
+from ovsim.models.ir import KernelDemand
+
+
+class GemmKernel(NamedTuple):
+    """A library GEMM kernel as the cost model sees it: its tiles and its block."""
+
+    tile: tuple[int, int, int]
+    threads: int
+    registers_per_thread: int
+    stages: int
+    # One wave of blocks looping over the tiles (cost.gemm's ``persistent``).
+    persistent: bool = False
+    # CTAs per thread-block cluster (cost.gemm's ``cluster_ctas``).
+    cluster: int = 1
+
+
+# Output tiles CUTLASS and cuBLAS pick among.
+_TILES_MN = ((128, 256), (256, 128), (128, 192), (192, 128), (128, 128), (64, 256), (256, 64), (128, 64), (64, 128))
+# And on Hopper, as measured there: cuBLAS (CUDA 13.0) runs products of 1 to 32 rows on tiles named
+# 64x8, 64x16 and 64x32, and of about 128 rows on 64x64 (its kernel names on the H100,
+# calibration/data/h100-sxm5-80gb/2026-11-26-f). Other GPUs' libraries were not measured.
+_HOPPER_TILES_MN = ((64, 64), (8, 64), (16, 64), (32, 64), (64, 8), (64, 16), (64, 32))
+# Tiles narrower than this along a dimension are run only where they cover all of it.
+_NARROW = 64
+# A main-loop stage reads 128 bytes of K per row (the shared-memory swizzle width): K tiles of 64
+# 16-bit, 128 8-bit or 32 32-bit elements (CUTLASS's Ampere and Hopper tile shapes).
+_K_TILE_BYTES = 128
+# (threads, registers per thread, stages, persistent, CTAs per cluster) of a block. Ampere-style
+# multistage kernels: 8 warps.
+# Hopper's warp-specialized cooperative kernels (cuBLAS's on sm90, 384 threads in every kernel the
+# harness's GEMMs ran): a producer and two consumer warpgroups holding the SM's registers, one
+# block per SM, a deeper pipeline; persistent (launched as 66 clusters of 2 blocks on the H100
+# and H200 whatever the tile count: calibration/data/h100-sxm5-80gb/2026-11-27-b, h200-sxm/2026-11-27-c;
+# clusters of 2, "1x2" or "2x1" in the name of every GEMM the smloss and overlap parts ran).
+_MULTISTAGE = (256, 128, 3, False, 1)
+_WARP_SPECIALIZED = (384, 168, 4, True, 2)
+
+
+def library_gemm_kernels(gpu: GpuSpec, precision: str) -> list[GemmKernel]:
+    """The library kernels ovsim knows for a GEMM on ``gpu``: every output tile of ``_TILES_MN``
+    as a multistage kernel and, from compute capability 9.0, with ``_HOPPER_TILES_MN``, as a
+    multistage and a warp-specialized one."""
+    tk = max(1, _K_TILE_BYTES // element_bytes(precision))
+    cc = gpu.compute_capability
+    hopper = cc is not None and cc >= 90
+    # Where both price the same, the library's own kind first (best_gemm keeps the first of a tie):
+    # every GEMM measured on Hopper ran a warp-specialized kernel.
+    blocks = [_WARP_SPECIALIZED, _MULTISTAGE] if hopper else [_MULTISTAGE]
+    tiles = _TILES_MN + (_HOPPER_TILES_MN if hopper else ())
+    return [GemmKernel((tm, tn, tk), threads, regs, stages, persistent, cluster) for tm, tn in tiles
+            for threads, regs, stages, persistent, cluster in blocks]
+
+
+# The refusals of a kernel that does not launch on the GPU (or with the padding), as against bad
+# problem dimensions, which every kernel refuses.
+_DOES_NOT_LAUNCH = ("tile", "extra_shared_mem_bytes", "shared_mem_bytes", "threads", "registers_per_thread")
+
+
+# The K splits a library chooses among for a GEMM whose tiles leave SMs idle.
+LIBRARY_SPLITS_K = (1, 2, 4, 8, 16)
+
+
+# best_gemm's answers, by its arguments and the content of the GPU spec and parameters: a sweep or
+# a schedule search builds the same GEMMs over and over (a GPT-3 1.3B iteration's build spent 37%
+# of its time choosing among the library's kernels), and both inputs are frozen models.
+_BEST_GEMMS: dict[tuple[object, ...], KernelDemand] = {}
+_BEST_GEMMS_MAX = 4096
+# Fingerprints of the specs and parameters seen, by id; each keeps its object alive so that the id
+# is not reused while its entry lives.
+_FINGERPRINTS: dict[int, tuple[object, str]] = {}
+
+
+def _fingerprint(model: GpuSpec | Parameters) -> str:
+    hit = _FINGERPRINTS.get(id(model))
+    if hit is None or hit[0] is not model:
+        if len(_FINGERPRINTS) >= 64:
+            _FINGERPRINTS.clear()
+        hit = (model, model.model_dump_json())
+        _FINGERPRINTS[id(model)] = hit
+    return hit[1]
+
+
+def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters, *,
+              extra_shared_mem_bytes: int = 0, batch: int = 1, split_k: int | None = None,
+              sm_count: int | None = None) -> KernelDemand:
+    """The GEMM on the fastest of :func:`library_gemm_kernels` that launches with
+    ``extra_shared_mem_bytes`` on ``sm_count`` SMs, as a library's heuristic would pick it
+    (cuBLAS chooses among its kernels per shape; the GEMM efficiency and time per wave shipped
+    for Hopper are fitted on measured cuBLAS GEMMs through this very choice). ``split_k`` None:
+    the library also chooses among ``LIBRARY_SPLITS_K`` (splits of at least one K tile each)."""
+    key = (m, n, k, precision, extra_shared_mem_bytes, batch, split_k, sm_count, _fingerprint(gpu),
+           _fingerprint(params))
+    hit = _BEST_GEMMS.get(key)
+    if hit is None:
+        if len(_BEST_GEMMS) >= _BEST_GEMMS_MAX:
+            _BEST_GEMMS.clear()
+        hit = _BEST_GEMMS[key] = _best_gemm(m, n, k, precision, gpu, params, extra_shared_mem_bytes,
+                                            batch, split_k, sm_count)
+    return hit
+
+
+def _best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters,
+               extra_shared_mem_bytes: int, batch: int, split_k: int | None, sm_count: int | None) -> KernelDemand:
+    best: KernelDemand | None = None
+    refusal: OvsimError | None = None
+    splits = LIBRARY_SPLITS_K if split_k is None else (split_k,)
+    for kern in library_gemm_kernels(gpu, precision):
+        tm, tn, _ = kern.tile
+        if (tm < _NARROW and m > tm) or (tn < _NARROW and n > tn):
+            # A narrow tile reloads the other operand's panel for every few rows: a library runs
+            # one only where it covers the whole of that dimension.
+            continue
+        for split in splits:
+            if split_k is None and split > 1 and k < split * kern.tile[2]:
+                continue
+            try:
+                d = gemm(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
+                         registers_per_thread=kern.registers_per_thread, stages=kern.stages,
+                         extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split,
+                         sm_count=sm_count, persistent=kern.persistent, cluster_ctas=kern.cluster)
+            except OvsimError as e:
+                if e.field not in _DOES_NOT_LAUNCH:
+                    raise
+                refusal = refusal or e
+                break
+            if best is None or d.isolated_s < best.isolated_s:
+                best = d
+    if best is None:
+        assert refusal is not None
+        raise refusal
+    return best
