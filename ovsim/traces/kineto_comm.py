@@ -1,7 +1,7 @@
 """What a Kineto trace says about its collectives: each NCCL kernel's collective, algorithm,
 protocol, dtype, group, sequence number and message size, from its own ``args`` or from the
 ``record_param_comms`` CPU op that launched it (:func:`collectives`), and the checks on JSON
-values the reader (:mod:`ovsim.traces.kineto`) shares with it.
+values the reader (:mod:`ovsim.traces.kineto_file`) shares with it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 from ovsim.traces.table import DTYPE_BYTES, normalize_collective, normalize_dtype, parse_nccl_name
 
 if TYPE_CHECKING:
-    from ovsim.traces.kineto import _State
+    from ovsim.traces.kineto_file import _State
 
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
