@@ -10,18 +10,15 @@ import pytest
 from fit_measured import (
     DATA,
     SHAPING,
-    SHARE_PHASES,
     SMLOSS,
-    VOLTAGE,
     fit_headroom,
     fit_issue_cap,
-    fit_saturation,
     headroom_slowdown,
     shaped_time_ratio,
     shaping_points,
-    share_power_rows,
     smloss_points,
 )
+from fit_power_clock import SHARE_PHASES, VOLTAGE, fit_saturation, share_power_rows
 
 
 @pytest.mark.parametrize("headroom", [1.0, 1.5, 1.923, 3.0])
