@@ -1,6 +1,6 @@
-"""The parts of calibration/harness/run.py that need no GPU: the occupancy-shaping paddings, the GEMM
-list, the power log, the run folder's preparation and the tools' lookup. run.py imports PyTorch,
-CuPy and NVML only when it measures."""
+"""The parts of calibration/harness/run.py (and the harness_*.py modules it assembles) that need no
+GPU: the occupancy-shaping paddings, the GEMM list, the power log, the run folder's preparation and
+the tools' lookup. run.py imports PyTorch, CuPy and NVML only when it measures."""
 
 from __future__ import annotations
 
@@ -11,12 +11,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from run import (
+from harness_common import (
     VICTIM_GEMMS,
-    Harness,
     PowerSampler,
-    _fractions,
-    _gemm_shapes,
     find_tool,
     ncu_has_table,
     nvml_handle,
@@ -24,6 +21,7 @@ from run import (
     shape_grid,
     share_plan,
 )
+from run import Harness, _fractions, _gemm_shapes
 
 from ovsim.hw.spec import load_gpu
 from ovsim.models.cost import blocks_per_sm
@@ -83,7 +81,7 @@ def test_kernels_build_with_the_footprints_the_harness_assumes(arch: str, tmp_pa
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
-    from run import CHANNEL_MIN_REGISTERS, HERE
+    from harness_common import CHANNEL_MIN_REGISTERS, HERE
 
     r = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "--resource-usage", str(HERE / "kernels.cu"),
                         "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True, check=True)

@@ -1,0 +1,146 @@
+"""The harness's ``power`` and ``clock`` parts: steady phases for the power model, and kernels at
+the clocks the power limit walks them through.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness_common import (
+    repeat_calls,
+    share_plan,
+)
+from harness_contention import ContentionParts
+
+
+class PowerParts(ContentionParts):
+    """The ``power`` and ``clock`` parts."""
+
+    def part_power(self) -> None:
+        t = self.torch
+        phase_s = 1.5 if self.quick else 4.0
+        v = self.victims
+        gemm, add = v["gemm_bf16_8192x8192x8192"], v["add_bf16_256M"]
+        comm, _ = self.channel_lasting("copy", 32, 640, phase_s)
+
+        def loop(fn: Callable[[], Any]) -> None:
+            end = time.perf_counter() + phase_s
+            while time.perf_counter() < end:
+                with t.cuda.stream(self.compute):
+                    fn()
+                # The compute stream only: a device-wide wait would also wait for a channel kernel
+                # running beside the loop, and the rest of the phase would run the GEMMs alone.
+                self.compute.synchronize()
+
+        with self.experiment("power", "idle", seconds=phase_s):
+            time.sleep(phase_s)
+        with self.experiment("power", "gemm_bf16_8192", seconds=phase_s):
+            loop(lambda: [gemm() for _ in range(20)])
+        # The same GEMM in other precisions: the power model's dynamic power depends on precision.
+        for dname in ("tf32", "fp8"):
+            label = f"gemm_{dname}_8192x8192x8192"
+            other = self.gemm_ops((label,)).get(label)
+            if other is None:  # no FP8 on this GPU or in this PyTorch
+                continue
+            self.warm(other)
+            with self.experiment("power", f"gemm_{dname}_8192", seconds=phase_s):
+                loop(functools.partial(repeat_calls, other, 20))
+            del other
+        with self.experiment("power", "add_bf16_256M", seconds=phase_s):
+            loop(lambda: [add() for _ in range(20)])
+        with self.experiment("power", "channel_copy_32", seconds=phase_s):
+            comm(self.normal)
+        with self.experiment("power", "gemm_bf16_8192__channel_copy_32", seconds=phase_s):
+            comm(self.high)
+            loop(lambda: [gemm() for _ in range(20)])
+
+    # Victims of the ``clock`` part: cuBLAS GEMMs alone, and memory-bound kernels after GEMMs
+    # (alone they stay below the power limit, so the clock would never move under them).
+    CLOCK_GEMMS = ("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
+                   "gemm_fp8_8192x8192x8192", "gemm_tf32_8192x8192x8192")
+    CLOCK_MEMORY = ("add_bf16_256M", "layernorm_bf16_16384x8192", "softmax_bf16_16384x8192")
+    CLOCK_WINDOW_NS = 100_000
+    # Kernels between two probes: about this long, so the probes cost ~2% of the phase.
+    CLOCK_GROUP_S = 0.005
+    # GEMM time shares of GEMM/add alternations beyond the ~half of the add's phase above. The add
+    # draws the same power at any clock (it does not follow it, and the H100's fitted memory SM
+    # weight is 0), so the limit's average power, less the add's share of it, is the GEMM's power at
+    # the clock the phase settles at: low shares stay under the limit at the top clock, high shares
+    # walk it down towards the GEMM's own. Points of the voltage curve above ~1500 MHz, with no
+    # clock or limit ever set.
+    CLOCK_GEMM_SHARES = (0.1, 0.25, 0.75, 0.9)
+    # A cycle well inside the power loop's ~70 ms window, so the phase runs at one clock.
+    CLOCK_SHARE_CYCLE_S = 0.015
+
+    def part_clock(self) -> None:
+        """Per kernel, the SM clock it ran at, counted by probes between the kernels of its stream.
+
+        Each phase starts after an idle pause (the clock back at its highest) and runs for a few
+        seconds, while the power limit lowers the clock: the kernels' durations then span the clocks
+        the firmware picks, which the harness never sets. The probes run on the same stream as the
+        kernels, so none overlaps them; a kernel's clock is the mean of the probes on either side."""
+        t = self.torch
+        phase_s, cool_s = (2.0, 1.0) if self.quick else (5.0, 2.0)
+        heater = self.victims["gemm_bf16_8192x8192x8192"]
+        heater_s = self.time_alone_s(heater)
+        ops = dict(self.victims)
+        ops.update(self.gemm_ops(tuple(g for g in self.CLOCK_GEMMS if g not in ops)))
+        # Enough slots for the densest phase; a probe past the end would write out of bounds.
+        slots = int(2 * phase_s / (self.CLOCK_GROUP_S + self.CLOCK_WINDOW_NS * 1e-9)) + 64
+        phases: list[tuple[str, str, int, int, dict[str, Any]]] = []
+        victim_s: dict[str, float] = {}
+        for vname in self.CLOCK_GEMMS + self.CLOCK_MEMORY:
+            if vname not in ops:  # no FP8 on this GPU or in this PyTorch
+                continue
+            victim_s[vname] = self.time_alone_s(ops[vname])
+            group = max(1, round(self.CLOCK_GROUP_S / victim_s[vname]))
+            memory = vname in self.CLOCK_MEMORY
+            heat = max(1, round(self.CLOCK_GROUP_S / heater_s)) if memory else 0
+            phases.append((f"{vname}__after_gemm" if memory else vname, vname, group, heat, {}))
+        add = "add_bf16_256M"
+        for share in self.CLOCK_GEMM_SHARES:
+            heat, group = share_plan(share, heater_s, victim_s[add], self.CLOCK_SHARE_CYCLE_S)
+            phases.append((f"{add}__gemm_share_{round(share * 100)}", add, group, heat,
+                           {"gemm_share": share, "heater_alone_s": heater_s}))
+        for label, vname, group, heat, extra in phases:
+            fn = ops[vname]
+            out = t.zeros(4 * slots, dtype=t.int64, device=self.dev)
+            self.made()
+            time.sleep(cool_s)
+            with self.experiment("clock", label, victim=vname, group=group, heater_group=heat,
+                                 heater="gemm_bf16_8192x8192x8192" if heat else None,
+                                 window_ns=self.CLOCK_WINDOW_NS, seconds=phase_s, victim_alone_s=victim_s[vname],
+                                 **extra):
+                slot = 0
+                pending: list[Any] = []
+                end = time.perf_counter() + phase_s
+                while time.perf_counter() < end and slot + 3 < slots:
+                    for f, n in ((heater, heat), (fn, group)):
+                        if n == 0:
+                            continue
+                        slot = self._clock_probe(out, slot)
+                        with t.cuda.stream(self.compute):
+                            for _ in range(n):
+                                f()
+                    ev = t.cuda.Event()
+                    ev.record(self.compute)
+                    pending.append(ev)
+                    # Two groups queued ahead: the GPU never idles, the host never runs far ahead.
+                    if len(pending) > 2:
+                        pending.pop(0).synchronize()
+                slot = self._clock_probe(out, slot)
+                t.cuda.synchronize()
+                rows = out[: 4 * slot].view(-1, 4).cpu().tolist()
+            with open(self.out / "clock" / f"{label}.clock.csv", "w") as fh:
+                fh.write("launch,smid,start_ns,end_ns,sm_cycles\n")
+                for i, (sm, s0, s1, cyc) in enumerate(rows):
+                    fh.write(f"{i},{sm},{s0},{s1},{cyc}\n")
+
+    def _clock_probe(self, out: Any, slot: int) -> int:
+        """Launch a clock probe writing slot ``slot`` of ``out`` on the compute stream; the next slot."""
+        self.launch("ovsim_clock_probe", 1, 32, (self.cupy.uint64(self.CLOCK_WINDOW_NS), self.cupy.int32(slot), out),
+                    0, self.compute)
+        return slot + 1
