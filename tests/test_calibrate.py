@@ -5,26 +5,34 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from calibrate_builders import (
+    GPU,
+    H100_NAME,
+    PRESSURE_PER_BLOCK,
+    SHIPPED,
+    contention_trace,
+    kernel,
+    overhead_trace,
+    planted_gemms,
+    planted_memory,
+    sm_trace,
+    table,
+    tiny_adds,
+)
 
 from ovsim.calibrate import (
     FitReport,
     TraceInput,
     calibrate,
     contention_slowdown,
-    fit_clock_share,
     fit_collectives,
     fit_contention,
-    fit_control_window,
     gemm_points,
-    gemm_precision,
     gemm_shapes,
-    memory_clock_time_s,
     output_path,
     write_calibration,
     write_shipped,
@@ -38,71 +46,6 @@ from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
 from ovsim.replay import replay
 from ovsim.traces.load import write_table
 from ovsim.traces.table import TraceBundle, make_table
-
-GPU = "h100-sxm5-80gb"
-H100_NAME = "NVIDIA H100 80GB HBM3"
-# Planted: a resident LL collective keeps this share of HBM busy, with its 2 blocks (channels): the
-# calibration's share is per block.
-PRESSURE = 0.35
-PRESSURE_PER_BLOCK = PRESSURE / 2
-# memory_kernel_efficiency of the shipped H100 calibration: the share of HBM a memory-bound kernel asks.
-MEM_EFF = load_calibration(load_gpu(GPU), GPU).params.memory_kernel_efficiency
-# kernel_overhead_s of the shipped H100 calibration, in microseconds: the time a kernel moves no data.
-OVERHEAD_US = load_calibration(load_gpu(GPU), GPU).params.kernel_overhead_s * 1e6
-STREAMING_GRID = 1056
-# The newest shipped version of the GPU's calibration file.
-SHIPPED = max(int(p.name.split(".v")[-1].removesuffix(".yaml")) for p in CALIB_DIR.glob(f"{GPU}.v*.yaml"))
-
-
-def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    keys = sorted({k for r in rows for k in r})
-    return make_table({k: [r.get(k) for r in rows] for k in keys})
-
-
-def kernel(name: str, start_us: float, dur_us: float, *, stream: int = 7, kind: str = "elementwise",
-           grid: int = 4, **extra: Any) -> dict[str, Any]:
-    return {"rank": 0, "stream": stream, "name": name, "kind": kind, "start_s": start_us * 1e-6,
-            "duration_s": dur_us * 1e-6, "grid_x": grid, "grid_y": 1, "grid_z": 1, "block_x": 128, "block_y": 1,
-            "block_z": 1, "registers_per_thread": 32, "shared_mem_bytes": 0, **extra}
-
-
-def planted_slowdown(need: float, pressure: float) -> float:
-    """A streaming kernel needing ``need`` of the HBM channel beside a fixed ``pressure``, by the
-    shipped H100 calibration's HBM latency law (docs/design.md), written out here on its own: with
-    utilizations of the peak ``x = need * a`` and ``p = pressure * a`` (``a`` the achievable
-    fraction), latency ``g(u) = (1 - u / K) ** -Q``, the kernel (all its time waiting on memory)
-    slows by ``g(U) / g(x)`` where ``U = x / slowdown + p``; then it gets at most ``1 - pressure``
-    of the channel (max-min, the pressure below the fair half)."""
-    from scipy.optimize import brentq
-
-    params = load_calibration(load_gpu(GPU), GPU).params
-    k, q, a = params.hbm_latency_capacity, params.hbm_latency_exponent, params.hbm_achievable_fraction
-    x, p = need * a, pressure * a
-
-    def g(u: float) -> float:
-        return float((1 - u / k) ** -q)
-
-    u = brentq(lambda u: u - x * g(x) / g(u) - p, x, x + p)
-    rate = min(need * g(x) / g(u), 1 - pressure)
-    return need / rate
-
-
-def contention_trace() -> TraceBundle:
-    """A 10 us streaming kernel alone three times, then six times beside an LL all-reduce, each
-    slowed as one HBM channel shared with the collective's pressure slows it
-    (:func:`planted_slowdown`): the kernel moves data for all but the per-kernel overhead, so over
-    its 10 us it needs MEM_EFF x (10 - OVERHEAD) / 10 of the channel, and stretches by the
-    slowdown."""
-    need = MEM_EFF * (10.0 - OVERHEAD_US) / 10.0
-    assert need > 1 - PRESSURE  # so the planted pressure slows it
-    slowed = 10.0 * planted_slowdown(need, PRESSURE)
-    # 1056 blocks of 4 warps: 8 blocks an SM, one wave beside the collective's blocks, and enough
-    # warps in flight to stream at HBM's rate (Little's law, memory_warp_bytes_per_s).
-    rows = [kernel("ew", t, 10.0, grid=STREAMING_GRID) for t in (0.0, 20.0, 40.0)]
-    rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 100.0, 400.0, stream=9, kind="collective", grid=2,
-                       collective="all_reduce", protocol="LL", algorithm="ring"))
-    rows += [kernel("ew", 110.0 + 40.0 * i, slowed, grid=STREAMING_GRID) for i in range(6)]
-    return TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME})
 
 
 def test_slowdown_is_the_hbm_channel_closed_form() -> None:
@@ -148,21 +91,6 @@ def test_contention_values_the_engine_does_worse_with_are_not_kept(monkeypatch: 
     values, rec = fit_contention([tr], load_calibration(load_gpu(GPU), GPU).params)
     assert values["nccl_memory_pressure"]["ll"] == 0.0 and "worse" in rec["kept"]
     assert rec["engine_mape_pct_fitted"]["synthetic"] == 1e3
-
-
-def sm_trace(overlapped_us: float) -> TraceInput:
-    """A one-wave GEMM (132 blocks, one per H100 SM) alone three times at 100 us, then five times
-    beside an all-reduce whose 16 NCCL blocks take whole SMs (640 threads x 96 registers), measured
-    at ``overlapped_us``: 200 us is the second wave those 16 SMs force, 100 us is no SM lost."""
-    def gemm(t: float, d: float) -> dict[str, Any]:
-        return kernel("gemm", t, d, kind="gemm", grid=132, block_x=256, registers_per_thread=255)
-
-    rows = [gemm(t, 100.0) for t in (0.0, 200.0, 400.0)]
-    rows.append(kernel("ncclKernel_AllReduce_RING_SIMPLE_Sum_float", 1000.0, 1800.0, stream=9, kind="collective",
-                       grid=16, block_x=640, registers_per_thread=96, collective="all_reduce", protocol="Simple",
-                       algorithm="ring"))
-    rows += [gemm(1100.0 + 300.0 * i, overlapped_us) for i in range(5)]
-    return TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="sm", gpu=GPU)
 
 
 def test_contention_fit_keeps_nccl_blocks_only_when_the_kernels_beside_them_lost_sms() -> None:
@@ -319,23 +247,6 @@ def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert out["skipped"]["collectives"]
 
 
-def planted_gemms(shapes: tuple[tuple[int, int, int, int], ...], eff: float, tile_s: float) -> TraceInput:
-    """BF16 GEMMs (M, N, K, grid) timed by the cost model's wave form: t = overhead + waves x
-    (blocks_per_sm x flops_per_block / (peak / SMs x eff) + tile_s), at two blocks per SM (256
-    threads x 128 registers fill half of the 65,536 registers)."""
-    gpu = load_gpu(GPU)
-    p = load_calibration(gpu, GPU).params
-    per_sm = gpu.peak_flops_per_s("bf16") / gpu.sm.count * eff
-    rows = []
-    for i, (m, n, k, grid) in enumerate(shapes):
-        waves = -(-grid // (gpu.sm.count * 2))
-        t = p.kernel_overhead_s + waves * (2 * (2.0 * m * n * k / grid) / per_sm + tile_s)
-        row = kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 1e4 * i, t * 1e6, kind="gemm", grid=grid,
-                     host_op=f"aten::mm[[{m}, {k}], [{k}, {n}]]")
-        rows.append({**row, "block_x": 256, "registers_per_thread": 128})
-    return TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="g", gpu=GPU)
-
-
 def test_gemm_fit_recovers_the_planted_efficiency() -> None:
     """GEMMs timed at efficiency 0.6 with no time per wave: the fit must give 0.6 and 0 back."""
     tr = planted_gemms(((4096, 4096, 4096, 1024), (1024, 2048, 512, 128), (8192, 1024, 1024, 512)), 0.6, 0.0)
@@ -421,38 +332,6 @@ def test_the_scenario_frame_gemm_fit_recovers_what_scenarios_were_priced_at() ->
     assert main([*argv, "tiles"]) == 2
 
 
-def planted_memory(fraction: float, softmax_fraction: float, ko: float | None = None) -> TraceInput:
-    """Memory-bound kernels on an H100 timed by the cost model's streaming form, t = overhead +
-    bytes / (peak HBM x fraction), bytes counted by hand: bf16 add (two inputs, one output) and
-    softmax (one input, one output), all moving more than 2x the 50 MiB L2. Then kernels the fit
-    must leave out, each timed 10x too fast to fit anything: one moving less than 2x the L2, two
-    launched by one operator call, one beside an all-reduce. The overhead is the shipped one unless
-    ``ko`` is given."""
-    gpu = load_gpu(GPU)
-    ko = load_calibration(gpu, GPU).params.kernel_overhead_s if ko is None else ko
-    peak = gpu.memory.bandwidth_bytes_per_s
-    rows: list[dict[str, Any]] = []
-
-    def add(n: int, start_us: float, call: int, speed: float = 1.0, f: float = fraction) -> None:
-        t_s = ko + 3 * 2 * n / (peak * f) / speed
-        rows.append(kernel("add", start_us, t_s * 1e6, host_op=f"aten::add[[{n}], [{n}], []]",
-                           host_types="['c10::BFloat16', 'c10::BFloat16', 'Scalar']", host_op_id=call))
-
-    for i, n in enumerate((2**25, 2**26, 2**27)):
-        add(n, 1e4 * i, i)
-    for i, (r, c) in enumerate(((16384, 4096), (32768, 4096), (8192, 16384))):
-        t_s = ko + 2 * 2 * r * c / (peak * softmax_fraction)
-        rows.append(kernel("softmax", 1e5 + 1e4 * i, t_s * 1e6, host_op=f"aten::_softmax[[{r}, {c}], [], []]",
-                           host_types="['c10::BFloat16', 'Scalar', 'Scalar']", host_op_id=10 + i))
-    add(2**20, 2e5, 20, speed=10.0)
-    add(2**26, 2.1e5, 21, speed=10.0)
-    add(2**26, 2.2e5, 21, speed=10.0)
-    add(2**26, 3e5, 30, speed=10.0)
-    rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 3e5, 1e4, stream=9, kind="collective", grid=2,
-                       collective="all_reduce", protocol="LL", algorithm="ring"))
-    return TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="m", gpu=GPU)
-
-
 def test_memory_fit_recovers_planted_fractions_and_leaves_out_what_it_cannot_trust() -> None:
     """At 0.7 of the peak, below the published achievable fraction (0.88 in the default file,
     from bandwidth tests), the achievable fraction is the published one and the efficiency
@@ -488,30 +367,6 @@ def test_memory_fit_raises_the_achievable_fraction_to_what_kernels_reached() -> 
     assert d.isolated_s == pytest.approx(expected, rel=1e-12)
     soft = cost.memory_bound(n_bytes, gpu, fitted, kind="softmax")
     assert soft.isolated_s > 3 * d.isolated_s
-
-
-def tiny_adds(durations_us: list[float], first_call: int = 100, start_us: float = 5e5) -> list[dict[str, Any]]:
-    """bf16 adds of 1024 elements (6 KiB: 2 ns at the H100's peak HBM bandwidth), one per
-    operator call, timed as given."""
-    return [kernel("add", start_us + 100.0 * i, d, host_op="aten::add[[1024], [1024], []]",
-                   host_types="['c10::BFloat16', 'c10::BFloat16', 'Scalar']", host_op_id=first_call + i)
-            for i, d in enumerate(durations_us)]
-
-
-def overhead_trace(durations_us: list[float]) -> TraceInput:
-    """Tiny adds timed as given, and what the overhead fit must not count: a tiny copy (recorded
-    beside it), a tiny add beside an all-reduce, two tiny adds of one operator call, and an add
-    moving 6 MiB (2 us at the peak bandwidth), each timed 100 us."""
-    rows = tiny_adds(durations_us)
-    rows.append(kernel("copy", 1e4, 100.0, host_op="aten::copy_[[1024], [1024], []]",
-                       host_types="['c10::BFloat16', 'c10::BFloat16', 'Scalar']", host_op_id=1))
-    rows += tiny_adds([100.0], first_call=2, start_us=2e4)
-    rows += [{**r, "host_op_id": 3} for r in tiny_adds([100.0, 100.0], start_us=3e4)]
-    rows.append(kernel("add", 4e4, 100.0, host_op="aten::add[[1048576], [1048576], []]",
-                       host_types="['c10::BFloat16', 'c10::BFloat16', 'Scalar']", host_op_id=4))
-    rows.append(kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 1.99e4, 500.0, stream=9, kind="collective",
-                       grid=2, collective="all_reduce", protocol="LL", algorithm="ring"))
-    return TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="o", gpu=GPU)
 
 
 def test_overhead_fit_is_the_constant_of_least_relative_error() -> None:
@@ -572,360 +427,3 @@ def test_memory_fit_without_operator_types_says_why() -> None:
     with pytest.raises(OvsimError, match="no memory-bound kernel could be fitted") as e:
         calibrate([tr], GPU, quantities=["memory"])
     assert e.value.field == "memory"
-
-# Planted power parameters: none of them is a shipped value, so recovering them shows the fit read
-# the log, not the calibration it started from.
-PLANTED_IDLE_W = 61.0
-PLANTED_TENSOR_W = 530.0
-PLANTED_MEMORY_W = 140.0
-PLANTED_HBM_J_PER_BYTE = 20e-12
-WALL_ORIGIN_S = 1_790_000_000.0
-
-
-def power_trace() -> TraceBundle:
-    """One rank on device 3, starting 5 s into the trace's clock: 0.5 s idle, 1 s of back-to-back
-    GEMMs, 0.5 s idle, 1 s of wide and 1 s of narrow streaming kernels (different ratios of SM
-    slots to HBM traffic, so the memory and HBM weights are told apart), 0.5 s idle."""
-    rows: list[dict[str, Any]] = []
-    t_us = 5.5e6
-    for i in range(10):
-        rows.append(kernel(f"gemm{i}", t_us, 1e5, kind="gemm", grid=2160, device=3, block_x=256))
-        t_us += 1e5
-    t_us += 5e5
-    for grid in (4320, 108):
-        for i in range(10):
-            rows.append(kernel(f"ew{grid}_{i}", t_us, 1e5, grid=grid, device=3))
-            t_us += 1e5
-    rows.append(kernel("tail", t_us + 5e5, 10.0, device=3))
-    df = table(rows)
-    df["rank"] = 0
-    return TraceBundle(kernels=df, gpu_names={0: "NVIDIA A100-SXM4-80GB"}, wall_origin_s=WALL_ORIGIN_S)
-
-
-def planted_power(counters: pd.DataFrame, t: Any, hbm_peak: float) -> Any:
-    """The planted closed form at simulation times ``t``, at the compute clock (dynamic scale 1):
-    idle + tensor x u_tensor + memory x u_memory + HBM energy x bytes/s."""
-    import numpy as np
-
-    def at(name: str) -> Any:
-        c = counters[(counters["counter"] == name) & (counters["rank"] == 0)].sort_values("time_s", kind="stable")
-        tt, v = c["time_s"].to_numpy(float), c["value"].to_numpy(float)
-        keep = np.append(tt[1:] != tt[:-1], True)
-        tt, v = tt[keep], v[keep]
-        return v[np.clip(np.searchsorted(tt, t, side="right") - 1, 0, len(tt) - 1)]
-
-    hbm = np.minimum(at("hbm_bytes_per_s"), hbm_peak)
-    return (PLANTED_IDLE_W + PLANTED_TENSOR_W * at("sm_tensor_fraction") + PLANTED_MEMORY_W * at("sm_memory_fraction")
-            + PLANTED_HBM_J_PER_BYTE * hbm)
-
-
-def write_smi_log(path: Path, bundle: TraceBundle, shift_s: float = 0.0) -> None:
-    """An nvidia-smi CSV of GPUs 3 (the traced one) and 0 (not traced), a sample every 50 ms from the
-    trace's start, stamped in UTC wall time, power from the planted closed form."""
-    import datetime as dt
-
-    import numpy as np
-
-    r = replay(bundle, counters=True, power=True)
-    gpu = load_gpu("a100-sxm4-80gb")
-    trace_t = np.arange(5.0, 9.5, 0.05)
-    watts = planted_power(r.timeline.counters, trace_t - r.clock_offset_s, gpu.memory.bandwidth_bytes_per_s)
-    lines = ["timestamp, index, power.draw [W], clocks.sm [MHz]"]
-    for t, w in zip(trace_t, watts, strict=True):
-        stamp = dt.datetime.fromtimestamp(WALL_ORIGIN_S + t + shift_s, dt.UTC).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
-        lines.append(f"{stamp}, 3, {w:.4f} W, {gpu.clocks.compute_clock_hz / 1e6:.0f} MHz")
-        lines.append(f"{stamp}, 0, 400.00 W, 1410 MHz")
-    path.write_text("\n".join(lines) + "\n")
-
-
-def test_power_fit_recovers_planted_weights_from_a_wall_clock_aligned_log(tmp_path: Path) -> None:
-    from ovsim.calibrate import PowerLog, fit_power_logs
-
-    bundle = power_trace()
-    log = tmp_path / "smi.csv"
-    write_smi_log(log, bundle)
-    # Instantaneous samples (window 0): each sample is the planted power at its instant.
-    tr = TraceInput(bundle=bundle, label="power", gpu="a100-sxm4-80gb",
-                    power_logs=(PowerLog(str(log), window_s=0.0),))
-    params = load_calibration(load_gpu("a100-sxm4-80gb"), "a100-sxm4-80gb").params
-    values, record = fit_power_logs([tr], "a100-sxm4-80gb", params)
-    assert values["power_idle_w"] == pytest.approx(PLANTED_IDLE_W, rel=1e-3)
-    assert values["power_tensor_w"]["default"] == pytest.approx(PLANTED_TENSOR_W, rel=1e-3)
-    assert values["power_memory_w"] == pytest.approx(PLANTED_MEMORY_W, rel=1e-3)
-    assert values["power_hbm_j_per_byte"] == pytest.approx(PLANTED_HBM_J_PER_BYTE, rel=1e-3)
-    # No CUDA-core work and no link traffic in the run: those weights are not identifiable.
-    assert "power_fp32_w" not in values and "power_link_j_per_byte" not in values
-    assert record["not_identifiable"] == ["power_fp32_w", "power_link_j_per_byte"]
-    assert record["fit_mape_pct"] < 0.1 < record["shipped_model_mape_pct"]
-    # Only GPU 3's samples inside the trace are used (GPU 0 ran nothing traced).
-    assert 0 < record["samples"] <= len(range(90))
-
-
-def test_power_fit_through_the_cli_writes_provenance(tmp_path: Path) -> None:
-    from ovsim.traces.load import write_table
-
-    bundle = power_trace()
-    trace = tmp_path / "run.parquet"
-    write_table(bundle, trace)
-    log = tmp_path / "smi.csv"
-    write_smi_log(log, bundle)
-    out = tmp_path / "calib"
-    out.mkdir()
-    assert main(["calibrate", str(trace), "--gpu", "a100-sxm4-80gb", "-o", str(out), "--fit", "power",
-                 "--power-log", str(log), "--power-window-s", "0", "--quiet"]) == 0
-    doc = yaml.safe_load(next(out.glob("*.yaml")).read_text())
-    assert doc["parameters"]["power_idle_w"] == pytest.approx(PLANTED_IDLE_W, rel=1e-3)
-    entry = doc["provenance"]["traces"][0]
-    assert entry["power_logs"][0]["path"] == "smi.csv" and len(entry["power_logs"][0]["sha256"]) == 64
-
-
-def test_a_power_log_that_misses_the_trace_is_refused(tmp_path: Path) -> None:
-    from ovsim.calibrate import PowerLog, fit_power_logs
-
-    bundle = power_trace()
-    log = tmp_path / "smi.csv"
-    write_smi_log(log, bundle, shift_s=3600.0)  # an hour off: local time read as UTC
-    tr = TraceInput(bundle=bundle, label="power", gpu="a100-sxm4-80gb", power_logs=(PowerLog(str(log)),))
-    params = load_calibration(load_gpu("a100-sxm4-80gb"), "a100-sxm4-80gb").params
-    with pytest.raises(OvsimError, match=r"no sample falls inside the trace.*--power-offset-s"):
-        fit_power_logs([tr], "a100-sxm4-80gb", params)
-    with pytest.raises(OvsimError, match="no power log"):
-        fit_power_logs([TraceInput(bundle=bundle, label="power", gpu="a100-sxm4-80gb")], "a100-sxm4-80gb", params)
-
-
-def test_a_power_log_of_a_multi_host_trace_is_refused(tmp_path: Path) -> None:
-    """Two ranks on device 3 ran on two hosts: one host's log cannot be attributed to a rank."""
-    from ovsim.calibrate import PowerLog, fit_power_logs
-
-    bundle = power_trace()
-    log = tmp_path / "smi.csv"
-    write_smi_log(log, bundle)
-    other = bundle.kernels.assign(rank=1)
-    two = TraceBundle(kernels=pd.concat([bundle.kernels, other], ignore_index=True),
-                      gpu_names={0: "NVIDIA A100-SXM4-80GB", 1: "NVIDIA A100-SXM4-80GB"}, wall_origin_s=WALL_ORIGIN_S)
-    tr = TraceInput(bundle=two, label="two hosts", gpu="a100-sxm4-80gb", power_logs=(PowerLog(str(log)),))
-    params = load_calibration(load_gpu("a100-sxm4-80gb"), "a100-sxm4-80gb").params
-    with pytest.raises(OvsimError, match="ranks 0 and 1 both ran on device 3"):
-        fit_power_logs([tr], "a100-sxm4-80gb", params)
-
-
-# -- fitted points (calibrate(points=True), calibrate --plot) ----------------------------------------
-
-def test_points_of_planted_fits_lie_on_the_measured_values() -> None:
-    """Kernels timed by each fit's closed form: what the written parameters predict for every point
-    the fits used is the planted (measured) time, to the parameters' rounding; each point says which
-    fit, group and trace it came from."""
-    gemms = planted_gemms(((4096, 4096, 1024, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 512, 256),
-                           (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), 0.7, 4e-6)
-    memory = planted_memory(0.7, 0.25)
-    report = calibrate([gemms, memory], GPU, quantities=["gemm", "memory"], points=True)
-    pts = report.points
-    assert pts is not None and list(pts.columns) == ["quantity", "group", "trace", "unit", "measured", "fitted",
-                                                     "baseline"]
-    assert pts.groupby(["quantity", "group", "trace"]).size().to_dict() == {
-        ("gemm", "bf16", "g"): 5, ("memory", "elementwise", "m"): 3, ("memory", "softmax", "m"): 3}
-    assert (pts["unit"] == "s").all() and pts["baseline"].isna().all()
-    assert pts["fitted"].to_numpy() == pytest.approx(pts["measured"].to_numpy(), rel=5e-3)
-    # The memory distractors (each 10x too fast) are not among the points.
-    assert pts.loc[pts["quantity"] == "memory", "measured"].min() > 50e-6
-
-
-def test_points_of_a_collective_fit_follow_latency_plus_bytes_over_bandwidth() -> None:
-    lat, bw = 20e-6, 100e9
-    rows = []
-    for i, size in enumerate((1 << 20, 4 << 20, 16 << 20)):
-        bus = size * nccl.bus_factor("all_reduce", 8)
-        rows.append(kernel("ncclKernel_AllReduce_RING_SIMPLE_Sum_float", 1000.0 * i, (lat + bus / bw) * 1e6, stream=9,
-                           kind="collective", grid=8, collective="all_reduce", protocol="Simple", algorithm="ring",
-                           message_bytes=size, group_size=8))
-    tr = TraceInput(bundle=TraceBundle(kernels=table(rows), gpu_names={0: H100_NAME}), label="ar", gpu=GPU)
-    pts = calibrate([tr], GPU, quantities=["collectives"], points=True).points
-    assert pts is not None and pts["group"].tolist() == ["all_reduce/ring/simple/8"] * 3
-    expected = [lat + s * nccl.bus_factor("all_reduce", 8) / bw for s in (1 << 20, 4 << 20, 16 << 20)]
-    assert sorted(pts["fitted"]) == pytest.approx(expected, rel=1e-3)
-
-
-def test_points_of_the_contention_fit_carry_the_naive_prediction() -> None:
-    report = calibrate([TraceInput(bundle=contention_trace(), label="synthetic", gpu=GPU)], GPU,
-                       quantities=["contention"], points=True)
-    pts = report.points
-    assert pts is not None and len(pts) == report.fits["contention"]["points"]
-    err = ((pts["fitted"] - pts["measured"]).abs() / pts["measured"]).mean() * 100
-    naive = ((pts["baseline"] - pts["measured"]).abs() / pts["measured"]).mean() * 100
-    assert err == pytest.approx(report.fits["contention"]["fit_mape_pct"]["synthetic"], abs=0.01)
-    assert naive == pytest.approx(report.fits["contention"]["naive_mape_pct"]["synthetic"], abs=0.01)
-
-
-def test_points_of_a_power_fit_against_the_model_before_it(tmp_path: Path) -> None:
-    from ovsim.calibrate import PowerLog
-
-    bundle = power_trace()
-    log = tmp_path / "smi.csv"
-    write_smi_log(log, bundle)
-    tr = TraceInput(bundle=bundle, label="power", gpu="a100-sxm4-80gb", power_logs=(PowerLog(str(log), window_s=0.0),))
-    report = calibrate([tr], "a100-sxm4-80gb", quantities=["power"], points=True)
-    pts = report.points
-    assert pts is not None and len(pts) == report.fits["power"]["samples"]
-    assert (pts["unit"] == "W").all() and set(pts["group"]) == {"smi.csv"}
-    assert pts["fitted"].to_numpy() == pytest.approx(pts["measured"].to_numpy(), rel=1e-3)
-    before = ((pts["baseline"] - pts["measured"]).abs() / pts["measured"]).mean() * 100
-    assert before == pytest.approx(report.fits["power"]["shipped_model_mape_pct"], abs=1e-3)
-
-
-def test_no_points_unless_asked() -> None:
-    assert calibrate([overhead_trace([1.25] * 10)], GPU, quantities=["overhead"]).points is None
-
-
-def test_gemm_and_memory_fits_report_their_errors_on_the_command_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    gemms = planted_gemms(((4096, 4096, 1024, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 512, 256),
-                           (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), 0.7, 4e-6)
-    memory = planted_memory(0.7, 0.25)
-    for name, tr in (("g.parquet", gemms), ("m.parquet", memory)):
-        write_table(tr.bundle, tmp_path / name)
-    assert main(["calibrate", str(tmp_path / "g.parquet"), str(tmp_path / "m.parquet"), "--gpu", GPU, "-o",
-                 str(tmp_path), "--fit", "gemm,memory"]) == 0
-    out = capsys.readouterr().out
-    assert ("gemm bf16 from 5 GEMMs (main-loop efficiency and a fixed time per wave of tiles): fit error 0.0% "
-            "(fitted on; not a prediction error)") in out
-    assert "memory softmax from 3 kernels: 0.25 of the HBM peak; fit error 0.0%" in out
-    assert "memory elementwise from 3 kernels: 0.7 of the HBM peak; fit error 0.0%" in out
-
-
-def test_gemm_fit_gives_unaligned_gemms_their_own_efficiency() -> None:
-    """Aligned GEMMs planted at 0.7 plus 4 us per wave, and GEMMs whose k or n is not on 16 bytes
-    (258 and 1030 x 2 bytes, 2050 x 2 bytes) at 0.1 with the same time per wave: the fit must give
-    both efficiencies back and keep the unaligned ones out of the aligned fit."""
-    import dataclasses
-
-    aligned = planted_gemms(((4096, 4096, 1024, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 512, 256),
-                             (8192, 8192, 8192, 4096), (1024, 1024, 16384, 64)), 0.7, 4e-6)
-    odd = dataclasses.replace(planted_gemms(((4096, 4096, 258, 1024), (2048, 2050, 4096, 256),
-                                             (1024, 1024, 1030, 64)), 0.1, 4e-6), label="odd")
-    report = calibrate([aligned, odd], GPU, quantities=["gemm"], points=True)
-    assert report.parameters["gemm_efficiency"]["bf16"] == pytest.approx(0.7, abs=2e-3)
-    assert report.parameters["gemm_tile_overhead_s"]["bf16"] == pytest.approx(4e-6, rel=0.02)
-    assert report.parameters["gemm_unaligned_efficiency"]["bf16"] == pytest.approx(0.1, abs=2e-3)
-    rec = report.fits["gemm"]["precisions"]["bf16"]
-    assert rec["points"] == 5 and rec["unaligned"]["points"] == 3 and rec["unaligned"]["fit_mape_pct"] < 1.0
-    pts = report.points
-    assert pts is not None
-    assert pts.groupby(["group", "trace"]).size().to_dict() == {("bf16", "g"): 5, ("bf16 unaligned", "odd"): 3}
-    assert pts["fitted"].to_numpy() == pytest.approx(pts["measured"].to_numpy(), rel=0.02)
-
-
-def test_too_few_unaligned_gemms_are_recorded_not_fitted() -> None:
-    aligned = planted_gemms(((4096, 4096, 256, 1024), (4096, 4096, 4096, 1024), (2048, 2048, 128, 256)), 0.6, 0.0)
-    odd = planted_gemms(((4096, 4096, 258, 1024),), 0.1, 0.0)
-    report = calibrate([aligned, odd], GPU, quantities=["gemm"])
-    assert "gemm_unaligned_efficiency" not in report.parameters
-    assert report.fits["gemm"]["precisions"]["bf16"]["unaligned"] == {
-        "points": 1, "fitted": False, "why": "fewer than 3 unaligned GEMMs"}
-
-
-def test_gemm_precision_from_kernel_names() -> None:
-    assert gemm_precision("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "bf16"
-    assert gemm_precision("volta_sgemm_32x128_tn") is None
-    # CUTLASS names carry the instruction, not always the input type.
-    assert gemm_precision("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nt_align4>(") == "tf32"
-    assert gemm_precision("cutlass_80_tensorop_h16816gemm_256x128_32x3_nn_align8") == "fp16"
-    assert gemm_precision("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn") == "fp16"
-    assert gemm_precision("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn") == "bf16"
-    assert gemm_precision("cutlass_80_tensorop_d884gemm_64x64_16x4_nn_align1") == "fp64"
-    assert gemm_precision("cutlass_80_tensorop_s16816gemm_64x64_32x6_nn") is None  # input type unsaid
-    assert gemm_precision("ampere_sgemm_128x64_nn") is None
-
-
-def test_gemm_precision_from_the_operators_input_types_where_the_name_says_none() -> None:
-    """cuBLAS's generated kernels (the harness's H100 GEMMs: nvjet_sm90_tst_..., _hsh_...,
-    _qqtst_...) name no input type; the profiler's record of the operator's inputs does. FP32
-    inputs do not say whether tensor cores ran them, and a CUDA-core kernel keeps its None."""
-    bf16 = "['c10::BFloat16', 'c10::BFloat16']"
-    assert gemm_precision("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", bf16) == "bf16"
-    assert gemm_precision("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT", "['c10::Half', 'c10::Half']") == "fp16"
-    assert gemm_precision("nvjet_sm90_qqtst_128x64_128x8_1x2_h_bz_algo2_TNT",
-                          "['c10::Float8_e4m3fn', 'c10::Float8_e4m3fn', 'float', 'float']") == "fp8"
-    assert gemm_precision("nvjet_sm90_sss_128x64", "['float', 'float']") is None
-    assert gemm_precision("nvjet_sm90_x", "['c10::BFloat16', 'c10::Half']") is None  # mixed: unsaid
-    assert gemm_precision("nvjet_sm90_x", "not a list") is None
-    assert gemm_precision("volta_sgemm_32x128_tn", "['c10::Half', 'c10::Half']") is None
-    # The name wins where it says one.
-    assert gemm_precision("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x256x32", bf16) == "tf32"
-
-
-@pytest.mark.slow
-def test_the_library_gemm_fit_recovers_planted_parameters() -> None:
-    """Times made by the scenario's own GEMM (the cost model's library choice) at an efficiency
-    of 0.75 and 3 us per wave, on four square shapes: the fit finds both back, with no error."""
-    from ovsim.calibrate import fit_library_gemm
-    from ovsim.hw.calib import load_calibration
-    from ovsim.hw.spec import load_gpu
-    from ovsim.models.gemm_library import best_gemm
-
-    gpu = load_gpu("h100-sxm5-80gb")
-    base = load_calibration(gpu, "h100-sxm5-80gb").params
-    planted = base.merged({"gemm_efficiency": {"fp16": 0.75}, "gemm_tile_overhead_s": {"fp16": 3e-6}})
-    problems = [(s, s, s, 1, best_gemm(s, s, s, "fp16", gpu, planted).isolated_s) for s in (1024, 2048, 4096, 8192)]
-    eff, tile_s, err = fit_library_gemm(problems, "fp16", gpu, base)
-    assert eff == pytest.approx(0.75, abs=0.002)
-    assert tile_s == pytest.approx(3e-6, rel=0.02)
-    assert err < 1e-3
-    with pytest.raises(OvsimError, match="no fp16 GEMM"):
-        fit_library_gemm([], "fp16", gpu, base)
-
-
-@pytest.mark.parametrize("share", [0.0, 0.15, 0.7, 1.0])
-def test_clock_share_fit_recovers_a_planted_share(share: float) -> None:
-    clocks = np.linspace(1.2e9, 2.0e9, 40)
-    t = memory_clock_time_s(clocks, 300e-6, share, 1.83e9)
-    fit = fit_clock_share(clocks, t, 1.83e9)
-    assert fit["share"] == pytest.approx(share, abs=1e-9)
-    assert fit["time_at_reference_s"] == pytest.approx(300e-6, rel=1e-9)
-    assert fit["rms_relative_residual"] < 1e-9
-
-
-def test_clock_share_of_a_time_rising_with_the_clock_is_zero() -> None:
-    # No share in [0, 1] makes a kernel slower at higher clocks: the bound holds the fit at 0.
-    clocks = np.array([1.2e9, 1.5e9, 1.8e9])
-    fit = fit_clock_share(clocks, np.array([1.0, 1.1, 1.2]) * 1e-4, 1.83e9)
-    assert fit["share"] == 0.0
-
-
-@pytest.mark.parametrize("clocks,times,field", [
-    ([1.5e9, 1.5e9], [1e-4, 1.1e-4], "clock_hz"),
-    ([1.5e9], [1e-4], "clock_hz"),
-    ([1.5e9, 1.6e9], [1e-4, -1e-4], "duration_s"),
-])
-def test_clock_share_fit_refuses_data_that_cannot_tell(clocks: list[float], times: list[float], field: str) -> None:
-    with pytest.raises(OvsimError) as e:
-        fit_clock_share(clocks, times, 1.83e9)
-    assert e.value.field == field
-
-
-def ramp(window_s: float, t: np.ndarray, top: float = 2.0e9, low: float = 1.5e9) -> np.ndarray:
-    """A clock that holds until half the window has passed, then falls linearly to ``low`` at the
-    full window: a stand-in trajectory whose shape is set by the window alone."""
-    x = np.clip((t - 0.5 * window_s) / (0.5 * window_s), 0.0, 1.0)
-    return top - (top - low) * x
-
-
-def test_fit_control_window_recovers_the_window_of_the_trajectories() -> None:
-    """Closed form: phases measured as the ramp of a 70 ms window (one with a steady clock 100 MHz
-    off, which the fit must ignore) are fitted to 70 ms on a 10 ms grid, with no error there."""
-    t = np.linspace(0.0, 0.4, 200)
-    measured = {"a": (t, ramp(0.07, t)), "b": (t, ramp(0.07, t, low=1.4e9) - 1e8)}
-
-    def simulate(window_s: float, phase: str) -> tuple[np.ndarray, np.ndarray]:
-        at = np.linspace(0.0, 0.5, 5001)
-        return at, ramp(window_s, at, low=1.5e9 if phase == "a" else 1.4e9)
-
-    fit = fit_control_window(measured, simulate, [x / 100 for x in range(2, 16)], 0.3, baseline_s=0.01)
-    assert fit["window_s"] == pytest.approx(0.07)
-    assert fit["rms_mhz"] < 1.0
-    assert fit["rms_mhz_at_baseline_window"]["rms_mhz"] > 50.0
-
-
-def test_fit_control_window_rejects_phases_without_a_steady_stretch() -> None:
-    t = np.linspace(0.0, 0.2, 50)
-    with pytest.raises(OvsimError, match="before and after"):
-        fit_control_window({"a": (t, ramp(0.07, t))}, lambda w, p: (t, ramp(w, t)), [0.05], 0.3)
