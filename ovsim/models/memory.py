@@ -39,6 +39,7 @@ from ovsim.models.training_spec import (
     activation_element_bytes,
     layer_params,
     layout,
+    stage_layers,
     wire_element_bytes,
 )
 
@@ -128,7 +129,8 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
         if spec.recompute else 0.0
     best: MemoryEstimate | None = None
     for s in range(p):
-        params = m.layers // p * layer_p
+        n_layers = stage_layers(spec, m, p, s)
+        params = n_layers * layer_p
         if spec.embedding_and_head:
             # The input embedding (and learned positions) on the first stage; the head on the last.
             # A head tied to the embedding (GPT-3) is the same table, of which a last stage other
@@ -142,7 +144,7 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
             gradients_bytes=params * grad_b / shard,
             optimizer_bytes=params * opt_b / shard,
             gathered_bytes=((1 + par.fsdp_prefetch) * weight_b + grad_b) * layer_p if fsdp else 0.0,
-            activations_bytes=in_flight * (m.layers // (p * v)) * per_layer + recomputed,
+            activations_bytes=in_flight * n_layers / v * per_layer + recomputed,
             logits_bytes=4.0 * tokens * m.vocab / tp if spec.embedding_and_head and s == p - 1 else 0.0,
             in_flight=in_flight)
         if best is None or est.total_bytes > best.total_bytes:

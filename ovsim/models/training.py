@@ -60,6 +60,7 @@ from ovsim.models.training_spec import PRESETS as PRESETS
 from ovsim.models.training_spec import (
     Layout,
     TrainingSpec,
+    chunk_layers,
     layout,
     params_per_rank,
 )
@@ -93,7 +94,8 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     g = LayerEmitter(spec, lay)
     m = g.m
     p, v, mbs = lay.pp, lay.v, spec.micro_batches
-    per_chunk = m.layers // (p * v)
+    chunk_sizes = chunk_layers(m.layers, p * v)
+    chunk_starts = [sum(chunk_sizes[:i]) for i in range(p * v)]
     n_virtual = p * v
     fsdp = spec.parallel.dp_mode == "fsdp" and lay.dp > 1 and spec.communication
     orders = [stage_order(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
@@ -134,7 +136,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
                            for i in range(lay.tp)}
                 peer_wait = (sender, mapping)
         first_index = len(g.ops)
-        layers = range(vs * per_chunk, (vs + 1) * per_chunk)
+        layers = range(chunk_starts[vs], chunk_starts[vs] + chunk_sizes[vs])
         last_mb = mb == last_b[(s, c)]
         if ph == "F":
             if vs == 0 and spec.embedding_and_head:
@@ -171,7 +173,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
         g.flush_bucket(st, s)
         if spec.optimizer:
             st.pending += st.buckets + st.rs
-            local = params_per_rank(spec, m, lay.tp, p) / (lay.dp if fsdp else 1)
+            local = params_per_rank(spec, m, lay.tp, p, s) / (lay.dp if fsdp else 1)
             grad_b = g.comm_b
             # Fused Adam reads and writes fp32 master weights and both moments (24 B), reads the
             # gradient, and writes the 16-bit working copy in mixed precision.

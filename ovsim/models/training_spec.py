@@ -203,9 +203,6 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     if p.pp * v > m.layers:
         raise OvsimError(f"{p.pp * v} pipeline stages (pp {p.pp} x virtual {v}) for {m.layers} layers",
                          field="parallel.pp")
-    if m.layers % (p.pp * v):
-        raise OvsimError(f"{m.layers} layers do not split evenly over pp {p.pp} x virtual {v} stages",
-                         field="parallel.pp")
     if p.pipeline == "interleaved" and (p.pp < 2 or spec.micro_batches % p.pp):
         raise OvsimError(f"interleaved 1F1B needs pp >= 2 and micro_batches a multiple of pp (Megatron-LM); "
                          f"pp {p.pp}, micro_batches {spec.micro_batches}", field="parallel.pipeline")
@@ -262,10 +259,35 @@ def embedding_params(m: ModelShape, tp: int) -> int:
     return table * (1 if m.tied_embeddings else 2) + (m.seq_len * m.hidden if m.tied_embeddings else 0)
 
 
-def params_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> int:
-    layers = m.layers // pp * layer_params(m, tp)
+def chunk_layers(layers: int, chunks: int) -> list[int]:
+    """Layers of each model chunk in model order (a pipeline stage's, or an interleaved pipeline's
+    virtual stage's: chunk ``c * pp + s`` runs on stage ``s``), for ``chunks`` at most ``layers``.
+
+    As even as possible, the chunks differing by one layer at most, and the lighter ones at the two
+    ends, taken alternately from the first and the last inward: the ends also hold the embedding
+    and the LM head with its loss. That is how Llama 3 405B's 126 layers ran on 16 stages, one layer
+    fewer on the first and the last (Grattafiori et al., "The Llama 3 Herd of Models", arXiv
+    2407.21783, section 3.3.2). A model that splits evenly gets equal chunks."""
+    base = -(-layers // chunks)
+    counts = [base] * chunks
+    for i in range(base * chunks - layers):
+        counts[i // 2 if i % 2 == 0 else chunks - 1 - i // 2] -= 1
+    return counts
+
+
+def stage_layers(spec: TrainingSpec, m: ModelShape, pp: int, stage: int) -> int:
+    """Layers pipeline stage ``stage`` holds over its virtual stages (:func:`chunk_layers`)."""
+    v = spec.parallel.virtual_stages
+    counts = chunk_layers(m.layers, pp * v)
+    return sum(counts[c * pp + stage] for c in range(v))
+
+
+def params_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int, stage: int | None = None) -> int:
+    """Parameters a rank of pipeline stage ``stage`` holds; None: the stage that holds fewest layers."""
+    n_layers = (stage_layers(spec, m, pp, stage) if stage is not None
+                else min(stage_layers(spec, m, pp, s) for s in range(pp)))
     emb = embedding_params(m, tp) if spec.embedding_and_head else 0
-    return layers + (emb if pp == 1 else emb // 2)
+    return n_layers * layer_params(m, tp) + (emb if pp == 1 else emb // 2)
 
 
 def grad_bytes_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> float:

@@ -15,7 +15,7 @@ from ovsim.api import build, predict
 from ovsim.errors import OvsimError
 from ovsim.models.pipeline import stage_order
 from ovsim.models.training import training_ops
-from ovsim.models.training_spec import PRESETS, TrainingSpec, layer_params
+from ovsim.models.training_spec import PRESETS, TrainingSpec, chunk_layers, layer_params
 from ovsim.models.workload import CollectiveOpSpec, GemmOp, SendRecvOp
 from ovsim.scenario import Scenario
 
@@ -308,3 +308,31 @@ def test_no_sequential_pipeline_waits_forever(pipeline: str, v: int, pp: int, tp
         sc = Scenario.model_validate({"name": "t", "system": "h100x4", "ranks": pp * tp * dp,
                                       "schedule": "sequential", "training": training})
         assert predict(sc, counters=False, power_managed=False).summary()["makespan_s"] > 0
+
+
+def test_layers_that_do_not_split_evenly_leave_the_ends_lighter() -> None:
+    """Llama 3 405B's 126 layers on 16 stages: one layer fewer on the first and the last stage
+    (Grattafiori et al., arXiv 2407.21783, section 3.3.2); the rest get 8."""
+    assert chunk_layers(126, 16) == [7] + [8] * 14 + [7]
+    assert chunk_layers(96, 16) == [6] * 16  # an even split is unchanged
+    for layers, chunks in [(125, 16), (100, 16), (81, 8), (17, 17), (61, 4)]:
+        counts = chunk_layers(layers, chunks)
+        assert sum(counts) == layers and max(counts) - min(counts) <= 1 and min(counts) >= 1
+        # The lighter chunks sit at the ends: no chunk is lighter than one nearer the middle.
+        half = chunks // 2
+        assert counts[:half] == sorted(counts[:half]) and counts[chunks - half:] == sorted(counts[chunks - half:],
+                                                                                         reverse=True)
+
+
+def test_an_uneven_pipeline_runs_each_layer_once_on_its_stage() -> None:
+    spec = TrainingSpec.model_validate({**SMALL, "layers": 10, "micro_batches": 4, "parallel": {"pp": 4}})
+    ops = training_ops(spec, 4).ops
+    stage_of_layer: dict[int, set[int]] = {}
+    for o in ops:
+        if isinstance(o, GemmOp) and o.name.startswith("F0.L") and o.name.endswith(".qkv"):
+            stage_of_layer.setdefault(int(o.name.split(".")[1][1:]), set()).update(o.ranks or [])
+    # 10 layers on 4 stages: 2, 3, 3, 2.
+    assert {layer: sorted(r) for layer, r in stage_of_layer.items()} == {
+        0: [0], 1: [0], 2: [1], 3: [1], 4: [1], 5: [2], 6: [2], 7: [2], 8: [3], 9: [3]}
+    r = _predict({**SMALL, "layers": 10, "micro_batches": 4, "parallel": {"pp": 4}})
+    assert r.summary()["makespan_s"] > 0
