@@ -19,6 +19,21 @@ the recomputed forward pass) over the iteration's time and the GPU count:
 Every row runs with unfused attention, as Megatron-LM ran before FlashAttention, which is also
 what equation 3 counts (the whole s x s of QK^T and PV, no causal skipping). The rows from 310B
 up need more than two million ops and are not run by default.
+
+Llama 3 405B's pre-training at 8K context (Grattafiori et al., "The Llama 3 Herd of Models",
+arXiv 2407.21783, table 4): 8,192 and 16,384 H100 in TP8 x CP1 x PP16 x DP64 and DP128, sequences
+of 8,192 tokens, 16M tokens a batch (32 and 16 sequences a data-parallel replica), 430 and 400
+TFLOP/s per GPU (43% and 41% BF16 MFU); 126 layers, one fewer on the first and the last pipeline
+stage (its section 3.3.2). Throughput per GPU counts model FLOPs as MFU does (Chowdhery et al.,
+PaLM, appendix B): 6 N + 12 L h s a token, N the parameters outside the input embedding. What the
+paper does not say is run as a stated assumption, never fitted: its interleaved schedule's
+virtual stages (each row names v; 1 is plain 1F1B), BF16 with FlashAttention and sequence
+parallelism, one sequence a micro-batch, and gradients all-reduced as DDP does (the run sharded
+its optimizer state over data parallelism, which ovsim does not model together with pipeline
+parallelism); the nodes are HGX H100 with eight 400 Gb/s NICs (the paper's RoCE fabric runs 400
+Gb/s a GPU too).
+
+    python bench/published_jobs.py --rows llama3-16384-v2 --mode analytic   # about 30 s, 1.2 GB
 """
 
 from __future__ import annotations
@@ -31,6 +46,7 @@ from dataclasses import dataclass
 
 from ovsim import api
 from ovsim.errors import OvsimError
+from ovsim.models.training_spec import PRESETS, layer_params
 from ovsim.scenario import Scenario
 
 SEQ = 2048
@@ -91,10 +107,57 @@ ROWS = [
     Row("530B", 105, 20480, 128, 8, 35, 1, 2520, 315, 1, 163),
     Row("1T", 128, 25600, 160, 8, 64, 1, 3072, 384, None, 163),
 ]
+
+
+@dataclass(frozen=True)
+class LlamaRow:
+    """A row of Llama 3's table 4 at 8K context, with the virtual stages assumed (see the docstring)."""
+
+    gpus: int
+    virtual_stages: int
+    published_tflops_per_gpu: float
+    tp: int = 8
+    pp: int = 16
+    micro_batch: int = 1
+    sequences: int = 2048  # 16M tokens a batch of 8,192-token sequences
+
+    @property
+    def name(self) -> str:
+        return f"llama3-{self.gpus}-v{self.virtual_stages}"
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def micro_batches(self) -> int:
+        return self.sequences // (self.dp * self.micro_batch)
+
+    def flops(self) -> float:
+        """Model FLOPs of an iteration as MFU counts them (PaLM, appendix B)."""
+        m = PRESETS["llama3-405b"]
+        n = m.layers * layer_params(m, 1) + m.vocab * m.hidden
+        return (6 * n + 12 * m.layers * m.hidden * m.seq_len) * self.sequences * m.seq_len
+
+    def scenario(self) -> Scenario:
+        parallel: dict[str, object] = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "sequence_parallel": True,
+                                       "pipeline": "interleaved" if self.virtual_stages > 1 else "1f1b"}
+        if self.virtual_stages > 1:
+            parallel["virtual_stages"] = self.virtual_stages
+        return Scenario.model_validate({
+            "schema": "ovsim.scenario/1", "name": f"llama3-405b-{self.name}", "system": "hgx-h100-ndr",
+            "nodes": self.gpus // GPUS_PER_NODE, "schedule": "overlapped",
+            "training": {"model": "llama3-405b", "micro_batch_size": self.micro_batch,
+                         "micro_batches": self.micro_batches, "precision": "bf16", "parallel": parallel},
+        })
+
+
+# Table 4's two 8K-context rows (430 and 400 TFLOP/s per GPU), each with 1, 2 and 4 virtual stages.
+LLAMA_ROWS = [LlamaRow(g, v, tflops) for g, tflops in ((8192, 430), (16384, 400)) for v in (1, 2, 4)]
 DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
 
 
-def scenario(row: Row) -> Scenario:
+def megatron_scenario(row: Row) -> Scenario:
     parallel: dict[str, object] = {"tp": row.tp, "pp": row.pp, "dp": row.dp, "sequence_parallel": False,
                                    "pipeline": "interleaved" if row.virtual_stages > 1 else "1f1b"}
     if row.virtual_stages > 1:
@@ -118,27 +181,32 @@ def peak_rss_gb() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in ROWS])
+    every: list[Row | LlamaRow] = [*ROWS, *LLAMA_ROWS]
+    ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every])
     ap.add_argument("--mode", choices=["analytic", "simulate"], default="simulate")
     ap.add_argument("--max-ops", type=int, default=2_000_000)
     args = ap.parse_args(argv)
-    print(f"{'model':>6} {'GPUs':>5} {'tp x pp x dp':>12} {'mb x m':>7} {'v':>2} {'ops':>8} {'iter s':>7} "
-          f"{'TFLOP/s':>8} {'published':>9} {'error':>7} {'wall s':>7} {'peak GB':>7}")
-    for row in [r for r in ROWS if r.name in args.rows]:
+    print(f"{'row':>15} {'GPUs':>6} {'tp x pp x dp':>12} {'mb x m':>7} {'v':>2} {'ops':>8} {'iter s':>7} "
+          f"{'TFLOP/s':>8} {'published':>9} {'error':>7} {'memory':>7} {'wall s':>7} {'peak GB':>7}")
+    for row in [r for r in every if r.name in args.rows]:
         t0 = time.perf_counter()
+        sc = row.scenario() if isinstance(row, LlamaRow) else megatron_scenario(row)
         try:
-            res = api.predict(scenario(row), mode=args.mode, max_ops=args.max_ops)
+            res = api.predict(sc, mode=args.mode, max_ops=args.max_ops)
         except OvsimError as e:
-            print(f"{row.name:>6} {row.gpus:>5}  not run: {e}")
+            print(f"{row.name:>15} {row.gpus:>6}  not run: {e}")
             continue
         wall = time.perf_counter() - t0
         iteration_s = res.timeline.makespan_s
         tflops = row.flops() / iteration_s / row.gpus / 1e12
         err = tflops / row.published_tflops_per_gpu - 1
         layout = f"{row.tp}x{row.pp}x{row.dp}"
-        print(f"{row.name:>6} {row.gpus:>5} {layout:>12} {row.micro_batch:>2} x {row.micro_batches:<3} "
+        # The estimate's verdict on 80 GB (docs/training.md, "What ovsim predict reports").
+        memory = "fits" if res.summary().get("fits_memory") else "over"
+        print(f"{row.name:>15} {row.gpus:>6} {layout:>12} {row.micro_batch:>2} x {row.micro_batches:<3} "
               f"{row.virtual_stages:>2} {len(res.workload.ops):>8} {iteration_s:7.2f} {tflops:8.1f} "
-              f"{row.published_tflops_per_gpu:9.0f} {err:+7.1%} {wall:7.1f} {peak_rss_gb():7.2f}", flush=True)
+              f"{row.published_tflops_per_gpu:9.0f} {err:+7.1%} {memory:>7} {wall:7.1f} {peak_rss_gb():7.2f}",
+              flush=True)
     return 0
 
 

@@ -57,6 +57,7 @@ class ModelShape(InputModel):
 
 _GPT3 = "Brown et al., Language Models are Few-Shot Learners, 2020, table 2.1"
 _LLAMA2 = "Touvron et al., Llama 2, 2023, table 1 and the released config.json (ffn, kv heads)"
+_LLAMA3 = "Grattafiori et al., The Llama 3 Herd of Models, arXiv 2407.21783, table 3 (pre-training at 8K context)"
 
 # GPT-3 XL lists 24 heads of 128 in table 2.1, which does not divide 2048; implementations
 # (Megatron-LM's examples, the seed study's DeepSpeed runs) use 16 heads of 128.
@@ -70,6 +71,12 @@ PRESETS: dict[str, ModelShape] = {
                              gated_mlp=True, tied_embeddings=False, source=_LLAMA2),
     "llama2-70b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000,
                              seq_len=4096, gated_mlp=True, tied_embeddings=False, source=_LLAMA2),
+    "llama3-8b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
+                            seq_len=8192, gated_mlp=True, tied_embeddings=False, source=_LLAMA3),
+    "llama3-70b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256,
+                             seq_len=8192, gated_mlp=True, tied_embeddings=False, source=_LLAMA3),
+    "llama3-405b": ModelShape(layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256,
+                              seq_len=8192, gated_mlp=True, tied_embeddings=False, source=_LLAMA3),
 }
 ALIASES = {"gpt3-xl": "gpt3-1.3b"}
 
@@ -102,7 +109,7 @@ class TrainingSpec(InputModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    # A preset name (``gpt3-1.3b`` ... ``llama2-70b``) or the dimensions themselves.
+    # A preset name (``gpt3-1.3b`` ... ``llama3-405b``) or the dimensions themselves.
     model: str | ModelShape
     # Overrides of the model's dimensions.
     layers: PositiveInt | None = None
