@@ -281,8 +281,10 @@ class FsdpCollectives:
         self.g = g
         self.layers = layers
         self.groups = g.lay.dp_groups(0)
-        self.layer_bytes = float(layer_params(g.m, g.lay.tp) * g.comm_b * g.lay.dp)
-        self.emb_bytes = float(embedding_params(g.m, g.lay.tp) * g.comm_b * g.lay.dp)
+        # nccl-tests' size of an all-gather or reduce-scatter is the whole gathered buffer: the
+        # layer's unsharded parameters (or gradients), of which each rank holds 1/dp.
+        self.layer_bytes = float(layer_params(g.m, g.lay.tp) * g.comm_b)
+        self.emb_bytes = float(embedding_params(g.m, g.lay.tp) * g.comm_b)
         self.names: dict[tuple[str, int, int], list[str]] = {}
 
     def _gather(self, st: StageState, phase: str, layer: int, mb: int) -> None:

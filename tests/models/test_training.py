@@ -336,3 +336,14 @@ def test_an_uneven_pipeline_runs_each_layer_once_on_its_stage() -> None:
         0: [0], 1: [0], 2: [1], 3: [1], 4: [1], 5: [2], 6: [2], 7: [2], 8: [3], 9: [3]}
     r = _predict({**SMALL, "layers": 10, "micro_batches": 4, "parallel": {"pp": 4}})
     assert r.summary()["makespan_s"] > 0
+
+
+def test_fsdp_collectives_move_the_layer_once_gathered() -> None:
+    """An FSDP all-gather assembles one layer's unsharded parameters from dp shards, and the
+    reduce-scatter leaves each rank 1/dp of its gradients: nccl-tests' size (the whole gathered
+    buffer, NVIDIA/nccl-tests doc/PERFORMANCE.md) is the layer's bytes, whatever dp is."""
+    for dp in (2, 4):
+        spec = TrainingSpec.model_validate({**SMALL, "embedding_and_head": False, "parallel": {"dp_mode": "fsdp"}})
+        layer_bytes = layer_params(spec.shape(), 1) * 2  # BF16 parameters and gradients
+        colls = [o for o in training_ops(spec, dp).ops if isinstance(o, CollectiveOpSpec)]
+        assert colls and {o.size_bytes for o in colls} == {layer_bytes}
