@@ -4,7 +4,8 @@ form, so that a what-if study can tell a configuration that would run out of mem
 Model states (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", SC'20, section 3.1): with Adam in mixed precision (FP16, BF16, FP8 training with 16-bit
 weights) a parameter costs 2 bytes of weight, 2 of gradient and 12 of optimizer state (FP32 master
-weight, momentum, variance); in FP32/TF32 training 4 + 4 + 8. 16 bytes either way. FSDP / ZeRO-3
+weight, momentum, variance); in FP32/TF32 training 4 + 4 + 8. 16 bytes either way. The
+distributed optimizer (ZeRO-1) shards the optimizer state over the data-parallel ranks; FSDP / ZeRO-3
 shards all three over the data-parallel ranks and holds, besides, the unsharded 16-bit weights of
 the layers being gathered (the layer computing and ``fsdp_prefetch`` ahead) and one unsharded
 layer's gradients before their reduce-scatter.
@@ -117,6 +118,8 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     opt_b = (8 if weight_b == 4 else 12) if spec.optimizer else 0
     fsdp = par.dp_mode == "fsdp" and lay.dp > 1
     shard = lay.dp if fsdp else 1
+    # The distributed optimizer (ZeRO-1) shards the optimizer state alone.
+    optimizer_shard = lay.dp if fsdp or par.distributed_optimizer else 1
     layer_p = layer_params(m, tp)
     table = m.vocab * m.hidden // tp
     positions = m.seq_len * m.hidden if m.tied_embeddings else 0
@@ -142,7 +145,7 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
             stage=s,
             weights_bytes=params * weight_b / shard,
             gradients_bytes=params * grad_b / shard,
-            optimizer_bytes=params * opt_b / shard,
+            optimizer_bytes=params * opt_b / optimizer_shard,
             gathered_bytes=((1 + par.fsdp_prefetch) * weight_b + grad_b) * layer_p if fsdp else 0.0,
             activations_bytes=in_flight * n_layers / v * per_layer + recomputed,
             logits_bytes=4.0 * tokens * m.vocab / tp if spec.embedding_and_head and s == p - 1 else 0.0,

@@ -98,6 +98,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     chunk_starts = [sum(chunk_sizes[:i]) for i in range(p * v)]
     n_virtual = p * v
     fsdp = spec.parallel.dp_mode == "fsdp" and lay.dp > 1 and spec.communication
+    distributed = spec.parallel.distributed_optimizer and lay.dp > 1 and spec.communication
     orders = [stage_order(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
     b_cost = 3.0 if spec.recompute else 2.0
     merged = merge_stages(orders, p, v, b_cost)
@@ -173,12 +174,18 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
         g.flush_bucket(st, s)
         if spec.optimizer:
             st.pending += st.buckets + st.rs
-            local = params_per_rank(spec, m, lay.tp, p, s) / (lay.dp if fsdp else 1)
+            sharded = fsdp or distributed
+            local = params_per_rank(spec, m, lay.tp, p, s) / (lay.dp if sharded else 1)
             grad_b = g.comm_b
             # Fused Adam reads and writes fp32 master weights and both moments (24 B), reads the
             # gradient, and writes the 16-bit working copy in mixed precision.
             per_param = 24 + grad_b + (2 if g.act_b == 2 else 0)
             g.mem(st, f"s{s}.optimizer", local * per_param, "elementwise")
+            if distributed:
+                # Each rank's updated shard is gathered back, a bucket at a time, after the step
+                # (Megatron-LM without --overlap-param-gather, its default).
+                for i, size in enumerate(st.bucket_sizes):
+                    g.collective(st, f"s{s}.param_gather{i}", "all_gather", size, "dp", lay.dp_groups(s))
         elif st.buckets or st.rs:
             st.pending += st.buckets + st.rs
     return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,

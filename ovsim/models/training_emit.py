@@ -38,6 +38,7 @@ class StageState:
     bucket_bytes: float = 0.0
     bucket_index: int = 0
     buckets: list[str] = field(default_factory=list)
+    bucket_sizes: list[float] = field(default_factory=list)
     rs: list[str] = field(default_factory=list)
 
 
@@ -135,8 +136,12 @@ class LayerEmitter:
     def flush_bucket(self, st: StageState, s: int) -> None:
         if st.bucket_bytes <= 0:
             return
-        st.buckets += self.collective(st, f"s{s}.bucket{st.bucket_index}", "all_reduce", st.bucket_bytes, "dp",
+        # The distributed optimizer reduce-scatters each bucket (its parameters are gathered back
+        # after the step); plain DDP all-reduces it.
+        kind: CollectiveKind = "reduce_scatter" if self.p.distributed_optimizer else "all_reduce"
+        st.buckets += self.collective(st, f"s{s}.bucket{st.bucket_index}", kind, st.bucket_bytes, "dp",
                                       self.lay.dp_groups(s))
+        st.bucket_sizes.append(st.bucket_bytes)
         st.bucket_bytes = 0.0
         st.bucket_index += 1
 

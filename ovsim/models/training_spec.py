@@ -91,6 +91,10 @@ class ParallelSpec(InputModel):
     tp: PositiveInt = 1
     pp: PositiveInt = 1
     dp_mode: Literal["ddp", "fsdp"] = "ddp"
+    # Megatron-LM's distributed optimizer (ZeRO-1, ``--use-distributed-optimizer``), with DDP:
+    # each gradient bucket is reduce-scattered instead of all-reduced, each rank steps its 1/dp of
+    # the optimizer state, and the updated parameters are all-gathered a bucket at a time after it.
+    distributed_optimizer: bool = False
     bucket_bytes: PositiveFloat = 25 * MIB
     first_bucket_bytes: PositiveFloat = 1 * MIB
     # All-gathers FSDP issues ahead of the layer computing (1 = PyTorch's forward/backward prefetch).
@@ -213,6 +217,9 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     if p.pipeline == "interleaved" and (p.pp < 2 or spec.micro_batches % p.pp):
         raise OvsimError(f"interleaved 1F1B needs pp >= 2 and micro_batches a multiple of pp (Megatron-LM); "
                          f"pp {p.pp}, micro_batches {spec.micro_batches}", field="parallel.pipeline")
+    if p.distributed_optimizer and p.dp_mode != "ddp":
+        raise OvsimError("distributed_optimizer shards DDP's optimizer state; FSDP already shards it",
+                         field="parallel.distributed_optimizer")
     if p.dp_mode == "fsdp" and p.pp > 1:
         raise OvsimError("FSDP with pipeline parallelism is not modelled; use dp_mode: ddp with pp > 1",
                          field="parallel.dp_mode")

@@ -107,3 +107,17 @@ def test_predictions_say_whether_a_training_iteration_fits(capsys: pytest.Captur
     assert "36.2 GB per GPU estimated" in line and "of 40 GB: tight:" in line
     ops = predict(EXAMPLES / "gemm-allreduce-h100x4-priority.yaml", counters=False)
     assert ops.memory() is None and "fits_memory" not in ops.summary()
+
+
+def test_the_distributed_optimizer_shards_the_optimizer_state_alone() -> None:
+    """ZeRO stage 1 (Rajbhandari et al., SC'20, 3.1: P_os = 4 Psi + 12 Psi / N_d in mixed precision)
+    and Megatron-LM's distributed optimizer (its documentation's table: 8 + 8/d bytes a parameter
+    with FP32 parameters and gradients)."""
+    psi = 12 * GPT.layers * H**2 + (GPT.vocab + S) * H
+    d = 4
+    est = memory_estimate(spec(parallel={"distributed_optimizer": True}), d)
+    assert (est.weights_bytes, est.gradients_bytes) == pytest.approx((2 * psi, 2 * psi), rel=0.005)
+    assert est.optimizer_bytes == pytest.approx(12 * psi / d, rel=0.005)
+    fp32 = memory_estimate(spec(precision="fp32", parallel={"distributed_optimizer": True}), d)
+    per_param = (fp32.weights_bytes + fp32.gradients_bytes + fp32.optimizer_bytes) / psi
+    assert per_param == pytest.approx(8 + 8 / d, rel=0.005)

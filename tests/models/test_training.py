@@ -347,3 +347,23 @@ def test_fsdp_collectives_move_the_layer_once_gathered() -> None:
         layer_bytes = layer_params(spec.shape(), 1) * 2  # BF16 parameters and gradients
         colls = [o for o in training_ops(spec, dp).ops if isinstance(o, CollectiveOpSpec)]
         assert colls and {o.size_bytes for o in colls} == {layer_bytes}
+
+
+def test_the_distributed_optimizer_reduce_scatters_buckets_and_gathers_them_after_the_step() -> None:
+    base = {**SMALL, "micro_batches": 2}
+    plain = [o for o in training_ops(TrainingSpec.model_validate(base), 4).ops if isinstance(o, CollectiveOpSpec)]
+    spec = TrainingSpec.model_validate({**base, "parallel": {"distributed_optimizer": True}})
+    ops = training_ops(spec, 4).ops
+    colls = [o for o in ops if isinstance(o, CollectiveOpSpec)]
+    buckets = [o.size_bytes for o in plain if o.kind == "all_reduce"]
+    assert buckets and [o.size_bytes for o in colls if o.kind == "reduce_scatter"] == buckets
+    gathers = [o for o in colls if o.kind == "all_gather"]
+    assert [o.size_bytes for o in gathers] == buckets
+    # The gathers follow the optimizer step, which steps a quarter of the parameters.
+    opt = [o for o in ops if o.name == "s0.optimizer"]
+    plain_opt = [o for o in training_ops(TrainingSpec.model_validate(base), 4).ops if o.name == "s0.optimizer"]
+    assert all(g.after == ["s0.optimizer"] for g in gathers)
+    assert opt[0].bytes == pytest.approx(plain_opt[0].bytes / 4)  # type: ignore[union-attr]
+    fsdp = TrainingSpec.model_validate({**base, "parallel": {"dp_mode": "fsdp", "distributed_optimizer": True}})
+    with pytest.raises(OvsimError, match="FSDP already shards"):
+        training_ops(fsdp, 4)
