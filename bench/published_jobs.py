@@ -28,10 +28,11 @@ stage (its section 3.3.2). Throughput per GPU counts model FLOPs as MFU does (Ch
 PaLM, appendix B): 6 N + 12 L h s a token, N the parameters outside the input embedding. What the
 paper does not say is run as a stated assumption, never fitted: its interleaved schedule's
 virtual stages (each row names v; 1 is plain 1F1B), BF16 with FlashAttention and sequence
-parallelism, one sequence a micro-batch, and gradients all-reduced as DDP does (the run sharded
-its optimizer state over data parallelism, which ovsim does not model together with pipeline
-parallelism); the nodes are HGX H100 with eight 400 Gb/s NICs (the paper's RoCE fabric runs 400
-Gb/s a GPU too).
+parallelism, one sequence a micro-batch, and the optimizer state sharded over data parallelism
+as Megatron-LM's distributed optimizer does (gradients reduce-scattered, parameters all-gathered
+after the step; the run's FSDP also sharded its gradients, which ovsim does not model together
+with pipeline parallelism); the nodes are HGX H100 with eight 400 Gb/s NICs (the paper's RoCE
+fabric runs 400 Gb/s a GPU too).
 
     python bench/published_jobs.py --rows llama3-16384-v2 --mode analytic   # about 30 s, 1.2 GB
 """
@@ -141,7 +142,8 @@ class LlamaRow:
 
     def scenario(self) -> Scenario:
         parallel: dict[str, object] = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "sequence_parallel": True,
-                                       "pipeline": "interleaved" if self.virtual_stages > 1 else "1f1b"}
+                                       "pipeline": "interleaved" if self.virtual_stages > 1 else "1f1b",
+                                       "distributed_optimizer": True}
         if self.virtual_stages > 1:
             parallel["virtual_stages"] = self.virtual_stages
         return Scenario.model_validate({
