@@ -112,7 +112,7 @@ def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, flo
     :func:`ovsim.models.cost.gemm_aligned` says), at the measured grid and occupancy.
 
     A persistent kernel's waves are its launched grid's, not rounds of its tiles: counting rounds
-    of the tiles its name gives (:func:`ovsim.replay.persistent_tiles`) raised the fit error on the
+    of the tiles its name gives (:func:`ovsim.replay_kernels.persistent_tiles`) raised the fit error on the
     1,479 aligned GEMMs of the shared H100 traces from 4.1% to 10.6% (their tile schedulers spread
     the tiles' work over the SMs more evenly than whole rounds).
 

@@ -38,8 +38,10 @@ from ovsim.models.training_spec import (
     ModelShape,
     TrainingSpec,
     activation_element_bytes,
+    chunk_layers,
     layer_params,
     layout,
+    stage_embedding_params,
     stage_layers,
     wire_element_bytes,
 )
@@ -98,12 +100,17 @@ def layer_activation_bytes(m: ModelShape, tokens: int, tp: int, sequence_paralle
     return sbh * scale * (replicated + parallel / tp)
 
 
-def _in_flight(pipeline: str, p: int, s: int, m: int, v: int) -> int:
-    held = peak = 0
-    for phase, _, _ in stage_order(pipeline, p, s, m, v):
-        held += 1 if phase == "F" else -1
+def _in_flight(pipeline: str, p: int, s: int, m: int, v: int, chunks: list[int]) -> tuple[int, int]:
+    """(the most micro-batch chunks stage ``s`` holds at once, the most layers' activations it holds
+    at once), replaying its schedule with each chunk's own layers (``chunks``, in model order)."""
+    held = peak = layers = peak_layers = 0
+    for phase, _, c in stage_order(pipeline, p, s, m, v):
+        sign = 1 if phase == "F" else -1
+        held += sign
+        layers += sign * chunks[c * p + s]
         peak = max(peak, held)
-    return peak
+        peak_layers = max(peak_layers, layers)
+    return peak, peak_layers
 
 
 def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
@@ -121,8 +128,7 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     # The distributed optimizer (ZeRO-1) shards the optimizer state alone.
     optimizer_shard = lay.dp if fsdp or par.distributed_optimizer else 1
     layer_p = layer_params(m, tp)
-    table = m.vocab * m.hidden // tp
-    positions = m.seq_len * m.hidden if m.tied_embeddings else 0
+    chunks = chunk_layers(m.layers, p * v)
     tokens = spec.micro_batch_size * m.seq_len
     act_b = activation_element_bytes(spec.precision)
     unfused = spec.attention == "unfused"
@@ -132,22 +138,15 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
         if spec.recompute else 0.0
     best: MemoryEstimate | None = None
     for s in range(p):
-        n_layers = stage_layers(spec, m, p, s)
-        params = n_layers * layer_p
-        if spec.embedding_and_head:
-            # The input embedding (and learned positions) on the first stage; the head on the last.
-            # A head tied to the embedding (GPT-3) is the same table, of which a last stage other
-            # than the first keeps a copy (Megatron-LM).
-            own_head = not m.tied_embeddings or p > 1
-            params += (table + positions if s == 0 else 0) + (table if s == p - 1 and own_head else 0)
-        in_flight = _in_flight(par.pipeline, p, s, spec.micro_batches, v)
+        params = stage_layers(spec, m, p, s) * layer_p + stage_embedding_params(spec, m, tp, p, s)
+        in_flight, layers_held = _in_flight(par.pipeline, p, s, spec.micro_batches, v, chunks)
         est = MemoryEstimate(
             stage=s,
             weights_bytes=params * weight_b / shard,
             gradients_bytes=params * grad_b / shard,
             optimizer_bytes=params * opt_b / optimizer_shard,
             gathered_bytes=((1 + par.fsdp_prefetch) * weight_b + grad_b) * layer_p if fsdp else 0.0,
-            activations_bytes=in_flight * n_layers / v * per_layer + recomputed,
+            activations_bytes=layers_held * per_layer + recomputed,
             logits_bytes=4.0 * tokens * m.vocab / tp if spec.embedding_and_head and s == p - 1 else 0.0,
             in_flight=in_flight)
         if best is None or est.total_bytes > best.total_bytes:

@@ -24,7 +24,9 @@ Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANC
 * DDP: gradients bucketed in the order backward produces them (``bucket_bytes``, the first bucket
   ``first_bucket_bytes``, PyTorch's 25 MiB / 1 MiB), one all-reduce per bucket on the ``dp``
   stream as soon as its last gradient is ready, only on the last micro-batch (``no_sync``
-  before it: gradient accumulation);
+  before it: gradient accumulation); with ``distributed_optimizer`` (Megatron-LM's, ZeRO-1) each
+  bucket is reduce-scattered instead, the optimizer steps 1/dp of the parameters, and they are
+  all-gathered a bucket at a time after the step;
 * FSDP / ZeRO-3: per layer an all-gather of its parameters before forward and again before
   backward, ``fsdp_prefetch`` layers ahead, and a reduce-scatter of its gradients after
   backward, every micro-batch; all on the ``dp`` stream, because they share one process group
@@ -182,8 +184,9 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             per_param = 24 + grad_b + (2 if g.act_b == 2 else 0)
             g.mem(st, f"s{s}.optimizer", local * per_param, "elementwise")
             if distributed:
-                # Each rank's updated shard is gathered back, a bucket at a time, after the step
-                # (Megatron-LM without --overlap-param-gather, its default).
+                # Each rank's updated shard is gathered back, a bucket at a time, after the step and
+                # exposed: overlapping them with the next forward (--overlap-param-gather) is not
+                # modelled.
                 for i, size in enumerate(st.bucket_sizes):
                     g.collective(st, f"s{s}.param_gather{i}", "all_gather", size, "dp", lay.dp_groups(s))
         elif st.buckets or st.rs:

@@ -296,12 +296,23 @@ def stage_layers(spec: TrainingSpec, m: ModelShape, pp: int, stage: int) -> int:
     return sum(counts[c * pp + stage] for c in range(v))
 
 
+def stage_embedding_params(spec: TrainingSpec, m: ModelShape, tp: int, pp: int, stage: int) -> int:
+    """Embedding and head parameters a rank of ``stage`` holds: the input embedding (and learned
+    positions) on the first stage, the head on the last. A head tied to the embedding (GPT-3) is
+    the same table, of which a last stage other than the first keeps a copy (Megatron-LM)."""
+    if not spec.embedding_and_head:
+        return 0
+    table = m.vocab * m.hidden // tp
+    positions = m.seq_len * m.hidden if m.tied_embeddings else 0
+    own_head = not m.tied_embeddings or pp > 1
+    return (table + positions if stage == 0 else 0) + (table if stage == pp - 1 and own_head else 0)
+
+
 def params_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int, stage: int | None = None) -> int:
-    """Parameters a rank of pipeline stage ``stage`` holds; None: the stage that holds fewest layers."""
-    n_layers = (stage_layers(spec, m, pp, stage) if stage is not None
-                else min(stage_layers(spec, m, pp, s) for s in range(pp)))
-    emb = embedding_params(m, tp) if spec.embedding_and_head else 0
-    return n_layers * layer_params(m, tp) + (emb if pp == 1 else emb // 2)
+    """Parameters a rank of pipeline stage ``stage`` holds; None: the stage that holds fewest."""
+    stages = range(pp) if stage is None else (stage,)
+    return min(stage_layers(spec, m, pp, s) * layer_params(m, tp) + stage_embedding_params(spec, m, tp, pp, s)
+               for s in stages)
 
 
 def grad_bytes_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> float:

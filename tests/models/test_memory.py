@@ -10,6 +10,7 @@ import pytest
 from ovsim.api import predict
 from ovsim.cli import main
 from ovsim.models.memory import layer_activation_bytes, memory_estimate
+from ovsim.models.pipeline import stage_order
 from ovsim.models.training_spec import PRESETS, TrainingSpec
 
 GPT = PRESETS["gpt3-1.3b"]  # multi-head attention, 4h MLP, not gated: the paper's layer
@@ -121,3 +122,22 @@ def test_the_distributed_optimizer_shards_the_optimizer_state_alone() -> None:
     fp32 = memory_estimate(spec(precision="fp32", parallel={"distributed_optimizer": True}), d)
     per_param = (fp32.weights_bytes + fp32.gradients_bytes + fp32.optimizer_bytes) / psi
     assert per_param == pytest.approx(8 + 8 / d, rel=0.005)
+
+
+def test_uneven_interleaved_chunks_hold_their_own_layers() -> None:
+    """22 layers on 4 stages of 2 chunks: chunks of 2, 3, 3, 3, 3, 3, 3, 2 layers in model order (the
+    ends give up a layer each), so stage 0 runs chunks of 2 and 3 layers and stage 3 of 3 and 2. The
+    stage holding most is found from its schedule replayed with each chunk's own layers."""
+    p, v, m = 4, 2, 8
+    counts = [2, 3, 3, 3, 3, 3, 3, 2]
+    peaks = []
+    for s in range(p):
+        held = peak = 0
+        for phase, _, c in stage_order("interleaved", p, s, m, v):
+            held += counts[c * p + s] if phase == "F" else -counts[c * p + s]
+            peak = max(peak, held)
+        peaks.append(peak)
+    est = memory_estimate(spec(layers=22, micro_batches=m, embedding_and_head=False,
+                               parallel={"pp": p, "pipeline": "interleaved", "virtual_stages": v}), p)
+    assert est.activations_bytes == pytest.approx(max(peaks) * SBH * 34)
+    assert est.stage == peaks.index(max(peaks))

@@ -367,3 +367,21 @@ def test_the_distributed_optimizer_reduce_scatters_buckets_and_gathers_them_afte
     fsdp = TrainingSpec.model_validate({**base, "parallel": {"dp_mode": "fsdp", "distributed_optimizer": True}})
     with pytest.raises(OvsimError, match="FSDP already shards"):
         training_ops(fsdp, 4)
+
+
+def test_each_stage_steps_the_parameters_whose_gradients_it_reduces() -> None:
+    """Uneven stages (10 layers on 4: 2, 3, 3, 2), the embedding on the first and the untied head on
+    the last: each stage's optimizer steps exactly the parameters its DDP buckets carried (BF16
+    gradients, 2 bytes; fused Adam moves 28 bytes a parameter in mixed precision)."""
+    spec = TrainingSpec.model_validate({"model": "llama2-13b", "layers": 10, "seq_len": 512, "micro_batches": 4,
+                                        "precision": "bf16", "parallel": {"pp": 4, "dp": 2}})
+    ops = training_ops(spec, 8).ops
+    stepped = []
+    for s in range(4):
+        reduced = sum(o.size_bytes for o in ops
+                      if isinstance(o, CollectiveOpSpec) and o.name.startswith(f"s{s}.bucket"))
+        opt = next(o for o in ops if o.name == f"s{s}.optimizer")
+        assert opt.bytes / 28 == pytest.approx(reduced / 2)  # type: ignore[union-attr]
+        stepped.append(reduced / 2)
+    # The middle stages hold a layer more; the ends hold the embedding or the head instead.
+    assert stepped[1] == stepped[2] and stepped[0] == stepped[3] != stepped[1]
