@@ -179,6 +179,7 @@ def _training_space(sc: Scenario) -> dict[str, list[Any]]:
         space["training.parallel.fsdp_prefetch"] = list(FSDP_PREFETCH)
     elif p.dp != 1:
         space["training.parallel.bucket_bytes"] = [m * 2**20 for m in BUCKET_MIB]
+        space["training.parallel.distributed_optimizer"] = [False, True]
     return space
 
 

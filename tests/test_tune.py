@@ -107,6 +107,15 @@ def test_the_default_space_holds_the_scenarios_own_values_first() -> None:
     assert "power.cap_w" in default_space(sc, "energy")
 
 
+def test_a_ddp_iteration_offers_megatrons_distributed_optimizer() -> None:
+    """With data parallelism under DDP, sharding the optimizer (reduce-scatter, step on 1/dp,
+    gather) is a schedule of its own; the scenario's choice (off) comes first."""
+    sc = load_scenario(EXAMPLES / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml")
+    assert default_space(sc)["training.parallel.distributed_optimizer"] == [False, True]
+    fsdp = load_scenario(EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml")
+    assert "training.parallel.distributed_optimizer" not in default_space(fsdp)
+
+
 def test_a_scenario_with_nothing_to_overlap_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "gemm.yaml"
     path.write_text(yaml.safe_dump({"schema": "ovsim.scenario/1", "system": "a100x4",
