@@ -12,9 +12,9 @@ from ovsim.models.training_spec import (
     Layout,
     TrainingSpec,
     activation_element_bytes,
-    embedding_params,
     layer_matrices,
     layer_params,
+    stage_embedding_params,
     wire_element_bytes,
 )
 from ovsim.models.workload import (
@@ -289,7 +289,8 @@ class FsdpCollectives:
         # nccl-tests' size of an all-gather or reduce-scatter is the whole gathered buffer: the
         # layer's unsharded parameters (or gradients), of which each rank holds 1/dp.
         self.layer_bytes = float(layer_params(g.m, g.lay.tp) * g.comm_b)
-        self.emb_bytes = float(embedding_params(g.m, g.lay.tp) * g.comm_b)
+        # FSDP runs on one pipeline stage (layout refuses pp > 1): it holds the embedding and head.
+        self.emb_bytes = float(stage_embedding_params(g.spec, g.m, g.lay.tp, g.lay.pp, 0) * g.comm_b)
         self.names: dict[tuple[str, int, int], list[str]] = {}
 
     def _gather(self, st: StageState, phase: str, layer: int, mb: int) -> None:

@@ -268,11 +268,6 @@ def layer_params(m: ModelShape, tp: int) -> int:
     return weights + small
 
 
-def embedding_params(m: ModelShape, tp: int) -> int:
-    table = m.vocab * m.hidden // tp
-    return table * (1 if m.tied_embeddings else 2) + (m.seq_len * m.hidden if m.tied_embeddings else 0)
-
-
 def chunk_layers(layers: int, chunks: int) -> list[int]:
     """Layers of each model chunk in model order (a pipeline stage's, or an interleaved pipeline's
     virtual stage's: chunk ``c * pp + s`` runs on stage ``s``), for ``chunks`` at most ``layers``.
