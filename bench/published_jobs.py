@@ -55,6 +55,15 @@ VOCAB = 51_200
 GPUS_PER_NODE = 8
 
 
+def parallel_layout(tp: int, pp: int, dp: int, virtual_stages: int, **more: object) -> dict[str, object]:
+    """A row's ``training.parallel``: interleaved 1F1B where it sets virtual stages, plain otherwise."""
+    layout: dict[str, object] = {"tp": tp, "pp": pp, "dp": dp,
+                                 "pipeline": "interleaved" if virtual_stages > 1 else "1f1b", **more}
+    if virtual_stages > 1:
+        layout["virtual_stages"] = virtual_stages
+    return layout
+
+
 @dataclass(frozen=True)
 class Row:
     """One row of the table: the model, the run's layout and the published throughput."""
@@ -93,6 +102,19 @@ class Row:
         """The paper's equation 3: an iteration's FLOPs with full recomputation."""
         b, s, l_, h, v = self.global_batch, SEQ, self.layers, self.hidden, VOCAB
         return 96 * b * s * l_ * h * h * (1 + s / (6 * h) + v / (16 * l_ * h))
+
+    def scenario(self) -> Scenario:
+        return Scenario.model_validate({
+            "schema": "ovsim.scenario/1", "name": f"megatron-table1-{self.name}", "system": "dgx-a100-hdr",
+            "nodes": self.nodes, "schedule": "overlapped",
+            "training": {
+                "model": {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "vocab": VOCAB,
+                          "seq_len": SEQ, "gated_mlp": False, "tied_embeddings": True},
+                "micro_batch_size": self.micro_batch, "micro_batches": self.micro_batches, "precision": "fp16",
+                "recompute": True, "attention": "unfused",
+                "parallel": parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=False),
+            },
+        })
 
 
 # Table 1 (published teraFLOP/s per GPU) with run_table_1.sh's layouts.
@@ -141,11 +163,8 @@ class LlamaRow:
         return (6 * n + 12 * m.layers * m.hidden * m.seq_len) * self.sequences * m.seq_len
 
     def scenario(self) -> Scenario:
-        parallel: dict[str, object] = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "sequence_parallel": True,
-                                       "pipeline": "interleaved" if self.virtual_stages > 1 else "1f1b",
-                                       "distributed_optimizer": True}
-        if self.virtual_stages > 1:
-            parallel["virtual_stages"] = self.virtual_stages
+        parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=True,
+                                   distributed_optimizer=True)
         return Scenario.model_validate({
             "schema": "ovsim.scenario/1", "name": f"llama3-405b-{self.name}", "system": "hgx-h100-ndr",
             "nodes": self.gpus // GPUS_PER_NODE, "schedule": "overlapped",
@@ -157,23 +176,6 @@ class LlamaRow:
 # Table 4's two 8K-context rows (430 and 400 TFLOP/s per GPU), each with 1, 2 and 4 virtual stages.
 LLAMA_ROWS = [LlamaRow(g, v, tflops) for g, tflops in ((8192, 430), (16384, 400)) for v in (1, 2, 4)]
 DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
-
-
-def megatron_scenario(row: Row) -> Scenario:
-    parallel: dict[str, object] = {"tp": row.tp, "pp": row.pp, "dp": row.dp, "sequence_parallel": False,
-                                   "pipeline": "interleaved" if row.virtual_stages > 1 else "1f1b"}
-    if row.virtual_stages > 1:
-        parallel["virtual_stages"] = row.virtual_stages
-    return Scenario.model_validate({
-        "schema": "ovsim.scenario/1", "name": f"megatron-table1-{row.name}", "system": "dgx-a100-hdr",
-        "nodes": row.nodes, "schedule": "overlapped",
-        "training": {
-            "model": {"layers": row.layers, "hidden": row.hidden, "heads": row.heads, "vocab": VOCAB,
-                      "seq_len": SEQ, "gated_mlp": False, "tied_embeddings": True},
-            "micro_batch_size": row.micro_batch, "micro_batches": row.micro_batches, "precision": "fp16",
-            "recompute": True, "attention": "unfused", "parallel": parallel,
-        },
-    })
 
 
 def peak_rss_gb() -> float:
@@ -192,9 +194,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'TFLOP/s':>8} {'published':>9} {'error':>7} {'memory':>7} {'wall s':>7} {'peak GB':>7}")
     for row in [r for r in every if r.name in args.rows]:
         t0 = time.perf_counter()
-        sc = row.scenario() if isinstance(row, LlamaRow) else megatron_scenario(row)
         try:
-            res = api.predict(sc, mode=args.mode, max_ops=args.max_ops)
+            res = api.predict(row.scenario(), mode=args.mode, max_ops=args.max_ops)
         except OvsimError as e:
             print(f"{row.name:>15} {row.gpus:>6}  not run: {e}")
             continue
