@@ -57,79 +57,126 @@ class RateSolver:
         """Rates of everything on the GPUs in ``ranks``: closed over running flows, so no flow or
         channel outside them is affected. ``moving``: some flow of the run moves data. Returns the
         channels' loads where the solver keeps them (counters, checks) and any were shared."""
-        # HBM bytes/s each kernel would move at its block rates, one dict per GPU (in rank order).
         demands: list[tuple[int, dict[KernelState, float]]] = []
+        for r in ranks:
+            demand = self._local(self.gpus[r])
+            if demand:
+                demands.append((r, dict(demand)))
+        return self._shared(ranks, demands, moving)
+
+    def solve_beside(self, ranks: list[int], fresh: dict[int, None]) -> tuple[bool, ChannelLoads | None]:
+        """Solve the GPUs in ``ranks`` (closed over the flows moving data) where only those in
+        ``fresh`` changed: the others keep their SMs' rates and the HBM demands their last solve
+        left (``GpuState.hbm_demand``), and are only shared with. Returns (True, loads) where the
+        solve leaves every kernel of the others and every flow they carry as it was, so that they
+        need not be brought up to date; otherwise (False, None) with all of it put back as it was,
+        for a full solve once they are."""
+        demands: list[tuple[int, dict[KernelState, float]]] = []
+        thetas: list[tuple[KernelState, float]] = []
         gpus = self.gpus
         for r in ranks:
             gpu = gpus[r]
-            mult = gpu.mult
-            groups = gpu.groups
+            if r in fresh:
+                demand = self._local(gpu)
+            else:
+                for k in gpu.running:
+                    thetas.append((k, k.theta))
+                    k.theta = k.theta_self  # as the SM step of a full solve leaves it
+                demand = gpu.hbm_demand
+            if demand:
+                demands.append((r, dict(demand)))
+        flows = [(f, (f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck)) for f in self._moving(ranks)]
+        loads = self._shared(ranks, demands, True)
+        same = all(k.theta == theta for k, theta in thetas) and all(
+            (f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck) == before
+            or all(q in fresh for q in f.ranks) for f, before in flows)
+        if same:
+            return True, loads
+        for k, theta in thetas:
+            k.theta = theta
+        for f, before in flows:
+            f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck = before
+        return False, None
+
+    def _moving(self, ranks: list[int]) -> list[FlowState]:
+        """The flows moving data through the GPUs in ``ranks``, each once, in rank order."""
+        flows: list[FlowState] = []
+        seen: set[int] = set()
+        for r in ranks:
+            for f in self.gpus[r].flows:
+                if f.phase == "data" and id(f) not in seen:
+                    seen.add(id(f))
+                    flows.append(f)
+        return flows
+
+    def _local(self, gpu: GpuState) -> dict[KernelState, float]:
+        """Share each SM's issue slots among its blocks and set their rates; returns (and keeps as
+        ``gpu.hbm_demand``) the HBM bytes/s each kernel would move at them, within its own cap."""
+        mult = gpu.mult
+        groups = gpu.groups
+        for g in groups:
+            for e in g.entries:
+                e.k.issued = 0.0
+        demand: dict[KernelState, float] = {}
+        # The fraction of the GPU's SMs running blocks that load the shared memory system
+        # (GEMM tiles, KernelDemand.load_share): the fewer, the faster each of those runs.
+        busy = 0
+        if self.any_load:
             for g in groups:
                 for e in g.entries:
-                    e.k.issued = 0.0
-            demand: dict[KernelState, float] = {}
-            # The fraction of the GPU's SMs running blocks that load the shared memory system
-            # (GEMM tiles, KernelDemand.load_share): the fewer, the faster each of those runs.
-            busy = 0
-            if self.any_load:
-                for g in groups:
-                    for e in g.entries:
-                        if e.k.load_share > 0:
-                            busy += g.n
-                            break
-            idle_share = 1.0 - busy / gpu.model.sm_count
-            for g in groups:
-                entries = g.entries
-                if not entries:
-                    continue
-                if len(entries) == 1:
-                    e = entries[0]
-                    ask = e.k.ask
-                    if ask > 0:
-                        x = 1.0 / e.per_sm
-                        cap = e.k.cap
-                        e.share = (x if x < cap else cap) / ask
-                    else:
-                        e.share = 1.0
+                    if e.k.load_share > 0:
+                        busy += g.n
+                        break
+        idle_share = 1.0 - busy / gpu.model.sm_count
+        for g in groups:
+            entries = g.entries
+            if not entries:
+                continue
+            if len(entries) == 1:
+                e = entries[0]
+                ask = e.k.ask
+                if ask > 0:
+                    x = 1.0 / e.per_sm
+                    cap = e.k.cap
+                    e.share = (x if x < cap else cap) / ask
                 else:
-                    shares = water_fill([e.k.cap for e in entries], [e.per_sm for e in entries], 1.0)
-                    for e, got in zip(entries, shares, strict=True):
-                        ask = e.k.ask
-                        e.share = got / ask if ask > 0 else 1.0
-                n = g.n
-                for e in entries:
-                    k = e.k
-                    blocks = n * e.per_sm
-                    k.issued += blocks * e.share
-                    if k.flow is not None:
-                        e.rate = 0.0
-                        continue
-                    e.rate = e.share * mult[k.clock_cls] / k.t_block
-                    if k.load_share > 0:
-                        e.rate /= 1.0 - k.load_share * idle_share
-                    if k.bytes_per_block > 0:
-                        demand[k] = demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
-            for k in gpu.running:
-                k.theta = k.theta_self = 1.0
-            for k, raw in demand.items():
-                # The clock slows a memory-bound kernel's whole rate by the part of its time that
-                # follows it, even one whose blocks could move data faster than HBM lets them.
-                cap = k.hbm_cap * mult[k.clock_cls] if k.clock_cls in self.memory_share_cls else k.hbm_cap
-                if raw > cap:
-                    k.theta = k.theta_self = cap / raw
-                    demand[k] = cap
-            if demand:
-                demands.append((r, demand))
+                    e.share = 1.0
+            else:
+                shares = water_fill([e.k.cap for e in entries], [e.per_sm for e in entries], 1.0)
+                for e, got in zip(entries, shares, strict=True):
+                    ask = e.k.ask
+                    e.share = got / ask if ask > 0 else 1.0
+            n = g.n
+            for e in entries:
+                k = e.k
+                blocks = n * e.per_sm
+                k.issued += blocks * e.share
+                if k.flow is not None:
+                    e.rate = 0.0
+                    continue
+                e.rate = e.share * mult[k.clock_cls] / k.t_block
+                if k.load_share > 0:
+                    e.rate /= 1.0 - k.load_share * idle_share
+                if k.bytes_per_block > 0:
+                    demand[k] = demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
+        for k in gpu.running:
+            k.theta = k.theta_self = 1.0
+        for k, raw in demand.items():
+            # The clock slows a memory-bound kernel's whole rate by the part of its time that
+            # follows it, even one whose blocks could move data faster than HBM lets them.
+            cap = k.hbm_cap * mult[k.clock_cls] if k.clock_cls in self.memory_share_cls else k.hbm_cap
+            if raw > cap:
+                k.theta = k.theta_self = cap / raw
+                demand[k] = cap
+        gpu.hbm_demand = demand
+        return demand
 
+    def _shared(self, ranks: list[int], demands: list[tuple[int, dict[KernelState, float]]],
+                moving: bool) -> ChannelLoads | None:
+        """Share HBM, links and the collectives' caps among the kernels (``demands``, changed in
+        place by the latency law) and flows of the GPUs in ``ranks``."""
         # Only flows moving data take bandwidth; the others' rates are never read.
-        flows: list[FlowState] = []
-        if moving:
-            seen: set[int] = set()
-            for r in ranks:
-                for f in gpus[r].flows:
-                    if f.phase == "data" and id(f) not in seen:
-                        seen.add(id(f))
-                        flows.append(f)
+        flows = self._moving(ranks) if moving else []
         pressure = self._pressure(ranks) if self.has_pressure else []
         for f in flows:
             d = f.demand

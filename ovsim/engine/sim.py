@@ -28,10 +28,11 @@ Waves, tails, a persistent kernel blocking a later one, and collectives waiting 
 rank all come out of these rules.
 
 Work is local: a GPU's rates depend only on its own SMs and HBM and on the flows that use them, so
-an event recomputes only the GPUs it touches, closed over the flows moving data through them
-(a running collective couples all its ranks). Each GPU is advanced lazily to the present when it is
-touched; between touches nothing about it changes. The cost of an event therefore does not grow
-with the number of ranks unless a collective spans them.
+an event recomputes only the GPUs it touches. A flow moving data couples all its GPUs: their shared
+channels are solved together, but a coupled GPU the event did not touch keeps its SMs' rates, and
+is brought up to date only where the solve moves one of its rates
+(:meth:`~ovsim.engine.rates.RateSolver.solve_beside`). Each GPU is advanced lazily to the present
+when it is touched; between touches nothing about it changes.
 
 This module is the event loop: streams, launches, flows joining and finishing, and the order of the
 steps above. The steps themselves are parts with narrow interfaces: :mod:`~ovsim.engine.dispatch`
@@ -92,6 +93,10 @@ class EngineOptions:
     # Take a kernel's waves that nothing else can interleave with in one event (dispatch.batch).
     # The timeline is the same either way, to float round-off; off only to check that.
     fast_forward: bool = True
+    # Leave a GPU that a moving collective only couples to an event's GPUs as it is where its
+    # rates do not move (RateSolver.solve_beside). The same timeline to float round-off; off only
+    # to check that.
+    keep_coupled: bool = True
 
 
 class Engine:
@@ -152,6 +157,11 @@ class Engine:
         self.solver = RateSolver(machine, self.gpus, any_load=any_load, memory_share_cls=self.memory_share_cls,
                                  keep_loads=self.opts.counters, check_invariants=self.opts.check_invariants)
         self.tick_due = False
+        # Not where the power loop re-solves clocks at every event: a clock it moves re-rates the
+        # touched GPUs inside the loop, which must then hold every GPU their flows couple.
+        self.keep_coupled = self.opts.keep_coupled and not (self.managed and not self.windowed)
+        # Resolves whose coupled GPUs were left as they were, and those that had to bring them in.
+        self.coupled_kept = self.coupled_solved = 0
         self.power_history = power_history
         if self.loop is not None and self.managed:
             self.loop.start_clocks(self.loop.idle_history() if power_history is None else power_history)
@@ -423,10 +433,40 @@ class Engine:
                     g.mult[i] = PowerModel.memory_rate(factor, share)
                 g.throttled = any(x != 1.0 for x in g.mult)
         self.released, self.woken = self.woken, []
+        self._settle_instant(couple=False)
+        touched = self.touched
+        ranks = sorted(touched) if len(touched) > 1 else list(touched)
+        if self.n_data and self.keep_coupled:
+            closure = self._coupled(ranks)
+            if len(closure) > len(ranks):
+                kept, loads = self.solver.solve_beside(closure, touched)
+                if kept:
+                    # The GPUs only coupled to these keep their rates, timers and waves: nothing
+                    # about them changed.
+                    self.coupled_kept += 1
+                    if loads is not None:
+                        self.counters.sample(now, self.gpus, closure, loads)
+                    self._after_rates(ranks)
+                    return
+                self.coupled_solved += 1
+                for q in closure:
+                    self._touch(q)
+                self._settle_instant(couple=True)
+                ranks = sorted(touched)
+        elif self.n_data:
+            self._settle_instant(couple=True)
+            ranks = sorted(touched) if len(touched) > 1 else list(touched)
+        self._rate(ranks)
+        self._after_rates(ranks)
+
+    def _settle_instant(self, couple: bool) -> None:
+        """Retire what finished, dispatch and launch until this instant has nothing more to do.
+        ``couple``: also bring in every GPU a flow moving data shares with a touched one."""
         gpus = self.gpus
         to_complete = self.to_complete
         to_dispatch = self.to_dispatch
         touched = self.touched
+        now = self.now
         while True:
             while to_complete:
                 self._complete(gpus[to_complete.pop()])
@@ -436,16 +476,10 @@ class Engine:
                 to_dispatch.clear()
             if self.n_waiting:
                 self._arrivals()
-            if self.n_data:
-                # Rates of a GPU carrying data for a collective depend on every GPU it uses.
-                seen: set[int] = set()
-                for r in list(touched):
-                    for f in gpus[r].flows:
-                        if f.phase == "data" and id(f) not in seen:
-                            seen.add(id(f))
-                            for q in f.ranks:
-                                if q not in touched:
-                                    self._touch(q)
+            if couple and self.n_data:
+                for q in self._coupled(list(touched)):
+                    if q not in touched:
+                        self._touch(q)
             if to_complete or to_dispatch:
                 continue
             if not self.released:
@@ -457,11 +491,30 @@ class Engine:
             self.released = []
             for s in released:
                 self._pump(s)
-        ranks = sorted(touched) if len(touched) > 1 else list(touched)
-        self._rate(ranks)
+
+    def _coupled(self, ranks: list[int]) -> list[int]:
+        """``ranks`` and every GPU a flow moving data joins to them, directly or through others,
+        sorted: a running collective's rates depend on every GPU it uses."""
+        gpus = self.gpus
+        closed = dict.fromkeys(ranks)
+        stack = list(ranks)
+        seen: set[int] = set()
+        while stack:
+            for f in gpus[stack.pop()].flows:
+                if f.phase == "data" and id(f) not in seen:
+                    seen.add(id(f))
+                    for q in f.ranks:
+                        if q not in closed:
+                            closed[q] = None
+                            stack.append(q)
+        return sorted(closed)
+
+    def _after_rates(self, ranks: list[int]) -> None:
+        """Power, fast-forwarded waves and the next timer of each GPU whose rates were just set."""
         if self.loop is not None:
-            self.loop.update(ranks, now, self._rate)
+            self.loop.update(ranks, self.now, self._rate)
         fast_forward = self.opts.fast_forward
+        gpus = self.gpus
         for r in ranks:
             # A GPU's batching reads and changes only its own SMs, so each GPU can be done at once.
             gpu = gpus[r]

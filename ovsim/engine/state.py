@@ -221,7 +221,7 @@ Activity = tuple[float, float, float, float, float, float, float, float, tuple[t
 
 class GpuState:
     __slots__ = ("batched", "ce_free", "ce_waiting", "clock_factor", "clock_frac", "cluster_freed_s", "ctl", "flows",
-                 "groups", "last_t",
+                 "groups", "hbm_demand", "last_t",
                  "model", "mult", "n_partitions", "pending", "rank", "running", "throttled", "timer", "timer_at")
 
     def __init__(self, rank: int, model: GpuModel) -> None:
@@ -252,6 +252,8 @@ class GpuState:
         self.batched = False  # some entry holds later waves (dispatch.batch)
         self.ctl: ClockWindow | None = None  # the power-limit loop's window, where it runs one
         self.cluster_freed_s = -INF  # when a cluster kernel's blocks last left SMs
+        # The HBM bytes/s each kernel asked for at the last rate solve (RateSolver.solve_beside).
+        self.hbm_demand: dict[KernelState, float] = {}
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Property tests over random workloads (hypothesis): resource limits hold at every event, the
 makespan respects the lower bounds, an added op changes nothing before it is ready and slows
-single-stream SM-bound programs only, fast-forwarding waves changes nothing, runs are
-deterministic.
+single-stream SM-bound programs only, fast-forwarding waves and leaving coupled GPUs as they are
+change nothing, runs are deterministic.
 """
 
 from __future__ import annotations
@@ -86,9 +86,10 @@ def workloads(draw: Any, kinds: tuple[str, ...] = ("kernel", "kernel", "collecti
     return Workload(ops=tuple(ops), streams=tuple(streams), n_ranks=N_RANKS)
 
 
-def simulate(wl: Workload, fast_forward: bool = True) -> pd.DataFrame:
+def simulate(wl: Workload, fast_forward: bool = True, keep_coupled: bool = True) -> pd.DataFrame:
     machine = build_machine(SYSTEM, GPU, PARAMS, n_ranks=N_RANKS)
-    return Engine(wl, machine, EngineOptions(check_invariants=True, fast_forward=fast_forward)).run().ops
+    return Engine(wl, machine, EngineOptions(check_invariants=True, fast_forward=fast_forward,
+                                             keep_coupled=keep_coupled)).run().ops
 
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -173,6 +174,19 @@ def test_fast_forwarding_waves_changes_no_timeline(wl: Workload) -> None:
     for col in ("launch_s", "start_s", "end_s", "duration_s", "wait_sm_s", "share_sm_s", "share_hbm_s",
                 "share_link_s", "wait_peers_s"):
         assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), rel=1e-9, abs=1e-15), col
+
+
+@SETTINGS
+@given(workloads(kinds=("kernel", "kernel", "collective", "collective", "copy")))
+def test_leaving_coupled_gpus_as_they_are_changes_no_timeline(wl: Workload) -> None:
+    """A GPU that a moving collective only couples to an event's GPU is left as it is where its
+    rates do not move (RateSolver.solve_beside): every op's times and its slow-down attribution
+    are those of the run that brings every coupled GPU up to date at every event, to round-off."""
+    kept = simulate(wl).set_index("id").sort_index()
+    full = simulate(wl, keep_coupled=False).set_index("id").sort_index()
+    for col in ("launch_s", "start_s", "end_s", "duration_s", "wait_sm_s", "share_sm_s", "share_hbm_s",
+                "share_link_s", "wait_peers_s"):
+        assert kept[col].to_numpy() == pytest.approx(full[col].to_numpy(), rel=1e-9, abs=1e-15), col
 
 
 def test_a_kernel_behind_a_fast_forwarded_one_dispatches_when_the_last_blocks_do() -> None:

@@ -1,0 +1,68 @@
+"""GPUs that a moving collective only couples to an event's GPU are left as they are where their
+rates do not move (RateSolver.solve_beside): the same timeline as bringing every one of them up to
+date at every event, with and without the power-limit loop."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from ovsim.engine.machine import build_machine
+from ovsim.engine.power import PowerConfig
+from ovsim.engine.sim import Engine, EngineOptions
+from ovsim.hw.calib import load_calibration
+from ovsim.hw.power import PowerSettings, power_model
+from ovsim.hw.spec import SystemSpec, load_gpu
+from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, StreamSpec, Workload
+
+GPU = load_gpu("h100-sxm5-80gb")
+PARAMS = load_calibration(GPU, "h100-sxm5-80gb").params
+RANKS = 4
+SYSTEM = SystemSpec.model_validate({"schema": "ovsim.system/1", "name": "t", "gpu": "h100-sxm5-80gb",
+                                    "gpu_count": RANKS, "topology": "nvswitch", "sources": {"t": "test"}})
+
+
+def kernel(blocks: int, block_s: float, hbm_bytes: float) -> KernelDemand:
+    return KernelDemand(blocks=blocks, block=BlockShape(256, 64, 0), block_time_s=block_s, issue_fraction=0.5,
+                        hbm_bytes=hbm_bytes, flops=0.0, isolated_s=block_s * blocks / (4 * 132),
+                        clock_sensitive=hbm_bytes == 0)
+
+
+def workload() -> Workload:
+    """Each rank runs its own mix of short kernels (a rank's kernels differ in size, so ranks drift
+    apart) while all-reduces, each after a few kernels, move data across all four."""
+    nccl = KernelDemand(blocks=16, block=BlockShape(544, 96, 82240), block_time_s=1.0, issue_fraction=1.0,
+                        hbm_bytes=0.0, flops=0.0, isolated_s=1.0, clock_sensitive=False)
+    ops: list[Op] = []
+    for r in range(RANKS):
+        prev = ""
+        for i in range(24):
+            if i % 6 == 5:
+                flow = FlowDemand(group=f"ar{i}", ranks=tuple(range(RANKS)), bytes=64e6, latency_s=5e-6,
+                                  rate_cap_bytes_per_s=1.5e11, link_coeff=1.5, hbm_coeff=3.0)
+                ops.append(Op(f"ar{i}@{r}", "allreduce", "collective", r, "comm", deps=(prev,), kernel=nccl,
+                              flow=flow))
+                continue
+            k = kernel(528 * (1 + (i + r) % 3), 2e-6 * (1 + r % 2), 2e8 * ((i + r) % 2))
+            prev = f"k{i}@{r}"
+            ops.append(Op(prev, f"k{i}", "generic", r, "compute", kernel=k, delay_s=1e-6 * r * (i % 4 == 0)))
+    streams = tuple(StreamSpec(r, s) for r in range(RANKS) for s in ("compute", "comm"))
+    return Workload(ops=tuple(ops), streams=streams, n_ranks=RANKS)
+
+
+def run(keep: bool, power: bool) -> tuple[pd.DataFrame, Engine]:
+    machine = build_machine(SYSTEM, GPU, PARAMS, n_ranks=RANKS)
+    pc = PowerConfig(model=power_model(GPU, PARAMS), settings=PowerSettings()) if power else None
+    engine = Engine(workload(), machine, EngineOptions(check_invariants=True, keep_coupled=keep, power=pc))
+    return engine.run().ops.set_index("id").sort_index(), engine
+
+
+@pytest.mark.parametrize("power", [False, True])
+def test_coupled_gpus_left_as_they_are_give_the_same_timeline(power: bool) -> None:
+    kept, engine = run(True, power)
+    full, reference = run(False, power)
+    # Both ways were taken: GPUs left as they were, and brought in where a flow's rate moved.
+    assert engine.coupled_kept > 0 and engine.coupled_solved > 0
+    assert reference.coupled_kept == 0
+    for col in ("start_s", "end_s", "wait_sm_s", "share_sm_s", "share_hbm_s", "share_link_s", "wait_peers_s"):
+        assert kept[col].to_numpy() == pytest.approx(full[col].to_numpy(), rel=1e-9, abs=1e-15), col
