@@ -18,9 +18,10 @@ from pydantic import ValidationError
 
 from ovsim.engine.analytic import Plan, analytic_timeline
 from ovsim.engine.machine import build_machine
-from ovsim.engine.power import PowerConfig, analytic_power, power_table, restore_isolated, throttled_durations
+from ovsim.engine.power import PowerConfig, power_table
+from ovsim.engine.power_analytic import analytic_power, restore_isolated, throttled_durations
 from ovsim.engine.sim import Engine, EngineOptions
-from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline
+from ovsim.engine.timeline import Timeline
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Calibration, load_calibration
 from ovsim.hw.power import PowerSettings, check_settings, power_model
@@ -257,8 +258,7 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
         else:
             clocks = None
             timeline = analytic_timeline(wl, plan=plan)
-        counters_rows = analytic_power(timeline, wl, gpu, power, clocks)
-        timeline = Timeline(ops=timeline.ops, counters=pd.DataFrame(counters_rows, columns=COUNTER_COLUMNS))
+        timeline = Timeline(ops=timeline.ops, counters=analytic_power(timeline, wl, gpu, power, clocks))
     else:
         machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout)
         try:

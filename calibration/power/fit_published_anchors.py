@@ -42,7 +42,7 @@ import argparse
 import sys
 
 from ovsim.calibrate import FitReport, write_shipped
-from ovsim.engine.power import isolated_activity
+from ovsim.engine.power_analytic import isolated_activity
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.power import power_model
 from ovsim.hw.spec import load_gpu

@@ -110,7 +110,7 @@ def test_a_collectives_link_power_counts_its_whole_group(h100: Any, h100_calib: 
     has): its link traffic, and so its link power, is that of the whole ring."""
     from dataclasses import replace
 
-    from ovsim.engine.power import isolated_activity
+    from ovsim.engine.power_analytic import isolated_activity
     from ovsim.hw.power import power_model
     from ovsim.models.ir import FlowDemand, Op
 

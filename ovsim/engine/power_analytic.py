@@ -1,0 +1,404 @@
+"""Power in the analytic fidelity: it has no shared resources, so the power of ops that run at the
+same time is the sum of their isolated activities (:func:`analytic_power`). Under a windowed
+power-limit loop it runs the same loop on that activity, the workload repeated
+(:func:`throttled_durations`); with no window each op runs at the clock the cap gives it alone.
+
+The analytic fidelity is the one for jobs of millions of ops, so everything here works on arrays
+over the workload's ops: an op's activity is worked out once per kind of op (the ops of a repeated
+layer share their demands), and each rank's power is swept over its streams, whose ops never
+overlap, rather than op by op. The arithmetic is the engine's (:meth:`PowerModel.board_power_w`,
+:meth:`PowerConfig.multipliers`) term for term, so the figures are the same to round-off.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ovsim.engine.analytic import Plan
+from ovsim.engine.power import (
+    CLOCK_COUNTER,
+    POWER_COUNTER,
+    PowerConfig,
+    SolverInputs,
+    op_power_class,
+    rate_class,
+    tensor_clock_class,
+)
+from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
+from ovsim.hw.power import MEMORY, TENSOR, PowerModel
+from ovsim.hw.spec import GpuSpec
+from ovsim.models.cost import blocks_per_sm
+from ovsim.models.ir import Op, Workload
+
+
+@dataclass(frozen=True)
+class _OpPower:
+    cls: str  # tensor / fp32 / memory, "" for ops without SMs
+    sm_w: float  # dynamic watts at c = 1
+    hbm_bytes_per_s: float
+    link_bytes_per_s: float
+
+
+def isolated_activity(op: Op, gpu: GpuSpec, model: PowerModel) -> _OpPower:
+    """What an op alone keeps busy, averaged over its isolated time (tail waves included)."""
+    iso = op.isolated_s
+    if iso <= 0:
+        return _OpPower("", 0.0, 0.0, 0.0)
+    sm_w = 0.0
+    cls = ""
+    hbm = 0.0
+    link = 0.0
+    k = op.kernel
+    if k is not None:
+        cls, w = op_power_class(op, model)
+        occ = max(1, blocks_per_sm(k.block, gpu))
+        sms = gpu.sm.count
+        waves = math.ceil(k.blocks / (sms * occ))
+        resident = k.blocks / (waves * sms * occ)  # mean fraction of block slots held
+        per_sm = resident * (occ * k.issue_fraction if cls != MEMORY else 1.0)
+        if op.flow is not None:
+            f = op.flow
+            busy = (iso - f.latency_s) / iso if iso > 0 else 0.0
+            per_sm = k.blocks / (sms * occ) * busy
+        sm_w = min(1.0, per_sm) * w
+        if op.flow is None:
+            hbm += k.hbm_bytes / iso
+    if op.flow is not None:
+        f = op.flow
+        hbm += f.bytes * f.hbm_coeff / iso
+        if f.pattern in ("ring", "all_pairs") and (f.group_size or len(f.ranks)) > 1:
+            link += 2.0 * f.bytes * f.link_coeff / iso
+        elif f.pattern == "p2p":
+            link += f.bytes * f.link_coeff / iso
+    return _OpPower(cls, sm_w, hbm, link)
+
+
+def _solver_inputs(op: Op, a: _OpPower, model: PowerModel) -> SolverInputs:
+    """An op's isolated activity as the clock solver takes it (PowerModel.solve_clock's terms)."""
+    follow = a.hbm_bytes_per_s if a.cls in (TENSOR, "fp32") else 0.0
+    ref = model.tensor_reference_clock_fraction if a.cls == TENSOR else 1.0
+    saturation = model.tensor_saturations[tensor_clock_class(op, model) - 2] if a.cls == TENSOR else math.inf
+    if math.isfinite(saturation):
+        # Its traffic at the saturation clock, from the calibrated traffic at the reference clock.
+        at_sat = follow * saturation / min(ref, saturation)
+        return (a.sm_w, a.hbm_bytes_per_s - follow, 0.0, a.link_bytes_per_s, ((at_sat, saturation),))
+    return (a.sm_w, a.hbm_bytes_per_s - follow, follow / ref, a.link_bytes_per_s, ())
+
+
+@dataclass(frozen=True)
+class OpTerms:
+    """What the analytic power loop needs of each op of a workload, one entry per op in its order.
+
+    ``solver``: the clock solver's terms (``sm_w``, HBM bytes/s that do not follow the clock, HBM
+    bytes/s at c = 1 that do, link bytes/s, then per clock of ``saturations`` the saturating tensor
+    traffic); ``tensor``: a tensor-core kernel; ``rate_cls``: its index in
+    :meth:`PowerConfig.multipliers` (0: not clock-bound, or no kernel); ``kernel_s`` the kernel's
+    isolated time (where it has one) and ``isolated_s`` the op's; ``inputs``: each op's solver terms
+    as a tuple, shared by the ops of one kind (``index`` into it)."""
+
+    solver: np.ndarray
+    saturations: tuple[float, ...]
+    tensor: np.ndarray
+    rate_cls: np.ndarray
+    kernel_s: np.ndarray
+    isolated_s: np.ndarray
+    inputs: list[SolverInputs]
+    index: np.ndarray
+
+    @staticmethod
+    def of(workload: Workload, gpu: GpuSpec, model: PowerModel) -> OpTerms:
+        ops = workload.ops
+        n = len(ops)
+        # Ops of one kind, kernel demand, flow demand and precision share all of it: the ops of a
+        # repeated layer share their demands (the workload keeps them alive, so ids are not reused).
+        kinds: dict[tuple[str, int, int, object], int] = {}
+        first: list[Op] = []
+        index = np.empty(n, dtype=np.int64)
+        for i, op in enumerate(ops):
+            key = (op.kind, id(op.kernel), id(op.flow), op.info.get("precision"))
+            j = kinds.get(key)
+            if j is None:
+                j = kinds[key] = len(first)
+                first.append(op)
+            index[i] = j
+        acts = [isolated_activity(op, gpu, model) for op in first]
+        inputs = [_solver_inputs(op, a, model) for op, a in zip(first, acts, strict=True)]
+        sats = tuple(sorted({x for v in inputs for _, x in v[4]}))
+        solver = np.array([[*v[:4], *(dict((s, b) for b, s in v[4]).get(s, 0.0) for s in sats)] for v in inputs],
+                          dtype=float).reshape(len(inputs), 4 + len(sats))
+        rate = [rate_class(op, model, op_power_class(op, model)[0]) if op.kernel is not None else 0 for op in first]
+        kernel_s = [op.kernel.isolated_s if op.kernel is not None else math.nan for op in first]
+        return OpTerms(solver=solver[index], saturations=sats,
+                       tensor=np.array([a.cls == TENSOR for a in acts], dtype=bool)[index],
+                       rate_cls=np.array(rate, dtype=np.int64)[index],
+                       kernel_s=np.array(kernel_s, dtype=float)[index],
+                       isolated_s=np.array([op.isolated_s for op in ops], dtype=float),
+                       inputs=inputs, index=index)
+
+    def hbm_at(self, rows: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """The HBM bytes/s of the ops ``rows`` at clock fractions ``c``: the traffic that does not
+        follow the clock, that which does, and that which does up to its saturation clock."""
+        x = self.solver[rows]
+        out: np.ndarray = x[:, 1] + x[:, 2] * c
+        for j, sat in enumerate(self.saturations):
+            out = out + x[:, 4 + j] * np.minimum(c, sat) / sat
+        return out
+
+
+def dynamic_scale(model: PowerModel, c: np.ndarray) -> np.ndarray:
+    """:meth:`PowerModel.dynamic_scale` of every clock fraction in ``c``."""
+    k, vk = model.knee_clock_fraction, model.knee_voltage_fraction
+    v = np.where(c <= k, vk, vk + (1.0 - vk) * (c - k) / (1.0 - k))
+    out: np.ndarray = c * v * v
+    return out
+
+
+def _multipliers(cfg: PowerConfig, c: np.ndarray) -> np.ndarray:
+    """:meth:`PowerConfig.multipliers` of every clock fraction in ``c``, one row each."""
+    m = cfg.model
+    ref = m.tensor_reference_clock_fraction
+    cols = [np.ones_like(c), c, *(np.minimum(c, x) / min(ref, x) for x in m.tensor_saturations),
+            *(1.0 / ((1.0 - share) + share / c) for share in m.memory_clock_shares)]
+    return np.column_stack(cols)
+
+
+def _stretched(cfg: PowerConfig, clocks: np.ndarray, terms: OpTerms) -> list[float]:
+    """Each op's time with every clock-bound kernel's time (and the part of a memory-bound
+    kernel's that follows the clock) stretched or shrunk by its op's clock (``clocks``, per op)."""
+    out = terms.isolated_s.copy()
+    bound = np.flatnonzero(terms.rate_cls != 0)
+    if bound.size:
+        mult = _multipliers(cfg, clocks[bound])
+        out[bound] = terms.kernel_s[bound] / mult[np.arange(bound.size), terms.rate_cls[bound]]
+    result: list[float] = out.tolist()
+    return result
+
+
+# Passes of the analytic fidelity's power-limit loop (clocks, then the timeline they give), at most.
+_ANALYTIC_LOOP_PASSES = 4
+
+
+def _periodic_integral(t: np.ndarray, times: np.ndarray, cum: np.ndarray, span: float,
+                       idle_before: bool = False) -> np.ndarray:
+    """The integral from 0 to each of ``t`` (negative: back into earlier repeats, or into idleness
+    with ``idle_before``) of terms whose integral over one repeat of length ``span`` is ``cum`` at
+    ``times``."""
+    if idle_before:
+        t = np.maximum(t, 0.0)
+    q = np.floor(t / span)
+    rest = t - q * span
+    inside = np.column_stack([np.interp(rest, times, cum[:, j]) for j in range(cum.shape[1])])
+    out: np.ndarray = q[:, None] * cum[-1] + inside
+    return out
+
+
+def _ranks_rows(workload: Workload) -> dict[int, np.ndarray]:
+    """The ops a timeline has rows for (host gaps have none), by rank in program order."""
+    by_rank: dict[int, list[int]] = {}
+    for i, op in enumerate(workload.ops):
+        if op.kind != "delay":
+            by_rank.setdefault(op.rank, []).append(i)
+    return {r: np.array(rows, dtype=np.int64) for r, rows in sorted(by_rank.items())}
+
+
+def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan: Plan) -> np.ndarray:
+    """Each op's clock under the windowed power-limit loop, the workload repeated back to back (or,
+    with the settings' ``start`` "idle", after idleness): the loop sets each rank's clock every
+    control period from the rank's activity over the window before (wrapping round to the previous
+    repeat), and an op takes the average clock over its span. The timeline depends on the clocks,
+    so the two are iterated from the top clock."""
+    m = cfg.model
+    hi, cap = cfg.max_clock_fraction, cfg.cap_w
+    period, window = m.control_period_s, m.control_window_s
+    sats = list(terms.saturations)
+    clocks = np.full(len(workload.ops), hi)
+    by_rank = _ranks_rows(workload)
+    every = np.concatenate(list(by_rank.values())) if by_rank else np.zeros(0, dtype=np.int64)
+    idle = cfg.settings.start == "idle"
+    for _ in range(_ANALYTIC_LOOP_PASSES):
+        _, start_list, end_list, _, _ = plan.times(_stretched(cfg, clocks, terms))
+        start_all, end_all = np.array(start_list, dtype=float), np.array(end_list, dtype=float)
+        span = float(end_all[every].max()) if every.size else 0.0
+        new = clocks.copy()
+        for rows in by_rank.values():
+            if span <= 0:
+                new[rows] = hi
+                continue
+            start, end = start_all[rows], end_all[rows]
+            # Each solver term's rate as steps at the ops' starts and ends, then its integral.
+            x = terms.solver[rows]
+            times = np.concatenate([start, end, [0.0, span]])
+            steps = np.concatenate([x, -x, np.zeros((2, x.shape[1]))])
+            order = np.argsort(times, kind="stable")
+            times, rate = times[order], np.cumsum(steps[order], axis=0)
+            cum = np.vstack([np.zeros(x.shape[1]), np.cumsum(rate[:-1] * np.diff(times)[:, None], axis=0)])
+            ticks = np.arange(0.0, span + period, period)
+            avg = (_periodic_integral(ticks, times, cum, span, idle)
+                   - _periodic_integral(ticks - window, times, cum, span, idle)) / window
+            c = m.solve_clocks(cap, avg, hi, sats)
+            # The clock's integral over time, then each op's average clock over its span.
+            edges = np.append(ticks, ticks[-1] + period)
+            c_cum = np.concatenate([[0.0], np.cumsum(c * period)])
+            at0, at1 = np.interp(start, edges, c_cum), np.interp(end, edges, c_cum)
+            idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, len(c) - 1)
+            d = end - start
+            lasting = d > 0
+            new[rows] = np.where(lasting, (at1 - at0) / np.where(lasting, d, 1.0), c[idx])
+        if np.all(np.abs(new[every] - clocks[every]) <= 1e-12):
+            break
+        clocks = new
+    return clocks
+
+
+def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
+                        plan: Plan | None = None) -> tuple[list[float], np.ndarray]:
+    """Each op's time with every clock-bound kernel's time (and the part of a memory-bound
+    kernel's that follows the clock) stretched or shrunk by its op's clock, and each op's clock
+    fraction (in the workload's order): under a windowed power-limit loop the clock the loop gives
+    the repeated workload where the op runs (:func:`_windowed_clocks`), without a window the clock
+    the cap gives the op alone. ``plan``: the workload's analytic plan, where the caller has it."""
+    m = cfg.model
+    terms = OpTerms.of(workload, gpu, m)
+    if m.control_window_s > 0:
+        clocks = _windowed_clocks(workload, terms, cfg, plan if plan is not None else Plan.of(workload))
+    else:
+        alone = np.array([m.solve_clock(cfg.cap_w, x[0], x[1], x[2], x[3], cfg.max_clock_fraction,
+                                        hbm_saturating=x[4]) for x in terms.inputs], dtype=float)
+        clocks = alone[terms.index] if terms.index.size else np.zeros(0)
+    return _stretched(cfg, clocks, terms), clocks
+
+
+def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:
+    """Report the cost model's isolated times again; the difference is time lost to the clock."""
+    iso = pd.Series({op.id: op.isolated_s for op in workload.ops}, dtype=float)
+    ops = timeline.ops.copy()
+    mine = ops["id"].map(iso)
+    known = mine.notna().to_numpy()
+    # Lost to a clock below the calibration's, or gained (negative) above it.
+    stretched = known & (mine != ops["isolated_s"]).to_numpy()
+    ops["clock_s"] = np.where(stretched, ops["duration_s"] - mine, np.where(known, 0.0, ops["clock_s"]))
+    ops["isolated_s"] = np.where(known, mine, ops["isolated_s"])
+    return timeline_from_rows(ops, timeline.counters)
+
+
+def _lanes(streams: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np.ndarray]:
+    """Row sets of one rank, each sorted by start, whose intervals do not overlap: its streams (a
+    stream's ops follow one another), a stream split greedily where its ops overlap."""
+    lanes: list[np.ndarray] = []
+    for s in dict.fromkeys(streams.tolist()):
+        rows = np.flatnonzero(streams == s)
+        rows = rows[np.argsort(starts[rows], kind="stable")]
+        if np.all(starts[rows[1:]] >= ends[rows[:-1]]):
+            lanes.append(rows)
+            continue
+        free: list[float] = []  # each split lane's last end
+        split: list[list[int]] = []
+        for i in rows.tolist():
+            j = next((j for j, t in enumerate(free) if starts[i] >= t), len(free))
+            if j == len(free):
+                free.append(0.0)
+                split.append([])
+            free[j] = float(ends[i])
+            split[j].append(i)
+        lanes.extend(np.array(x, dtype=np.int64) for x in split)
+    return lanes
+
+
+def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
+                   clocks: np.ndarray | None = None) -> pd.DataFrame:
+    """``power_w`` and ``sm_clock_hz`` counters (COUNTER_COLUMNS) for an analytic timeline: each
+    rank's power is idle plus the isolated activity of whatever ops run, each at its own clock
+    (``clocks``: per op of the workload, as :func:`throttled_durations` gives them)."""
+    m = cfg.model
+    terms = OpTerms.of(workload, gpu, m)
+    index = {op.id: i for i, op in enumerate(workload.ops)}
+    ops = timeline.ops
+    pos = np.fromiter((index.get(x, -1) for x in ops["id"].astype(str)), dtype=np.int64, count=len(ops))
+    keep = (ops["rank"].to_numpy() >= 0) & (pos >= 0)
+    ranks = ops["rank"].to_numpy()[keep]
+    pos = pos[keep]
+    starts, ends = ops["start_s"].to_numpy(float)[keep], ops["end_s"].to_numpy(float)[keep]
+    streams = ops["stream"].astype(str).to_numpy()[keep]
+    managed, top = cfg.managed, cfg.max_clock_fraction
+    if managed:
+        c = clocks[pos] if clocks is not None else np.full(pos.size, top)
+    else:
+        # Without a policy each op runs as calibrated.
+        c = np.where(terms.tensor[pos], m.tensor_reference_clock_fraction, 1.0)
+    # A compute-bound kernel moves its bytes at its own pace, as the clock solver takes it.
+    sm = dynamic_scale(m, c) * terms.solver[pos, 0]
+    hbm = terms.hbm_at(pos, c)
+    link = terms.solver[pos, 3]
+    windowed = managed and m.control_window_s > 0
+    parts: list[tuple[np.ndarray, int, np.ndarray, np.ndarray]] = []
+    for r in range(workload.n_ranks):
+        mine = np.flatnonzero((ranks == r) & (ends > starts))
+        t, power_w, clock = _rank_power(m, mine, starts, ends, streams, sm, hbm, link, c,
+                                        windowed=windowed, idle=(top if managed else 1.0))
+        parts.append((t, r, power_w, clock))
+    n = sum(2 * len(t) for t, _, _, _ in parts)
+    time_s, rank, value = np.empty(n), np.empty(n, dtype=np.int64), np.empty(n)
+    counter = np.empty(n, dtype=object)
+    at = 0
+    for t, r, power_w, clock in parts:
+        k = 2 * len(t)
+        time_s[at:at + k:2] = time_s[at + 1:at + k:2] = t
+        rank[at:at + k] = r
+        counter[at:at + k:2], counter[at + 1:at + k:2] = POWER_COUNTER, CLOCK_COUNTER
+        value[at:at + k:2], value[at + 1:at + k:2] = power_w, clock * m.compute_clock_hz
+        at += k
+    return pd.DataFrame({"time_s": time_s, "rank": rank, "counter": counter, "value": value},
+                        columns=COUNTER_COLUMNS)
+
+
+def _rank_power(m: PowerModel, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, streams: np.ndarray,
+                sm: np.ndarray, hbm: np.ndarray, link: np.ndarray, c: np.ndarray, *, windowed: bool,
+                idle: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One rank's power and clock at 0 and at every start and end of its ops ``rows`` (of positive
+    length): the board's power of the ops running then, at the lowest of their clocks. Between ops
+    a windowed loop keeps the clock it last set (the op before's; before the first op, the first
+    op's); without a window an idle GPU goes to ``idle`` (the top clock, or the calibration's)."""
+    t = np.unique(np.concatenate([starts[rows], ends[rows]]))
+    sm_sum, hbm_sum, link_sum = np.zeros(t.size), np.zeros(t.size), np.zeros(t.size)
+    lowest = np.full(t.size, np.inf)
+    running = np.zeros(t.size, dtype=bool)
+    for lane in _lanes(streams[rows], starts[rows], ends[rows]):
+        lane = rows[lane]
+        i = np.searchsorted(starts[lane], t, side="right") - 1
+        j = np.maximum(i, 0)
+        on = (i >= 0) & (t < ends[lane][j])
+        at = lane[j]
+        sm_sum += np.where(on, sm[at], 0.0)
+        hbm_sum += np.where(on, hbm[at], 0.0)
+        link_sum += np.where(on, link[at], 0.0)
+        lowest = np.where(on, np.minimum(lowest, c[at]), lowest)
+        running |= on
+    if windowed:
+        first = float(c[rows[np.argmin(starts[rows])]]) if rows.size else idle
+        # The clock of the last time anything ran, carried forward.
+        last = np.maximum.accumulate(np.where(running, np.arange(t.size), -1))
+        clock = np.where(last >= 0, lowest[np.maximum(last, 0)], first)
+    else:
+        first = idle
+        clock = np.where(running, lowest, idle)
+    t = np.concatenate([[0.0], t])
+    clock = np.concatenate([[first], clock])
+    zero = np.zeros(1)
+    power_w = _board_power(m, clock, np.concatenate([zero, hbm_sum]), np.concatenate([zero, link_sum])) \
+        + np.concatenate([zero, sm_sum])
+    return t, power_w, clock
+
+
+def _board_power(m: PowerModel, c: np.ndarray, hbm_bytes_per_s: np.ndarray, link_bytes_per_s: np.ndarray
+                 ) -> np.ndarray:
+    """:meth:`PowerModel.board_power_w` with no SM activity, at clock fractions ``c``."""
+    hbm = hbm_bytes_per_s / m.hbm_peak_bytes_per_s
+    lp = m.link_peak_bytes_per_s
+    link = link_bytes_per_s / lp if lp > 0 else np.zeros_like(c)
+    out: np.ndarray = (m.idle_static_w + m.idle_clock_w * dynamic_scale(m, c) + m.hbm_w * np.where(hbm < 1.0, hbm, 1.0)
+                       + m.link_w * np.where(link < 1.0, link, 1.0))
+    return out
