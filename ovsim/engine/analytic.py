@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
+
 from ovsim.engine.timeline import Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
@@ -116,26 +118,38 @@ class Plan:
     def timeline(self, dur: list[float]) -> Timeline:
         launch, start, end, wait, flows = self.times(dur)
         ops = self.workload.ops
-        rows: list[dict[str, Any]] = []
-        for i, op in enumerate(ops):
-            if op.kind == "delay":
-                continue
-            reasons = _zero_reasons()
-            reasons["wait_peers_s"] = wait[i]
-            rows.append({"id": op.id, "name": op.name, "kind": op.kind, "rank": op.rank, "stream": op.stream,
-                         "launch_s": launch[i], "start_s": start[i], "end_s": end[i], "isolated_s": dur[i],
-                         "blocks": op.kernel.blocks if op.kernel is not None else 0,
-                         "bytes": op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0),
-                         **reasons})
+        rows = [i for i, op in enumerate(ops) if op.kind != "delay"]
         # Flows in the order of their first member.
-        for g in sorted(flows, key=lambda g: self.members[g][0]):
-            f = ops[self.members[g][0]].flow
-            assert f is not None
-            f_launch, f_start, f_end, f_dur = flows[g]
-            rows.append({"id": f"flow:{f.group}", "name": f.group, "kind": "flow", "rank": -1, "stream": "",
-                         "launch_s": f_launch, "start_s": f_start, "end_s": f_end, "isolated_s": f_dur, "blocks": 0,
-                         "bytes": f.bytes, **_zero_reasons()})
-        return timeline_from_rows(rows, [])
+        order = sorted(flows, key=lambda g: self.members[g][0])
+        fl = [f for f in (ops[self.members[g][0]].flow for g in order) if f is not None]
+        spans = [flows[g] for g in order]
+        n_flows = len(fl)
+        zeros = [0.0] * (len(rows) + n_flows)
+        # Columns, not a dict a row: a million ops' dicts cost seconds.
+        cols: dict[str, Any] = {
+            "id": [ops[i].id for i in rows] + [f"flow:{f.group}" for f in fl],
+            "name": [ops[i].name for i in rows] + [f.group for f in fl],
+            "kind": [ops[i].kind for i in rows] + ["flow"] * n_flows,
+            "rank": [ops[i].rank for i in rows] + [-1] * n_flows,
+            "stream": [ops[i].stream for i in rows] + [""] * n_flows,
+            "launch_s": [launch[i] for i in rows] + [x[0] for x in spans],
+            "start_s": [start[i] for i in rows] + [x[1] for x in spans],
+            "end_s": [end[i] for i in rows] + [x[2] for x in spans],
+            "isolated_s": [dur[i] for i in rows] + [x[3] for x in spans],
+            "blocks": [_blocks(ops[i]) for i in rows] + [0] * n_flows,
+            "bytes": [_bytes(ops[i]) for i in rows] + [f.bytes for f in fl],
+            "wait_sm_s": zeros, "share_sm_s": zeros, "share_hbm_s": zeros, "share_link_s": zeros,
+            "wait_peers_s": [wait[i] for i in rows] + [0.0] * n_flows,
+        }
+        return timeline_from_rows(pd.DataFrame(cols), [])
+
+
+def _blocks(op: Op) -> int:
+    return op.kernel.blocks if op.kernel is not None else 0
+
+
+def _bytes(op: Op) -> float:
+    return op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0)
 
 
 def _order(stream_pred: list[int], deps: list[list[int]], members: list[list[int]]) -> list[int]:
@@ -161,7 +175,3 @@ def _order(stream_pred: list[int], deps: list[list[int]], members: list[list[int
     if order is None:
         raise OvsimError("the ops cannot all finish: collectives are joined in conflicting orders", field="ops")
     return [v for v in order if v < n]
-
-
-def _zero_reasons() -> dict[str, float]:
-    return {"wait_sm_s": 0.0, "share_sm_s": 0.0, "share_hbm_s": 0.0, "share_link_s": 0.0, "wait_peers_s": 0.0}
