@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from ovsim.engine.analytic import Plan, analytic_timeline
 from ovsim.engine.machine import build_machine
 from ovsim.engine.power import PowerConfig, power_table
-from ovsim.engine.power_analytic import analytic_power, restore_isolated, throttled_durations
+from ovsim.engine.power_analytic import OpTerms, analytic_power, restore_isolated, throttled_durations
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.engine.timeline import Timeline
 from ovsim.errors import OvsimError
@@ -252,13 +252,14 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     power = PowerConfig(model=power_model(gpu, calib.params), settings=settings)
     if use_mode == "analytic":
         plan = Plan.of(wl)
+        terms = OpTerms.of(wl, gpu, power.model)
         if power.managed:
-            durations, clocks = throttled_durations(wl, gpu, power, plan)
+            durations, clocks = throttled_durations(wl, gpu, power, plan, terms)
             timeline = restore_isolated(analytic_timeline(wl, durations, plan), wl)
         else:
             clocks = None
             timeline = analytic_timeline(wl, plan=plan)
-        timeline = Timeline(ops=timeline.ops, counters=analytic_power(timeline, wl, gpu, power, clocks))
+        timeline = Timeline(ops=timeline.ops, counters=analytic_power(timeline, wl, gpu, power, clocks, terms))
     else:
         machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout)
         try:

@@ -254,15 +254,16 @@ def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan:
     return clocks
 
 
-def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
-                        plan: Plan | None = None) -> tuple[list[float], np.ndarray]:
+def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan: Plan | None = None,
+                        terms: OpTerms | None = None) -> tuple[list[float], np.ndarray]:
     """Each op's time with every clock-bound kernel's time (and the part of a memory-bound
     kernel's that follows the clock) stretched or shrunk by its op's clock, and each op's clock
     fraction (in the workload's order): under a windowed power-limit loop the clock the loop gives
     the repeated workload where the op runs (:func:`_windowed_clocks`), without a window the clock
-    the cap gives the op alone. ``plan``: the workload's analytic plan, where the caller has it."""
+    the cap gives the op alone. ``plan`` and ``terms``: the workload's analytic plan and
+    :class:`OpTerms`, where the caller has them."""
     m = cfg.model
-    terms = OpTerms.of(workload, gpu, m)
+    terms = terms if terms is not None else OpTerms.of(workload, gpu, m)
     if m.control_window_s > 0:
         clocks = _windowed_clocks(workload, terms, cfg, plan if plan is not None else Plan.of(workload))
     else:
@@ -309,12 +310,12 @@ def _lanes(streams: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np
 
 
 def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
-                   clocks: np.ndarray | None = None) -> pd.DataFrame:
+                   clocks: np.ndarray | None = None, terms: OpTerms | None = None) -> pd.DataFrame:
     """``power_w`` and ``sm_clock_hz`` counters (COUNTER_COLUMNS) for an analytic timeline: each
     rank's power is idle plus the isolated activity of whatever ops run, each at its own clock
     (``clocks``: per op of the workload, as :func:`throttled_durations` gives them)."""
     m = cfg.model
-    terms = OpTerms.of(workload, gpu, m)
+    terms = terms if terms is not None else OpTerms.of(workload, gpu, m)
     index = {op.id: i for i, op in enumerate(workload.ops)}
     ops = timeline.ops
     pos = np.fromiter((index.get(x, -1) for x in ops["id"].astype(str)), dtype=np.int64, count=len(ops))
