@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ovsim.traces.table import TraceBundle, validate_table
-from ovsim.validate.datasets import fitted, sets
+from ovsim.validate.datasets import experiments, fitted, sets
 from ovsim.workers import worker_pool
 
 if TYPE_CHECKING:
@@ -150,10 +150,10 @@ def copy_table(folder: Path, rel: str) -> pd.DataFrame | None:
     merged = folder / rel / "tables" / "framework_copy.parquet"
     if merged.is_file():
         return pd.read_parquet(merged)
-    parts = sorted((folder / rel / "tables" / "copy").glob("*__*.parquet"))
+    parts = experiments(folder / rel, "copy", "*__*")
     if not parts:
         return None
-    return pd.concat([pd.read_parquet(p).assign(experiment=p.stem) for p in parts], ignore_index=True)
+    return pd.concat([b.kernels.assign(experiment=label) for label, b in parts.items()], ignore_index=True)
 
 
 def copy_checks(folder: Path) -> list[Check]:

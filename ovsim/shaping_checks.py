@@ -20,8 +20,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from ovsim.validate.datasets import sets
 
 if TYPE_CHECKING:
@@ -57,13 +55,14 @@ def shaping_points(folder: Path, pace_bytes_per_s: float) -> list[dict[str, Any]
     measured time alone (its two launches before) and beside, the loop's delay after the GEMM's
     start and what it is given alone."""
     from ovsim.validate import harness_experiments
+    from ovsim.validate.datasets import experiments
 
     rows = []
+    tables = experiments(folder, "shaping")
     for label, e in sorted(harness_experiments(folder).items()):
-        t = folder / "tables" / "shaping" / f"{label}.parquet"
-        if e.get("part") != "shaping" or "priority" not in e or not t.is_file():
+        if e.get("part") != "shaping" or "priority" not in e or label not in tables:
             continue
-        k = pd.read_parquet(t).sort_values("start_s")
+        k = tables[label].kernels.sort_values("start_s")
         g, loop = k[k["name"] == GEMM], k[k["name"] == LOOP]
         if len(g) < 2 or loop.empty:
             continue

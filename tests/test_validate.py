@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -194,15 +193,15 @@ def test_measured_kernels_are_predicted_with_contention_fitted_on_other_kernels_
     (a fourth) and two H200s' (16 and 32 channels; 8 to 32) with a fit on both H100 victims. The
     replay must beat the naive prediction (the kernels' isolated durations), which misses their
     measured slowdowns of up to 42%."""
+    from ovsim.traces.load import write_tables
     from ovsim.validate import MEASURED, MEASURED_DATA, MEASURED_OVERLAP, measured_checks
+    from ovsim.validate.datasets import experiments
 
     for rel, _ in MEASURED_OVERLAP:
-        dest = tmp_path / rel / "tables" / "overlap"
-        dest.mkdir(parents=True)
-        for victim in ("add_bf16_256M", "gemm_fp8_8192x8192x8192"):
-            for f in (MEASURED_DATA / rel / "tables" / "overlap").glob(f"{victim}__*_first.parquet"):
-                if "__normal__" in f.name:
-                    shutil.copy(f, dest / f.name)
+        (tmp_path / rel / "tables").mkdir(parents=True)
+        keep = {label: b for victim in ("add_bf16_256M", "gemm_fp8_8192x8192x8192")
+                for label, b in experiments(MEASURED_DATA / rel, "overlap", f"{victim}__*__normal__*_first").items()}
+        write_tables(keep, tmp_path / rel / "tables" / "overlap.parquet")
     checks = measured_checks(tmp_path)
     assert [c.name.split(" (")[0] for c in checks] == [
         "h100-sxm5-80gb 2026-11-26: add_bf16_256M", "h100-sxm5-80gb 2026-11-26: gemm_fp8_8192x8192x8192",

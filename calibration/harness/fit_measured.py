@@ -107,7 +107,6 @@ from ovsim.calibrate import (
     FitReport,
     calibrate,
     fit_library_gemm,
-    trace_input,
     write_shipped,
 )
 from ovsim.engine.channel import latency_slowdowns
@@ -129,6 +128,7 @@ from ovsim.validate import (
     smloss_bundle,
     smloss_scored,
 )
+from ovsim.validate.datasets import table_input, table_paths
 
 # The data sets each GPU's fits read (folders under calibration/data/).
 SMLOSS = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-b", "h200-sxm": "h200-sxm/2026-11-26-b"}
@@ -197,7 +197,7 @@ def load_share_report(gpu: str) -> tuple[FitReport, list[Path]]:
     replays them; the share with the least MAPE over every GEMM that ran beside the hold."""
     rel = SMLOSS_LOAD_FIT[gpu]
     folder = DATA / rel
-    tables = sorted((folder / "tables" / "smloss").glob("gemm_*.parquet"))
+    tables = table_paths(folder, "smloss", "gemm_*")
     if not tables:
         raise SystemExit(f"{gpu}: {folder}: no smloss GEMM tables to fit gemm_load_share on")
     held = {label: int(e["held_sms"]) for label, e in harness_experiments(folder).items()
@@ -300,7 +300,7 @@ def issue_cap_report(gpu: str) -> tuple[FitReport, list[Path]]:
             f"measured: calibration/data/{fit_on} (shaping part: a 4-warp WMMA GEMM, 64x64x32 tiles, with 1 to its "
             f"natural 6 blocks per SM), least squares on the block times; {COMMAND}")},
         fits={"block_issue_share_per_warp": record})
-    tables = sorted((DATA / fit_on / "tables" / "shaping").glob("gemm64_*_occ?.parquet"))
+    tables = table_paths(DATA / fit_on, "shaping", "gemm64_*_occ?")
     return report, tables
 
 
@@ -433,7 +433,7 @@ def _ship(report: FitReport, tables: list[Path], gpu: str, dry_run: bool, trace_
     whose checksums then cover them too."""
     kernel_tables = [t for t in tables if t.parent.parent.name == "tables"]
     other = tuple(str(t) for t in tables if t not in kernel_tables)
-    inputs = [trace_input([t], trace_gpu or gpu) for t in kernel_tables]
+    inputs = [table_input(t, trace_gpu or gpu) for t in kernel_tables]
     if other:
         if not inputs:
             raise SystemExit(f"{gpu}: no kernel table among the files a fit read: {', '.join(other)}")
@@ -463,7 +463,7 @@ def main() -> int:
             print(f"{gpu}: {folder}: fewer than two smloss points for the add", file=sys.stderr)
             return 1
         fit = fit_headroom(points, int(manifest["sm_count"]))
-        tables = sorted((folder / "tables" / "smloss").glob("add_bf16_256M__hold_*.parquet"))
+        tables = table_paths(folder, "smloss", "add_bf16_256M__hold_*")
         report = FitReport(
             parameters={"memory_sm_headroom": fit["value"]},
             sources={"memory_sm_headroom": f"measured: calibration/data/{rel} (smloss part: a BF16 add of 2^28 "
@@ -510,8 +510,8 @@ def main() -> int:
         print(json.dumps({"gpu": gpu, **report.parameters, **report.fits}, indent=1))
         _ship(report, tables, gpu, args.dry_run)
     for gpu, rel in MEMORY.items():
-        tables = sorted(t for v in MEMORY_VICTIMS for t in (DATA / rel / "tables" / "overlap").glob(f"{v}__*.parquet"))
-        inputs = [trace_input([t], gpu) for t in tables]
+        tables = sorted(t for v in MEMORY_VICTIMS for t in table_paths(DATA / rel, "overlap", f"{v}__*"))
+        inputs = [table_input(t, gpu) for t in tables]
         report = calibrate(inputs, gpu, quantities=["memory"])
         report.sources = {k: f"measured: calibration/data/{rel} (overlap part, the clean instances of "
                              f"{', '.join(MEMORY_VICTIMS)}); {v}; {COMMAND}" for k, v in report.sources.items()}
@@ -524,7 +524,7 @@ def main() -> int:
         _ship(report, tables, hbm_gpu, args.dry_run)
     # After the ones above: the contention fit replays with the newest calibration, which they set.
     for gpu, rel in OVERLAP.items():
-        inputs = [trace_input([t], gpu) for t in sorted((DATA / rel / "tables" / "overlap").glob("*.parquet"))]
+        inputs = [table_input(t, gpu) for t in table_paths(DATA / rel, "overlap")]
         # Every channel block holds its SM for the whole kernel (the per-block records): not fitted.
         report = calibrate(inputs, gpu, quantities=["contention"], sm_fraction=HARNESS_SM_FRACTION)
         report.sources = {k: f"measured: calibration/data/{rel} (overlap part); {v}; {COMMAND}"

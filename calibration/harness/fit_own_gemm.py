@@ -29,7 +29,8 @@ from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu
 from ovsim.models import cost
 from ovsim.shaping_checks import GEMM, GEMM_NATURAL_SMEM_BYTES, GEMM_STAGES, GEMM_TILE
-from ovsim.traces.table import TraceBundle, validate_table
+from ovsim.traces.table import TraceBundle
+from ovsim.validate.datasets import read_experiment, table_input, table_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "calibration" / "data"
@@ -50,8 +51,8 @@ NATURAL_SMEM = GEMM_NATURAL_SMEM_BYTES
 def measured(gpu: str, date: str) -> pd.DataFrame:
     """Per occupancy: the kernel's median duration, its declared shared memory and registers."""
     rows = []
-    for path in sorted((DATA / gpu / date / "tables" / "shaping").glob(f"gemm64_{SIZE}_occ?.parquet")):
-        k = pd.read_parquet(path)
+    for path in table_paths(DATA / gpu / date, "shaping", f"gemm64_{SIZE}_occ?"):
+        k = read_experiment(path).kernels
         k = k[k["name"] == KERNEL]
         rows.append({"occ": int(path.stem[-1]), "measured_s": float(k["duration_s"].median()),
                      "smem": int(k["shared_mem_bytes"].iloc[0]), "regs": int(k["registers_per_thread"].iloc[0]),
@@ -108,10 +109,10 @@ def main() -> int:
     record = {"data_set": f"calibration/data/{gpu}/{date}", "kernel": KERNEL, "fitted_blocks_per_sm":
               int(natural["occ"]), "measured_s": natural["measured_s"], "held_out_mape_pct": round(mape, 2),
               "held_out_worst_pct": round(max(errors), 2), "held_out_points": len(errors)}
-    k = pd.read_parquet(natural["file"])
-    bundle = TraceBundle(kernels=validate_table(k.reset_index(drop=True)), gpu_names={0: "NVIDIA H100 80GB HBM3"})
+    measured_table = table_input(natural["file"], gpu)
+    bundle = TraceBundle(kernels=measured_table.bundle.kernels, gpu_names={0: "NVIDIA H100 80GB HBM3"})
     inputs = [TraceInput(bundle=bundle, label=f"calibration/data/{gpu}/{date} (shaping)", gpu=gpu,
-                         files=(str(natural["file"]),))]
+                         files=measured_table.files)]
     for target in ("h100-sxm5-80gb", "h200-sxm"):
         src = source if target == gpu else f"the H100's fit ({source})"
         report = FitReport(parameters={"own_gemm_efficiency": {"fp16": eff}},

@@ -25,7 +25,6 @@ from ovsim.hw.calib import load_calibration
 from ovsim.hw.power import FIT_COLUMNS, fit_power, fit_table_power_w, fit_tensor_weight, power_model
 from ovsim.hw.spec import gpu_file, load_gpu
 from ovsim.models.cost import element_bytes
-from ovsim.traces.load import read_table
 from ovsim.traces.power import read_power_samples
 from ovsim.validate import (
     CLOCK_MEMORY_KINDS,
@@ -35,6 +34,7 @@ from ovsim.validate import (
     clock_memory_points,
     harness_power_log,
 )
+from ovsim.validate.datasets import one_experiment, table_paths
 
 # (power data set, data set whose comm part gives the 32 channels' traffic)
 POWER = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26-b", "h100-sxm5-80gb/2026-11-26"),
@@ -98,14 +98,14 @@ def _phase_window(folder: Path, phase: str) -> tuple[float, float, list[dict[str
         start, end = profiled_window(doc)
         return start, end, [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
     spans = folder / "windows.json"
-    table = folder / "tables" / "power" / f"{phase}.parquet"
+    bundle = one_experiment(folder, "power", phase)
     key = f"power/{phase}"
-    if not spans.is_file() or not table.is_file():
+    if not spans.is_file() or bundle is None:
         return None
     windows = json.loads(spans.read_text())
     if key not in windows:
         return None
-    k = read_table(table).kernels
+    k = bundle.kernels
     k = k[~k["kind"].isin(("memset", "memcpy"))]
     start, end = windows[key]
     return float(start), float(end), [{"name": n, "dur": d * 1e6} for n, d in zip(k["name"], k["duration_s"],
@@ -256,8 +256,7 @@ def clock_share_report(gpu: str) -> tuple[FitReport, list[Path]]:
                            **{k: {x: (round(y, 5) if isinstance(y, float) else y) for x, y in f.items()}
                               for k, f in fits.items()}}})
     prefixes = [p for p, k in CLOCK_MEMORY_KINDS.items() if k in values]
-    tables = sorted(t for t in (DATA / rel / "tables" / "clock").glob("*.parquet")
-                    if any(t.name.startswith(p) for p in prefixes))
+    tables = [t for t in table_paths(DATA / rel, "clock") if any(t.name.startswith(p) for p in prefixes)]
     return report, tables
 
 
@@ -395,7 +394,7 @@ def power_report(gpu: str) -> tuple[FitReport, list[Path]]:
                                                      "the other weights as fitted) on the phase's samples",
                                            **by_precision},
                                        "phases": by_phase}})
-    tables = sorted((DATA / rel / "tables" / "power").glob("*.parquet"))
+    tables = table_paths(DATA / rel, "power")
     clock = [CLOCK_POWER_PHASE, *CLOCK_PRECISION_PHASES.values()]
     return report, [*tables, *(DATA / CLOCK[gpu] / "tables" / "clock" / f"{ph}.parquet" for ph in clock)]
 
@@ -445,7 +444,7 @@ def voltage_report(gpu: str) -> tuple[FitReport, list[Path]]:
            f"it is an extrapolation; {COMMAND}")
     report = FitReport(parameters={"power_knee_voltage_fraction": floor},
                        sources={"power_knee_voltage_fraction": src}, fits={"voltage": fits})
-    tables = [t for t in sorted((DATA / rel / "tables" / "power").glob("*.parquet")) if "idle" not in t.name]
+    tables = [t for t in table_paths(DATA / rel, "power") if "idle" not in t.name]
     return report, [*tables, DATA / rel / "clock.parquet", _power_log(DATA / rel)]
 
 

@@ -5,17 +5,20 @@
 
 Writes under DEST:
 
-- ``tables/<part>/<experiment>.parquet``: each experiment's canonical kernel table (ovsim's trace
-  importer, with the GPU name and wall-clock origin in its metadata), loadable as a trace by
-  ``ovsim replay`` and ``ovsim calibrate``; with ``--no-clock-tables`` none for the ``clock`` part,
-  whose kernels ``clock.parquet`` holds with their clocks; with ``--merged-tables``, one table per
-  part instead (``tables/<part>.parquet``, the experiment in a column);
+- ``tables/<part>.parquet``: each part's experiments' canonical kernel tables (ovsim's trace
+  importer) in one file, the experiment in a column and each one's trace metadata (GPU name,
+  wall-clock origin) kept (``ovsim.traces.load.write_tables``; ``ovsim.validate.datasets`` reads
+  them): a few hundred short experiments would make as many files of a few KB; with
+  ``--no-clock-tables`` none for the ``clock`` part, whose kernels ``clock.parquet`` holds with
+  their clocks;
 - ``blocks.parquet``: every per-block record (part, experiment, kernel, launch, block, SM, start, end);
 - ``clock.parquet``: every kernel of the ``clock`` part with the SM clock its probes counted
   (part, experiment, name, start, duration, clock, how far the clock moved across its group), and
   ``probes.parquet`` the probes' own records (SM, start and end on the global timer, cycles);
-- ``raw/<part>/<experiment>.json.gz``: the profiler traces themselves, when all of them together
-  stay under ``--raw-limit-mb`` (otherwise left out, and PROVENANCE.json says so);
+- ``raw/<part>/<experiment>.json.gz``: the profiler traces themselves of the parts a fit reads them
+  for (``RAW_READ``: the power part's, whose kernels and window fit_power_clock.py takes from
+  them), when together they stay under ``--raw-limit-mb`` (otherwise left out, and PROVENANCE.json
+  says so);
 - ``windows.json``: each experiment's profiled span on the wall clock (``<part>/<label>``: [start,
   end], seconds since 1970, UTC), what power samples are placed against without the raw traces;
 - ``manifest.json``, ``experiments.jsonl`` and ``ncu/metrics.csv`` as the run wrote them, and the
@@ -60,7 +63,8 @@ from analysis import (
 )
 
 from ovsim.errors import OvsimError
-from ovsim.traces.load import load_trace, write_table
+from ovsim.traces.load import load_trace, write_tables
+from ovsim.traces.table import TraceBundle
 
 # The parts whose kernels are compared alone and beside something, and what that something is.
 PARQUET_COMPRESSION: Literal["zstd"] = "zstd"
@@ -94,13 +98,17 @@ def _experiments(run: Path) -> list[dict[str, Any]]:
     return list(last.values())
 
 
+# Parts whose raw traces a fit reads (fit_power_clock.py: a power phase's kernels and window).
+RAW_READ = ("power",)
+
+
 def _sha256(p: Path) -> str:
     with open(p, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False,
-           clock_tables: bool = True, merged_tables: bool = False) -> dict[str, Any]:
+           clock_tables: bool = True) -> dict[str, Any]:
     """Write the data set; returns the summary. It is built beside DEST and moved into place only
     when complete, so a run that stops with an error leaves DEST as it was."""
     if dest.exists() and any(dest.iterdir()) and not force:
@@ -108,7 +116,7 @@ def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False,
     partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        summary = _build(run, partial, raw_limit_bytes, clock_tables, merged_tables)
+        summary = _build(run, partial, raw_limit_bytes, clock_tables)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -117,8 +125,7 @@ def ingest(run: Path, dest: Path, *, raw_limit_bytes: int, force: bool = False,
     return summary
 
 
-def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool,
-           merged_tables: bool = False) -> dict[str, Any]:
+def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> dict[str, Any]:
     manifest_path = run / "manifest.json"
     if not manifest_path.is_file():
         raise IngestError(f"{manifest_path}: missing: not a harness run folder")
@@ -135,8 +142,8 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool,
             raise IngestError(f"{trace}: missing (listed in {e['_folder'] / 'experiments.jsonl'})")
         traces.append((e, trace))
 
-    dest.mkdir(parents=True, exist_ok=True)
     tables: list[pd.DataFrame] = []
+    by_part: dict[str, dict[str, TraceBundle]] = {}
     blocks: list[pd.DataFrame] = []
     clocks: list[pd.DataFrame] = []
     probes: list[pd.DataFrame] = []
@@ -157,10 +164,8 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool,
         # The trace's path inside the run, not on the machine that ingested it: the data set is
         # committed, and its raw traces (when kept) sit under raw/ at that path.
         bundle = replace(bundle, sources={k: f"{e['part']}/{trace.name}" for k in bundle.sources})
-        if (clock_tables or e["part"] != "clock") and not merged_tables:
-            out = dest / "tables" / e["part"] / f"{e['label']}.parquet"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            write_table(bundle, out, compression=PARQUET_COMPRESSION)
+        if clock_tables or e["part"] != "clock":
+            by_part.setdefault(e["part"], {})[e["label"]] = bundle
         tables.append(bundle.kernels.assign(part=e["part"], experiment=e["label"]))
         rec = e["_folder"] / f"{e['label']}.blocks.csv"
         if rec.is_file():
@@ -184,15 +189,9 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool,
                 raise IngestError(f"{probe_file}: {err}") from None
             clocks.append(points.assign(part=e["part"], experiment=e["label"]))
             probes.append(probe.assign(part=e["part"], experiment=e["label"]))
-    if merged_tables:
-        # One file per part, its experiments told apart by a column: a few hundred short
-        # experiments make as many files of a few KB each otherwise.
+    for part, bundles in sorted(by_part.items()):
         (dest / "tables").mkdir(parents=True, exist_ok=True)
-        merged = pd.concat(tables, ignore_index=True)
-        for part, g in merged.groupby("part", sort=True):
-            if clock_tables or part != "clock":
-                g.drop(columns="part").to_parquet(dest / "tables" / f"{part}.parquet", index=False,
-                                                  compression=PARQUET_COMPRESSION)
+        write_tables(bundles, dest / "tables" / f"{part}.parquet", compression=PARQUET_COMPRESSION)
     all_blocks = pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
     if len(all_blocks):
         # The globaltimer stamps are large integers a few microseconds apart: delta encoding halves
@@ -208,10 +207,12 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool,
         pd.concat(probes, ignore_index=True).to_parquet(dest / "probes.parquet", index=False,
                                                         compression=PARQUET_COMPRESSION)
 
-    raw_total = sum(t.stat().st_size for _, t in traces)
+    # The raw traces a fit reads: the rest are what the kernel tables were imported from.
+    raw = [(e, t) for e, t in traces if e["part"] in RAW_READ]
+    raw_total = sum(t.stat().st_size for _, t in raw)
     raw_kept = raw_total <= raw_limit_bytes
     if raw_kept:
-        for e, trace in traces:
+        for e, trace in raw:
             target = dest / "raw" / e["part"] / trace.name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(trace, target)
@@ -236,10 +237,10 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool,
     provenance = {
         "gpu": manifest.get("gpu"), "driver": manifest.get("driver"), "harness_commit": manifest.get("commit"),
         "date_utc": manifest.get("date_utc"), "command": "python calibration/harness/run.py, then ingest.py",
-        "raw_traces": "kept" if raw_kept else f"left out: {raw_total / 1e6:.1f} MB over the limit",
+        "raw_traces": (f"kept for the part(s) a fit reads ({', '.join(RAW_READ)})" if raw_kept
+                       else f"left out: {raw_total / 1e6:.1f} MB over the limit"),
         **({} if clock_tables else {"clock_tables": "left out: the clock part's kernels are in clock.parquet"}),
-        **({"tables": "merged: tables/<part>.parquet, one row per kernel, column experiment"} if merged_tables
-           else {}),
+        "tables": "tables/<part>.parquet: one row per kernel, column experiment",
         "files": {str(p.relative_to(dest)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
     }
     (dest / "PROVENANCE.json").write_text(json.dumps(provenance, indent=1))
@@ -292,12 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="write over a non-empty DEST")
     ap.add_argument("--no-clock-tables", action="store_true",
                     help="write no kernel tables for the clock part (clock.parquet holds its kernels and clocks)")
-    ap.add_argument("--merged-tables", action="store_true",
-                    help="one kernel table per part (tables/<part>.parquet, column experiment), not one per experiment")
     args = ap.parse_args(argv)
     try:
         summary = ingest(args.run, args.dest, raw_limit_bytes=int(args.raw_limit_mb * 1e6), force=args.force,
-                         clock_tables=not args.no_clock_tables, merged_tables=args.merged_tables)
+                         clock_tables=not args.no_clock_tables)
     except IngestError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -93,15 +93,74 @@ def write_table(bundle: TraceBundle, path: str | Path, *, compression: str = "sn
 
     table = pa.Table.from_pandas(bundle.kernels, preserve_index=False)
     meta = dict(table.schema.metadata or {})
-    meta[b"ovsim"] = json.dumps({"schema": "ovsim.kernels/1", "gpu_names": bundle.gpu_names,
-                                 "world_size": bundle.world_size, "sources": bundle.sources,
-                                 "skipped": bundle.skipped, "wall_origin_s": bundle.wall_origin_s,
-                                 "versions": bundle.versions}).encode()
+    meta[b"ovsim"] = json.dumps({"schema": "ovsim.kernels/1", **_bundle_meta(bundle)}).encode()
     try:
         with atomic_output(path) as tmp:
             pq.write_table(table.replace_schema_metadata(meta), str(tmp), compression=compression)
     except OSError as e:
         raise OvsimError(f"cannot write: {e}", source=str(path), field="output") from None
+
+
+def _bundle_meta(bundle: TraceBundle) -> dict[str, Any]:
+    return {"gpu_names": bundle.gpu_names, "world_size": bundle.world_size, "sources": bundle.sources,
+            "skipped": bundle.skipped, "wall_origin_s": bundle.wall_origin_s, "versions": bundle.versions}
+
+
+EXPERIMENT = "experiment"
+
+
+def write_tables(bundles: dict[str, TraceBundle], path: str | Path, *, compression: str = "zstd") -> None:
+    """Save several runs' canonical tables as one parquet file (a data set's experiments of one
+    kind: hundreds of short runs make as many files of a few KB otherwise), each run's rows
+    marked by its label in column ``experiment`` and its bundle fields in the metadata."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frames = [b.kernels.assign(**{EXPERIMENT: label}) for label, b in sorted(bundles.items())]
+    table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"ovsim"] = json.dumps({"schema": "ovsim.kernel-sets/1",
+                                 "experiments": {label: _bundle_meta(b) for label, b in sorted(bundles.items())}
+                                 }).encode()
+    try:
+        with atomic_output(path) as tmp:
+            pq.write_table(table.replace_schema_metadata(meta), str(tmp), compression=compression)
+    except OSError as e:
+        raise OvsimError(f"cannot write: {e}", source=str(path), field="output") from None
+
+
+def read_tables(path: str | Path) -> dict[str, TraceBundle]:
+    """The runs :func:`write_tables` saved in ``path``, by label, each as :func:`read_table` would
+    read it from a file of its own."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(str(path))
+    except Exception as e:  # pyarrow raises several types for a file that is not parquet
+        raise OvsimError(f"not a readable parquet file ({type(e).__name__})", source=str(path),
+                         field="parquet") from None
+    raw = (table.schema.metadata or {}).get(b"ovsim")
+    try:
+        doc = json.loads(raw) if raw else {}
+    except ValueError as e:
+        raise OvsimError(f"the ovsim metadata is not JSON ({e})", source=str(path), field="metadata") from None
+    experiments = doc.get("experiments") if isinstance(doc, dict) else None
+    if not isinstance(experiments, dict) or EXPERIMENT not in table.column_names:
+        raise OvsimError("not a table of several runs (no experiments in its metadata, or no experiment column)",
+                         source=str(path), field="metadata.experiments")
+    df = table.to_pandas()
+    rows = df.groupby(EXPERIMENT, sort=False).indices
+    out: dict[str, TraceBundle] = {}
+    for label, m in experiments.items():
+        source = f"{path} ({EXPERIMENT} {label})"
+        meta = _metadata(json.dumps(m).encode(), source)
+        kernels = df.iloc[rows.get(label, [])].drop(columns=EXPERIMENT).reset_index(drop=True)
+        out[str(label)] = TraceBundle(kernels=validate_table(kernels, source), **meta)
+    return out
 
 
 def read_table(path: str | Path) -> TraceBundle:

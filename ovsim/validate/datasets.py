@@ -1,16 +1,26 @@
 """The registry of measured data sets (``calibration/data/datasets.yaml``): which data sets each
 family of ``ovsim validate --measured`` checks reads, and which of them a shipped parameter was
 fitted on. The data live beside the package in a checkout of the repository, or wherever the
-``OVSIM_DATA`` environment variable points; no package code names a data set."""
+``OVSIM_DATA`` environment variable points; no package code names a data set.
+
+A data set keeps each part's kernel tables in one file, ``tables/<part>.parquet``, its experiments
+told apart by a column (:func:`ovsim.traces.load.write_tables`); :func:`experiments` reads them, and
+one file an experiment under ``tables/<part>/`` too (data sets ingested that way)."""
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import functools
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ovsim.errors import OvsimError
+from ovsim.traces.table import TraceBundle
+
+if TYPE_CHECKING:
+    from ovsim.calibrate.inputs import TraceInput
 
 REGISTRY = "datasets.yaml"
 # A checkout's data folder: calibration/data beside the package.
@@ -74,3 +84,82 @@ def sets(family: str, *fields: str) -> tuple[tuple[str, ...], ...]:
 def fitted(family: str) -> dict[str, str]:
     """GPU -> the data set of ``family`` its parameter was fitted on (entries marked ``fit``)."""
     return {str(e["gpu"]): str(e["set"]) for e in entries(family) if e.get("fit")}
+
+
+def part_file(run: Path, part: str) -> Path:
+    """Where data set ``run`` keeps ``part``'s kernel tables: its one file, else its folder."""
+    merged = run / "tables" / f"{part}.parquet"
+    return merged if merged.is_file() else run / "tables" / part
+
+
+@functools.lru_cache(maxsize=4)
+def _read_merged(path: str, mtime_ns: int) -> dict[str, TraceBundle]:
+    from ovsim.traces.load import read_tables
+
+    return read_tables(path)
+
+
+def experiments(run: Path, part: str, pattern: str = "*") -> dict[str, TraceBundle]:
+    """The experiments of ``part`` in data set ``run`` whose label matches ``pattern`` (shell
+    style), by label in sorted order, each as its own run (a table a caller may change)."""
+    where = part_file(run, part)
+    if where.is_file():
+        found = _read_merged(str(where), where.stat().st_mtime_ns)
+        return {k: dataclasses.replace(b, kernels=b.kernels.copy()) for k, b in sorted(found.items())
+                if fnmatch.fnmatchcase(k, pattern)}
+    if not where.is_dir():
+        return {}
+    from ovsim.traces.load import read_table
+
+    return {p.stem: read_table(p) for p in sorted(where.glob(f"{pattern}.parquet"))}
+
+
+def one_experiment(run: Path, part: str, label: str) -> TraceBundle | None:
+    """One experiment's kernel table (None where the data set has no such experiment)."""
+    return experiments(run, part, fnmatch_escape(label)).get(label)
+
+
+def fnmatch_escape(label: str) -> str:
+    """``label`` as a pattern that matches it alone."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in label)
+
+
+def table_path(run: Path, part: str, label: str) -> Path:
+    """The path that names one experiment's kernel table, ``<run>/tables/<part>/<label>.parquet``,
+    whether the data set keeps it in a file of its own or in the part's one file."""
+    return run / "tables" / part / f"{label}.parquet"
+
+
+def table_paths(run: Path, part: str, pattern: str = "*") -> list[Path]:
+    """:func:`table_path` of each experiment of ``part`` matching ``pattern``, in label order."""
+    return [table_path(run, part, label) for label in experiments(run, part, pattern)]
+
+
+def read_experiment(path: Path) -> TraceBundle:
+    """The experiment a :func:`table_path` names."""
+    from ovsim.traces.load import read_table
+
+    if path.is_file():
+        return read_table(path)
+    run, part = path.parents[2], path.parent.name
+    bundle = one_experiment(run, part, path.stem)
+    if bundle is None:
+        raise OvsimError(f"no experiment '{path.stem}' in the data set", source=str(part_file(run, part)),
+                         field="experiment")
+    return bundle
+
+
+def table_input(path: Path, gpu: str) -> TraceInput:
+    """The experiment a :func:`table_path` names as a run to replay or calibrate on, labelled as its
+    own file would be and sourced to the file that holds it."""
+    from ovsim.calibrate.inputs import TraceInput
+    from ovsim.hw.spec import load_gpu
+
+    load_gpu(gpu)
+    where = path if path.is_file() else part_file(path.parents[2], path.parent.name)
+    return TraceInput(bundle=read_experiment(path), label=path.name, gpu=gpu, files=(str(where),))
+
+
+def experiment_inputs(run: Path, part: str, gpu: str, pattern: str = "*") -> list[TraceInput]:
+    """:func:`table_input` of each experiment of ``part`` matching ``pattern``, in label order."""
+    return [table_input(p, gpu) for p in table_paths(run, part, pattern)]

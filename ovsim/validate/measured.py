@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import Check
-from ovsim.validate.datasets import data_root, sets
+from ovsim.validate.datasets import data_root, experiment_inputs, part_file, sets
 from ovsim.validate.traces import _held_out_bar
 
 # The calibration harness's measured data sets (calibration/data/ in a checkout, or OVSIM_DATA).
@@ -100,13 +100,12 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
     victim's overlapped instances: its MAPE passes at 10% or less and at most a third of the naive
     MAPE (the held-out targets of ``trace_checks``).
     """
-    from ovsim.calibrate import contention_data, trace_input
+    from ovsim.calibrate import contention_data
 
-    sets = [(gpu, rel) for rel, gpu in MEASURED_OVERLAP if (folder / rel / "tables" / "overlap").is_dir()]
+    sets = [(gpu, rel) for rel, gpu in MEASURED_OVERLAP if part_file(folder / rel, "overlap").exists()]
     if not sets:
         return []
-    inputs = [[trace_input([p], gpu) for p in sorted((folder / rel / "tables" / "overlap").glob("*.parquet"))]
-              for gpu, rel in sets]
+    inputs = [experiment_inputs(folder / rel, "overlap", gpu) for gpu, rel in sets]
     base = inputs[0]
     victims = sorted({_victim(tr.label) for tr in base})
     jobs = min(workers, len(victims))

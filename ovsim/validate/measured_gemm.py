@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import Check
-from ovsim.validate.datasets import sets
+from ovsim.validate.datasets import experiments, one_experiment, sets
 from ovsim.validate.measured import MEASURED_DATA
 from ovsim.validate.measured_memory import harness_power_log
 from ovsim.validate.traces import _MAMF_BY_PRECISION, MEMORY_TOLERANCE_PCT, _split_at_10us
@@ -37,14 +37,13 @@ MEASURED_GEMM_GROUP = "measured GEMMs (calibration harness gemm part; held out: 
 def measured_gemm_points(folder: Path, precision: str) -> list[tuple[int, int, int, int, float]]:
     """(m, n, k, batch 1, median measured s) of the gemm part's GEMMs of ``precision`` that ran at the top
     clock (``GEMM_AT_TOP_CLOCK``), as far as ``folder`` (a data set) holds them."""
-    import pandas as pd
-
     out = []
+    tables = experiments(folder, "gemm", f"gemm_{precision}_*")
     for m, n, k in GEMM_AT_TOP_CLOCK:
-        path = folder / "tables" / "gemm" / f"gemm_{precision}_{m}x{n}x{k}.parquet"
-        if not path.is_file():
+        b = tables.get(f"gemm_{precision}_{m}x{n}x{k}")
+        if b is None:
             continue
-        t = pd.read_parquet(path, columns=["kind", "duration_s"])
+        t = b.kernels
         t = t[t["kind"] == "gemm"]
         if not t.empty:
             out.append((m, n, k, 1, float(t["duration_s"].median())))
@@ -126,13 +125,11 @@ def measured_shape_points(folder: Path, experiment: str, precision: str) -> list
     import numpy as np
 
     from ovsim.traces.aten import gemm_problem
-    from ovsim.traces.load import read_table
 
-    table = folder / "tables" / "shapes" / f"{experiment}.parquet"
+    bundle = one_experiment(folder, "shapes", experiment)
     log = harness_power_log(folder)
-    if not table.is_file() or log is None:
+    if bundle is None or log is None:
         return []
-    bundle = read_table(table)
     if bundle.wall_origin_s is None:
         return []
     k = bundle.kernels

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import GB, GIB, Check
-from ovsim.validate.datasets import sets
+from ovsim.validate.datasets import experiments, sets
 from ovsim.validate.measured import MEASURED_DATA
 
 # HBM shared by a memory-bound kernel and the harness's copy loops (overlap part): data sets, their
@@ -59,13 +59,12 @@ def harness_experiments(folder: Path) -> dict[str, dict[str, Any]]:
 def channel_pass_s(folder: Path, threads: int = 640) -> dict[tuple[str, int], float]:
     """Seconds one copy or reduce loop of ``threads`` threads a block takes alone for one pass over
     its buffer, by (op, loops), from a data set's comm part (median of its launches)."""
-    import pandas as pd
 
     out: dict[tuple[str, int], float] = {}
+    tables = experiments(folder, "comm")
     for label, e in harness_experiments(folder).items():
-        t = folder / "tables" / "comm" / f"{label}.parquet"
-        if e.get("part") == "comm" and e.get("threads") == threads and t.is_file():
-            k = pd.read_parquet(t)
+        if e.get("part") == "comm" and e.get("threads") == threads and label in tables:
+            k = tables[label].kernels
             k = k[k["name"].str.startswith("ovsim_channel")]
             out[(e["op"], int(e["channels"]))] = (float(k["duration_s"].median()) * HARNESS_CHANNEL_PASS_BYTES
                                                   / e["bytes_per_launch"])
@@ -85,16 +84,16 @@ def hbm_sharing_points(folder: Path, comm_folder: Path) -> pd.DataFrame:
 
     exps = harness_experiments(folder)
     pass_s = channel_pass_s(comm_folder)
+    tables = experiments(folder, "overlap")
     rows = []
     for label, e in sorted(exps.items()):
         if (e.get("part") != "overlap" or e.get("victim") not in HARNESS_MEMORY_VICTIM_BYTES
                 or e.get("priority") != "normal" or e.get("first") != "comm"):
             continue
-        t = folder / "tables" / "overlap" / f"{label}.parquet"
         counts = sorted(c for o, c in pass_s if o == e["op"])
-        if not t.is_file() or not counts:
+        if label not in tables or not counts:
             continue
-        k = pd.read_parquet(t).sort_values("start_s")
+        k = tables[label].kernels.sort_values("start_s")
         ch = k[k["name"].str.startswith("ovsim_channel")].iloc[0]
         v = k[~k["name"].str.startswith("ovsim_") & (k["duration_s"] > 1e-4)]
         c0, c1 = float(ch["start_s"]), float(ch["start_s"] + ch["duration_s"])
@@ -205,14 +204,13 @@ MEASURED_COPY_GROUP = "measured copies alone (calibration harness copy part; hel
 def measured_copy_times(folder: Path) -> dict[str, tuple[float, float]]:
     """Per direction, (bytes, median seconds) of the copy part's copies alone in ``folder`` (a data
     set), as far as it holds them."""
-    import pandas as pd
-
     out: dict[str, tuple[float, float]] = {}
+    tables = experiments(folder, "copy")
     for direction in COPY_DIRECTIONS:
-        path = folder / "tables" / "copy" / f"{direction}_alone.parquet"
-        if not path.is_file():
+        b = tables.get(f"{direction}_alone")
+        if b is None:
             continue
-        t = pd.read_parquet(path, columns=["kind", "duration_s", "bytes"])
+        t = b.kernels
         t = t[(t["kind"] == "copy") & (t["bytes"] > 0)]
         if not t.empty:
             out[direction] = (float(t["bytes"].median()), float(t["duration_s"].median()))

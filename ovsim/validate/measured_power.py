@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import Check
-from ovsim.validate.datasets import sets
+from ovsim.validate.datasets import one_experiment, sets
 from ovsim.validate.measured import MEASURED_DATA
 from ovsim.validate.measured_memory import harness_power_log
 
@@ -56,7 +56,6 @@ def measured_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     clock the cap solver settles on, and the time per kernel. Only the BF16 GEMM's and the add's
     power were fitted (``calibration/harness/fit_measured.py``), and the H200 add's time (its
     memory-bound parameters); the clocks and the other times never were."""
-    from ovsim.traces.load import load_trace
     from ovsim.traces.power import read_power_samples
 
     checks: list[Check] = []
@@ -68,10 +67,9 @@ def measured_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
         samples = read_power_samples(log)
         limit = float(load_gpu(gpu).power.tdp_w)
         for phase, (op, fitted) in _POWER_PHASES.items():
-            table = data / "tables" / "power" / f"{phase}.parquet"
-            if not table.is_file():
+            bundle = one_experiment(data, "power", phase)
+            if bundle is None:
                 continue
-            bundle = load_trace(table)
             k = bundle.kernels
             main = k[k["kind"] == ("gemm" if op["kind"] == "gemm" else "elementwise")]
             if bundle.wall_origin_s is None or main.empty:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 from ovsim.validate.check import Check
-from ovsim.validate.datasets import fitted, sets
+from ovsim.validate.datasets import experiments, fitted, read_experiment, sets
 from ovsim.validate.measured import HARNESS_SM_FRACTION, MEASURED_DATA, _replay_row
 from ovsim.validate.measured_memory import harness_experiments
 
@@ -32,14 +32,12 @@ _HOLD_KERNEL = "ovsim_probe_first"
 _WHOLE_HOLD = 1.5
 
 
-def smloss_bundle(path: Path) -> TraceBundle:
-    """One smloss experiment's table, its holding kernel a collective that moves nothing and holds
-    all of its blocks for its measured time."""
+def smloss_bundle(source: Path | TraceBundle) -> TraceBundle:
+    """One smloss experiment's table (a file, or the run read), its holding kernel a collective
+    that moves nothing and holds all of its blocks for its measured time."""
     import dataclasses
 
-    from ovsim.traces.load import load_trace
-
-    bundle = load_trace([path])
+    bundle = read_experiment(source) if isinstance(source, Path) else source
     kernels = bundle.kernels.copy()
     kernels.loc[kernels["name"] == _HOLD_KERNEL, "kind"] = "collective"
     return dataclasses.replace(bundle, kernels=kernels)
@@ -71,16 +69,16 @@ def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> li
     whose rows are a group of their own). One row per data set, victim and hold (for the whole run,
     or ending among the repeats), pooling the held counts; it passes at 10% or less and at most a
     third of the naive MAPE, as the overlap rows do."""
-    jobs: list[tuple[str, str, str, bool, Path]] = []
+    jobs: list[tuple[str, str, str, bool, TraceBundle]] = []
     for rel, gpu in MEASURED_SMLOSS:
-        tables = folder / rel / "tables" / "smloss"
-        if not tables.is_dir():
+        found = experiments(folder / rel, "smloss", "gemm_*")
+        if not found:
             continue
-        experiments = harness_experiments(folder / rel)
-        for path in sorted(tables.glob("gemm_*.parquet")):
-            e = experiments.get(path.stem, {})
+        exps = harness_experiments(folder / rel)
+        for label, bundle in found.items():
+            e = exps.get(label, {})
             whole = float(e.get("hold_fraction", _WHOLE_HOLD)) >= 1
-            jobs.append((rel, gpu, str(e.get("victim", path.stem.split("__", 1)[0])), whole, path))
+            jobs.append((rel, gpu, str(e.get("victim", label.split("__", 1)[0])), whole, smloss_bundle(bundle)))
     if not jobs:
         return []
     n = min(workers, len(jobs))
@@ -135,7 +133,6 @@ def measured_dispatch_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     (where nothing disturbs it); the second its time alone (its blocks' spin, or its own time where
     it ran alone after the first). The row is the second kernel's start after the first's, within
     10%: when the block scheduler let it in."""
-    import pandas as pd
 
     from ovsim.api import predict
     from ovsim.scenario import Scenario
@@ -147,10 +144,10 @@ def measured_dispatch_checks(folder: Path = MEASURED_DATA) -> list[Check]:
         exps = [e for e in harness_experiments(folder / rel).values() if e.get("part") == "dispatch"]
         # Per probe, its kernels' records by name (the harness's own kernels, not PyTorch's).
         tables: dict[str, dict[str, dict[str, Any]]] = {}
+        found = experiments(folder / rel, "dispatch")
         for e in exps:
-            t = folder / rel / "tables" / "dispatch" / f"{e['label']}.parquet"
-            if t.is_file():
-                kernels = pd.read_parquet(t)
+            if e["label"] in found:
+                kernels = found[e["label"]].kernels
                 kernels = kernels[kernels["name"].str.startswith("ovsim_")]
                 tables[e["label"]] = {str(r["name"]): {str(k): v for k, v in r.items()}
                                       for r in kernels.to_dict("records")}

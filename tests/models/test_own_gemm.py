@@ -10,6 +10,7 @@ import pytest
 
 from ovsim.api import predict
 from ovsim.errors import OvsimError
+from ovsim.validate.datasets import one_experiment
 
 DATA = Path(__file__).resolve().parents[2] / "calibration" / "data"
 KERNEL = "ovsim_gemm_tile64"
@@ -18,7 +19,9 @@ NATURAL_SMEM = 2 * (64 * 32 + 64 * 32) * 2
 
 
 def _measured(gpu: str, data_set: str, part: str, stem: str, kernel: str) -> pd.Series:
-    k = pd.read_parquet(DATA / gpu / data_set / "tables" / part / f"{stem}.parquet")
+    bundle = one_experiment(DATA / gpu / data_set, part, stem)
+    assert bundle is not None
+    k = bundle.kernels
     k = k[k["name"].str.startswith(kernel)]
     row = k.iloc[0].copy()
     row["duration_s"] = float(k["duration_s"].median())

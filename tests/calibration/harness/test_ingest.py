@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from ingest import IngestError, ingest, main
 
-from ovsim.traces.load import read_table
+from ovsim.traces.load import read_tables
 from ovsim.traces.power import read_power_samples
 
 GEMM = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN"
@@ -58,11 +58,24 @@ def make_run(root: Path) -> Path:
     return run
 
 
+def add_idle_power(run: Path) -> None:
+    """A power part of one experiment that launches nothing (its span is its host activity)."""
+    (run / "power").mkdir()
+    host = {"ph": "X", "cat": "user_annotation", "name": "sleep", "pid": 0, "tid": 1, "ts": 2_000_000.0,
+            "dur": 4_000_000.0}
+    (run / "power" / "idle.json.gz").write_bytes(trace([host]))
+    (run / "power" / "experiments.jsonl").write_text(json.dumps({"label": "idle", "part": "power"}) + "\n")
+
+
 def test_ingest_writes_tables_blocks_summary_and_checksums(tmp_path: Path) -> None:
     run = make_run(tmp_path)
+    add_idle_power(run)
     dest = tmp_path / "data"
     summary = ingest(run, dest, raw_limit_bytes=10**6)
-    table = read_table(dest / "tables" / "overlap" / "g__copy_16__high__comm_first.parquet")
+    # One file a part, each experiment read back as a run of its own.
+    assert sorted(p.name for p in (dest / "tables").iterdir()) == ["dispatch.parquet", "overlap.parquet",
+                                                                   "power.parquet"]
+    table = read_tables(dest / "tables" / "overlap.parquet")["g__copy_16__high__comm_first"]
     assert table.gpu_names == {0: "NVIDIA H100 80GB HBM3"}
     # The table names its trace by its place in the run, never by the ingesting machine's path.
     assert table.sources == {0: "overlap/g__copy_16__high__comm_first.json.gz"}
@@ -75,10 +88,11 @@ def test_ingest_writes_tables_blocks_summary_and_checksums(tmp_path: Path) -> No
     blocks = pd.read_parquet(dest / "blocks.parquet")
     assert len(blocks) == 10 and set(blocks["experiment"]) == {"probe_empty_sm_high"}
     prov = json.loads((dest / "PROVENANCE.json").read_text())
-    assert prov["harness_commit"] == "abc123" and prov["raw_traces"] == "kept"
-    raw = dest / "raw" / "overlap" / "g__copy_16__high__comm_first.json.gz"
-    assert prov["files"]["raw/overlap/g__copy_16__high__comm_first.json.gz"]["sha256"] == \
-        hashlib.sha256(raw.read_bytes()).hexdigest()
+    assert prov["harness_commit"] == "abc123" and prov["raw_traces"].startswith("kept for the part(s) a fit reads")
+    # Raw traces only where a fit reads them: the power part's.
+    assert sorted(p.name for p in (dest / "raw").iterdir()) == ["power"]
+    raw = dest / "raw" / "power" / "idle.json.gz"
+    assert prov["files"]["raw/power/idle.json.gz"]["sha256"] == hashlib.sha256(raw.read_bytes()).hexdigest()
     # The power log travels compressed, byte for byte, and ovsim's reader takes it as it is.
     assert gzip.decompress((dest / "power.csv.gz").read_bytes()) == (run / "power.csv").read_bytes()
     assert read_power_samples(dest / "power.csv.gz")["power_w"].tolist() == [70.5]
@@ -90,18 +104,13 @@ def test_ingest_writes_tables_blocks_summary_and_checksums(tmp_path: Path) -> No
     assert meta.column(0).compression == "ZSTD"
     stamps = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == "start_ns")
     assert "DELTA_BINARY_PACKED" in stamps.encodings
-    assert pq.read_metadata(dest / "tables" / "overlap" / "g__copy_16__high__comm_first.parquet"
-                            ).row_group(0).column(0).compression == "ZSTD"
+    assert pq.read_metadata(dest / "tables" / "overlap.parquet").row_group(0).column(0).compression == "ZSTD"
 
 
 def test_an_experiment_with_no_kernels_is_placed_by_its_host_spans(tmp_path: Path) -> None:
     """The idle power phase launches nothing: its span is the profiler's host activity."""
     run = make_run(tmp_path)
-    (run / "power").mkdir()
-    host = {"ph": "X", "cat": "user_annotation", "name": "sleep", "pid": 0, "tid": 1, "ts": 2_000_000.0,
-            "dur": 4_000_000.0}
-    (run / "power" / "idle.json.gz").write_bytes(trace([host]))
-    (run / "power" / "experiments.jsonl").write_text(json.dumps({"label": "idle", "part": "power"}) + "\n")
+    add_idle_power(run)
     dest = tmp_path / "data"
     ingest(run, dest, raw_limit_bytes=0)
     assert json.loads((dest / "windows.json").read_text())["power/idle"] == pytest.approx(
@@ -122,7 +131,7 @@ def test_clock_tables_can_be_left_to_clock_parquet(tmp_path: Path) -> None:
     (run / "clock" / "experiments.jsonl").write_text(json.dumps({"label": "g", "part": "clock"}) + "\n")
     dest = tmp_path / "data"
     ingest(run, dest, raw_limit_bytes=0, clock_tables=False)
-    assert not (dest / "tables" / "clock").exists() and (dest / "tables" / "overlap").is_dir()
+    assert not (dest / "tables" / "clock.parquet").exists() and (dest / "tables" / "overlap.parquet").is_file()
     points = pd.read_parquet(dest / "clock.parquet")
     assert points["name"].tolist() == [GEMM] * 3
     assert points["sm_clock_hz"].tolist() == pytest.approx([1.505e9, 1.515e9, 1.525e9])
@@ -132,7 +141,9 @@ def test_clock_tables_can_be_left_to_clock_parquet(tmp_path: Path) -> None:
 
 def test_raw_traces_over_the_limit_are_left_out_and_said_so(tmp_path: Path) -> None:
     dest = tmp_path / "data"
-    ingest(make_run(tmp_path), dest, raw_limit_bytes=10)
+    run = make_run(tmp_path)
+    add_idle_power(run)
+    ingest(run, dest, raw_limit_bytes=10)
     assert not (dest / "raw").exists()
     assert json.loads((dest / "PROVENANCE.json").read_text())["raw_traces"].startswith("left out")
 
@@ -165,11 +176,13 @@ def test_an_ingested_run_calibrates_contention_in_ovsim(tmp_path: Path) -> None:
     # The GEMMs run 1.25x beside the channel kernel. Taken as a collective, the channel kernel makes
     # them the overlapped kernels of a contention fit, and the fitted engine replays them; without
     # contention the replay is the naive 1 ms, 20% off.
-    from ovsim.calibrate import calibrate, trace_input
+    from ovsim.calibrate import calibrate
+    from ovsim.validate.datasets import experiment_inputs
 
     ingest(make_run(tmp_path), tmp_path / "data", raw_limit_bytes=0)
-    table = tmp_path / "data" / "tables" / "overlap" / "g__copy_16__high__comm_first.parquet"
-    fit = calibrate([trace_input([table], None)], "*", quantities=["contention"]).fits["contention"]
+    inputs = experiment_inputs(tmp_path / "data", "overlap", "h100-sxm5-80gb")
+    assert [tr.label for tr in inputs] == ["g__copy_16__high__comm_first.parquet"]
+    fit = calibrate(inputs, "*", quantities=["contention"]).fits["contention"]
     (label,) = fit["engine_mape_pct_without"]
     assert fit["engine_mape_pct_without"][label] == pytest.approx(20.0)
     assert fit["engine_mape_pct_fitted"][label] < 1.0
