@@ -231,3 +231,33 @@ class PowerLoop:
             self.counters.add(now, r, "sm_fp32_fraction", a[6])
             self.counters.add(now, r, "sm_memory_fraction", a[7])
             self.counters.add(now, r, "link_bytes_per_s", link)
+
+
+# Runs of a workload that find the power-limit loop's steady state, at most (steady_history).
+_WARM_RUNS = 3
+
+
+def steady_history(power: PowerConfig, idle: dict[int, tuple[Period, ...]], clocks: list[float],
+                   warm_run: Callable[[dict[int, tuple[Period, ...]]], tuple[float, list[GpuState]]]
+                   ) -> dict[int, tuple[Period, ...]]:
+    """The window each GPU would bring into the workload had it just run the same workload over
+    and over: run it from ``idle``, then from the window a repeat of each run leaves
+    (ClockWindow.repeated), until the clocks those windows give stop moving (at most ``_WARM_RUNS``
+    runs; a workload at least two windows long needs one). ``warm_run(history)`` runs the workload
+    from the windows ``history`` and returns when it ended and its GPUs; ``clocks``: the GPUs'
+    clock fractions before."""
+    m = power.model
+    history = idle
+    for _ in range(_WARM_RUNS):
+        end_s, gpus = warm_run(history)
+        history = {g.rank: g.ctl.repeated() for g in gpus if g.ctl is not None}
+        # After two windows the loop has forgotten where it started: the window a run that long
+        # leaves does not depend on the one it started from.
+        if end_s >= 2 * m.control_window_s:
+            break
+        new = [window_clock(m, power.cap_w, power.max_clock_fraction, ClockWindow(m.control_window_s, history[g.rank]))
+               for g in gpus]
+        if new == clocks:
+            break
+        clocks = new
+    return history

@@ -98,6 +98,22 @@ class RateSolver:
             f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck = before
         return False, None
 
+    def coupled(self, ranks: list[int]) -> list[int]:
+        """``ranks`` and every GPU a flow moving data joins to them, directly or through others,
+        sorted: a running collective's rates depend on every GPU it uses."""
+        closed = dict.fromkeys(ranks)
+        stack = list(ranks)
+        seen: set[int] = set()
+        while stack:
+            for f in self.gpus[stack.pop()].flows:
+                if f.phase == "data" and id(f) not in seen:
+                    seen.add(id(f))
+                    for q in f.ranks:
+                        if q not in closed:
+                            closed[q] = None
+                            stack.append(q)
+        return sorted(closed)
+
     def _moving(self, ranks: list[int]) -> list[FlowState]:
         """The flows moving data through the GPUs in ``ranks``, each once, in rank order."""
         flows: list[FlowState] = []

@@ -19,7 +19,7 @@ The power-limit loop is an event of its own: every control period it closes each
 activity and sets the clock at which the window's average power fits the cap (a calibration with
 no window instead re-solves the clock at every event from that moment's activity, re-rating until
 no clock moves). A run under the loop starts from the window the same workload leaves behind
-(``Engine._steady_history``), so it predicts the iteration's steady state.
+(``power_loop.steady_history``), so it predicts the iteration's steady state.
 
 Identical SMs are kept as groups ("100 SMs each running one GEMM block, 32 running one NCCL block")
 so the cost does not grow with the SM count, and a kernel's waves that nothing else can interleave
@@ -55,8 +55,8 @@ import simpy
 
 from ovsim.engine import dispatch, progress
 from ovsim.engine.machine import MachineModel
-from ovsim.engine.power import ClockWindow, Period, PowerConfig, window_clock
-from ovsim.engine.power_loop import PowerLoop
+from ovsim.engine.power import Period, PowerConfig
+from ovsim.engine.power_loop import PowerLoop, steady_history
 from ovsim.engine.rates import RateSolver
 from ovsim.engine.record import Counters, Results, timeline_of
 from ovsim.engine.routing import flow_usage
@@ -76,8 +76,6 @@ from ovsim.gcpause import paused_gc
 from ovsim.hw.power import PowerModel
 from ovsim.models.ir import FlowDemand, Op, Workload
 
-# Runs of a workload that find the power-limit loop's steady state, at most (Engine._steady_history).
-_WARM_RUNS = 3
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -168,30 +166,18 @@ class Engine:
 
     def _steady_history(self) -> dict[int, tuple[Period, ...]]:
         """The window each GPU would bring into the workload had it just run the same workload
-        over and over: run it from idle, then from the window a repeat of each run leaves
-        (ClockWindow.repeated), until the clocks those windows give stop moving (at most
-        ``_WARM_RUNS`` runs; a workload at least two windows long needs one)."""
+        over and over (power_loop.steady_history), found by runs of the workload itself."""
         assert self.power is not None and self.loop is not None
-        pc = self.power
         opts = replace(self.opts, counters=False, progress=None)
-        history = self.loop.idle_history()
-        clocks = [g.clock_frac for g in self.gpus]
-        for _ in range(_WARM_RUNS):
+
+        def warm_run(history: dict[int, tuple[Period, ...]]) -> tuple[float, list[GpuState]]:
             warm = Engine(self.workload, self.machine, opts, self.priority, power_history=history)
             assert warm.loop is not None
             warm.loop.records_power = False
             warm._simulate()
-            history = {g.rank: g.ctl.repeated() for g in warm.gpus if g.ctl is not None}
-            # After two windows the loop has forgotten where it started: the window a run that long
-            # leaves does not depend on the one it started from.
-            if warm.now >= 2 * pc.model.control_window_s:
-                break
-            new = [window_clock(pc.model, pc.cap_w, pc.max_clock_fraction,
-                                ClockWindow(pc.model.control_window_s, history[g.rank])) for g in self.gpus]
-            if new == clocks:
-                break
-            clocks = new
-        return history
+            return warm.now, warm.gpus
+
+        return steady_history(self.power, self.loop.idle_history(), [g.clock_frac for g in self.gpus], warm_run)
 
     def _tick(self, _: simpy.Event) -> None:
         """A control period ends: the loop sets each GPU's clock at the next resolve."""
@@ -436,28 +422,31 @@ class Engine:
         self._settle_instant(couple=False)
         touched = self.touched
         ranks = sorted(touched) if len(touched) > 1 else list(touched)
-        if self.n_data and self.keep_coupled:
-            closure = self._coupled(ranks)
-            if len(closure) > len(ranks):
-                kept, loads = self.solver.solve_beside(closure, touched)
-                if kept:
-                    # The GPUs only coupled to these keep their rates, timers and waves: nothing
-                    # about them changed.
-                    self.coupled_kept += 1
-                    if loads is not None:
-                        self.counters.sample(now, self.gpus, closure, loads)
-                    self._after_rates(ranks)
-                    return
-                self.coupled_solved += 1
-                for q in closure:
-                    self._touch(q)
-                self._settle_instant(couple=True)
-                ranks = sorted(touched)
-        elif self.n_data:
+        if self.n_data:
+            if self.keep_coupled and self._keep_coupled(ranks):
+                self._after_rates(ranks)
+                return
             self._settle_instant(couple=True)
             ranks = sorted(touched) if len(touched) > 1 else list(touched)
         self._rate(ranks)
         self._after_rates(ranks)
+
+    def _keep_coupled(self, ranks: list[int]) -> bool:
+        """Rate ``ranks`` beside the GPUs moving flows couple to them; True where those keep their
+        rates, timers and waves (nothing about them changed), else brings them in, untouched."""
+        closure = self.solver.coupled(ranks)
+        if len(closure) == len(ranks):
+            return False
+        kept, loads = self.solver.solve_beside(closure, self.touched)
+        if not kept:
+            self.coupled_solved += 1
+            for q in closure:
+                self._touch(q)
+            return False
+        self.coupled_kept += 1
+        if loads is not None:
+            self.counters.sample(self.now, self.gpus, closure, loads)
+        return True
 
     def _settle_instant(self, couple: bool) -> None:
         """Retire what finished, dispatch and launch until this instant has nothing more to do.
@@ -477,7 +466,7 @@ class Engine:
             if self.n_waiting:
                 self._arrivals()
             if couple and self.n_data:
-                for q in self._coupled(list(touched)):
+                for q in self.solver.coupled(list(touched)):
                     if q not in touched:
                         self._touch(q)
             if to_complete or to_dispatch:
@@ -491,23 +480,6 @@ class Engine:
             self.released = []
             for s in released:
                 self._pump(s)
-
-    def _coupled(self, ranks: list[int]) -> list[int]:
-        """``ranks`` and every GPU a flow moving data joins to them, directly or through others,
-        sorted: a running collective's rates depend on every GPU it uses."""
-        gpus = self.gpus
-        closed = dict.fromkeys(ranks)
-        stack = list(ranks)
-        seen: set[int] = set()
-        while stack:
-            for f in gpus[stack.pop()].flows:
-                if f.phase == "data" and id(f) not in seen:
-                    seen.add(id(f))
-                    for q in f.ranks:
-                        if q not in closed:
-                            closed[q] = None
-                            stack.append(q)
-        return sorted(closed)
 
     def _after_rates(self, ranks: list[int]) -> None:
         """Power, fast-forwarded waves and the next timer of each GPU whose rates were just set."""
