@@ -8,6 +8,7 @@ import pytest
 
 from ovsim.cli import main
 from ovsim.errors import OvsimError
+from ovsim.traces.table import TraceBundle, make_table
 from ovsim.validate import datasets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,3 +45,60 @@ def test_a_registry_entry_without_a_gpu_is_named(tmp_path: Path, monkeypatch: py
     with pytest.raises(OvsimError, match="needs 'set' and 'gpu'") as e:
         datasets.entries("overlap")
     assert e.value.field == "overlap.0"
+
+
+def _run(name: str, n: int, origin: float) -> TraceBundle:
+    kernels = make_table({"rank": [0] * n, "stream": [7] * n, "name": [f"{name}_kernel"] * n,
+                          "start_s": [1e-3 * i for i in range(n)], "duration_s": [5e-4] * n})
+    return TraceBundle(kernels=kernels, gpu_names={0: "NVIDIA H100 80GB HBM3"}, sources={0: f"overlap/{name}.json.gz"},
+                       wall_origin_s=origin)
+
+
+def test_a_part_in_one_file_reads_back_each_experiment_as_its_own_run(tmp_path: Path) -> None:
+    """write_tables keeps each experiment's rows and trace metadata apart; a data set's readers
+    find them by label and by shell pattern, and say so where one is missing."""
+    from ovsim.traces.load import read_tables, write_tables
+
+    runs = {"add__copy_8": _run("add", 3, 1.7e9), "gemm__copy_8": _run("gemm", 2, 1.7e9 + 5),
+            "gemm__copy_16": _run("g", 1, 0.0)}
+    (tmp_path / "tables").mkdir()
+    write_tables(runs, tmp_path / "tables" / "overlap.parquet")
+    back = read_tables(tmp_path / "tables" / "overlap.parquet")
+    for label, b in runs.items():
+        assert back[label].kernels.equals(b.kernels)
+        assert (back[label].gpu_names, back[label].sources, back[label].wall_origin_s) == \
+            (b.gpu_names, b.sources, b.wall_origin_s)
+    assert list(datasets.experiments(tmp_path, "overlap", "gemm__*")) == ["gemm__copy_16", "gemm__copy_8"]
+    assert datasets.one_experiment(tmp_path, "overlap", "add__copy_9") is None
+    path = datasets.table_path(tmp_path, "overlap", "add__copy_8")
+    assert datasets.read_experiment(path).kernels.equals(runs["add__copy_8"].kernels)
+    tr = datasets.table_input(path, "h100-sxm5-80gb")
+    assert (tr.label, tr.files) == ("add__copy_8.parquet", (str(tmp_path / "tables" / "overlap.parquet"),))
+    with pytest.raises(OvsimError, match="no experiment 'add__copy_9'"):
+        datasets.read_experiment(datasets.table_path(tmp_path, "overlap", "add__copy_9"))
+    # What a caller changes stays with it (the file is read once and kept).
+    mine = datasets.read_experiment(path)
+    mine.kernels.loc[0, "duration_s"] = 1.0
+    mine.gpu_names[0] = "changed"
+    again = datasets.read_experiment(path)
+    assert again.kernels.loc[0, "duration_s"] == 5e-4 and again.gpu_names == {0: "NVIDIA H100 80GB HBM3"}
+
+
+def test_one_file_an_experiment_reads_the_same_and_rows_nobody_lists_are_refused(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ovsim.traces.load import read_tables, write_table, write_tables
+
+    (tmp_path / "tables" / "smloss").mkdir(parents=True)
+    write_table(_run("a", 2, 0.0), tmp_path / "tables" / "smloss" / "a__hold_8.parquet")
+    assert list(datasets.experiments(tmp_path, "smloss")) == ["a__hold_8"]
+    assert datasets.part_file(tmp_path, "smloss").is_dir()
+    write_tables({"x": _run("x", 2, 0.0)}, tmp_path / "m.parquet")
+    t = pq.read_table(tmp_path / "m.parquet")
+    df = t.to_pandas()
+    df.loc[1, "experiment"] = "y"
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(t.schema.metadata),
+                   tmp_path / "bad.parquet")
+    with pytest.raises(OvsimError, match=r"experiment\(s\) \['y'\]"):
+        read_tables(tmp_path / "bad.parquet")

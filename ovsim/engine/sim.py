@@ -419,11 +419,11 @@ class Engine:
                     g.mult[i] = PowerModel.memory_rate(factor, share)
                 g.throttled = any(x != 1.0 for x in g.mult)
         self.released, self.woken = self.woken, []
-        self._settle_instant(couple=False)
+        self._settle_instant(couple=not self.keep_coupled)
         touched = self.touched
         ranks = sorted(touched) if len(touched) > 1 else list(touched)
-        if self.n_data:
-            if self.keep_coupled and self._keep_coupled(ranks):
+        if self.n_data and self.keep_coupled:
+            if self._keep_coupled(ranks):
                 self._after_rates(ranks)
                 return
             self._settle_instant(couple=True)
@@ -450,7 +450,9 @@ class Engine:
 
     def _settle_instant(self, couple: bool) -> None:
         """Retire what finished, dispatch and launch until this instant has nothing more to do.
-        ``couple``: also bring in every GPU a flow moving data shares with a touched one."""
+        GPUs a flow moving data couples to a touched one are brought in first where something of
+        theirs ends now, so that what it releases launches in program order with the rest;
+        ``couple``: all of them."""
         gpus = self.gpus
         to_complete = self.to_complete
         to_dispatch = self.to_dispatch
@@ -465,9 +467,11 @@ class Engine:
                 to_dispatch.clear()
             if self.n_waiting:
                 self._arrivals()
-            if couple and self.n_data:
+            if self.n_data:
+                # Within the completion tolerance of now: its blocks or flows complete at this instant.
+                due = now + 4 * self.eps
                 for q in self.solver.coupled(list(touched)):
-                    if q not in touched:
+                    if q not in touched and (couple or gpus[q].timer_at <= due):
                         self._touch(q)
             if to_complete or to_dispatch:
                 continue

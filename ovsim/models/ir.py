@@ -105,7 +105,7 @@ class FlowDemand:
     group_size: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     """One launch on one rank's stream."""
 

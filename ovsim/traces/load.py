@@ -154,6 +154,10 @@ def read_tables(path: str | Path) -> dict[str, TraceBundle]:
                          source=str(path), field="metadata.experiments")
     df = table.to_pandas()
     rows = df.groupby(EXPERIMENT, sort=False).indices
+    unknown = sorted(set(map(str, rows)) - set(map(str, experiments)))
+    if unknown:
+        raise OvsimError(f"rows of experiment(s) {unknown[:3]} that the metadata does not list", source=str(path),
+                         field=EXPERIMENT)
     out: dict[str, TraceBundle] = {}
     for label, m in experiments.items():
         source = f"{path} ({EXPERIMENT} {label})"

@@ -93,7 +93,7 @@ def part_file(run: Path, part: str) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _read_merged(path: str, mtime_ns: int) -> dict[str, TraceBundle]:
+def _read_merged(path: str, mtime_ns: int, size: int) -> dict[str, TraceBundle]:
     from ovsim.traces.load import read_tables
 
     return read_tables(path)
@@ -104,14 +104,20 @@ def experiments(run: Path, part: str, pattern: str = "*") -> dict[str, TraceBund
     style), by label in sorted order, each as its own run (a table a caller may change)."""
     where = part_file(run, part)
     if where.is_file():
-        found = _read_merged(str(where), where.stat().st_mtime_ns)
-        return {k: dataclasses.replace(b, kernels=b.kernels.copy()) for k, b in sorted(found.items())
-                if fnmatch.fnmatchcase(k, pattern)}
+        st = where.stat()
+        found = _read_merged(str(where), st.st_mtime_ns, st.st_size)
+        return {k: _copy(b) for k, b in sorted(found.items()) if fnmatch.fnmatchcase(k, pattern)}
     if not where.is_dir():
         return {}
     from ovsim.traces.load import read_table
 
     return {p.stem: read_table(p) for p in sorted(where.glob(f"{pattern}.parquet"))}
+
+
+def _copy(b: TraceBundle) -> TraceBundle:
+    """A cached run as one a caller may change."""
+    return dataclasses.replace(b, kernels=b.kernels.copy(), gpu_names=dict(b.gpu_names), sources=dict(b.sources),
+                               skipped=dict(b.skipped), versions=dict(b.versions))
 
 
 def one_experiment(run: Path, part: str, label: str) -> TraceBundle | None:
@@ -139,9 +145,9 @@ def read_experiment(path: Path) -> TraceBundle:
     """The experiment a :func:`table_path` names."""
     from ovsim.traces.load import read_table
 
-    if path.is_file():
-        return read_table(path)
     run, part = path.parents[2], path.parent.name
+    if not part_file(run, part).is_file() and path.is_file():
+        return read_table(path)
     bundle = one_experiment(run, part, path.stem)
     if bundle is None:
         raise OvsimError(f"no experiment '{path.stem}' in the data set", source=str(part_file(run, part)),
@@ -156,7 +162,8 @@ def table_input(path: Path, gpu: str) -> TraceInput:
     from ovsim.hw.spec import load_gpu
 
     load_gpu(gpu)
-    where = path if path.is_file() else part_file(path.parents[2], path.parent.name)
+    where = part_file(path.parents[2], path.parent.name)
+    where = where if where.is_file() else path
     return TraceInput(bundle=read_experiment(path), label=path.name, gpu=gpu, files=(str(where),))
 
 

@@ -66,3 +66,29 @@ def test_coupled_gpus_left_as_they_are_give_the_same_timeline(power: bool) -> No
     assert reference.coupled_kept == 0
     for col in ("start_s", "end_s", "wait_sm_s", "share_sm_s", "share_hbm_s", "share_link_s", "wait_peers_s"):
         assert kept[col].to_numpy() == pytest.approx(full[col].to_numpy(), rel=1e-9, abs=1e-15), col
+
+
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("rank_first", [0, 1])
+def test_what_a_coupled_gpu_releases_at_an_instant_launches_in_program_order(keep: bool, rank_first: int) -> None:
+    """K ends on both ranks at the same instant while an all-reduce couples them. On rank 1, Y (a
+    full GPU of blocks, after K@1 on its stream) and X (after K@0, on another stream) are released
+    then; Y comes first in the program, so Y launches first and takes the SMs, whichever rank's
+    timer fires first (the engine's rule: ops released at one instant launch in workload order).
+    Found by review: rank 0's releases once launched before rank 1's K was retired."""
+    nccl = KernelDemand(blocks=16, block=BlockShape(544, 96, 82240), block_time_s=1.0, issue_fraction=1.0,
+                        hbm_bytes=0.0, flops=0.0, isolated_s=1.0, clock_sensitive=False)
+    flow = FlowDemand(group="ar", ranks=(0, 1), bytes=4e9, latency_s=0.0, rate_cap_bytes_per_s=1.5e11,
+                      link_coeff=1.5, hbm_coeff=3.0)
+    ops: list[Op] = []
+    for r in (rank_first, 1 - rank_first):
+        ops.append(Op(f"K@{r}", "k", "generic", r, "compute", kernel=kernel(100, 1e-5, 0.0)))
+        ops.append(Op(f"ar@{r}", "allreduce", "collective", r, "comm", kernel=nccl, flow=flow))
+    ops.append(Op("Y", "y", "generic", 1, "compute", kernel=kernel(132 * 40, 1e-5, 0.0)))
+    ops.append(Op("X", "x", "generic", 1, "x", deps=("K@0",), kernel=kernel(132 * 40, 2e-5, 0.0)))
+    wl = Workload(ops=tuple(ops), streams=tuple(StreamSpec(r, s) for r in (0, 1) for s in ("compute", "comm", "x")),
+                  n_ranks=2)
+    machine = build_machine(SYSTEM, GPU, PARAMS, n_ranks=2)
+    t = Engine(wl, machine, EngineOptions(check_invariants=True, keep_coupled=keep)).run().ops.set_index("id")
+    assert t.loc["Y", "start_s"] == pytest.approx(t.loc["K@1", "end_s"], abs=1e-12)
+    assert t.loc["X", "start_s"] > t.loc["Y", "start_s"] + 1e-5
