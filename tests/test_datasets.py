@@ -102,3 +102,18 @@ def test_one_file_an_experiment_reads_the_same_and_rows_nobody_lists_are_refused
                    tmp_path / "bad.parquet")
     with pytest.raises(OvsimError, match=r"experiment\(s\) \['y'\]"):
         read_tables(tmp_path / "bad.parquet")
+
+
+def test_validate_measured_reads_the_data_sets_given_with_data(tmp_path: Path) -> None:
+    """``--data DIR`` points ``validate --measured`` at a data folder (what an installed wheel
+    needs): its registry is the one read, and a bad one is refused naming that file."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OVSIM_DATA"}
+    (tmp_path / "datasets.yaml").write_text("overlap:\n  - {set: h100-sxm5-80gb/none}\n")
+    bad = subprocess.run([sys.executable, "-m", "ovsim.cli", "validate", "--measured", "--data", str(tmp_path)],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert bad.returncode == 2 and str(tmp_path / "datasets.yaml") in bad.stderr
+    assert "needs 'set' and 'gpu'" in bad.stderr and bad.stderr.count("\n") == 1

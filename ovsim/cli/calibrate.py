@@ -137,8 +137,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    import os
+    import sys
     from pathlib import Path
 
+    if args.data is not None:
+        data = Path(args.data).resolve()
+        if not data.is_dir():
+            raise OvsimError("not a folder", source=str(args.data), field="data")
+        if "ovsim.validate" in sys.modules and os.environ.get("OVSIM_DATA") != str(data):
+            # The checks' data sets are read from the registry when ovsim.validate is imported.
+            raise OvsimError("give --data before anything in this process imported ovsim.validate, or set "
+                             "OVSIM_DATA", source=str(args.data), field="data")
+        os.environ["OVSIM_DATA"] = str(data)
     from ovsim.validate import run
 
     check_plot(args.plot)

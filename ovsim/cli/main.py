@@ -185,6 +185,9 @@ def parser() -> argparse.ArgumentParser:
                          "(calibration/data/), held out: leave one victim kernel out, and another GPU; and check its "
                          "other measurements (power, clocks, GEMMs, copies, dispatch, HBM sharing) (about four "
                          "minutes with --workers 2)")
+    vp.add_argument("--data", metavar="DIR", type=file_name,
+                    help="the measured data sets for --measured (a checkout's calibration/data; default: the "
+                         "checkout's, or the OVSIM_DATA environment variable's), e.g. from an installed wheel")
     vp.add_argument("--workers", type=count_arg, default=1, metavar="N",
                     help="processes to replay the held-out traces and measured kernels and predict the studies in "
                          "(default 1; 0: one per CPU core)")

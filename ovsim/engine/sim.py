@@ -432,8 +432,9 @@ class Engine:
         self._after_rates(ranks)
 
     def _keep_coupled(self, ranks: list[int]) -> bool:
-        """Rate ``ranks`` beside the GPUs moving flows couple to them; True where those keep their
-        rates, timers and waves (nothing about them changed), else brings them in, untouched."""
+        """Rate ``ranks`` beside the GPUs moving flows couple to them: True where those keep their
+        rates, timers and waves (nothing about them changed); else False, with them brought up to
+        date and touched, for a full solve."""
         closure = self.solver.coupled(ranks)
         if len(closure) == len(ranks):
             return False

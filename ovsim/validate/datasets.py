@@ -60,7 +60,8 @@ def require() -> Path:
     root = data_root()
     if not available():
         raise OvsimError(f"no measured data sets here ({root / REGISTRY} is missing): run from a checkout of the "
-                         "repository, or set OVSIM_DATA to its calibration/data folder", field="--measured")
+                         "repository, or give --data (or set OVSIM_DATA) its calibration/data folder",
+                         field="--measured")
     return root
 
 
