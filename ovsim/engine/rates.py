@@ -62,7 +62,7 @@ class RateSolver:
             demand = self._local(self.gpus[r])
             if demand:
                 demands.append((r, dict(demand)))
-        return self._shared(ranks, demands, moving)
+        return self._shared(ranks, demands, self._moving(ranks) if moving else [])
 
     def solve_beside(self, ranks: list[int], fresh: dict[int, None]) -> tuple[bool, ChannelLoads | None]:
         """Solve the GPUs in ``ranks`` (closed over the flows moving data) where only those in
@@ -85,8 +85,9 @@ class RateSolver:
                 demand = gpu.hbm_demand
             if demand:
                 demands.append((r, dict(demand)))
-        flows = [(f, (f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck)) for f in self._moving(ranks)]
-        loads = self._shared(ranks, demands, True)
+        moving = self._moving(ranks)
+        flows = [(f, (f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck)) for f in moving]
+        loads = self._shared(ranks, demands, moving)
         same = all(k.theta == theta for k, theta in thetas) and all(
             (f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck) == before
             or all(q in fresh for q in f.ranks) for f, before in flows)
@@ -188,11 +189,10 @@ class RateSolver:
         return demand
 
     def _shared(self, ranks: list[int], demands: list[tuple[int, dict[KernelState, float]]],
-                moving: bool) -> ChannelLoads | None:
+                flows: list[FlowState]) -> ChannelLoads | None:
         """Share HBM, links and the collectives' caps among the kernels (``demands``, changed in
-        place by the latency law) and flows of the GPUs in ``ranks``."""
-        # Only flows moving data take bandwidth; the others' rates are never read.
-        flows = self._moving(ranks) if moving else []
+        place by the latency law) and the flows moving data (``flows``, :meth:`_moving`: the
+        others take no bandwidth, and their rates are never read) of the GPUs in ``ranks``."""
         pressure = self._pressure(ranks) if self.has_pressure else []
         for f in flows:
             d = f.demand

@@ -423,21 +423,20 @@ class Engine:
         touched = self.touched
         ranks = sorted(touched) if len(touched) > 1 else list(touched)
         if self.n_data and self.keep_coupled:
-            if self._keep_coupled(ranks):
-                self._after_rates(ranks)
-                return
-            self._settle_instant(couple=True)
-            ranks = sorted(touched) if len(touched) > 1 else list(touched)
+            closure = self.solver.coupled(ranks)
+            if len(closure) > len(ranks):
+                if self._keep_coupled(ranks, closure):
+                    self._after_rates(ranks)
+                    return
+                self._settle_instant(couple=True)
+                ranks = sorted(touched)
         self._rate(ranks)
         self._after_rates(ranks)
 
-    def _keep_coupled(self, ranks: list[int]) -> bool:
-        """Rate ``ranks`` beside the GPUs moving flows couple to them: True where those keep their
-        rates, timers and waves (nothing about them changed); else False, with them brought up to
-        date and touched, for a full solve."""
-        closure = self.solver.coupled(ranks)
-        if len(closure) == len(ranks):
-            return False
+    def _keep_coupled(self, ranks: list[int], closure: list[int]) -> bool:
+        """Rate ``ranks`` beside the GPUs moving flows couple to them (``closure``, the lot): True
+        where those keep their rates, timers and waves (nothing about them changed); else False,
+        with them brought up to date and touched, for a full solve."""
         kept, loads = self.solver.solve_beside(closure, self.touched)
         if not kept:
             self.coupled_solved += 1

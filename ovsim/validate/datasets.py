@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+import glob
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -123,12 +124,7 @@ def _copy(b: TraceBundle) -> TraceBundle:
 
 def one_experiment(run: Path, part: str, label: str) -> TraceBundle | None:
     """One experiment's kernel table (None where the data set has no such experiment)."""
-    return experiments(run, part, fnmatch_escape(label)).get(label)
-
-
-def fnmatch_escape(label: str) -> str:
-    """``label`` as a pattern that matches it alone."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in label)
+    return experiments(run, part, glob.escape(label)).get(label)
 
 
 def table_path(run: Path, part: str, label: str) -> Path:
