@@ -439,3 +439,17 @@ def test_strict_turns_a_skipped_event_into_an_error(tmp_path: Path, capsys: pyte
     assert not (tmp_path / "s.parquet").exists() and not (tmp_path / "c").exists()
     # A clean trace passes --strict.
     assert main(["replay", str(sample), "--quiet", "--strict"]) == 0
+
+
+def test_parser_and_engine_leave_heavy_libraries_unimported() -> None:
+    """Every command builds the parser first: it must not import pandas (0.2 s); nor may building
+    and running a workload import networkx, which only a cycle's report and users' own graphs use."""
+    code = ("import importlib, sys\n"
+            "importlib.import_module('ovsim.cli.main').parser()\n"
+            "assert 'pandas' not in sys.modules, 'the parser imported pandas'\n"
+            "from ovsim.api import predict\n"
+            "predict('examples/gemm-allreduce-h100x4-priority.yaml', counters=False)\n"
+            "assert 'networkx' not in sys.modules, 'predict imported networkx'\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

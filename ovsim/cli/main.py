@@ -116,7 +116,7 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--json", action="store_true", help="print one JSON object")
     tu.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     tu.set_defaults(func=run_tune)
-    from ovsim.traces.load import FORMATS
+    from ovsim.traces import FORMATS
 
     rp = sub.add_parser("replay", help="replay measured traces with contention and compare with the measurement")
     rp.add_argument("traces", nargs="+", help="trace files or folders (several files: ranks of one run)")

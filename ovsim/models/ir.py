@@ -8,11 +8,12 @@ frozen: schedules derive new graphs instead of editing old ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
-
-import networkx as nx
+from typing import TYPE_CHECKING, Literal
 
 from ovsim.errors import OvsimError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 KernelKind = Literal[
     "gemm", "attention", "elementwise", "norm", "softmax", "generic", "collective", "transfer", "delay"
@@ -159,6 +160,10 @@ class Workload:
 
     def graph(self) -> nx.DiGraph:
         """Dependencies as a DAG: explicit deps plus stream order."""
+        # Imported here: networkx costs every command a twentieth of a second at start, and only
+        # this graph (a cycle's report, users' own analyses) needs it.
+        import networkx as nx
+
         g = nx.DiGraph()
         last: dict[tuple[int, str], str] = {}
         for op in self.ops:
@@ -203,8 +208,9 @@ class Workload:
                 raise OvsimError(f"op '{op.id}' uses undeclared stream '{op.stream}' on rank {op.rank}",
                                  source=source, field="stream")
         if topological_order(self.successors()) is None:
-            g = self.graph()
-            cycle = nx.find_cycle(g)
+            import networkx as nx
+
+            cycle = nx.find_cycle(self.graph())
             path = " -> ".join(str(u) for u, _ in cycle)
             raise OvsimError(f"dependency cycle: {path} -> {cycle[0][0]}", source=source, field="after")
         members: dict[str, set[int]] = {}

@@ -11,10 +11,10 @@ import pandas as pd
 
 from ovsim.errors import OvsimError
 from ovsim.files import atomic_output
+from ovsim.traces import FORMATS
 from ovsim.traces.table import TraceBundle, merge_versions, validate_table
 
 Format = Literal["auto", "kineto", "nsys-sqlite", "nsys-csv", "parquet"]
-FORMATS: tuple[str, ...] = ("auto", "kineto", "nsys-sqlite", "nsys-csv", "parquet")
 
 
 def detect_format(path: Path) -> str:
