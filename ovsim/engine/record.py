@@ -87,32 +87,34 @@ class Results:
 
 def timeline_of(workload: Workload, results: Results, counters: Counters) -> Timeline:
     """The run's Timeline: one row per op (its kernel's or its flow member's times and losses) and
-    one per flow, in the order they were created, with the counters' samples."""
+    one per flow, in the order they were created, with the counters' samples. Numbers go straight
+    into arrays, and the frame is built once: at a million ops each list of floats or extra copy
+    of the table costs tens of megabytes."""
     ops = [op for op in workload.ops if op.kind != "delay"]
-    index = [i for i, op in enumerate(workload.ops) if op.kind != "delay"]
-    v = np.frombuffer(results.values, dtype=float).reshape(-1, _N)[index] if index else np.zeros((0, _N))
-    cols: dict[str, Any] = {
-        "id": [op.id for op in ops], "name": [op.name for op in ops], "kind": [op.kind for op in ops],
-        "rank": [op.rank for op in ops], "stream": [op.stream for op in ops],
-        "isolated_s": [op.isolated_s for op in ops],
-    }
-    for j, name in enumerate(RESULT_FIELDS):
-        cols[name] = v[:, j]
-    cols["blocks"] = [op.kernel.blocks if op.kernel is not None else 0 for op in ops]
-    cols["bytes"] = [op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0)
-                     for op in ops]
-    frame = pd.DataFrame(cols)
+    index = np.fromiter((i for i, op in enumerate(workload.ops) if op.kind != "delay"), dtype=np.int64)
+    v = np.frombuffer(results.values, dtype=float).reshape(-1, _N)[index]
     flows = sorted(results.flows.items(), key=lambda kv: kv[1][0])
-    rows: list[dict[str, Any]] = []
-    for group, (_, launch, start, end, isolated, size) in flows:
-        rows.append({
-            "id": f"flow:{group}", "name": group, "kind": "flow", "rank": -1, "stream": "", "isolated_s": isolated,
-            "launch_s": launch, "start_s": start, "end_s": end,
-            "wait_sm_s": 0.0, "share_sm_s": 0.0, "share_hbm_s": 0.0, "share_link_s": 0.0,
-            "wait_peers_s": 0.0, "blocks": 0, "bytes": size,
-        })
-    if rows:
-        frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
+    # (launch, start, end, isolated seconds, bytes) of each flow, in creation order.
+    fv = np.array([f[1:] for _, f in flows], dtype=float).reshape(-1, 5)
+    n, nf = len(ops), len(flows)
+    cols: dict[str, Any] = {
+        "id": [op.id for op in ops] + [f"flow:{group}" for group, _ in flows],
+        "name": [op.name for op in ops] + [group for group, _ in flows],
+        "kind": [op.kind for op in ops] + ["flow"] * nf,
+        "rank": np.concatenate([np.fromiter((op.rank for op in ops), dtype=np.int64, count=n),
+                                np.full(nf, -1, dtype=np.int64)]),
+        "stream": [op.stream for op in ops] + [""] * nf,
+        "isolated_s": np.concatenate([np.fromiter((op.isolated_s for op in ops), dtype=float, count=n), fv[:, 3]]),
+    }
+    flow_fields = {"launch_s": fv[:, 0], "start_s": fv[:, 1], "end_s": fv[:, 2]}
+    for j, name in enumerate(RESULT_FIELDS):
+        cols[name] = np.concatenate([v[:, j], flow_fields.get(name, np.zeros(nf))])
+    cols["blocks"] = np.concatenate([
+        np.fromiter((op.kernel.blocks if op.kernel is not None else 0 for op in ops), dtype=np.int64, count=n),
+        np.zeros(nf, dtype=np.int64)])
+    cols["bytes"] = np.concatenate([
+        np.fromiter((op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0)
+                     for op in ops), dtype=float, count=n), fv[:, 4]])
     c_t, c_rank, c_name, c_value = COUNTER_COLUMNS
     samples = pd.DataFrame(counters.rows, columns=[c_t, c_rank, c_name, c_value])
-    return timeline_from_rows(frame, samples)
+    return timeline_from_rows(cols, samples)

@@ -31,6 +31,7 @@ holds. Power counters: ``power_w`` (board power) and ``sm_clock_hz`` (see
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,58 +69,78 @@ class Timeline:
         return float(rows["end_s"].max() - min(0.0, float(rows["launch_s"].min())))
 
 
-def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame,
+def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame | Mapping[str, Any],
                        counters: list[dict[str, Any]] | pd.DataFrame) -> Timeline:
-    """A Timeline from op rows (dicts, or a frame with those columns) and counter samples; the
-    derived columns (duration, slowdown, the split of time lost, slowed_by) are computed here, on
-    arrays: a frame's column operations copy the whole frame (a million ops: gigabytes)."""
+    """A Timeline from op rows (dicts, a frame with those columns, or a mapping of column name to
+    array) and counter samples; the derived columns (duration, slowdown, the split of time lost,
+    slowed_by) are computed here, on arrays, and the frame is built once without copying its
+    columns: a frame's column operations copy the whole frame (a million ops: gigabytes)."""
     given = [c for c in OP_COLUMNS if c not in ("duration_s", "slowdown", "slowed_by")]
-    src = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, columns=given)
-    n = len(src)
+    src: Mapping[str, Any]
+    if isinstance(rows, pd.DataFrame):
+        src = {c: rows[c].array for c in rows.columns}
+    elif isinstance(rows, Mapping):
+        src = rows
+    else:
+        frame = pd.DataFrame(rows, columns=given)
+        src = {c: frame[c].array for c in frame.columns}
+    n = len(src["id"]) if "id" in src else 0
 
     def column(c: str) -> Any:
-        return src[c].array if c in src.columns else np.full(n, np.nan)
+        return src[c] if c in src else np.full(n, np.nan)
 
     start = np.asarray(column("start_s"), dtype=float)
     iso = np.asarray(column("isolated_s"), dtype=float)
     duration = np.asarray(column("end_s"), dtype=float) - start
     with np.errstate(divide="ignore", invalid="ignore"):
         slowdown = duration / np.where(iso > 0, iso, np.nan)
-    slowdown = np.where(np.isnan(slowdown), 1.0, slowdown)
-    # The raw reasons integrate where progress was lost; rescale them so they split the time lost,
-    # duration - isolated, in the same proportions (a kernel pushed into an extra wave loses a
-    # whole wave although its blocks were short of SMs only during the first one).
-    # Producers that never lose time to a reason may leave its column out.
-    # A clock above the calibration's gains time: clock_s is negative then, and kept as it
-    # integrated; the other reasons split what is left of duration - isolated.
+    slowdown[np.isnan(slowdown)] = 1.0
+    derived: dict[str, Any] = {"duration_s": duration, "slowdown": slowdown}
+    derived.update(_lost_time(duration, iso, column))
+    ops = pd.DataFrame({c: derived[c] if c in derived else column(c) for c in OP_COLUMNS}, copy=False)
+    return Timeline(ops=ops, counters=pd.DataFrame(counters, columns=COUNTER_COLUMNS))
+
+
+def _lost_time(duration: np.ndarray, iso: np.ndarray, column: Callable[[str], Any]) -> dict[str, Any]:
+    """The time each op lost, split by reason (one column each), and ``slowed_by``.
+
+    The raw reasons integrate where progress was lost; they are rescaled so that they split the
+    time lost, duration - isolated, in the same proportions (a kernel pushed into an extra wave
+    loses a whole wave although its blocks were short of SMs only during the first one).
+    Producers that never lose time to a reason may leave its column out. A clock above the
+    calibration's gains time: clock_s is negative then, and kept as it integrated; the other
+    reasons split what is left of duration - isolated. One (ops, reasons) array, changed in
+    place: each copy of it is 48 bytes an op."""
+    n = len(duration)
     names = list(REASONS)
-    raw = np.column_stack([np.asarray(column(c), dtype=float) for c in names]) if n else np.zeros((0, len(names)))
-    raw = np.where(np.isnan(raw), 0.0, raw)
+    ci = names.index("clock_s")
+    reasons = np.empty((n, len(names)))
+    for j, c in enumerate(names):
+        reasons[:, j] = np.asarray(column(c), dtype=float)
+    reasons[np.isnan(reasons)] = 0.0
     net = duration - iso
-    clock = raw[:, names.index("clock_s")]
+    clock = reasons[:, ci]
     gained = np.where(clock <= 0.0, clock, 0.0)
     # A kernel further ahead than its integrated gain (wave edges, round-off): all of its lead is
     # the clock's, nothing was lost.
     gained = np.where(net >= gained, gained, net)
     gained = np.where(gained < -1e-9 * iso, gained, 0.0)  # round-off is no gain
-    raw = np.where(raw >= 0.0, raw, 0.0)
-    total = raw.sum(axis=1)
+    reasons[reasons < 0.0] = 0.0
+    total = reasons.sum(axis=1)
     lost = net - gained
-    lost = np.where(lost >= 0.0, lost, 0.0)
+    lost[~(lost >= 0.0)] = 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = lost / np.where(total > 0, total, np.nan)
-    scale = np.where(np.isnan(scale), 0.0, scale)
-    reasons = raw * scale[:, None]
-    reasons[:, names.index("clock_s")] += gained
+    scale[np.isnan(scale)] = 0.0
+    reasons *= scale[:, None]
+    reasons[:, ci] += gained
     slowed = net > SLOWED_THRESHOLD * iso
     if n:
-        top = np.array([REASONS[n] for n in names], dtype=object)[reasons.argmax(axis=1)]
+        top = np.array([REASONS[c] for c in names], dtype=object)[reasons.argmax(axis=1)]
         has_reason = reasons.max(axis=1) > 0
     else:
         top, has_reason = np.array([], dtype=object), np.array([], dtype=bool)
-    derived: dict[str, Any] = {"duration_s": duration, "slowdown": slowdown,
-                               "slowed_by": np.where(slowed & has_reason, top, "")}
+    out: dict[str, Any] = {"slowed_by": np.where(slowed & has_reason, top, "")}
     for j, c in enumerate(names):
-        derived[c] = reasons[:, j]
-    ops = pd.DataFrame({c: derived[c] if c in derived else column(c) for c in OP_COLUMNS})
-    return Timeline(ops=ops, counters=pd.DataFrame(counters, columns=COUNTER_COLUMNS))
+        out[c] = reasons[:, j]
+    return out
