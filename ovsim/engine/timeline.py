@@ -77,14 +77,13 @@ def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame | Mapping[str, 
     columns: a frame's column operations copy the whole frame (a million ops: gigabytes)."""
     given = [c for c in OP_COLUMNS if c not in ("duration_s", "slowdown", "slowed_by")]
     src: Mapping[str, Any]
-    if isinstance(rows, pd.DataFrame):
-        src = {c: rows[c].array for c in rows.columns}
-    elif isinstance(rows, Mapping):
+    if isinstance(rows, Mapping):
         src = rows
+        n = len(next(iter(rows.values()))) if rows else 0
     else:
-        frame = pd.DataFrame(rows, columns=given)
+        frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, columns=given)
         src = {c: frame[c].array for c in frame.columns}
-    n = len(src["id"]) if "id" in src else 0
+        n = len(frame)
 
     def column(c: str) -> Any:
         return src[c] if c in src else np.full(n, np.nan)
