@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import pandas as pd
-
-from ovsim.engine.timeline import Timeline, timeline_from_rows
+from ovsim.engine.timeline import Timeline, op_columns, timeline_from_rows
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
 from ovsim.models.ir import Op, Workload, topological_order
@@ -121,35 +118,23 @@ class Plan:
         rows = [i for i, op in enumerate(ops) if op.kind != "delay"]
         # Flows in the order of their first member.
         order = sorted(flows, key=lambda g: self.members[g][0])
-        fl = [f for f in (ops[self.members[g][0]].flow for g in order) if f is not None]
+        named: list[tuple[str, float]] = []
+        for g in order:
+            f = ops[self.members[g][0]].flow
+            assert f is not None
+            named.append((f.group, f.bytes))
         spans = [flows[g] for g in order]
-        n_flows = len(fl)
-        zeros = [0.0] * (len(rows) + n_flows)
-        # Columns, not a dict a row: a million ops' dicts cost seconds.
-        cols: dict[str, Any] = {
-            "id": [ops[i].id for i in rows] + [f"flow:{f.group}" for f in fl],
-            "name": [ops[i].name for i in rows] + [f.group for f in fl],
-            "kind": [ops[i].kind for i in rows] + ["flow"] * n_flows,
-            "rank": [ops[i].rank for i in rows] + [-1] * n_flows,
-            "stream": [ops[i].stream for i in rows] + [""] * n_flows,
+        zeros = [0.0] * (len(rows) + len(order))
+        cols = op_columns([ops[i] for i in rows], named)
+        cols.update({
             "launch_s": [launch[i] for i in rows] + [x[0] for x in spans],
             "start_s": [start[i] for i in rows] + [x[1] for x in spans],
             "end_s": [end[i] for i in rows] + [x[2] for x in spans],
             "isolated_s": [dur[i] for i in rows] + [x[3] for x in spans],
-            "blocks": [_blocks(ops[i]) for i in rows] + [0] * n_flows,
-            "bytes": [_bytes(ops[i]) for i in rows] + [f.bytes for f in fl],
             "wait_sm_s": zeros, "share_sm_s": zeros, "share_hbm_s": zeros, "share_link_s": zeros,
-            "wait_peers_s": [wait[i] for i in rows] + [0.0] * n_flows,
-        }
-        return timeline_from_rows(pd.DataFrame(cols), [])
-
-
-def _blocks(op: Op) -> int:
-    return op.kernel.blocks if op.kernel is not None else 0
-
-
-def _bytes(op: Op) -> float:
-    return op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0)
+            "wait_peers_s": [wait[i] for i in rows] + [0.0] * len(order),
+        })
+        return timeline_from_rows(cols, [])
 
 
 def _order(stream_pred: list[int], deps: list[list[int]], members: list[list[int]]) -> list[int]:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from array import array
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ovsim.engine.rates import ChannelLoads
 from ovsim.engine.state import FlowMember, FlowState, GpuState, KernelState
-from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
+from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, op_columns, timeline_from_rows
 from ovsim.models.ir import Workload
 
 
@@ -87,34 +86,20 @@ class Results:
 
 def timeline_of(workload: Workload, results: Results, counters: Counters) -> Timeline:
     """The run's Timeline: one row per op (its kernel's or its flow member's times and losses) and
-    one per flow, in the order they were created, with the counters' samples. Numbers go straight
-    into arrays, and the frame is built once: at a million ops each list of floats or extra copy
-    of the table costs tens of megabytes."""
+    one per flow, in the order they were created, with the counters' samples. The frame is built
+    once, from arrays (:func:`~ovsim.engine.timeline.op_columns`)."""
     ops = [op for op in workload.ops if op.kind != "delay"]
     index = np.fromiter((i for i, op in enumerate(workload.ops) if op.kind != "delay"), dtype=np.int64)
     v = np.frombuffer(results.values, dtype=float).reshape(-1, _N)[index]
     flows = sorted(results.flows.items(), key=lambda kv: kv[1][0])
     # (launch, start, end, isolated seconds, bytes) of each flow, in creation order.
     fv = np.array([f[1:] for _, f in flows], dtype=float).reshape(-1, 5)
-    n, nf = len(ops), len(flows)
-    cols: dict[str, Any] = {
-        "id": [op.id for op in ops] + [f"flow:{group}" for group, _ in flows],
-        "name": [op.name for op in ops] + [group for group, _ in flows],
-        "kind": [op.kind for op in ops] + ["flow"] * nf,
-        "rank": np.concatenate([np.fromiter((op.rank for op in ops), dtype=np.int64, count=n),
-                                np.full(nf, -1, dtype=np.int64)]),
-        "stream": [op.stream for op in ops] + [""] * nf,
-        "isolated_s": np.concatenate([np.fromiter((op.isolated_s for op in ops), dtype=float, count=n), fv[:, 3]]),
-    }
+    cols = op_columns(ops, [(group, f[5]) for group, f in flows])
+    cols["isolated_s"] = np.concatenate([np.fromiter((op.isolated_s for op in ops), dtype=float, count=len(ops)),
+                                         fv[:, 3]])
     flow_fields = {"launch_s": fv[:, 0], "start_s": fv[:, 1], "end_s": fv[:, 2]}
     for j, name in enumerate(RESULT_FIELDS):
-        cols[name] = np.concatenate([v[:, j], flow_fields.get(name, np.zeros(nf))])
-    cols["blocks"] = np.concatenate([
-        np.fromiter((op.kernel.blocks if op.kernel is not None else 0 for op in ops), dtype=np.int64, count=n),
-        np.zeros(nf, dtype=np.int64)])
-    cols["bytes"] = np.concatenate([
-        np.fromiter((op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0)
-                     for op in ops), dtype=float, count=n), fv[:, 4]])
+        cols[name] = np.concatenate([v[:, j], flow_fields.get(name, np.zeros(len(flows)))])
     c_t, c_rank, c_name, c_value = COUNTER_COLUMNS
     samples = pd.DataFrame(counters.rows, columns=[c_t, c_rank, c_name, c_value])
     return timeline_from_rows(cols, samples)

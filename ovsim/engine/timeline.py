@@ -31,12 +31,15 @@ holds. Power counters: ``power_w`` (board power) and ``sm_clock_hz`` (see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from ovsim.models.ir import Op
 
 OP_COLUMNS = [
     "id", "name", "kind", "rank", "stream", "launch_s", "start_s", "end_s", "duration_s", "isolated_s",
@@ -67,6 +70,29 @@ class Timeline:
         if rows.empty:
             return 0.0
         return float(rows["end_s"].max() - min(0.0, float(rows["launch_s"].min())))
+
+
+def op_columns(ops: Sequence[Op], flows: Sequence[tuple[str, float]]) -> dict[str, Any]:
+    """The columns the ops themselves give a Timeline (id, name, kind, rank, stream, blocks, bytes),
+    as the engine and the analytic fidelity lay them out: one row per op of ``ops``, then one per
+    flow of ``flows`` (its group and bus bytes). Numbers go straight into arrays: at a million ops
+    each list of Python numbers costs tens of megabytes."""
+    n, nf = len(ops), len(flows)
+    return {
+        "id": [op.id for op in ops] + [f"flow:{group}" for group, _ in flows],
+        "name": [op.name for op in ops] + [group for group, _ in flows],
+        "kind": [op.kind for op in ops] + ["flow"] * nf,
+        "rank": np.concatenate([np.fromiter((op.rank for op in ops), dtype=np.int64, count=n),
+                                np.full(nf, -1, dtype=np.int64)]),
+        "stream": [op.stream for op in ops] + [""] * nf,
+        "blocks": np.concatenate([
+            np.fromiter((op.kernel.blocks if op.kernel is not None else 0 for op in ops), dtype=np.int64, count=n),
+            np.zeros(nf, dtype=np.int64)]),
+        "bytes": np.concatenate([
+            np.fromiter((op.flow.bytes if op.flow is not None else (op.kernel.hbm_bytes if op.kernel else 0.0)
+                         for op in ops), dtype=float, count=n),
+            np.array([size for _, size in flows], dtype=float)]),
+    }
 
 
 def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame | Mapping[str, Any],
