@@ -61,7 +61,7 @@ class RateSolver:
         for r in ranks:
             demand = self._local(self.gpus[r])
             if demand:
-                demands.append((r, dict(demand)))
+                demands.append((r, self._own(demand)))
         return self._shared(ranks, demands, self._moving(ranks) if moving else [])
 
     def solve_beside(self, ranks: list[int], fresh: dict[int, None]) -> tuple[bool, ChannelLoads | None]:
@@ -84,7 +84,7 @@ class RateSolver:
                     k.theta = k.theta_self  # as the SM step of a full solve leaves it
                 demand = gpu.hbm_demand
             if demand:
-                demands.append((r, dict(demand)))
+                demands.append((r, self._own(demand)))
         moving = self._moving(ranks)
         flows = [(f, (f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck)) for f in moving]
         loads = self._shared(ranks, demands, moving)
@@ -98,6 +98,12 @@ class RateSolver:
         for f, before in flows:
             f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck = before
         return False, None
+
+    def _own(self, demand: dict[KernelState, float]) -> dict[KernelState, float]:
+        """``demand`` as the shared step may take it: the latency law lowers demands in place, and
+        ``GpuState.hbm_demand`` must keep them as the SM step left them; without the law nothing
+        changes them, and the copy (at every event) is skipped."""
+        return dict(demand) if self.latency_law else demand
 
     def coupled(self, ranks: list[int]) -> list[int]:
         """``ranks`` and every GPU a flow moving data joins to them, directly or through others,
