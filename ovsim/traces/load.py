@@ -86,24 +86,30 @@ def load_trace(paths: str | Path | Sequence[str | Path], fmt: str = "auto") -> T
 def write_table(bundle: TraceBundle, path: str | Path, *, compression: str = "snappy") -> None:
     """Save the canonical table as parquet, with the GPU names and sources in its metadata
     (``compression``: any codec pyarrow writes; readers need nothing to tell them which)."""
-    import json
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pandas(bundle.kernels, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
-    meta[b"ovsim"] = json.dumps({"schema": "ovsim.kernels/1", **_bundle_meta(bundle)}).encode()
-    try:
-        with atomic_output(path) as tmp:
-            pq.write_table(table.replace_schema_metadata(meta), str(tmp), compression=compression)
-    except OSError as e:
-        raise OvsimError(f"cannot write: {e}", source=str(path), field="output") from None
+    _write_parquet(bundle.kernels, {"schema": "ovsim.kernels/1", **_bundle_meta(bundle)}, path, compression)
 
 
 def _bundle_meta(bundle: TraceBundle) -> dict[str, Any]:
     return {"gpu_names": bundle.gpu_names, "world_size": bundle.world_size, "sources": bundle.sources,
             "skipped": bundle.skipped, "wall_origin_s": bundle.wall_origin_s, "versions": bundle.versions}
+
+
+def _write_parquet(frame: pd.DataFrame, doc: dict[str, Any], path: str | Path, compression: str) -> None:
+    """``frame`` as parquet at ``path`` (written whole or not at all), ``doc`` as JSON under the
+    metadata key ``ovsim``."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"ovsim"] = json.dumps(doc).encode()
+    try:
+        with atomic_output(path) as tmp:
+            pq.write_table(table.replace_schema_metadata(meta), str(tmp), compression=compression)
+    except OSError as e:
+        raise OvsimError(f"cannot write: {e}", source=str(path), field="output") from None
 
 
 EXPERIMENT = "experiment"
@@ -113,41 +119,17 @@ def write_tables(bundles: dict[str, TraceBundle], path: str | Path, *, compressi
     """Save several runs' canonical tables as one parquet file (a data set's experiments of one
     kind: hundreds of short runs make as many files of a few KB otherwise), each run's rows
     marked by its label in column ``experiment`` and its bundle fields in the metadata."""
-    import json
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     frames = [b.kernels.assign(**{EXPERIMENT: label}) for label, b in sorted(bundles.items())]
-    table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
-    meta = dict(table.schema.metadata or {})
-    meta[b"ovsim"] = json.dumps({"schema": "ovsim.kernel-sets/1",
-                                 "experiments": {label: _bundle_meta(b) for label, b in sorted(bundles.items())}
-                                 }).encode()
-    try:
-        with atomic_output(path) as tmp:
-            pq.write_table(table.replace_schema_metadata(meta), str(tmp), compression=compression)
-    except OSError as e:
-        raise OvsimError(f"cannot write: {e}", source=str(path), field="output") from None
+    doc = {"schema": "ovsim.kernel-sets/1",
+           "experiments": {label: _bundle_meta(b) for label, b in sorted(bundles.items())}}
+    _write_parquet(pd.concat(frames, ignore_index=True), doc, path, compression)
 
 
 def read_tables(path: str | Path) -> dict[str, TraceBundle]:
     """The runs :func:`write_tables` saved in ``path``, by label, each as :func:`read_table` would
     read it from a file of its own."""
-    import json
-
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(str(path))
-    except Exception as e:  # pyarrow raises several types for a file that is not parquet
-        raise OvsimError(f"not a readable parquet file ({type(e).__name__})", source=str(path),
-                         field="parquet") from None
-    raw = (table.schema.metadata or {}).get(b"ovsim")
-    try:
-        doc = json.loads(raw) if raw else {}
-    except ValueError as e:
-        raise OvsimError(f"the ovsim metadata is not JSON ({e})", source=str(path), field="metadata") from None
+    table = _read_parquet(path)
+    doc = _json_metadata((table.schema.metadata or {}).get(b"ovsim"), str(path))
     experiments = doc.get("experiments") if isinstance(doc, dict) else None
     if not isinstance(experiments, dict) or EXPERIMENT not in table.column_names:
         raise OvsimError("not a table of several runs (no experiments in its metadata, or no experiment column)",
@@ -161,41 +143,42 @@ def read_tables(path: str | Path) -> dict[str, TraceBundle]:
     out: dict[str, TraceBundle] = {}
     for label, m in experiments.items():
         source = f"{path} ({EXPERIMENT} {label})"
-        meta = _metadata(json.dumps(m).encode(), source)
+        meta = _checked_metadata(m, source)
         kernels = df.iloc[rows.get(label, [])].drop(columns=EXPERIMENT).reset_index(drop=True)
         out[str(label)] = TraceBundle(kernels=validate_table(kernels, source), **meta)
     return out
 
 
 def read_table(path: str | Path) -> TraceBundle:
+    table = _read_parquet(path)
+    meta = _checked_metadata(_json_metadata((table.schema.metadata or {}).get(b"ovsim"), str(path)), str(path))
+    return TraceBundle(kernels=validate_table(table.to_pandas(), str(path)), **meta)
+
+
+def _read_parquet(path: str | Path) -> Any:
+    """The parquet file at ``path`` as a pyarrow table; a file that is not one is a one-line error."""
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(str(path))
+        return pq.read_table(str(path))
     except Exception as e:  # pyarrow raises several types for a file that is not parquet
         raise OvsimError(f"not a readable parquet file ({type(e).__name__})", source=str(path),
                          field="parquet") from None
-    meta = _metadata((table.schema.metadata or {}).get(b"ovsim"), str(path))
-    return TraceBundle(
-        kernels=validate_table(table.to_pandas(), str(path)),
-        gpu_names=meta["gpu_names"],
-        world_size=meta["world_size"],
-        sources=meta["sources"],
-        skipped=meta["skipped"],
-        wall_origin_s=meta["wall_origin_s"],
-        versions=meta["versions"],
-    )
 
 
-def _metadata(raw: bytes | None, source: str) -> dict[str, Any]:
-    """The bundle fields ``write_table`` stored in the parquet metadata, checked: a file written by
-    something else, or edited, must not turn into a wrong GPU or clock."""
+def _json_metadata(raw: bytes | None, source: str) -> Any:
+    """The JSON a writer here stored under the metadata key ``ovsim`` (``{}`` where there is none)."""
     import json
 
     try:
-        meta = json.loads(raw) if raw else {}
+        return json.loads(raw) if raw else {}
     except ValueError as e:
         raise OvsimError(f"the ovsim metadata is not JSON ({e})", source=source, field="metadata") from None
+
+
+def _checked_metadata(meta: Any, source: str) -> dict[str, Any]:
+    """The bundle fields ``write_table`` stored in the parquet metadata (``meta``, its JSON read),
+    checked: a file written by something else, or edited, must not turn into a wrong GPU or clock."""
     if not isinstance(meta, dict):
         raise OvsimError("the ovsim metadata is not an object", source=source, field="metadata")
 
