@@ -19,23 +19,18 @@ after), and ``ovsim validate --measured`` gives the same checks.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
 from pathlib import Path
 
-from ingest import RAW_READ
+from ingest import RAW_READ, _sha256
 
 from ovsim.errors import OvsimError
 from ovsim.traces.load import read_table, read_tables, write_tables
 
 HOW = ("merged with ovsim.traces.load.write_tables (zstd, column experiment, each experiment's trace metadata "
        "kept); read back equal (kernels and metadata) before the files were removed")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def merge_part(folder: Path, dry_run: bool) -> tuple[int, Path]:
