@@ -25,6 +25,7 @@ from ovsim.cli.sweep import run_sweep
 from ovsim.cli.tune import run_tune
 from ovsim.errors import OvsimError
 from ovsim.limits import MAX_COMBINATIONS
+from ovsim.traces import FORMATS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -116,8 +117,6 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--json", action="store_true", help="print one JSON object")
     tu.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     tu.set_defaults(func=run_tune)
-    from ovsim.traces import FORMATS
-
     rp = sub.add_parser("replay", help="replay measured traces with contention and compare with the measurement")
     rp.add_argument("traces", nargs="+", help="trace files or folders (several files: ranks of one run)")
     rp.add_argument("--gpu", help="GPU spec name, when the trace's device name is unknown or to override it")
