@@ -18,6 +18,9 @@ from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, StreamSpec
 GPU = load_gpu("h100-sxm5-80gb")
 PARAMS = load_calibration(GPU, "h100-sxm5-80gb").params
 RANKS = 4
+# An NCCL kernel's blocks (16 channels); its flow moves the data.
+NCCL = KernelDemand(blocks=16, block=BlockShape(544, 96, 82240), block_time_s=1.0, issue_fraction=1.0,
+                    hbm_bytes=0.0, flops=0.0, isolated_s=1.0, clock_sensitive=False)
 SYSTEM = SystemSpec.model_validate({"schema": "ovsim.system/1", "name": "t", "gpu": "h100-sxm5-80gb",
                                     "gpu_count": RANKS, "topology": "nvswitch", "sources": {"t": "test"}})
 
@@ -31,8 +34,6 @@ def kernel(blocks: int, block_s: float, hbm_bytes: float) -> KernelDemand:
 def workload() -> Workload:
     """Each rank runs its own mix of short kernels (a rank's kernels differ in size, so ranks drift
     apart) while all-reduces, each after a few kernels, move data across all four."""
-    nccl = KernelDemand(blocks=16, block=BlockShape(544, 96, 82240), block_time_s=1.0, issue_fraction=1.0,
-                        hbm_bytes=0.0, flops=0.0, isolated_s=1.0, clock_sensitive=False)
     ops: list[Op] = []
     for r in range(RANKS):
         prev = ""
@@ -40,7 +41,7 @@ def workload() -> Workload:
             if i % 6 == 5:
                 flow = FlowDemand(group=f"ar{i}", ranks=tuple(range(RANKS)), bytes=64e6, latency_s=5e-6,
                                   rate_cap_bytes_per_s=1.5e11, link_coeff=1.5, hbm_coeff=3.0)
-                ops.append(Op(f"ar{i}@{r}", "allreduce", "collective", r, "comm", deps=(prev,), kernel=nccl,
+                ops.append(Op(f"ar{i}@{r}", "allreduce", "collective", r, "comm", deps=(prev,), kernel=NCCL,
                               flow=flow))
                 continue
             k = kernel(528 * (1 + (i + r) % 3), 2e-6 * (1 + r % 2), 2e8 * ((i + r) % 2))
@@ -76,14 +77,12 @@ def test_what_a_coupled_gpu_releases_at_an_instant_launches_in_program_order(kee
     then; Y comes first in the program, so Y launches first and takes the SMs, whichever rank's
     timer fires first (the engine's rule: ops released at one instant launch in workload order).
     Found by review: rank 0's releases once launched before rank 1's K was retired."""
-    nccl = KernelDemand(blocks=16, block=BlockShape(544, 96, 82240), block_time_s=1.0, issue_fraction=1.0,
-                        hbm_bytes=0.0, flops=0.0, isolated_s=1.0, clock_sensitive=False)
     flow = FlowDemand(group="ar", ranks=(0, 1), bytes=4e9, latency_s=0.0, rate_cap_bytes_per_s=1.5e11,
                       link_coeff=1.5, hbm_coeff=3.0)
     ops: list[Op] = []
     for r in (rank_first, 1 - rank_first):
         ops.append(Op(f"K@{r}", "k", "generic", r, "compute", kernel=kernel(100, 1e-5, 0.0)))
-        ops.append(Op(f"ar@{r}", "allreduce", "collective", r, "comm", kernel=nccl, flow=flow))
+        ops.append(Op(f"ar@{r}", "allreduce", "collective", r, "comm", kernel=NCCL, flow=flow))
     ops.append(Op("Y", "y", "generic", 1, "compute", kernel=kernel(132 * 40, 1e-5, 0.0)))
     ops.append(Op("X", "x", "generic", 1, "x", deps=("K@0",), kernel=kernel(132 * 40, 2e-5, 0.0)))
     wl = Workload(ops=tuple(ops), streams=tuple(StreamSpec(r, s) for r in (0, 1) for s in ("compute", "comm", "x")),
