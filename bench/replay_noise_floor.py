@@ -1,13 +1,14 @@
 """How low can a replay's overlapped-kernel error go on a trace? Prints, per shared trace with
-communication, three figures that need no model:
+communication, figures that need no model (:mod:`ovsim.replay_floor` defines them):
 
-- naive: the MAPE of predicting every scored kernel (overlapped, isolated duration from clean
-  instances of its signature) by its isolated duration, as ``ovsim validate`` reports it;
-- best constant: the MAPE of the best single slowdown factor for all of the trace's scored kernels,
-  chosen with hindsight (a model that slows every overlapped kernel alike cannot do better);
-- clean spread: the MAPE of predicting each clean (not overlapped) instance of a scored signature by
-  the median of the other clean instances: the run-to-run spread of the isolated durations that
-  every prediction inherits.
+- naive: the MAPE and the time-weighted error of predicting every scored kernel by its isolated
+  duration, as ``ovsim validate`` reports them;
+- best constant: the MAPE of the best single slowdown factor, chosen with hindsight;
+- clean spread: the run-to-run spread of the isolated durations that every prediction inherits;
+- repeat: each scored kernel predicted from the measured slowdown of the other overlapped
+  instances of its signature beside the same collectives (leave one out), on the kernels that
+  have such a repeat: how far a model that got each kind of kernel beside each collective right
+  could go, with the naive figures on the same kernels beside it.
 
     python bench/replay_noise_floor.py TRACES
 """
@@ -17,48 +18,26 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from ovsim.replay_kernels import COMPUTE_KINDS, SIGNATURE_SPREAD, KernelColumns, isolated_durations, overlap_flags
+from ovsim.replay_floor import floor
 from ovsim.traces.load import load_trace
 from ovsim.validate import TRACE_CASES
 
 
-def figures(path: Path) -> tuple[int, float, float, float]:
-    c = KernelColumns.of(load_trace([path]).kernels.reset_index(drop=True))
-    overlapped = overlap_flags(c)
-    iso, src = isolated_durations(c, overlapped)
-    sel = np.flatnonzero(overlapped & (src == "signature") & (c.dur > 0))
-    meas, base = c.dur[sel], iso[sel]
-    naive = float(np.mean(np.abs(base - meas) / meas) * 100)
-    best = min(float(np.mean(np.abs(f * base - meas) / meas) * 100) for f in np.linspace(0.3, 3.0, 541))
-    sig = [f"{n}|{g}|{b}|{h}" for n, g, b, h in zip(c.name, c.grid.tolist(), c.block.tolist(), c.host_op,
-                                                    strict=True)]
-    scored = {sig[i] for i in sel}
-    is_compute = np.array([k in COMPUTE_KINDS for k in c.kind], dtype=bool)
-    clean: dict[str, list[int]] = {}
-    for i in np.flatnonzero(is_compute & ~overlapped & (c.dur > 0)):
-        if sig[i] in scored:
-            clean.setdefault(sig[i], []).append(int(i))
-    errs: list[float] = []
-    for rows in clean.values():
-        d = c.dur[rows]
-        lo, hi = np.percentile(d, [10, 90])
-        if len(d) < 3 or hi > SIGNATURE_SPREAD * lo:
-            continue
-        errs.extend(abs(float(np.median(np.delete(d, j))) - d[j]) / d[j] for j in range(len(d)))
-    return len(sel), naive, best, float(np.mean(errs) * 100) if errs else float("nan")
-
-
 def main() -> None:
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "traces"
-    print(f"{'trace':<34} {'scored':>6} {'naive':>7} {'best constant':>14} {'clean spread':>13}")
+    print(f"{'':<30} {'':>6} {'naive':>15} {'best':>7} {'clean':>7} | {'repeat (leave one out)':^44}")
+    print(f"{'trace':<30} {'scored':>6} {'MAPE':>7} {'weighted':>8} {'const.':>7} {'spread':>7} | "
+          f"{'kernels':>7} {'time':>5} {'naive w.':>9} {'repeat w.':>9} {'naive':>6} {'repeat':>6}")
     for rel, _ in TRACE_CASES:
         path = folder / rel
         if not path.exists():
             continue
-        n, naive, best, spread = figures(path)
-        print(f"{Path(rel).name[:34]:<34} {n:>6} {naive:>6.1f}% {best:>13.1f}% {spread:>12.1f}%")
+        f = floor(load_trace([path]).kernels)
+        print(f"{Path(rel).name[:30]:<30} {f.scored:>6} {f.naive_mape_pct:>6.1f}% {f.naive_weighted_pct:>7.1f}% "
+              f"{f.best_constant_mape_pct:>6.1f}% {f.clean_spread_pct:>6.1f}% | {f.repeated:>7} "
+              f"{f.repeated_time_share * 100:>4.0f}% {f.repeat_naive_weighted_pct:>8.1f}% "
+              f"{f.repeat_weighted_pct:>8.1f}% {f.repeat_naive_mape_pct:>5.1f}% {f.repeat_mape_pct:>5.1f}%")
+    print("(repeat columns: the weighted error and the MAPE on the repeated kernels alone)")
 
 
 if __name__ == "__main__":

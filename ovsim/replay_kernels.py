@@ -125,15 +125,20 @@ def overlap_flags(c: KernelColumns) -> np.ndarray:
     return flags
 
 
+def signatures(c: KernelColumns) -> list[str]:
+    """Per row, what makes instances of a kernel one problem: name, grid, block and launching
+    operator (with its input shapes where the trace records them, which tell apart problem sizes
+    that share a kernel and launch shape)."""
+    return [f"{n}|{g}|{b}|{h}" for n, g, b, h in zip(c.name, c.grid.tolist(), c.block.tolist(), c.host_op,
+                                                     strict=True)]
+
+
 def isolated_durations(c: KernelColumns, overlapped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Isolated duration and its source for every row (see the module docstring)."""
     iso = c.dur.copy()
     is_compute = np.array([k in COMPUTE_KINDS for k in c.kind], dtype=bool)
     src = np.where(is_compute, "self", "measured").astype(object)
-    # The launching operator's input shapes, where recorded, tell apart problem sizes that share a
-    # kernel and launch shape.
-    sig = [f"{n}|{g}|{b}|{h}" for n, g, b, h in zip(c.name, c.grid.tolist(), c.block.tolist(), c.host_op,
-                                                    strict=True)]
+    sig = signatures(c)
     clean: dict[tuple[str, int], list[float]] = {}
     clean_any: dict[str, list[float]] = {}
     for i in np.flatnonzero(is_compute & ~overlapped):

@@ -175,9 +175,11 @@ def test_held_out_folds_in_processes_give_the_same_checks(monkeypatch: pytest.Mo
     one = validate.trace_checks(TRACES, workers=1)
     two = validate.trace_checks(TRACES, workers=2)
     assert [c.to_json() for c in two] == [c.to_json() for c in one]
-    # Per trace: span, kernel MAPE, exposed communication and hidden share held out, one fit row.
+    # Per trace: span, kernel MAPE, time-weighted error, exposed communication and hidden share
+    # held out, one fit row.
     names = [c.name.split(": ", 1)[1] for c in one]
-    assert len(one) == 10 and names.count("exposed communication") == 2
+    assert len(one) == 12 and names.count("exposed communication") == 2
+    assert sum(n.startswith("overlapped-kernel time-weighted error") for n in names) == 2
     assert names.count("hidden share of communication") == 2
     assert all("fitted on 1 other traces" in c.note for c in one if c.group == validate.HELD_OUT)
     with pytest.raises(OvsimError, match="workers"):
