@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ovsim.engine.resources import KernelResource
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, collective_pressure
 from ovsim.hw.spec import GpuSpec, SystemSpec
@@ -70,6 +71,8 @@ class MachineModel:
     # ("nic_out"|"nic_in", port, -1) link, its own NICs or a NIC it shares (SystemSpec.nic_port_of).
     gpus_per_node: int = 1 << 30
     nic_ports: tuple[int, ...] = ()
+    # Resources kernels use beside HBM (ovsim.engine.resources), each shared like HBM.
+    kernel_resources: tuple[KernelResource, ...] = ()
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node

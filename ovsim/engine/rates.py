@@ -6,11 +6,11 @@ PCIe and NICs are shared among kernels and flows (weighted max-min with demand c
 :mod:`ovsim.engine.channel`). A kernel's HBM grant sets ``theta``, the share of its blocks' pace it
 keeps; a flow's grant is its rate.
 
-A new resource that flows cross (a port, a switch, a NIC: NICs came this way) needs no change
-here: a capacity in ``MachineModel.links`` under its own key, and the key with its bytes per flow
-byte in :func:`ovsim.engine.routing.flow_usage`; every such channel is shared like the others. A
-resource that kernels use too, as HBM is, is added to :meth:`RateSolver.solve` as a channel of
-its own.
+A new resource needs no change here. One that flows cross (a port, a switch, a NIC: NICs came
+this way) is a capacity in ``MachineModel.links`` under its own key, and the key with its bytes per
+flow byte in :func:`ovsim.engine.routing.flow_usage`. One that kernels use beside HBM is a
+:class:`~ovsim.engine.resources.KernelResource` in ``MachineModel.kernel_resources``. Every such
+channel is shared like the others.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from ovsim.engine.channel import CAP, latency_slowdowns, max_min_rates, water_fill
 from ovsim.engine.machine import MachineModel
+from ovsim.engine.resources import KernelResource
 from ovsim.engine.state import FlowState, GpuState, KernelState, check_sms
 from ovsim.hw.calib import PRESSURE_MAX
 from ovsim.models.ir import Op
@@ -52,6 +53,9 @@ class RateSolver:
         self.has_pressure = any(v > 0 for v in machine.nccl_memory_pressure.values())
         # HBM's loaded-latency law (channel.latency_slowdowns), where the calibration has one.
         self.latency_law = machine.hbm_latency_capacity > 0
+        self.resources: tuple[KernelResource, ...] = machine.kernel_resources
+        # Per kernel, (resource index, bytes of it per HBM byte) of the resources it uses.
+        self._uses: dict[KernelState, list[tuple[int, float]]] = {}
 
     def solve(self, ranks: list[int], moving: bool) -> ChannelLoads | None:
         """Rates of everything on the GPUs in ``ranks``: closed over running flows, so no flow or
@@ -215,13 +219,17 @@ class RateSolver:
         asked_alone: dict[KernelState, float] = {}
         if self.latency_law:
             asked_alone = self.latency(demands, flows, pressure)
-        if not flows and not pressure and not self.keep_loads and not self.check_invariants:
+        if not flows and not pressure and not self.resources and not self.keep_loads and not self.check_invariants:
             self._hbm_only(demands, asked_alone)
             return None
 
         # Channels: HBM of each GPU in ranks, then the links the flows use.
         channel: dict[Any, int] = {("hbm", r): i for i, r in enumerate(ranks)}
         capacity = [self.gpus[r].model.hbm_bytes_per_s for r in ranks]
+        for res in self.resources:
+            for r in ranks:
+                channel[(res.name, r)] = len(capacity)
+                capacity.append(res.bytes_per_s(self.gpus[r].model))
         caps: list[float] = []
         weights: list[float] = []
         usage: list[list[tuple[int, float]]] = []
@@ -233,7 +241,7 @@ class RateSolver:
             for k, asked in demand.items():
                 caps.append(asked)
                 weights.append(1.0)
-                usage.append(hbm)
+                usage.append(self._kernel_usage(k, r, hbm, channel) if self.resources else hbm)
                 owners.append(k)
             hbm_has_kernel.add(r)
         for f in flows:
@@ -282,6 +290,22 @@ class RateSolver:
                 owner.bottleneck = (("hbm" if owner.latency_slow > 1.0 else "") if b == CAP
                                     else ("hbm" if b < n_hbm else "link"))
         return ChannelLoads(channel, capacity, alloc.rates, usage) if self.keep_loads else None
+
+    def _kernel_usage(self, k: KernelState, r: int, hbm: list[tuple[int, float]],
+                      channel: dict[Any, int]) -> list[tuple[int, float]]:
+        """The channels kernel ``k`` on GPU ``r`` uses, per HBM byte: HBM, then each registered
+        resource it loads."""
+        uses = self._uses.get(k)
+        if uses is None:
+            demand = k.op.kernel
+            assert demand is not None
+            uses = self._uses[k] = [(i, c) for i, res in enumerate(self.resources)
+                                    if (c := res.per_hbm_byte(demand)) > 0]
+        return hbm + [(channel[(self.resources[i].name, r)], c) for i, c in uses]
+
+    def forget(self, k: KernelState) -> None:
+        """Drop what the solver kept of a finished kernel."""
+        self._uses.pop(k, None)
 
     def _pressure(self, ranks: list[int]) -> list[tuple[int, float, float]]:
         """(rank, share of HBM, weight) of every SM collective with blocks resident on ``ranks``: its

@@ -39,6 +39,9 @@ class Counters:
         for key, i in channel.items():
             if key[0] in ("egress", "link") and key[1] in link_out:
                 link_out[key[1]] += load[i]
+            elif len(key) == 2 and key[0] != "hbm":
+                # A registered kernel resource's channel (ovsim.engine.resources): (name, rank).
+                self.add(now, key[1], f"{key[0]}_bytes_per_s", load[i])
         for r in ranks:
             gpu = gpus[r]
             busy = 0

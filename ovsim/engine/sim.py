@@ -531,6 +531,8 @@ class Engine:
             for k in done:
                 k.end_s = now
                 self.results.kernel(self.order[k.op.id], k)
+                if self.solver.resources:
+                    self.solver.forget(k)
                 self._stream_op_done(k.op)
         for f in list(gpu.flows) if gpu.flows else ():
             if f.phase == "latency" and f.latency_left_s <= eps:
