@@ -34,9 +34,10 @@ is brought up to date only where the solve moves one of its rates
 (:meth:`~ovsim.engine.rates.RateSolver.solve_beside`). Each GPU is advanced lazily to the present
 when it is touched; between touches nothing about it changes.
 
-This module is the event loop: streams, launches, flows joining and finishing, and the order of the
-steps above. The steps themselves are parts with narrow interfaces: :mod:`~ovsim.engine.dispatch`
-(steps 1-2 for blocks, and fast-forwarding), :mod:`~ovsim.engine.rates` (steps 3-4),
+This module is the event loop: streams, launches and the order of the steps above. The steps
+themselves are parts with narrow interfaces: :mod:`~ovsim.engine.dispatch` (steps 1-2 for blocks,
+and fast-forwarding), :mod:`~ovsim.engine.flows` (collectives and copies joining, waiting, moving
+and finishing), :mod:`~ovsim.engine.rates` (steps 3-4),
 :mod:`~ovsim.engine.routing` (which channels a flow uses), :mod:`~ovsim.engine.power_loop` (step 5),
 :mod:`~ovsim.engine.progress` (work done and slow-down accounting between events, step 6's time),
 :mod:`~ovsim.engine.record` (counters and the Timeline), over the records of
@@ -54,17 +55,15 @@ from dataclasses import dataclass, replace
 import simpy
 
 from ovsim.engine import dispatch, progress
+from ovsim.engine.flows import Flows
 from ovsim.engine.machine import MachineModel
 from ovsim.engine.power import Period, PowerConfig
 from ovsim.engine.power_loop import PowerLoop, steady_history
 from ovsim.engine.rates import RateSolver
 from ovsim.engine.record import Counters, Results, timeline_of
-from ovsim.engine.routing import flow_usage
 from ovsim.engine.state import (
     INF,
     TIME_EPS,
-    FlowMember,
-    FlowState,
     GpuState,
     KernelState,
     StreamState,
@@ -74,7 +73,7 @@ from ovsim.engine.timeline import Timeline
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
 from ovsim.hw.power import PowerModel
-from ovsim.models.ir import FlowDemand, Op, Workload
+from ovsim.models.ir import Op, Workload
 
 
 @dataclass(frozen=True)
@@ -120,11 +119,9 @@ class Engine:
         self.released: list[StreamState] = []  # streams to move on once this instant's dispatching is done
         # What finished ops and flows came to; a finished kernel's or flow's state is dropped.
         self.results = Results(len(workload.ops))
-        self.n_flows = 0  # flows created so far
         # Block shapes by (id of the kernel demand, id of the GPU model, main partition only); the
         # workload and the machine keep both alive, so the ids are not reused during the run.
         self.shapes: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {}
-        self.flows: dict[str, FlowState] = {}
         self.seq = 0
         self.resolves = 0  # events the engine handled (a figure for benchmarks)
         self.resolve_pending = False
@@ -142,8 +139,8 @@ class Engine:
         self.to_dispatch: set[int] = set()
         self.counters = Counters()
         self.nccl_issue = machine.nccl_issue_fraction
-        self.n_waiting = 0  # flows waiting for members
-        self.n_data = 0  # flows moving data
+        self.flows = Flows(machine, self.gpus, self.results, self.order, self._touch, self._stream_op_done,
+                           self.to_dispatch)
         self.power = self.opts.power
         self.loop = PowerLoop(self.power, self.gpus, self.counters, self.opts.counters) \
             if self.power is not None else None
@@ -228,7 +225,7 @@ class Engine:
                 gpu.ctl.close(self.now)
         unfinished = [op.id for op in self.workload.ops if op.id not in self.finished]
         if unfinished:
-            waiting = [f.demand.group for f in self.flows.values() if f.phase == "waiting"]
+            waiting = self.flows.waiting_groups()
             hint = f"; collective(s) {waiting[:3]} never got every rank" if waiting else ""
             raise OvsimError(f"{len(unfinished)} op(s) never finished, e.g. '{unfinished[0]}'{hint}", field="ops")
 
@@ -319,47 +316,7 @@ class Engine:
             if op.flow is None:
                 gpu.running.append(kernel)
         if op.flow is not None:
-            flow = self._flow(op.flow)
-            member = FlowMember(op=op, rank=op.rank, kernel=kernel, launch_s=now)
-            if op.rank in flow.members or op.flow.group in self.results.flows:
-                raise OvsimError(f"rank {op.rank} joins collective '{op.flow.group}' twice", field="group")
-            flow.members[op.rank] = member
-            if kernel is not None:
-                kernel.flow = flow
-            if op.flow.uses_copy_engine:
-                self._take_ce(gpu, member)
-
-    def _flow(self, demand: FlowDemand) -> FlowState:
-        flow = self.flows.get(demand.group)
-        if flow is None:
-            flow = FlowState(demand=demand, latency_left_s=demand.latency_s, remaining_bytes=demand.bytes,
-                             last_t=self.now, seq=self.n_flows)
-            self.n_flows += 1
-            flow.usage = flow_usage(self.machine, demand)
-            ranks = set(demand.ranks)
-            for key, _ in flow.usage:
-                ranks.update(r for r in key[1:] if r >= 0)
-            flow.ranks = tuple(sorted(r for r in ranks if r < len(self.gpus)))
-            self.flows[demand.group] = flow
-            self.n_waiting += 1
-            # A waiting flow changes no rate, so the GPUs it will use need not be touched yet.
-            for r in flow.ranks:
-                self.gpus[r].flows.append(flow)
-        return flow
-
-    def _take_ce(self, gpu: GpuState, member: FlowMember) -> None:
-        if gpu.ce_free > 0:
-            gpu.ce_free -= 1
-            member.has_ce = True
-        else:
-            gpu.ce_waiting.append(member)
-
-    def _release_ce(self, gpu: GpuState) -> None:
-        gpu.ce_free += 1
-        if gpu.ce_waiting:
-            m = gpu.ce_waiting.pop(0)
-            gpu.ce_free -= 1
-            m.has_ce = True
+            self.flows.join(op, kernel, now)
 
     # -- the event loop ------------------------------------------------------------------------
 
@@ -422,7 +379,7 @@ class Engine:
         self._settle_instant(couple=not self.keep_coupled)
         touched = self.touched
         ranks = sorted(touched) if len(touched) > 1 else list(touched)
-        if self.n_data and self.keep_coupled:
+        if self.flows.moving and self.keep_coupled:
             closure = self.solver.coupled(ranks)
             if len(closure) > len(ranks):
                 if self._keep_coupled(ranks, closure):
@@ -465,9 +422,9 @@ class Engine:
                 for r in sorted(to_dispatch):
                     dispatch.dispatch(gpus[r], now)
                 to_dispatch.clear()
-            if self.n_waiting:
-                self._arrivals()
-            if self.n_data:
+            if self.flows.waiting:
+                self.flows.arrivals(list(touched), now)
+            if self.flows.moving:
                 # Within the completion tolerance of now: its blocks or flows complete at this instant.
                 due = now + 4 * self.eps
                 for q in self.solver.coupled(list(touched)):
@@ -500,7 +457,7 @@ class Engine:
 
     def _rate(self, ranks: list[int]) -> None:
         """Solve the rates on the GPUs in ``ranks`` and sample their counters."""
-        loads = self.solver.solve(ranks, self.n_data > 0)
+        loads = self.solver.solve(ranks, self.flows.moving > 0)
         if loads is not None:
             self.counters.sample(self.now, self.gpus, ranks, loads)
 
@@ -534,64 +491,5 @@ class Engine:
                 if self.solver.resources:
                     self.solver.forget(k)
                 self._stream_op_done(k.op)
-        for f in list(gpu.flows) if gpu.flows else ():
-            if f.phase == "latency" and f.latency_left_s <= eps:
-                f.phase = "data"
-                self.n_data += 1
-                f.latency_left_s = 0.0
-                for q in f.ranks:
-                    self._touch(q)
-            if f.phase == "data" and (f.remaining_bytes <= max(f.rate, 1.0) * eps):
-                self._finish_flow(f, now)
-
-    def _finish_flow(self, f: FlowState, now: float) -> None:
-        for q in f.ranks:
-            self._touch(q)
-        if f.phase == "data":
-            self.n_data -= 1
-        f.phase = "done"
-        f.end_s = now
-        f.rate = 0.0
-        for q in f.ranks:
-            self.gpus[q].flows.remove(f)
-        for m in f.members.values():
-            m.end_s = now
-            k = m.kernel
-            if k is not None:
-                dispatch.evict(k.gpu, k)
-                k.end_s = now
-                self.to_dispatch.add(k.gpu.rank)
-            if m.has_ce:
-                self._release_ce(self.gpus[m.rank])
-        for m in f.members.values():
-            self.results.member(self.order[m.op.id], m)
-        self.results.flow(f.seq, f)
-        del self.flows[f.demand.group]
-        for m in f.members.values():
-            self._stream_op_done(m.op)
-
-    def _arrivals(self) -> None:
-        now = self.now
-        seen: set[int] = set()
-        for r in list(self.touched):
-            for f in list(self.gpus[r].flows):
-                if f.phase != "waiting" or id(f) in seen:
-                    continue
-                seen.add(id(f))
-                for m in f.members.values():
-                    if not m.arrived:
-                        if m.kernel is not None:
-                            m.arrived = m.kernel.resident > 0
-                        else:
-                            m.arrived = m.has_ce or not m.op.flow or not m.op.flow.uses_copy_engine
-                        if m.arrived:
-                            m.start_s = m.kernel.start_s if m.kernel is not None else now
-                if len(f.members) == len(f.demand.ranks) and all(m.arrived for m in f.members.values()):
-                    for q in f.ranks:
-                        self._touch(q)
-                    f.start_s = now
-                    f.phase = "latency" if f.latency_left_s > 0 else "data"
-                    self.n_waiting -= 1
-                    self.n_data += f.phase == "data"
-                    if f.phase == "data" and f.remaining_bytes <= 0:
-                        self._finish_flow(f, now)
+        if gpu.flows:
+            self.flows.complete(gpu, now, eps)
