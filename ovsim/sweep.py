@@ -19,6 +19,7 @@ the same, row for row, as with one.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -35,6 +36,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.spec import read_yaml, validation_error
 from ovsim.limits import MAX_COMBINATIONS
 from ovsim.scenario import Mode, Scenario, scenario_from_mapping
+from ovsim.sweep_journal import Journal, fingerprint
 from ovsim.workers import executor
 
 Progress = Callable[[int, int], None]
@@ -138,7 +140,8 @@ def _predict_summary(sc: Scenario, mode: Mode | None, max_ops: int | None) -> di
 
 def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *, mode: Mode | None = None,
           workers: int = 1, progress: Progress | None = None, max_ops: int | None = None,
-          max_combinations: int = MAX_COMBINATIONS, scheduler: str | None = None) -> pd.DataFrame:
+          max_combinations: int = MAX_COMBINATIONS, scheduler: str | None = None,
+          results: str | Path | None = None) -> pd.DataFrame:
     """Predict every combination of ``axes`` on ``scenario``; one row each, the axes first.
 
     ``workers``: processes to run predictions in (1: this process; 0: one per CPU core);
@@ -146,7 +149,9 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
     (:func:`ovsim.workers.executor`; also ``OVSIM_SCHEDULER``).
     ``progress(done, total)`` is called as predictions finish. ``max_ops``: the most ops one
     combination may expand to (:func:`ovsim.api.predict`); ``max_combinations``: the most
-    combinations run, checked before any is built."""
+    combinations run, checked before any is built. ``results``: a folder that keeps each result as
+    it finishes (:mod:`ovsim.sweep_journal`); run again with it, the sweep predicts only what is
+    not there yet."""
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
     n = math.prod(len(v) for v in axes.values())
@@ -156,28 +161,48 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
     grid = points(scenario, axes)
     source = scenario.name if isinstance(scenario, Scenario) else str(scenario)
     n = len(grid)
+    journal = _journal(results, scenario, axes, mode, max_ops, grid) if results is not None else None
+    summaries: dict[int, dict[str, Any]] = journal.done() if journal is not None else {}
+    todo = [i for i in range(n) if i not in summaries]
+    if progress is not None and summaries:
+        progress(len(summaries), n)
     jobs = workers or os.cpu_count() or 1
-    summaries: list[dict[str, Any]] = []
-    pool = executor(min(jobs, n), scheduler)
+    pool = executor(min(jobs, len(todo)), scheduler) if todo else None
     with pool or nullcontext():
         # The pool's map starts every prediction at once; the built-in one predicts each as it is
         # asked for. Either gives results in the grid's order.
-        results = (pool.map if pool is not None else map)(_predict_summary, [sc for _, sc in grid],
-                                                          itertools.repeat(mode), itertools.repeat(max_ops))
+        found = (pool.map if pool is not None else map)(_predict_summary, [grid[i][1] for i in todo],
+                                                        itertools.repeat(mode), itertools.repeat(max_ops))
         try:
-            for i, (point, _) in enumerate(grid):
+            for i in todo:
                 try:
-                    summaries.append(next(results))
+                    summaries[i] = next(found)
                 except OvsimError as e:
-                    raise _of_point(e, point, source) from None
+                    raise _of_point(e, grid[i][0], source) from None
+                if journal is not None:
+                    journal.add(i, summaries[i])
                 if progress is not None:
-                    progress(i + 1, n)
+                    progress(len(summaries), n)
         except BaseException:
-            # A failed combination or Ctrl-C: the queued predictions are not run.
+            # A failed combination or Ctrl-C: the queued predictions are not run; what finished is kept.
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
+            if journal is not None:
+                with contextlib.suppress(OvsimError):
+                    journal.flush()
             raise
-    df = pd.DataFrame(summaries)
+    if journal is not None:
+        journal.flush()
+    df = pd.DataFrame([summaries[i] for i in range(n)])
     # The axes as given: a None stays None (no power cap), not a NaN in a float column.
     axis_columns = pd.DataFrame({a: pd.Series([p[a] for p, _ in grid], dtype=object) for a in axes})
     return pd.concat([axis_columns, df.drop(columns=[a for a in axes if a in df.columns])], axis=1)
+
+
+def _journal(results: str | Path, scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]],
+             mode: Mode | None, max_ops: int | None, grid: list[tuple[dict[str, Any], Scenario]]) -> Journal:
+    """The results folder of this sweep, a part written every hundredth of it (1-256 results)."""
+    base, _, _ = base_mapping(scenario)
+    files = [c for _, sc in grid for c in sc.calibration]
+    return Journal(results, fingerprint(base, axes, mode, max_ops, files), len(grid),
+                   batch=min(256, max(1, len(grid) // 100)))

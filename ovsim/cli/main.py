@@ -82,6 +82,9 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--scheduler", metavar="ADDRESS",
                     help="a Dask scheduler (tcp://host:8786) to predict on its cluster (needs the 'cluster' extra; "
                          "also OVSIM_SCHEDULER)")
+    sw.add_argument("--results", metavar="DIR", type=file_name,
+                    help="keep each result in this folder as it finishes (parquet parts); run again with the same "
+                         "folder, the sweep predicts only the combinations not in it yet")
     sw.add_argument("--json", action="store_true", help="print one JSON object")
     sw.add_argument("--csv", metavar="FILE", type=file_name, help="write the table, every summary column, as CSV")
     sw.add_argument("--plot", metavar="FILE", type=file_name,

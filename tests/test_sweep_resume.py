@@ -1,0 +1,102 @@
+"""A sweep's results folder (ovsim.sweep_journal): results kept as they finish, an interrupted sweep
+resumed predicting only what is missing and giving the uninterrupted table, and a folder of
+another sweep, of something else or with a damaged part refused with the file named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import ovsim.sweep as sweep_module
+from ovsim.cli import main
+from ovsim.errors import OvsimError
+from ovsim.sweep import sweep
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm-allreduce-h100x4-priority.yaml"
+AXES: dict[str, list[Any]] = {"ops.gemm.m": [2048, 4096, 8192], "knobs.comm_priority": ["normal", "high"]}
+
+
+class Stop(Exception):
+    """Stands for Ctrl-C part-way through a sweep."""
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the predictions the sweep makes (in this process)."""
+    calls: list[int] = []
+    real = sweep_module._predict_summary
+
+    def counted(*a: Any) -> dict[str, Any]:
+        calls.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(sweep_module, "_predict_summary", counted)
+    return calls
+
+
+@pytest.mark.parametrize("batch", [1, 100])
+def test_an_interrupted_sweep_resumes_with_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           batch: int) -> None:
+    whole = sweep(EXAMPLE, AXES)
+    folder = tmp_path / "results"
+    real_journal = sweep_module._journal
+
+    def journal(*a: Any) -> Any:
+        j = real_journal(*a)
+        j.batch = batch  # 100: nothing is written until the sweep stops
+        return j
+
+    monkeypatch.setattr(sweep_module, "_journal", journal)
+
+    def stop_after_four(done: int, total: int) -> None:
+        if done == 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        sweep(EXAMPLE, AXES, results=folder, progress=stop_after_four)
+    assert len(list(folder.glob("part-*.parquet"))) == (4 if batch == 1 else 1)
+    calls = _counting(monkeypatch)
+    resumed = sweep(EXAMPLE, AXES, results=folder)
+    assert len(calls) == 2  # only the two combinations not kept
+    pd.testing.assert_frame_equal(resumed, whole)
+    # Once complete, the folder alone gives the table.
+    calls.clear()
+    pd.testing.assert_frame_equal(sweep(EXAMPLE, AXES, results=folder), whole)
+    assert calls == []
+
+
+def test_a_folder_of_another_sweep_or_of_something_else_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "results"
+    sweep(EXAMPLE, {"ops.gemm.m": [2048]}, results=folder)
+    with pytest.raises(OvsimError, match="another sweep") as e:
+        sweep(EXAMPLE, {"ops.gemm.m": [4096]}, results=folder)
+    assert e.value.source == str(folder)
+    with pytest.raises(OvsimError, match="another sweep"):
+        sweep(EXAMPLE, {"ops.gemm.m": [2048]}, results=folder, mode="analytic")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(OvsimError, match=r"not empty and has no sweep\.json"):
+        sweep(EXAMPLE, {"ops.gemm.m": [2048]}, results=other)
+
+
+def test_a_damaged_part_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "results"
+    sweep(EXAMPLE, {"ops.gemm.m": [2048, 4096]}, results=folder)
+    part = sorted(folder.glob("part-*.parquet"))[0]
+    part.write_bytes(b"not parquet")
+    with pytest.raises(OvsimError, match="not a readable part") as e:
+        sweep(EXAMPLE, {"ops.gemm.m": [2048, 4096]}, results=folder)
+    assert e.value.source == str(part)
+
+
+def test_sweep_command_keeps_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "r"
+    args = ["sweep", str(EXAMPLE), "--axis", "ops.gemm.m=2048,4096", "--results", str(folder), "--json"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert (folder / "sweep.json").is_file() and list(folder.glob("part-*.parquet"))
+    assert main(args) == 0
+    assert capsys.readouterr().out == first
