@@ -23,7 +23,7 @@ import numpy as np
 from ovsim.sweep import sweep
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"
-FIXED = {"training.micro_batch_size": [1, 2, 4, 8], "training.parallel.fsdp_prefetch": [0, 1],
+FIXED: dict[str, list[object]] = {"training.micro_batch_size": [1, 2, 4, 8], "training.parallel.fsdp_prefetch": [0, 1],
          "knobs.comm_priority": ["normal", "high"], "knobs.nccl_channels": [2, 4, 8, 16, 32]}
 PER_CAP = 80  # combinations of the fixed axes
 
@@ -51,7 +51,7 @@ def main() -> None:
             folder = Path(args.results) / mode
             shutil.rmtree(folder, ignore_errors=True)
         t0 = time.perf_counter()
-        df = sweep(EXAMPLE, grid, mode=mode, workers=args.workers, scheduler=args.scheduler,  # type: ignore[arg-type]
+        df = sweep(EXAMPLE, grid, mode=mode, workers=args.workers, scheduler=args.scheduler,
                    max_combinations=n, results=folder)
         wall = time.perf_counter() - t0
         print(f"  {mode:<9} {wall:8.1f} s  {n / wall:8.1f} scenarios/s  "
