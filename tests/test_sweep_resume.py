@@ -100,3 +100,19 @@ def test_sweep_command_keeps_results(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert (folder / "sweep.json").is_file() and list(folder.glob("part-*.parquet"))
     assert main(args) == 0
     assert capsys.readouterr().out == first
+
+
+def test_the_sweep_bar_counts_and_says_the_time_left(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from ovsim.cli import common
+
+    clock = iter([100.0, 102.0, 104.0])
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock))
+    bar = common.Progress(quiet=False)
+    bar.on = True  # as on a terminal
+    bar.count("sweeping", 10, 110, "combinations")  # resumed: 10 were already done
+    bar.count("sweeping", 30, 110, "combinations")  # 20 in 2 s: 80 left take 8 s
+    err = capsys.readouterr().err
+    assert "sweeping [##" in err and "30/110 combinations, 8 s left" in err
+    bar.count("sweeping", 110, 110, "combinations")
+    assert capsys.readouterr().err.endswith("[" + "#" * 30 + "] 110/110 combinations")

@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -69,6 +70,8 @@ class Progress:
     def __init__(self, quiet: bool) -> None:
         self.on = not quiet and sys.stderr.isatty()
         self.shown = False
+        self.started: float | None = None  # when the first count came (bar)
+        self.first = 0  # what was already done then (a resumed sweep)
 
     def stage(self, text: str) -> None:
         if self.on:
@@ -77,14 +80,29 @@ class Progress:
             self.shown = True
 
     def ops(self, done: int, total: int) -> None:
-        width = 30
-        fill = int(width * done / total) if total else width
-        self.stage(f"simulating [{'#' * fill}{'.' * (width - fill)}] {done}/{total} ops")
+        self.stage(f"simulating {bar_text(done, total)} {done}/{total} ops")
+
+    def count(self, verb: str, done: int, total: int, unit: str) -> None:
+        """A bar of ``done`` of ``total`` ``unit`` and the time left at the rate so far."""
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+            self.first = done
+        left = ""
+        if self.first < done < total and now > self.started:
+            rate = (done - self.first) / (now - self.started)
+            left = f", {(total - done) / rate:.0f} s left"
+        self.stage(f"{verb} {bar_text(done, total)} {done:,}/{total:,} {unit}{left}")
 
     def done(self) -> None:
         if self.shown:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
+
+
+def bar_text(done: int, total: int, width: int = 30) -> str:
+    fill = int(width * done / total) if total else width
+    return f"[{'#' * fill}{'.' * (width - fill)}]"
 
 
 def skipped_text(skipped: dict[str, int]) -> str:

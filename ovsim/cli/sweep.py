@@ -64,7 +64,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     try:
         df = sweep(args.scenario, axes, mode=args.mode, workers=args.workers, max_ops=args.max_ops,
                    max_combinations=args.max_combinations, scheduler=args.scheduler, results=args.results,
-                   progress=(lambda done, total: bar.stage(f"predicted {done}/{total} combinations"))
+                   progress=(lambda done, total: bar.count("sweeping", done, total, "combinations"))
                    if bar.on else None)
     finally:
         bar.done()
