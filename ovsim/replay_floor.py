@@ -92,6 +92,8 @@ def _repeat(c: KernelColumns, sig: list[str], sel: np.ndarray, iso: np.ndarray) 
     """The scored rows with a repeat (module docstring) and each one's repeat prediction (s)."""
     is_comm = np.array([k == "collective" for k in c.kind], dtype=bool)
     groups: dict[tuple[str, int, str], list[int]] = {}
+    # One pass per scored kernel over its rank's collectives: fine for traces of thousands of
+    # kernels, the size the shared traces have.
     for i in sel:
         beside = np.flatnonzero(is_comm & (c.rank == c.rank[i]) & (c.start < c.end[i]) & (c.end > c.start[i]))
         company = "+".join(sorted({c.name[j] for j in beside}))
@@ -99,6 +101,7 @@ def _repeat(c: KernelColumns, sig: list[str], sel: np.ndarray, iso: np.ndarray) 
     rows: list[int] = []
     pred: list[float] = []
     for members in groups.values():
+        members = [i for i in members if iso[i] > 0]  # a slowdown needs an isolated time
         if len(members) < 2:
             continue
         slow = c.dur[members] / iso[members]

@@ -202,7 +202,21 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
 def _journal(results: str | Path, scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]],
              mode: Mode | None, max_ops: int | None, grid: list[tuple[dict[str, Any], Scenario]]) -> Journal:
     """The results folder of this sweep, a part written every hundredth of it (1-256 results)."""
-    base, _, _ = base_mapping(scenario)
-    files = [c for _, sc in grid for c in sc.calibration]
-    return Journal(results, fingerprint(base, axes, mode, max_ops, files), len(grid),
+    from ovsim.api import _resolve_system
+    from ovsim.hw.calib import load_calibration
+
+    base, _, source = base_mapping(scenario)
+    resolved: dict[str, str] = {}
+    for _, sc in grid:
+        # What each combination is priced with, resolved once per system and calibration files.
+        key = repr((sc.system, sc.nodes, sc.calibration))
+        if key not in resolved:
+            try:
+                system, gpu, stem = _resolve_system(sc, source)
+                params = load_calibration(gpu, stem, tuple(sc.calibration)).params
+            except OvsimError:
+                resolved[key] = key  # the prediction will say what is wrong
+                continue
+            resolved[key] = "\n".join(x.model_dump_json() for x in (system, gpu, params))
+    return Journal(results, fingerprint(base, axes, mode, max_ops, list(resolved.values())), len(grid),
                    batch=min(256, max(1, len(grid) // 100)))

@@ -1,11 +1,12 @@
 """A sweep's results kept in a folder as they finish, so that an interrupted sweep resumes.
 
 The folder holds ``sweep.json``, what identifies the sweep (a fingerprint of the scenario's
-mapping, the axes, the fidelity, the op limit, the calibration files any combination reads, and
-the shipped calibration versions), and parquet parts ``part-NNNNNN.parquet`` of two columns: the
-combination's index in the grid (``point``) and its prediction's summary as JSON (``summary``,
-whose numbers JSON carries exactly). A part is written whole or not at all (a temporary file,
-then a rename), every ``batch`` results and every ``FLUSH_S`` seconds, and once more when the sweep
+mapping, the axes in their order, the fidelity, the op limit, ovsim's version, and the system, GPU
+and calibration parameters the combinations resolve to), and parquet parts ``part-NNNNNN.parquet``
+of two columns: the combination's index in the grid (``point``) and its prediction's summary as
+JSON (``summary``, whose numbers JSON carries exactly). A part is written whole or not at all (a
+temporary file, then linked to a name no other part has, so two processes never overwrite one
+another's), every ``batch`` results and every ``FLUSH_S`` seconds, and once more when the sweep
 stops, finished, failed or interrupted: a killed process loses at most what came since the last part.
 
 Run again with the same folder, a sweep reads the parts, predicts only the combinations not in
@@ -31,22 +32,17 @@ FLUSH_S = 10.0
 
 
 def fingerprint(base: Mapping[str, Any], axes: Mapping[str, Sequence[Any]], mode: str | None, max_ops: int | None,
-                calibration_files: Sequence[str]) -> str:
-    """What a sweep's results depend on, hashed: the scenario's mapping, the axes, the fidelity, the
-    op limit, the bytes of the calibration files its combinations name, and the shipped calibration
-    files' names (their versions)."""
-    from ovsim.hw.calib import CALIB_DIR
+                resolved: Sequence[str]) -> str:
+    """What a sweep's results depend on, hashed: the scenario's mapping, the axes in their order
+    (which numbers the combinations), the fidelity, the op limit, ovsim's version and ``resolved``,
+    the system, GPU and calibration each combination resolves to (as text)."""
+    from ovsim import __version__
 
     h = hashlib.sha256()
-    h.update(json.dumps([base, {k: list(v) for k, v in axes.items()}, mode, max_ops], sort_keys=True,
-                        default=str).encode())
-    for f in sorted(set(calibration_files)):
-        h.update(f.encode())
-        try:
-            h.update(Path(f).read_bytes())
-        except OSError:
-            h.update(b"(unreadable)")  # the prediction itself will say so
-    h.update(" ".join(sorted(p.name for p in CALIB_DIR.glob("*.yaml"))).encode())
+    h.update(json.dumps([base, [[k, list(v)] for k, v in axes.items()], mode, max_ops, __version__],
+                        sort_keys=True, default=str).encode())
+    for text in resolved:
+        h.update(text.encode())
     return h.hexdigest()
 
 
@@ -62,21 +58,21 @@ class Journal:
         manifest = self.folder / MANIFEST
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            if manifest.exists():
-                held = json.loads(manifest.read_text()).get("fingerprint")
-                if held != print_:
-                    raise OvsimError("holds the results of another sweep (scenario, axes, mode or calibration "
-                                     "differ); give an empty folder or the same sweep", source=str(self.folder),
-                                     field="results")
-            elif any(self.folder.iterdir()):
-                raise OvsimError(f"is not empty and has no {MANIFEST}: not a sweep's results folder",
-                                 source=str(self.folder), field="results")
-            else:
-                _write_atomic(manifest, json.dumps({"fingerprint": print_, "points": n_points}).encode())
+            if not manifest.exists():
+                if any(p.name != MANIFEST for p in self.folder.iterdir()):
+                    raise OvsimError(f"is not empty and has no {MANIFEST}: not a sweep's results folder",
+                                     source=str(self.folder), field="results")
+                # Made only if absent: of two sweeps starting on one empty folder, one takes it.
+                _publish(manifest, json.dumps({"fingerprint": print_, "points": n_points}).encode())
+            held = json.loads(manifest.read_text())
         except OSError as e:
             raise OvsimError(f"cannot use: {e.strerror}", source=str(self.folder), field="results") from None
         except json.JSONDecodeError:
             raise OvsimError("is not readable JSON", source=str(manifest), field="fingerprint") from None
+        if not isinstance(held, dict) or held.get("fingerprint") != print_:
+            raise OvsimError("holds the results of another sweep (scenario, axes or their order, mode, system, "
+                             "calibration or ovsim's version differ); give an empty folder or the same sweep",
+                             source=str(self.folder), field="results")
 
     def done(self) -> dict[int, dict[str, Any]]:
         """Summaries already in the folder, by point."""
@@ -86,15 +82,25 @@ class Journal:
         for part in sorted(self.folder.glob("part-*.parquet")):
             try:
                 df = pd.read_parquet(part)
-                rows = zip(df["point"].tolist(), df["summary"].tolist(), strict=True)
-                for point, text in rows:
-                    if not (isinstance(point, int) and 0 <= point < self.n_points) or point in out:
-                        raise OvsimError(f"point {point!r} is out of range or repeated", source=str(part),
-                                         field="point")
-                    out[point] = json.loads(text)
-            except (OSError, ValueError, KeyError) as e:
+                rows = list(zip(df["point"].tolist(), df["summary"].tolist(), strict=True))
+            except (OSError, ValueError, KeyError, TypeError) as e:
                 raise OvsimError(f"not a readable part of a sweep ({type(e).__name__})", source=str(part),
                                  field="summary") from None
+            for point, text in rows:
+                if not (isinstance(point, int) and 0 <= point < self.n_points):
+                    raise OvsimError(f"point {point!r} is not one of the sweep's {self.n_points}", source=str(part),
+                                     field="point")
+                try:
+                    summary = json.loads(text)
+                except (TypeError, ValueError):
+                    summary = None
+                if not isinstance(summary, dict):
+                    raise OvsimError(f"point {point}: not a summary (a JSON object)", source=str(part),
+                                     field="summary")
+                # The same result kept twice (a part written again after an interruption) is one.
+                if out.setdefault(point, summary) != summary:
+                    raise OvsimError(f"point {point} is kept twice with different results", source=str(part),
+                                     field="point")
         return out
 
     def add(self, point: int, summary: Mapping[str, Any]) -> None:
@@ -109,23 +115,49 @@ class Journal:
             return
         import pandas as pd
 
-        n = 1 + max((int(p.stem.split("-")[1]) for p in self.folder.glob("part-*.parquet")), default=0)
-        df = pd.DataFrame({"point": [p for p, _ in self.pending], "summary": [s for _, s in self.pending]})
-        path = self.folder / f"part-{n:06d}.parquet"
-        tmp = path.with_suffix(".tmp")
+        pending, self.pending = self.pending, []
+        df = pd.DataFrame({"point": [p for p, _ in pending], "summary": [s for _, s in pending]})
+        tmp = self.folder / f".part-{os.getpid()}-{time.monotonic_ns()}.tmp"
         try:
             df.to_parquet(tmp, index=False)
-            os.replace(tmp, path)
+            n = 1 + max((int(p.stem.split("-")[1]) for p in self.folder.glob("part-*.parquet")), default=0)
+            while True:
+                try:
+                    _publish_file(tmp, self.folder / f"part-{n:06d}.parquet")
+                    break
+                except FileExistsError:
+                    n += 1  # another process took that number
         except OSError as e:
-            raise OvsimError(f"cannot write: {e.strerror}", source=str(path), field="results") from None
-        self.pending = []
+            raise OvsimError(f"cannot write a part: {e.strerror}", source=str(self.folder), field="results") from None
+        finally:
+            tmp.unlink(missing_ok=True)
         self.last_flush = time.monotonic()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+def _publish(path: Path, data: bytes) -> None:
+    """Write ``path`` whole, and only if it does not exist (FileExistsError otherwise)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        _publish_file(tmp, path)
+    except FileExistsError:
+        pass  # another sweep made it first: the caller reads what it holds
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _publish_file(tmp: Path, path: Path) -> None:
+    """Give the written file ``tmp`` the name ``path`` if no file has it (FileExistsError otherwise):
+    a hard link, which unlike a rename never replaces."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        # A file system without hard links: a rename, once the name is seen to be free.
+        if path.exists():
+            raise FileExistsError(str(path)) from None
+        os.replace(tmp, path)
 
 
 def _plain(x: Any) -> Any:

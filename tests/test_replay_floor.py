@@ -66,3 +66,8 @@ def test_weighted_bar_halves_naive_only_on_a100_traces_above_the_clean_spread() 
     assert bar == 6.0 and why.startswith("naive (naive within")
     bar, why = _weighted_bar(_floor(24.0, 4.0), "v100-sxm2")
     assert bar == 24.0 and why == "naive (not an A100 trace)"
+
+
+def test_weighted_bar_without_a_clean_spread_is_naive() -> None:
+    bar, why = _weighted_bar(_floor(24.0, float("nan")), "a100-sxm4-40gb")
+    assert bar == 24.0 and "no clean spread" in why

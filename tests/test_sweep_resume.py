@@ -116,3 +116,37 @@ def test_the_sweep_bar_counts_and_says_the_time_left(monkeypatch: pytest.MonkeyP
     assert "sweeping [##" in err and "30/110 combinations, 8 s left" in err
     bar.count("sweeping", 110, 110, "combinations")
     assert capsys.readouterr().err.endswith("[" + "#" * 30 + "] 110/110 combinations")
+
+
+def test_the_same_axes_in_another_order_are_another_sweep(tmp_path: Path) -> None:
+    """The combinations are numbered in the axes' order, so a folder of one order cannot serve the
+    other (it would hand each row another's result)."""
+    folder = tmp_path / "results"
+    sweep(EXAMPLE, AXES, results=folder)
+    with pytest.raises(OvsimError, match="another sweep"):
+        sweep(EXAMPLE, dict(reversed(list(AXES.items()))), results=folder)
+
+
+def test_a_result_kept_twice_alike_is_one_and_unlike_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "results"
+    whole = sweep(EXAMPLE, {"ops.gemm.m": [2048, 4096]}, results=folder)
+    part = sorted(folder.glob("part-*.parquet"))[0]
+    df = pd.read_parquet(part)
+    df.to_parquet(folder / "part-000100.parquet", index=False)  # a part written again
+    pd.testing.assert_frame_equal(sweep(EXAMPLE, {"ops.gemm.m": [2048, 4096]}, results=folder), whole)
+    df.assign(summary=df["summary"].str.replace('"makespan_s": ', '"makespan_s": 1', regex=False)).to_parquet(
+        folder / "part-000100.parquet", index=False)
+    with pytest.raises(OvsimError, match="kept twice with different results"):
+        sweep(EXAMPLE, {"ops.gemm.m": [2048, 4096]}, results=folder)
+    df.assign(summary="[1]").to_parquet(folder / "part-000100.parquet", index=False)
+    with pytest.raises(OvsimError, match=r"not a summary \(a JSON object\)"):
+        sweep(EXAMPLE, {"ops.gemm.m": [2048, 4096]}, results=folder)
+
+
+def test_a_manifest_that_is_not_an_object_is_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "sweep.json").write_text("[]")
+    with pytest.raises(OvsimError, match="another sweep") as e:
+        sweep(EXAMPLE, {"ops.gemm.m": [2048]}, results=folder)
+    assert e.value.source == str(folder)

@@ -40,6 +40,11 @@ class Flows:
         self.waiting = 0
         self.moving = 0
 
+    def detach(self) -> None:
+        """Drop the engine's callbacks (the run is over): no reference cycle outlives the run."""
+        self.touch = _detached
+        self.op_done = _detached
+
     def join(self, op: Op, kernel: KernelState | None, now: float) -> None:
         """``op`` (with a flow) launched on its rank: it becomes a member of its flow, holding
         ``kernel``'s blocks where it runs on SMs, else queueing for a copy engine where it needs one."""
@@ -147,6 +152,10 @@ class Flows:
     def waiting_groups(self) -> list[str]:
         """Groups of the flows still waiting for members (a stuck run's error names them)."""
         return [f.demand.group for f in self.live.values() if f.phase == "waiting"]
+
+
+def _detached(_: object) -> None:
+    raise RuntimeError("the run is over: its flows no longer drive the engine")
 
 
 def _release_ce(gpu: GpuState) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ovsim.engine.resources import KernelResource
+from ovsim.engine.resources import KernelResource, check_resources
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, collective_pressure
 from ovsim.hw.spec import GpuSpec, SystemSpec
@@ -73,6 +73,9 @@ class MachineModel:
     nic_ports: tuple[int, ...] = ()
     # Resources kernels use beside HBM (ovsim.engine.resources), each shared like HBM.
     kernel_resources: tuple[KernelResource, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_resources(self.kernel_resources)
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node

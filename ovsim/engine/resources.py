@@ -24,19 +24,32 @@ if TYPE_CHECKING:
     from ovsim.models.ir import KernelDemand
 
 
+# Names the engine's own channels and counters use (HBM, the links' kinds, the link counter).
+RESERVED = frozenset({"hbm", "link", "egress", "ingress", "pcie_out", "pcie_in", "nic_out", "nic_in", "link_out"})
+
+
 @dataclass(frozen=True)
 class KernelResource:
     """A per-GPU resource that kernels load in proportion to their HBM traffic.
 
-    ``name`` keys its channel, ``(name, rank)``, and its counter; it may not be ``"hbm"``.
-    ``bytes_per_s`` gives its capacity on a GPU; ``per_hbm_byte`` the bytes of it one HBM byte of a
-    kernel costs (0: the kernel does not use it). Both are called once per GPU or kernel and must
-    not change during a run."""
+    ``name`` keys its channel, ``(name, rank)``, and its counter ``<name>_bytes_per_s``; it may not
+    be one of the engine's own (``RESERVED``). ``bytes_per_s`` gives its capacity on a GPU (asked at
+    every solve); ``per_hbm_byte`` the bytes of it one HBM byte of a kernel costs, 0 where the
+    kernel does not use it (asked once per kernel). Neither may change during a run."""
 
     name: str
     bytes_per_s: Callable[[GpuModel], float]
     per_hbm_byte: Callable[[KernelDemand], float]
 
     def __post_init__(self) -> None:
-        if not self.name or self.name == "hbm":
-            raise ValueError(f"a kernel resource needs a name other than 'hbm', got {self.name!r}")
+        if not self.name or self.name in RESERVED:
+            raise ValueError(f"a kernel resource needs a name of its own, not one of {sorted(RESERVED)}: "
+                             f"got {self.name!r}")
+
+
+def check_resources(resources: tuple[KernelResource, ...]) -> None:
+    """Raise where two resources share a name (they would share one channel)."""
+    names = [r.name for r in resources]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"kernel resource '{dup[0]}' is registered twice")

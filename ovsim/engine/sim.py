@@ -217,7 +217,12 @@ class Engine:
         # reference counting frees them, and the cyclic collector's passes over the growing heap
         # of a long run only cost time (about 5% of it).
         with paused_gc():
-            self.env.run()
+            try:
+                self.env.run()
+            finally:
+                # Flows calls back into the engine; once the run is over the cycle is broken, so
+                # that reference counting frees a finished engine at once.
+                self.flows.detach()
         if self.windowed:
             # At the last completion (a tick after it changes nothing).
             for gpu in self.gpus:

@@ -49,7 +49,8 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, wo
     Held out (leave one trace out): the contention parameters are fitted (``ovsim calibrate``) on
     every other trace and the trace is replayed with them; its span error (tolerance 5%) and the
     MAPE of its overlapped kernels, which passes at 10% or less and at most a third of the naive
-    MAPE (ovsim's held-out targets). Fit: the trace replayed with the shipped calibration,
+    MAPE (ovsim's held-out targets), and their time-weighted error against :func:`_weighted_bar`.
+    Fit: the trace replayed with the shipped calibration,
     whose contention parameters were fitted on all of these traces, so its MAPE is a fit error; it
     passes when it is no worse than the naive prediction.
 
@@ -86,11 +87,10 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, wo
             folds.append(next(folded))
     from ovsim.replay_floor import floor
 
-    floors = {name: floor(tr.bundle.kernels) for name, tr in zip(names, inputs, strict=True)}
-    gpus = {name: tr.gpu for name, tr in zip(names, inputs, strict=True)}
+    floors = [floor(tr.bundle.kernels) for tr in inputs]
     held_out: list[Check] = []
     fitted: list[Check] = []
-    for (rel, _), name, (held, fit, fitted_on) in zip(present, names, folds, strict=True):
+    for (rel, _), name, tr, f, (held, fit, fitted_on) in zip(present, names, inputs, floors, folds, strict=True):
         naive = float(held["naive_mape_pct"])
         held_out.append(Check(f"{name}: span", HELD_OUT, held["measured_span_s"] * 1e3,
                          held["predicted_span_s"] * 1e3, "ms", 5.0, rel, note=f"contention fitted on {fitted_on}"))
@@ -99,7 +99,7 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, wo
                          float(held["mape_pct"]), "% MAPE", 0.0, rel, rule="at_most",
                          note=f"naive {naive:.1f}%; passes at or below 10% and a third of naive; contention "
                               f"fitted on {fitted_on}"))
-        held_out.append(_weighted_check(name, rel, held, floors[name], gpus[name], fitted_on))
+        held_out.append(_weighted_check(name, rel, held, f, tr.gpu, fitted_on))
         held_out.extend(_overlap_checks(name, rel, held, fitted_on))
         fitted.append(Check(f"{name}: overlapped-kernel MAPE, shipped calibration", FIT, float(fit["naive_mape_pct"]),
                          float(fit["mape_pct"]), "% MAPE", 0.0, rel, rule="at_most",
@@ -115,6 +115,8 @@ def _weighted_bar(f: Floor, gpu: str) -> tuple[float, str]:
     (no model is owed a gain within the run-to-run spread, and no row may be worse than naive)."""
     if not gpu.startswith("a100"):
         return f.naive_weighted_pct, "naive (not an A100 trace)"
+    if not math.isfinite(f.clean_spread_pct):
+        return f.naive_weighted_pct, "naive (no clean spread: too few clean repeats of the scored kernels)"
     if f.naive_weighted_pct > f.clean_spread_pct:
         return f.naive_weighted_pct / 2, f"half of naive (naive above the clean spread, {f.clean_spread_pct:.1f}%)"
     return f.naive_weighted_pct, f"naive (naive within the clean spread, {f.clean_spread_pct:.1f}%)"

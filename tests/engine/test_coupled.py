@@ -91,3 +91,20 @@ def test_what_a_coupled_gpu_releases_at_an_instant_launches_in_program_order(kee
     t = Engine(wl, machine, EngineOptions(check_invariants=True, keep_coupled=keep)).run().ops.set_index("id")
     assert t.loc["Y", "start_s"] == pytest.approx(t.loc["K@1", "end_s"], abs=1e-12)
     assert t.loc["X", "start_s"] > t.loc["Y", "start_s"] + 1e-5
+
+
+def test_a_finished_engine_is_freed_without_the_cyclic_collector() -> None:
+    """The engine's objects form no reference cycle once a run is over (its flows' callbacks into
+    it are dropped), so reference counting frees it, and all it holds, at once."""
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        _, engine = run(keep=True, power=False)
+        ref = weakref.ref(engine)
+        del engine
+        assert ref() is None
+    finally:
+        gc.enable()

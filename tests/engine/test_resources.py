@@ -92,6 +92,13 @@ def test_the_resource_has_a_counter_of_its_load() -> None:
     assert l2["value"].iloc[-1] == 0.0  # nothing loads it once the kernel is done
 
 
-def test_a_resource_may_not_take_hbms_name() -> None:
-    with pytest.raises(ValueError, match="hbm"):
-        KernelResource("hbm", lambda g: 1.0, lambda k: 1.0)
+@pytest.mark.parametrize("name", ["hbm", "link", "egress", "link_out", ""])
+def test_a_resource_may_not_take_a_name_the_engine_uses(name: str) -> None:
+    with pytest.raises(ValueError, match="a name of its own"):
+        KernelResource(name, lambda g: 1.0, lambda k: 1.0)
+
+
+def test_two_resources_of_one_name_are_refused() -> None:
+    l2 = KernelResource("l2", lambda g: 1.0, lambda k: 1.0)
+    with pytest.raises(ValueError, match="'l2' is registered twice"):
+        dataclasses.replace(machine(None), kernel_resources=(l2, l2))
