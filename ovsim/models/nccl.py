@@ -353,7 +353,8 @@ def nccl_block_resources(algorithm: Algorithm, protocol: Protocol, gpu: GpuSpec,
 def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuSpec, system: SystemSpec, *,
                     algorithm: Algorithm | None = None, protocol: Protocol | None = None,
                     channels: int | None = None, params: NcclParams = DEFAULT_PARAMS,
-                    ranks: Sequence[int] | None = None) -> CollectivePlan:
+                    ranks: Sequence[int] | None = None,
+                    memo: dict[tuple[object, ...], CollectivePlan] | None = None) -> CollectivePlan:
     """NCCL's choice of algorithm, protocol and CTAs for one collective, and its predicted cost.
 
     ``size_bytes`` is S as nccl-tests defines it (all-gather and reduce-scatter: the whole gathered
@@ -361,7 +362,9 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
     sets the communicator's CTA count like NCCL_MIN_CTAS = NCCL_MAX_CTAS. all_to_all and send_recv
     run NCCL's p2p kernels, reported as algorithm "ring". ``ranks`` places the communicator on
     the system's nodes (rank r on node r // GPUs per node); by default ranks 0..n_ranks-1, as
-    nccl-tests places them.
+    nccl-tests places them. ``memo``: plans already made with the same ``gpu``, ``system`` and
+    ``params`` (a workload's build plans thousands of collectives of a few kinds), keyed by what
+    the plan depends on once the members are placed on nodes.
     """
     op = check_op(op)
     n_ranks = check_ranks(n_ranks)
@@ -384,11 +387,25 @@ def plan_collective(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuS
         raise OvsimError(f"must be an integer in 1..{params.max_channels}, got {channels!r}",
                          field="channels")
     arch = _arch_index(gpu)
+    span = _span(members, n_nodes, node_ranks, arch, gpu, system, params)
+    key = (op, size_bytes, n_ranks, algorithm, protocol, channels, n_nodes, node_ranks, span)
+    if memo is not None and key in memo:
+        return memo[key]
+    plan = _plan(op, size_bytes, n_ranks, gpu, system, algorithm, protocol, channels, params, arch, n_nodes,
+                 node_ranks, span)
+    if memo is not None:
+        memo[key] = plan
+    return plan
+
+
+def _plan(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuSpec, system: SystemSpec,
+          algorithm: Algorithm | None, protocol: Protocol | None, channels: int | None, params: NcclParams,
+          arch: int, n_nodes: int, node_ranks: int, span: Span | None) -> CollectivePlan:
+    """:func:`plan_collective` once the communicator is checked and placed on nodes."""
     # Across nodes a mesh member reaches only the peers on its own node by NVLink.
     path, cap = _link_cap(op, n_ranks if n_nodes == 1 else node_ranks, arch, gpu, system, params)
     nvls = (system.nvls and system.topology == "nvswitch" and params.nvls_efficiency[arch] > 0
             and params.nvls_channels[arch] > 0 and n_ranks >= 2)
-    span = _span(members, n_nodes, node_ranks, arch, gpu, system, params)
     # Across nodes the NVLink part is the node's default ring over its members (the links' cap, not
     # the launch's CTAs: NCCL's 16 CTAs carry 7/8 of 396 GB/s on an H100 node); a user's channel
     # count scales the whole collective once (net_algorithm_bw).

@@ -304,12 +304,15 @@ def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> K
 
 
 def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list[int], gpu: GpuSpec,
-                    system: SystemSpec, params: Parameters, knobs: Knobs) -> dict[int, tuple[KernelDemand | None,
-                                                                                         FlowDemand, str]]:
+                    system: SystemSpec, params: Parameters, knobs: Knobs,
+                    plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
+                    ) -> dict[int, tuple[KernelDemand | None, FlowDemand, str]]:
+    """Each member's kernel (None on copy engines), the shared flow and the op kind; ``plans``:
+    NCCL plans made so far in this build (nccl.plan_collective's ``memo``)."""
     channels = spec.channels or knobs.nccl_channels
     if isinstance(spec, SendRecvOp):
         plan = nccl.plan_collective("send_recv", spec.size_bytes, 2, gpu, system, channels=channels,
-                                    ranks=(spec.src, spec.dst))
+                                    ranks=(spec.src, spec.dst), memo=plans)
         flow = FlowDemand(group=group, ranks=(spec.src, spec.dst), bytes=plan.bus_bytes,
                           latency_s=plan.latency_s, rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s,
                           link_coeff=plan.link_bytes_per_bus_byte, hbm_coeff=plan.hbm_bytes_per_bus_byte,
@@ -339,7 +342,7 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
         # and a trace's memcpy are copies ("transfer"), which HTA counts as neither.
         return {r: (None, flow, "collective") for r in ranks}
     plan = nccl.plan_collective(spec.kind, spec.size_bytes, len(ranks), gpu, system, algorithm=spec.algorithm,
-                                protocol=spec.protocol, channels=channels, ranks=ranks)
+                                protocol=spec.protocol, channels=channels, ranks=ranks, memo=plans)
     measured = params.nccl_fitted.get(f"{plan.op}/{plan.algorithm}/{plan.protocol}/{plan.n_ranks}")
     if measured is not None and plan.n_nodes == 1:
         # A calibration measured this very collective: its latency and bandwidth replace NCCL's model.
@@ -448,6 +451,7 @@ def build_workload(
     used_streams: set[tuple[int, str]] = set()
     # A training iteration repeats each layer's kernels: price each distinct kernel once.
     demands: dict[str, KernelDemand] = {}
+    plans: dict[tuple[object, ...], nccl.CollectivePlan] = {}
     rank_sets: dict[str, frozenset[int]] = {}
     for spec in specs:
         for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
@@ -459,7 +463,7 @@ def build_workload(
             ranks = _ranks(spec, n_ranks)
             ops.extend(_expand(spec, ranks, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
                                n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands, keep=keep,
-                               rank_sets=rank_sets))
+                               rank_sets=rank_sets, plans=plans))
         except OvsimError as e:
             raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
     for op in ops:
@@ -472,7 +476,8 @@ def build_workload(
 
 def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: GpuSpec, system: SystemSpec,
             params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
-            demands: dict[str, KernelDemand], keep: int, rank_sets: dict[str, frozenset[int]]) -> list[Op]:
+            demands: dict[str, KernelDemand], keep: int, rank_sets: dict[str, frozenset[int]],
+            plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None) -> list[Op]:
     """The ops of ``spec`` on ``ranks`` below ``keep`` (all of them without rank symmetry)."""
     out: list[Op] = []
     members = ranks
@@ -530,7 +535,7 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
                         raise OvsimError(f"rank {end} does not exist", field="src" if end == spec.src else "dst")
                 if spec.src == spec.dst:
                     raise OvsimError("send and receive ranks must differ", field="dst")
-            parts = _collective_ops(spec, name, members, gpu, system, params, knobs)
+            parts = _collective_ops(spec, name, members, gpu, system, params, knobs, plans)
             if keep < n_ranks:
                 parts = _simulated_parts(parts, keep, spec.name)
             for r, (kd, flow, kind) in parts.items():
