@@ -64,7 +64,7 @@ _HIDDEN_KINDS = ("flow", "delay")
 _MAX_LANES = 48
 
 
-_NO_MATPLOTLIB = "drawing needs matplotlib: pip install 'ovsim[plot]'"
+_NO_MATPLOTLIB = "drawing needs matplotlib: pip install -e \".[plot]\" in a checkout, or pip install 'ovsim[plot]'"
 
 
 def _figure(**kwargs: Any) -> Figure:

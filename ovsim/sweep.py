@@ -151,7 +151,7 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
     combination may expand to (:func:`ovsim.api.predict`); ``max_combinations``: the most
     combinations run, checked before any is built. ``results``: a folder that keeps each result as
     it finishes (:mod:`ovsim.sweep_journal`); run again with it, the sweep predicts only what is
-    not there yet."""
+    not there yet, and the table's ``attrs["results_kept"]`` says how many it read back."""
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
     n = math.prod(len(v) for v in axes.values())
@@ -163,6 +163,7 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
     n = len(grid)
     journal = _journal(results, scenario, axes, mode, max_ops, grid) if results is not None else None
     summaries: dict[int, dict[str, Any]] = journal.done() if journal is not None else {}
+    kept = len(summaries)
     todo = [i for i in range(n) if i not in summaries]
     if progress is not None and summaries:
         progress(len(summaries), n)
@@ -196,7 +197,10 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
     df = pd.DataFrame([summaries[i] for i in range(n)])
     # The axes as given: a None stays None (no power cap), not a NaN in a float column.
     axis_columns = pd.DataFrame({a: pd.Series([p[a] for p, _ in grid], dtype=object) for a in axes})
-    return pd.concat([axis_columns, df.drop(columns=[a for a in axes if a in df.columns])], axis=1)
+    out = pd.concat([axis_columns, df.drop(columns=[a for a in axes if a in df.columns])], axis=1)
+    if journal is not None:
+        out.attrs["results_kept"] = kept  # read back from the folder, not predicted this time
+    return out
 
 
 def _journal(results: str | Path, scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]],

@@ -4,6 +4,7 @@ another sweep, of something else or with a damaged part refused with the file na
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,15 @@ def test_sweep_command_keeps_results(tmp_path: Path, capsys: pytest.CaptureFixtu
     folder = tmp_path / "r"
     args = ["sweep", str(EXAMPLE), "--axis", "ops.gemm.m=2048,4096", "--results", str(folder), "--json"]
     assert main(args) == 0
-    first = capsys.readouterr().out
+    first = json.loads(capsys.readouterr().out)
+    assert first["results"] == {"folder": str(folder), "read_back": 0, "predicted": 2}
     assert (folder / "sweep.json").is_file() and list(folder.glob("part-*.parquet"))
     assert main(args) == 0
-    assert capsys.readouterr().out == first
+    again = json.loads(capsys.readouterr().out)
+    assert again["points"] == first["points"]
+    assert again["results"] == {"folder": str(folder), "read_back": 2, "predicted": 0}
+    assert main(args[:-1]) == 0
+    assert f"results    {folder}: 2 of 2 combinations read back, 0 predicted" in capsys.readouterr().out
 
 
 def test_the_sweep_bar_counts_and_says_the_time_left(monkeypatch: pytest.MonkeyPatch,

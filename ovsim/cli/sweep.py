@@ -78,10 +78,16 @@ def run_sweep(args: argparse.Namespace) -> int:
         from ovsim.plot import sweep_figure
 
         save_plot(sweep_figure(df, list(axes), title=str(args.scenario)), args.plot)
+    kept = df.attrs.get("results_kept")
     if args.json:
-        print(json_text({"axes": list(axes), "points": df.to_dict(orient="records")}))
+        doc: dict[str, Any] = {"axes": list(axes), "points": df.to_dict(orient="records")}
+        if kept is not None:
+            doc["results"] = {"folder": args.results, "read_back": kept, "predicted": len(df) - kept}
+        print(json_text(doc))
     elif not args.quiet:
         print(_sweep_table(df, list(axes)))
+        if kept is not None:
+            print(f"results    {args.results}: {kept} of {len(df)} combinations read back, {len(df) - kept} predicted")
     return 0
 
 
