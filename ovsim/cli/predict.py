@@ -110,8 +110,10 @@ def _power_lines(s: dict[str, Any], tdp_w: float, window_s: float) -> list[str]:
             if not s["power_managed"] and s["peak_power_w"] > tdp_w else [])
     limit = s["power_limit_w"]
     if s["power_managed"] and window_s > 0 and s["peak_power_w"] > limit * (1 + 1e-6):
-        over.append(f"note       the power-limit loop holds {limit:g} W on {window_s * 1e3:g} ms averages; within them "
-                    f"the instantaneous peak can be above it")
+        # The loop looks back: after idle, the last window's average lets a burst run at a high
+        # clock for up to a window, as the boards' measured walk-downs from idle do.
+        over.append(f"note       the power-limit loop sets the clock so that the last {window_s * 1e3:g} ms would "
+                    f"average {limit:g} W; after idle a burst runs above it until the window fills")
     return [
         f"power      {s['avg_power_w']:.1f} W average, {s['peak_100ms_power_w']:.1f} W peak per GPU "
         f"(highest 100 ms average, as a board's sensor reports it; {s['peak_power_w']:.1f} W instantaneous); "
