@@ -59,7 +59,7 @@ class Journal:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             if not manifest.exists():
-                if any(p.name != MANIFEST for p in self.folder.iterdir()):
+                if any(p.name != MANIFEST and not _temporary(p) for p in self.folder.iterdir()):
                     raise OvsimError(f"is not empty and has no {MANIFEST}: not a sweep's results folder",
                                      source=str(self.folder), field="results")
                 # Made only if absent: of two sweeps starting on one empty folder, one takes it.
@@ -135,7 +135,7 @@ class Journal:
 
 
 def _publish(path: Path, data: bytes) -> None:
-    """Write ``path`` whole, and only if it does not exist (FileExistsError otherwise)."""
+    """Write ``path`` whole, and only if it does not exist: one that does is left as it is."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     try:
@@ -144,6 +144,11 @@ def _publish(path: Path, data: bytes) -> None:
         pass  # another sweep made it first: the caller reads what it holds
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _temporary(p: Path) -> bool:
+    """A file this module writes before naming it (left behind where a process was killed)."""
+    return p.name.startswith(".") and p.name.endswith(".tmp")
 
 
 def _publish_file(tmp: Path, path: Path) -> None:

@@ -223,7 +223,8 @@ class RateSolver:
             self._hbm_only(demands, asked_alone)
             return None
 
-        # Channels: HBM of each GPU in ranks, then the links the flows use.
+        # Channels: HBM of each GPU in ranks, the registered kernel resources on each, then the
+        # links the flows use.
         channel: dict[Any, int] = {("hbm", r): i for i, r in enumerate(ranks)}
         capacity = [self.gpus[r].model.hbm_bytes_per_s for r in ranks]
         for res in self.resources:
