@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ovsim.metrics import RankOverlap, rank_overlap
-from ovsim.replay_kernels import COMPUTE_KINDS
+from ovsim.replay_kernels import COMPUTE_KINDS, SIGNATURE_SPREAD
 from ovsim.traces.table import TraceBundle
 
 
@@ -58,6 +58,10 @@ def summarize(out: pd.DataFrame, bundle: TraceBundle, gpu_name: str) -> dict[str
         "scored_kernels": int(sel.sum()),
         "unscored_no_isolated_source": int((out["overlapped"] & (out["isolated_source"] == "none")).sum()),
         "unscored_ambiguous_signature": int((out["overlapped"] & (out["isolated_source"] == "ambiguous")).sum()),
+        # Scored kernels that ran faster than their clean instances by more than the spread the
+        # signature is allowed: no contention does that, so they are most likely another problem
+        # behind the same launch shape, and their error is the isolated time's, not the model's.
+        "scored_faster_than_alone": int(np.sum(meas * SIGNATURE_SPREAD < naive)),
         "mape_pct": mape_pct(pred, meas),
         "naive_mape_pct": mape_pct(naive, meas),
         "weighted_error_pct": weighted_error_pct(pred, meas),

@@ -330,6 +330,19 @@ def test_weighted_error_is_total_error_over_total_measured_time() -> None:
     assert s["naive_weighted_error_pct"] == pytest.approx(30.0)
     assert s["mape_pct"] == pytest.approx(10.0)
     assert s["naive_mape_pct"] == pytest.approx(200 / 9)
+    assert s["scored_faster_than_alone"] == 0
+
+
+def test_scored_kernels_far_faster_than_alone_are_counted() -> None:
+    """Measured 10 us against 16 us alone (1.6x faster: counted) and 12 us against 16 (1.33x: not);
+    contention never makes a kernel faster, so the first is another problem behind its signature."""
+    out = pd.DataFrame({
+        "name": ["a", "b"], "kind": ["gemm"] * 2, "rank": [0] * 2, "measured_start_s": [0.0] * 2,
+        "measured_duration_s": [10e-6, 12e-6], "predicted_start_s": [0.0] * 2,
+        "predicted_duration_s": [16e-6, 16e-6], "overlapped": [True, True], "isolated_s": [16e-6, 16e-6],
+        "isolated_source": ["signature"] * 2})
+    s = summarize(out, TraceBundle(kernels=table([k("gemm", 0, 10)])), GPU)
+    assert s["scored_faster_than_alone"] == 1
 
 
 def test_the_replay_keeps_the_trace_rank_numbers() -> None:

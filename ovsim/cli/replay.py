@@ -37,6 +37,10 @@ def _replay_table(result: Any, max_rows: int) -> str:
         f"span       measured {fmt_s(s['measured_span_s'])} ms, predicted {fmt_s(s['predicted_span_s'])} ms "
         f"({s['span_error_pct']:+.1f}%)",
     ]
+    if s["scored_faster_than_alone"]:
+        lines.append(f"note       {s['scored_faster_than_alone']} scored kernel(s) ran over 1.5x faster than their "
+                     "runs without communication: most likely another problem size behind the same launch, "
+                     "whose error is the isolated time's, not contention's")
     if s["skipped"]:
         lines.append("skipped    " + skipped_text(s["skipped"]))
     lines.append(f"calibrated {', '.join(s['calibration_files'])}")
