@@ -37,13 +37,24 @@ def atomic_output(path: str | Path, *, exclusive: bool = False) -> Iterator[Path
         yield tmp
         os.chmod(tmp, 0o666 & ~_UMASK)
         if exclusive:
-            try:
-                os.link(tmp, path)  # fails if path exists, where a rename would replace it
-            except FileExistsError:
-                raise OvsimError("exists: not replaced", source=str(path), field="output") from None
-            tmp.unlink()
+            _link(tmp, path)
+            tmp.unlink(missing_ok=True)
         else:
             os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def _link(tmp: Path, path: Path) -> None:
+    """Give ``tmp`` the name ``path``, never replacing a file that has it: a hard link fails where
+    ``path`` exists, where a rename would replace it."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise OvsimError("exists: not replaced", source=str(path), field="output") from None
+    except OSError:
+        # A file system without hard links: a rename, once the name is seen to be free.
+        if path.exists():
+            raise OvsimError("exists: not replaced", source=str(path), field="output") from None
+        os.replace(tmp, path)

@@ -4,10 +4,11 @@ The folder holds ``sweep.json``, what identifies the sweep (a fingerprint of the
 mapping, the axes in their order, the fidelity, the op limit, ovsim's version, and the system, GPU
 and calibration parameters the combinations resolve to), and parquet parts ``part-NNNNNN.parquet``
 of two columns: the combination's index in the grid (``point``) and its prediction's summary as
-JSON (``summary``, whose numbers JSON carries exactly). A part is written whole or not at all (a
-temporary file, then linked to a name no other part has, so two processes never overwrite one
-another's), every ``batch`` results and every ``FLUSH_S`` seconds, and once more when the sweep
-stops, finished, failed or interrupted: a killed process loses at most what came since the last part.
+JSON (``summary``, whose numbers JSON carries exactly). A part is written whole or not at all, under
+a name no other part has (``ovsim.files.atomic_output``, exclusive: two processes never overwrite
+one another's), every ``batch`` results and every ``FLUSH_S`` seconds, and once more when the
+sweep stops, finished, failed or interrupted: a killed process loses at most what came since the
+last part.
 
 Run again with the same folder, a sweep reads the parts, predicts only the combinations not in
 them, and returns the same table as one uninterrupted run. A folder that holds another sweep is
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ovsim.errors import OvsimError
+from ovsim.files import atomic_output
 
 MANIFEST = "sweep.json"
 # Seconds between parts while results come in.
@@ -62,8 +63,14 @@ class Journal:
                 if any(p.name != MANIFEST and not _temporary(p) for p in self.folder.iterdir()):
                     raise OvsimError(f"is not empty and has no {MANIFEST}: not a sweep's results folder",
                                      source=str(self.folder), field="results")
-                # Made only if absent: of two sweeps starting on one empty folder, one takes it.
-                _publish(manifest, json.dumps({"fingerprint": print_, "points": n_points}).encode())
+                # Made only if absent: of two sweeps starting on one empty folder, one takes it and
+                # the other reads what it wrote.
+                try:
+                    with atomic_output(manifest, exclusive=True) as tmp:
+                        tmp.write_text(json.dumps({"fingerprint": print_, "points": n_points}))
+                except OvsimError:
+                    if not manifest.exists():
+                        raise
             held = json.loads(manifest.read_text())
         except OSError as e:
             raise OvsimError(f"cannot use: {e.strerror}", source=str(self.folder), field="results") from None
@@ -117,52 +124,26 @@ class Journal:
 
         pending, self.pending = self.pending, []
         df = pd.DataFrame({"point": [p for p, _ in pending], "summary": [s for _, s in pending]})
-        tmp = self.folder / f".part-{os.getpid()}-{time.monotonic_ns()}.tmp"
-        try:
-            df.to_parquet(tmp, index=False)
-            n = 1 + max((int(p.stem.split("-")[1]) for p in self.folder.glob("part-*.parquet")), default=0)
-            while True:
-                try:
-                    _publish_file(tmp, self.folder / f"part-{n:06d}.parquet")
-                    break
-                except FileExistsError:
-                    n += 1  # another process took that number
-        except OSError as e:
-            raise OvsimError(f"cannot write a part: {e.strerror}", source=str(self.folder), field="results") from None
-        finally:
-            tmp.unlink(missing_ok=True)
+        n = 1 + max((int(p.stem.split("-")[1]) for p in self.folder.glob("part-*.parquet")), default=0)
+        while True:
+            path = self.folder / f"part-{n:06d}.parquet"
+            try:
+                with atomic_output(path, exclusive=True) as tmp:
+                    df.to_parquet(tmp, index=False)
+                break
+            except OvsimError:
+                if not path.exists():
+                    raise
+                n += 1  # another process took that number
+            except OSError as e:
+                raise OvsimError(f"cannot write: {e.strerror}", source=str(path), field="results") from None
         self.last_flush = time.monotonic()
 
 
-def _publish(path: Path, data: bytes) -> None:
-    """Write ``path`` whole, and only if it does not exist: one that does is left as it is."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    try:
-        _publish_file(tmp, path)
-    except FileExistsError:
-        pass  # another sweep made it first: the caller reads what it holds
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _temporary(p: Path) -> bool:
-    """A file this module writes before naming it (left behind where a process was killed)."""
-    return p.name.startswith(".") and p.name.endswith(".tmp")
-
-
-def _publish_file(tmp: Path, path: Path) -> None:
-    """Give the written file ``tmp`` the name ``path`` if no file has it (FileExistsError otherwise):
-    a hard link, which unlike a rename never replaces."""
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise
-    except OSError:
-        # A file system without hard links: a rename, once the name is seen to be free.
-        if path.exists():
-            raise FileExistsError(str(path)) from None
-        os.replace(tmp, path)
+    """A file being written before it takes its name (``ovsim.files.atomic_output``), or left so by
+    a killed process."""
+    return p.name.startswith(".")
 
 
 def _plain(x: Any) -> Any:

@@ -41,6 +41,23 @@ def test_an_exclusive_write_never_replaces(tmp_path: Path) -> None:
     assert out.read_text() == "kept" and len(list(tmp_path.iterdir())) == 1
 
 
+def test_an_exclusive_write_without_hard_links_still_never_replaces(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system that has no hard links (os.link raises): the name is taken by a rename once
+    it is seen to be free, and an existing file is still kept."""
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError("hard links not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    out = tmp_path / "c.v2.yaml"
+    with atomic_output(out, exclusive=True) as tmp:
+        tmp.write_text("new")
+    assert out.read_text() == "new" and len(list(tmp_path.iterdir())) == 1
+    with pytest.raises(OvsimError, match="exists"), atomic_output(out, exclusive=True) as tmp:
+        tmp.write_text("newer")
+    assert out.read_text() == "new" and len(list(tmp_path.iterdir())) == 1
+
+
 def test_import_refuses_an_output_that_is_not_parquet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # It used to write parquet bytes under the .csv name.
     assert main(["import", str(tmp_path / "never-read.json"), "-o", str(tmp_path / "k.csv")]) == 2
