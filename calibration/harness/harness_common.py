@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PARTS = ("gemm", "shapes", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "clock", "ncu",
-         "framework", "framework_copy", "framework_ncu")
-# Parts the default run leaves out: Nsight Compute's, and the real framework kernels' (framework.py).
-OPT_IN_PARTS = ("ncu", "framework", "framework_copy", "framework_ncu")
+PARTS = ("gemm", "shapes", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "clock", "clock_own",
+         "ncu", "framework", "framework_copy", "framework_ncu")
+# Parts the default run leaves out: Nsight Compute's, the real framework kernels' (framework.py),
+# and the own GEMM's power phases.
+OPT_IN_PARTS = ("clock_own", "ncu", "framework", "framework_copy", "framework_ncu")
 # NCCL's per-block shared memory: 4112 B of scratch per warp for its 20 warps, sized for 640 threads
 # whatever the launch uses (NVIDIA/nccl src/include/device.h).
 CHANNEL_SMEM_BYTES = 4112 * 20

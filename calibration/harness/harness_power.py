@@ -82,7 +82,6 @@ class PowerParts(ContentionParts):
         seconds, while the power limit lowers the clock: the kernels' durations then span the clocks
         the firmware picks, which the harness never sets. The probes run on the same stream as the
         kernels, so none overlaps them; a kernel's clock is the mean of the probes on either side."""
-        t = self.torch
         phase_s, cool_s = (2.0, 1.0) if self.quick else (5.0, 2.0)
         heater = self.victims["gemm_bf16_8192x8192x8192"]
         heater_s = self.time_alone_s(heater)
@@ -106,38 +105,85 @@ class PowerParts(ContentionParts):
             phases.append((f"{add}__gemm_share_{round(share * 100)}", add, group, heat,
                            {"gemm_share": share, "heater_alone_s": heater_s}))
         for label, vname, group, heat, extra in phases:
-            fn = ops[vname]
-            out = t.zeros(4 * slots, dtype=t.int64, device=self.dev)
-            self.made()
-            time.sleep(cool_s)
-            with self.experiment("clock", label, victim=vname, group=group, heater_group=heat,
-                                 heater="gemm_bf16_8192x8192x8192" if heat else None,
-                                 window_ns=self.CLOCK_WINDOW_NS, seconds=phase_s, victim_alone_s=victim_s[vname],
-                                 **extra):
-                slot = 0
-                pending: list[Any] = []
-                end = time.perf_counter() + phase_s
-                while time.perf_counter() < end and slot + 3 < slots:
-                    for f, n in ((heater, heat), (fn, group)):
-                        if n == 0:
-                            continue
-                        slot = self._clock_probe(out, slot)
-                        with t.cuda.stream(self.compute):
-                            for _ in range(n):
-                                f()
-                    ev = t.cuda.Event()
-                    ev.record(self.compute)
-                    pending.append(ev)
-                    # Two groups queued ahead: the GPU never idles, the host never runs far ahead.
-                    if len(pending) > 2:
-                        pending.pop(0).synchronize()
-                slot = self._clock_probe(out, slot)
-                t.cuda.synchronize()
-                rows = out[: 4 * slot].view(-1, 4).cpu().tolist()
-            with open(self.out / "clock" / f"{label}.clock.csv", "w") as fh:
-                fh.write("launch,smid,start_ns,end_ns,sm_cycles\n")
-                for i, (sm, s0, s1, cyc) in enumerate(rows):
-                    fh.write(f"{i},{sm},{s0},{s1},{cyc}\n")
+            self._clock_phase("clock", label, ops[vname], group, heater if heat else None, heat, phase_s, cool_s,
+                              slots, victim=vname, heater="gemm_bf16_8192x8192x8192" if heat else None,
+                              victim_alone_s=victim_s[vname], **extra)
+
+    # Occupancies the ``clock_own`` part runs the WMMA GEMM at (blocks per SM; its natural one first).
+    CLOCK_OWN_OCCUPANCIES = (None, 4, 2, 1)
+    CLOCK_OWN_SIZE = 8192
+
+    def part_clock_own(self) -> None:
+        """Power by work done: the harness's own WMMA GEMM (about a fifth of cuBLAS's rate) back to
+        back for a whole phase at its natural occupancy and shaped lower, beside cuBLAS's FP16 and
+        BF16 GEMMs of the same problem, each from a cool start with the clock part's probes. NVML's
+        power log over each phase, with the counted clock, gives each kernel's power at one clock
+        and rate: whether a tensor kernel draws by the SMs it occupies or by the work it does."""
+        phase_s, cool_s = (2.0, 1.0) if self.quick else (5.0, 2.0)
+        n = self.CLOCK_OWN_SIZE
+        ops = dict(self.victims)
+        cublas = ("gemm_fp16_8192x8192x8192", "gemm_bf16_8192x8192x8192")
+        ops.update(self.gemm_ops(tuple(g for g in cublas if g not in ops)))
+        slots = int(2 * phase_s / (self.CLOCK_GROUP_S + self.CLOCK_WINDOW_NS * 1e-9)) + 64
+        paddings = dict(self.shaping_paddings())
+        natural = max(paddings)
+        for occ in self.CLOCK_OWN_OCCUPANCIES:
+            occ = natural if occ is None else occ
+            if occ not in paddings:
+                continue
+            run, blocks = self.gemm64(n, n, n, paddings[occ])
+
+            def own(run: Callable[..., None] = run) -> None:
+                run(self.torch.cuda.current_stream())
+            alone_s = self.time_alone_s(own)
+            self._clock_phase("clock_own", f"gemm64_{n}_occ{occ}", own, max(1, round(self.CLOCK_GROUP_S / alone_s)),
+                              None, 0, phase_s, cool_s, slots, victim="ovsim_gemm_tile64", blocks_per_sm_target=occ,
+                              extra_smem_bytes=paddings[occ], blocks=blocks, flops=2 * n ** 3,
+                              victim_alone_s=alone_s)
+            del run
+        for vname in cublas:
+            if vname not in ops:
+                continue
+            alone_s = self.time_alone_s(ops[vname])
+            self._clock_phase("clock_own", vname, ops[vname], max(1, round(self.CLOCK_GROUP_S / alone_s)), None, 0,
+                              phase_s, cool_s, slots, victim=vname, flops=2 * n ** 3, victim_alone_s=alone_s)
+
+    def _clock_phase(self, part: str, label: str, fn: Callable[[], Any], group: int,
+                     heater: Callable[[], Any] | None, heat: int, phase_s: float, cool_s: float, slots: int,
+                     **info: Any) -> None:
+        """One clock phase: after ``cool_s`` idle, ``heat`` heater calls then ``group`` calls of
+        ``fn``, with a probe before each group, back to back for ``phase_s``; the probes go to
+        ``<part>/<label>.clock.csv``."""
+        t = self.torch
+        out = t.zeros(4 * slots, dtype=t.int64, device=self.dev)
+        self.made()
+        time.sleep(cool_s)
+        with self.experiment(part, label, group=group, heater_group=heat, window_ns=self.CLOCK_WINDOW_NS,
+                             seconds=phase_s, **info):
+            slot = 0
+            pending: list[Any] = []
+            end = time.perf_counter() + phase_s
+            while time.perf_counter() < end and slot + 3 < slots:
+                for f, k in ((heater, heat), (fn, group)):
+                    if k == 0 or f is None:
+                        continue
+                    slot = self._clock_probe(out, slot)
+                    with t.cuda.stream(self.compute):
+                        for _ in range(k):
+                            f()
+                ev = t.cuda.Event()
+                ev.record(self.compute)
+                pending.append(ev)
+                # Two groups queued ahead: the GPU never idles, the host never runs far ahead.
+                if len(pending) > 2:
+                    pending.pop(0).synchronize()
+            slot = self._clock_probe(out, slot)
+            t.cuda.synchronize()
+            rows = out[: 4 * slot].view(-1, 4).cpu().tolist()
+        with open(self.out / part / f"{label}.clock.csv", "w") as fh:
+            fh.write("launch,smid,start_ns,end_ns,sm_cycles\n")
+            for i, (sm, s0, s1, cyc) in enumerate(rows):
+                fh.write(f"{i},{sm},{s0},{s1},{cyc}\n")
 
     def _clock_probe(self, out: Any, slot: int) -> int:
         """Launch a clock probe writing slot ``slot`` of ``out`` on the compute stream; the next slot."""

@@ -37,6 +37,9 @@ in ``<experiment>.blocks.csv`` when the harness's own kernels ran, and a line in
   much of a kernel's time follows the SM clock. Memory-bound kernels run between GEMMs that
   hold the clock down; the streaming add also alternates with the GEMM at GEMM time shares from
   10 to 90%, each share settling at its own clock under the limit (the voltage curve's points).
+- ``clock_own`` (not run by default): the 64x64x32-tile GEMM at its natural occupancy and shaped to
+  4, 2 and 1 blocks per SM, then cuBLAS's FP16 and BF16 GEMMs of the same 8192^3 problem, each back
+  to back for a few seconds with the clock part's probes: power against work done.
 - ``ncu``: Nsight Compute metrics of each kernel kind alone (``ncu --clock-control none``: the
   card's clocks are never locked or changed).
 
