@@ -149,7 +149,7 @@ class PowerParts(ContentionParts):
                               phase_s, cool_s, slots, victim=vname, flops=2 * n ** 3, victim_alone_s=alone_s)
 
     def _clock_phase(self, part: str, label: str, fn: Callable[[], Any], group: int,
-                     heater: Callable[[], Any] | None, heat: int, phase_s: float, cool_s: float, slots: int,
+                     heater_fn: Callable[[], Any] | None, heat: int, phase_s: float, cool_s: float, slots: int,
                      **info: Any) -> None:
         """One clock phase: after ``cool_s`` idle, ``heat`` heater calls then ``group`` calls of
         ``fn``, with a probe before each group, back to back for ``phase_s``; the probes go to
@@ -164,7 +164,7 @@ class PowerParts(ContentionParts):
             pending: list[Any] = []
             end = time.perf_counter() + phase_s
             while time.perf_counter() < end and slot + 3 < slots:
-                for f, k in ((heater, heat), (fn, group)):
+                for f, k in ((heater_fn, heat), (fn, group)):
                     if k == 0 or f is None:
                         continue
                     slot = self._clock_probe(out, slot)
