@@ -134,6 +134,9 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> d
     except json.JSONDecodeError as err:
         raise IngestError(f"{manifest_path}: not JSON ({err.msg})") from None
     experiments = _experiments(run)
+    # Made here, not by the first file written: a run of the clock part alone without its tables
+    # writes clock.parquet first.
+    dest.mkdir(parents=True)
 
     traces: list[tuple[dict[str, Any], Path]] = []
     for e in experiments:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,8 @@ def test_an_experiment_with_no_kernels_is_placed_by_its_host_spans(tmp_path: Pat
         [1_700_000_002.0, 1_700_000_006.0])
 
 
-def test_clock_tables_can_be_left_to_clock_parquet(tmp_path: Path) -> None:
-    run = make_run(tmp_path)
+def add_clock_part(run: Path) -> None:
+    """A clock part of one experiment: three GEMMs, each between two probes."""
     (run / "clock").mkdir()
     events = []
     for i in range(3):
@@ -129,6 +130,11 @@ def test_clock_tables_can_be_left_to_clock_parquet(tmp_path: Path) -> None:
     (run / "clock" / "g.clock.csv").write_text("launch,smid,start_ns,end_ns,sm_cycles\n" + "".join(
         f"{i},0,{i * 2_000_000},{i * 2_000_000 + 100_000},{int(1.5e5) + i * 1000}\n" for i in range(4)))
     (run / "clock" / "experiments.jsonl").write_text(json.dumps({"label": "g", "part": "clock"}) + "\n")
+
+
+def test_clock_tables_can_be_left_to_clock_parquet(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    add_clock_part(run)
     dest = tmp_path / "data"
     ingest(run, dest, raw_limit_bytes=0, clock_tables=False)
     assert not (dest / "tables" / "clock.parquet").exists() and (dest / "tables" / "overlap.parquet").is_file()
@@ -137,6 +143,17 @@ def test_clock_tables_can_be_left_to_clock_parquet(tmp_path: Path) -> None:
     assert points["sm_clock_hz"].tolist() == pytest.approx([1.505e9, 1.515e9, 1.525e9])
     assert "clock part's kernels are in clock.parquet" in json.loads((dest / "PROVENANCE.json").read_text())[
         "clock_tables"]
+
+
+def test_a_run_of_the_clock_part_alone_ingests_without_its_tables(tmp_path: Path) -> None:
+    """Nothing but clock.parquet to write before the provenance: the folder must still be made."""
+    run = make_run(tmp_path)
+    for part in ("overlap", "dispatch"):
+        shutil.rmtree(run / part)
+    add_clock_part(run)
+    dest = tmp_path / "data"
+    ingest(run, dest, raw_limit_bytes=0, clock_tables=False)
+    assert len(pd.read_parquet(dest / "clock.parquet")) == 3 and not (dest / "tables").exists()
 
 
 def test_raw_traces_over_the_limit_are_left_out_and_said_so(tmp_path: Path) -> None:
