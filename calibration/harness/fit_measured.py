@@ -429,16 +429,21 @@ def hbm_latency_report(gpu: str, measured: str | None = None) -> tuple[FitReport
 def _ship(report: FitReport, tables: list[Path], gpu: str, dry_run: bool, trace_gpu: str | None = None) -> None:
     """Write ``report`` as the GPU's next shipped version, its tables (measured on ``trace_gpu``,
     default ``gpu``) as provenance, and say what was done. Files among ``tables`` that are not
-    kernel tables (a clock part's ``clock.parquet``, a power log) join the first table's entry,
-    whose checksums then cover them too."""
+    kernel tables (a clock part's ``clock.parquet``, a power log) join the entry of the first
+    table of their data set, whose checksums then cover them too."""
     kernel_tables = [t for t in tables if t.parent.parent.name == "tables"]
-    other = tuple(str(t) for t in tables if t not in kernel_tables)
+    other = [t for t in tables if t not in kernel_tables]
     inputs = [table_input(t, trace_gpu or gpu) for t in kernel_tables]
-    if other:
-        if not inputs:
-            raise SystemExit(f"{gpu}: no kernel table among the files a fit read: {', '.join(other)}")
-        inputs[0] = dataclasses.replace(inputs[0], label=f"{inputs[0].label} and {len(other)} more files of its "
-                                        "data set", files=inputs[0].files + other)
+    for i, kt in enumerate(kernel_tables):
+        if any(kt.parents[2] == x.parents[2] for x in kernel_tables[:i]):
+            continue
+        own = tuple(str(t) for t in other if t.parent == kt.parents[2])
+        if own:
+            inputs[i] = dataclasses.replace(inputs[i], label=f"{inputs[i].label} and {len(own)} more files of its "
+                                            "data set", files=inputs[i].files + own)
+    homeless = [str(t) for t in other if all(t.parent != kt.parents[2] for kt in kernel_tables)]
+    if homeless:
+        raise SystemExit(f"{gpu}: no kernel table of the data set of the files a fit read: {', '.join(homeless)}")
     _, done = write_shipped(report, inputs, gpu, COMMAND, dry_run=dry_run)
     print(f"{gpu}: {done}")
 

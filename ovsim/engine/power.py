@@ -79,8 +79,14 @@ def op_power_class(op: Op, model: PowerModel) -> tuple[str, float]:
 def tensor_clock_class(op: Op, model: PowerModel) -> int:
     """The index of a tensor op's rate in :meth:`PowerConfig.multipliers`."""
     precision = op.info.get("precision")
-    return 2 + model.tensor_saturations.index(model.tensor_saturation(precision if isinstance(precision, str)
-                                                                       else None))
+    sat = model.tensor_saturation(precision if isinstance(precision, str) else None, own=is_own_gemm(op))
+    return 2 + model.tensor_saturations.index(sat)
+
+
+def is_own_gemm(op: Op) -> bool:
+    """A scenario GEMM priced as a kernel of one's own: given with its tile, and not said to be
+    the library's kernel of that tile."""
+    return op.kind == "gemm" and op.info.get("tile") is not None and op.info.get("efficiency") != "library"
 
 
 def rate_class(op: Op, model: PowerModel, power_cls: str) -> int:

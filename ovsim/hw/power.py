@@ -90,6 +90,11 @@ class PowerSettings(BaseModel):
     managed: bool = True
 
 
+
+# Precisions whose kernels of one's own share a measured saturation clock: the same tensor-core
+# rate and operand width.
+OWN_TWINS = {"bf16": "fp16", "fp16": "bf16"}
+
 @dataclass(frozen=True)
 class Activity:
     """What drives power over an interval. SM terms are dynamic watts at c = 1 (Σ w_k·u_k, split
@@ -127,7 +132,9 @@ class PowerModel:
     tensor_reference_clock_fraction: float
     tensor_precisions: frozenset[str]
     # Clock fractions above which tensor kernels' rates stop following the clock, by precision
-    # ("default" for the rest); a precision with neither follows the clock all the way up.
+    # ("default" for the rest); a precision with neither follows the clock all the way up. Keys
+    # "own_<precision>" hold a GEMM kernel of one's own (a scenario GEMM with a tile), which the
+    # precision's library value does not describe.
     tensor_saturation_clock_fraction: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # Share of a memory-bound kernel's time at c = 1 that follows the SM clock, by kind
     # (``memory_kind_clock_share``); a kind not listed does not follow it.
@@ -152,10 +159,16 @@ class PowerModel:
     def max_clock_fraction(self) -> float:
         return self.max_clock_hz / self.compute_clock_hz
 
-    def tensor_saturation(self, precision: str | None) -> float:
+    def tensor_saturation(self, precision: str | None, own: bool = False) -> float:
         """The clock fraction above which a tensor kernel of ``precision`` stops speeding up
-        (infinity: it follows the clock all the way up)."""
+        (infinity: it follows the clock all the way up). ``own``: a GEMM kernel of one's own, which
+        takes its own value where one was measured (BF16 and FP16 each other's), else the library's."""
         sat = self.tensor_saturation_clock_fraction
+        if own:
+            twin = OWN_TWINS.get(precision or "", precision or "")
+            for key in (f"own_{precision}", f"own_{twin}"):
+                if key in sat:
+                    return sat[key]
         return sat.get(precision or "", sat.get("default", math.inf))
 
     @property

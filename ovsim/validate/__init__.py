@@ -61,6 +61,12 @@ from ovsim.validate.measured_memory import (
     measured_copy_times,
     measured_hbm_checks,
 )
+from ovsim.validate.measured_own_power import (
+    MEASURED_OWN_POWER,
+    MEASURED_OWN_POWER_FIT,
+    MEASURED_OWN_POWER_HELD_OUT,
+    measured_own_power_checks,
+)
 from ovsim.validate.measured_power import (
     CLOCK_MEMORY_KINDS,
     CLOCK_STEADY_HZ,
@@ -70,6 +76,7 @@ from ovsim.validate.measured_power import (
     MEASURED_CLOCK_SHARE_FIT,
     MEASURED_CLOCK_SHARE_HELD_OUT,
     MEASURED_CLOCK_SHARE_MIX,
+    MEASURED_CLOCK_SHARE_MIX_HELD_OUT,
     MEASURED_CLOCK_SHARES,
     MEASURED_POWER,
     MEASURED_POWER_FIT,
@@ -145,6 +152,7 @@ __all__ = [
     "MEASURED_CLOCK_SHARE_FIT",
     "MEASURED_CLOCK_SHARE_HELD_OUT",
     "MEASURED_CLOCK_SHARE_MIX",
+    "MEASURED_CLOCK_SHARE_MIX_HELD_OUT",
     "MEASURED_COPY",
     "MEASURED_COPY_GROUP",
     "MEASURED_DATA",
@@ -157,6 +165,9 @@ __all__ = [
     "MEASURED_HBM_FIT",
     "MEASURED_HBM_HELD_OUT",
     "MEASURED_OVERLAP",
+    "MEASURED_OWN_POWER",
+    "MEASURED_OWN_POWER_FIT",
+    "MEASURED_OWN_POWER_HELD_OUT",
     "MEASURED_POWER",
     "MEASURED_POWER_FIT",
     "MEASURED_POWER_HELD_OUT",
@@ -200,6 +211,7 @@ __all__ = [
     "measured_gemm_checks",
     "measured_gemm_points",
     "measured_hbm_checks",
+    "measured_own_power_checks",
     "measured_power_checks",
     "measured_shape_checks",
     "measured_shape_points",
@@ -251,7 +263,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
     if measured:
         checks += (measured_checks(MEASURED_DATA, workers, on_trace) + measured_power_checks(MEASURED_DATA)
                    + measured_clock_checks(MEASURED_DATA) + measured_clock_share_checks(MEASURED_DATA)
-                   + measured_clock_mix_checks(MEASURED_DATA)
+                   + measured_clock_mix_checks(MEASURED_DATA) + measured_own_power_checks(MEASURED_DATA)
                    + measured_gemm_checks(MEASURED_DATA) + measured_shape_checks(MEASURED_DATA)
                    + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA)
                    + measured_hbm_checks(MEASURED_DATA) + measured_smloss_checks(MEASURED_DATA, workers)

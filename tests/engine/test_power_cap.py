@@ -245,13 +245,14 @@ def test_locked_clock_scales_a_compute_bound_kernel_exactly() -> None:
 def saturating_gemm(tmp_path: Path, saturation_hz: float, m: int = 512, k: int = 8192,
                     tile: list[int] | None = None) -> Scenario:
     """The H100 GEMM scenario with its BF16 tensor rate saturating at ``saturation_hz`` and its
-    efficiency holding at the 1830 MHz compute clock, on the library's kernel or on ``tile``."""
+    efficiency holding at the 1830 MHz compute clock, on the library's kernel or the library's
+    kernel of ``tile`` (a kernel of one's own takes its own saturation clock)."""
     (tmp_path / "sat.v1.yaml").write_text(yaml.safe_dump({
         "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {},
         "parameters": {"power_tensor_saturation_clock_hz": {"bf16": saturation_hz},
                        "power_tensor_reference_clock_fraction": 1.0},
         "sources": {"power_tensor_saturation_clock_hz": "test", "power_tensor_reference_clock_fraction": "test"}}))
-    sc = gemm_scenario("hgx-h100", m, m, k, split_k=1, **({"tile": tile} if tile else {}))
+    sc = gemm_scenario("hgx-h100", m, m, k, split_k=1, **({"tile": tile, "efficiency": "library"} if tile else {}))
     return sc.model_copy(update={"calibration": [str(tmp_path / "sat.v1.yaml")]})
 
 
@@ -266,6 +267,35 @@ def test_a_saturating_tensor_kernel_follows_the_clock_only_below_its_saturation(
     1830 MHz), in the engine's clock-lock loop. A 512 x 512 output on 128 x 128 tiles makes 16
     blocks for 132 SMs, so no clock of the test brings it to the 700 W limit."""
     r = predict(saturating_gemm(tmp_path, 1.5e9, tile=[128, 128, 64]), sm_clock_hz=lock_hz)
+    g = r.ops.set_index("id").loc["g@r0"]
+    assert r.summary()["avg_sm_clock_hz"] == pytest.approx(lock_hz, rel=1e-9)
+    assert g["duration_s"] == pytest.approx(g["isolated_s"] * expected_ratio, rel=1e-9)
+
+
+def own_wmma_gemm(tmp_path: Path, key: str, own_hz: float) -> Scenario:
+    """The harness's FP16 WMMA GEMM (64x64x32 tiles, 128 threads) on an H100 whose library FP16
+    kernels saturate at 1770 MHz and kernels of one's own at ``own_hz`` (under ``key``)."""
+    sat = {"fp16": 1.77e9, "own_fp16": 1.77e9, key: own_hz}
+    (tmp_path / "own.v1.yaml").write_text(yaml.safe_dump({
+        "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {},
+        "parameters": {"power_tensor_saturation_clock_hz": sat, "power_tensor_reference_clock_fraction": 1.0},
+        "sources": {"power_tensor_saturation_clock_hz": "test", "power_tensor_reference_clock_fraction": "test"}}))
+    sc = gemm_scenario("hgx-h100", 4096, 4096, 4096, precision="fp16", tile=[64, 64, 32], threads=128, stages=2)
+    return sc.model_copy(update={"calibration": [str(tmp_path / "own.v1.yaml")]})
+
+
+@pytest.mark.parametrize("key,own_hz,lock_hz,expected_ratio", [
+    ("own_fp16", 1.2e9, 1.5e9, 1.0),  # above its own saturation: no slower than at the reference clock
+    ("own_fp16", 1.2e9, 0.9e9, 1.2e9 / 0.9e9),  # below it: the clock's ratio to it
+    ("own_fp16", 1.77e9, 1.5e9, 1.77e9 / 1.5e9),  # the library kernels' value: slower at 1500 MHz
+    ("fp16", 1.2e9, 1.5e9, 1.77e9 / 1.5e9),  # only the library's moved: the own kernel keeps its own
+])
+def test_a_gemm_kernel_of_ones_own_takes_its_own_saturation_clock(
+        tmp_path: Path, key: str, own_hz: float, lock_hz: float, expected_ratio: float) -> None:
+    """Closed form, as above: rate min(c, sat) / min(c_ref, sat) with the own kernel's saturation
+    (the harness's WMMA GEMM held its time from 1980 down to ~1200 MHz on an H200, where cuBLAS's
+    slowed from ~1700 MHz: calibration/data/h200-sxm/2026-11-29)."""
+    r = predict(own_wmma_gemm(tmp_path, key, own_hz), sm_clock_hz=lock_hz)
     g = r.ops.set_index("id").loc["g@r0"]
     assert r.summary()["avg_sm_clock_hz"] == pytest.approx(lock_hz, rel=1e-9)
     assert g["duration_s"] == pytest.approx(g["isolated_s"] * expected_ratio, rel=1e-9)

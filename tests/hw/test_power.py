@@ -7,6 +7,7 @@ parameter was fitted on can only check that the fit went in, never that the mode
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -164,6 +165,16 @@ def test_a_tensor_rate_follows_the_clock_up_to_its_saturation_and_holds(a100_40:
     assert a100_40.tensor_rate(0.5, 0.7) == pytest.approx(0.5 / min(ref, 0.7))
     assert a100_40.tensor_rate(0.9, 0.7) == pytest.approx(0.7 / min(ref, 0.7))
 
+
+
+def test_a_kernel_of_ones_own_takes_its_own_saturation_then_its_twins_then_the_librarys(
+        a100_40: PowerModel) -> None:
+    m = dataclasses.replace(a100_40, tensor_saturation_clock_fraction={"fp16": 0.9, "own_bf16": 0.6, "tf32": 0.8})
+    assert m.tensor_saturation("fp16") == 0.9  # a library kernel: never the own value
+    assert m.tensor_saturation("fp16", own=True) == 0.6  # BF16's own value: the same tensor cores
+    assert m.tensor_saturation("tf32", own=True) == 0.8  # none of its own: the library's
+    assert m.tensor_saturation("fp8", own=True) == math.inf
+    assert m.tensor_saturations == (math.inf, 0.6, 0.8, 0.9)
 
 # -- the clock solver -------------------------------------------------------------------------------
 
