@@ -17,10 +17,14 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PARTS = ("gemm", "shapes", "comm", "overlap", "smloss", "shaping", "dispatch", "copy", "power", "clock", "clock_own",
-         "ncu", "framework", "framework_copy", "framework_ncu")
+         "own_tiles", "own_tiles_ncu", "ncu", "framework", "framework_copy", "framework_ncu")
 # Parts the default run leaves out: Nsight Compute's, the real framework kernels' (framework.py),
 # and the own GEMM's power phases.
-OPT_IN_PARTS = ("clock_own", "ncu", "framework", "framework_copy", "framework_ncu")
+OPT_IN_PARTS = ("clock_own", "own_tiles", "own_tiles_ncu", "ncu", "framework", "framework_copy", "framework_ncu")
+# The WMMA GEMMs of other tiles (kernels.cu): name, output tile rows and columns, threads a block.
+WMMA_TILE_KERNELS = (("ovsim_gemm_wmma_64x64_w4", 64, 64, 128), ("ovsim_gemm_wmma_128x64_w4", 128, 64, 128),
+                     ("ovsim_gemm_wmma_64x128_w4", 64, 128, 128), ("ovsim_gemm_wmma_128x128_w4", 128, 128, 128),
+                     ("ovsim_gemm_wmma_128x128_w8", 128, 128, 256))
 # NCCL's per-block shared memory: 4112 B of scratch per warp for its 20 warps, sized for 640 threads
 # whatever the launch uses (NVIDIA/nccl src/include/device.h).
 CHANNEL_SMEM_BYTES = 4112 * 20

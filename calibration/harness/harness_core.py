@@ -24,6 +24,7 @@ from harness_common import (
     KINETO_NAME,
     SHAPED_CARVEOUT_PCT,
     SHAPED_KERNELS,
+    WMMA_TILE_KERNELS,
     find_tool,
     log,
 )
@@ -68,7 +69,7 @@ class HarnessCore:
         self.module, self.resource_report = self._build()
         self.kernels = {name: self.module.get_function(name) for name in (
             "ovsim_channel_copy", "ovsim_channel_reduce", "ovsim_channel_poll", "ovsim_probe_first",
-            "ovsim_probe_second", "ovsim_gemm_tile64", "ovsim_clock_probe")}
+            "ovsim_probe_second", "ovsim_gemm_tile64", "ovsim_clock_probe", *(k[0] for k in WMMA_TILE_KERNELS))}
         for name in ("ovsim_channel_copy", "ovsim_channel_reduce"):
             if self.kernels[name].num_regs < CHANNEL_MIN_REGISTERS:
                 log(f"warning: {name} got {self.kernels[name].num_regs} registers per thread, not NCCL's 96: "
@@ -190,6 +191,23 @@ class HarnessCore:
         if not err < 1e-3:
             sys.exit(f"ovsim_gemm_tile64 is wrong: relative error {err} against cuBLAS")
         return err
+
+    def check_wmma_tiles(self) -> None:
+        """Each WMMA GEMM of another tile against a float64 product on fresh random inputs, its
+        output poisoned first (every element must be written)."""
+        t = self.torch
+        m, n, k = 512, 512, 256
+        for name, bm, bn, threads in WMMA_TILE_KERNELS:
+            a, b = self.rand(m, k), self.rand(k, n)
+            c = t.full((m, n), float("nan"), device=self.dev, dtype=t.float32)
+            self.made()
+            self.launch(name, (m // bm) * (n // bn), threads, self._gemm64_args(a, b, c, m, n, k, None), 0,
+                        t.cuda.current_stream())
+            t.cuda.synchronize()
+            ref = a.double() @ b.double()
+            err = float((c.double() - ref).norm() / ref.norm())
+            if not err < 1e-3:
+                sys.exit(f"{name} is wrong: relative error {err} against a float64 product")
 
     def check_channel(self) -> None:
         t = self.torch

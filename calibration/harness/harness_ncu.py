@@ -73,6 +73,9 @@ class NcuParts(PowerParts):
     def part_framework_ncu(self) -> None:
         self.part_ncu("framework_ncu", "framework")
 
+    def part_own_tiles_ncu(self) -> None:
+        self.part_ncu("own_tiles_ncu", "own_tiles")
+
     def part_ncu(self, name: str = "ncu", subject_kind: str = "harness") -> None:
         folder = self.out / name
         folder.mkdir(parents=True, exist_ok=True)

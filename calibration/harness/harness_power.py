@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness_common import (
+    WMMA_TILE_KERNELS,
     repeat_calls,
     share_plan,
 )
@@ -147,6 +148,53 @@ class PowerParts(ContentionParts):
             alone_s = self.time_alone_s(ops[vname])
             self._clock_phase("clock_own", vname, ops[vname], max(1, round(self.CLOCK_GROUP_S / alone_s)), None, 0,
                               phase_s, cool_s, slots, victim=vname, flops=2 * n ** 3, victim_alone_s=alone_s)
+
+    OWN_TILES_SIZE = 8192
+    OWN_TILES_REPEATS = 10
+
+    def part_own_tiles(self) -> None:
+        """The WMMA GEMM at other tiles (kernels.cu: 64x64 to 128x128, 4 or 8 warps), each checked
+        against a float64 product, then timed alone (10 launches after 3 warm-ups and a pause that
+        lets the clock return to the top), then back to back under the power limit with the clock
+        part's probes, as the clock_own part runs the 64x64 one."""
+        self.check_wmma_tiles()
+        n = 4096 if self.quick else self.OWN_TILES_SIZE
+        phase_s, cool_s = (1.5, 1.0) if self.quick else (3.0, 1.5)
+        slots = int(2 * phase_s / (self.CLOCK_GROUP_S + self.CLOCK_WINDOW_NS * 1e-9)) + 64
+        for name, bm, bn, threads in (("ovsim_gemm_tile64", 64, 64, 128), *WMMA_TILE_KERNELS):
+            run = self.wmma_tile_launch(name, bm, bn, threads, n)
+            info = {"kernel": name, "tile": [bm, bn, 32], "threads": threads, "blocks": (n // bm) * (n // bn),
+                    "m": n, "n": n, "k": n, "flops": 2 * n ** 3}
+            self.warm(run, 3)
+            time.sleep(cool_s)
+            label = f"wmma_{bm}x{bn}_t{threads}_{n}"
+            with self.experiment("own_tiles", label, **info):
+                with self.torch.cuda.stream(self.compute):
+                    for _ in range(self.OWN_TILES_REPEATS):
+                        run()
+                self.compute.synchronize()
+            alone_s = self.time_alone_s(run)
+            self._clock_phase("own_tiles", f"{label}__sustained", run, max(1, round(self.CLOCK_GROUP_S / alone_s)),
+                              None, 0, phase_s, cool_s, slots, victim=name, victim_alone_s=alone_s, **info)
+            del run
+
+    def wmma_tile_launch(self, name: str, bm: int, bn: int, threads: int, n: int) -> Callable[[], None]:
+        """An n^3 launch of a WMMA GEMM kernel (``name``, a ``bm`` x ``bn`` tile) on the current
+        stream, on random inputs made here."""
+        t = self.torch
+        a, b = self.rand(n, n), self.rand(n, n)
+        c = t.empty(n, n, device=self.dev, dtype=t.float32)
+        self.made()
+        blocks = (n // bm) * (n // bn)
+
+        def run() -> None:
+            self.launch(name, blocks, threads, self._gemm64_args(a, b, c, n, n, n, None), 0, t.cuda.current_stream())
+        return run
+
+    def wmma_tile_launches(self, n: int) -> dict[str, Callable[[], None]]:
+        """``wmma_tile_launch`` of the study's kernel and each WMMA tile kernel, by kernel name."""
+        return {name: self.wmma_tile_launch(name, bm, bn, threads, n)
+                for name, bm, bn, threads in (("ovsim_gemm_tile64", 64, 64, 128), *WMMA_TILE_KERNELS)}
 
     def _clock_phase(self, part: str, label: str, fn: Callable[[], Any], group: int,
                      heater_fn: Callable[[], Any] | None, heat: int, phase_s: float, cool_s: float, slots: int,

@@ -268,3 +268,96 @@ extern "C" __global__ void __launch_bounds__(128) ovsim_gemm_tile64(const __half
     __syncthreads();
     write_record(rec, t0);
 }
+
+// ---- WMMA GEMMs of other tiles --------------------------------------------------------------------
+// The same kernel as ovsim_gemm_tile64 (FP16 WMMA, 32-deep k-steps, two-stage cp.async pipeline),
+// for a BM x BN output tile shared by WARPS_M x WARPS_N warps: how a kernel of one's own runs as
+// its tile grows (fewer L2 reads per FLOP, more accumulators per warp). M must be a multiple of BM,
+// N of BN, K of 32.
+template <int BM, int BN, int WARPS_M, int WARPS_N>
+__device__ __forceinline__ void gemm_wmma_tile(const __half* __restrict__ A, const __half* __restrict__ B,
+                                               float* __restrict__ C, int M, int N, int K, uint64_t* rec) {
+    using namespace nvcuda;
+    constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+    constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+    constexpr int FM = WTM / 16, FN = WTN / 16;
+    constexpr int A_CHUNKS = BM * GT_K / 8, B_CHUNKS = GT_K * BN / 8;  // 16-byte chunks per stage
+    __shared__ __align__(128) __half As[2][BM][GT_K + GT_PAD];
+    __shared__ __align__(128) __half Bs[2][GT_K][BN + GT_PAD];
+    const uint64_t t0 = global_ns();
+    const int tiles_n = N / BN;
+    const int row0 = (blockIdx.x / tiles_n) * BM;
+    const int col0 = (blockIdx.x % tiles_n) * BN;
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int wm = (warp / WARPS_N) * WTM;
+    const int wn = (warp % WARPS_N) * WTN;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    auto load = [&](int stage, int k0) {
+#pragma unroll
+        for (int idx = tid; idx < A_CHUNKS; idx += THREADS) {
+            const int ar = idx / (GT_K / 8), ac = (idx % (GT_K / 8)) * 8;
+            cp_async16(&As[stage][ar][ac], A + (size_t)(row0 + ar) * K + k0 + ac);
+        }
+#pragma unroll
+        for (int idx = tid; idx < B_CHUNKS; idx += THREADS) {
+            const int br = idx / (BN / 8), bc = (idx % (BN / 8)) * 8;
+            cp_async16(&Bs[stage][br][bc], B + (size_t)(k0 + br) * N + col0 + bc);
+        }
+        cp_async_commit();
+    };
+
+    const int steps = K / GT_K;
+    load(0, 0);
+    for (int s = 0; s < steps; ++s) {
+        const int cur = s & 1;
+        if (s + 1 < steps) {
+            load(cur ^ 1, (s + 1) * GT_K);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GT_K; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[FN];
+#pragma unroll
+            for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(fa[i], &As[cur][wm + 16 * i][kk], GT_K + GT_PAD);
+#pragma unroll
+            for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(fb[j], &Bs[cur][kk][wn + 16 * j], BN + GT_PAD);
+#pragma unroll
+            for (int i = 0; i < FM; ++i)
+#pragma unroll
+                for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j)
+            wmma::store_matrix_sync(C + (size_t)(row0 + wm + 16 * i) * N + col0 + wn + 16 * j, acc[i][j], N,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    write_record(rec, t0);
+}
+
+// ovsim_gemm_wmma_<BM>x<BN>_w<warps>: one kernel per tile and warp layout.
+#define OVSIM_GEMM_WMMA(BM, BN, WARPS_M, WARPS_N, WARPS)                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) ovsim_gemm_wmma_##BM##x##BN##_w##WARPS(       \
+        const __half* __restrict__ A, const __half* __restrict__ B, float* __restrict__ C, int M, int N, int K, \
+        uint64_t* rec) {                                                                                     \
+        gemm_wmma_tile<BM, BN, WARPS_M, WARPS_N>(A, B, C, M, N, K, rec);                                     \
+    }
+OVSIM_GEMM_WMMA(64, 64, 2, 2, 4)
+OVSIM_GEMM_WMMA(128, 64, 2, 2, 4)
+OVSIM_GEMM_WMMA(64, 128, 2, 2, 4)
+OVSIM_GEMM_WMMA(128, 128, 2, 2, 4)
+OVSIM_GEMM_WMMA(128, 128, 2, 4, 8)

@@ -40,6 +40,11 @@ in ``<experiment>.blocks.csv`` when the harness's own kernels ran, and a line in
 - ``clock_own`` (not run by default): the 64x64x32-tile GEMM at its natural occupancy and shaped to
   4, 2 and 1 blocks per SM, then cuBLAS's FP16 and BF16 GEMMs of the same 8192^3 problem, each back
   to back for a few seconds with the clock part's probes: power against work done.
+- ``own_tiles`` (not run by default): the same WMMA GEMM at tiles from 64x64 to 128x128 with 4 or 8
+  warps (``kernels.cu``), each checked against a float64 product, timed alone at 8192^3, then back
+  to back for 3 s under the power limit with the probes: a kernel of one's own as its tile grows.
+- ``own_tiles_ncu`` (not run by default): Nsight Compute metrics of one launch of each of those
+  tiles alone at 4096^3 (L2, DRAM, tensor pipe).
 - ``ncu``: Nsight Compute metrics of each kernel kind alone (``ncu --clock-control none``: the
   card's clocks are never locked or changed).
 
@@ -223,7 +228,7 @@ def main() -> int:
     ap.add_argument("--framework-copies", type=_copy_sizes, default=framework.COPY_OVERLAPPERS, metavar="MIBxS,...",
                     help="device-to-device copies the framework_copy part runs its kernels beside: MiB per copy "
                          "x streams copying at once (default 512x1)")
-    ap.add_argument("--ncu-subject", nargs="?", const="harness", choices=("harness", "framework"),
+    ap.add_argument("--ncu-subject", nargs="?", const="harness", choices=("harness", "framework", "own_tiles"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -242,6 +247,9 @@ def main() -> int:
     if args.ncu_subject == "framework":
         with framework.fp32_gemms(h.torch):
             h.ncu_subject(framework.victims(h))
+        return 0
+    if args.ncu_subject == "own_tiles":
+        h.ncu_subject(h.wmma_tile_launches(4096))
         return 0
     if args.ncu_subject:
         h.ncu_subject()

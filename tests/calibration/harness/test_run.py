@@ -81,7 +81,7 @@ def test_kernels_build_with_the_footprints_the_harness_assumes(arch: str, tmp_pa
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
-    from harness_common import CHANNEL_MIN_REGISTERS, HERE
+    from harness_common import CHANNEL_MIN_REGISTERS, HERE, WMMA_TILE_KERNELS
 
     r = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "--resource-usage", str(HERE / "kernels.cu"),
                         "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True, check=True)
@@ -90,12 +90,15 @@ def test_kernels_build_with_the_footprints_the_harness_assumes(arch: str, tmp_pa
     assert {k: int(v) for k, v in used.items()}.keys() == {"ovsim_channel_copy", "ovsim_channel_reduce",
                                                            "ovsim_channel_poll",
                                                            "ovsim_probe_first", "ovsim_probe_second",
-                                                           "ovsim_gemm_tile64", "ovsim_clock_probe"}
+                                                           "ovsim_gemm_tile64", "ovsim_clock_probe",
+                                                           *(k[0] for k in WMMA_TILE_KERNELS)}
     assert int(used["ovsim_channel_copy"]) >= CHANNEL_MIN_REGISTERS
     assert int(used["ovsim_channel_reduce"]) >= CHANNEL_MIN_REGISTERS
     assert int(used["ovsim_gemm_tile64"]) == GEMM64.num_regs
     assert f"{GEMM64.shared_size_bytes} bytes smem" in report
     assert not re.search(r"[1-9]\d* bytes spill", report)
+    # The 64x64 tile of the tiles' template is the study's kernel: the same registers and memory.
+    assert used["ovsim_gemm_wmma_64x64_w4"] == used["ovsim_gemm_tile64"]
 
 
 def test_power_log_is_written_as_it_grows_and_continued_by_a_second_run(tmp_path: Path) -> None:
