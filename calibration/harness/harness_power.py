@@ -167,7 +167,7 @@ class PowerParts(ContentionParts):
                     "m": n, "n": n, "k": n, "flops": 2 * n ** 3}
             self.warm(run, 3)
             time.sleep(cool_s)
-            label = f"wmma_{bm}x{bn}_t{threads}_{n}"
+            label = f"{name.removeprefix('ovsim_gemm_')}_{n}"  # the kernel's name: two kernels share a tile
             with self.experiment("own_tiles", label, **info):
                 with self.torch.cuda.stream(self.compute):
                     for _ in range(self.OWN_TILES_REPEATS):
