@@ -253,7 +253,10 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     except ValidationError as e:
         raise validation_error(e, source) from None
     check_settings(settings, gpu, source)
-    power = PowerConfig(model=power_model(gpu, calib.params), settings=settings)
+    # Rate classes for the kernels that saturate at a clock of their own (GEMMs of one's own).
+    model = power_model(gpu, calib.params).with_kernel_saturations(
+        {id(op.kernel): op.kernel.saturation_clock_fraction for op in wl.ops if op.kernel is not None}.values())
+    power = PowerConfig(model=model, settings=settings)
     if use_mode == "analytic":
         with paused_gc():  # as the build: plain arrays and lists over the ops, no cycles
             timeline = _analytic(wl, gpu, power)

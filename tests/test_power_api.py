@@ -134,7 +134,7 @@ def test_compare_lines_up_power_columns() -> None:
 def test_compute_against_the_first_scenario_cancels_a_locked_clock(tmp_path: Path) -> None:
     """Closed form: under a clock locked at half the compute clock, the sequential run's GEMM (the
     only compute, clock-bound, FP16, a kernel of one's own) takes min(compute clock, its saturation
-    clock) / half of its
+    clock) / min(half, its saturation clock) of its
     isolated time, so its compute slowdown against isolated kernels is that less one (+100%
     without saturation). Measured against that sequential run instead, as the overlap
     studies measure, the overlapped run's compute slowdown is its compute time over the
@@ -150,11 +150,11 @@ def test_compute_against_the_first_scenario_cancels_a_locked_clock(tmp_path: Pat
     df = ovsim.api.compare(paths)
     seq, over = df.iloc[0], df.iloc[1]
     full = 2 * half
-    # The example's GEMM is a kernel of one's own (it has a tile), which takes its own saturation.
-    sats = ovsim.api.predict(paths[0]).calibration.params.power_tensor_saturation_clock_hz
-    assert "tile:" in (EXAMPLE.parent / "gemm-allreduce-h100x4-sequential.yaml").read_text()
-    sat = sats.get("own_fp16", sats.get("fp16", full))
-    assert seq["compute_slowdown"] == pytest.approx(min(full, sat) / half - 1, rel=1e-9)
+    # The example's GEMM is a kernel of one's own (it has a tile), which saturates at its own clock.
+    kernel = next(op.kernel for op in ovsim.api.predict(paths[0]).workload.ops if op.kind == "gemm")
+    assert kernel is not None and kernel.saturation_clock_fraction is not None
+    sat = kernel.saturation_clock_fraction * full
+    assert seq["compute_slowdown"] == pytest.approx(min(full, sat) / min(half, sat) - 1, rel=1e-9)
     assert seq["compute_vs_first"] == 0.0
     assert over["compute_vs_first"] == pytest.approx(over["compute_s"] / seq["compute_s"] - 1, rel=1e-12)
     assert over["compute_vs_first"] < over["compute_slowdown"]

@@ -31,9 +31,7 @@ write each GPU's next calibration version, with the data set's files and checksu
 - ``power_tensor_saturation_clock_hz``: from the ``clock`` part, cuBLAS GEMMs at the clocks the
   power limit walks them through, each with the SM clock its probes counted; per precision the
   clock ``sat`` for which ``max(sat / f, 1)`` times each experiment's own time at saturation fits
-  the durations best (least squares on their logarithm). ``own_fp16``, a GEMM kernel of one's own,
-  the same way from the ``clock_own`` part's WMMA GEMM at its natural occupancy (``OWN_CLOCK``; the
-  H100 carries the H200's, ``OWN_CLOCK_CARRIED``).
+  the durations best (least squares on their logarithm).
 - ``memory_kind_clock_share`` (norm, softmax): from the ``clock`` part, the layer norm and softmax
   run at the clocks the limit walks them through, each with its counted SM clock; the share of
   the kernel's time at the compute clock that follows the clock, from ``t = a + b / f``

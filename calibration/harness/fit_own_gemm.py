@@ -1,16 +1,25 @@
-"""Fit the efficiency of a GEMM kernel of one's own (``own_gemm_efficiency``) on the harness's WMMA
-kernel, and score it held out.
+"""Fit how a GEMM kernel of one's own runs (``own_gemm_efficiency``, ``own_gemm_l2_bytes_per_s``)
+on the harness's WMMA kernels, and score it held out.
 
-The harness's ``shaping`` part times ``ovsim_gemm_tile64`` (calibration/harness/kernels.cu: a plain
-FP16 WMMA kernel, 64x64x32 tiles, 128 threads, two shared-memory stages, FP32 output) on an
-8192^3 problem at its natural occupancy (6 blocks per SM, set by its 80 registers) and with its
-occupancy shaped down to 1 block per SM by extra shared memory. ovsim priced such a kernel with the
-library's efficiency (cuBLAS: about 0.8 of the FP16 peak), 1.42 ms where 7.35 ms were measured.
+The harness's WMMA GEMM (calibration/harness/kernels.cu: plain FP16 WMMA, 32-deep k-steps, two
+shared-memory stages, FP32 output) at five tiles, 8192^3, alone (``own_tiles`` part of
+h200-sxm/2026-11-29-c): 64x64 7.00 ms, 128x64 5.46, 64x128 5.09, 128x128 3.74 (4 warps) and 3.85
+(8 warps). Each block reads K x (BM + BN) operand elements from L2, and every tile up to 128x64
+moved them at 4.7-5.1 TB/s whatever its FLOP rate: L2 bandwidth bounds it, not the tensor issue.
+ovsim prices such a kernel with two rooflines on its main loop (``ovsim.models.cost.gemm``): the
+tensor issue at ``own_gemm_efficiency`` of the peak at the reference clock, which follows the SM
+clock, and the tiles' L2 reads at ``own_gemm_l2_bytes_per_s``, which does not. Each kernel is
+predicted at the clock it was measured at, the top clock. One number for every tile (the
+efficiency alone, before) priced the 128x128 tile 2x slow.
 
-The fit: the one main-loop efficiency at which ``ovsim.models.cost.gemm`` prices the kernel at its
-natural occupancy, on the H100's first data set, at its measured median. Held out: the same
-kernel shaped to 1-5 blocks per SM (the cost model's shaping, unchanged), the H100's repeat data
-set, and both H200 data sets (the same value, transferred: the same SM count and tensor peak).
+The fit: the efficiency at which the cost model prices the 128x128 (4-warp) tile, the one kernel
+whose L2 reads do not bound it, at its median; the L2 bandwidth at which it prices the 64x64 tile
+at its median (two solves, alternated until neither moves). Held out: the 128x64, 64x128 and
+8-warp 128x128 tiles, and the study's kernel (64x64) at its natural occupancy and shaped to 1-5
+blocks per SM in the shaping parts of both H100 data sets and both earlier H200 ones. The H100,
+which ran no tiles part, takes the H200's efficiency (the same GH100 SMs and clocks) and its own L2
+bandwidth from the study kernel at its natural occupancy in its first shaping part (7.35 ms, where
+the H200 ran it in 7.0).
 
     python calibration/harness/fit_own_gemm.py [--dry-run]
 """
@@ -18,6 +27,7 @@ set, and both H200 data sets (the same value, transferred: the same SM count and
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -35,10 +45,14 @@ from ovsim.validate.datasets import read_experiment, table_input, table_paths
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "calibration" / "data"
 COMMAND = "python calibration/harness/fit_own_gemm.py"
-FIT_SET = ("h100-sxm5-80gb", "2026-11-26")
-HELD_OUT_SETS = (("h100-sxm5-80gb", "2026-11-26-repeat"), ("h200-sxm", "2026-11-26"), ("h200-sxm", "2026-11-26-e"))
+TILES_SET = ("h200-sxm", "2026-11-29-c")
+EFFICIENCY_TILE = "wmma_128x128_t128_8192"  # the one tile its L2 reads do not bound
+L2_TILE = "wmma_64x64_t128_8192"
+SHAPING_SETS = (("h100-sxm5-80gb", "2026-11-26"), ("h100-sxm5-80gb", "2026-11-26-repeat"), ("h200-sxm", "2026-11-26"),
+                ("h200-sxm", "2026-11-26-e"))
 # Sets that no fit has seen: block_issue_share_per_warp was fitted on each GPU's 2026-11-26 set.
 REPEAT_SETS = ("2026-11-26-repeat", "2026-11-26-e")
+H100_L2_SET = ("h100-sxm5-80gb", "2026-11-26")
 KERNEL = GEMM
 SIZE = 8192
 TILE = GEMM_TILE
@@ -62,61 +76,130 @@ def measured(gpu: str, date: str) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("occ", ascending=False).reset_index(drop=True)
 
 
-def predicted(gpu: str, row: pd.Series, efficiency: float) -> float:
+def measured_tiles() -> pd.DataFrame:
+    """Per tile of the own_tiles part: its median duration alone, tile, threads and registers."""
+    gpu, date = TILES_SET
+    rows = []
+    for path in table_paths(DATA / gpu / date, "own_tiles", "wmma_*_8192"):
+        k = read_experiment(path).kernels
+        k = k[k["name"].str.startswith("ovsim_gemm_")]
+        bm, bn = (int(x) for x in path.stem.split("_")[1].split("x"))
+        rows.append({"label": path.stem, "tile": (bm, bn, 32), "measured_s": float(k["duration_s"].median()),
+                     "regs": int(k["registers_per_thread"].iloc[0]), "threads": int(k["block_x"].iloc[0]),
+                     "smem": 0, "file": path})
+    if not rows:
+        raise SystemExit(f"{DATA / gpu / date}: no own_tiles tables")
+    return pd.DataFrame(rows).set_index("label")
+
+
+def predicted(gpu: str, row: pd.Series, efficiency: float, l2_bytes_per_s: float) -> float:
+    """The cost model's time for a measured kernel (a tiles row, or a shaping row with its padding)
+    at the top clock, where it was measured: its time at the reference clock over its rate there,
+    which follows the clock up to the kernel's saturation clock (where its two rooflines meet)."""
     spec = load_gpu(gpu)
     params = load_calibration(spec, gpu).params
-    d = cost.gemm(SIZE, SIZE, SIZE, "fp16", spec, params, tile=TILE, threads=int(row["threads"]),
-                  registers_per_thread=int(row["regs"]), stages=STAGES,
-                  extra_shared_mem_bytes=int(row["smem"]) - NATURAL_SMEM, efficiency=efficiency)
-    return d.isolated_s
+    tile = tuple(row["tile"]) if "tile" in row else TILE
+    pad = int(row["smem"]) - NATURAL_SMEM if int(row["smem"]) else 0
+    d = cost.gemm(SIZE, SIZE, SIZE, "fp16", spec, params, tile=tile, threads=int(row["threads"]),  # type: ignore[arg-type]
+                  registers_per_thread=int(row["regs"]), stages=STAGES, extra_shared_mem_bytes=pad,
+                  efficiency=efficiency, l2_bytes_per_s=l2_bytes_per_s)
+    top, ref = spec.clocks.max_sm_clock_hz / spec.clocks.compute_clock_hz, params.power_tensor_reference_clock_fraction
+    sat = d.saturation_clock_fraction if d.saturation_clock_fraction is not None else math.inf
+    return d.isolated_s * min(ref, sat) / min(top, sat)
+
+
+def solve_efficiency(gpu: str, row: pd.Series, l2: float) -> float:
+    """The efficiency at which the cost model prices ``row`` at its measured time."""
+    return float(brentq(lambda e: predicted(gpu, row, e, l2) - row["measured_s"], 0.01, 1.0, xtol=1e-7))
+
+
+def solve_l2(gpu: str, row: pd.Series, eff: float) -> float:
+    """The L2 bandwidth at which the cost model prices ``row`` at its measured time."""
+    return float(brentq(lambda b: predicted(gpu, row, eff, b) - row["measured_s"], 1e11, 1e14, xtol=1e6))
+
+
+def fit(tiles: pd.DataFrame) -> tuple[float, float]:
+    """The efficiency that prices EFFICIENCY_TILE and the L2 bandwidth that prices L2_TILE at their
+    medians, each solved with the other held, until neither moves."""
+    gpu = TILES_SET[0]
+    eff, l2 = 0.3, 5e12
+    for _ in range(20):
+        before = (eff, l2)
+        eff = solve_efficiency(gpu, tiles.loc[EFFICIENCY_TILE], l2)
+        l2 = solve_l2(gpu, tiles.loc[L2_TILE], eff)
+        if abs(eff / before[0] - 1) < 1e-6 and abs(l2 / before[1] - 1) < 1e-6:
+            break
+    return float(f"{eff:.3g}"), float(f"{l2:.3g}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="print the fit, write nothing")
     args = ap.parse_args()
-    gpu, date = FIT_SET
-    fit = measured(gpu, date)
-    natural = fit.iloc[0]
-    eff = brentq(lambda e: predicted(gpu, natural, e) - natural["measured_s"], 0.01, 1.0, xtol=1e-6)
-    eff = float(f"{eff:.3g}")
-    print(f"own_gemm_efficiency fp16 = {eff} (fitted: {gpu} {date}, {natural['occ']} blocks per SM, "
-          f"{natural['measured_s'] * 1e3:.3f} ms)")
-    print(f"{'data set':<34} {'blocks/SM':>9} {'measured ms':>11} {'predicted':>9} {'error':>7}  role")
-    errors = []
-    for g, dset in (FIT_SET, *HELD_OUT_SETS):
+    tiles = measured_tiles()
+    eff, l2 = fit(tiles)
+    gpu, date = TILES_SET
+    print(f"own_gemm_efficiency fp16 = {eff} (fitted on {EFFICIENCY_TILE}), own_gemm_l2_bytes_per_s = {l2:.4g} "
+          f"(fitted on {L2_TILE}); {gpu} {date}")
+    print(f"{'data set':<34} {'kernel':>26} {'measured ms':>11} {'predicted':>9} {'error':>7}  role")
+    # The H100 has no tiles part: its L2 bandwidth from its own shaping part's study kernel at its
+    # natural occupancy (L2-bound there on the H200), its efficiency the H200's.
+    h100_row = measured(*H100_L2_SET).iloc[0]
+    l2_of = {gpu: l2, "h100-sxm5-80gb": float(f"{solve_l2('h100-sxm5-80gb', h100_row, eff):.3g}")}
+    print(f"h100-sxm5-80gb: own_gemm_l2_bytes_per_s = {l2_of['h100-sxm5-80gb']:.4g} (fitted on "
+          f"{'/'.join(H100_L2_SET)}, {h100_row['occ']} blocks per SM, {h100_row['measured_s'] * 1e3:.3f} ms)")
+    errors, shaping, repeat = [], [], []
+    for label, row in tiles.iterrows():
+        err = (predicted(gpu, row, eff, l2) / row["measured_s"] - 1) * 100
+        fitted = label in (EFFICIENCY_TILE, L2_TILE)
+        if not fitted:
+            errors.append(abs(err))
+        print(f"{gpu + ' ' + date:<34} {label:>26} {row['measured_s'] * 1e3:>11.3f} "
+              f"{predicted(gpu, row, eff, l2) * 1e3:>9.3f} {err:>+6.1f}%  {'fitted' if fitted else 'held out'}")
+    for g, dset in SHAPING_SETS:
         for _, row in measured(g, dset).iterrows():
-            pred = predicted(g, row, eff)
+            pred = predicted(g, row, eff, l2_of[g])
             err = (pred / row["measured_s"] - 1) * 100
-            fitted = (g, dset) == FIT_SET and row["occ"] == natural["occ"]
-            if not fitted:
-                errors.append(abs(err))
-            print(f"{g + ' ' + dset:<34} {row['occ']:>9} {row['measured_s'] * 1e3:>11.3f} {pred * 1e3:>9.3f} "
-                  f"{err:>+6.1f}%  {'fitted' if fitted else 'held out'}")
+            if (g, dset) == H100_L2_SET and row["occ"] == h100_row["occ"]:
+                print(f"{g + ' ' + dset:<34} {'study kernel, ' + str(row['occ']) + ' blocks/SM':>26} "
+                      f"{row['measured_s'] * 1e3:>11.3f} {pred * 1e3:>9.3f} {err:>+6.1f}%  fitted (L2)")
+                continue
+            shaping.append(abs(err))
+            if dset in REPEAT_SETS:
+                repeat.append(abs(err))
+            print(f"{g + ' ' + dset:<34} {'study kernel, ' + str(row['occ']) + ' blocks/SM':>26} "
+                  f"{row['measured_s'] * 1e3:>11.3f} {pred * 1e3:>9.3f} {err:>+6.1f}%  held out")
     mape = sum(errors) / len(errors)
-    print(f"held out: MAPE {mape:.1f}% over {len(errors)} points, worst {max(errors):.1f}%")
-    # block_issue_share_per_warp (the occupancy shape) was fitted on the first set of each GPU, so
-    # only the repeat sets are held out for the shape as well as the efficiency.
-    repeat = [abs(predicted(g, r, eff) / r["measured_s"] - 1) * 100 for g, d in HELD_OUT_SETS if d in REPEAT_SETS
-              for _, r in measured(g, d).iterrows()]
-    print(f"held out for the occupancy shape too ({', '.join(REPEAT_SETS)}): MAPE {sum(repeat) / len(repeat):.1f}% "
-          f"over {len(repeat)} points, worst {max(repeat):.1f}%")
-    source = (f"measured: calibration/data/{gpu}/{date} (shaping part: the harness's FP16 WMMA kernel "
-              f"{KERNEL}, 64x64x32 tiles, 128 threads, {SIZE}^3, at its natural {natural['occ']} blocks per SM, "
-              f"median of 3), solved through ovsim.models.cost.gemm; held out on its occupancy shaped to 1-5 "
-              f"blocks per SM and on {', '.join(g + '/' + d for g, d in HELD_OUT_SETS)}: MAPE {mape:.1f}%; "
+    print(f"held out, tiles: MAPE {mape:.1f}% over {len(errors)}, worst {max(errors):.1f}%; the study kernel's "
+          f"occupancies: MAPE {sum(shaping) / len(shaping):.1f}% over {len(shaping)}, worst {max(shaping):.1f}% "
+          f"(on {', '.join(REPEAT_SETS)}, which no occupancy fit has seen: {sum(repeat) / len(repeat):.1f}%)")
+    source = (f"measured: calibration/data/{gpu}/{date} (own_tiles part: the harness's FP16 WMMA GEMM at five "
+              f"tiles, {SIZE}^3, alone, medians of 10): the efficiency on the {EFFICIENCY_TILE} kernel, the L2 "
+              f"bandwidth on the {L2_TILE} one, through ovsim.models.cost.gemm; held out on the other three tiles "
+              f"(MAPE {mape:.1f}%) and on the study kernel at 1-6 blocks per SM in "
+              f"{', '.join(g + '/' + d for g, d in SHAPING_SETS)} (MAPE {sum(shaping) / len(shaping):.1f}%); "
               f"{COMMAND}")
-    record = {"data_set": f"calibration/data/{gpu}/{date}", "kernel": KERNEL, "fitted_blocks_per_sm":
-              int(natural["occ"]), "measured_s": natural["measured_s"], "held_out_mape_pct": round(mape, 2),
-              "held_out_worst_pct": round(max(errors), 2), "held_out_points": len(errors)}
-    measured_table = table_input(natural["file"], gpu)
-    bundle = TraceBundle(kernels=measured_table.bundle.kernels, gpu_names={0: "NVIDIA H100 80GB HBM3"})
-    inputs = [TraceInput(bundle=bundle, label=f"calibration/data/{gpu}/{date} (shaping)", gpu=gpu,
-                         files=measured_table.files)]
-    for target in ("h100-sxm5-80gb", "h200-sxm"):
-        src = source if target == gpu else f"the H100's fit ({source})"
-        report = FitReport(parameters={"own_gemm_efficiency": {"fp16": eff}},
-                           sources={"own_gemm_efficiency": src}, fits={"own_gemm": record})
+    record = {"data_set": f"calibration/data/{gpu}/{date}", "efficiency_tile": EFFICIENCY_TILE, "l2_tile": L2_TILE,
+              "measured_s": {str(k): float(v) for k, v in tiles["measured_s"].items()},
+              "held_out_tiles_mape_pct": round(mape, 2), "held_out_tiles_worst_pct": round(max(errors), 2),
+              "held_out_occupancies_mape_pct": round(sum(shaping) / len(shaping), 2)}
+    inputs = []
+    for label in (EFFICIENCY_TILE, L2_TILE):
+        table = table_input(tiles.loc[label, "file"], gpu)
+        inputs.append(TraceInput(bundle=TraceBundle(kernels=table.bundle.kernels, gpu_names={0: "NVIDIA H200"}),
+                                 label=f"calibration/data/{gpu}/{date} (own_tiles, {label})", gpu=gpu,
+                                 files=table.files))
+    h100_l2_src = (f"measured: calibration/data/{'/'.join(H100_L2_SET)} (shaping part: the study's FP16 WMMA "
+                   f"kernel, 64x64x32 tiles, {SIZE}^3, at its natural {h100_row['occ']} blocks per SM, median of "
+                   f"3, {h100_row['measured_s'] * 1e3:.3f} ms), through ovsim.models.cost.gemm with the H200's "
+                   f"efficiency; {COMMAND}")
+    for target in ("h200-sxm", "h100-sxm5-80gb"):
+        own = target == gpu
+        eff_src = source if own else f"the H200's fit (the same GH100 SMs and clocks; {source})"
+        report = FitReport(parameters={"own_gemm_efficiency": {"fp16": eff}, "own_gemm_l2_bytes_per_s": l2_of[target]},
+                           sources={"own_gemm_efficiency": eff_src,
+                                    "own_gemm_l2_bytes_per_s": source if own else h100_l2_src},
+                           fits={"own_gemm": record})
         _, done = write_shipped(report, inputs, target, COMMAND, dry_run=args.dry_run)
         print(f"{target}: {done}")
     return 0

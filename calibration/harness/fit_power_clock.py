@@ -63,13 +63,6 @@ POWER_SETTLE_S = 1.0  # the first second of a phase: the clock and the sensor se
 IDLE_MIN_CLOCK_GPU = "h100-sxm5-80gb"
 # Data sets of the ``clock`` part: each kernel with the SM clock its probes counted.
 CLOCK = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-d", "h200-sxm": "h200-sxm/2026-11-26-c"}
-# The clock_own part's phase the saturation clock of a GEMM kernel of one's own (FP16 WMMA, 64x64x32
-# tiles) is fitted on: at its natural occupancy. The same kernel shaped to 4 blocks per SM, in the
-# same data set, is held out (``ovsim validate --measured``).
-OWN_CLOCK = {"h200-sxm": ("h200-sxm/2026-11-29", "gemm64_8192_occ6")}
-# GPUs that carry another's own-kernel saturation clock: the H100 ran the same kernel alone in
-# 7.35 ms against the H200's 7.15 (shaping parts), on the same SMs at the same clocks.
-OWN_CLOCK_CARRIED = {"h100-sxm5-80gb": "h200-sxm"}
 # The clock part's GEMM phase that stands in for the power part's when the power weights are
 # fitted at counted clocks (the power part's GEMM phases have only NVML's clock readings).
 CLOCK_POWER_PHASE = "gemm_bf16_8192x8192x8192"
@@ -232,35 +225,14 @@ def clock_report(gpu: str) -> tuple[FitReport, list[Path]]:
         notes = "; fp16: BF16's, not measured (the same tensor-core rate and operand width)"
     src = (f"measured: calibration/data/{rel} (clock part: cuBLAS GEMMs run from a cool start down to the 700 W "
            f"limit's clocks, each at the SM clock its probes counted), per precision the clock above which time "
-           f"stops falling, max(sat/f, 1) fitted in log least squares{notes}")
-    tables = sorted(DATA / rel / "tables" / "clock" / f"{e}.parquet" for e in pts["experiment"].unique())
-    owner = gpu if gpu in OWN_CLOCK else OWN_CLOCK_CARRIED.get(gpu)
-    if owner is not None:
-        own_rel, phase = OWN_CLOCK[owner]
-        own = fit_saturation(own_clock_points(own_rel, phase))
-        fits["own_fp16"] = own
-        values["own_fp16"] = own["value_hz"]
-        carried = f"carried from {owner} (same SMs and clocks), " if owner != gpu else ""
-        src += (f"; own_fp16 (a GEMM kernel of one's own): {carried}measured: calibration/data/{own_rel} "
-                f"(clock_own part: the harness's FP16 WMMA GEMM, 8192^3, 64x64x32 tiles, at its natural "
-                f"occupancy, back to back for 5 s under the 700 W limit; its time flat from the top clock down "
-                f"to the fit and following the clock below), fitted the same way")
-        if owner == gpu:  # a carried value's source names its data set; its files are the owner's provenance
-            # The phase's kernels (its table) and their clocks (clock.parquet).
-            tables += [DATA / own_rel / "tables" / "clock_own" / f"{phase}.parquet", DATA / own_rel / "clock.parquet"]
+           f"stops falling, max(sat/f, 1) fitted in log least squares{notes}; {COMMAND}")
     report = FitReport(parameters={"power_tensor_saturation_clock_hz": values},
-                       sources={"power_tensor_saturation_clock_hz": f"{src}; {COMMAND}"},
+                       sources={"power_tensor_saturation_clock_hz": src},
                        fits={"power_tensor_saturation_clock_hz": {
                            "method": "bounded scalar least squares on log duration; each experiment's time at "
                                      "saturation free", "data_set": f"calibration/data/{rel}", **fits}})
+    tables = sorted(DATA / rel / "tables" / "clock" / f"{e}.parquet" for e in pts["experiment"].unique())
     return report, tables
-
-
-def own_clock_points(rel: str, phase: str) -> pd.DataFrame:
-    """The clock_own part's kernels of ``phase`` (its most frequent kernel) that ran at a steady clock."""
-    pts = pd.read_parquet(DATA / rel / "clock.parquet")
-    pts = pts[(pts["part"] == "clock_own") & (pts["experiment"] == phase) & (pts["clock_step_hz"] < CLOCK_STEADY_HZ)]
-    return _main_kernel(pts)
 
 
 def clock_share_report(gpu: str) -> tuple[FitReport, list[Path]]:

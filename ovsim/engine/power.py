@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ovsim.engine.timeline import Timeline
+from ovsim.errors import OvsimError
 from ovsim.hw.power import TENSOR, PowerModel, PowerSettings
 from ovsim.models.ir import Op
 
@@ -77,16 +78,18 @@ def op_power_class(op: Op, model: PowerModel) -> tuple[str, float]:
 
 
 def tensor_clock_class(op: Op, model: PowerModel) -> int:
-    """The index of a tensor op's rate in :meth:`PowerConfig.multipliers`."""
+    """The index of a tensor op's rate in :meth:`PowerConfig.multipliers`: its kernel's own
+    saturation clock where it has one (registered by :meth:`PowerModel.with_kernel_saturations`),
+    else its precision's."""
+    own = op.kernel.saturation_clock_fraction if op.kernel is not None else None
+    if own is not None:
+        if own not in model.kernel_saturations:
+            raise OvsimError(f"op {op.id}: its kernel's saturation clock has no rate class: build the power "
+                             f"model with PowerModel.with_kernel_saturations", field="power")
+        return 2 + model.tensor_saturations.index(own)
     precision = op.info.get("precision")
-    sat = model.tensor_saturation(precision if isinstance(precision, str) else None, own=is_own_gemm(op))
-    return 2 + model.tensor_saturations.index(sat)
-
-
-def is_own_gemm(op: Op) -> bool:
-    """A scenario GEMM priced as a kernel of one's own: given with its tile, and not said to be
-    the library's kernel of that tile."""
-    return op.kind == "gemm" and op.info.get("tile") is not None and op.info.get("efficiency") != "library"
+    return 2 + model.tensor_saturations.index(model.tensor_saturation(precision if isinstance(precision, str)
+                                                                       else None))
 
 
 def rate_class(op: Op, model: PowerModel, power_cls: str) -> int:

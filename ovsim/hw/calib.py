@@ -64,6 +64,12 @@ class Parameters(BaseModel):
     # FP16 peak on an H100 against cuBLAS's 80%). Per precision; a precision not listed takes
     # gemm_efficiency (the A100s: not measured). An op's own `efficiency` overrides it.
     own_gemm_efficiency: dict[str, Fraction] = Field(default_factory=dict)
+    # The L2-to-SM bandwidth a GEMM kernel of one's own reads its operand tiles at (bytes/s): each
+    # BM x BN tile reads K x (BM + BN) operand elements from L2, which bounds a small-tile WMMA
+    # kernel (measured: 64x64 to 128x64 tiles on an H200 at 4.7-5.1 TB/s, whatever their FLOP rate).
+    # None: no such bound (GPUs without the measurement). Library kernels are not held to it: they
+    # share loads across a cluster (TMA multicast) and are calibrated as they run.
+    own_gemm_l2_bytes_per_s: Annotated[float, Field(gt=0)] | None = None
     attention_efficiency: Fraction = 0.6
     # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches;
     # above 1 where a kernel beats the bandwidth test that set the achievable fraction.

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -90,11 +90,6 @@ class PowerSettings(BaseModel):
     managed: bool = True
 
 
-
-# Precisions whose kernels of one's own share a measured saturation clock: the same tensor-core
-# rate and operand width.
-OWN_TWINS = {"bf16": "fp16", "fp16": "bf16"}
-
 @dataclass(frozen=True)
 class Activity:
     """What drives power over an interval. SM terms are dynamic watts at c = 1 (Σ w_k·u_k, split
@@ -132,10 +127,11 @@ class PowerModel:
     tensor_reference_clock_fraction: float
     tensor_precisions: frozenset[str]
     # Clock fractions above which tensor kernels' rates stop following the clock, by precision
-    # ("default" for the rest); a precision with neither follows the clock all the way up. Keys
-    # "own_<precision>" hold a GEMM kernel of one's own (a scenario GEMM with a tile), which the
-    # precision's library value does not describe.
+    # ("default" for the rest); a precision with neither follows the clock all the way up.
     tensor_saturation_clock_fraction: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Saturation clocks of single kernels (KernelDemand.saturation_clock_fraction: a GEMM of one's
+    # own), which the rate classes must hold too (:meth:`with_kernel_saturations`).
+    kernel_saturations: frozenset[float] = frozenset()
     # Share of a memory-bound kernel's time at c = 1 that follows the SM clock, by kind
     # (``memory_kind_clock_share``); a kind not listed does not follow it.
     memory_clock_share: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -159,23 +155,23 @@ class PowerModel:
     def max_clock_fraction(self) -> float:
         return self.max_clock_hz / self.compute_clock_hz
 
-    def tensor_saturation(self, precision: str | None, own: bool = False) -> float:
+    def tensor_saturation(self, precision: str | None) -> float:
         """The clock fraction above which a tensor kernel of ``precision`` stops speeding up
-        (infinity: it follows the clock all the way up). ``own``: a GEMM kernel of one's own, which
-        takes its own value where one was measured (BF16 and FP16 each other's), else the library's."""
+        (infinity: it follows the clock all the way up)."""
         sat = self.tensor_saturation_clock_fraction
-        if own:
-            twin = OWN_TWINS.get(precision or "", precision or "")
-            for key in (f"own_{precision}", f"own_{twin}"):
-                if key in sat:
-                    return sat[key]
         return sat.get(precision or "", sat.get("default", math.inf))
 
     @property
     def tensor_saturations(self) -> tuple[float, ...]:
         """The distinct saturation clocks tensor kernels can have, in a fixed order (the engine's
         rate classes; infinity, for precisions without one, first)."""
-        return (math.inf, *sorted(set(self.tensor_saturation_clock_fraction.values())))
+        return (math.inf, *sorted(set(self.tensor_saturation_clock_fraction.values()) | self.kernel_saturations))
+
+    def with_kernel_saturations(self, saturations: Iterable[float | None]) -> PowerModel:
+        """This model with rate classes for the given kernels' own saturation clocks (None: none)."""
+        extra = frozenset(x for x in saturations if x is not None)
+        return self if extra <= self.kernel_saturations else dataclasses.replace(
+            self, kernel_saturations=self.kernel_saturations | extra)
 
     def tensor_rate(self, c: float, saturation: float = math.inf) -> float:
         """A tensor kernel's rate at clock fraction ``c`` relative to its calibrated rate: it follows

@@ -264,6 +264,7 @@ def gemm(
     persistent: bool = False,
     cluster_ctas: int = 1,
     efficiency: float | None = None,
+    l2_bytes_per_s: float | None = None,
 ) -> KernelDemand:
     """A tiled tensor-core GEMM: output tiles are blocks, each block computes one tile.
 
@@ -280,7 +281,9 @@ def gemm(
     kernels that hold SMs (:attr:`KernelDemand.persistent_ctas`). ``cluster_ctas``: CTAs per
     thread-block cluster, which beside held SMs find fewer SMs (:attr:`KernelDemand.cluster_ctas`).
     ``efficiency``: the main loop's share of the tensor peak, in place of the library's
-    (``gemm_efficiency``): a kernel of one's own.
+    (``gemm_efficiency``): a kernel of one's own. ``l2_bytes_per_s``: the L2 bandwidth its blocks
+    read their operand tiles at (each block K x (BM + BN) elements), a second roofline on the main
+    loop (a kernel of one's own: ``own_gemm_l2_bytes_per_s``).
     """
     for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch), ("split_k", split_k)):
         if not isinstance(v, int) or v < 1:
@@ -318,10 +321,19 @@ def gemm(
     # Co-resident tiles share the SM's tensor throughput: at its natural occupancy a block takes
     # `occ_natural` tile-times and uses 1/occ_natural of the SM. The fill and epilogue of a wave's
     # tiles add a fixed time (calibrated; co-resident tiles overlap theirs).
-    t_wave = occ_natural * flops_tile / per_sm_rate + params.gemm_tile_s(precision)
+    waves = math.ceil(blocks / (sms * occ_natural))
+    main_s = waves * occ_natural * flops_tile / per_sm_rate
+    saturation: float | None = None
+    if l2_bytes_per_s is not None:
+        # The operand tiles every block reads from L2: a small tile reads each byte for few FLOPs.
+        # L2 does not follow the SM clock, so the kernel speeds up with the clock only until the
+        # tensor issue's time falls to the L2 reads' (it is calibrated at the reference clock).
+        l2_s = blocks * k_per_block * (tm + tn) * eb / l2_bytes_per_s
+        saturation = params.power_tensor_reference_clock_fraction * main_s / l2_s
+        main_s = max(main_s, l2_s)
     ask = 1.0 / occ_natural
     most = issue_cap(block, gpu, params, ask)
-    compute_s = math.ceil(blocks / (sms * occ_natural)) * t_wave
+    compute_s = main_s + waves * params.gemm_tile_s(precision)
     memory_wait: float | None = None
     added_s = 0.0
     if occ < occ_natural:
@@ -362,7 +374,7 @@ def gemm(
                          issue_fraction=ask, cap=most, load_share=params.gemm_load_share)
     ctas = sms * occ
     return replace(d, persistent_ctas=ctas if persistent and blocks > ctas else 0, cluster_ctas=cluster_ctas,
-                   memory_wait=memory_wait)
+                   memory_wait=memory_wait, saturation_clock_fraction=saturation)
 
 
 def memory_bound(

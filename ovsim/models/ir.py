@@ -58,6 +58,10 @@ class KernelDemand:
     # The share of its time alone the kernel waits on memory, for HBM's latency law. None: from
     # its kind (RateSolver.memory_wait).
     memory_wait: float | None = None
+    # The SM clock (a fraction of the compute clock) above which the kernel stops speeding up: a
+    # GEMM of one's own whose tile reads from L2 bind there (cost.gemm's two rooflines meet). None:
+    # its precision's, from the power model.
+    saturation_clock_fraction: float | None = None
     # A persistent kernel (cuBLAS's Hopper GEMMs): this many blocks (CTAs, one wave) loop over the
     # ``blocks`` output tiles, which the engine runs as blocks of their own. A CTA that finds no
     # SM at launch runs its first tile only after the resident CTAs have run all the others

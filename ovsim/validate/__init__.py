@@ -65,6 +65,9 @@ from ovsim.validate.measured_own_power import (
     MEASURED_OWN_POWER,
     MEASURED_OWN_POWER_FIT,
     MEASURED_OWN_POWER_HELD_OUT,
+    MEASURED_OWN_TILES,
+    MEASURED_OWN_TILES_ALONE,
+    MEASURED_OWN_TILES_FIT,
     measured_own_power_checks,
 )
 from ovsim.validate.measured_power import (
@@ -168,6 +171,9 @@ __all__ = [
     "MEASURED_OWN_POWER",
     "MEASURED_OWN_POWER_FIT",
     "MEASURED_OWN_POWER_HELD_OUT",
+    "MEASURED_OWN_TILES",
+    "MEASURED_OWN_TILES_ALONE",
+    "MEASURED_OWN_TILES_FIT",
     "MEASURED_POWER",
     "MEASURED_POWER_FIT",
     "MEASURED_POWER_HELD_OUT",

@@ -1,4 +1,5 @@
-"""The calibration harness's ``clock_own`` part: power, clock and time of a GEMM kernel of one's own.
+"""The calibration harness's ``clock_own`` and ``own_tiles`` parts: power, clock and time of GEMM
+kernels of one's own.
 
 The harness's FP16 WMMA GEMM (64x64x32 tiles, 128 threads, 8192^3; about a fifth of cuBLAS's rate)
 ran back to back for 5 s under the board's 700 W limit at its natural occupancy and shaped to 4,
@@ -6,10 +7,14 @@ ran back to back for 5 s under the board's 700 W limit at its natural occupancy 
 predicted as its kernel repeated under the same limit: the board's power, the SM clock the
 kernels' probes counted and the time per kernel, after the phase's first second.
 
-What was fitted on them: the own kernel's saturation clock on the natural-occupancy phase's times
-(the registry's ``fit_phase``: its time rows are consistency checks). Nothing else: the own
-kernel's efficiency and shaping come from another GPU's shaping part, every power weight from
-other phases and boards.
+The ``own_tiles`` part ran the same kernel's template at five tiles (64x64 to 128x128, 4 or 8
+warps), alone and then back to back for 3 s under the limit: each tile's time alone against
+``predict`` of one launch from an idle GPU (the top clock), and its sustained phase as above.
+
+What was fitted on them (the registry's ``fit_phase``, whose time rows are consistency checks): the
+own kernel's saturation clock on the clock_own part's natural-occupancy phase; its efficiency and
+L2 bandwidth on the 128x128 and 64x64 tiles alone (``calibration/harness/fit_own_gemm.py``). Every
+power weight comes from other phases and boards.
 """
 
 from __future__ import annotations
@@ -26,9 +31,14 @@ from ovsim.validate.measured_memory import harness_experiments, harness_power_lo
 if TYPE_CHECKING:
     import pandas as pd
 
-# Data sets of the clock_own part, their GPU spec and system, and the phase the own kernel's
-# saturation clock was fitted on.
+# Data sets of the clock_own and own_tiles parts, their GPU spec and system, and the phases a
+# parameter was fitted on (space-separated).
 MEASURED_OWN_POWER = sets("clock_own", "set", "gpu", "system", "fit_phase")
+MEASURED_OWN_TILES = sets("own_tiles", "set", "gpu", "system", "fit_phase")
+MEASURED_OWN_TILES_ALONE = ("measured time of GEMM kernels of one's own at five tiles, alone (calibration harness "
+                            "own_tiles part; held out)")
+MEASURED_OWN_TILES_FIT = ("measured time of GEMM kernels of one's own at five tiles, alone (calibration harness "
+                          "own_tiles part; calibration source of their efficiency and L2 bandwidth)")
 MEASURED_OWN_POWER_HELD_OUT = ("measured power, clock and time of a GEMM kernel of one's own and cuBLAS's, "
                                "under the power limit (calibration harness clock_own part; held out)")
 MEASURED_OWN_POWER_FIT = ("measured time of a GEMM kernel of one's own under the power limit (calibration "
@@ -43,6 +53,11 @@ def own_phase_op(label: str, experiment: dict[str, Any], kernels: pd.DataFrame) 
     from ovsim.shaping_checks import GEMM, GEMM_NATURAL_SMEM_BYTES, GEMM_STAGES, GEMM_TILE
 
     n = 8192
+    if "tile" in experiment:  # the own_tiles part: the template at a tile of its own
+        k = kernels[kernels["name"] == experiment["kernel"]].iloc[0]
+        return {"kind": "gemm", "m": n, "n": n, "k": n, "precision": "fp16", "tile": list(experiment["tile"]),
+                "threads": int(experiment["threads"]), "registers_per_thread": int(k["registers_per_thread"]),
+                "stages": GEMM_STAGES}, 0
     if experiment.get("victim") != GEMM:  # cuBLAS's: the library's pick
         return {"kind": "gemm", "m": n, "n": n, "k": n, "precision": label.split("_")[1]}, 0
     k = kernels[kernels["name"] == GEMM].iloc[0]
@@ -52,55 +67,91 @@ def own_phase_op(label: str, experiment: dict[str, Any], kernels: pd.DataFrame) 
     return op, int(k["shared_mem_bytes"]) - GEMM_NATURAL_SMEM_BYTES
 
 
-def _predicted(label: str, system: str, op: dict[str, Any], padding: int, limit_w: float) -> dict[str, Any]:
+def _predicted(label: str, system: str, op: dict[str, Any], padding: int, limit_w: float,
+               repeats: int = _REPEATS) -> dict[str, Any]:
+    """``predict``'s summary of ``op`` repeated back to back under ``limit_w``: in the loop's steady
+    state, or for one launch from an idle GPU (at the top clock, as the harness ran each kernel
+    alone after a pause)."""
     from ovsim.api import predict
     from ovsim.scenario import Scenario
 
     sc = Scenario.model_validate({"name": label, "system": system, "ranks": 1,
                                   "knobs": {"occupancy_shaping_smem_bytes": padding},
-                                  "ops": [{"name": f"k{i}", **op} for i in range(_REPEATS)]})
-    return predict(sc, power_cap_w=limit_w, counters=False).summary()
+                                  "ops": [{"name": f"k{i}", **op} for i in range(repeats)]})
+    return predict(sc, power_cap_w=limit_w, power_start="idle" if repeats == 1 else None, counters=False).summary()
 
 
 def measured_own_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     """Per data set and phase: board power, counted SM clock and time per kernel against
-    ``predict`` of the phase's kernel repeated under the board's limit, within 10%."""
+    ``predict`` of the phase's kernel repeated under the board's limit, within 10%; and each tile's
+    time alone against ``predict`` without the power loop."""
+    checks: list[Check] = []
+    for part, family in (("clock_own", MEASURED_OWN_POWER), ("own_tiles", MEASURED_OWN_TILES)):
+        for rel, gpu, system, fit_phases in family:
+            checks += _sustained_checks(folder, part, rel, gpu, system, fit_phases.split())
+            if part == "own_tiles":
+                checks += _alone_checks(folder, rel, gpu, system, fit_phases.split())
+    return checks
+
+
+def _alone_checks(folder: Path, rel: str, gpu: str, system: str, fitted: list[str]) -> list[Check]:
+    """Each own_tiles kernel's median time alone against ``predict`` at calibrated rates."""
+    checks = []
+    for label, e in harness_experiments(folder / rel).items():
+        bundle = one_experiment(folder / rel, "own_tiles", label)
+        if e.get("part") != "own_tiles" or label.endswith("__sustained") or bundle is None:
+            continue
+        k = bundle.kernels
+        k = k[k["name"] == e["kernel"]]
+        op, padding = own_phase_op(label, e, bundle.kernels)
+        res = _predicted(label, system, op, padding, float(load_gpu(gpu).power.tdp_w), repeats=1)
+        checks.append(Check(
+            f"{gpu}: {label.replace('_', ' ')} alone: time per kernel",
+            MEASURED_OWN_TILES_FIT if label in fitted else MEASURED_OWN_TILES_ALONE,
+            float(k["duration_s"].median()) * 1e3, float(res["makespan_s"]) * 1e3, "ms", _TOLERANCE_PCT,
+            f"calibration/data/{rel} (own_tiles part, {label}; {len(k)} kernels)",
+            note=f"tile {e['tile'][0]}x{e['tile'][1]}, {e['threads']} threads; median after warm-up"))
+    return checks
+
+
+def _sustained_checks(folder: Path, part: str, rel: str, gpu: str, system: str, fitted: list[str]) -> list[Check]:
+    """Power, counted clock and time of each of ``part``'s phases run back to back under the limit."""
     import pandas as pd
 
     from ovsim.traces.power import read_power_samples
 
     checks: list[Check] = []
-    for rel, gpu, system, fit_phase in MEASURED_OWN_POWER:
-        data = folder / rel
-        log, clocks = harness_power_log(data), data / "clock.parquet"
-        if log is None or not clocks.is_file():
+    data = folder / rel
+    log, clocks = harness_power_log(data), data / "clock.parquet"
+    if log is None or not clocks.is_file():
+        return checks
+    samples = read_power_samples(log)
+    points = pd.read_parquet(clocks)
+    limit = float(load_gpu(gpu).power.tdp_w)
+    for label, e in harness_experiments(data).items():
+        bundle = one_experiment(data, part, label)
+        if (e.get("part") != part or bundle is None or bundle.wall_origin_s is None
+                or (part == "own_tiles" and not label.endswith("__sustained"))):
             continue
-        samples = read_power_samples(log)
-        points = pd.read_parquet(clocks)
-        limit = float(load_gpu(gpu).power.tdp_w)
-        for label, e in harness_experiments(data).items():
-            bundle = one_experiment(data, "clock_own", label)
-            if e.get("part") != "clock_own" or bundle is None or bundle.wall_origin_s is None:
-                continue
-            pts = points[(points["part"] == "clock_own") & (points["experiment"] == label)]
-            pts = pts[pts["name"] == pts["name"].value_counts().index[0]]
-            start = float(pts["start_s"].min())
-            steady = pts[pts["start_s"] > start + _SETTLE_S]
-            wall0 = bundle.wall_origin_s + start + _SETTLE_S
-            wall1 = bundle.wall_origin_s + float((pts["start_s"] + pts["duration_s"]).max())
-            window = samples[(samples["wall_time_s"] > wall0) & (samples["wall_time_s"] < wall1)]
-            op, padding = own_phase_op(label, e, bundle.kernels)
-            res = _predicted(label, system, op, padding, limit)
-            src = f"calibration/data/{rel} (clock_own part, {label}; {len(steady)} kernels, {len(window)} samples)"
-            what = f"{gpu}: {label.replace('_', ' ')} at the {limit:.0f} W limit"
-            time_group = MEASURED_OWN_POWER_FIT if label == fit_phase else MEASURED_OWN_POWER_HELD_OUT
-            checks += [
-                Check(f"{what}: power", MEASURED_OWN_POWER_HELD_OUT, float(window["power_w"].mean()),
-                      float(res["avg_power_w"]), "W", _TOLERANCE_PCT, src),
-                Check(f"{what}: counted SM clock", MEASURED_OWN_POWER_HELD_OUT,
-                      float(steady["sm_clock_hz"].median()) / 1e6, float(res["avg_sm_clock_hz"]) / 1e6, "MHz",
-                      _TOLERANCE_PCT, src, note="median over the kernels after the first second"),
-                Check(f"{what}: time per kernel", time_group, float(steady["duration_s"].median()) * 1e3,
-                      float(res["makespan_s"]) / _REPEATS * 1e3, "ms", _TOLERANCE_PCT, src,
-                      note="median of the kernels after the first second")]
+        pts = points[(points["part"] == part) & (points["experiment"] == label)]
+        pts = pts[pts["name"] == pts["name"].value_counts().index[0]]
+        start = float(pts["start_s"].min())
+        steady = pts[pts["start_s"] > start + _SETTLE_S]
+        wall0 = bundle.wall_origin_s + start + _SETTLE_S
+        wall1 = bundle.wall_origin_s + float((pts["start_s"] + pts["duration_s"]).max())
+        window = samples[(samples["wall_time_s"] > wall0) & (samples["wall_time_s"] < wall1)]
+        op, padding = own_phase_op(label, e, bundle.kernels)
+        res = _predicted(label, system, op, padding, limit)
+        src = f"calibration/data/{rel} ({part} part, {label}; {len(steady)} kernels, {len(window)} samples)"
+        what = f"{gpu}: {label.removesuffix('__sustained').replace('_', ' ')} at the {limit:.0f} W limit"
+        time_group = MEASURED_OWN_POWER_FIT if label in fitted else MEASURED_OWN_POWER_HELD_OUT
+        checks += [
+            Check(f"{what}: power", MEASURED_OWN_POWER_HELD_OUT, float(window["power_w"].mean()),
+                  float(res["avg_power_w"]), "W", _TOLERANCE_PCT, src),
+            Check(f"{what}: counted SM clock", MEASURED_OWN_POWER_HELD_OUT,
+                  float(steady["sm_clock_hz"].median()) / 1e6, float(res["avg_sm_clock_hz"]) / 1e6, "MHz",
+                  _TOLERANCE_PCT, src, note="median over the kernels after the first second"),
+            Check(f"{what}: time per kernel", time_group, float(steady["duration_s"].median()) * 1e3,
+                  float(res["makespan_s"]) / _REPEATS * 1e3, "ms", _TOLERANCE_PCT, src,
+                  note="median of the kernels after the first second")]
     return checks

@@ -272,33 +272,42 @@ def test_a_saturating_tensor_kernel_follows_the_clock_only_below_its_saturation(
     assert g["duration_s"] == pytest.approx(g["isolated_s"] * expected_ratio, rel=1e-9)
 
 
-def own_wmma_gemm(tmp_path: Path, key: str, own_hz: float) -> Scenario:
-    """The harness's FP16 WMMA GEMM (64x64x32 tiles, 128 threads) on an H100 whose library FP16
-    kernels saturate at 1770 MHz and kernels of one's own at ``own_hz`` (under ``key``)."""
-    sat = {"fp16": 1.77e9, "own_fp16": 1.77e9, key: own_hz}
-    (tmp_path / "own.v1.yaml").write_text(yaml.safe_dump({
+@pytest.mark.parametrize("tile", [64, 128])
+@pytest.mark.parametrize("lock_hz", [0.6e9, 1.5e9, 1.98e9])
+def test_a_gemm_kernel_of_ones_own_saturates_where_its_rooflines_meet(tmp_path: Path, tile: int,
+                                                                       lock_hz: float) -> None:
+    """Closed form: a plain WMMA kernel of one's own (tile given, no efficiency) takes the longer of
+    its tensor issue, which follows the clock, and its tiles' L2 reads, which do not; its rate is
+    min(c, sat) / min(c_ref, sat) with sat = c_ref x issue / reads (cost.gemm), in the engine's
+    clock-lock loop. The L2 bandwidth is set to 0.5 TB/s here so that a GEMM small enough to stay
+    under the 700 W limit at any clock (512 x 512 outputs) is bound by its reads at 64x64 tiles and
+    by its issue at 128x128 (as the measured kernels on a whole H200 are at 4.9 TB/s:
+    calibration/data/h200-sxm/2026-11-29-c)."""
+    from ovsim.hw.calib import load_calibration
+    from ovsim.hw.spec import load_gpu
+
+    (tmp_path / "l2.v1.yaml").write_text(yaml.safe_dump({
         "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {},
-        "parameters": {"power_tensor_saturation_clock_hz": sat, "power_tensor_reference_clock_fraction": 1.0},
-        "sources": {"power_tensor_saturation_clock_hz": "test", "power_tensor_reference_clock_fraction": "test"}}))
-    sc = gemm_scenario("hgx-h100", 4096, 4096, 4096, precision="fp16", tile=[64, 64, 32], threads=128, stages=2)
-    return sc.model_copy(update={"calibration": [str(tmp_path / "own.v1.yaml")]})
-
-
-@pytest.mark.parametrize("key,own_hz,lock_hz,expected_ratio", [
-    ("own_fp16", 1.2e9, 1.5e9, 1.0),  # above its own saturation: no slower than at the reference clock
-    ("own_fp16", 1.2e9, 0.9e9, 1.2e9 / 0.9e9),  # below it: the clock's ratio to it
-    ("own_fp16", 1.77e9, 1.5e9, 1.77e9 / 1.5e9),  # the library kernels' value: slower at 1500 MHz
-    ("fp16", 1.2e9, 1.5e9, 1.77e9 / 1.5e9),  # only the library's moved: the own kernel keeps its own
-])
-def test_a_gemm_kernel_of_ones_own_takes_its_own_saturation_clock(
-        tmp_path: Path, key: str, own_hz: float, lock_hz: float, expected_ratio: float) -> None:
-    """Closed form, as above: rate min(c, sat) / min(c_ref, sat) with the own kernel's saturation
-    (the harness's WMMA GEMM held its time from 1980 down to ~1200 MHz on an H200, where cuBLAS's
-    slowed from ~1700 MHz: calibration/data/h200-sxm/2026-11-29)."""
-    r = predict(own_wmma_gemm(tmp_path, key, own_hz), sm_clock_hz=lock_hz)
+        "parameters": {"own_gemm_l2_bytes_per_s": 5e11}, "sources": {"own_gemm_l2_bytes_per_s": "test"}}))
+    gpu = load_gpu("h100-sxm5-80gb")
+    params = load_calibration(gpu, "h100-sxm5-80gb").params
+    m, k = 512, 4096
+    sc = gemm_scenario("hgx-h100", m, m, k, precision="fp16", tile=[tile, tile, 32], threads=128, stages=2)
+    r = predict(sc.model_copy(update={"calibration": [str(tmp_path / "l2.v1.yaml")]}), sm_clock_hz=lock_hz)
+    kernel = r.workload.ops[0].kernel
+    assert kernel is not None and kernel.saturation_clock_fraction is not None
+    ref, c = params.power_tensor_reference_clock_fraction, lock_hz / gpu.clocks.compute_clock_hz
+    # One wave: each SM runs its 4 resident tiles (128 threads of 128 registers: 65,536 registers
+    # an SM) at the calibrated share of its tensor peak.
+    flops_tile = 2 * tile * tile * k
+    issue_s = 4 * flops_tile / (params.own_gemm_efficiency["fp16"] * gpu.peak_flops_per_s("fp16") / 132)
+    reads_s = (m // tile) ** 2 * k * 2 * tile * 2 / 5e11
+    sat = kernel.saturation_clock_fraction
+    assert sat == pytest.approx(ref * issue_s / reads_s, rel=1e-9)
+    assert (sat < ref) == (tile == 64)
     g = r.ops.set_index("id").loc["g@r0"]
     assert r.summary()["avg_sm_clock_hz"] == pytest.approx(lock_hz, rel=1e-9)
-    assert g["duration_s"] == pytest.approx(g["isolated_s"] * expected_ratio, rel=1e-9)
+    assert g["duration_s"] == pytest.approx(g["isolated_s"] * min(ref, sat) / min(c, sat), rel=1e-9)
 
 
 def test_a_saturating_kernel_under_a_cap_runs_at_the_clock_the_solver_gives_it(tmp_path: Path) -> None:

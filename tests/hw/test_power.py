@@ -167,14 +167,13 @@ def test_a_tensor_rate_follows_the_clock_up_to_its_saturation_and_holds(a100_40:
 
 
 
-def test_a_kernel_of_ones_own_takes_its_own_saturation_then_its_twins_then_the_librarys(
-        a100_40: PowerModel) -> None:
-    m = dataclasses.replace(a100_40, tensor_saturation_clock_fraction={"fp16": 0.9, "own_bf16": 0.6, "tf32": 0.8})
-    assert m.tensor_saturation("fp16") == 0.9  # a library kernel: never the own value
-    assert m.tensor_saturation("fp16", own=True) == 0.6  # BF16's own value: the same tensor cores
-    assert m.tensor_saturation("tf32", own=True) == 0.8  # none of its own: the library's
-    assert m.tensor_saturation("fp8", own=True) == math.inf
-    assert m.tensor_saturations == (math.inf, 0.6, 0.8, 0.9)
+def test_kernels_of_their_own_saturation_get_rate_classes_beside_the_precisions(a100_40: PowerModel) -> None:
+    m = dataclasses.replace(a100_40, tensor_saturation_clock_fraction={"fp16": 0.9, "tf32": 0.8})
+    assert m.tensor_saturations == (math.inf, 0.8, 0.9)
+    k = m.with_kernel_saturations([0.6, None, 0.8, 1.2])
+    assert k.tensor_saturations == (math.inf, 0.6, 0.8, 0.9, 1.2)
+    assert k.tensor_saturation("fp16") == 0.9  # a precision keeps its own
+    assert k.with_kernel_saturations([0.6, None]) is k  # nothing new: the same model
 
 # -- the clock solver -------------------------------------------------------------------------------
 
