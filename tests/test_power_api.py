@@ -150,7 +150,7 @@ def test_compute_against_the_first_scenario_cancels_a_locked_clock(tmp_path: Pat
     df = ovsim.api.compare(paths)
     seq, over = df.iloc[0], df.iloc[1]
     full = 2 * half
-    # The example's GEMM is a kernel of one's own (it has a tile), which saturates at its own clock.
+    # The example's GEMM is a kernel of one's own (it has a tile): it saturates where its L2 reads bind.
     kernel = next(op.kernel for op in ovsim.api.predict(paths[0]).workload.ops if op.kind == "gemm")
     assert kernel is not None and kernel.saturation_clock_fraction is not None
     sat = kernel.saturation_clock_fraction * full

@@ -321,19 +321,19 @@ def gemm(
     # Co-resident tiles share the SM's tensor throughput: at its natural occupancy a block takes
     # `occ_natural` tile-times and uses 1/occ_natural of the SM. The fill and epilogue of a wave's
     # tiles add a fixed time (calibrated; co-resident tiles overlap theirs).
+    t_issue = occ_natural * flops_tile / per_sm_rate
     waves = math.ceil(blocks / (sms * occ_natural))
-    main_s = waves * occ_natural * flops_tile / per_sm_rate
+    compute_s = waves * (t_issue + params.gemm_tile_s(precision))
     saturation: float | None = None
     if l2_bytes_per_s is not None:
         # The operand tiles every block reads from L2: a small tile reads each byte for few FLOPs.
         # L2 does not follow the SM clock, so the kernel speeds up with the clock only until the
         # tensor issue's time falls to the L2 reads' (it is calibrated at the reference clock).
         l2_s = blocks * k_per_block * (tm + tn) * eb / l2_bytes_per_s
-        saturation = params.power_tensor_reference_clock_fraction * main_s / l2_s
-        main_s = max(main_s, l2_s)
+        saturation = params.power_tensor_reference_clock_fraction * waves * t_issue / l2_s
+        compute_s = max(waves * t_issue, l2_s) + waves * params.gemm_tile_s(precision)
     ask = 1.0 / occ_natural
     most = issue_cap(block, gpu, params, ask)
-    compute_s = main_s + waves * params.gemm_tile_s(precision)
     memory_wait: float | None = None
     added_s = 0.0
     if occ < occ_natural:

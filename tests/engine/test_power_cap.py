@@ -246,7 +246,7 @@ def saturating_gemm(tmp_path: Path, saturation_hz: float, m: int = 512, k: int =
                     tile: list[int] | None = None) -> Scenario:
     """The H100 GEMM scenario with its BF16 tensor rate saturating at ``saturation_hz`` and its
     efficiency holding at the 1830 MHz compute clock, on the library's kernel or the library's
-    kernel of ``tile`` (a kernel of one's own takes its own saturation clock)."""
+    kernel of ``tile`` (a plain kernel of one's own is held to its L2 reads as well)."""
     (tmp_path / "sat.v1.yaml").write_text(yaml.safe_dump({
         "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {},
         "parameters": {"power_tensor_saturation_clock_hz": {"bf16": saturation_hz},
