@@ -9,12 +9,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import framework
 from harness_common import (
     CHANNEL_SMEM_BYTES,
+    HERE,
     find_tool,
     log,
     ncu_has_table,
@@ -83,7 +83,8 @@ class NcuParts(PowerParts):
         if ncu is None:
             (folder / "SKIPPED").write_text("ncu: not on PATH nor in the CUDA toolkit's or Nsight Compute's folders\n")
             return
-        subject = [sys.executable, str(Path(__file__).resolve()), "--out", str(self.out / "ncu_subject"),
+        # run.py, the harness's entry point: this module has none of its own.
+        subject = [sys.executable, str(HERE / "run.py"), "--out", str(self.out / "ncu_subject"),
                    "--ncu-subject", subject_kind]
         common = [ncu, "--csv", "--page", "raw", "--clock-control", "none", "--profile-from-start", "off",
                   "--target-processes", "all"]

@@ -263,3 +263,28 @@ def test_smloss_options_parse_shapes_and_fractions_and_refuse_malformed_ones() -
     for bad in ("0", "-1", "x", "", "100"):
         with pytest.raises(argparse.ArgumentTypeError):
             _fractions(bad)
+
+
+def test_the_ncu_parts_profile_run_py_as_their_subject(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ncu runs the harness again as the profiled process: that must be run.py, the entry point,
+    not the module the part lives in (which runs nothing: ncu then profiles no kernel)."""
+    import subprocess
+
+    import harness_ncu
+
+    commands: list[list[str]] = []
+
+    def fake_run(cmd: list[str], stdout: object, stderr: object) -> SimpleNamespace:
+        commands.append(cmd)
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(harness_ncu, "find_tool", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(harness_ncu, "ncu_has_table", lambda path: True)
+    h = Harness.__new__(Harness)
+    h.out = tmp_path
+    h.part_ncu("own_tiles_ncu", "own_tiles")
+    cmd = commands[0]
+    i = cmd.index("--out")
+    assert Path(cmd[i - 1]).name == "run.py" and Path(cmd[i - 1]).is_file()
+    assert cmd[cmd.index("--ncu-subject") + 1] == "own_tiles"
