@@ -90,7 +90,7 @@ def _experiments(run: Path) -> list[dict[str, Any]]:
                 raise IngestError(f"{listing}:{n}: label/part: missing")
             e["_folder"] = listing.parent
             out.append(e)
-    if not out:
+    if not out and not any((run / name).is_file() for name in NCU_FILES):
         raise IngestError(f"{run}: no <part>/experiments.jsonl: not a harness run folder, or no part finished")
     # A part run twice into one folder (by a harness that appended) lists an experiment twice; its
     # trace and blocks are the last run's, so the last line describes them.
@@ -98,6 +98,9 @@ def _experiments(run: Path) -> list[dict[str, Any]]:
     return list(last.values())
 
 
+# The Nsight Compute parts' tables, kept as ncu wrote them (their parts list no experiments: a run of
+# them alone is a data set too).
+NCU_FILES = ("ncu/metrics.csv", "framework_ncu/metrics.csv", "own_tiles_ncu/metrics.csv")
 # Parts whose raw traces a fit reads (fit_power_clock.py: a power phase's kernels and window).
 RAW_READ = ("power",)
 
@@ -223,7 +226,7 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> d
         for e in experiments:
             f.write(json.dumps({k: v for k, v in e.items() if k != "_folder"}) + "\n")
     (dest / "windows.json").write_text(json.dumps(windows, indent=1))
-    for name in ("manifest.json", "ncu/metrics.csv", "framework_ncu/metrics.csv"):
+    for name in ("manifest.json", *NCU_FILES):
         if (run / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run / name, dest / name)
@@ -234,7 +237,7 @@ def _build(run: Path, dest: Path, raw_limit_bytes: int, clock_tables: bool) -> d
                     gzip.GzipFile(filename=name, mode="wb", fileobj=raw_out, mtime=0) as dst:
                 shutil.copyfileobj(src, dst)
 
-    summary = summarize(pd.concat(tables, ignore_index=True), all_blocks, experiments)
+    summary = summarize(pd.concat(tables, ignore_index=True), all_blocks, experiments) if tables else {}
     (dest / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     files = sorted(p for p in dest.rglob("*") if p.is_file() and p.name != "PROVENANCE.json")
     provenance = {

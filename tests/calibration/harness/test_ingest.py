@@ -251,3 +251,17 @@ def test_smloss_slowdowns_are_against_the_sm_holding_probe_and_an_elementwise_vi
     assert [r["name"] for r in held] == [add]
     assert (held[0]["alone_n"], held[0]["overlapped_n"]) == (3, 3)
     assert held[0]["slowdown"] == pytest.approx(1.2)
+
+
+def test_a_run_of_an_ncu_part_alone_is_a_data_set(tmp_path: Path) -> None:
+    """An Nsight Compute part lists no experiments: its run keeps the metrics table and manifest."""
+    run = tmp_path / "run"
+    (run / "own_tiles_ncu").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"gpu": "NVIDIA H200", "commit": "abc123"}))
+    (run / "own_tiles_ncu" / "metrics.csv").write_text('"ID","Kernel Name"\n"0","k"\n')
+    ingest(run, tmp_path / "data", raw_limit_bytes=0)
+    prov = json.loads((tmp_path / "data" / "PROVENANCE.json").read_text())
+    assert "own_tiles_ncu/metrics.csv" in prov["files"] and "manifest.json" in prov["files"]
+    (run / "own_tiles_ncu" / "metrics.csv").unlink()  # nothing measured: still refused
+    with pytest.raises(IngestError, match=r"no <part>/experiments\.jsonl"):
+        ingest(run, tmp_path / "other", raw_limit_bytes=0)
