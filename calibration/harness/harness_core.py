@@ -178,36 +178,30 @@ class HarnessCore:
         return run, blocks
 
     def check_gemm64(self) -> float:
-        """Relative error of the harness GEMM against cuBLAS in fp32 on fresh random inputs."""
+        """Relative error of the harness GEMM against a float64 product on fresh random inputs."""
+        return self._check_gemm("ovsim_gemm_tile64", 64, 64, 128, 512, 384, 256)
+
+    def check_wmma_tiles(self) -> None:
+        """Each WMMA GEMM of another tile, as :meth:`check_gemm64`."""
+        for name, bm, bn, threads in WMMA_TILE_KERNELS:
+            self._check_gemm(name, bm, bn, threads, 512, 512, 256)
+
+    def _check_gemm(self, name: str, bm: int, bn: int, threads: int, m: int, n: int, k: int) -> float:
+        """Run GEMM kernel ``name`` (``bm`` x ``bn`` tiles) on fresh random inputs, its output
+        poisoned first (every element must be written), and stop the run unless it matches a
+        float64 product within 1e-3 (relative Frobenius norm); the error."""
         t = self.torch
-        m, n, k = 512, 384, 256
         a, b = self.rand(m, k), self.rand(k, n)
         c = t.full((m, n), float("nan"), device=self.dev, dtype=t.float32)
-        self.launch("ovsim_gemm_tile64", (m // 64) * (n // 64), 128, self._gemm64_args(a, b, c, m, n, k, None), 0,
+        self.made()
+        self.launch(name, (m // bm) * (n // bn), threads, self._gemm64_args(a, b, c, m, n, k, None), 0,
                     t.cuda.current_stream())
         t.cuda.synchronize()
         ref = a.double() @ b.double()
         err = float((c.double() - ref).norm() / ref.norm())
         if not err < 1e-3:
-            sys.exit(f"ovsim_gemm_tile64 is wrong: relative error {err} against cuBLAS")
+            sys.exit(f"{name} is wrong: relative error {err} against a float64 product")
         return err
-
-    def check_wmma_tiles(self) -> None:
-        """Each WMMA GEMM of another tile against a float64 product on fresh random inputs, its
-        output poisoned first (every element must be written)."""
-        t = self.torch
-        m, n, k = 512, 512, 256
-        for name, bm, bn, threads in WMMA_TILE_KERNELS:
-            a, b = self.rand(m, k), self.rand(k, n)
-            c = t.full((m, n), float("nan"), device=self.dev, dtype=t.float32)
-            self.made()
-            self.launch(name, (m // bm) * (n // bn), threads, self._gemm64_args(a, b, c, m, n, k, None), 0,
-                        t.cuda.current_stream())
-            t.cuda.synchronize()
-            ref = a.double() @ b.double()
-            err = float((c.double() - ref).norm() / ref.norm())
-            if not err < 1e-3:
-                sys.exit(f"{name} is wrong: relative error {err} against a float64 product")
 
     def check_channel(self) -> None:
         t = self.torch

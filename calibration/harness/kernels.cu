@@ -271,6 +271,8 @@ extern "C" __global__ void __launch_bounds__(128) ovsim_gemm_tile64(const __half
 
 // ---- WMMA GEMMs of other tiles --------------------------------------------------------------------
 // The same kernel as ovsim_gemm_tile64 (FP16 WMMA, 32-deep k-steps, two-stage cp.async pipeline),
+// which stays as it was measured (its strided load loops compile to other code than its fixed
+// two: the two 64x64 kernels ran within 1.5% of each other, calibration/data/h200-sxm/2026-11-29-d),
 // for a BM x BN output tile shared by WARPS_M x WARPS_N warps: how a kernel of one's own runs as
 // its tile grows (fewer L2 reads per FLOP, more accumulators per warp). M must be a multiple of BM,
 // N of BN, K of 32.
