@@ -98,11 +98,11 @@ def predicted(gpu: str, row: pd.Series, efficiency: float, l2_bytes_per_s: float
     which follows the clock up to the kernel's saturation clock (where its two rooflines meet)."""
     spec = load_gpu(gpu)
     params = load_calibration(spec, gpu).params
-    tile = tuple(row["tile"]) if "tile" in row else TILE
+    bm, bn, bk = row.get("tile", TILE)
     pad = int(row["smem"]) - NATURAL_SMEM if int(row["smem"]) else 0
-    d = cost.gemm(SIZE, SIZE, SIZE, "fp16", spec, params, tile=tile, threads=int(row["threads"]),  # type: ignore[arg-type]
-                  registers_per_thread=int(row["regs"]), stages=STAGES, extra_shared_mem_bytes=pad,
-                  efficiency=efficiency, l2_bytes_per_s=l2_bytes_per_s)
+    d = cost.gemm(SIZE, SIZE, SIZE, "fp16", spec, params, tile=(int(bm), int(bn), int(bk)),
+                  threads=int(row["threads"]), registers_per_thread=int(row["regs"]), stages=STAGES,
+                  extra_shared_mem_bytes=pad, efficiency=efficiency, l2_bytes_per_s=l2_bytes_per_s)
     top, ref = spec.clocks.max_sm_clock_hz / spec.clocks.compute_clock_hz, params.power_tensor_reference_clock_fraction
     sat = d.saturation_clock_fraction if d.saturation_clock_fraction is not None else math.inf
     return d.isolated_s * min(ref, sat) / min(top, sat)
@@ -118,6 +118,13 @@ def solve_l2(gpu: str, row: pd.Series, eff: float) -> float:
     return float(brentq(lambda b: predicted(gpu, row, eff, b) - row["measured_s"], 1e11, 1e14, xtol=1e6))
 
 
+def _row(tiles: pd.DataFrame, label: str) -> pd.Series:
+    """The measured row of one tiles experiment."""
+    row = tiles.loc[label]
+    assert isinstance(row, pd.Series), f"{label}: more than one experiment of that label"
+    return row
+
+
 def fit(tiles: pd.DataFrame) -> tuple[float, float]:
     """The efficiency that prices EFFICIENCY_TILE and the L2 bandwidth that prices L2_TILE at their
     medians, each solved with the other held, until neither moves."""
@@ -125,8 +132,8 @@ def fit(tiles: pd.DataFrame) -> tuple[float, float]:
     eff, l2 = 0.3, 5e12
     for _ in range(20):
         before = (eff, l2)
-        eff = solve_efficiency(gpu, tiles.loc[EFFICIENCY_TILE], l2)
-        l2 = solve_l2(gpu, tiles.loc[L2_TILE], eff)
+        eff = solve_efficiency(gpu, _row(tiles, EFFICIENCY_TILE), l2)
+        l2 = solve_l2(gpu, _row(tiles, L2_TILE), eff)
         if abs(eff / before[0] - 1) < 1e-6 and abs(l2 / before[1] - 1) < 1e-6:
             break
     return float(f"{eff:.3g}"), float(f"{l2:.3g}")
@@ -185,7 +192,7 @@ def main() -> int:
               "held_out_occupancies_mape_pct": round(sum(shaping) / len(shaping), 2)}
     inputs = []
     for label in (EFFICIENCY_TILE, L2_TILE):
-        table = table_input(tiles.loc[label, "file"], gpu)
+        table = table_input(Path(str(_row(tiles, label)["file"])), gpu)
         inputs.append(TraceInput(bundle=TraceBundle(kernels=table.bundle.kernels, gpu_names={0: "NVIDIA H200"}),
                                  label=f"calibration/data/{gpu}/{date} (own_tiles, {label})", gpu=gpu,
                                  files=table.files))
