@@ -207,7 +207,14 @@ def main() -> int:
                            sources={"own_gemm_efficiency": eff_src,
                                     "own_gemm_l2_bytes_per_s": source if own else h100_l2_src},
                            fits={"own_gemm": record})
-        _, done = write_shipped(report, inputs, target, COMMAND, dry_run=args.dry_run)
+        # The H100's file names its own shaping table (its L2 bandwidth) beside the H200's tiles.
+        h100_table = table_input(Path(str(h100_row["file"])), "h100-sxm5-80gb")
+        h100_input = TraceInput(bundle=TraceBundle(kernels=h100_table.bundle.kernels,
+                                                   gpu_names={0: "NVIDIA H100 80GB HBM3"}),
+                                label=f"calibration/data/{'/'.join(H100_L2_SET)} (shaping, {h100_row['occ']} blocks "
+                                      "per SM)", gpu="h100-sxm5-80gb", files=h100_table.files)
+        _, done = write_shipped(report, inputs if own else [*inputs, h100_input], target, COMMAND,
+                                dry_run=args.dry_run)
         print(f"{target}: {done}")
     return 0
 
