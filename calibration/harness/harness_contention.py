@@ -79,8 +79,13 @@ class ContentionParts(GemmParts):
     SMLOSS_VICTIMS = ("gemm_bf16_8192x8192x8192", "gemm_bf16_4096x4096x4096", "gemm_bf16_2048x8192x8192",
                       "add_bf16_256M")
 
+    SMLOSS_WMMA = (("ovsim_gemm_wmma_64x64_w4", 64, 64, 128), ("ovsim_gemm_wmma_128x128_w4", 128, 128, 128))
+
     def smloss_victims(self) -> dict[str, Callable[[], Any]]:
         """The ``smloss`` part's victims: ``SMLOSS_VICTIMS``, or the BF16 GEMMs of ``--smloss-gemms``."""
+        if self.smloss_wmma:  # kernels of one's own: L2-bound at 64x64 tiles, issue-bound at 128x128
+            return {f"wmma_{bm}x{bn}_t{threads}_8192": self.wmma_tile_launch(name, bm, bn, threads, 8192)
+                    for name, bm, bn, threads in self.SMLOSS_WMMA}
         if not self.smloss_gemms:
             return {v: self.victims[v] for v in self.SMLOSS_VICTIMS}
         return {f"gemm_bf16_{m}x{n}x{k}": self.cublas_gemm("bf16", 1, m, n, k) for m, n, k in self.smloss_gemms}

@@ -53,6 +53,8 @@ class HarnessCore:
         self.smloss_held = smloss_held
         self.smloss_gemms = smloss_gemms
         self.smloss_hold_fractions = smloss_hold_fractions
+        # The smloss part's victims are the WMMA GEMMs of kernels.cu instead (run.py --smloss-wmma).
+        self.smloss_wmma = False
         self.framework_channels = framework_channels
         self.framework_copies = framework_copies
         self.dev = torch.device("cuda")
@@ -176,6 +178,24 @@ class HarnessCore:
         def run(stream: Any, rec: Any = None) -> None:
             self.launch("ovsim_gemm_tile64", blocks, 128, self._gemm64_args(a, b, c, m, n, k, rec), extra_smem, stream)
         return run, blocks
+
+    def wmma_tile_launch(self, name: str, bm: int, bn: int, threads: int, n: int) -> Callable[[], None]:
+        """An n^3 launch of a WMMA GEMM kernel (``name``, a ``bm`` x ``bn`` tile) on the current
+        stream, on random inputs made here."""
+        t = self.torch
+        a, b = self.rand(n, n), self.rand(n, n)
+        c = t.empty(n, n, device=self.dev, dtype=t.float32)
+        self.made()
+        blocks = (n // bm) * (n // bn)
+
+        def run() -> None:
+            self.launch(name, blocks, threads, self._gemm64_args(a, b, c, n, n, n, None), 0, t.cuda.current_stream())
+        return run
+
+    def wmma_tile_launches(self, n: int) -> dict[str, Callable[[], None]]:
+        """``wmma_tile_launch`` of the study's kernel and each WMMA tile kernel, by kernel name."""
+        return {name: self.wmma_tile_launch(name, bm, bn, threads, n)
+                for name, bm, bn, threads in (("ovsim_gemm_tile64", 64, 64, 128), *WMMA_TILE_KERNELS)}
 
     def check_gemm64(self) -> float:
         """Relative error of the harness GEMM against a float64 product on fresh random inputs."""

@@ -178,24 +178,6 @@ class PowerParts(ContentionParts):
                               None, 0, phase_s, cool_s, slots, victim=name, victim_alone_s=alone_s, **info)
             del run
 
-    def wmma_tile_launch(self, name: str, bm: int, bn: int, threads: int, n: int) -> Callable[[], None]:
-        """An n^3 launch of a WMMA GEMM kernel (``name``, a ``bm`` x ``bn`` tile) on the current
-        stream, on random inputs made here."""
-        t = self.torch
-        a, b = self.rand(n, n), self.rand(n, n)
-        c = t.empty(n, n, device=self.dev, dtype=t.float32)
-        self.made()
-        blocks = (n // bm) * (n // bn)
-
-        def run() -> None:
-            self.launch(name, blocks, threads, self._gemm64_args(a, b, c, n, n, n, None), 0, t.cuda.current_stream())
-        return run
-
-    def wmma_tile_launches(self, n: int) -> dict[str, Callable[[], None]]:
-        """``wmma_tile_launch`` of the study's kernel and each WMMA tile kernel, by kernel name."""
-        return {name: self.wmma_tile_launch(name, bm, bn, threads, n)
-                for name, bm, bn, threads in (("ovsim_gemm_tile64", 64, 64, 128), *WMMA_TILE_KERNELS)}
-
     def _clock_phase(self, part: str, label: str, fn: Callable[[], Any], group: int,
                      heater_fn: Callable[[], Any] | None, heat: int, phase_s: float, cool_s: float, slots: int,
                      **info: Any) -> None:

@@ -219,6 +219,8 @@ def main() -> int:
                     help="SM counts the smloss part holds beside its victims (default 8,16,32,66)")
     ap.add_argument("--smloss-gemms", type=_gemm_shapes, default=(), metavar="MxNxK,...",
                     help="BF16 cuBLAS GEMMs the smloss part runs instead of its own victims")
+    ap.add_argument("--smloss-wmma", action="store_true",
+                    help="the smloss part runs the WMMA GEMMs of kernels.cu (64x64 and 128x128 tiles) as its victims")
     ap.add_argument("--smloss-hold-fractions", type=_fractions, default=(1.5,), metavar="X,X",
                     help="how long the smloss part holds its SMs, in units of the victims' repeats "
                          "(default 1.5: longer than all of them; under 1: ends among them)")
@@ -244,6 +246,7 @@ def main() -> int:
         ("copy", c) for c in args.framework_channels)
     h = Harness(args.out, args.quick, args.overlap_channels, args.smloss_held, args.smloss_gemms,
                 args.smloss_hold_fractions, channels, args.framework_copies)
+    h.smloss_wmma = args.smloss_wmma
     if args.ncu_subject == "framework":
         with framework.fp32_gemms(h.torch):
             h.ncu_subject(framework.victims(h))
