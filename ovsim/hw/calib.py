@@ -70,6 +70,11 @@ class Parameters(BaseModel):
     # None: no such bound (GPUs without the measurement). Library kernels are not held to it: they
     # share loads across a cluster (TMA multicast) and are calibrated as they run.
     own_gemm_l2_bytes_per_s: Annotated[float, Field(gt=0)] | None = None
+    # Each SM's own path from L2 for those reads (bytes/s): the reads take bytes x (1 / the L2
+    # bandwidth above + 1 / (SMs in use x this)), so a kernel on fewer SMs reads slower, though
+    # less than in proportion (measured: the 64x64 WMMA kernel x1.62 with half an H200's SMs held).
+    # None: the reads do not depend on the SMs in use.
+    own_gemm_l2_sm_bytes_per_s: Annotated[float, Field(gt=0)] | None = None
     attention_efficiency: Fraction = 0.6
     # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches;
     # above 1 where a kernel beats the bandwidth test that set the achievable fraction.

@@ -265,6 +265,7 @@ def gemm(
     cluster_ctas: int = 1,
     efficiency: float | None = None,
     l2_bytes_per_s: float | None = None,
+    l2_sm_bytes_per_s: float | None = None,
 ) -> KernelDemand:
     """A tiled tensor-core GEMM: output tiles are blocks, each block computes one tile.
 
@@ -283,7 +284,8 @@ def gemm(
     ``efficiency``: the main loop's share of the tensor peak, in place of the library's
     (``gemm_efficiency``): a kernel of one's own. ``l2_bytes_per_s``: the L2 bandwidth its blocks
     read their operand tiles at (each block K x (BM + BN) elements), a second roofline on the main
-    loop (a kernel of one's own: ``own_gemm_l2_bytes_per_s``).
+    loop (a kernel of one's own: ``own_gemm_l2_bytes_per_s``); ``l2_sm_bytes_per_s``: each SM's own
+    path for them, in series with it (``own_gemm_l2_sm_bytes_per_s``).
     """
     for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch), ("split_k", split_k)):
         if not isinstance(v, int) or v < 1:
@@ -329,7 +331,8 @@ def gemm(
         # The operand tiles every block reads from L2: a small tile reads each byte for few FLOPs.
         # L2 does not follow the SM clock, so the kernel speeds up with the clock only until the
         # tensor issue's time falls to the L2 reads' (it is calibrated at the reference clock).
-        l2_s = blocks * k_per_block * (tm + tn) * eb / l2_bytes_per_s
+        l2_s = blocks * k_per_block * (tm + tn) * eb * (
+            1.0 / l2_bytes_per_s + (1.0 / (sms * l2_sm_bytes_per_s) if l2_sm_bytes_per_s is not None else 0.0))
         saturation = params.power_tensor_reference_clock_fraction * waves * t_issue / l2_s
         compute_s = max(waves * t_issue, l2_s) + waves * params.gemm_tile_s(precision)
     ask = 1.0 / occ_natural

@@ -248,7 +248,8 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
         aligned = cost.gemm_aligned(spec.n, spec.k, spec.precision)
         # A plain kernel of one's own reads its operand tiles from L2 at the measured bandwidth; a
         # kernel given its efficiency runs at it (its measured rate holds whatever bound it).
-        l2 = params.own_gemm_l2_bytes_per_s if spec.efficiency is None else None
+        plain = spec.efficiency is None
+        l2, l2_sm = ((params.own_gemm_l2_bytes_per_s, params.own_gemm_l2_sm_bytes_per_s) if plain else (None, None))
         if spec.efficiency == "library":
             eff = params.gemm_eff(spec.precision, aligned)
         elif spec.efficiency is None:
@@ -257,7 +258,7 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
             eff = spec.efficiency
         return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile,
                          extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k or 1, sm_count=sms,
-                         efficiency=eff, l2_bytes_per_s=l2, **given)
+                         efficiency=eff, l2_bytes_per_s=l2, l2_sm_bytes_per_s=l2_sm, **given)
     if isinstance(spec, AttentionOp):
         base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
                               causal=spec.causal, backward=spec.backward)

@@ -62,6 +62,9 @@ from ovsim.validate.measured_memory import (
     measured_hbm_checks,
 )
 from ovsim.validate.measured_own_power import (
+    MEASURED_OWN_HELD,
+    MEASURED_OWN_HELD_FIT,
+    MEASURED_OWN_HELD_GROUP,
     MEASURED_OWN_POWER,
     MEASURED_OWN_POWER_FIT,
     MEASURED_OWN_POWER_HELD_OUT,
@@ -168,6 +171,9 @@ __all__ = [
     "MEASURED_HBM_FIT",
     "MEASURED_HBM_HELD_OUT",
     "MEASURED_OVERLAP",
+    "MEASURED_OWN_HELD",
+    "MEASURED_OWN_HELD_FIT",
+    "MEASURED_OWN_HELD_GROUP",
     "MEASURED_OWN_POWER",
     "MEASURED_OWN_POWER_FIT",
     "MEASURED_OWN_POWER_HELD_OUT",

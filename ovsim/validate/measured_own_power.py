@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 # parameter was fitted on (space-separated).
 MEASURED_OWN_POWER = sets("clock_own", "set", "gpu", "system", "fit_phase")
 MEASURED_OWN_TILES = sets("own_tiles", "set", "gpu", "system", "fit_phase")
+MEASURED_OWN_HELD = sets("own_smloss", "set", "gpu", "system", "fit_phase")
+MEASURED_OWN_HELD_GROUP = ("measured time of GEMM kernels of one's own beside SMs held idle (calibration harness "
+                           "smloss part with --smloss-wmma; held out)")
+MEASURED_OWN_HELD_FIT = ("measured time of GEMM kernels of one's own beside SMs held idle (calibration harness "
+                         "smloss part with --smloss-wmma; calibration source of each SM's L2 bandwidth)")
 MEASURED_OWN_TILES_ALONE = ("measured time of GEMM kernels of one's own at five tiles, alone (calibration harness "
                             "own_tiles part; held out)")
 MEASURED_OWN_TILES_FIT = ("measured time of GEMM kernels of one's own at five tiles, alone (calibration harness "
@@ -68,7 +73,7 @@ def own_phase_op(label: str, experiment: dict[str, Any], kernels: pd.DataFrame) 
 
 
 def _predicted(label: str, system: str, op: dict[str, Any], padding: int, limit_w: float,
-               repeats: int = _REPEATS) -> dict[str, Any]:
+               repeats: int = _REPEATS, sms_held: int = 0) -> dict[str, Any]:
     """``predict``'s summary of ``op`` repeated back to back under ``limit_w``: in the loop's steady
     state, or for one launch from an idle GPU (at the top clock, as the harness ran each kernel
     alone after a pause)."""
@@ -76,7 +81,7 @@ def _predicted(label: str, system: str, op: dict[str, Any], padding: int, limit_
     from ovsim.scenario import Scenario
 
     sc = Scenario.model_validate({"name": label, "system": system, "ranks": 1,
-                                  "knobs": {"occupancy_shaping_smem_bytes": padding},
+                                  "knobs": {"occupancy_shaping_smem_bytes": padding, "sm_carveout": sms_held},
                                   "ops": [{"name": f"k{i}", **op} for i in range(repeats)]})
     return predict(sc, power_cap_w=limit_w, power_start="idle" if repeats == 1 else None, counters=False).summary()
 
@@ -91,6 +96,33 @@ def measured_own_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             checks += _sustained_checks(folder, part, rel, gpu, system, fit_phases.split())
             if part == "own_tiles":
                 checks += _alone_checks(folder, rel, gpu, system, fit_phases.split())
+    for rel, gpu, system, fit_phases in MEASURED_OWN_HELD:
+        checks += _held_checks(folder, rel, gpu, system, fit_phases.split())
+    return checks
+
+
+def _held_checks(folder: Path, rel: str, gpu: str, system: str, fitted: list[str]) -> list[Check]:
+    """Each WMMA kernel's median time beside SMs held idle (the smloss part's last six runs)
+    against ``predict`` of one launch on the SMs left to it (``sm_carveout``), from an idle GPU."""
+    checks = []
+    for label, e in harness_experiments(folder / rel).items():
+        bundle = one_experiment(folder / rel, "smloss", label)
+        if e.get("part") != "smloss" or not label.startswith("wmma_") or bundle is None:
+            continue
+        k = bundle.kernels
+        k = k[k["name"].str.startswith("ovsim_gemm_")].sort_values("start_s")
+        bm, bn = (int(x) for x in label.split("_")[1].split("x"))
+        op = {"kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "fp16", "tile": [bm, bn, 32],
+              "threads": int(k["block_x"].iloc[0]), "registers_per_thread": int(k["registers_per_thread"].iloc[0]),
+              "stages": 2}
+        held = int(e["held_sms"])
+        res = _predicted(label, system, op, 0, float(load_gpu(gpu).power.tdp_w), repeats=1, sms_held=held)
+        checks.append(Check(
+            f"{gpu}: {label.split('__')[0].replace('_', ' ')} beside {held} SMs held: time per kernel",
+            MEASURED_OWN_HELD_FIT if label in fitted else MEASURED_OWN_HELD_GROUP,
+            float(k["duration_s"].iloc[6:].median()) * 1e3, float(res["makespan_s"]) * 1e3, "ms", _TOLERANCE_PCT,
+            f"calibration/data/{rel} (smloss part, {label})",
+            note=f"alone {float(k['duration_s'].iloc[:6].median()) * 1e3:.2f} ms; predicted on the SMs left to it"))
     return checks
 
 

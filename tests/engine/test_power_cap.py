@@ -279,16 +279,17 @@ def test_a_gemm_kernel_of_ones_own_saturates_where_its_rooflines_meet(tmp_path: 
     """Closed form: a plain WMMA kernel of one's own (tile given, no efficiency) takes the longer of
     its tensor issue, which follows the clock, and its tiles' L2 reads, which do not; its rate is
     min(c, sat) / min(c_ref, sat) with sat = c_ref x issue / reads (cost.gemm), in the engine's
-    clock-lock loop. The L2 bandwidth is set to 0.5 TB/s here so that a GEMM small enough to stay
-    under the 700 W limit at any clock (512 x 512 outputs) is bound by its reads at 64x64 tiles and
-    by its issue at 128x128 (as the measured kernels on a whole H200 are at 4.9 TB/s:
+    clock-lock loop. The L2 bandwidths are set to 0.5 TB/s and 20 GB/s an SM here, so that a GEMM
+    small enough to stay under the 700 W limit at any clock (512 x 512 outputs) is bound by its
+    reads at 64x64 tiles and by its issue at 128x128 (as the measured kernels on a whole H200 are:
     calibration/data/h200-sxm/2026-11-29-c)."""
     from ovsim.hw.calib import load_calibration
     from ovsim.hw.spec import load_gpu
 
     (tmp_path / "l2.v1.yaml").write_text(yaml.safe_dump({
         "schema": "ovsim.calib/1", "gpu": "*", "version": 1, "provenance": {},
-        "parameters": {"own_gemm_l2_bytes_per_s": 5e11}, "sources": {"own_gemm_l2_bytes_per_s": "test"}}))
+        "parameters": {"own_gemm_l2_bytes_per_s": 5e11, "own_gemm_l2_sm_bytes_per_s": 2e10},
+        "sources": {"own_gemm_l2_bytes_per_s": "test", "own_gemm_l2_sm_bytes_per_s": "test"}}))
     gpu = load_gpu("h100-sxm5-80gb")
     params = load_calibration(gpu, "h100-sxm5-80gb").params
     m, k = 512, 4096
@@ -301,7 +302,8 @@ def test_a_gemm_kernel_of_ones_own_saturates_where_its_rooflines_meet(tmp_path: 
     # an SM) at the calibrated share of its tensor peak.
     flops_tile = 2 * tile * tile * k
     issue_s = 4 * flops_tile / (params.own_gemm_efficiency["fp16"] * gpu.peak_flops_per_s("fp16") / 132)
-    reads_s = (m // tile) ** 2 * k * 2 * tile * 2 / 5e11
+    # The L2's own bandwidth and each SM's path in series, on all 132 SMs.
+    reads_s = (m // tile) ** 2 * k * 2 * tile * 2 * (1 / 5e11 + 1 / (132 * 2e10))
     sat = kernel.saturation_clock_fraction
     assert sat == pytest.approx(ref * issue_s / reads_s, rel=1e-9)
     assert (sat < ref) == (tile == 64)

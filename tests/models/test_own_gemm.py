@@ -97,9 +97,11 @@ def test_a_plain_kernel_of_ones_own_is_held_to_its_tiles_l2_reads(tmp_path: Path
 
     params = load_calibration(load_gpu("h100-sxm5-80gb"), "h100-sxm5-80gb").params
     issue_s = 2 * 8192**3 / (params.own_gemm_efficiency["fp16"] * 989e12)
-    assert params.own_gemm_l2_bytes_per_s is not None
+    assert params.own_gemm_l2_bytes_per_s is not None and params.own_gemm_l2_sm_bytes_per_s is not None
+    # The L2's own bandwidth and each of the 132 SMs' paths from it, in series.
+    per_byte_s = 1 / params.own_gemm_l2_bytes_per_s + 1 / (132 * params.own_gemm_l2_sm_bytes_per_s)
     for tile, threads in ((64, 128), (128, 128)):
-        reads_s = (8192 // tile) ** 2 * 8192 * 2 * tile * 2 / params.own_gemm_l2_bytes_per_s
+        reads_s = (8192 // tile) ** 2 * 8192 * 2 * tile * 2 * per_byte_s
         t = _predicted_s(tmp_path, "h100x4", f"precision: fp16, tile: [{tile}, {tile}, 32], threads: {threads}, "
                          "stages: 2")
         assert max(issue_s, reads_s) < t < 1.05 * max(issue_s, reads_s)
