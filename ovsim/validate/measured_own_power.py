@@ -11,10 +11,13 @@ The ``own_tiles`` part ran the same kernel's template at five tiles (64x64 to 12
 warps), alone and then back to back for 3 s under the limit: each tile's time alone against
 ``predict`` of one launch from an idle GPU (the top clock), and its sustained phase as above.
 
-What was fitted on them (the registry's ``fit_phase``, whose time rows are consistency checks): the
-own kernel's saturation clock on the clock_own part's natural-occupancy phase; its efficiency and
-L2 bandwidth on the 128x128 and 64x64 tiles alone (``calibration/harness/fit_own_gemm.py``). Every
-power weight comes from other phases and boards.
+The smloss part run with ``--smloss-wmma`` held 8 to 66 SMs idle beside the 64x64 and 128x128
+tiles: each one's time there against ``predict`` of one launch on the SMs left to it.
+
+What was fitted on them (the registry's ``fit_phase``, whose rows are consistency checks): the
+kernel's efficiency on the 128x128 tile alone, its L2 bandwidths on the 64x64 tile alone and beside
+66 held SMs (``calibration/harness/fit_own_gemm.py``). Nothing on the clock_own part; every power
+weight comes from other phases and boards.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from ovsim.validate.measured_memory import harness_experiments, harness_power_lo
 if TYPE_CHECKING:
     import pandas as pd
 
-# Data sets of the clock_own and own_tiles parts, their GPU spec and system, and the phases a
-# parameter was fitted on (space-separated).
-MEASURED_OWN_POWER = sets("clock_own", "set", "gpu", "system", "fit_phase")
+# Data sets of the clock_own, own_tiles and WMMA smloss parts, their GPU spec and system, and the
+# experiments a parameter was fitted on (space-separated).
+MEASURED_OWN_POWER = sets("clock_own", "set", "gpu", "system")
 MEASURED_OWN_TILES = sets("own_tiles", "set", "gpu", "system", "fit_phase")
 MEASURED_OWN_HELD = sets("own_smloss", "set", "gpu", "system", "fit_phase")
 MEASURED_OWN_HELD_GROUP = ("measured time of GEMM kernels of one's own beside SMs held idle (calibration harness "
@@ -46,30 +49,36 @@ MEASURED_OWN_TILES_FIT = ("measured time of GEMM kernels of one's own at five ti
                           "own_tiles part; calibration source of their efficiency and L2 bandwidth)")
 MEASURED_OWN_POWER_HELD_OUT = ("measured power, clock and time of a GEMM kernel of one's own and cuBLAS's, "
                                "under the power limit (calibration harness clock_own part; held out)")
-MEASURED_OWN_POWER_FIT = ("measured time of a GEMM kernel of one's own under the power limit (calibration "
-                          "harness clock_own part; calibration source of its saturation clock)")
 _SETTLE_S = 1.0  # a phase's first second: the clock and the sensor settling
 _REPEATS = 20  # kernels a phase is predicted as
 _TOLERANCE_PCT = 10.0
 
 
-def own_phase_op(label: str, experiment: dict[str, Any], kernels: pd.DataFrame) -> tuple[dict[str, Any], int]:
-    """The scenario op a clock_own phase repeats, and the shaping padding its launches carried."""
-    from ovsim.shaping_checks import GEMM, GEMM_NATURAL_SMEM_BYTES, GEMM_STAGES, GEMM_TILE
+_SIZE = 8192  # every phase's GEMM is 8192^3
 
-    n = 8192
+
+def _wmma_op(tile: tuple[int, int], kernel: pd.Series) -> dict[str, Any]:
+    """The scenario op of one of the harness's FP16 WMMA GEMMs: ``tile`` and the launch ``kernel``
+    (a kernel-table row) gave it."""
+    from ovsim.shaping_checks import GEMM_STAGES
+
+    return {"kind": "gemm", "m": _SIZE, "n": _SIZE, "k": _SIZE, "precision": "fp16", "tile": [*tile, 32],
+            "threads": int(kernel["block_x"]), "registers_per_thread": int(kernel["registers_per_thread"]),
+            "stages": GEMM_STAGES}
+
+
+def own_phase_op(label: str, experiment: dict[str, Any], kernels: pd.DataFrame) -> tuple[dict[str, Any], int]:
+    """The scenario op a clock_own or own_tiles phase repeats, and the shaping padding its launches
+    carried."""
+    from ovsim.shaping_checks import GEMM, GEMM_NATURAL_SMEM_BYTES, GEMM_TILE
+
     if "tile" in experiment:  # the own_tiles part: the template at a tile of its own
-        k = kernels[kernels["name"] == experiment["kernel"]].iloc[0]
-        return {"kind": "gemm", "m": n, "n": n, "k": n, "precision": "fp16", "tile": list(experiment["tile"]),
-                "threads": int(experiment["threads"]), "registers_per_thread": int(k["registers_per_thread"]),
-                "stages": GEMM_STAGES}, 0
+        bm, bn, _ = experiment["tile"]
+        return _wmma_op((bm, bn), kernels[kernels["name"] == experiment["kernel"]].iloc[0]), 0
     if experiment.get("victim") != GEMM:  # cuBLAS's: the library's pick
-        return {"kind": "gemm", "m": n, "n": n, "k": n, "precision": label.split("_")[1]}, 0
+        return {"kind": "gemm", "m": _SIZE, "n": _SIZE, "k": _SIZE, "precision": label.split("_")[1]}, 0
     k = kernels[kernels["name"] == GEMM].iloc[0]
-    op = {"kind": "gemm", "m": n, "n": n, "k": n, "precision": "fp16", "tile": list(GEMM_TILE),
-          "threads": int(k["block_x"]), "registers_per_thread": int(k["registers_per_thread"]),
-          "stages": GEMM_STAGES}
-    return op, int(k["shared_mem_bytes"]) - GEMM_NATURAL_SMEM_BYTES
+    return _wmma_op(GEMM_TILE[:2], k), int(k["shared_mem_bytes"]) - GEMM_NATURAL_SMEM_BYTES
 
 
 def _predicted(label: str, system: str, op: dict[str, Any], padding: int, limit_w: float,
@@ -88,14 +97,14 @@ def _predicted(label: str, system: str, op: dict[str, Any], padding: int, limit_
 
 def measured_own_power_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     """Per data set and phase: board power, counted SM clock and time per kernel against
-    ``predict`` of the phase's kernel repeated under the board's limit, within 10%; and each tile's
-    time alone against ``predict`` without the power loop."""
+    ``predict`` of the phase's kernel repeated under the board's limit, within 10%; each tile's
+    time alone, and beside SMs held idle, against ``predict`` of one launch from an idle GPU."""
     checks: list[Check] = []
-    for part, family in (("clock_own", MEASURED_OWN_POWER), ("own_tiles", MEASURED_OWN_TILES)):
-        for rel, gpu, system, fit_phases in family:
-            checks += _sustained_checks(folder, part, rel, gpu, system, fit_phases.split())
-            if part == "own_tiles":
-                checks += _alone_checks(folder, rel, gpu, system, fit_phases.split())
+    for rel, gpu, system in MEASURED_OWN_POWER:
+        checks += _sustained_checks(folder, "clock_own", rel, gpu, system)
+    for rel, gpu, system, fit_phases in MEASURED_OWN_TILES:
+        checks += _sustained_checks(folder, "own_tiles", rel, gpu, system)
+        checks += _alone_checks(folder, rel, gpu, system, fit_phases.split())
     for rel, gpu, system, fit_phases in MEASURED_OWN_HELD:
         checks += _held_checks(folder, rel, gpu, system, fit_phases.split())
     return checks
@@ -112,9 +121,7 @@ def _held_checks(folder: Path, rel: str, gpu: str, system: str, fitted: list[str
         k = bundle.kernels
         k = k[k["name"].str.startswith("ovsim_gemm_")].sort_values("start_s")
         bm, bn = (int(x) for x in label.split("_")[1].split("x"))
-        op = {"kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "precision": "fp16", "tile": [bm, bn, 32],
-              "threads": int(k["block_x"].iloc[0]), "registers_per_thread": int(k["registers_per_thread"].iloc[0]),
-              "stages": 2}
+        op = _wmma_op((bm, bn), k.iloc[0])
         held = int(e["held_sms"])
         res = _predicted(label, system, op, 0, float(load_gpu(gpu).power.tdp_w), repeats=1, sms_held=held)
         checks.append(Check(
@@ -127,7 +134,8 @@ def _held_checks(folder: Path, rel: str, gpu: str, system: str, fitted: list[str
 
 
 def _alone_checks(folder: Path, rel: str, gpu: str, system: str, fitted: list[str]) -> list[Check]:
-    """Each own_tiles kernel's median time alone against ``predict`` at calibrated rates."""
+    """Each own_tiles kernel's median time alone against ``predict`` of one launch from an idle
+    GPU (at the top clock, where it ran)."""
     checks = []
     for label, e in harness_experiments(folder / rel).items():
         bundle = one_experiment(folder / rel, "own_tiles", label)
@@ -146,7 +154,7 @@ def _alone_checks(folder: Path, rel: str, gpu: str, system: str, fitted: list[st
     return checks
 
 
-def _sustained_checks(folder: Path, part: str, rel: str, gpu: str, system: str, fitted: list[str]) -> list[Check]:
+def _sustained_checks(folder: Path, part: str, rel: str, gpu: str, system: str) -> list[Check]:
     """Power, counted clock and time of each of ``part``'s phases run back to back under the limit."""
     import pandas as pd
 
@@ -176,14 +184,13 @@ def _sustained_checks(folder: Path, part: str, rel: str, gpu: str, system: str, 
         res = _predicted(label, system, op, padding, limit)
         src = f"calibration/data/{rel} ({part} part, {label}; {len(steady)} kernels, {len(window)} samples)"
         what = f"{gpu}: {label.removesuffix('__sustained').replace('_', ' ')} at the {limit:.0f} W limit"
-        time_group = MEASURED_OWN_POWER_FIT if label in fitted else MEASURED_OWN_POWER_HELD_OUT
         checks += [
             Check(f"{what}: power", MEASURED_OWN_POWER_HELD_OUT, float(window["power_w"].mean()),
                   float(res["avg_power_w"]), "W", _TOLERANCE_PCT, src),
             Check(f"{what}: counted SM clock", MEASURED_OWN_POWER_HELD_OUT,
                   float(steady["sm_clock_hz"].median()) / 1e6, float(res["avg_sm_clock_hz"]) / 1e6, "MHz",
                   _TOLERANCE_PCT, src, note="median over the kernels after the first second"),
-            Check(f"{what}: time per kernel", time_group, float(steady["duration_s"].median()) * 1e3,
+            Check(f"{what}: time per kernel", MEASURED_OWN_POWER_HELD_OUT, float(steady["duration_s"].median()) * 1e3,
                   float(res["makespan_s"]) / _REPEATS * 1e3, "ms", _TOLERANCE_PCT, src,
                   note="median of the kernels after the first second")]
     return checks
