@@ -88,17 +88,15 @@ class PowerParts(ContentionParts):
         heater_s = self.time_alone_s(heater)
         ops = dict(self.victims)
         ops.update(self.gemm_ops(tuple(g for g in self.CLOCK_GEMMS if g not in ops)))
-        # Enough slots for the densest phase; a probe past the end would write out of bounds.
-        slots = int(2 * phase_s / (self.CLOCK_GROUP_S + self.CLOCK_WINDOW_NS * 1e-9)) + 64
         phases: list[tuple[str, str, int, int, dict[str, Any]]] = []
         victim_s: dict[str, float] = {}
         for vname in self.CLOCK_GEMMS + self.CLOCK_MEMORY:
             if vname not in ops:  # no FP8 on this GPU or in this PyTorch
                 continue
             victim_s[vname] = self.time_alone_s(ops[vname])
-            group = max(1, round(self.CLOCK_GROUP_S / victim_s[vname]))
+            group = self._group_of(victim_s[vname])
             memory = vname in self.CLOCK_MEMORY
-            heat = max(1, round(self.CLOCK_GROUP_S / heater_s)) if memory else 0
+            heat = self._group_of(heater_s) if memory else 0
             phases.append((f"{vname}__after_gemm" if memory else vname, vname, group, heat, {}))
         add = "add_bf16_256M"
         for share in self.CLOCK_GEMM_SHARES:
@@ -107,7 +105,7 @@ class PowerParts(ContentionParts):
                            {"gemm_share": share, "heater_alone_s": heater_s}))
         for label, vname, group, heat, extra in phases:
             self._clock_phase("clock", label, ops[vname], group, heater if heat else None, heat, phase_s, cool_s,
-                              slots, victim=vname, heater="gemm_bf16_8192x8192x8192" if heat else None,
+                              victim=vname, heater="gemm_bf16_8192x8192x8192" if heat else None,
                               victim_alone_s=victim_s[vname], **extra)
 
     # Occupancies the ``clock_own`` part runs the WMMA GEMM at (blocks per SM; its natural one first).
@@ -125,7 +123,6 @@ class PowerParts(ContentionParts):
         ops = dict(self.victims)
         cublas = ("gemm_fp16_8192x8192x8192", "gemm_bf16_8192x8192x8192")
         ops.update(self.gemm_ops(tuple(g for g in cublas if g not in ops)))
-        slots = int(2 * phase_s / (self.CLOCK_GROUP_S + self.CLOCK_WINDOW_NS * 1e-9)) + 64
         paddings = dict(self.shaping_paddings())
         natural = max(paddings)
         for occ in self.CLOCK_OWN_OCCUPANCIES:
@@ -137,8 +134,8 @@ class PowerParts(ContentionParts):
             def own(run: Callable[..., None] = run) -> None:
                 run(self.torch.cuda.current_stream())
             alone_s = self.time_alone_s(own)
-            self._clock_phase("clock_own", f"gemm64_{n}_occ{occ}", own, max(1, round(self.CLOCK_GROUP_S / alone_s)),
-                              None, 0, phase_s, cool_s, slots, victim="ovsim_gemm_tile64", blocks_per_sm_target=occ,
+            self._clock_phase("clock_own", f"gemm64_{n}_occ{occ}", own, self._group_of(alone_s),
+                              None, 0, phase_s, cool_s, victim="ovsim_gemm_tile64", blocks_per_sm_target=occ,
                               extra_smem_bytes=paddings[occ], blocks=blocks, flops=2 * n ** 3,
                               victim_alone_s=alone_s)
             del run
@@ -146,8 +143,8 @@ class PowerParts(ContentionParts):
             if vname not in ops:
                 continue
             alone_s = self.time_alone_s(ops[vname])
-            self._clock_phase("clock_own", vname, ops[vname], max(1, round(self.CLOCK_GROUP_S / alone_s)), None, 0,
-                              phase_s, cool_s, slots, victim=vname, flops=2 * n ** 3, victim_alone_s=alone_s)
+            self._clock_phase("clock_own", vname, ops[vname], self._group_of(alone_s), None, 0,
+                              phase_s, cool_s, victim=vname, flops=2 * n ** 3, victim_alone_s=alone_s)
 
     OWN_TILES_SIZE = 8192
     OWN_TILES_REPEATS = 10
@@ -160,7 +157,6 @@ class PowerParts(ContentionParts):
         self.check_wmma_tiles()
         n = 4096 if self.quick else self.OWN_TILES_SIZE
         phase_s, cool_s = (1.5, 1.0) if self.quick else (3.0, 1.5)
-        slots = int(2 * phase_s / (self.CLOCK_GROUP_S + self.CLOCK_WINDOW_NS * 1e-9)) + 64
         for name, bm, bn, threads in (("ovsim_gemm_tile64", 64, 64, 128), *WMMA_TILE_KERNELS):
             run = self.wmma_tile_launch(name, bm, bn, threads, n)
             info = {"kernel": name, "tile": [bm, bn, 32], "threads": threads, "blocks": (n // bm) * (n // bn),
@@ -174,17 +170,19 @@ class PowerParts(ContentionParts):
                         run()
                 self.compute.synchronize()
             alone_s = self.time_alone_s(run)
-            self._clock_phase("own_tiles", f"{label}__sustained", run, max(1, round(self.CLOCK_GROUP_S / alone_s)),
-                              None, 0, phase_s, cool_s, slots, victim=name, victim_alone_s=alone_s, **info)
+            self._clock_phase("own_tiles", f"{label}__sustained", run, self._group_of(alone_s),
+                              None, 0, phase_s, cool_s, victim=name, victim_alone_s=alone_s, **info)
             del run
 
     def _clock_phase(self, part: str, label: str, fn: Callable[[], Any], group: int,
-                     heater_fn: Callable[[], Any] | None, heat: int, phase_s: float, cool_s: float, slots: int,
+                     heater_fn: Callable[[], Any] | None, heat: int, phase_s: float, cool_s: float,
                      **info: Any) -> None:
         """One clock phase: after ``cool_s`` idle, ``heat`` heater calls then ``group`` calls of
         ``fn``, with a probe before each group, back to back for ``phase_s``; the probes go to
         ``<part>/<label>.clock.csv``."""
         t = self.torch
+        # Enough slots for the densest phase; a probe past the end would write out of bounds.
+        slots = int(2 * phase_s / (self.CLOCK_GROUP_S + self.CLOCK_WINDOW_NS * 1e-9)) + 64
         out = t.zeros(4 * slots, dtype=t.int64, device=self.dev)
         self.made()
         time.sleep(cool_s)
@@ -214,6 +212,10 @@ class PowerParts(ContentionParts):
             fh.write("launch,smid,start_ns,end_ns,sm_cycles\n")
             for i, (sm, s0, s1, cyc) in enumerate(rows):
                 fh.write(f"{i},{sm},{s0},{s1},{cyc}\n")
+
+    def _group_of(self, alone_s: float) -> int:
+        """Launches of a kernel of ``alone_s`` between two probes: about ``CLOCK_GROUP_S`` of them."""
+        return max(1, round(self.CLOCK_GROUP_S / alone_s))
 
     def _clock_probe(self, out: Any, slot: int) -> int:
         """Launch a clock probe writing slot ``slot`` of ``out`` on the compute stream; the next slot."""

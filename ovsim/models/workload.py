@@ -243,17 +243,16 @@ def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs
                                           sm_count=sms)
         # The block fields not given take cost.gemm's defaults.
         given = {f: getattr(spec, f) for f in GEMM_BLOCK_FIELDS if getattr(spec, f) is not None}
-        # A kernel of one's own: its efficiency, else what a plain WMMA kernel was measured at; a
-        # library kernel of this tile: the library's.
+        # A kernel of one's own: its efficiency (a measured rate, whatever bound it), else a plain
+        # WMMA kernel's, held to its tiles' L2 reads as well; a library kernel of this tile: the
+        # library's.
         aligned = cost.gemm_aligned(spec.n, spec.k, spec.precision)
-        # A plain kernel of one's own reads its operand tiles from L2 at the measured bandwidth; a
-        # kernel given its efficiency runs at it (its measured rate holds whatever bound it).
-        plain = spec.efficiency is None
-        l2, l2_sm = ((params.own_gemm_l2_bytes_per_s, params.own_gemm_l2_sm_bytes_per_s) if plain else (None, None))
+        l2 = l2_sm = None
         if spec.efficiency == "library":
             eff = params.gemm_eff(spec.precision, aligned)
         elif spec.efficiency is None:
             eff = params.own_gemm_eff(spec.precision, aligned)
+            l2, l2_sm = params.own_gemm_l2_bytes_per_s, params.own_gemm_l2_sm_bytes_per_s
         else:
             eff = spec.efficiency
         return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile,
