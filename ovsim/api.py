@@ -21,7 +21,7 @@ from ovsim.engine.machine import build_machine
 from ovsim.engine.power import PowerConfig, power_table
 from ovsim.engine.power_analytic import OpTerms, analytic_power, restore_isolated, throttled_durations
 from ovsim.engine.sim import Engine, EngineOptions
-from ovsim.engine.timeline import Timeline
+from ovsim.engine.timeline import Timeline, on_ranks
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
 from ovsim.hw.calib import Calibration, load_calibration
@@ -80,7 +80,8 @@ class Result:
         if self.power_config is None:
             raise OvsimError("this prediction did not track power", field="power")
         m = self.power_config.model
-        return power_table(self.timeline, self.workload.n_ranks, m.idle_w, m.compute_clock_hz, window_s=window_s)
+        ranks = [self.workload.job_rank(r) for r in range(self.workload.n_ranks)]
+        return power_table(self.timeline, ranks, m.idle_w, m.compute_clock_hz, window_s=window_s)
 
     def _power_summary(self) -> dict[str, Any]:
         if self.power_config is None:
@@ -149,20 +150,20 @@ class Result:
         return stream_busy(self.timeline.ops)
 
     def expanded_ops(self) -> pd.DataFrame:
-        """The timeline's ops on every rank of the job: where rank symmetry simulated one
-        data-parallel replica (``workload.replicas`` > 1), each replica d's rows are the simulated
-        ones with rank r as r + d x simulated ranks and each id's ``@r`` suffix renamed to match.
-        Names, groups and streams are replica 0's (a collective's group name, a sequential
-        pipeline's ``p2p0>1`` stream). Flows (rank -1) appear once."""
+        """The timeline's ops on every rank of the job: where rank symmetry simulated some ranks
+        (``workload.replicas`` > 1: one data-parallel replica, one rank of each tensor-parallel
+        group), each simulated rank r's rows stand for ranks r + offset for each of
+        ``workload.stand_offsets``, each id's ``@r`` suffix renamed to match. Names, groups and
+        streams are the simulated ranks' (a collective's group name, a sequential pipeline's
+        ``p2p0>1`` stream). Flows (rank -1) appear once."""
         ops = self.timeline.ops
-        k, replicas = self.workload.n_ranks, self.workload.replicas
-        if replicas == 1:
+        if self.workload.replicas == 1:
             return ops
         per_rank = ops[ops["rank"] >= 0]
         parts = [ops]
-        for d in range(1, replicas):
+        for offset in self.workload.stand_offsets[1:]:
             copy = per_rank.copy()
-            copy["rank"] = copy["rank"] + d * k
+            copy["rank"] = copy["rank"] + offset
             copy["id"] = [f"{i.rsplit('@r', 1)[0]}@r{r}" for i, r in zip(copy["id"], copy["rank"], strict=True)]
             parts.append(copy)
         return pd.concat(parts, ignore_index=True)
@@ -261,11 +262,15 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
         with paused_gc():  # as the build: plain arrays and lists over the ops, no cycles
             timeline = _analytic(wl, gpu, power)
     else:
-        machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout)
+        machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout,
+                                job_ranks=wl.job_ranks)
         try:
             timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power, progress=progress)).run()
         except OvsimError as e:
             raise e.located(source) from None
+    if wl.job_ranks:
+        # Rank symmetry simulated some of the job's ranks: the timeline names them as the job does.
+        timeline = on_ranks(timeline, wl.job_ranks)
     return Result(scenario=sc, mode=use_mode, system=system, gpu=gpu, calibration=calib, timeline=timeline,
                   workload=wl, power_config=power)
 

@@ -36,7 +36,7 @@ import pandas as pd
 from ovsim.engine.machine import build_machine
 from ovsim.engine.power import PowerConfig
 from ovsim.engine.sim import Engine, EngineOptions
-from ovsim.engine.timeline import Timeline
+from ovsim.engine.timeline import Timeline, on_ranks
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.power import PowerSettings, power_model
@@ -140,19 +140,6 @@ def _flows(c: KernelColumns, groups: dict[int, str], rank_ix: dict[int, int],
 def trace_ranks(c: KernelColumns) -> list[int]:
     """The trace's rank numbers in the engine's order: the engine numbers its ranks 0..n-1."""
     return sorted(int(r) for r in set(c.rank.tolist()))
-
-
-def _on_trace_ranks(tl: Timeline, ranks: list[int]) -> Timeline:
-    """The timeline with the trace's rank numbers in place of the engine's (flows keep -1)."""
-    lookup = np.asarray(ranks, dtype=np.int64)
-
-    def renumbered(df: pd.DataFrame) -> pd.DataFrame:
-        if df.empty:
-            return df
-        r = df["rank"].to_numpy(dtype=np.int64)
-        return df.assign(rank=np.where(r >= 0, lookup[np.clip(r, 0, None)], r))
-
-    return Timeline(ops=renumbered(tl.ops), counters=renumbered(tl.counters))
 
 
 def build_replay_workload(c: KernelColumns, iso: np.ndarray, gpu: GpuSpec, params: Parameters,
@@ -303,7 +290,7 @@ def replay(bundle: TraceBundle, *, gpu: str | None = None, counters: bool = True
         wl, op_ids = build_replay_workload(cols, iso, spec, params, bundle.syncs, sms)
         machine = build_machine(_system_for(gpu_name, wl.n_ranks), spec, params, n_ranks=wl.n_ranks)
         sim = Engine(wl, machine, EngineOptions(counters=counters, progress=progress, power=power_config)).run()
-        timeline = _on_trace_ranks(sim, trace_ranks(cols))
+        timeline = on_ranks(sim, trace_ranks(cols))
         return wl, timeline, timeline.ops.set_index("id").loc[op_ids]
 
     wl, timeline, pred = run(iso)

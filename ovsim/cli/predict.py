@@ -26,8 +26,8 @@ def _table(result: Any, max_rows: int) -> str:
     lines = [
         f"scenario   {s['scenario']}  ({s['mode']}, {s['schedule']})",
         f"system     {s['system']}: {s['ranks']} x {s['gpu']}"
-        + (f" (one data-parallel replica of {s['simulated_ranks']} simulated, standing for all; the rows below "
-           "are its ranks)" if s["simulated_ranks"] < s["ranks"] else ""),
+        + (f" ({s['simulated_ranks']} simulated, standing for all by rank symmetry; the rows below are "
+           "theirs)" if s["simulated_ranks"] < s["ranks"] else ""),
         f"makespan   {fmt_s(s['makespan_s'])} ms",
         f"compute    {fmt_s(s['compute_s'])} ms per rank, {fmt_s(s['compute_isolated_s'])} ms alone "
         f"({_slowdown_parts(s)})",

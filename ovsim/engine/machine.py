@@ -67,9 +67,11 @@ class MachineModel:
     memory_clock_share: dict[str, float] = field(default_factory=dict)
     # Parameters.copy_engine_hbm_weight: under 1, copy-engine flows yield HBM to kernels.
     copy_engine_hbm_weight: float = 1.0
-    # Ranks per node (rank r is on node r // gpus_per_node), and each rank's network port: the
-    # ("nic_out"|"nic_in", port, -1) link, its own NICs or a NIC it shares (SystemSpec.nic_port_of).
+    # Ranks per node (rank r is on node r // gpus_per_node) or, under rank symmetry, each simulated
+    # rank's node; and each rank's network port: the ("nic_out"|"nic_in", port, -1) link, its own
+    # NICs or a NIC it shares (SystemSpec.nic_port_of).
     gpus_per_node: int = 1 << 30
+    rank_nodes: tuple[int, ...] = ()
     nic_ports: tuple[int, ...] = ()
     # Resources kernels use beside HBM (ovsim.engine.resources), each shared like HBM.
     kernel_resources: tuple[KernelResource, ...] = ()
@@ -78,7 +80,7 @@ class MachineModel:
         check_resources(self.kernel_resources)
 
     def node_of(self, rank: int) -> int:
-        return rank // self.gpus_per_node
+        return self.rank_nodes[rank] if self.rank_nodes else rank // self.gpus_per_node
 
     def nic_port(self, rank: int) -> int:
         return self.nic_ports[rank] if self.nic_ports else rank
@@ -93,11 +95,17 @@ class MachineModel:
 
 
 def build_machine(
-    system: SystemSpec, gpu: GpuSpec, params: Parameters, *, n_ranks: int | None = None, sm_carveout: int = 0
+    system: SystemSpec, gpu: GpuSpec, params: Parameters, *, n_ranks: int | None = None, sm_carveout: int = 0,
+    job_ranks: tuple[int, ...] = (),
 ) -> MachineModel:
+    """The machine of ranks 0..n_ranks-1; ``job_ranks``: the system's GPU each one is (rank
+    symmetry simulates some of a job's ranks; empty: the same number)."""
     ranks = n_ranks if n_ranks is not None else system.total_gpus
     if not 1 <= ranks <= system.total_gpus:
         raise OvsimError(f"{ranks} ranks on a {system.total_gpus}-GPU system", field="ranks")
+    where = job_ranks or tuple(range(ranks))
+    if len(where) != ranks or not all(0 <= r < system.total_gpus for r in where):
+        raise OvsimError(f"{ranks} ranks placed off the {system.total_gpus}-GPU system", field="ranks")
     if not 0 <= sm_carveout < gpu.sm.count:
         raise OvsimError(f"carve-out of {sm_carveout} SMs on a {gpu.sm.count}-SM GPU", field="sm_carveout")
     g = GpuModel(
@@ -123,8 +131,8 @@ def build_machine(
         links[("pcie_out", r, -1)] = pcie
         links[("pcie_in", r, -1)] = pcie
         if nic > 0:
-            links[("nic_out", system.nic_port_of(r), -1)] = nic
-            links[("nic_in", system.nic_port_of(r), -1)] = nic
+            links[("nic_out", system.nic_port_of(where[r]), -1)] = nic
+            links[("nic_in", system.nic_port_of(where[r]), -1)] = nic
         if system.topology == "nvswitch":
             links[("egress", r, -1)] = gpu.links.bandwidth_bytes_per_s
             links[("ingress", r, -1)] = gpu.links.bandwidth_bytes_per_s
@@ -134,7 +142,7 @@ def build_machine(
         else:
             per_pair = system.links_per_pair * gpu.links.bandwidth_per_link_bytes_per_s
             for s in range(ranks):
-                if s != r and system.node_of(s) == system.node_of(r):
+                if s != r and system.node_of(where[s]) == system.node_of(where[r]):
                     links[("link", r, s)] = per_pair
     return MachineModel(
         gpus=tuple(g for _ in range(ranks)),
@@ -150,5 +158,6 @@ def build_machine(
         memory_clock_share=dict(params.memory_kind_clock_share),
         copy_engine_hbm_weight=params.copy_engine_hbm_weight,
         gpus_per_node=system.gpu_count,
-        nic_ports=tuple(system.nic_port_of(r) for r in range(ranks)),
+        rank_nodes=tuple(system.node_of(r) for r in where) if job_ranks else (),
+        nic_ports=tuple(system.nic_port_of(r) for r in where),
     )

@@ -152,10 +152,10 @@ def _window_peak(values: np.ndarray, durations: np.ndarray, window_s: float) -> 
     return float(((integral(starts + window_s) - integral(starts)) / window_s).max())
 
 
-def power_table(timeline: Timeline, n_ranks: int, idle_w: float, compute_clock_hz: float, *,
+def power_table(timeline: Timeline, ranks: Iterable[int], idle_w: float, compute_clock_hz: float, *,
                 start_s: float = 0.0, end_s: float | None = None, window_s: float = 0.0) -> pd.DataFrame:
-    """Per rank: average and peak power, energy and the clock over [start_s, end_s] (default: the
-    whole timeline), from the ``power_w`` and ``sm_clock_hz`` counters. Energy is the exact
+    """Per rank of ``ranks``: average and peak power, energy and the clock over [start_s, end_s]
+    (default: the whole timeline), from the ``power_w`` and ``sm_clock_hz`` counters. Energy is the exact
     integral of the piecewise-constant power; a rank without samples is idle.
 
     With ``window_s`` > 0 a ``peak_window_power_w`` column gives the highest power averaged over
@@ -165,7 +165,7 @@ def power_table(timeline: Timeline, n_ranks: int, idle_w: float, compute_clock_h
     c = timeline.counters
     rows: list[dict[str, Any]] = []
     span = max(end - start_s, 0.0)
-    for r in range(n_ranks):
+    for r in ranks:
         mine = c[c["rank"] == r] if len(c) else c
         pw = mine[mine["counter"] == POWER_COUNTER] if len(mine) else mine
         ck = mine[mine["counter"] == CLOCK_COUNTER] if len(mine) else mine

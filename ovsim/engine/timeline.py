@@ -72,6 +72,20 @@ class Timeline:
         return float(rows["end_s"].max() - min(0.0, float(rows["launch_s"].min())))
 
 
+def on_ranks(tl: Timeline, ranks: Sequence[int]) -> Timeline:
+    """``tl`` with rank ``ranks[r]`` in place of each rank r (a trace's numbers, or a job's under
+    rank symmetry); flows keep -1."""
+    lookup = np.asarray(ranks, dtype=np.int64)
+
+    def renumbered(df: pd.DataFrame) -> pd.DataFrame:
+        if df.empty:
+            return df
+        r = df["rank"].to_numpy(dtype=np.int64)
+        return df.assign(rank=np.where(r >= 0, lookup[np.clip(r, 0, None)], r))
+
+    return Timeline(ops=renumbered(tl.ops), counters=renumbered(tl.counters))
+
+
 def op_columns(ops: Sequence[Op], flows: Sequence[tuple[str, float]]) -> dict[str, Any]:
     """The columns the ops themselves give a Timeline (id, name, kind, rank, stream, blocks, bytes),
     as the engine and the analytic fidelity lay them out: one row per op of ``ops``, then one per

@@ -153,14 +153,26 @@ class Workload:
 
     ops: tuple[Op, ...]
     streams: tuple[StreamSpec, ...]
-    # Ranks simulated (0..n_ranks-1); each stands for ``replicas`` identical ones (rank symmetry:
-    # data-parallel replicas), so the job has n_ranks x replicas GPUs.
+    # Ranks simulated, numbered 0..n_ranks-1 in ops, streams and flows.
     n_ranks: int
-    replicas: int = 1
+    # Rank symmetry (docs/design.md): the job's rank of each simulated one (empty: the same
+    # number), and the offsets from it of the job's ranks it stands for, 0 (itself) first
+    # (empty: itself alone). Op ids name the job's rank (``name@r{job rank}``).
+    job_ranks: tuple[int, ...] = ()
+    stand_offsets: tuple[int, ...] = ()
+
+    @property
+    def replicas(self) -> int:
+        """Job ranks each simulated rank stands for (itself included)."""
+        return len(self.stand_offsets) or 1
 
     @property
     def total_ranks(self) -> int:
         return self.n_ranks * self.replicas
+
+    def job_rank(self, rank: int) -> int:
+        """The job's rank of simulated rank ``rank``."""
+        return self.job_ranks[rank] if self.job_ranks else rank
 
     def graph(self) -> nx.DiGraph:
         """Dependencies as a DAG: explicit deps plus stream order."""

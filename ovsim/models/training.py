@@ -89,10 +89,12 @@ class TrainingOps:
     stage_steps: list[list[int]] = field(default_factory=list)  # each item's exchange step
 
 
-def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None = None) -> TrainingOps:
-    """The op specs of one training iteration on ``n_ranks`` ranks; with ``replicas_made``, only the
-    first replicas' own ops (their data-parallel collectives still list every member)."""
-    lay = replace(layout(spec, n_ranks), made_dp=replicas_made)
+def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None = None,
+                 tp_made: int | None = None) -> TrainingOps:
+    """The op specs of one training iteration on ``n_ranks`` ranks; with ``replicas_made`` and
+    ``tp_made``, only the first replicas' and the first tensor-parallel ranks' own ops (their
+    collectives still list every member)."""
+    lay = replace(layout(spec, n_ranks), made_dp=replicas_made, made_tp=tp_made)
     g = LayerEmitter(spec, lay)
     m = g.m
     p, v, mbs = lay.pp, lay.v, spec.micro_batches
@@ -124,7 +126,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             sender = item_last[(ph, mb, src_vs)]
             if spec.communication and src_stage != s:
                 for d in range(lay.replicas_made):
-                    for i in range(lay.tp):
+                    for i in range(lay.tp_made):
                         a, b = lay.rank(d, src_stage, i), lay.rank(d, s, i)
                         name = f"{ph}{mb}.v{src_vs}to{vs}.d{d}t{i}"
                         lo, hi = sorted((src_stage, s))
@@ -136,7 +138,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
                                              orders[s].index((ph, mb, c)))
             elif src_stage != s:
                 mapping = {lay.rank(d, s, i): lay.rank(d, src_stage, i) for d in range(lay.replicas_made)
-                           for i in range(lay.tp)}
+                           for i in range(lay.tp_made)}
                 peer_wait = (sender, mapping)
         first_index = len(g.ops)
         layers = range(chunk_starts[vs], chunk_starts[vs] + chunk_sizes[vs])
@@ -217,15 +219,18 @@ def build_training_workload(
                          "its groups); to run it anyway, pass a larger --max-ops (Python: max_ops=)",
                          source=source, field="ranks")
     try:
-        simulated = _replica_ranks(spec, n_ranks, system, knobs)
-        _check_training_size(spec, simulated or n_ranks, limit, source)
-        gen = training_ops(spec, n_ranks, replicas_made=1 if simulated else None)
+        lay = _symmetric(layout(spec, n_ranks), system, knobs)
+        _check_training_size(spec, len(lay.made_ranks()), limit, source)
+        gen = training_ops(spec, n_ranks, replicas_made=lay.made_dp, tp_made=lay.made_tp)
+        symmetric = lay.made_dp is not None or lay.made_tp is not None
+        simulated = lay.made_ranks() if symmetric else None
     except OvsimError as e:
         if e.source:
             raise
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
-                        knobs=knobs, streams=streams, source=source, max_ops=max_ops, simulated_ranks=simulated)
+                        knobs=knobs, streams=streams, source=source, max_ops=max_ops, simulated=simulated,
+                        stand_offsets=lay.stand_offsets() if symmetric else ())
     if schedule == "sequential" and gen.p2p_items:
         wl = _blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved")
     if not gen.peer_deps:
@@ -260,24 +265,35 @@ def _check_training_size(spec: TrainingSpec, n_ranks: int, max_ops: int, source:
                          source=source, field="training")
 
 
-def _replica_ranks(spec: TrainingSpec, n_ranks: int, system: SystemSpec, knobs: Knobs | None) -> int | None:
-    """Ranks of one data-parallel replica (rank = (dp x pp + stage) x tp + tp index, so replica 0
-    is ranks 0..tp x pp - 1), where the replicas can stand for each other: every GPU's links, NIC
-    and memory are its own, so identical replicas meet identical rates. None: simulate every rank
-    (asked for, one replica, or a mesh, whose links join particular pairs)."""
-    if knobs is not None and not knobs.rank_symmetry:
-        return None
-    lay = layout(spec, n_ranks)
-    if lay.dp < 2 or system.topology == "mesh":
-        return None
+def _symmetric(lay: Layout, system: SystemSpec, knobs: Knobs | None) -> Layout:
+    """``lay`` with the ranks whose ops are made where others can stand for them: one data-parallel
+    replica (ranks 0..tp x pp - 1) and one rank of each tensor-parallel group (tp index 0). Every
+    GPU's links, NIC and memory are its own, so identical ranks meet identical rates. All are made
+    where asked (``rank_symmetry: false``) and on a mesh, whose links join particular pairs."""
+    if (knobs is not None and not knobs.rank_symmetry) or system.topology == "mesh":
+        return lay
+    return replace(lay, made_dp=1 if _replicas_alike(lay, system) else None,
+                   made_tp=1 if _tp_ranks_alike(lay, system) else None)
+
+
+def _replicas_alike(lay: Layout, system: SystemSpec) -> bool:
+    if lay.dp < 2:
+        return False
     k = lay.tp * lay.pp
     # A replica that straddles nodes unevenly meets the network differently from its neighbours.
     if k % system.gpu_count and system.gpu_count % k:
-        return None
+        return False
     # Nor may one NIC serve two replicas: the unsimulated one's traffic would be missing from it.
-    if system.network is not None and system.nic_port_of(k - 1) == system.nic_port_of(k):
-        return None
-    return k
+    return system.network is None or system.nic_port_of(k - 1) != system.nic_port_of(k)
+
+
+def _tp_ranks_alike(lay: Layout, system: SystemSpec) -> bool:
+    """A tensor-parallel group's ranks stand for each other where the groups tile the nodes (each
+    inside one node) and no two GPUs share a NIC (a group's traffic off the node, its pipeline
+    transfers and data-parallel collectives, would otherwise meet the others' on it)."""
+    if lay.tp < 2 or system.gpu_count % lay.tp:
+        return False
+    return system.network is None or system.nic_port_of(0) != system.nic_port_of(1)
 
 
 def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str, *,
@@ -302,7 +318,8 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
     could each wait on a send the next cannot receive yet.)"""
     # A pipeline's transfers stay within a data-parallel replica: those of replicas the simulated
     # one stands for (rank symmetry) have no ops.
-    specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp) and o.src < wl.n_ranks}
+    made = {wl.job_rank(r) for r in range(wl.n_ranks)}
+    specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp) and o.src in made}
     main: dict[int, list[str]] = {}
     for op in wl.ops:
         if op.stream == "main" and op.name not in gen.p2p_items:
@@ -344,9 +361,10 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
         if op.name in gen.p2p_items:
             # A stream a direction: a rank's sends and receives to one peer go in the rank's own
             # order, which the list keeps within a direction only.
-            at = after[op.name][0 if op.rank == specs[op.name].src else 1]
+            rank = wl.job_rank(op.rank)
+            at = after[op.name][0 if rank == specs[op.name].src else 1]
             op = replace(op, stream=f"p2p{specs[op.name].src}>{specs[op.name].dst}",
-                         deps=(f"{at}@r{op.rank}",) if at is not None else ())
+                         deps=(f"{at}@r{rank}",) if at is not None else ())
         if op.id in extra:
             op = replace(op, deps=op.deps + tuple(extra[op.id]))
         ops.append(op)

@@ -83,8 +83,9 @@ class LayerEmitter:
                    groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm") -> list[str]:
         """One collective per group, after the stage's last compute op."""
         names = []
-        # Tensor-parallel groups are numbered by replica whether or not every replica's are made.
-        numbered = len(groups) > 1 or (stream == "tp" and self.lay.dp > 1)
+        # Tensor-parallel groups are numbered by replica, and data-parallel ones by tensor-parallel
+        # rank, whether or not every group's ops are made (rank symmetry).
+        numbered = len(groups) > 1 or (stream == "tp" and self.lay.dp > 1) or (stream == "dp" and self.lay.tp > 1)
         for gi, ranks in enumerate(groups):
             nm = f"{name}.g{gi}" if numbered else name
             self.ops.append(CollectiveOpSpec(name=nm, kind=kind, size_bytes=size, stream=stream, ranks=ranks,

@@ -168,25 +168,41 @@ class Layout:
     tp: int
     pp: int
     v: int
-    # Data-parallel replicas whose own ops are made (the first ones); the rest are stood for by
-    # them (rank symmetry). Their data-parallel collectives still span every replica.
+    # Data-parallel replicas, and tensor-parallel ranks of a group, whose own ops are made (the
+    # first ones); the rest are stood for by them (rank symmetry). Their collectives still list
+    # every member of their groups.
     made_dp: int | None = None
+    made_tp: int | None = None
 
     @property
     def replicas_made(self) -> int:
         return self.dp if self.made_dp is None else self.made_dp
 
+    @property
+    def tp_made(self) -> int:
+        return self.tp if self.made_tp is None else self.made_tp
+
     def rank(self, d: int, s: int, i: int) -> int:
         return (d * self.pp + s) * self.tp + i
 
     def stage_ranks(self, s: int) -> list[int]:
-        return [self.rank(d, s, i) for d in range(self.replicas_made) for i in range(self.tp)]
+        return [self.rank(d, s, i) for d in range(self.replicas_made) for i in range(self.tp_made)]
+
+    def made_ranks(self) -> list[int]:
+        """The ranks whose ops are made, ascending."""
+        return sorted(r for s in range(self.pp) for r in self.stage_ranks(s))
+
+    def stand_offsets(self) -> list[int]:
+        """Offsets from a made rank of the ranks it stands for, 0 (itself) first."""
+        dps = range(self.dp) if self.made_dp is not None else range(1)
+        tps = range(self.tp) if self.made_tp is not None else range(1)
+        return [self.rank(d, 0, i) for d in dps for i in tps]
 
     def tp_groups(self, s: int) -> list[list[int]]:
         return [[self.rank(d, s, i) for i in range(self.tp)] for d in range(self.replicas_made)]
 
     def dp_groups(self, s: int) -> list[list[int]]:
-        return [[self.rank(d, s, i) for d in range(self.dp)] for i in range(self.tp)]
+        return [[self.rank(d, s, i) for d in range(self.dp)] for i in range(self.tp_made)]
 
 
 def layout(spec: TrainingSpec, n_ranks: int) -> Layout:

@@ -414,18 +414,21 @@ def build_workload(
     streams: dict[str, int] | None = None,
     source: str = "",
     max_ops: int | None = None,
-    simulated_ranks: int | None = None,
+    simulated: Sequence[int] | None = None,
+    stand_offsets: Sequence[int] = (),
 ) -> Workload:
     """Expand op specs over ranks and repeats, price them, and apply the schedule and knobs.
 
     ``streams`` maps stream names to CUDA priorities (lower is higher). Under ``sequential`` every
-    op of a rank runs on one stream in the order listed. ``simulated_ranks`` k: ops only for ranks
-    0..k-1, which stand for ``n_ranks // k`` identical replicas (rank symmetry, docs/design.md):
-    collectives are still planned over their whole groups.
+    op of a rank runs on one stream in the order listed. ``simulated``: ops only for these ranks
+    (ascending), numbered 0.. in the workload, each standing for itself plus each of
+    ``stand_offsets`` (rank symmetry, docs/design.md); collectives are still planned over their
+    whole groups.
     """
-    keep = simulated_ranks or n_ranks
-    if n_ranks % keep:
-        raise OvsimError(f"{keep} simulated ranks do not divide the {n_ranks}", source=source, field="ranks")
+    sim = {r: j for j, r in enumerate(simulated)} if simulated is not None else None
+    if sim is not None and len(sim) * max(1, len(stand_offsets)) != n_ranks:
+        raise OvsimError(f"{len(sim)} simulated ranks standing for {len(stand_offsets)} each are not the {n_ranks}",
+                         source=source, field="ranks")
     knobs = knobs or Knobs()
     if knobs.sm_carveout >= gpu.sm.count:
         raise OvsimError(f"carve-out of {knobs.sm_carveout} SMs on a {gpu.sm.count}-SM GPU", source=source,
@@ -434,7 +437,7 @@ def build_workload(
     if dup:
         raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
     by_name = {s.name: s for s in specs}
-    _check_size(specs, keep, MAX_OPS if max_ops is None else max_ops, source)
+    _check_size(specs, len(sim) if sim is not None else n_ranks, MAX_OPS if max_ops is None else max_ops, source)
     # A priority for a stream no op runs on, beside ops on a stream given none, is a typo: it would
     # silently leave the ops' stream at priority 0. (A declared stream may go unused: one streams
     # section serves several variants of a scenario.)
@@ -465,26 +468,31 @@ def build_workload(
         try:
             ranks = _ranks(spec, n_ranks)
             ops.extend(_expand(spec, ranks, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
-                               n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands, keep=keep,
+                               n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands, sim=sim,
                                rank_sets=rank_sets, plans=plans))
         except OvsimError as e:
             raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
     for op in ops:
         used_streams.add((op.rank, op.stream))
     stream_specs = tuple(StreamSpec(rank=r, name=s, priority=priorities.get(s, 0)) for r, s in sorted(used_streams))
-    wl = Workload(ops=tuple(ops), streams=stream_specs, n_ranks=keep, replicas=n_ranks // keep)
+    wl = Workload(ops=tuple(ops), streams=stream_specs, n_ranks=len(sim) if sim is not None else n_ranks,
+                  job_ranks=tuple(sim) if sim is not None and list(sim) != list(range(len(sim))) else (),
+                  stand_offsets=tuple(stand_offsets) if sim is not None else ())
     wl.validate(source)
     return wl
 
 
 def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: GpuSpec, system: SystemSpec,
             params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
-            demands: dict[str, KernelDemand], keep: int, rank_sets: dict[str, frozenset[int]],
+            demands: dict[str, KernelDemand], sim: dict[int, int] | None, rank_sets: dict[str, frozenset[int]],
             plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None) -> list[Op]:
-    """The ops of ``spec`` on ``ranks`` below ``keep`` (all of them without rank symmetry)."""
+    """The ops of ``spec`` on those of ``ranks`` that ``sim`` numbers (all of them, as they are,
+    without rank symmetry); their ids name the job's ranks."""
     out: list[Op] = []
     members = ranks
-    ranks = [r for r in ranks if r < keep]
+    if sim is not None:
+        ranks = [r for r in ranks if r in sim]
+    at = sim.__getitem__ if sim is not None else int
     stream = "main" if sequential else spec.stream
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
     # Nothing changes an op's info after the build, so its ranks and repeats share one.
@@ -500,8 +508,8 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
     for d in spec.after_any:
         if not _runs_on_any(by_name[d], on_set, n_ranks, rank_sets):
             raise OvsimError(f"op '{spec.name}' follows '{d}', which runs on none of its ranks", field="after_any")
-    if not any(r < keep for r in on):
-        return out  # a replica's op that the simulated one stands for
+    if sim is not None and not any(r in sim for r in on):
+        return out  # an op of ranks the simulated ones stand for
     for i in range(spec.repeat):
         suffix = f"#{i}" if spec.repeat > 1 else ""
 
@@ -524,11 +532,11 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
         name = spec.name + suffix
         if isinstance(spec, DelayOp):
             for r in ranks:
-                out.append(Op(id=_op_id(name, r), name=name, kind="delay", rank=r, stream=stream, deps=dep_ids(r),
-                              delay_s=spec.duration_s))
+                out.append(Op(id=_op_id(name, r), name=name, kind="delay", rank=at(r), stream=stream,
+                              deps=dep_ids(r), delay_s=spec.duration_s))
         elif kernel is not None:
             for r in ranks:
-                out.append(Op(id=_op_id(name, r), name=name, kind=_kind(spec.kind), rank=r, stream=stream,
+                out.append(Op(id=_op_id(name, r), name=name, kind=_kind(spec.kind), rank=at(r), stream=stream,
                               deps=dep_ids(r), delay_s=spec.delay_s, kernel=kernel, partition=partition,
                               info=info))
         elif isinstance(spec, CollectiveOpSpec | SendRecvOp):
@@ -539,35 +547,47 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
                 if spec.src == spec.dst:
                     raise OvsimError("send and receive ranks must differ", field="dst")
             parts = _collective_ops(spec, name, members, gpu, system, params, knobs, plans)
-            if keep < n_ranks:
-                parts = _simulated_parts(parts, keep, spec.name)
+            if sim is not None:
+                parts = _simulated_parts(parts, sim, spec.name)
             for r, (kd, flow, kind) in parts.items():
-                out.append(Op(id=_op_id(name, r), name=name, kind=kind, rank=r, stream=stream,  # type: ignore[arg-type]
+                out.append(Op(id=_op_id(name, r), name=name, kind=kind, rank=at(r), stream=stream,  # type: ignore[arg-type]
                               deps=dep_ids(r), delay_s=spec.delay_s, kernel=kd, flow=flow, info=info))
         else:
             assert isinstance(spec, CopyOp)
             for r in ranks:
                 group = f"{name}@r{r}"
                 flow = _copy_flow(spec, group, r, gpu, system, n_ranks, params)
-                out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=r, stream=stream,
+                if sim is not None:
+                    flow = _renumbered(flow, sim, spec.name)
+                out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=at(r), stream=stream,
                               deps=dep_ids(r), delay_s=spec.delay_s, flow=flow, info=info))
     return out
 
 
-def _simulated_parts(parts: dict[int, tuple[KernelDemand | None, FlowDemand, str]], keep: int,
+def _simulated_parts(parts: dict[int, tuple[KernelDemand | None, FlowDemand, str]], sim: dict[int, int],
                      name: str) -> dict[int, tuple[KernelDemand | None, FlowDemand, str]]:
-    """A collective's members among the simulated ranks, its flow still priced for its whole
-    group (``group_size``)."""
-    kept = {r: part for r, part in parts.items() if r < keep}
+    """A collective's members among the simulated ranks (by job rank), its flow on their simulated
+    numbers and still priced for its whole group (``group_size``)."""
+    kept = {r: part for r, part in parts.items() if r in sim}
     if not kept:
         return {}
-    if len(kept) < len(parts) and any(r >= keep for r in (next(iter(parts.values()))[1].endpoints or ())):
-        raise OvsimError(f"'{name}' joins a simulated rank to a replica's; run without rank symmetry",
-                         field="ranks")
     flow = next(iter(kept.values()))[1]
-    narrowed = dataclasses.replace(flow, ranks=tuple(r for r in flow.ranks if r < keep),
-                                   group_size=flow.group_size or len(flow.ranks))
+    narrowed = _renumbered(dataclasses.replace(flow, group_size=flow.group_size or len(flow.ranks)), sim, name)
     return {r: (kd, narrowed, kind) for r, (kd, _, kind) in kept.items()}
+
+
+def _renumbered(flow: FlowDemand, at: dict[int, int], name: str) -> FlowDemand:
+    """``flow`` on the simulated members' numbers (``at``: job rank -> simulated); the host (-1)
+    stays. A transfer between a simulated rank and one it stands for cannot be simulated."""
+    if flow.endpoints is not None and any(e >= 0 and e not in at for e in flow.endpoints):
+        raise OvsimError(f"'{name}' joins a simulated rank to one it stands for; run without rank symmetry",
+                         field="ranks")
+    if all(at.get(r) == r for r in flow.ranks) and (flow.endpoints is None or all(
+            e < 0 or at[e] == e for e in flow.endpoints)):
+        return flow
+    ends = flow.endpoints
+    return dataclasses.replace(flow, ranks=tuple(at[r] for r in flow.ranks if r in at),
+                               endpoints=None if ends is None else (at.get(ends[0], ends[0]), at.get(ends[1], ends[1])))
 
 
 def _runs_on_any(spec: OpSpec, ranks: frozenset[int], n_ranks: int, rank_sets: dict[str, frozenset[int]]) -> bool:

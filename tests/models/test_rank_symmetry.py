@@ -1,4 +1,5 @@
-"""Rank symmetry: a training iteration's data-parallel replicas simulated once.
+"""Rank symmetry: a training iteration's data-parallel replicas, and the ranks of each
+tensor-parallel group, simulated once.
 
 The golden result is the full simulation of every rank: on small jobs the symmetric run, expanded
 to every rank, must give the same timeline and the same summary (round-off aside).
@@ -31,6 +32,27 @@ JOBS: dict[str, dict[str, Any]] = {
     "pipeline-dp-sequential": {"system": "h100x4", "schedule": "sequential", "training": {
         "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
         "parallel": {"pp": 2, "pipeline": "1f1b"}}},
+    # TP 2 x PP 2 x DP 2 on one node: one rank of one replica's group per stage.
+    "tp-pipeline-dp": {"system": "hgx-h100", "training": {
+        "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
+        "parallel": {"tp": 2, "pp": 2, "pipeline": "1f1b"}}},
+    # The same, sequential, and interleaved: the blocking transfers name the job's ranks.
+    "tp-interleaved-sequential": {"system": "hgx-h100", "schedule": "sequential", "training": {
+        "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
+        "parallel": {"tp": 2, "pp": 2, "pipeline": "interleaved", "virtual_stages": 2}}},
+    # Stages on two nodes, their transfers over the NICs; no data parallelism.
+    "tp8-pp2-2-nodes": {"system": "hgx-h100-ndr", "nodes": 2, "training": {
+        "model": "llama2-70b", "layers": 2, "micro_batch_size": 1, "micro_batches": 2, "precision": "bf16",
+        "parallel": {"tp": 8, "pp": 2, "sequence_parallel": True}}},
+    # Chunked TP on copy engines beside FSDP over the other dimension.
+    "tp-copy-engine-fsdp": {"system": "hgx-h100", "training": {
+        "model": "gpt3-1.3b", "layers": 2, "micro_batch_size": 1, "precision": "bf16",
+        "parallel": {"tp": 4, "dp_mode": "fsdp", "sequence_parallel": True, "tp_overlap": "copy_engine",
+                     "tp_chunks": 2}}},
+    # Communication off: a stage waits for the matching rank of the previous one.
+    "tp-pipeline-no-comm": {"system": "hgx-h100", "training": {
+        "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 2, "precision": "bf16",
+        "communication": False, "parallel": {"tp": 2, "pp": 2, "pipeline": "1f1b"}}},
 }
 
 
@@ -70,9 +92,10 @@ def test_one_replica_expanded_is_the_full_simulation(name: str) -> None:
             assert sa[key] == value, key
 
 
-def test_the_analytic_fidelity_takes_the_same_replica() -> None:
+@pytest.mark.parametrize("name", ["ddp-2-nodes", "tp-pipeline-dp"])
+def test_the_analytic_fidelity_takes_the_same_replica(name: str) -> None:
     """Time, power and energy: a collective's link power counts its whole group, simulated or not."""
-    sym, full = _pair(JOBS["ddp-2-nodes"], mode="analytic")
+    sym, full = _pair(JOBS[name], mode="analytic")
     sa, sb = sym.summary(), full.summary()
     for key, value in sb.items():
         if isinstance(value, float):
@@ -82,7 +105,8 @@ def test_the_analytic_fidelity_takes_the_same_replica() -> None:
 @pytest.mark.parametrize(("tp", "pp", "ranks"), [(2, 3, 12), (2, 1, 16)])
 def test_replicas_that_do_not_tile_the_network_alike_run_in_full(tp: int, pp: int, ranks: int) -> None:
     """A 6-rank replica on 8-GPU nodes straddles nodes unevenly; 2-rank replicas on nodes whose
-    4 NICs each serve 4 GPUs share NICs with their neighbours. Neither stands for the others."""
+    2 NICs each serve 4 GPUs share NICs with their neighbours. Neither stands for the others; nor
+    do the ranks of a tensor-parallel group that share a NIC."""
     system: Any = "hgx-h100-ndr"
     if pp == 1:
         system = {"gpu": "h100-sxm5-80gb", "gpu_count": 8, "nodes": 2, "network": {
@@ -93,8 +117,10 @@ def test_replicas_that_do_not_tile_the_network_alike_run_in_full(tp: int, pp: in
     if pp == 1:
         del job["nodes"]
         job["training"]["parallel"] = {"tp": tp}
-    result = predict(Scenario.model_validate(job), mode="analytic")
-    assert result.workload.replicas == 1 and result.workload.n_ranks == ranks
+    wl = predict(Scenario.model_validate(job), mode="analytic").workload
+    assert wl.n_ranks * wl.replicas == ranks
+    # Only a tensor-parallel group's ranks stand for each other, and not where they share NICs.
+    assert wl.stand_offsets == ((0, 1) if pp > 1 else ())
 
 
 def test_a_mesh_node_runs_every_rank() -> None:
