@@ -13,12 +13,14 @@ the recomputed forward pass) over the iteration's time and the GPU count:
 
     F = 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))
 
-    python bench/published_jobs.py                 # 1.7B-18B simulated, about 10 s
-    python bench/published_jobs.py --rows 39B 76B 145B --mode analytic   # about 2 minutes, 3 GB
+    python bench/published_jobs.py                 # 1.7B-18B simulated, about 3 s
+    python bench/published_jobs.py --rows 39B 76B 145B --mode analytic   # about 15 s, 0.8 GB
+    python bench/published_jobs.py --rows 310B 530B 1T --mode analytic   # about 5 minutes, 12 GB
 
 Every row runs with unfused attention, as Megatron-LM ran before FlashAttention, which is also
 what equation 3 counts (the whole s x s of QK^T and PV, no causal skipping). The rows from 310B
-up need more than two million ops and are not run by default.
+up simulate 0.7-3.3 million ops (one rank of each pipeline stage: hundreds of micro-batches
+through 16-64 stages) and are not run by default.
 
 Llama 3 405B's pre-training at 8K context (Grattafiori et al., "The Llama 3 Herd of Models",
 arXiv 2407.21783, table 4): 8,192 and 16,384 H100 in TP8 x CP1 x PP16 x DP64 and DP128, sequences
@@ -34,7 +36,7 @@ after the step; the run's FSDP also sharded its gradients, which ovsim does not 
 with pipeline parallelism); the nodes are HGX H100 with eight 400 Gb/s NICs (the paper's RoCE
 fabric runs 400 Gb/s a GPU too).
 
-    python bench/published_jobs.py --rows llama3-16384-v2 --mode analytic   # about 30 s, 1.2 GB
+    python bench/published_jobs.py --rows llama3-16384-v2 --mode analytic   # about 5 s, 0.4 GB
 """
 
 from __future__ import annotations
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     every: list[Row | LlamaRow] = [*ROWS, *LLAMA_ROWS]
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every])
     ap.add_argument("--mode", choices=["analytic", "simulate"], default="simulate")
-    ap.add_argument("--max-ops", type=int, default=2_000_000)
+    ap.add_argument("--max-ops", type=int, default=4_000_000)
     args = ap.parse_args(argv)
     print(f"{'row':>15} {'GPUs':>6} {'tp x pp x dp':>12} {'mb x m':>7} {'v':>2} {'ops':>8} {'iter s':>7} "
           f"{'TFLOP/s':>8} {'published':>9} {'error':>7} {'memory':>7} {'wall s':>7} {'peak GB':>7}")

@@ -192,8 +192,8 @@ class Knobs(InputModel):
     sm_carveout: NonNegativeInt = 0
     # Run all-gathers (and all-to-alls) on copy engines instead of SMs.
     ce_offload: bool = False
-    # A training iteration's data-parallel replicas run the same ops: simulate one and stand it
-    # for all (docs/design.md, "Rank symmetry"); false: every rank.
+    # A training iteration's data-parallel replicas, and a tensor-parallel group's ranks, run the
+    # same ops: simulate one and stand it for all (docs/design.md, "Rank symmetry"); false: every rank.
     rank_symmetry: bool = True
 
 
@@ -213,15 +213,18 @@ def _ranks(spec: _OpBase, n_ranks: int) -> list[int]:
     return list(spec.ranks)
 
 
-def _check_size(specs: Sequence[_OpBase], n_ranks: int, max_ops: int, source: str) -> None:
-    """Refuse a scenario that expands to more than ``max_ops`` ops on ranks 0..n_ranks-1 (the
-    simulated ones)."""
+def _check_size(specs: Sequence[_OpBase], n_ranks: int, sim: dict[int, int] | None, max_ops: int,
+                source: str) -> None:
+    """Refuse a scenario that expands to more than ``max_ops`` ops on the simulated ranks (``sim``'s
+    job ranks; None: all ``n_ranks``)."""
     total = 0
     for spec in specs:
         if isinstance(spec, SendRecvOp):
-            on = (spec.src < n_ranks) + (spec.dst < n_ranks)
+            on = sum(1 for r in (spec.src, spec.dst) if r < n_ranks and (sim is None or r in sim))
+        elif spec.ranks == "all":
+            on = n_ranks if sim is None else len(sim)
         else:
-            on = n_ranks if spec.ranks == "all" else sum(1 for r in spec.ranks if r < n_ranks)
+            on = sum(1 for r in spec.ranks if r < n_ranks and (sim is None or r in sim))
         total += on * spec.repeat
     if total > max_ops:
         raise OvsimError(f"the scenario expands to {total:,} ops (ranks x repeat), over the limit of {max_ops:,}; "
@@ -437,7 +440,7 @@ def build_workload(
     if dup:
         raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
     by_name = {s.name: s for s in specs}
-    _check_size(specs, len(sim) if sim is not None else n_ranks, MAX_OPS if max_ops is None else max_ops, source)
+    _check_size(specs, n_ranks, sim, MAX_OPS if max_ops is None else max_ops, source)
     # A priority for a stream no op runs on, beside ops on a stream given none, is a typo: it would
     # silently leave the ops' stream at priority 0. (A declared stream may go unused: one streams
     # section serves several variants of a scenario.)

@@ -148,3 +148,17 @@ def test_a_collectives_link_power_counts_its_whole_group(h100: Any, h100_calib: 
                             h100, model)
     assert whole.link_bytes_per_s > 0
     assert one == whole
+
+
+def test_the_op_limit_counts_the_ops_simulated() -> None:
+    """--max-ops bounds the ops the simulated ranks run (here one rank of each of 2 stages), not
+    the job's: the limit at that count passes, one below is refused with the count."""
+    from ovsim.api import build
+    from ovsim.errors import OvsimError
+
+    sc = Scenario.model_validate(JOBS["tp-pipeline-dp"])
+    wl = build(sc)[0]
+    assert wl.job_ranks == (0, 2) and wl.stand_offsets == (0, 1, 4, 5)
+    assert len(build(sc, max_ops=len(wl.ops))[0].ops) == len(wl.ops)
+    with pytest.raises(OvsimError, match=f"{len(wl.ops):,} ops"):
+        build(sc, max_ops=len(wl.ops) - 1)
