@@ -156,20 +156,37 @@ class Result:
         ``workload.stand_offsets``, each id's ``@r`` suffix renamed to match. Names, groups and
         streams are the simulated ranks' (a collective's group name, a sequential pipeline's
         ``p2p0>1`` stream). Flows (rank -1) appear once."""
+        return self._expanded(self.timeline.ops, ids=True)
+
+    def expanded_timeline(self) -> Timeline:
+        """The timeline on every rank of the job: :meth:`expanded_ops`, and each simulated rank's
+        counters (power, clock) for every rank it stands for."""
+        return Timeline(ops=self.expanded_ops(), counters=self._expanded(self.timeline.counters, ids=False))
+
+    @property
+    def expanded_rows(self) -> int:
+        """Rows of :meth:`expanded_ops`, without making them."""
         ops = self.timeline.ops
-        if self.workload.replicas == 1:
-            return ops
-        per_rank = ops[ops["rank"] >= 0]
-        parts = [ops]
+        per_rank = int((ops["rank"] >= 0).sum())
+        return len(ops) + per_rank * (self.workload.replicas - 1)
+
+    def _expanded(self, df: pd.DataFrame, *, ids: bool) -> pd.DataFrame:
+        if self.workload.replicas == 1 or df.empty:
+            return df
+        per_rank = df[df["rank"] >= 0]
+        parts = [df]
         for offset in self.workload.stand_offsets[1:]:
             copy = per_rank.copy()
             copy["rank"] = copy["rank"] + offset
-            copy["id"] = [f"{i.rsplit('@r', 1)[0]}@r{r}" for i, r in zip(copy["id"], copy["rank"], strict=True)]
+            if ids:
+                copy["id"] = [f"{i.rsplit('@r', 1)[0]}@r{r}" for i, r in zip(copy["id"], copy["rank"], strict=True)]
             parts.append(copy)
         return pd.concat(parts, ignore_index=True)
 
-    def to_json(self) -> dict[str, Any]:
-        ops = self.timeline.ops.replace([float("inf")], None)
+    def to_json(self, *, all_ranks: bool = False) -> dict[str, Any]:
+        """The summary, streams, ops and per-GPU power as plain data; ``all_ranks``: the ops of
+        every rank of the job (:meth:`expanded_ops`), not only the simulated ones'."""
+        ops = (self.expanded_ops() if all_ranks else self.timeline.ops).replace([float("inf")], None)
         out = {"summary": self.summary(), "streams": self.streams().to_dict(orient="records"),
                "ops": ops.to_dict(orient="records")}
         if self.power_config is not None:

@@ -58,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
                     help="no power-limit loop (by default it runs at the GPU's default limit): every kernel at its "
                          "calibrated rate, power only reported, as no real board runs")
     pr.add_argument("--quiet", action="store_true", help="print nothing unless --json")
+    pr.add_argument("--all-ranks", action="store_true",
+                    help="--json's ops and --timeline cover every rank of the job, not only the ranks simulated for "
+                         "the others (rank symmetry, docs/design.md); at most --max-ops rows")
     max_ops_flag(pr)
     pr.set_defaults(func=run_predict)
     cp = sub.add_parser("compare", help="predict several scenarios and compare them side by side")

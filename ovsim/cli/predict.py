@@ -146,18 +146,35 @@ def run_predict(args: argparse.Namespace) -> int:
         raise
     finally:
         bar.done()
+    if args.all_ranks:
+        _check_expansion(result, args.max_ops, args.scenario)
     if args.timeline:
-        write_trace(result.timeline, args.timeline, label=result.scenario.name)
+        write_trace(result.expanded_timeline() if args.all_ranks else result.timeline, args.timeline,
+                    label=result.scenario.name)
     if args.plot:
         from ovsim.plot import timeline_figure
 
         save_plot(timeline_figure(result.timeline, title=f"{result.scenario.name} ({result.system.name})",
                                    max_ranks=args.plot_ranks), args.plot)
     if args.json:
-        print(json_text(result.to_json()))
+        print(json_text(result.to_json(all_ranks=args.all_ranks)))
     elif not args.quiet:
         print(_table(result, args.rows))
     return 0
+
+
+def _check_expansion(result: Any, max_ops: int | None, source: str) -> None:
+    """Refuse --all-ranks where the job's rows would pass the op limit: rank symmetry is what let a
+    job of thousands of GPUs run, and writing every rank out would undo it."""
+    from ovsim.limits import MAX_OPS
+
+    limit = MAX_OPS if max_ops is None else max_ops
+    rows = result.expanded_rows
+    n = result.workload.n_ranks
+    if rows > limit:
+        raise OvsimError(f"every rank of the job is {rows:,} rows, over the limit of {limit:,}; pass a larger "
+                         f"--max-ops, or leave out --all-ranks for the {n} rank{'s' if n > 1 else ''} simulated",
+                         source=source, field="--all-ranks")
 
 
 def run_compare(args: argparse.Namespace) -> int:

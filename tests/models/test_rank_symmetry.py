@@ -162,3 +162,34 @@ def test_the_op_limit_counts_the_ops_simulated() -> None:
     assert len(build(sc, max_ops=len(wl.ops))[0].ops) == len(wl.ops)
     with pytest.raises(OvsimError, match=f"{len(wl.ops):,} ops"):
         build(sc, max_ops=len(wl.ops) - 1)
+
+
+def test_predict_all_ranks_writes_every_rank(tmp_path: Any, capsys: Any) -> None:
+    """`ovsim predict --all-ranks` writes the job's every rank, as the full simulation has them, in
+    --json and --timeline; over --max-ops it is refused with the row count, exit status non-zero."""
+    import json
+
+    import yaml
+
+    from ovsim.cli.main import main
+
+    job = {"schema": "ovsim.scenario/1", "name": "tp-pipeline-dp", **JOBS["tp-pipeline-dp"]}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    timeline = tmp_path / "t.json"
+    assert main(["predict", str(path), "--mode", "analytic", "--json", "--all-ranks", "--timeline",
+                 str(timeline)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["simulated_ranks"] == 2 and out["summary"]["ranks"] == 8
+    full = predict(Scenario.model_validate({**job, "knobs": {"rank_symmetry": False}}), mode="analytic")
+    a = _rows(pd.DataFrame(out["ops"]))
+    b = _rows(full.timeline.ops)
+    assert len(a) == len(b) and (a["rank"] == b["rank"]).all()
+    assert a["end_s"].to_numpy() == pytest.approx(b["end_s"].to_numpy(), rel=1e-9, abs=1e-12)
+    events = json.loads(timeline.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert {e["args"]["name"] for e in events if e.get("name") == "process_name"} >= {f"rank {r}" for r in range(8)}
+    # The simulated ranks' 474 ops pass a limit of 1,000; the job's 1,896 per-rank rows do not.
+    assert main(["predict", str(path), "--mode", "analytic", "--json", "--all-ranks", "--max-ops", "1000"]) != 0
+    err = capsys.readouterr().err
+    assert "--all-ranks: every rank of the job is" in err and "rows, over the limit of 1,000" in err
