@@ -6,7 +6,7 @@ why, is stated in :mod:`ovsim.models.training`, which orders the parts into a sc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ovsim.models.training_spec import (
     Layout,
@@ -64,20 +64,23 @@ class LayerEmitter:
 
     # basic emitters
 
-    def compute(self, st: StageState, op: OpSpec) -> str:
+    def compute(self, st: StageState, cls: type[GemmOp | MemoryOp | AttentionOp], **fields: Any) -> str:
+        """A compute op of ``cls`` on the stage's ranks, after what the stage left pending. Made in
+        one step: a training iteration makes hundreds of thousands, and a copy of each doubled the
+        build's memory."""
         extra = list(st.pending)
         st.pending = []
-        op = op.model_copy(update={"ranks": st.ranks, "stream": "compute", "after_any": extra})
+        op = cls(ranks=st.ranks, stream="compute", after_any=extra, **fields)
         self.ops.append(op)
         st.last = op.name
         return op.name
 
     def gemm(self, st: StageState, name: str, m: int, n: int, k: int) -> str:
         # No tile: each GEMM on the library kernel the cost model finds fastest for its shape.
-        return self.compute(st, GemmOp(name=name, kind="gemm", m=m, n=n, k=k, precision=self.gemm_precision))
+        return self.compute(st, GemmOp, name=name, kind="gemm", m=m, n=n, k=k, precision=self.gemm_precision)
 
     def mem(self, st: StageState, name: str, nbytes: float, kind: Literal["elementwise", "norm", "softmax"]) -> str:
-        return self.compute(st, MemoryOp(name=name, kind=kind, bytes=max(1.0, nbytes), grid_stride=True))
+        return self.compute(st, MemoryOp, name=name, kind=kind, bytes=max(1.0, nbytes), grid_stride=True)
 
     def collective(self, st: StageState, name: str, kind: CollectiveKind, size: float, stream: str,
                    groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm") -> list[str]:
@@ -216,8 +219,8 @@ class LayerEmitter:
         m, b = self.m, self.spec.micro_batch_size
         heads, s, d = m.heads // self.lay.tp, m.seq_len, m.hidden // m.heads
         if self.spec.attention == "flash":
-            self.compute(st, AttentionOp(name=name, kind="attention", batch=b, heads=heads, seq_len=s, head_dim=d,
-                                         precision=self._attn_precision(), backward=backward))
+            self.compute(st, AttentionOp, name=name, kind="attention", batch=b, heads=heads, seq_len=s, head_dim=d,
+                         precision=self._attn_precision(), backward=backward)
             return
         # Unfused: every head's s x s scores go through HBM. The batched GEMMs are priced as one
         # GEMM of the same FLOPs and operand shapes (b x heads x s rows).
@@ -227,7 +230,7 @@ class LayerEmitter:
         eb = activation_element_bytes(prec)
 
         def bmm(part: str, n: int, k: int) -> None:
-            self.compute(st, GemmOp(name=f"{name}.{part}", kind="gemm", m=rows, n=n, k=k, precision=prec))
+            self.compute(st, GemmOp, name=f"{name}.{part}", kind="gemm", m=rows, n=n, k=k, precision=prec)
 
         if not backward:
             bmm("qk", s, d)
