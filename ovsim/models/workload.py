@@ -575,22 +575,25 @@ def _simulated_parts(parts: dict[int, tuple[KernelDemand | None, FlowDemand, str
     if not kept:
         return {}
     flow = next(iter(kept.values()))[1]
-    narrowed = _renumbered(dataclasses.replace(flow, group_size=flow.group_size or len(flow.ranks)), sim, name)
+    narrowed = _renumbered(flow, sim, name, group_size=flow.group_size or len(flow.ranks))
     return {r: (kd, narrowed, kind) for r, (kd, _, kind) in kept.items()}
 
 
-def _renumbered(flow: FlowDemand, at: dict[int, int], name: str) -> FlowDemand:
-    """``flow`` on the simulated members' numbers (``at``: job rank -> simulated); the host (-1)
-    stays. A transfer between a simulated rank and one it stands for cannot be simulated."""
-    if flow.endpoints is not None and any(e >= 0 and e not in at for e in flow.endpoints):
+def _renumbered(flow: FlowDemand, at: dict[int, int], name: str, group_size: int = 0) -> FlowDemand:
+    """``flow`` on the simulated members' numbers (``at``: job rank -> simulated; the host, -1,
+    stays), with ``group_size`` where given. A transfer between a simulated rank and one it stands
+    for cannot be simulated."""
+    ends = flow.endpoints
+    if ends is not None and any(e >= 0 and e not in at for e in ends):
         raise OvsimError(f"'{name}' joins a simulated rank to one it stands for; run without rank symmetry",
                          field="ranks")
-    if all(at.get(r) == r for r in flow.ranks) and (flow.endpoints is None or all(
-            e < 0 or at[e] == e for e in flow.endpoints)):
+    ranks = tuple(at[r] for r in flow.ranks if r in at)
+    if ends is not None:
+        ends = (at.get(ends[0], ends[0]), at.get(ends[1], ends[1]))
+    size = group_size or flow.group_size
+    if ranks == flow.ranks and ends == flow.endpoints and size == flow.group_size:
         return flow
-    ends = flow.endpoints
-    return dataclasses.replace(flow, ranks=tuple(at[r] for r in flow.ranks if r in at),
-                               endpoints=None if ends is None else (at.get(ends[0], ends[0]), at.get(ends[1], ends[1])))
+    return dataclasses.replace(flow, ranks=ranks, endpoints=ends, group_size=size)
 
 
 def _runs_on_any(spec: OpSpec, ranks: frozenset[int], n_ranks: int, rank_sets: dict[str, frozenset[int]]) -> bool:
