@@ -27,8 +27,8 @@ from ovsim.errors import OvsimError
 from ovsim.hw.inputs import InputModel
 from ovsim.hw.power import PowerSettings
 from ovsim.hw.spec import NetworkSpec, SystemSpec, read_yaml, validation_error
+from ovsim.models.op_specs import Knobs, OpSpec, Schedule
 from ovsim.models.training_spec import TrainingSpec
-from ovsim.models.workload import Knobs, OpSpec, Schedule
 
 Mode = Literal["simulate", "analytic"]
 

@@ -50,7 +50,7 @@ from ovsim.api import Result, build, predict
 from ovsim.engine.analytic import analytic_timeline
 from ovsim.errors import OvsimError
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE
-from ovsim.models.workload import CollectiveOpSpec
+from ovsim.models.op_specs import CollectiveOpSpec
 from ovsim.scenario import Mode, Scenario
 from ovsim.sweep import base_mapping, edited, scenario_at
 from ovsim.workers import executor

@@ -53,6 +53,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models.ir import StreamSpec, Workload
+from ovsim.models.op_specs import Knobs, OpSpec, Schedule, SendRecvOp
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
 from ovsim.models.training_emit import FsdpCollectives, LayerEmitter
 
@@ -67,13 +68,7 @@ from ovsim.models.training_spec import (
     params_per_rank,
 )
 from ovsim.models.training_spec import ModelShape as ModelShape
-from ovsim.models.workload import (
-    Knobs,
-    OpSpec,
-    Schedule,
-    SendRecvOp,
-    build_workload,
-)
+from ovsim.models.workload import build_workload
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ovsim.models.op_specs import (
+    AttentionOp,
+    CollectiveKind,
+    CollectiveOpSpec,
+    GemmOp,
+    MemoryOp,
+    OpSpec,
+)
 from ovsim.models.training_spec import (
     Layout,
     TrainingSpec,
@@ -16,14 +24,6 @@ from ovsim.models.training_spec import (
     layer_params,
     stage_embedding_params,
     wire_element_bytes,
-)
-from ovsim.models.workload import (
-    AttentionOp,
-    CollectiveKind,
-    CollectiveOpSpec,
-    GemmOp,
-    MemoryOp,
-    OpSpec,
 )
 
 

@@ -1,9 +1,7 @@
-"""User-level ops (a GEMM shape, an all-reduce size...) and how a schedule turns them into the
-per-rank :class:`~ovsim.models.ir.Workload` the engine runs.
-
-An op spec names its kind and parameters, the stream it goes on, the ranks that run it and the ops
-it must follow (``after``, by name, on the same rank). Schedule knobs are applied here, once, so
-that both fidelities see the same workload.
+"""How a schedule turns op specs (:mod:`ovsim.models.op_specs`) into the per-rank
+:class:`~ovsim.models.ir.Workload` the engine runs: ops expanded over ranks and repeats, each
+priced once, communication planned over its whole group. Schedule knobs are applied here, once,
+so that both fidelities see the same workload.
 """
 
 from __future__ import annotations
@@ -12,194 +10,38 @@ import dataclasses
 import math
 from collections import Counter
 from collections.abc import Sequence
-from typing import Annotated, Literal
-
-from pydantic import (
-    ConfigDict,
-    Field,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    model_validator,
-)
+from typing import Literal
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
-from ovsim.hw.inputs import InputModel
-from ovsim.hw.spec import GpuSpec, Precision, SystemSpec
+from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
-from ovsim.models import cost, gemm_library, nccl, nccl_params
+from ovsim.models import cost, gemm_library, nccl
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 
-# A stream's name; "" would be a stream no table can show.
-StreamName = Annotated[str, Field(min_length=1)]
+# The specs and knobs live in op_specs; importers that name them here keep working.
+from ovsim.models.op_specs import (
+    COMPUTE_KINDS,
+    GEMM_BLOCK_FIELDS,
+    GEMM_TILE_FIELDS,
+    AttentionOp,
+    CollectiveKind,
+    CollectiveOpSpec,
+    CopyOp,
+    DelayOp,
+    GemmOp,
+    KernelOp,
+    Knobs,
+    MemoryOp,
+    OpSpec,
+    Schedule,
+    SendRecvOp,
+    _OpBase,
+)
 
-
-class _OpBase(InputModel):
-    # .nan and .inf are refused: an infinite delay or size would never finish simulating.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    name: str = Field(min_length=1)
-    stream: StreamName = "compute"
-    # "all", or the list of ranks that run this op (for a collective: its group); an empty list
-    # would drop the op without a word.
-    ranks: Literal["all"] | Annotated[list[NonNegativeInt], Field(min_length=1)] = "all"
-    after: list[str] = Field(default_factory=list)
-    # Like ``after``, but each name binds only on the ranks where that op runs (a send waits for
-    # the sender's compute, its receive for the receiver's); a name that runs on none of this op's
-    # ranks is an error.
-    after_any: list[str] = Field(default_factory=list)
-    # Host-side gap before launch once the op is ready.
-    delay_s: NonNegativeFloat = 0.0
-    repeat: PositiveInt = 1
-
-
-# A GemmOp's fields that describe its kernel's block (cost.gemm's arguments), and all the fields
-# given only with a tile.
-GEMM_BLOCK_FIELDS = ("threads", "registers_per_thread", "stages")
-GEMM_TILE_FIELDS = (*GEMM_BLOCK_FIELDS, "efficiency")
-
-
-class GemmOp(_OpBase):
-    kind: Literal["gemm"]
-    m: PositiveInt
-    n: PositiveInt
-    k: PositiveInt
-    precision: Precision = "bf16"
-    # None: the fastest of the library kernels ovsim knows (ovsim.models.gemm_library.best_gemm), as a
-    # library's heuristic picks one; the block fields then stay unset. With a tile, the block
-    # fields not given take ovsim.models.cost.gemm's defaults (256 threads, 128 registers per
-    # thread, 3 stages).
-    tile: tuple[PositiveInt, PositiveInt, PositiveInt] | None = None
-    threads: PositiveInt | None = None
-    registers_per_thread: PositiveInt | None = None
-    stages: PositiveInt | None = None
-    # Your kernel's main-loop share of the tensor peak; None: the calibration's own_gemm_efficiency
-    # (a plain WMMA kernel, measured); "library": the library's (a cuBLAS or CUTLASS kernel of this tile).
-    efficiency: Annotated[float, Field(gt=0, le=1)] | Literal["library"] | None = None
-    batch: PositiveInt = 1
-    # None: without a tile, the library's choice among ovsim.models.gemm_library.LIBRARY_SPLITS_K; with a
-    # tile, no split.
-    split_k: PositiveInt | None = None
-
-    @model_validator(mode="after")
-    def _block_needs_tile(self) -> GemmOp:
-        given = [f for f in GEMM_TILE_FIELDS if getattr(self, f) is not None]
-        if self.tile is None and given:
-            raise ValueError(f"{given[0]} describes a kernel of your own: give its tile too (without one, the "
-                             "library kernel is chosen whole)")
-        return self
-
-
-class AttentionOp(_OpBase):
-    kind: Literal["attention"]
-    batch: PositiveInt
-    heads: PositiveInt
-    seq_len: PositiveInt
-    head_dim: PositiveInt
-    precision: Precision = "bf16"
-    causal: bool = True
-    backward: bool = False
-
-
-class MemoryOp(_OpBase):
-    kind: Literal["elementwise", "norm", "softmax"]
-    bytes: PositiveFloat
-    flops: NonNegativeFloat = 0.0
-    threads: PositiveInt = 256
-    blocks: PositiveInt | None = None
-    # A grid-stride kernel (fused norms, multi-tensor optimizers): one full wave of blocks loops
-    # over the data, instead of one block per few thousand elements.
-    grid_stride: bool = False
-
-
-class KernelOp(_OpBase):
-    """A kernel known by its launch configuration (as traces and ncu report it)."""
-
-    kind: Literal["kernel"]
-    grid: PositiveInt
-    threads: PositiveInt
-    registers_per_thread: NonNegativeInt = 32
-    shared_mem_bytes: NonNegativeInt = 0
-    flops: NonNegativeFloat = 0.0
-    hbm_bytes: NonNegativeFloat = 0.0
-    precision: Precision = "fp32"
-    duration_s: PositiveFloat | None = None
-    # The share of its time alone it waits on memory, for HBM's latency law (docs/design.md). None:
-    # all of it if memory-bound, none if compute-bound.
-    memory_wait: Annotated[float, Field(ge=0, le=1)] | None = None
-
-
-CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"]
-
-
-class CollectiveOpSpec(_OpBase):
-    kind: CollectiveKind
-    stream: StreamName = "comm"
-    # Bytes as nccl-tests counts them (for all_gather / reduce_scatter the whole gathered buffer).
-    size_bytes: PositiveFloat
-    algorithm: nccl_params.Algorithm | None = None
-    protocol: nccl_params.Protocol | None = None
-    channels: PositiveInt | None = None
-    # "sm": NCCL kernels; "copy_engine": NCCL's copy-engine collectives (all_gather, all_to_all only).
-    engine: Literal["sm", "copy_engine"] = "sm"
-
-
-class SendRecvOp(_OpBase):
-    kind: Literal["send_recv"]
-    stream: StreamName = "comm"
-    size_bytes: PositiveFloat
-    src: NonNegativeInt
-    dst: NonNegativeInt
-    channels: PositiveInt | None = None
-
-
-class CopyOp(_OpBase):
-    """A cudaMemcpyAsync on a copy engine: device-local, to or from the host, or to a peer GPU."""
-
-    kind: Literal["copy"]
-    stream: StreamName = "copy"
-    size_bytes: PositiveFloat
-    direction: Literal["d2d", "h2d", "d2h", "peer"] = "d2d"
-    peer: NonNegativeInt | None = None
-
-
-class DelayOp(_OpBase):
-    kind: Literal["delay"]
-    duration_s: PositiveFloat
-
-
-OpSpec = Annotated[
-    GemmOp | AttentionOp | MemoryOp | KernelOp | CollectiveOpSpec | SendRecvOp | CopyOp | DelayOp,
-    Field(discriminator="kind"),
-]
-
-
-class Knobs(InputModel):
-    """Schedule knobs (docs/scenario.md): stream priority as CUDA's cudaStreamCreateWithPriority, occupancy
-    shaping as Cui & Pericas (arXiv 2606.09200), NCCL_MIN/MAX_CTAS, SM carve-outs, copy-engine offload."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    # "high" gives every stream that carries communication a higher priority than compute streams.
-    comm_priority: Literal["normal", "high"] = "normal"
-    # Extra dynamic shared memory per compute block, to cap its residency per SM.
-    occupancy_shaping_smem_bytes: NonNegativeInt = 0
-    # NCCL channel (CTA) count for every SM collective, like NCCL_MIN_CTAS = NCCL_MAX_CTAS.
-    nccl_channels: PositiveInt | None = None
-    # SMs kept free of compute kernels for communication (green contexts, cuBLASLt SM_COUNT_TARGET).
-    sm_carveout: NonNegativeInt = 0
-    # Run all-gathers (and all-to-alls) on copy engines instead of SMs.
-    ce_offload: bool = False
-    # A training iteration's data-parallel replicas, and a tensor-parallel group's ranks, run the
-    # same ops: simulate one and stand it for all (docs/design.md, "Rank symmetry"); false: every rank.
-    rank_symmetry: bool = True
-
-
-Schedule = Literal["overlapped", "sequential"]
-
-COMPUTE_KINDS = {"gemm", "attention", "elementwise", "norm", "softmax", "kernel"}
+__all__ = ["COMPUTE_KINDS", "GEMM_BLOCK_FIELDS", "GEMM_TILE_FIELDS", "AttentionOp", "CollectiveKind",
+           "CollectiveOpSpec", "CopyOp", "DelayOp", "GemmOp", "KernelOp", "Knobs", "MemoryOp", "OpSpec", "Schedule",
+           "SendRecvOp", "build_workload"]
 
 
 def _ranks(spec: _OpBase, n_ranks: int) -> list[int]:
