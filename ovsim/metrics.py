@@ -90,15 +90,22 @@ def rank_overlap(ops: pd.DataFrame | Any) -> list[RankOverlap]:
     """Per rank: busy time of compute and communication, their overlap, exposed comm and idle time.
     ``ops``: a kernel table, a timeline's ``ops``, or a timeline itself."""
     ops = _with_end(getattr(ops, "ops", ops))
-    rows = ops[(ops["rank"] >= 0) & (ops["kind"] != "delay")]
-    t0 = float(rows["start_s"].min()) if len(rows) else 0.0
+    kind = ops["kind"]
+    keep = ((ops["rank"] >= 0) & (kind != "delay")).to_numpy(bool)
+    rank = ops["rank"].to_numpy()[keep].astype(np.int64)
+    start, end = ops["start_s"].to_numpy(float)[keep], ops["end_s"].to_numpy(float)[keep]
+    is_comm = kind.isin(COMM_KINDS).to_numpy(bool)[keep]
+    is_comp = ~kind.isin(NON_COMPUTE).to_numpy(bool)[keep]
+    t0 = float(start.min()) if len(start) else 0.0
+    # Each rank's rows in their order in the table (a stable sort), as a group-by gives them.
+    order = np.argsort(rank, kind="stable")
+    ranks, firsts = np.unique(rank[order], return_index=True)
     out = []
-    for rank, g in rows.groupby("rank", sort=True):
-        comm = g[g["kind"].isin(COMM_KINDS)]
-        comp = g[~g["kind"].isin(NON_COMPUTE)]
-        ci = union_intervals(comm["start_s"].to_numpy(float), comm["end_s"].to_numpy(float))
-        ki = union_intervals(comp["start_s"].to_numpy(float), comp["end_s"].to_numpy(float))
-        out.append(RankOverlap(rank=int(str(rank)), span_s=float(g["end_s"].max()) - t0, compute_busy_s=_length(ki),
+    for r, mine in zip(ranks, np.split(order, firsts[1:]), strict=True):
+        c, k = mine[is_comm[mine]], mine[is_comp[mine]]
+        ci = union_intervals(start[c], end[c])
+        ki = union_intervals(start[k], end[k])
+        out.append(RankOverlap(rank=int(r), span_s=float(end[mine].max()) - t0, compute_busy_s=_length(ki),
                                comm_busy_s=_length(ci), overlapped_s=_intersection(ci, ki)))
     return out
 

@@ -165,13 +165,19 @@ def power_table(timeline: Timeline, ranks: Iterable[int], idle_w: float, compute
     c = timeline.counters
     rows: list[dict[str, Any]] = []
     span = max(end - start_s, 0.0)
+    # Each rank's samples in their order in the table (a stable sort): of samples at one instant
+    # the last one holds.
+    rank = c["rank"].to_numpy().astype(np.int64) if len(c) else np.zeros(0, np.int64)
+    t, v = (c["time_s"].to_numpy(float), c["value"].to_numpy(float)) if len(c) else (np.zeros(0), np.zeros(0))
+    is_power = (c["counter"] == POWER_COUNTER).to_numpy(bool) if len(c) else np.zeros(0, bool)
+    is_clock = (c["counter"] == CLOCK_COUNTER).to_numpy(bool) if len(c) else np.zeros(0, bool)
+    order = np.argsort(rank, kind="stable")
+    sorted_rank = rank[order]
     for r in ranks:
-        mine = c[c["rank"] == r] if len(c) else c
-        pw = mine[mine["counter"] == POWER_COUNTER] if len(mine) else mine
-        ck = mine[mine["counter"] == CLOCK_COUNTER] if len(mine) else mine
-        pv, pd_ = _segments(pw["time_s"].to_numpy(float), pw["value"].to_numpy(float), start_s, end, idle_w)
-        cv, cd = _segments(ck["time_s"].to_numpy(float), ck["value"].to_numpy(float), start_s, end,
-                           compute_clock_hz)
+        mine = order[np.searchsorted(sorted_rank, r, side="left"):np.searchsorted(sorted_rank, r, side="right")]
+        pw, ck = mine[is_power[mine]], mine[is_clock[mine]]
+        pv, pd_ = _segments(t[pw], v[pw], start_s, end, idle_w)
+        cv, cd = _segments(t[ck], v[ck], start_s, end, compute_clock_hz)
         energy = float(np.dot(pv, pd_))
         extra = {"peak_window_power_w": _window_peak(pv, pd_, window_s)} if window_s > 0 else {}
         rows.append({
