@@ -155,7 +155,9 @@ class Result:
         group), each simulated rank r's rows stand for ranks r + offset for each of
         ``workload.stand_offsets``, each id's ``@r`` suffix renamed to match. Names, groups and
         streams are the simulated ranks' (a collective's group name, a sequential pipeline's
-        ``p2p0>1`` stream). Flows (rank -1) appear once."""
+        ``p2p0>1`` stream), so where a name carries a replica or tensor-parallel index (a
+        transfer's ``d0t0``, a group's ``g0``) the ids differ from a full simulation's: join the
+        two by rank, stream and time, not by id. Flows (rank -1) appear once."""
         return self._expanded(self.timeline.ops, ids=True)
 
     def expanded_timeline(self) -> Timeline:
@@ -184,13 +186,15 @@ class Result:
         return pd.concat(parts, ignore_index=True)
 
     def to_json(self, *, all_ranks: bool = False) -> dict[str, Any]:
-        """The summary, streams, ops and per-GPU power as plain data; ``all_ranks``: the ops of
-        every rank of the job (:meth:`expanded_ops`), not only the simulated ones'."""
-        ops = (self.expanded_ops() if all_ranks else self.timeline.ops).replace([float("inf")], None)
-        out = {"summary": self.summary(), "streams": self.streams().to_dict(orient="records"),
-               "ops": ops.to_dict(orient="records")}
+        """The summary, streams, ops and per-GPU power as plain data; ``all_ranks``: streams, ops
+        and power of every rank of the job (:meth:`expanded_ops`), not only the simulated ones'."""
+        ops = self.expanded_ops() if all_ranks else self.timeline.ops
+        streams = stream_busy(ops) if all_ranks else self.streams()
+        out = {"summary": self.summary(), "streams": streams.to_dict(orient="records"),
+               "ops": ops.replace([float("inf")], None).to_dict(orient="records")}
         if self.power_config is not None:
-            out["power"] = self.power().to_dict(orient="records")
+            power = self.power()
+            out["power"] = (self._expanded(power, ids=False) if all_ranks else power).to_dict(orient="records")
         return out
 
 

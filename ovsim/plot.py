@@ -215,7 +215,7 @@ def timeline_figure(timeline: Timeline, *, title: str = "", max_ranks: int = 4) 
     lanes = [(f"r{r} {s}", s, ops[(ops["rank"] == r) & (ops["stream"].astype(str) == s)]) for r, s in lane_keys]
     kinds, reasons = _draw_lanes(axes[0], lanes, scale, lost=True)
     _legend(axes[0], kinds, reasons)
-    more = f" (ranks {shown[0]}-{shown[-1]} of {len(ranks)})" if len(shown) < len(ranks) else ""
+    more = f" ({_ranks_label(shown)} of {len(ranks)})" if len(shown) < len(ranks) else ""
     axes[0].set_title((title or "predicted timeline") + more, loc="left")
     for ax, (name, ylabel, series) in zip(axes[1:], panels, strict=True):
         for counter, factor in series:
@@ -335,7 +335,7 @@ def replay_figure(result: ReplayResult, *, title: str = "", max_ranks: int = 2) 
     scale, unit = _time_unit(end)
     kinds, _ = _draw_lanes(right, lanes, scale, lost=False)
     _legend(right, kinds, set())
-    more = f" (ranks {shown[0]}-{shown[-1]} of {len(ranks)})" if len(shown) < len(ranks) else ""
+    more = f" ({_ranks_label(shown)} of {len(ranks)})" if len(shown) < len(ranks) else ""
     right.set_title(f"measured and predicted{more}; span error {s['span_error_pct']:+.1f}%\n{_comm_line(s)}",
                     loc="left")
     right.set_xlabel(f"time from the first kernel ({unit})")

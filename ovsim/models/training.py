@@ -278,8 +278,11 @@ def _replicas_alike(lay: Layout, system: SystemSpec) -> bool:
     # A replica that straddles nodes unevenly meets the network differently from its neighbours.
     if k % system.gpu_count and system.gpu_count % k:
         return False
-    # Nor may one NIC serve two replicas: the unsimulated one's traffic would be missing from it.
-    return system.network is None or system.nic_port_of(k - 1) != system.nic_port_of(k)
+    # Where GPUs share NICs, replicas must start on a NIC's first GPU: else one NIC serves two
+    # replicas (the unsimulated one's traffic would be missing from it), or replicas group their
+    # ranks onto NICs differently (8 GPUs on 5 NICs: ports 0,0,1,1,2,3,3,4).
+    net = system.network
+    return net is None or net.nics_per_node >= system.gpu_count or k * net.nics_per_node % system.gpu_count == 0
 
 
 def _tp_ranks_alike(lay: Layout, system: SystemSpec) -> bool:

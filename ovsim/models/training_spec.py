@@ -168,8 +168,8 @@ class Layout:
     tp: int
     pp: int
     v: int
-    # Data-parallel replicas, and tensor-parallel ranks of a group, whose own ops are made (the
-    # first ones); the rest are stood for by them (rank symmetry). Their collectives still list
+    # Data-parallel replicas, and tensor-parallel ranks of a group, whose own ops are made: None,
+    # all; 1, the first, which stands for the rest (rank symmetry). Their collectives still list
     # every member of their groups.
     made_dp: int | None = None
     made_tp: int | None = None
@@ -194,6 +194,8 @@ class Layout:
 
     def stand_offsets(self) -> list[int]:
         """Offsets from a made rank of the ranks it stands for, 0 (itself) first."""
+        if self.made_dp not in (None, 1) or self.made_tp not in (None, 1):
+            raise ValueError("a made rank stands for others only where one of each is made (made_dp, made_tp 1)")
         dps = range(self.dp) if self.made_dp is not None else range(1)
         tps = range(self.tp) if self.made_tp is not None else range(1)
         return [self.rank(d, 0, i) for d in dps for i in tps]
