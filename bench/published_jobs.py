@@ -186,12 +186,14 @@ def peak_rss_gb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     every: list[Row | LlamaRow] = [*ROWS, *LLAMA_ROWS]
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every])
     ap.add_argument("--mode", choices=["analytic", "simulate"], default="simulate")
     ap.add_argument("--max-ops", type=int, default=4_000_000)
     args = ap.parse_args(argv)
+    print(f"mode: {args.mode}; ops: those simulated (rank symmetry); memory: whether the estimate fits "
+          "80 GB a GPU; wall s and peak GB: this process's")
     print(f"{'row':>15} {'GPUs':>6} {'tp x pp x dp':>12} {'mb x m':>7} {'v':>2} {'ops':>8} {'iter s':>7} "
           f"{'TFLOP/s':>8} {'published':>9} {'error':>7} {'memory':>7} {'wall s':>7} {'peak GB':>7}")
     for row in [r for r in every if r.name in args.rows]:

@@ -12,8 +12,8 @@ file names, each with its legal values; every combination is a candidate. The me
    those whose training memory does not fit the GPU are kept out of the ranking and counted.
 2. Every candidate is predicted with the analytic fidelity, where each op takes its isolated
    time; its objective there is the candidate's ``estimate`` (for time, without the power loop:
-   :func:`analyze`), and its ops' isolated times, every one sped up as much as the top SM clock
-   speeds any op (:func:`fastest_rate`), give its time ``bound``. Candidates that differ only in
+   :func:`analyze`), and its ops' isolated times, each sped up as much as the top SM clock speeds
+   that op (:func:`time_bound_s`), give its time ``bound``. Candidates that differ only in
    knobs the analytic prediction does not see (stream priority; for time, power settings too)
    share one prediction.
    Contention (shared SMs, HBM, links) only adds time to ops, and with precedence the only
@@ -48,8 +48,10 @@ import pandas as pd
 
 from ovsim.api import Result, build, predict
 from ovsim.engine.analytic import analytic_timeline
+from ovsim.engine.power import op_power_class, rate_class
 from ovsim.errors import OvsimError
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE
+from ovsim.models.ir import Op
 from ovsim.models.op_specs import CollectiveOpSpec
 from ovsim.scenario import Mode, Scenario
 from ovsim.sweep import base_mapping, edited, scenario_at
@@ -299,7 +301,7 @@ def summarize(sc: Scenario, mode: Mode, power: bool = True) -> dict[str, Any]:
     if mode == "analytic":
         # No resource is shared there: nothing is lost to contention, and the why-lines read the
         # engine's summaries only.
-        out["bound_s"] = analytic_timeline(result.workload).makespan_s / fastest_rate(result)
+        out["bound_s"] = time_bound_s(result)
         return out
     ops = result.timeline.ops[result.timeline.ops["rank"] >= 0]
     n = max(1, out["simulated_ranks"])
@@ -324,21 +326,36 @@ def analyze(sc: Scenario, objective: Objective = "time") -> dict[str, Any]:
     except OvsimError as e:
         return {"error": e.message}
     out: dict[str, Any] = {"makespan_s": result.timeline.makespan_s,
-                           "bound_s": analytic_timeline(result.workload).makespan_s / fastest_rate(result)}
+                           "bound_s": time_bound_s(result)}
     memory = result.memory()
     if memory is not None:
         out["fits_memory"] = memory.total_bytes <= result.gpu.memory.capacity_bytes
     return out
 
 
-def fastest_rate(result: Result) -> float:
-    """The most any op runs faster than its isolated time, on its clock alone: at the top SM clock,
-    a tensor kernel calibrated at a reference clock below the calibration clock (the A100's) gains
-    the top clock over that reference."""
-    if result.power_config is None:
-        return 1.0
-    m = result.power_config.model
-    return max(1.0, m.max_clock_fraction / min(1.0, m.tensor_reference_clock_fraction))
+def time_bound_s(result: Result) -> float:
+    """A time no engine prediction of the workload beats: its longest path with every op at its
+    isolated time sped up as much as the top SM clock speeds that op (its rate class's multiplier:
+    none for flows, delays and work that does not follow the clock; a tensor kernel only up to
+    its saturation clock). Contention only adds time, and the clock is the only thing that speeds
+    an op up. Tighter than one factor for all (the most the clock speeds any op): a GEMM that
+    saturates below the top clock gains nothing from it."""
+    pc = result.power_config
+    wl = result.workload
+    if pc is None:
+        return analytic_timeline(wl).makespan_s
+    top = pc.multipliers(pc.model.max_clock_fraction)
+    memo: dict[int, float] = {}
+
+    def fastest(op: Op) -> float:
+        k = op.kernel
+        if k is None or op.flow is not None:
+            return op.isolated_s
+        if id(k) not in memo:
+            memo[id(k)] = max(1.0, top[rate_class(op, pc.model, op_power_class(op, pc.model)[0])])
+        return op.isolated_s / memo[id(k)]
+
+    return analytic_timeline(wl, [fastest(op) for op in wl.ops]).makespan_s
 
 
 def objective_value(summary: Mapping[str, Any], objective: Objective) -> float:
