@@ -7,7 +7,11 @@ parameters on up to 3,072 A100-SXM4-80GB in DGX A100 nodes with eight 200 Gb/s H
 each (Selene), FP16 mixed precision, sequence 2048, vocabulary 51,200, full activation
 recomputation, the interleaved 1F1B schedule where the run set a virtual stage size. Each row's
 layout (tensor, pipeline and data parallelism, micro-batch and global batch, layers per virtual
-stage) is the one the paper's own script ran (NVIDIA/Megatron-LM, examples/sc21/run_table_1.sh).
+stage) is the one the paper's own script ran (NVIDIA/Megatron-LM, examples/sc21/run_table_1.sh),
+and so is its data parallelism: PyTorch's DDP for 1.7B-18B, which reduces gradient buckets beside
+the backward pass, and Megatron-LM's "local" DDP from 39B up, which all-reduces every gradient
+after the pipeline's forward and backward (``allreduce_gradients()`` in that era's
+megatron/training.py; ovsim's ``overlap_grad_reduce: false``).
 Throughput per GPU is the paper's count of an iteration's FLOPs (its equation 3, which counts
 the recomputed forward pass) over the iteration's time and the GPU count:
 
@@ -81,6 +85,9 @@ class Row:
     nodes: int
     layers_per_virtual_stage: int | None  # None: plain 1F1B
     published_tflops_per_gpu: float
+    # run_table_1.sh's DDP: "torch" (PyTorch DDP, buckets reduced beside backward) or "local"
+    # (Megatron-LM's own, every gradient all-reduced after the pipeline's backward).
+    ddp: str = "local"
 
     @property
     def gpus(self) -> int:
@@ -114,17 +121,18 @@ class Row:
                           "seq_len": SEQ, "gated_mlp": False, "tied_embeddings": True},
                 "micro_batch_size": self.micro_batch, "micro_batches": self.micro_batches, "precision": "fp16",
                 "recompute": True, "attention": "unfused",
-                "parallel": parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=False),
+                "parallel": parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=False,
+                                            overlap_grad_reduce=self.ddp == "torch"),
             },
         })
 
 
 # Table 1 (published teraFLOP/s per GPU) with run_table_1.sh's layouts.
 ROWS = [
-    Row("1.7B", 24, 2304, 24, 1, 1, 16, 512, 4, None, 137),
-    Row("3.6B", 30, 3072, 32, 2, 1, 16, 512, 8, None, 138),
-    Row("7.5B", 36, 4096, 32, 4, 1, 16, 512, 16, None, 142),
-    Row("18B", 40, 6144, 48, 8, 1, 8, 1024, 32, None, 135),
+    Row("1.7B", 24, 2304, 24, 1, 1, 16, 512, 4, None, 137, ddp="torch"),
+    Row("3.6B", 30, 3072, 32, 2, 1, 16, 512, 8, None, 138, ddp="torch"),
+    Row("7.5B", 36, 4096, 32, 4, 1, 16, 512, 16, None, 142, ddp="torch"),
+    Row("18B", 40, 6144, 48, 8, 1, 8, 1024, 32, None, 135, ddp="torch"),
     Row("39B", 48, 8192, 64, 8, 2, 4, 1536, 64, None, 138),
     Row("76B", 60, 10240, 80, 8, 4, 2, 1792, 128, 5, 140),
     Row("145B", 80, 12288, 96, 8, 8, 2, 2304, 192, 5, 148),

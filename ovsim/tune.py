@@ -73,6 +73,7 @@ CLOCK_FRACTIONS = (0.9, 0.8, 0.7)
 CONDITIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "training.parallel.tp_chunks": ("training.parallel.tp_overlap", ("chunked", "copy_engine")),
     "knobs.comm_priority": ("schedule", ("overlapped",)),
+    "training.parallel.bucket_bytes": ("training.parallel.overlap_grad_reduce", (True,)),
 }
 # An engine time below its bound by more than this share is a violation.
 BOUND_TOLERANCE = 1e-6
@@ -180,7 +181,9 @@ def _training_space(sc: Scenario) -> dict[str, list[Any]]:
     if p.dp_mode == "fsdp":
         space["training.parallel.fsdp_prefetch"] = list(FSDP_PREFETCH)
     elif p.dp != 1:
-        space["training.parallel.bucket_bytes"] = [m * 2**20 for m in BUCKET_MIB]
+        if p.overlap_grad_reduce:
+            # Without overlap every gradient goes in one collective after backward: no buckets.
+            space["training.parallel.bucket_bytes"] = [m * 2**20 for m in BUCKET_MIB]
         space["training.parallel.distributed_optimizer"] = [False, True]
     return space
 

@@ -24,7 +24,8 @@ Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANC
 * DDP: gradients bucketed in the order backward produces them (``bucket_bytes``, the first bucket
   ``first_bucket_bytes``, PyTorch's 25 MiB / 1 MiB), one all-reduce per bucket on the ``dp``
   stream as soon as its last gradient is ready, only on the last micro-batch (``no_sync``
-  before it: gradient accumulation); with ``distributed_optimizer`` (Megatron-LM's, ZeRO-1) each
+  before it: gradient accumulation), or, without ``overlap_grad_reduce``, all of a stage's
+  gradients in one after its last backward; with ``distributed_optimizer`` (Megatron-LM's, ZeRO-1) each
   bucket is reduce-scattered instead, the optimizer steps 1/dp of the parameters, and they are
   all-gathered a bucket at a time after the step;
 * FSDP / ZeRO-3: per layer an all-gather of its parameters before forward and again before

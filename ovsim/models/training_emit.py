@@ -134,7 +134,8 @@ class LayerEmitter:
             return
         st.bucket_bytes += nbytes
         cap = self.p.first_bucket_bytes if st.bucket_index == 0 else self.p.bucket_bytes
-        if st.bucket_bytes >= cap:
+        # Without overlap every gradient waits for the flush after the stage's last backward.
+        if st.bucket_bytes >= cap and self.p.overlap_grad_reduce:
             self.flush_bucket(st, s)
 
     def flush_bucket(self, st: StageState, s: int) -> None:

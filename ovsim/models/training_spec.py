@@ -97,6 +97,12 @@ class ParallelSpec(InputModel):
     distributed_optimizer: bool = False
     bucket_bytes: PositiveFloat = 25 * MIB
     first_bucket_bytes: PositiveFloat = 1 * MIB
+    # DDP: reduce each gradient bucket as soon as backward fills it, beside the backward still
+    # running (PyTorch DDP; Megatron-LM's ``--overlap-grad-reduce``); False: all of a stage's
+    # gradients in one collective after its last backward, as Megatron-LM does without that flag
+    # (its default; in 2021 its "local" DDP, ``allreduce_gradients()`` after the pipeline's
+    # forward and backward in ``megatron/training.py``).
+    overlap_grad_reduce: bool = True
     # All-gathers FSDP issues ahead of the layer computing (1 = PyTorch's forward/backward prefetch).
     fsdp_prefetch: int = Field(default=1, ge=0)
     sequence_parallel: bool = False
@@ -238,6 +244,9 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     if p.distributed_optimizer and p.dp_mode != "ddp":
         raise OvsimError("distributed_optimizer shards DDP's optimizer state; FSDP already shards it",
                          field="parallel.distributed_optimizer")
+    if p.dp_mode == "fsdp" and not p.overlap_grad_reduce:
+        raise OvsimError("overlap_grad_reduce is DDP's; FSDP reduce-scatters each layer's gradients after its "
+                         "backward", field="parallel.overlap_grad_reduce")
     if p.dp_mode == "fsdp" and p.pp > 1:
         raise OvsimError("FSDP with pipeline parallelism is not modelled; use dp_mode: ddp with pp > 1",
                          field="parallel.dp_mode")

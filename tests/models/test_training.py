@@ -120,6 +120,40 @@ def test_ddp_buckets_cover_every_gradient_once_on_the_last_micro_batch() -> None
     assert all(b.after[0].startswith("B2.") for b in buckets)
 
 
+@pytest.mark.parametrize("pp", [1, 2])
+def test_without_overlap_a_stage_reduces_its_gradients_in_one_collective_after_its_backward(pp: int) -> None:
+    """Megatron-LM without --overlap-grad-reduce: each stage's gradients, the same bytes as the
+    buckets', in one all-reduce that waits for the stage's last backward op; the iteration is
+    then no shorter than with the buckets reduced beside backward."""
+    parallel = {"dp_mode": "ddp", "pp": pp, "bucket_bytes": 8 * 2**20}
+    spec = TrainingSpec.model_validate({**SMALL, "micro_batches": 4, "parallel": parallel})
+    over = training_ops(spec, 4 * pp)
+    spec_off = spec.model_copy(update={"parallel": spec.parallel.model_copy(update={"overlap_grad_reduce": False})})
+    off = training_ops(spec_off, 4 * pp)
+    for s in range(pp):
+        ranks = set(off.layout.stage_ranks(s))
+        mine = [o for o in off.ops if isinstance(o, CollectiveOpSpec) and o.stream == "dp" and set(o.ranks) & ranks]
+        theirs = [o for o in over.ops if isinstance(o, CollectiveOpSpec) and o.stream == "dp"
+                  and set(o.ranks) & ranks]
+        assert len(mine) == 1 < len(theirs)
+        assert mine[0].size_bytes == pytest.approx(sum(o.size_bytes for o in theirs), rel=1e-12)
+        backward = [o.name for o in off.ops if o.stream == "compute" and o.name.startswith("B")
+                    and set(o.ranks) & ranks]
+        assert mine[0].after == [backward[-1]]
+    training = {**SMALL, "micro_batches": 4, "parallel": parallel}
+    t_over = _predict(training, system="hgx-h100", mode="analytic").summary()["makespan_s"]
+    t_off = _predict({**training, "parallel": {**parallel, "overlap_grad_reduce": False}}, system="hgx-h100",
+                     mode="analytic").summary()["makespan_s"]
+    assert t_off >= t_over
+
+
+def test_overlap_grad_reduce_off_is_refused_with_fsdp() -> None:
+    spec = TrainingSpec.model_validate({**SMALL, "parallel": {"dp_mode": "fsdp", "overlap_grad_reduce": False}})
+    with pytest.raises(OvsimError, match="overlap_grad_reduce is DDP's") as e:
+        training_ops(spec, 4)
+    assert e.value.field == "parallel.overlap_grad_reduce"
+
+
 def test_fsdp_gathers_every_layer_twice_and_reduce_scatters_once_per_micro_batch() -> None:
     spec = TrainingSpec.model_validate({**SMALL, "micro_batches": 2, "parallel": {"dp_mode": "fsdp"}})
     ops = training_ops(spec, 4).ops
