@@ -54,7 +54,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models.ir import StreamSpec, Workload
-from ovsim.models.op_specs import Knobs, OpSpec, Schedule, SendRecvOp
+from ovsim.models.op_specs import CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
 from ovsim.models.training_emit import FsdpCollectives, LayerEmitter
 
@@ -104,8 +104,11 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     merged = merge_stages(orders, p, v, b_cost)
     # Last compute op of each (phase, micro-batch, virtual stage), for send/recv and peer deps.
     item_last: dict[tuple[str, int, int], str] = {}
-    act_bytes = float(spec.micro_batch_size * m.seq_len * m.hidden * g.act_b
-                      / (lay.tp if spec.parallel.sequence_parallel else 1))
+    full_act_bytes = float(spec.micro_batch_size * m.seq_len * m.hidden * g.act_b)
+    # Each tensor-parallel rank sends its 1/tp of the activation where sequence parallelism split it
+    # already, or where Megatron-LM's scatter-gather splits it, and the receiving group gathers it.
+    gather = spec.parallel.pipeline_scatter_gather and lay.tp > 1 and not spec.parallel.sequence_parallel
+    act_bytes = full_act_bytes / (lay.tp if spec.parallel.sequence_parallel or gather else 1)
     last_b = {(s, c): max(mb for ph, mb, cc in orders[s] if ph == "B" and cc == c) for s in range(p)
               for c in range(v)}
     fsdp_state = FsdpCollectives(g, m.layers) if fsdp else None
@@ -122,6 +125,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             sender = item_last[(ph, mb, src_vs)]
             if spec.communication and src_stage != s:
                 for d in range(lay.replicas_made):
+                    received = []
                     for i in range(lay.tp_made):
                         a, b = lay.rank(d, src_stage, i), lay.rank(d, s, i)
                         name = f"{ph}{mb}.v{src_vs}to{vs}.d{d}t{i}"
@@ -129,9 +133,18 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
                         deps = [sender] + ([prev_last] if prev_last else [])
                         g.ops.append(SendRecvOp(name=name, kind="send_recv", size_bytes=act_bytes, src=a, dst=b,
                                                 stream=f"pp{lo}-{hi}", after_any=deps))
-                        st.pending.append(name)
+                        received.append(name)
                         g.p2p_items[name] = (src_stage, orders[src_stage].index((ph, mb, src_vs // p)), s,
                                              orders[s].index((ph, mb, c)))
+                    if gather:
+                        # gather_split_1d_tensor: the whole activation, after the receive and the
+                        # stage's previous work (Megatron-LM runs it on the compute stream).
+                        gname = f"{ph}{mb}.v{src_vs}to{vs}.d{d}.gather"
+                        g.ops.append(CollectiveOpSpec(name=gname, kind="all_gather", size_bytes=full_act_bytes,
+                                                      stream="tp", ranks=lay.tp_groups(s)[d],
+                                                      after=[st.last] if st.last else [], after_any=received))
+                        received = [gname]
+                    st.pending += received
             elif src_stage != s:
                 mapping = {lay.rank(d, s, i): lay.rank(d, src_stage, i) for d in range(lay.replicas_made)
                            for i in range(lay.tp_made)}

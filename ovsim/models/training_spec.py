@@ -110,6 +110,11 @@ class ParallelSpec(InputModel):
     # Pieces per decomposed collective + GEMM; None: the TP degree.
     tp_chunks: PositiveInt | None = None
     pipeline: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    # With tp > 1 and no sequence parallelism, each tensor-parallel rank sends its 1/tp of the
+    # activation to the next stage, whose group all-gathers it: Megatron-LM's default (turned off
+    # by ``--no-scatter-gather-tensors-in-pipeline``; Narayanan et al., SC'21, figure 18). False:
+    # every rank sends the whole activation.
+    pipeline_scatter_gather: bool = True
     # Model chunks per pipeline rank (interleaved 1F1B).
     virtual_stages: PositiveInt = 1
 

@@ -147,6 +147,31 @@ def test_without_overlap_a_stage_reduces_its_gradients_in_one_collective_after_i
     assert t_off >= t_over
 
 
+@pytest.mark.parametrize("scatter_gather", [True, False])
+def test_pipeline_transfers_scatter_and_gather_across_tensor_parallel_ranks(scatter_gather: bool) -> None:
+    """Megatron-LM's scatter-gather (its default without sequence parallelism): each of the tp
+    ranks sends 1/tp of a micro-batch's activation (b x s x h elements), and the receiving group
+    all-gathers the whole of it before its next compute op; without it, each rank sends it all."""
+    parallel = {"tp": 2, "pp": 2, "pipeline": "1f1b", "pipeline_scatter_gather": scatter_gather}
+    spec = TrainingSpec.model_validate({**SMALL, "micro_batches": 2, "parallel": parallel})
+    m = spec.shape()
+    full = spec.micro_batch_size * m.seq_len * m.hidden * 2
+    ops = training_ops(spec, 4).ops
+    sends = [o for o in ops if isinstance(o, SendRecvOp)]
+    gathers = [o for o in ops if isinstance(o, CollectiveOpSpec) and o.name.endswith(".gather")]
+    # Forward and backward, 2 micro-batches, one stage boundary, 2 tensor-parallel ranks.
+    assert len(sends) == 2 * 2 * 2
+    assert all(o.size_bytes == (full / 2 if scatter_gather else full) for o in sends)
+    if not scatter_gather:
+        assert gathers == []
+        return
+    assert len(gathers) == 2 * 2 and all(o.size_bytes == full and o.kind == "all_gather" for o in gathers)
+    for gth in gathers:
+        assert sorted(gth.after_any) == sorted(o.name for o in sends if o.name.startswith(gth.name[:-len(".gather")]))
+        consumer = next(o for o in ops if gth.name in o.after_any)
+        assert consumer.stream == "compute"
+
+
 def test_overlap_grad_reduce_off_is_refused_with_fsdp() -> None:
     spec = TrainingSpec.model_validate({**SMALL, "parallel": {"dp_mode": "fsdp", "overlap_grad_reduce": False}})
     with pytest.raises(OvsimError, match="overlap_grad_reduce is DDP's") as e:
