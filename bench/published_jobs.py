@@ -20,6 +20,7 @@ the recomputed forward pass) over the iteration's time and the GPU count:
     python bench/published_jobs.py                 # 1.7B-18B simulated, about 3 s
     python bench/published_jobs.py --rows 39B 76B 145B --mode analytic   # about 15 s, 0.8 GB
     python bench/published_jobs.py --rows 310B 530B 1T --mode analytic   # about 5 minutes, 12 GB
+    python bench/published_jobs.py --figure-18 --mode analytic   # scatter-gather on and off, about a minute
 
 Every row runs with unfused attention, as Megatron-LM ran before FlashAttention, which is also
 what equation 3 counts (the whole s x s of QK^T and PV, no causal skipping). The rows from 310B
@@ -54,7 +55,7 @@ from dataclasses import dataclass
 from ovsim import api
 from ovsim.errors import OvsimError
 from ovsim.models.training_spec import PRESETS, layer_params
-from ovsim.scenario import Scenario
+from ovsim.scenario import Mode, Scenario
 
 SEQ = 2048
 VOCAB = 51_200
@@ -193,13 +194,35 @@ def peak_rss_gb() -> float:
     return rss / 2**30 if sys.platform == "darwin" else rss / 2**20
 
 
+def figure_18(mode: Mode, max_ops: int) -> None:
+    """The paper's figure 18 configuration (run_figure_18.sh: GPT 175B, TP8 x PP12 on 12 DGX A100,
+    4 virtual stages, micro-batch 1, batch 12-60, local DDP) with and without scatter-gather
+    pipeline transfers: the iteration's speed-up ovsim predicts for the optimisation."""
+    print(f"figure 18 ({mode}): batch, iteration with / without scatter-gather, speed-up")
+    for batch in (12, 24, 36, 48, 60):
+        times = []
+        for scatter_gather in (True, False):
+            row = Row("175B", 96, 12288, 96, 8, 12, 1, batch, 12, 2, 0.0)
+            sc = row.scenario()
+            assert sc.training is not None
+            parallel = sc.training.parallel.model_copy(update={"pipeline_scatter_gather": scatter_gather})
+            sc = sc.model_copy(update={"training": sc.training.model_copy(update={"parallel": parallel})})
+            times.append(api.predict(sc, mode=mode, max_ops=max_ops).timeline.makespan_s)
+        print(f"{batch:>5} {times[0]:8.3f} s {times[1]:8.3f} s {times[1] / times[0] - 1:+7.1%}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     every: list[Row | LlamaRow] = [*ROWS, *LLAMA_ROWS]
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every])
     ap.add_argument("--mode", choices=["analytic", "simulate"], default="simulate")
     ap.add_argument("--max-ops", type=int, default=4_000_000)
+    ap.add_argument("--figure-18", action="store_true",
+                    help="instead of the rows: the paper's figure 18 configuration with and without scatter-gather")
     args = ap.parse_args(argv)
+    if args.figure_18:
+        figure_18(args.mode, args.max_ops)
+        return 0
     print(f"mode: {args.mode}; ops: those simulated (rank symmetry); memory: whether the estimate fits "
           "80 GB a GPU; wall s and peak GB: this process's")
     print(f"{'row':>15} {'GPUs':>6} {'tp x pp x dp':>12} {'mb x m':>7} {'v':>2} {'ops':>8} {'iter s':>7} "
