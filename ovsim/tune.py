@@ -35,9 +35,11 @@ The scenario as given is always predicted with the engine: the gains are over it
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import os
+import pickle
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -305,6 +307,7 @@ def summarize(sc: Scenario, mode: Mode, power: bool = True) -> dict[str, Any]:
         # No resource is shared there: nothing is lost to contention, and the why-lines read the
         # engine's summaries only.
         out["bound_s"] = time_bound_s(result)
+        out["workload"] = workload_digest(result)
         return out
     ops = result.timeline.ops[result.timeline.ops["rank"] >= 0]
     n = max(1, out["simulated_ranks"])
@@ -329,11 +332,21 @@ def analyze(sc: Scenario, objective: Objective = "time") -> dict[str, Any]:
     except OvsimError as e:
         return {"error": e.message}
     out: dict[str, Any] = {"makespan_s": result.timeline.makespan_s,
-                           "bound_s": time_bound_s(result)}
+                           "bound_s": time_bound_s(result), "workload": workload_digest(result)}
     memory = result.memory()
     if memory is not None:
         out["fits_memory"] = memory.total_bytes <= result.gpu.memory.capacity_bytes
     return out
+
+
+def workload_digest(result: Result) -> str:
+    """A digest of what the engine reads of a prediction's workload: its ops (their demands, not
+    their descriptions), streams and ranks. Equal digests, equal workloads (a 128-bit hash; pickled,
+    so the same in every worker process)."""
+    wl = result.workload
+    body = (tuple((op.id, op.kind, op.rank, op.stream, op.deps, op.delay_s, op.kernel, op.flow, op.partition)
+                  for op in wl.ops), wl.streams, wl.n_ranks, wl.job_ranks, wl.stand_offsets)
+    return hashlib.blake2b(pickle.dumps(body, protocol=5), digest_size=16).hexdigest()
 
 
 def time_bound_s(result: Result) -> float:
@@ -398,23 +411,56 @@ def _engine(cands: Sequence[Candidate], pool: Any) -> None:
         c.engine = s
 
 
+def _engine_key(c: Candidate) -> tuple[object, ...] | None:
+    """What the engine predicts a candidate from: its workload (:func:`workload_digest`, from its
+    analysis), the knobs an analysis does not see, its carve-out (the machine's) and its power
+    settings. Candidates with one key have one engine prediction. None: not analysed."""
+    digest = c.analytic.get("workload")
+    if digest is None:
+        return None
+    blind = tuple(repr(c.point.get(k)) for k in (*ANALYTIC_BLIND, *POWER_KNOBS))
+    return digest, blind, c.scenario.knobs.sm_carveout, repr(c.scenario.power)
+
+
 def _confirm(cands: Sequence[Candidate], objective: Objective, pool: Any, jobs: int,
              confirm_max: int) -> dict[str, Any]:
     """Predict with the engine, in order of their estimate and ``jobs`` at a time, the candidates
-    that could still beat the best found (step 3); returns how many it predicted, whether it
-    stopped at ``confirm_max``, and how many that could have won it left."""
+    that could still beat the best found (step 3); a candidate whose workload and settings another
+    has been predicted with takes that prediction. Returns how many it predicted, how many took
+    another's, whether it stopped at ``confirm_max``, and how many that could have won it left."""
     ranked = sorted((c for c in cands if math.isfinite(c.estimate) and not c.engine), key=lambda c: c.estimate)
     best = min((objective_value(c.engine, objective) for c in cands if c.engine), default=math.inf)
-    done = 0
+    seen: dict[tuple[object, ...], Candidate] = {}
+    for c in cands:
+        if c.engine and (key := _engine_key(c)) is not None:
+            seen.setdefault(key, c)
+    done = shared = 0
     while done < confirm_max:
-        batch = [c for c in ranked if not c.engine and c.could_win(best, objective)][: min(jobs, confirm_max - done)]
+        batch: list[Candidate] = []
+        keys: set[tuple[object, ...]] = set()
+        for c in ranked:
+            if c.engine or not c.could_win(best, objective):
+                continue
+            key = _engine_key(c)
+            if key is not None and key in seen:
+                c.engine = dict(seen[key].engine)
+                shared += 1
+                best = min(best, objective_value(c.engine, objective))
+            elif (key is None or key not in keys) and len(batch) < min(jobs, confirm_max - done):
+                batch.append(c)
+                if key is not None:
+                    keys.add(key)
         if not batch:
             break
         _engine(batch, pool)
+        for c in batch:
+            if (key := _engine_key(c)) is not None:
+                seen.setdefault(key, c)
         done += len(batch)
         best = min([best, *(objective_value(c.engine, objective) for c in batch)])
     left = sum(1 for c in ranked if not c.engine and c.could_win(best, objective))
-    return {"engine_predictions": done, "stopped_at_budget": left > 0, "could_still_win": left}
+    return {"engine_predictions": done, "engine_shared": shared, "stopped_at_budget": left > 0,
+            "could_still_win": left}
 
 
 def _sampled(base: Base, space: Mapping[str, Sequence[Any]], objective: Objective,

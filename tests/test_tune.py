@@ -48,6 +48,22 @@ def test_the_time_bound_is_below_the_engine(scenario: Path) -> None:
         assert analyze(c.scenario)["bound_s"] <= engine * (1 + 1e-9), c.point
 
 
+def test_candidates_with_one_workload_share_one_engine_prediction() -> None:
+    """NCCL already runs this all-reduce on 32 channels: asking for 32 builds the same workload as
+    asking for nothing, so the engine predicts it once, and both rank as the engine predicts them
+    one by one."""
+    space = {"knobs.nccl_channels": [None, 32, 8], "knobs.sm_carveout": [0, 16]}
+    res = tune(H100, space=space)
+    assert res.stats["engine_shared"] >= 1
+    every = sweep(H100, space, mode="simulate")
+    assert res.table["makespan_s"].iloc[0] == pytest.approx(every["makespan_s"].min(), rel=1e-12)
+    keys = ["knobs.nccl_channels", "knobs.sm_carveout"]
+    both = res.table[[*keys, "makespan_s"]].fillna(0).merge(every[[*keys, "makespan_s"]].fillna(0), on=keys)
+    # The table is what the engine predicted, shared predictions included.
+    assert len(both) == len(res.table) == res.stats["engine_predictions"] + res.stats["engine_shared"]
+    assert both["makespan_s_x"].to_numpy() == pytest.approx(both["makespan_s_y"].to_numpy(), rel=1e-12)
+
+
 def test_the_scenario_as_given_is_ranked_with_no_gain() -> None:
     res = tune(A100, space={"knobs.sm_carveout": [8, 0]})
     given = res.table[res.table["as_given"]]

@@ -54,8 +54,10 @@ def tune_text(result: Any, scenario: str, rows: int) -> str:
     bound = ("" if not st["bound_violations"] else
              f"; the time bound failed on {st['bound_violations']} of them: pruning may have missed a better one")
     lines = [f"scenario   {scenario}  (objective: {st['objective']})", f"space      {search}",
-             f"predicted  {st['analytic_predictions']:,} analytic, {st['engine_predictions']} with the engine; "
-             f"{stop}{bound}",
+             f"predicted  {st['analytic_predictions']:,} analytic, {st['engine_predictions']} with the engine"
+             + (f" ({st['engine_shared']} more had the same workload as one of them)"
+                if st.get("engine_shared") else "")
+             + f"; {stop}{bound}",
              *(f"           {what}, e.g. {st[key]}" for what, key in (("invalid", "invalid_example"),
                                                                        ("failed", "failed_example")) if st.get(key)),
              _given_line(result), "", tune_table(result, rows),
