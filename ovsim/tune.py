@@ -27,6 +27,8 @@ file names, each with its legal values; every combination is a candidate. The me
    (exact pruning); for energy and energy x delay, which have no such bound, an estimate more than
    ``ESTIMATE_MARGIN`` above it (a heuristic). The search stops when none is left or after
    ``confirm_max`` engine predictions; ``stats`` says which, and how many could still have won.
+   A candidate that builds the same workload as one already predicted, with the same priority,
+   carve-out and power settings, takes that prediction (:func:`workload_digest`).
 4. A space of more than ``max_grid`` combinations is not enumerated: Optuna's TPE sampler picks
    ``max_grid`` of them on the estimate.
 
