@@ -80,8 +80,8 @@ class Result:
         if self.power_config is None:
             raise OvsimError("this prediction did not track power", field="power")
         m = self.power_config.model
-        ranks = [self.workload.job_rank(r) for r in range(self.workload.n_ranks)]
-        return power_table(self.timeline, ranks, m.idle_w, m.compute_clock_hz, window_s=window_s)
+        return power_table(self.timeline, self.workload.ranks_in_job, m.idle_w, m.compute_clock_hz,
+                           window_s=window_s)
 
     def _power_summary(self) -> dict[str, Any]:
         if self.power_config is None:

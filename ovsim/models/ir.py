@@ -174,6 +174,11 @@ class Workload:
         """The job's rank of simulated rank ``rank``."""
         return self.job_ranks[rank] if self.job_ranks else rank
 
+    @property
+    def ranks_in_job(self) -> tuple[int, ...]:
+        """The job's rank of each simulated rank, in order."""
+        return self.job_ranks or tuple(range(self.n_ranks))
+
     def graph(self) -> nx.DiGraph:
         """Dependencies as a DAG: explicit deps plus stream order."""
         # Imported here: networkx costs every command a twentieth of a second at start, and only

@@ -229,16 +229,17 @@ def build_training_workload(
                          source=source, field="ranks")
     try:
         lay = _symmetric(layout(spec, n_ranks), system, knobs)
-        _check_training_size(spec, len(lay.made_ranks()), limit, source)
+        made = lay.made_ranks()
+        _check_training_size(spec, len(made), limit, source)
         gen = training_ops(spec, n_ranks, replicas_made=lay.made_dp, tp_made=lay.made_tp)
-        symmetric = lay.made_dp is not None or lay.made_tp is not None
-        simulated = lay.made_ranks() if symmetric else None
     except OvsimError as e:
         if e.source:
             raise
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
+    symmetric = lay.made_dp is not None or lay.made_tp is not None
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
-                        knobs=knobs, streams=streams, source=source, max_ops=max_ops, simulated=simulated,
+                        knobs=knobs, streams=streams, source=source, max_ops=max_ops,
+                        simulated=made if symmetric else None,
                         stand_offsets=lay.stand_offsets() if symmetric else ())
     if schedule == "sequential" and gen.p2p_items:
         wl = _blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved")
@@ -330,7 +331,7 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
     could each wait on a send the next cannot receive yet.)"""
     # A pipeline's transfers stay within a data-parallel replica: those of replicas the simulated
     # one stands for (rank symmetry) have no ops.
-    made = {wl.job_rank(r) for r in range(wl.n_ranks)}
+    made = set(wl.ranks_in_job)
     specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp) and o.src in made}
     main: dict[int, list[str]] = {}
     for op in wl.ops:
