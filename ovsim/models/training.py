@@ -102,6 +102,8 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     orders = [stage_order(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
     b_cost = 3.0 if spec.recompute else 2.0
     merged = merge_stages(orders, p, v, b_cost)
+    # Each stage's items by their place in its order (a pipeline transfer names both ends' places).
+    place = [{item: k for k, item in enumerate(order)} for order in orders]
     # Last compute op of each (phase, micro-batch, virtual stage), for send/recv and peer deps.
     item_last: dict[tuple[str, int, int], str] = {}
     full_act_bytes = float(spec.micro_batch_size * m.seq_len * m.hidden * g.act_b)
@@ -124,6 +126,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             src_stage = src_vs % p
             sender = item_last[(ph, mb, src_vs)]
             if spec.communication and src_stage != s:
+                ends = (src_stage, place[src_stage][(ph, mb, src_vs // p)], s, place[s][(ph, mb, c)])
                 for d in range(lay.replicas_made):
                     received = []
                     for i in range(lay.tp_made):
@@ -134,8 +137,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
                         g.ops.append(SendRecvOp(name=name, kind="send_recv", size_bytes=act_bytes, src=a, dst=b,
                                                 stream=f"pp{lo}-{hi}", after_any=deps))
                         received.append(name)
-                        g.p2p_items[name] = (src_stage, orders[src_stage].index((ph, mb, src_vs // p)), s,
-                                             orders[s].index((ph, mb, c)))
+                        g.p2p_items[name] = ends
                     if gather:
                         # gather_split_1d_tensor: the whole activation, after the receive and the
                         # stage's previous work (Megatron-LM runs it on the compute stream).
