@@ -48,18 +48,20 @@ def _numeric_items(tp: Any) -> bool:
 
 
 @functools.cache
-def _number_fields(cls: type[BaseModel]) -> tuple[tuple[str, str | None, str], ...]:
-    """(name, alias, shape) of each field that holds numbers: "number", "values" (a mapping's) or
-    "items" (a list's). Read from the annotations once per model: on every validation it cost a
-    large scenario a quarter of its build time."""
-    found = []
+def _number_fields(cls: type[BaseModel]) -> dict[str, str]:
+    """The shape of each field that holds numbers, by its name and by its alias: "number",
+    "values" (a mapping's) or "items" (a list's). Read from the annotations once per model: on
+    every validation it cost a large scenario a quarter of its build time."""
+    found: dict[str, str] = {}
     for name, f in cls.model_fields.items():
         tp = f.annotation
         shape = ("number" if _numeric(tp) else "values" if _numeric_values(tp) else
                  "items" if _numeric_items(tp) else "")
         if shape:
-            found.append((name, f.alias, shape))
-    return tuple(found)
+            found[name] = shape
+            if f.alias is not None:
+                found[f.alias] = shape
+    return found
 
 
 def _not_a_number(key: str, value: Any) -> ValueError:
@@ -72,17 +74,19 @@ class InputModel(BaseModel):
     def _booleans_are_not_numbers(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        for name, alias, shape in _number_fields(cls):
-            key = alias if alias is not None and alias in data else name
-            value = data.get(key)
-            if shape == "number" and isinstance(value, bool):
-                raise _not_a_number(key, value)
-            if shape == "values" and isinstance(value, dict):
-                for k, v in value.items():
-                    if isinstance(v, bool):
-                        raise _not_a_number(f"{key}.{k}", v)
-            if shape == "items" and isinstance(value, (list, tuple)):
-                for i, v in enumerate(value):
-                    if isinstance(v, bool):
-                        raise _not_a_number(f"{key}.{i}", v)
+        shapes = _number_fields(cls)
+        # Only the numeric fields given (sorted: an error names the same one each run), each first
+        # by its values' types, a set built in C: a training iteration validates 100,000s of specs.
+        for key in sorted(shapes.keys() & data.keys()):
+            value, shape = data[key], shapes[key]
+            if shape == "number":
+                if isinstance(value, bool):
+                    raise _not_a_number(key, value)
+            elif shape == "items":
+                if isinstance(value, (list, tuple)) and bool in set(map(type, value)):
+                    i = next(i for i, v in enumerate(value) if isinstance(v, bool))
+                    raise _not_a_number(f"{key}.{i}", value[i])
+            elif isinstance(value, dict) and bool in set(map(type, value.values())):
+                k = next(k for k, v in value.items() if isinstance(v, bool))
+                raise _not_a_number(f"{key}.{k}", value[k])
         return data
