@@ -39,6 +39,9 @@ from ovsim.models.op_specs import (
     _OpBase,
 )
 
+# Each member's kernel (None on copy engines), the collective's shared flow and the op kind, by member.
+_Parts = dict[int, tuple[KernelDemand | None, FlowDemand, str]]
+
 __all__ = ["COMPUTE_KINDS", "GEMM_BLOCK_FIELDS", "GEMM_TILE_FIELDS", "AttentionOp", "CollectiveKind",
            "CollectiveOpSpec", "CopyOp", "DelayOp", "GemmOp", "KernelOp", "Knobs", "MemoryOp", "OpSpec", "Schedule",
            "SendRecvOp", "build_workload"]
@@ -153,8 +156,7 @@ def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> K
 
 def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list[int], gpu: GpuSpec,
                     system: SystemSpec, params: Parameters, knobs: Knobs,
-                    plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
-                    ) -> dict[int, tuple[KernelDemand | None, FlowDemand, str]]:
+                    plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None) -> _Parts:
     """Each member's kernel (None on copy engines), the shared flow and the op kind; ``plans``:
     NCCL plans made so far in this build (nccl.plan_collective's ``memo``)."""
     channels = spec.channels or knobs.nccl_channels
@@ -301,8 +303,10 @@ def build_workload(
     ops: list[Op] = []
     used_streams: set[tuple[int, str]] = set()
     # A training iteration repeats each layer's kernels: price each distinct kernel once.
-    demands: dict[str, KernelDemand] = {}
+    demands: dict[tuple[object, ...], KernelDemand] = {}
     plans: dict[tuple[object, ...], nccl.CollectivePlan] = {}
+    # A collective's members' parts by what they depend on (spec and members), their flow's group unnamed.
+    parts_made: dict[tuple[object, ...], _Parts] = {}
     rank_sets: dict[str, frozenset[int]] = {}
     for spec in specs:
         for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
@@ -314,7 +318,7 @@ def build_workload(
             ranks = _ranks(spec, n_ranks)
             ops.extend(_expand(spec, ranks, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
                                n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands, sim=sim,
-                               rank_sets=rank_sets, plans=plans))
+                               rank_sets=rank_sets, plans=plans, parts_made=parts_made))
         except OvsimError as e:
             raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
     for op in ops:
@@ -329,8 +333,9 @@ def build_workload(
 
 def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: GpuSpec, system: SystemSpec,
             params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
-            demands: dict[str, KernelDemand], sim: dict[int, int] | None, rank_sets: dict[str, frozenset[int]],
-            plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None) -> list[Op]:
+            demands: dict[tuple[object, ...], KernelDemand], sim: dict[int, int] | None,
+            rank_sets: dict[str, frozenset[int]], plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
+            parts_made: dict[tuple[object, ...], _Parts] | None = None) -> list[Op]:
     """The ops of ``spec`` on those of ``ranks`` that ``sim`` numbers (all of them, as they are,
     without rank symmetry); their ids name the job's ranks."""
     out: list[Op] = []
@@ -343,8 +348,8 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
     # Nothing changes an op's info after the build, so its ranks and repeats share one.
     info = _info(spec)
     kernel = None
+    key = _key(spec, info)
     if spec.kind in COMPUTE_KINDS:
-        key = repr(sorted(info.items()))
         if key not in demands:
             demands[key] = _kernel_demand(spec, gpu, params, knobs)
         kernel = demands[key]
@@ -391,9 +396,15 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
                         raise OvsimError(f"rank {end} does not exist", field="src" if end == spec.src else "dst")
                 if spec.src == spec.dst:
                     raise OvsimError("send and receive ranks must differ", field="dst")
-            parts = _collective_ops(spec, name, members, gpu, system, params, knobs, plans)
-            if sim is not None:
-                parts = _simulated_parts(parts, sim, spec.name)
+            made_key = (key, tuple(members))
+            made = parts_made.get(made_key) if parts_made is not None else None
+            if made is None:
+                made = _collective_ops(spec, "", members, gpu, system, params, knobs, plans)
+                if sim is not None:
+                    made = _simulated_parts(made, sim, spec.name)
+                if parts_made is not None:
+                    parts_made[made_key] = made
+            parts = _named(made, name)
             for r, (kd, flow, kind) in parts.items():
                 out.append(Op(id=_op_id(name, r), name=name, kind=kind, rank=at(r), stream=stream,  # type: ignore[arg-type]
                               deps=dep_ids(r), delay_s=spec.delay_s, kernel=kd, flow=flow, info=info))
@@ -409,8 +420,28 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
     return out
 
 
-def _simulated_parts(parts: dict[int, tuple[KernelDemand | None, FlowDemand, str]], sim: dict[int, int],
-                     name: str) -> dict[int, tuple[KernelDemand | None, FlowDemand, str]]:
+def _key(spec: _OpBase, info: dict[str, object]) -> tuple[object, ...]:
+    """What an op's demands depend on besides its name, ranks, stream and order: its kind of spec
+    and ``info`` (:func:`_info`), hashable."""
+    items = tuple(info.items())
+    try:
+        hash(items)
+    except TypeError:  # a list in the info (a GEMM's tile)
+        return (type(spec), repr(items))
+    return (type(spec), items)
+
+
+def _named(parts: _Parts, group: str) -> _Parts:
+    """``parts`` with their shared flow named ``group``."""
+    if not parts:
+        return parts
+    # One flow per collective of a training iteration: built from the fields, not dataclasses.replace (4x
+    # the cost).
+    flow = FlowDemand(**{**vars(next(iter(parts.values()))[1]), "group": group})
+    return {r: (kd, flow, kind) for r, (kd, _, kind) in parts.items()}
+
+
+def _simulated_parts(parts: _Parts, sim: dict[int, int], name: str) -> _Parts:
     """A collective's members among the simulated ranks (by job rank), its flow on their simulated
     numbers and still priced for its whole group (``group_size``)."""
     kept = {r: part for r, part in parts.items() if r in sim}
@@ -464,5 +495,11 @@ def _kind(kind: str) -> Literal["gemm", "attention", "elementwise", "norm", "sof
     return "generic" if kind == "kernel" else kind  # type: ignore[return-value]
 
 
+_NOT_INFO = frozenset({"name", "stream", "ranks", "after", "after_any", "delay_s", "repeat"})
+
+
 def _info(spec: _OpBase) -> dict[str, object]:
-    return spec.model_dump(exclude={"name", "stream", "ranks", "after", "after_any", "delay_s", "repeat"})
+    """What the op was made from (its shape, size, algorithm...): its fields but the placement's.
+    Every field of a spec is a plain value, so its ``__dict__`` is its ``model_dump`` at a third of
+    the cost."""
+    return {k: v for k, v in spec.__dict__.items() if k not in _NOT_INFO}

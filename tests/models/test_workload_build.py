@@ -1,0 +1,84 @@
+"""The build's shortcuts give what the plain path gives: an op's info is its spec's dump, a
+collective's parts made once per spec and members are the parts made afresh, and a boolean is
+refused wherever a number is expected (a field, a list's item, a mapping's value)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from ovsim.hw.calib import load_calibration
+from ovsim.hw.spec import load_gpu, load_system
+from ovsim.models.op_specs import (
+    AttentionOp,
+    CollectiveOpSpec,
+    CopyOp,
+    DelayOp,
+    GemmOp,
+    KernelOp,
+    Knobs,
+    MemoryOp,
+    SendRecvOp,
+)
+from ovsim.models.workload import _collective_ops, _info, build_workload
+from ovsim.scenario import Scenario
+
+GPU = load_gpu("h100-sxm5-80gb")
+SYSTEM = load_system("hgx-h100")
+PARAMS = load_calibration(GPU, "h100-sxm5-80gb").params
+PLACEMENT = {"name", "stream", "ranks", "after", "after_any", "delay_s", "repeat"}
+
+
+def test_an_ops_info_is_its_specs_dump_without_the_placement() -> None:
+    specs = [
+        GemmOp(name="g", kind="gemm", m=64, n=128, k=256, tile=(64, 64, 32), threads=128, stages=3, efficiency=0.5,
+               ranks=[0, 1], after=["x"], delay_s=1e-6, repeat=2),
+        AttentionOp(name="a", kind="attention", batch=2, heads=4, seq_len=128, head_dim=64, causal=False),
+        MemoryOp(name="m", kind="norm", bytes=1e6, blocks=8, grid_stride=True),
+        KernelOp(name="k", kind="kernel", grid=4, threads=128, duration_s=1e-5, memory_wait=0.5),
+        CollectiveOpSpec(name="c", kind="all_gather", size_bytes=1e6, protocol="ll128", channels=4),
+        SendRecvOp(name="s", kind="send_recv", size_bytes=1e6, src=0, dst=1),
+        CopyOp(name="cp", kind="copy", size_bytes=1e6, direction="d2d"),
+        DelayOp(name="d", kind="delay", duration_s=1e-6),
+    ]
+    for spec in specs:
+        assert _info(spec) == spec.model_dump(exclude=PLACEMENT)
+        assert list(_info(spec)) == list(spec.model_dump(exclude=PLACEMENT))  # and in field order
+
+
+def test_collectives_alike_but_for_name_share_parts_with_their_own_flow() -> None:
+    ops = [
+        CollectiveOpSpec(name="ar0", kind="all_reduce", size_bytes=1e8, ranks=[0, 1, 2, 3]),
+        CollectiveOpSpec(name="ar1", kind="all_reduce", size_bytes=1e8, ranks=[0, 1, 2, 3], after=["ar0"]),
+        CollectiveOpSpec(name="ar2", kind="all_reduce", size_bytes=1e8, ranks=[4, 5, 6, 7]),
+        CollectiveOpSpec(name="ar3", kind="all_reduce", size_bytes=2e8, ranks=[0, 1, 2, 3], after=["ar1"]),
+        CollectiveOpSpec(name="ag", kind="all_gather", size_bytes=1e8, ranks=[0, 1, 2, 3], after=["ar3"]),
+        SendRecvOp(name="p0", kind="send_recv", size_bytes=1e6, src=0, dst=5),
+        SendRecvOp(name="p1", kind="send_recv", size_bytes=1e6, src=0, dst=5, after=["p0"]),
+    ]
+    wl = build_workload(ops, gpu=GPU, system=SYSTEM, params=PARAMS, n_ranks=8)
+    by_spec = {s.name: s for s in ops}
+    for op in wl.ops:
+        spec = by_spec[op.name]
+        members = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else list(spec.ranks)  # type: ignore[arg-type]
+        kernel, flow, kind = _collective_ops(spec, op.name, members, GPU, SYSTEM, PARAMS, Knobs())[op.rank]
+        assert (op.kernel, op.flow, op.kind) == (kernel, flow, kind)
+    groups = {op.name: op.flow.group for op in wl.ops if op.flow is not None}
+    assert groups == {name: name for name in by_spec}
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("m", True, "m"),
+    ("tile", [64, True, 32], "tile.1"),
+    ("ranks", [0, False], "ranks.1"),
+])
+def test_a_boolean_is_refused_where_a_number_is_expected(field: str, value: object, named: str) -> None:
+    fields: dict[str, object] = {"name": "g", "kind": "gemm", "m": 64, "n": 64, "k": 64, field: value}
+    with pytest.raises(ValidationError, match=f"{named}: a number is expected"):
+        GemmOp(**fields)  # type: ignore[arg-type]
+
+
+def test_a_boolean_stream_priority_is_refused() -> None:
+    base = {"name": "s", "system": "hgx-h100", "ops": [{"name": "g", "kind": "gemm", "m": 64, "n": 64, "k": 64}]}
+    with pytest.raises(ValidationError, match="streams.compute: a number is expected"):
+        Scenario.model_validate({**base, "streams": {"compute": True}})
