@@ -232,11 +232,14 @@ def test_several_nodes_need_a_network() -> None:
 
 def test_published_multi_node_bus_bandwidths() -> None:
     """ovsim validate's rows across nodes (sources in ovsim/network_checks.py): nothing fitted. The
-    one miss is the lower of two reports of the same 4-NIC A100 nodes (86 GB/s against nccl-tests
-    #100's 91); the model gives 4 x 24 = 96."""
+    misses are the 3-node A100 sweep of nccl-tests #119 at and below 128 MiB: NCCL's model latency
+    (290 us for this ring) holds the busbw at 125 MiB to 86 GB/s, where the run reached 96.45."""
     from ovsim.network_checks import network_checks
 
     rows = network_checks()
-    assert [round(c.reference) for c in rows] == [396, 470, 390, 366, 350, 192, 91, 86]
-    assert [c.passed for c in rows] == [True] * 7 + [False], [(c.name, c.error_pct) for c in rows]
-    assert rows[-1].error_pct < 12.0
+    assert [round(c.reference) for c in rows] == [396, 470, 390, 366, 350, 192, 91, 96, 85]
+    assert [c.passed for c in rows] == [True] * 7 + [False, False], [(c.name, c.error_pct) for c in rows]
+    # Below, not above: the model's latency, not its bandwidth (the same nodes at 1-8 GiB: +5.4%).
+    assert all(-13.0 < c.error_pct < -10.0 for c in rows[-2:])
+    # The sweep's mean is below its peak, as measured (84.9 against 96.45).
+    assert rows[-1].predicted < rows[-2].predicted
