@@ -114,7 +114,7 @@ class _Sweep:
         gpu = load_gpu(system.gpu)
         out = []
         for size, time_us in self.rows:
-            plan = nccl.plan_collective("all_reduce", size, system.total_gpus, gpu, system,  # type: ignore[arg-type]
+            plan = nccl.plan_collective("all_reduce", size, system.total_gpus, gpu, system,
                                         algorithm=self.algorithm)  # type: ignore[arg-type]
             out.append((size, plan.isolated_s * 1e6 / time_us - 1.0))
         return out
