@@ -449,11 +449,15 @@ def _plan(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuSpec, syste
     n_cta, n_threads = launch_shape(comm_channels, size_bytes, _max_threads(comm, algo, proto),
                                     _thread_threshold(comm, algo, proto), algo, proto, params,
                                     p2p=op in P2P_OPS)
+    latency = latency_s(comm, algo, proto, size_bytes, comm_channels)
+    if algo == "nvls_tree" and span is not None:
+        # After the choice: NCCL's model, which chooses, has no such term (docs/design.md).
+        latency += nccl_net.nvls_tree_fill_s(size_bytes, span, comm.nvls_channels, alg_bw)
     return CollectivePlan(
         op=op, algorithm=algo, protocol=proto, n_ranks=n_ranks, size_bytes=float(size_bytes),
         channels=n_cta, threads_per_block=n_threads, registers_per_thread=params.registers_per_thread,
         shared_mem_per_block_bytes=nccl_shared_mem_per_block_bytes(gpu, params),
-        latency_s=latency_s(comm, algo, proto, size_bytes, comm_channels),
+        latency_s=latency,
         bus_bandwidth_bytes_per_s=alg_bw * factor,
         bus_bytes=size_bytes * factor,
         link_bytes_per_bus_byte=link, net_bytes_per_bus_byte=net,

@@ -1,8 +1,8 @@
 """NCCL across nodes: its cost model where a communicator spans nodes joined by NICs.
 
 Read from ``NVIDIA/nccl`` at v2.29 (``src/graph/tuning.cc``, ``search.cc``, ``connect.cc``); as in
-:mod:`ovsim.models.nccl`, [D] marks our derivations, [R] values not re-read. What NCCL's model
-does across nodes, and what ovsim takes from it:
+:mod:`ovsim.models.nccl`, [D] marks our derivations, [R] values not re-read, [F] a value fitted on
+published measurements. What NCCL's model does across nodes, and what ovsim takes from it:
 
 * The inter-node search gives every channel the fastest speed of a ladder (``speedArrayInter``)
   that the GPU's path to its NIC carries: the NIC's line rate or, below it, the PCIe link as NCCL
@@ -15,6 +15,9 @@ does across nodes, and what ovsim takes from it:
   the NVLink hop raised to NCCL's network overhead (1 us, x3 for Simple; Intel hosts assumed);
   tree pays the chain within a node and ``log2(nodes)`` network hops each way; NVLS-tree one NVLS
   hop and ``2 log2(nodes)`` network hops.
+* NVLS-tree's pipeline: a message of a few chunks per channel and NVLS head pays the stages
+  beyond the slowest once, a time NCCL's model lacks; ovsim adds it to the latency after NCCL's
+  choice (:func:`nvls_tree_fill_s`) [F].
 * NVLS needs SHARP (CollNet) across nodes, which ovsim does not model; NVLS-tree runs without it
   (all-reduce, Simple, sm90+ nodes with NVSwitch SHARP). CollNet and PAT are not modelled.
 
@@ -66,6 +69,19 @@ class NetParams:
     tree_max_gb_s: tuple[PerNodes, ...] = ((18.5, 10.0), (23.6, 17.8), (41.4, 36.0), (42.8, 24.0))
     tree_ll128_max_gb_s: tuple[PerNodes, ...] = ((20.0, 20.0), (20.0, 20.0), (36.7, 29.0), (31.67, 20.0))
     nvls_tree_max_gb_s: tuple[PerNodes, ...] = ((0.0, 0.0), (0.0, 0.0), (57.7, 45.5), (96.0, 43.8))
+    # NVLS-tree's pipeline (enqueue.cc calcCollChunking): the NVLS chunk (NCCL_NVLS_CHUNKSIZE), held
+    # to 64 KiB from 4 nodes (NCCL_NVLSTREE_MAX_CHUNKSIZE's default), then halved for messages of
+    # fewer than 4 and 1 chunks per channel and NVLS head.
+    nvls_chunk_bytes: int = 131072
+    nvls_tree_chunk_cap_bytes: int = 65536
+    nvls_tree_chunk_cap_from_nodes: int = 4
+    # [F] The stages of that pipeline beyond its slowest, in units of the slowest's time per step:
+    # a chunk passes scatter, NVLS reduce, the network up and down, NVLS broadcast and gather
+    # (all_reduce.h), a whole chunk at a time, and a message of a few chunks a channel pays them
+    # once. Fitted (least mean relative error, 0.05 steps) on NVIDIA/nccl-tests #309's 2-node
+    # H100 sweep at its 11 sizes from 16 MiB, where each channel's head takes two chunks or more
+    # (1.8% there); held out on two more sweeps (docs/design.md, "Nodes joined by NICs").
+    nvls_tree_fill_stages: float = 1.85
     # Hopper and later settle on the simpler (unbalanced) tree pattern, which tuning.cc charges x0.85.
     tree_pattern_factor: float = 0.85
     # connect.cc: two CTAs per search channel, and on sm90+ two more when the intra-node speed is
@@ -192,6 +208,29 @@ def tree_latency_s(span: Span, protocol: int, base_s: float, nvlink_hop_s: float
                    params: NetParams = NET_PARAMS) -> float:
     depth = (span.node_ranks - 1) * nvlink_hop_s + _log2i(span.n_nodes) * params.tree_net_hop_latency_s[protocol]
     return base_s + 2 * depth
+
+
+def nvls_tree_chunk_bytes(size_bytes: float, span: Span, channels: int, params: NetParams = NET_PARAMS) -> int:
+    """The chunk NCCL's NVLS-tree all-reduce moves per channel and NVLS head (one per GPU of a
+    node): enqueue.cc's rules for ``size_bytes`` on ``channels`` channels."""
+    chunk = params.nvls_chunk_bytes
+    if span.n_nodes >= params.nvls_tree_chunk_cap_from_nodes:
+        chunk = min(chunk, params.nvls_tree_chunk_cap_bytes)
+    ops = channels * span.node_ranks
+    for times, to in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
+        if size_bytes < times * ops * chunk and chunk > to:
+            chunk = to
+    return chunk
+
+
+def nvls_tree_fill_s(size_bytes: float, span: Span, channels: int, algorithm_bw_bytes_per_s: float,
+                     params: NetParams = NET_PARAMS) -> float:
+    """What NVLS-tree's pipeline adds to its latency and bandwidth: the stages beyond the
+    slowest, each a step of every channel and head at the algorithm bandwidth [F]. A step moves a
+    chunk, or all there is where a channel's head has less."""
+    heads = channels * span.node_ranks
+    step_bytes = min(float(heads * nvls_tree_chunk_bytes(size_bytes, span, channels, params)), size_bytes)
+    return params.nvls_tree_fill_stages * step_bytes / algorithm_bw_bytes_per_s
 
 
 def nvls_tree_latency_s(span: Span, params: NetParams = NET_PARAMS) -> float:

@@ -141,7 +141,8 @@ def test_nvls_tree_joins_nodes_of_nvswitch_sharp() -> None:
     gpu = load_gpu("h100-sxm5-80gb")
     two = nccl.plan_collective("all_reduce", 8 * GIB, 16, gpu, _nodes("hgx-h100-ndr", 2))
     assert (two.algorithm, two.protocol) == ("nvls_tree", "simple")
-    assert _busbw_gb_s(two) == pytest.approx(461.6, rel=0.002)
+    assert two.bus_bandwidth_bytes_per_s / 1e9 == pytest.approx(461.6, rel=1e-3)
+    assert _busbw_gb_s(two) == pytest.approx(461.6, rel=0.006)  # latency and the pipeline's fill: 0.6%
     four = nccl.plan_collective("all_reduce", 8 * GIB, 32, gpu, _nodes("hgx-h100-ndr", 4), algorithm="nvls_tree")
     assert _busbw_gb_s(four) == pytest.approx(364.0, rel=0.005)  # latency: 0.2%
     assert nccl.plan_collective("all_reduce", 8 * GIB, 32, gpu, _nodes("hgx-h100-ndr", 4)).algorithm == "ring"
@@ -247,20 +248,48 @@ def test_published_multi_node_bus_bandwidths() -> None:
 
 
 def test_published_multi_node_sweeps() -> None:
-    """The all-reduce's time at every size of nccl-tests #309's H100 sweeps: within 5% at their
-    largest size (NCCL's bandwidth over the NICs), off by up to half at 1-128 MiB (too fast under
-    NVLS-tree there, on both sides of the measurement with the ring), so each sweep's MAPE row
-    fails its 10%."""
+    """The all-reduce's time at every size of nccl-tests #309's H100 sweeps (measured; nothing fitted
+    but NVLS-tree's pipeline depth, on the first). Within 5% at their largest size (NCCL's bandwidth
+    over the NICs); with the pipeline's fill, within 10% at 16 MiB-1 GiB under NVLS-tree on the two
+    held-out sweeps too, where NCCL's model alone was 17-29% fast; the forced ring, which the fill
+    does not touch, stays off by up to half at 1-8 MiB."""
     from ovsim.network_checks import SWEEPS, network_checks
 
     for sw in SWEEPS:
-        errors = sw.errors()
-        assert abs(errors[-1][1]) < 0.05, (sw.name, errors[-1])
-        assert min(e for _, e in errors) < -0.25, sw.name
-    default_2, default_4, ring_2 = (dict(sw.errors()) for sw in SWEEPS)
-    mid = [2.0**k for k in range(23, 28)]  # 8-128 MiB
-    assert all(default_2[s] < -0.15 for s in mid) and all(default_4[s] < -0.15 for s in mid)
+        assert abs(sw.errors()[-1][1]) < 0.05, (sw.name, sw.errors()[-1])
+    fit_2, second_2, held_4, ring_2 = (dict(sw.errors()) for sw in SWEEPS)
+    assert [sw.fitted for sw in SWEEPS] == [True, False, False, False]
+    mid = [2.0**k for k in range(24, 31)]  # 16 MiB-1 GiB
+    assert all(abs(d[s]) < 0.10 for d in (fit_2, second_2, held_4) for s in mid), [
+        [round(d[s], 3) for s in mid] for d in (fit_2, second_2, held_4)]
     assert ring_2[2.0**20] < -0.4 and ring_2[2.0**26] > 0.1
     sweeps = [c for c in network_checks() if c.unit == "% MAPE"]
-    assert len(sweeps) == len(SWEEPS) and not any(c.passed for c in sweeps)
-    assert all(10.0 < c.predicted < 20.0 for c in sweeps), [c.predicted for c in sweeps]
+    assert [c.passed for c in sweeps] == [True, True, True, False], [c.predicted for c in sweeps]
+    assert sweeps[0].group != sweeps[1].group  # the fitted sweep is a calibration source
+
+
+def test_nvls_tree_pays_its_pipelines_fill_by_nccls_chunk_rules() -> None:
+    """NVLS-tree moves a chunk per channel and NVLS head at a time (enqueue.cc calcCollChunking:
+    128 KiB, at most 64 KiB from 4 nodes, 64 KiB below 4 chunks a channel and head, 32 KiB below
+    one), and a message of a few chunks pays the pipeline's other stages once: 1.85 steps of 16
+    channels x 8 heads (a chunk each, or all a head has) at the algorithm bandwidth, on top of
+    NCCL's latency."""
+    from ovsim.models import nccl_net
+
+    gpu = load_gpu("h100-sxm5-80gb")
+    kib, mib = 1024, 2**20
+    cases = ((2, 2 * mib, 32 * kib), (2, 7 * mib, 32 * kib), (2, 8 * mib, 64 * kib), (2, 16 * mib, 64 * kib),
+             (2, 64 * mib, 128 * kib), (2, GIB, 128 * kib), (4, 4 * mib, 32 * kib), (4, 16 * mib, 64 * kib),
+             (4, GIB, 64 * kib))
+    for nodes, size, chunk in cases:
+        system = _nodes("hgx-h100-ndr", nodes)
+        plan = nccl.plan_collective("all_reduce", size, 8 * nodes, gpu, system, algorithm="nvls_tree")
+        nccl_latency = NET_PARAMS.nvls_tree_nvlink_latency_s + 2 * (nodes.bit_length() - 1) * \
+            NET_PARAMS.nvls_tree_net_latency_s
+        alg_bw = plan.bus_bandwidth_bytes_per_s / nccl.bus_factor("all_reduce", 8 * nodes)
+        step = min(16 * 8 * chunk, size)
+        assert plan.latency_s == pytest.approx(nccl_latency + 1.85 * step / alg_bw, rel=1e-9), (nodes, size)
+    # The fill is the time's, not the choice's: NCCL's model, which chooses, has no such term.
+    two = _nodes("hgx-h100-ndr", 2)
+    assert nccl.plan_collective("all_reduce", 64 * mib, 16, gpu, two).algorithm == "nvls_tree"
+    assert nccl_net.nvls_tree_chunk_bytes(64 * mib, nccl_net.Span(2, 16, 2, 8, 8, 48e9), 16) == 128 * kib
