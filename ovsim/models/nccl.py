@@ -449,9 +449,10 @@ def _plan(op: CollectiveOp, size_bytes: float, n_ranks: int, gpu: GpuSpec, syste
     n_cta, n_threads = launch_shape(comm_channels, size_bytes, _max_threads(comm, algo, proto),
                                     _thread_threshold(comm, algo, proto), algo, proto, params,
                                     p2p=op in P2P_OPS)
-    latency = latency_s(comm, algo, proto, size_bytes, comm_channels)
+    # The time NCCL's choice is made on, less what only steers it (the ring's plateau factor), plus
+    # NVLS-tree's pipeline fill, which its model lacks (docs/design.md, "Nodes joined by NICs").
+    latency = latency_s(comm, algo, proto, size_bytes, comm_channels, plateau=False)
     if algo == "nvls_tree" and span is not None:
-        # After the choice: NCCL's model, which chooses, has no such term (docs/design.md).
         latency += nccl_net.nvls_tree_fill_s(size_bytes, span, comm.nvls_channels, alg_bw)
     return CollectivePlan(
         op=op, algorithm=algo, protocol=proto, n_ranks=n_ranks, size_bytes=float(size_bytes),

@@ -182,7 +182,10 @@ def nvls_tree_bus_bw(span: Span, nvls_intra_bytes_per_s: float, params: NetParam
 
 
 def ring_latency_s(span: Span, op: str, protocol: int, nsteps: int, base_s: float, nvlink_hop_s: float,
-                   size_bytes: float, ctas: int, params: NetParams = NET_PARAMS) -> float:
+                   size_bytes: float, ctas: int, params: NetParams = NET_PARAMS, plateau: bool = True) -> float:
+    """NCCL's model latency of a ring across nodes. ``plateau``: with tuning.cc's factor for a
+    multi-node Simple all-reduce ("plateau effect of ring"), which steers NCCL's choice; the time
+    leaves it out (published sweeps, docs/design.md, "Nodes joined by NICs")."""
     if op in ("broadcast", "reduce"):
         # tuning.cc: a pipelined chain whose channels all follow one ring pays one (network) hop.
         return base_s + params.ring_net_hop_latency_s[protocol]
@@ -199,7 +202,7 @@ def ring_latency_s(span: Span, op: str, protocol: int, nsteps: int, base_s: floa
     inter_steps = min(inter_steps, nsteps)
     lat = base_s + (nsteps - inter_steps) * intra + inter_steps * inter
     per_channel_rank = size_bytes / max(ctas * span.n_ranks, 1)
-    if op == "all_reduce" and protocol == 2 and per_channel_rank >= params.ring_plateau_min_bytes:
+    if plateau and op == "all_reduce" and protocol == 2 and per_channel_rank >= params.ring_plateau_min_bytes:
         lat *= params.ring_plateau_latency_factor if span.arch >= 1 else params.ring_plateau_latency_factor_pre_sm80
     return lat
 

@@ -234,7 +234,8 @@ def net_algorithm_bw(comm: Comm, algorithm: Algorithm, protocol: Protocol, chann
     return bus * n / nsteps(op, n)
 
 
-def net_latency_s(comm: Comm, algorithm: Algorithm, protocol: Protocol, size_bytes: float, ctas: int) -> float:
+def net_latency_s(comm: Comm, algorithm: Algorithm, protocol: Protocol, size_bytes: float, ctas: int,
+                  plateau: bool = True) -> float:
     span = comm.span
     assert span is not None
     p = comm.params
@@ -247,11 +248,13 @@ def net_latency_s(comm: Comm, algorithm: Algorithm, protocol: Protocol, size_byt
         return nccl_net.nvls_tree_latency_s(span)
     hop = (p.ring_pcie_hop_latency_s if pcie else p.ring_nvlink_hop_latency_s)[i]
     return nccl_net.ring_latency_s(span, comm.op, i, nsteps(comm.op, comm.n_ranks), p.ring_base_latency_s[i], hop,
-                                   size_bytes, ctas)
+                                   size_bytes, ctas, plateau=plateau)
 
 
 def latency_s(comm: Comm, algorithm: Algorithm, protocol: Protocol, size_bytes: float = 0.0,
-               ctas: int = 0) -> float:
+              ctas: int = 0, plateau: bool = True) -> float:
+    """NCCL's model latency of ``algorithm``/``protocol``; ``plateau=False`` leaves out the factor
+    NCCL's choice charges a multi-node Simple ring (``nccl_net.ring_latency_s``), for the time."""
     p = comm.params
     i = _PROTO_INDEX[protocol]
     n = comm.n_ranks
@@ -260,7 +263,7 @@ def latency_s(comm: Comm, algorithm: Algorithm, protocol: Protocol, size_bytes: 
     if algorithm == "nvls":
         return p.nvls_base_latency_s + p.nvls_nvlink_latency_s
     if comm.span is not None and op not in P2P_OPS:
-        return net_latency_s(comm, algorithm, protocol, size_bytes, ctas)
+        return net_latency_s(comm, algorithm, protocol, size_bytes, ctas, plateau)
     if algorithm == "tree":
         hop = (p.tree_pcie_hop_latency_s if pcie else p.tree_nvlink_hop_latency_s)[i]
         return p.tree_base_latency_s[i] + 2 * (n - 1) * hop

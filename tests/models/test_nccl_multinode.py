@@ -10,7 +10,7 @@ import pytest
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import SystemSpec, check_domain, load_gpu, load_system
-from ovsim.models import nccl
+from ovsim.models import nccl, nccl_net
 from ovsim.models.nccl_net import NET_PARAMS
 
 GIB = 2**30
@@ -99,7 +99,8 @@ def test_all_to_all_across_nodes_is_held_by_the_share_that_leaves_the_node() -> 
 def test_ring_latency_pays_the_network_hop_on_the_steps_that_cross_it() -> None:
     """tuning.cc (v2.29): base + (nsteps - nInterSteps) x max(NVLink hop, 3 x 1 us of network
     overhead) + nInterSteps x hwLat[NET]; an all-reduce over 2 nodes of 8 crosses 2 x (2 - 1) of
-    its 30 steps, and with at least 64 B per CTA and rank Ring/Simple pays x1.4."""
+    its 30 steps, and with at least 64 B per CTA and rank Ring/Simple pays x1.4 in the model that
+    chooses the algorithm; the plan's time leaves that factor out (published sweeps)."""
     sys_ = _nodes("hgx-h100-ndr", 2)
     p, net = nccl.DEFAULT_PARAMS, NET_PARAMS
     plan = nccl.plan_collective("all_reduce", 1 * GIB, 16, load_gpu(sys_.gpu), sys_, algorithm="ring",
@@ -107,7 +108,10 @@ def test_ring_latency_pays_the_network_hop_on_the_steps_that_cross_it() -> None:
     assert plan.channels == 16  # 8 NIC channels x 2 CTAs (connect.cc)
     want = p.ring_base_latency_s[2] + 28 * max(p.ring_nvlink_hop_latency_s[2], 3e-6) + 2 * 14e-6
     assert net.ring_net_hop_latency_s[2] == 14e-6
-    assert plan.latency_s == pytest.approx(1.4 * want, rel=1e-12)
+    assert plan.latency_s == pytest.approx(want, rel=1e-12)
+    comm_choice = nccl_net.ring_latency_s(nccl_net.Span(2, 16, 2, 8, 8, 48e9), "all_reduce", 2, 30,
+                                          p.ring_base_latency_s[2], p.ring_nvlink_hop_latency_s[2], GIB, 16)
+    assert comm_choice == pytest.approx(1.4 * want, rel=1e-12)
     small = nccl.plan_collective("all_reduce", 1024, 16, load_gpu(sys_.gpu), sys_, algorithm="ring", protocol="ll")
     assert small.latency_s == pytest.approx(p.ring_base_latency_s[0] + 28 * 1e-6 + 2 * 2.7e-6, rel=1e-12)
 
@@ -233,16 +237,17 @@ def test_several_nodes_need_a_network() -> None:
 
 def test_published_multi_node_bus_bandwidths() -> None:
     """ovsim validate's rows across nodes (sources in ovsim/network_checks.py): nothing fitted. The
-    misses are the 3-node A100 sweep of nccl-tests #119 at and below 128 MiB: NCCL's model latency
-    (290 us for this ring) holds the busbw at 125 MiB to 86 GB/s, where the run reached 96.45."""
+    closest are the 3-node A100 sweep of nccl-tests #119 at and below 128 MiB, where NCCL's model
+    latency (207 us for this ring without the plateau factor its choice adds, 290 with it) holds the
+    busbw at 125 MiB to 89 GB/s (86 with it), where the run reached 96.45."""
     from ovsim.network_checks import network_checks
 
     checks = network_checks()
     rows = [c for c in checks if c.unit == "GB/s"]
     assert [round(c.reference) for c in rows] == [396, 470, 390, 366, 350, 192, 91, 96, 85]
-    assert [c.passed for c in rows] == [True] * 7 + [False, False], [(c.name, c.error_pct) for c in rows]
+    assert all(c.passed for c in rows), [(c.name, c.error_pct) for c in rows]
     # Below, not above: the model's latency, not its bandwidth (the same nodes at 1-8 GiB: +5.4%).
-    assert all(-13.0 < c.error_pct < -10.0 for c in rows[-2:])
+    assert all(-10.0 < c.error_pct < -7.0 for c in rows[-2:])
     # The sweep's mean is below its peak, as measured (84.9 against 96.45).
     assert rows[-1].predicted < rows[-2].predicted
 
@@ -265,6 +270,8 @@ def test_published_multi_node_sweeps() -> None:
     assert ring_2[2.0**20] < -0.4 and ring_2[2.0**26] > 0.1
     sweeps = [c for c in network_checks() if c.unit == "% MAPE"]
     assert [c.passed for c in sweeps] == [True, True, True, False], [c.predicted for c in sweeps]
+    # Simple from 128 MiB: without the ring's plateau factor in its time, within 7% (10% with it).
+    assert all(abs(ring_2[s]) < 0.07 for s in ring_2 if s >= 2.0**27)
     assert sweeps[0].group != sweeps[1].group  # the fitted sweep is a calibration source
 
 
@@ -274,7 +281,6 @@ def test_nvls_tree_pays_its_pipelines_fill_by_nccls_chunk_rules() -> None:
     one), and a message of a few chunks pays the pipeline's other stages once: 1.85 steps of 16
     channels x 8 heads (a chunk each, or all a head has) at the algorithm bandwidth, on top of
     NCCL's latency."""
-    from ovsim.models import nccl_net
 
     gpu = load_gpu("h100-sxm5-80gb")
     kib, mib = 1024, 2**20
