@@ -3,7 +3,8 @@
 Each row plans the collective with NCCL's model (:mod:`ovsim.models.nccl`) on the system the
 source describes and compares nccl-tests' bus bandwidth; each sweep row compares the all-reduce's
 time at every size of a published sweep from 1 MiB up (the sizes training's collectives have).
-Nothing is fitted: the NICs' rating is NCCL's own speed ladder. Where a source does not say which
+The NICs' rating is NCCL's own speed ladder; the one number fitted, NVLS-tree's pipeline fill, was
+fitted on one sweep, whose row is a calibration source. Where a source does not say which
 algorithm NCCL ran, the row lets the model choose as NCCL would; sources that reported a
 misconfigured or underperforming fabric are left out (docs/design.md, "Nodes joined by NICs").
 """
