@@ -228,9 +228,10 @@ def nvls_tree_chunk_bytes(size_bytes: float, span: Span, channels: int, params: 
 
 def nvls_tree_fill_s(size_bytes: float, span: Span, channels: int, algorithm_bw_bytes_per_s: float,
                      params: NetParams = NET_PARAMS) -> float:
-    """What NVLS-tree's pipeline adds to its latency and bandwidth: the stages beyond the
-    slowest, each a step of every channel and head at the algorithm bandwidth [F]. A step moves a
-    chunk, or all there is where a channel's head has less."""
+    """What NVLS-tree's pipeline adds to its latency: the stages beyond the slowest, each a step of
+    every channel and head at the algorithm bandwidth [F]. A step moves a chunk, or all there is
+    where a channel's head has less. Being latency, it does not stretch when the flow shares its
+    NICs or links."""
     heads = channels * span.node_ranks
     step_bytes = min(float(heads * nvls_tree_chunk_bytes(size_bytes, span, channels, params)), size_bytes)
     return params.nvls_tree_fill_stages * step_bytes / algorithm_bw_bytes_per_s

@@ -426,7 +426,7 @@ def _key(spec: _OpBase, info: dict[str, object]) -> tuple[object, ...]:
     items = tuple(info.items())
     try:
         hash(items)
-    except TypeError:  # a list in the info (a GEMM's tile)
+    except TypeError:  # an unhashable value (no spec field holds one today)
         return (type(spec), repr(items))
     return (type(spec), items)
 

@@ -57,16 +57,18 @@ def test_collectives_alike_but_for_name_share_parts_with_their_own_flow() -> Non
         CollectiveOpSpec(name="ag", kind="all_gather", size_bytes=1e8, ranks=[0, 1, 2, 3], after=["ar3"]),
         SendRecvOp(name="p0", kind="send_recv", size_bytes=1e6, src=0, dst=5),
         SendRecvOp(name="p1", kind="send_recv", size_bytes=1e6, src=0, dst=5, after=["p0"]),
+        CollectiveOpSpec(name="rep", kind="all_reduce", size_bytes=1e8, ranks=[0, 1, 2, 3], repeat=2, after=["ag"]),
     ]
     wl = build_workload(ops, gpu=GPU, system=SYSTEM, params=PARAMS, n_ranks=8)
     by_spec = {s.name: s for s in ops}
     for op in wl.ops:
-        spec = by_spec[op.name]
+        spec = by_spec[op.name.split("#")[0]]
         members = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else list(spec.ranks)  # type: ignore[arg-type]
         kernel, flow, kind = _collective_ops(spec, op.name, members, GPU, SYSTEM, PARAMS, Knobs())[op.rank]
         assert (op.kernel, op.flow, op.kind) == (kernel, flow, kind)
     groups = {op.name: op.flow.group for op in wl.ops if op.flow is not None}
-    assert groups == {name: name for name in by_spec}
+    names = [n for n in by_spec if n != "rep"] + ["rep#0", "rep#1"]
+    assert groups == {name: name for name in names}
 
 
 @pytest.mark.parametrize(("field", "value", "named"), [
