@@ -21,9 +21,19 @@ def _numeric(tp: Any) -> bool:
     if origin is typing.Annotated:
         return _numeric(typing.get_args(tp)[0])
     if origin in (typing.Union, types.UnionType):
+        # A number beside words (a GEMM's efficiency or "library") is still a number; a union that
+        # takes a boolean itself is not.
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return bool(args) and all(_numeric(a) for a in args)
+        return any(_numeric(a) for a in args) and not any(_takes_bool(a) for a in args)
     return tp in (int, float)
+
+
+def _takes_bool(tp: Any) -> bool:
+    if typing.get_origin(tp) is typing.Annotated:
+        return _takes_bool(typing.get_args(tp)[0])
+    if typing.get_origin(tp) is typing.Literal:
+        return any(isinstance(v, bool) for v in typing.get_args(tp))
+    return tp is bool
 
 
 def _numeric_values(tp: Any) -> bool:

@@ -75,9 +75,11 @@ def test_collectives_alike_but_for_name_share_parts_with_their_own_flow() -> Non
     ("m", True, "m"),
     ("tile", [64, True, 32], "tile.1"),
     ("ranks", [0, False], "ranks.1"),
+    ("efficiency", True, "efficiency"),  # a number or "library": pydantic alone read true as 1.0
 ])
 def test_a_boolean_is_refused_where_a_number_is_expected(field: str, value: object, named: str) -> None:
-    fields: dict[str, object] = {"name": "g", "kind": "gemm", "m": 64, "n": 64, "k": 64, field: value}
+    fields: dict[str, object] = {"name": "g", "kind": "gemm", "m": 64, "n": 64, "k": 64, "tile": (64, 64, 32),
+                                 field: value}
     with pytest.raises(ValidationError, match=re.escape(f"{named}: a number is expected")):
         GemmOp(**fields)  # type: ignore[arg-type]
 
