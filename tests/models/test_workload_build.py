@@ -88,3 +88,35 @@ def test_a_boolean_stream_priority_is_refused() -> None:
     base = {"name": "s", "system": "hgx-h100", "ops": [{"name": "g", "kind": "gemm", "m": 64, "n": 64, "k": 64}]}
     with pytest.raises(ValidationError, match=re.escape("streams.compute: a number is expected")):
         Scenario.model_validate({**base, "streams": {"compute": True}})
+
+
+def test_made_once_parts_follow_rank_symmetry_and_the_nodes_their_members_span() -> None:
+    """Parts made once per spec and members are the parts the plain path makes: under rank symmetry
+    (narrowed to the simulated ranks, priced for the whole group), and with copy-engine offload,
+    which takes a collective within a node and leaves one across nodes on NCCL's kernels."""
+    from ovsim.models.workload import _simulated_parts
+
+    two_nodes = load_system("hgx-h100-ndr").model_copy(update={"nodes": 2})
+    gpu = load_gpu(two_nodes.gpu)
+    params = load_calibration(gpu, "h100-sxm5-80gb").params
+    knobs = Knobs(ce_offload=True)
+    ops = [
+        CollectiveOpSpec(name="in0", kind="all_gather", size_bytes=1e8, ranks=[0, 1, 2, 3]),
+        CollectiveOpSpec(name="in1", kind="all_gather", size_bytes=1e8, ranks=[0, 1, 2, 3], after=["in0"]),
+        CollectiveOpSpec(name="across", kind="all_gather", size_bytes=1e8, ranks=[0, 1, 8, 9], after=["in1"]),
+        CollectiveOpSpec(name="dp", kind="all_reduce", size_bytes=1e8, ranks=list(range(16))),
+    ]
+    sim = {r: j for j, r in enumerate(range(8))}
+    wl = build_workload(ops, gpu=gpu, system=two_nodes, params=params, n_ranks=16, knobs=knobs,
+                        simulated=list(range(8)), stand_offsets=[0, 8])
+    by_spec = {s.name: s for s in ops}
+    for op in wl.ops:
+        spec = by_spec[op.name]
+        assert isinstance(spec, CollectiveOpSpec) and isinstance(spec.ranks, list)
+        members = list(spec.ranks)
+        plain = _simulated_parts(_collective_ops(spec, op.name, members, gpu, two_nodes, params, knobs), sim, spec.name)
+        assert (op.kernel, op.flow, op.kind) == plain[next(r for r in plain if sim[r] == op.rank)]
+    flows = {op.name: op.flow for op in wl.ops}
+    assert flows["in0"].uses_copy_engine and flows["in1"].uses_copy_engine  # type: ignore[union-attr]
+    assert not flows["across"].uses_copy_engine  # type: ignore[union-attr]
+    assert flows["dp"].group_size == 16 and len(flows["dp"].ranks) == 8  # type: ignore[union-attr]
