@@ -42,6 +42,15 @@ with pipeline parallelism); the nodes are HGX H100 with eight 400 Gb/s NICs (the
 fabric runs 400 Gb/s a GPU too).
 
     python bench/published_jobs.py --rows llama3-16384-v2 --mode analytic   # about 5 s, 0.4 GB
+
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv
+2205.05198, table 5), on the same Selene nodes with the Megatron-LM of 2022: 22B, 175B, 530B and 1T
+GPT models (their table 3: TP 8, PP 1, 8, 35 and 64, the 175B and 530B interleaved with three model
+chunks a stage, one sequence a micro-batch but the 22B's four, no data parallelism), each with full
+recomputation and with the paper's method (sequence parallelism and selective recomputation),
+against the published iteration time; throughput counts model FLOPs (the paper's equation 7).
+
+    python bench/published_jobs.py --rows k22B-full k22B-present k175B-full k175B-present --mode analytic
 """
 
 from __future__ import annotations
@@ -126,6 +135,75 @@ class Row:
                                             overlap_grad_reduce=self.ddp == "torch"),
             },
         })
+
+
+@dataclass(frozen=True)
+class RecomputeRow:
+    """A row of Korthikanti et al.'s table 5 (arXiv 2205.05198): one model of their table 3 with full
+    recomputation, or with the paper's own method (sequence parallelism and selective recomputation)."""
+
+    model: str
+    layers: int
+    hidden: int
+    heads: int
+    pp: int
+    virtual_stages: int
+    batch: int  # one sequence a micro-batch but the 22B's four, no data parallelism
+    present_work: bool
+    published_iteration_s: float
+    micro_batch: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"k{self.model}-{'present' if self.present_work else 'full'}"
+
+    tp: int = 8
+    dp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def micro_batches(self) -> int:
+        return self.batch // self.micro_batch
+
+    @property
+    def published_tflops_per_gpu(self) -> float:
+        """Model FLOPs a second and GPU at the published iteration time (MFU x 312 TFLOP/s)."""
+        return self.flops() / self.published_iteration_s / self.gpus / 1e12
+
+    def flops(self) -> float:
+        """The model FLOPs of an iteration (the paper's equation 7, which MFU counts)."""
+        b, s, l_, h, v = self.batch, SEQ, self.layers, self.hidden, VOCAB
+        return 72 * b * s * l_ * h * h * (1 + s / (6 * h) + v / (12 * l_ * h))
+
+    def scenario(self) -> Scenario:
+        parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages,
+                                   sequence_parallel=self.present_work)
+        return Scenario.model_validate({
+            "schema": "ovsim.scenario/1", "name": f"korthikanti-table5-{self.name}", "system": "dgx-a100-hdr",
+            "nodes": self.pp, "schedule": "overlapped",
+            "training": {
+                "model": {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "vocab": VOCAB,
+                          "seq_len": SEQ, "gated_mlp": False, "tied_embeddings": True},
+                "micro_batch_size": self.micro_batch, "micro_batches": self.batch // self.micro_batch,
+                "precision": "fp16", "recompute": "selective" if self.present_work else "full",
+                "attention": "unfused", "parallel": parallel,
+            },
+        })
+
+
+# Korthikanti et al.'s table 3 (the 175B and 530B on the interleaved schedule with three model chunks
+# a stage) and table 5's iteration times.
+RECOMPUTE_ROWS = [
+    RecomputeRow(name, layers, hidden, heads, pp, v, batch, present, seconds, mbs)
+    for name, layers, hidden, heads, pp, v, batch, mbs, times in (
+        ("22B", 48, 6144, 64, 1, 1, 4, 4, (1.42, 1.10)),
+        ("175B", 96, 12288, 96, 8, 3, 64, 1, (18.13, 13.75)),
+        ("530B", 105, 20480, 128, 35, 3, 280, 1, (49.05, 37.83)),
+        ("1T", 128, 25600, 160, 64, 1, 512, 1, (94.42, 71.49)))
+    for present, seconds in ((False, times[0]), (True, times[1]))]
 
 
 # Table 1 (published teraFLOP/s per GPU) with run_table_1.sh's layouts.
@@ -213,7 +291,7 @@ def figure_18(mode: Mode, max_ops: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    every: list[Row | LlamaRow] = [*ROWS, *LLAMA_ROWS]
+    every: list[Row | LlamaRow | RecomputeRow] = [*ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS]
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every])
     ap.add_argument("--mode", choices=["analytic", "simulate"], default="simulate")
     ap.add_argument("--max-ops", type=int, default=4_000_000)

@@ -14,7 +14,8 @@ Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Tra
 MLSys 2023, section 4): per layer and micro-batch, with s tokens, b sequences, hidden h, t-way
 tensor parallelism, ``sbh (10 + 24/t + 5as/(ht))`` bytes for GPT's layer, 16-bit activations;
 with sequence parallelism everything divides by t, ``sbh/t (34 + 5as/h)``; with full
-recomputation only the layer's input, ``2sbh`` (over t with sequence parallelism). Generalised
+recomputation only the layer's input, ``2sbh`` (over t with sequence parallelism); with selective
+recomputation everything but the ``5as/h`` term (the paper's equation 6). Generalised
 here, term by term as the paper derives them, to grouped-query attention (K and V of ``kv/a`` the
 size) and to any MLP width and gated MLPs (both FC1 halves stored). Fused (flash) attention stores
 no s x s scores, so the ``5as/h`` term (scores, probabilities, dropout mask) counts only for
@@ -73,16 +74,18 @@ class MemoryEstimate:
                 + self.activations_bytes + self.logits_bytes)
 
 
-def layer_activation_bytes(m: ModelShape, tokens: int, tp: int, sequence_parallel: bool, recompute: bool,
+def layer_activation_bytes(m: ModelShape, tokens: int, tp: int, sequence_parallel: bool, recompute: str,
                            act_bytes: int = 2, unfused_attention: bool = False) -> float:
     """Activation bytes one layer keeps for its backward, per micro-batch of ``tokens`` (s x b)
     tokens on one tensor-parallel rank (Korthikanti et al. 2023, generalised; module docstring).
+    ``recompute`` is ``none``, ``full`` or ``selective`` (which keeps no s x s attention matrices).
     ``act_bytes`` scales the 16-bit figures (4: FP32 training)."""
     sbh = float(tokens) * m.hidden
     scale = act_bytes / 2
     split = tp if sequence_parallel else 1
-    if recompute:
+    if recompute == "full":
         return 2 * sbh * scale / split
+    unfused_attention = unfused_attention and recompute != "selective"
     r = m.kv / m.heads
     g = 2 if m.gated_mlp else 1
     f = m.ffn / m.hidden
@@ -132,10 +135,14 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     tokens = spec.micro_batch_size * m.seq_len
     act_b = activation_element_bytes(spec.precision)
     unfused = spec.attention == "unfused"
-    per_layer = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, spec.recompute, act_b, unfused)
-    # With full recomputation the layer in backward holds its whole activations again for a moment.
-    recomputed = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, False, act_b, unfused) \
-        if spec.recompute else 0.0
+    mode = spec.recompute_mode
+    per_layer = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, mode, act_b, unfused)
+    # A layer in backward holds what was recomputed for it again for a moment: its whole activations
+    # (full), or its attention's s x s matrices (selective, unfused attention).
+    recomputed = 0.0
+    if mode != "none":
+        everything = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, "none", act_b, unfused)
+        recomputed = everything - (per_layer if mode == "selective" else 0.0)
     best: MemoryEstimate | None = None
     for s in range(p):
         params = stage_layers(spec, m, p, s) * layer_p + stage_embedding_params(spec, m, tp, p, s)

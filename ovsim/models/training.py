@@ -100,7 +100,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     fsdp = spec.parallel.dp_mode == "fsdp" and lay.dp > 1 and spec.communication
     distributed = spec.parallel.distributed_optimizer and lay.dp > 1 and spec.communication
     orders = [stage_order(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
-    b_cost = 3.0 if spec.recompute else 2.0
+    b_cost = 3.0 if spec.recompute_mode == "full" else 2.0
     merged = merge_stages(orders, p, v, b_cost)
     # Each stage's items by their place in its order (a pipeline transfer names both ends' places).
     place = [{item: k for k, item in enumerate(order)} for order in orders]
@@ -171,9 +171,10 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             for layer in reversed(layers):
                 if fsdp_state:
                     fsdp_state.before_backward(st, layer, mb)
-                if spec.recompute:
+                if spec.recompute_mode == "full":
                     g.layer_forward(st, s, f"R{mb}.L{layer}")
-                g.layer_backward(st, s, f"B{mb}.L{layer}", last_mb)
+                g.layer_backward(st, s, f"B{mb}.L{layer}", last_mb,
+                                 recompute_attention=spec.recompute_mode == "selective")
                 if fsdp_state:
                     fsdp_state.after_backward(st, layer, mb)
             if vs == 0 and spec.embedding_and_head:

@@ -171,7 +171,11 @@ class LayerEmitter:
         self.tp_gemm(st, s, f"{pre}.fc2", T, mats["fc2"][1], mats["fc2"][0], post=post)
         self.mem(st, f"{pre}.residual", 3 * hb, "elementwise")
 
-    def layer_backward(self, st: StageState, s: int, pre: str, last_mb: bool) -> None:
+    def layer_backward(self, st: StageState, s: int, pre: str, last_mb: bool,
+                       recompute_attention: bool = False) -> None:
+        """One layer's backward (``pre``: ``B{mb}.L{layer}``); with ``recompute_attention`` the core
+        attention's forward runs again (as ``R{mb}.L{layer}.attn``) where autograd reaches it, after
+        the projection's gradients (selective recomputation)."""
         m, t = self.m, self.lay.tp
         T = self.tokens
         sp = self.p.sequence_parallel and self.comm
@@ -194,6 +198,8 @@ class LayerEmitter:
         self.tp_gemm(st, s, f"{pre}.proj.dgrad", T, mats["proj"][0], mats["proj"][1], pre=sp)
         self.gemm(st, f"{pre}.proj.wgrad", mats["proj"][0], mats["proj"][1], T)
         self.grad_ready(st, s, mats["proj"][0] * mats["proj"][1] * gb, last_mb)
+        if recompute_attention:
+            self.attention(st, f"R{pre[1:]}.attn", backward=False)
         self.attention(st, f"{pre}.attn.bwd", backward=True)
         self._column_backward(st, s, f"{pre}.qkv", mats["qkv"], post, sp)
         self.mem(st, f"{pre}.norm1.bwd", 3 * hb, "norm")

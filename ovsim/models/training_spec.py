@@ -139,8 +139,11 @@ class TrainingSpec(InputModel):
     # pipeline's micro-batches.
     micro_batches: PositiveInt = 1
     precision: TrainPrecision = "bf16"
-    # Full activation recomputation: every layer's forward runs again before its backward.
-    recompute: bool = False
+    # Activation recomputation. true or "full": every layer's forward runs again before its backward.
+    # "selective": only the core attention's forward (QK^T, softmax, dropout, PV; with flash, its
+    # kernel) runs again, just before its backward (Korthikanti et al., arXiv 2205.05198, Megatron-LM's
+    # --recompute-granularity selective). false or "none": nothing is recomputed.
+    recompute: bool | Literal["none", "full", "selective"] = False
     # flash: one fused attention kernel (FlashAttention), causal blocks skipped, no s x s scores in
     # memory. unfused: the core attention frameworks ran before it (Megatron-LM's until 2022):
     # batched GEMMs for QK^T and PV over the whole s x s, a fused scale-mask-softmax and a dropout
@@ -153,6 +156,13 @@ class TrainingSpec(InputModel):
     # for each other).
     communication: bool = True
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+
+    @property
+    def recompute_mode(self) -> Literal["none", "full", "selective"]:
+        """What ``recompute`` asks for, with the boolean spellings resolved."""
+        if self.recompute is True or self.recompute == "full":
+            return "full"
+        return "selective" if self.recompute == "selective" else "none"
 
     def shape(self) -> ModelShape:
         if isinstance(self.model, ModelShape):

@@ -30,11 +30,11 @@ def test_layer_activations_are_korthikantis_with_a_fused_attention(tp: int) -> N
     """Korthikanti et al. (MLSys 2023), eq. 1-4 for 16-bit activations, with the 5as/h attention
     score term dropped (a fused attention kernel stores no s x s scores): sbh(10 + 24/t) with
     tensor parallelism, 34sbh/t with sequence parallelism, 2sbh with full recomputation."""
-    assert layer_activation_bytes(GPT, S * B, tp, False, False) == pytest.approx(SBH * (10 + 24 / tp))
+    assert layer_activation_bytes(GPT, S * B, tp, False, "none") == pytest.approx(SBH * (10 + 24 / tp))
     if tp > 1:
-        assert layer_activation_bytes(GPT, S * B, tp, True, False) == pytest.approx(SBH * 34 / tp)
-    assert layer_activation_bytes(GPT, S * B, tp, False, True) == pytest.approx(2 * SBH)
-    assert layer_activation_bytes(GPT, S * B, 1, False, False, act_bytes=4) == pytest.approx(2 * 34 * SBH)
+        assert layer_activation_bytes(GPT, S * B, tp, True, "none") == pytest.approx(SBH * 34 / tp)
+    assert layer_activation_bytes(GPT, S * B, tp, False, "full") == pytest.approx(2 * SBH)
+    assert layer_activation_bytes(GPT, S * B, 1, False, "none", act_bytes=4) == pytest.approx(2 * 34 * SBH)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 8])
@@ -43,11 +43,34 @@ def test_unfused_attention_keeps_korthikantis_score_term(tp: int) -> None:
     dropout mask stored: sbh(10 + 24/t + 5as/(ht)), and 34 + 5as/h over t with sequence
     parallelism; full recomputation still keeps only the layer's input."""
     a = GPT.heads
-    assert layer_activation_bytes(GPT, S * B, tp, False, False, unfused_attention=True) == \
+    assert layer_activation_bytes(GPT, S * B, tp, False, "none", unfused_attention=True) == \
         pytest.approx(SBH * (10 + 24 / tp + 5 * a * S / (H * tp)))
-    assert layer_activation_bytes(GPT, S * B, tp, True, False, unfused_attention=True) == \
+    assert layer_activation_bytes(GPT, S * B, tp, True, "none", unfused_attention=True) == \
         pytest.approx(SBH * (34 + 5 * a * S / H) / tp)
-    assert layer_activation_bytes(GPT, S * B, tp, False, True, unfused_attention=True) == pytest.approx(2 * SBH)
+    assert layer_activation_bytes(GPT, S * B, tp, False, "full", unfused_attention=True) == pytest.approx(2 * SBH)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_selective_recomputation_keeps_all_but_the_score_term(tp: int) -> None:
+    """Korthikanti et al. (MLSys 2023), eq. 6: selective recomputation of the core attention stores
+    34 sbh/t with sequence parallelism, whatever the heads and sequence; without it, eq. 2's
+    sbh(10 + 24/t). A fused attention has no score term to drop."""
+    for unfused in (False, True):
+        assert layer_activation_bytes(GPT, S * B, tp, False, "selective", unfused_attention=unfused) == \
+            pytest.approx(SBH * (10 + 24 / tp))
+        if tp > 1:
+            assert layer_activation_bytes(GPT, S * B, tp, True, "selective", unfused_attention=unfused) == \
+                pytest.approx(SBH * 34 / tp)
+
+
+def test_selective_recomputation_holds_one_layers_scores_again_in_backward() -> None:
+    """With unfused attention, the estimate under selective recomputation is the one without
+    recomputation less every stored layer's s x s matrices (5as/h sbh/t each, eq. 2) but one, which
+    the recomputation brings back for the backward of the layer being processed."""
+    kw = {"attention": "unfused", "parallel": {"tp": 2}}
+    none, sel = memory_estimate(spec(**kw), 2), memory_estimate(spec(recompute="selective", **kw), 2)
+    scores = SBH * 5 * GPT.heads * S / (H * 2)
+    assert none.activations_bytes - sel.activations_bytes == pytest.approx(scores * (GPT.layers - 1))
 
 
 def test_grouped_query_attention_and_a_gated_mlp_store_what_they_produce() -> None:
@@ -57,7 +80,7 @@ def test_grouped_query_attention_and_a_gated_mlp_store_what_they_produce() -> No
     m = PRESETS["llama2-70b"]
     f = m.ffn / m.hidden
     expected = 10 + 2 + 2 * 2 / 8 + 2 + (4 + 2) * f
-    assert layer_activation_bytes(m, 1000, 1, False, False) == pytest.approx(1000 * m.hidden * expected)
+    assert layer_activation_bytes(m, 1000, 1, False, "none") == pytest.approx(1000 * m.hidden * expected)
 
 
 def test_model_states_are_sixteen_bytes_a_parameter_sharded_by_fsdp() -> None:

@@ -91,6 +91,44 @@ def test_an_iteration_does_the_flops_megatron_lm_counts() -> None:
     assert per_gpu * 256 == pytest.approx(96 * B * s * l_ * h * h * (1 + s / (6 * h) + V / (16 * l_ * h)), rel=1e-12)
 
 
+KORTHIKANTI_22B: dict[str, Any] = {
+    "model": {"layers": 48, "hidden": 6144, "heads": 64, "vocab": 51200, "seq_len": 2048, "gated_mlp": False,
+              "tied_embeddings": True},
+    "micro_batch_size": 4, "precision": "fp16", "attention": "unfused", "parallel": {"tp": 8}}
+
+
+def test_selective_recomputation_does_the_papers_hardware_flops() -> None:
+    """Korthikanti et al. (arXiv 2205.05198), appendix A: an iteration's model FLOPs are
+    72 B L s h^2 (1 + s/(6h) + V/(12 h L)) (equation 7), and selective recomputation adds "an
+    additional forward pass attention matrix computation (2Bs^2h operations) and attention over
+    values (2Bs^2h operations)" a layer; on their table 3's 22B model (TP 8, batch 4). ovsim's GEMMs
+    on the eight ranks must do exactly that. (The paper's equation 8 writes the sum as s/(3h) in
+    place of s/(6h), 8 B L s^2 h more than the operations its text lists.)"""
+    B, L, s, h, V = 4, 48, 2048, 6144, 51200
+    spec = TrainingSpec.model_validate({**KORTHIKANTI_22B, "recompute": "selective"})
+    ops = [o for o in training_ops(spec, 8).ops if isinstance(o, GemmOp)]
+    per_rank = sum(2 * o.m * o.n * o.k for o in ops)
+    model_flops = 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    assert per_rank * 8 == pytest.approx(model_flops + L * 4 * B * s * s * h, rel=1e-12)
+
+
+def test_selective_recomputation_reruns_the_core_attention_where_autograd_reaches_it() -> None:
+    """Megatron-LM's selective recomputation checkpoints the core attention alone: in each layer's
+    backward its forward (QK^T, softmax, dropout, PV) runs again after the projection's gradients
+    and before the attention's own backward; nothing else of the forward runs twice."""
+    spec = TrainingSpec.model_validate({**KORTHIKANTI_22B, "layers": 2, "recompute": "selective"})
+    names = [o.name for o in training_ops(spec, 8).ops if o.stream == "compute"]
+    again = [n for n in names if n.startswith("R")]
+    assert again == [f"R0.L{layer}.attn.{part}" for layer in (1, 0) for part in ("qk", "softmax", "dropout", "pv")]
+    for layer in (0, 1):
+        first, last = names.index(f"R0.L{layer}.attn.qk"), names.index(f"R0.L{layer}.attn.pv")
+        assert names.index(f"B0.L{layer}.proj.wgrad") < first
+        assert last < names.index(f"B0.L{layer}.attn.bwd.pv.dgrad")
+    assert spec.recompute_mode == "selective"
+    for value, mode in ((True, "full"), ("full", "full"), (False, "none"), ("none", "none")):
+        assert spec.model_copy(update={"recompute": value}).recompute_mode == mode
+
+
 def test_tensor_parallel_splits_gemms_and_adds_two_all_reduces_per_layer_each_way() -> None:
     """Megatron-LM (Shoeybi et al. 2019): f and g operators, two all-reduces in forward and two in
     backward per layer."""
