@@ -38,6 +38,14 @@ def _each(v: dict[str, float], ok: Callable[[float], bool], what: str) -> dict[s
     return v
 
 
+def _protocols(v: dict[str, float]) -> dict[str, float]:
+    """``v`` if every key is an NCCL protocol."""
+    for k in v:
+        if k not in ("ll", "ll128", "simple"):
+            raise ValueError(f"{k}: keys are NCCL protocols (ll, ll128, simple)")
+    return v
+
+
 class Parameters(BaseModel):
     """Model constants. Defaults here are only placeholders for the schema: values come from files.
 
@@ -161,6 +169,14 @@ class Parameters(BaseModel):
     # Measured collective cost that replaces NCCL's own model for exactly this collective, keyed
     # "op/algorithm/protocol/ranks": latency_s and bus_bandwidth_bytes_per_s (`ovsim calibrate`).
     nccl_fitted: dict[str, dict[str, float]] = Field(default_factory=dict)
+    # A GPU's measured ring collectives on one node, per NCCL protocol, against NCCL's own cost
+    # model: the time a ring collective takes beyond the model's latency, whatever the collective
+    # (measured all-reduce, all-gather and reduce-scatter on one A100 node pay about the same), and
+    # the share of the model's bus bandwidth reached. None listed (the schema default): NCCL's model
+    # as it is. Fitted on a published nccl-tests sweep where a GPU's file says so
+    # (calibration/nccl/fit_published_sweeps.py).
+    nccl_ring_added_latency_s: dict[str, float] = Field(default_factory=dict)
+    nccl_ring_bus_efficiency: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("hbm_latency_capacity")
     @classmethod
@@ -193,6 +209,16 @@ class Parameters(BaseModel):
     @classmethod
     def _fraction_range(cls, v: dict[str, float]) -> dict[str, float]:
         return _each(v, lambda x: 0.0 <= x <= 1.0, "a fraction in [0, 1]")
+
+    @field_validator("nccl_ring_added_latency_s")
+    @classmethod
+    def _added_latency(cls, v: dict[str, float]) -> dict[str, float]:
+        return _each(_protocols(v), lambda x: 0.0 <= x < 1e-2, "seconds in [0, 10 ms)")
+
+    @field_validator("nccl_ring_bus_efficiency")
+    @classmethod
+    def _ring_efficiency(cls, v: dict[str, float]) -> dict[str, float]:
+        return _each(_protocols(v), lambda x: 0.0 < x <= 1.0, "a share of NCCL's modelled bus bandwidth in (0, 1]")
 
     @field_validator("nccl_fitted")
     @classmethod

@@ -34,9 +34,10 @@ bytes to move, i.e. when the operation is latency-bound.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ovsim.errors import OvsimError
@@ -115,6 +116,23 @@ class CollectivePlan:
     @property
     def block(self) -> BlockShape:
         return BlockShape(self.threads_per_block, self.registers_per_thread, self.shared_mem_per_block_bytes)
+
+
+def calibrated_plan(plan: CollectivePlan, added_latency_s: Mapping[str, float],
+                    bus_efficiency: Mapping[str, float]) -> CollectivePlan:
+    """``plan`` priced with a GPU's measured ring costs on one node (calibration
+    ``nccl_ring_added_latency_s`` and ``nccl_ring_bus_efficiency``, per protocol): the time a ring
+    collective takes beyond NCCL's model latency, and the share of the model's bus bandwidth
+    reached. NCCL's choice of algorithm and protocol stays its own model's. Other algorithms, p2p
+    and plans across nodes are returned as they are."""
+    if plan.algorithm != "ring" or plan.n_nodes > 1 or plan.op in P2P_OPS or plan.n_ranks < 2:
+        return plan
+    added_s = added_latency_s.get(plan.protocol, 0.0)
+    efficiency = bus_efficiency.get(plan.protocol, 1.0)
+    if added_s == 0.0 and efficiency == 1.0:
+        return plan
+    return dataclasses.replace(plan, latency_s=plan.latency_s + added_s,
+                               bus_bandwidth_bytes_per_s=plan.bus_bandwidth_bytes_per_s * efficiency)
 
 
 def _compute_capability(gpu: GpuSpec) -> int:

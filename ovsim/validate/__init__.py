@@ -247,6 +247,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
     from ovsim.echo import echo_checks
     from ovsim.framework_checks import copy_checks, framework_checks
     from ovsim.network_checks import network_checks
+    from ovsim.node_checks import node_checks
     from ovsim.shaping_checks import shaping_checks
     from ovsim.training_checks import training_checks
 
@@ -268,7 +269,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
             # The families' data sets were read from the registry when this module was imported.
             raise OvsimError(f"OVSIM_DATA points at {root}, but the measured checks were set up from "
                              f"{MEASURED_DATA}: set it before importing ovsim.validate", field="--measured")
-    checks = published_checks() + network_checks() + training_checks() + power_checks()
+    checks = published_checks() + node_checks() + network_checks() + training_checks() + power_checks()
     if studies:
         checks += study_checks(workers, on_trace)
     if measured:

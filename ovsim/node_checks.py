@@ -1,0 +1,129 @@
+"""Checks of collectives within one node, against published nccl-tests sweeps.
+
+NCCL's own cost model, which ovsim plans collectives with (:mod:`ovsim.models.nccl`), gives an
+8-GPU A100 node's all-reduce 220-240 GB/s of bus bandwidth from 4 MiB up; published
+``all_reduce_perf`` sweeps of such nodes reach 70-110 GB/s at 4-16 MiB, 170-200 GB/s at 64-128 MiB
+and 230 GB/s only from 1 GiB. A GPU's calibration can carry its measured ring costs
+(``nccl_ring_added_latency_s``, ``nccl_ring_bus_efficiency``: :func:`ovsim.models.nccl.calibrated_plan`),
+fitted on one published sweep (:func:`ovsim.calibrate.collectives.fit_ring_sweep`, run by
+calibration/nccl/fit_published_sweeps.py). Each row here is one sweep's MAPE of the all-reduce's
+time over its sizes from 4 MiB to 2 GiB (the sizes training's tensor-parallel and data-parallel
+collectives have), priced as a scenario prices it, with the shipped calibration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.spec import gpu_file, load_gpu, load_system
+from ovsim.models import nccl
+
+if TYPE_CHECKING:
+    from ovsim.validate import Check
+
+NODE_GROUP = "published (one node, not fitted)"
+NODE_FIT_GROUP = "published (one node, calibration source)"
+MIB = 2**20
+# The sizes a row scores: tensor-parallel activations and DDP buckets up to FSDP's largest layers.
+SMALLEST, LARGEST = 4 * MIB, 2048 * MIB
+
+
+@dataclass(frozen=True)
+class NodeSweep:
+    """A published all_reduce_perf sweep on one node: (size in bytes, bus bandwidth in GB/s)."""
+
+    name: str
+    source: str
+    system: str
+    gpu: str
+    rows: tuple[tuple[float, float], ...]
+    # The GPU's ring costs were fitted on this sweep (NODE_FIT_GROUP).
+    fitted: bool = False
+    # nccl-tests' collective; its size is nccl-tests' (all-gather, reduce-scatter: the whole buffer).
+    op: str = "all_reduce"
+
+    def scored(self) -> tuple[tuple[float, float], ...]:
+        return tuple((s, b) for s, b in self.rows if SMALLEST <= s <= LARGEST)
+
+    def plan(self, size_bytes: float, params: Parameters | None = None) -> nccl.CollectivePlan:
+        """The collective of ``size_bytes`` over the node, as NCCL's model plans it, priced with
+        ``params`` (None: NCCL's model alone)."""
+        system = load_system(self.system).model_copy(update={"gpu": self.gpu})
+        plan = nccl.plan_collective(self.op, size_bytes, system.total_gpus, load_gpu(self.gpu),  # type: ignore[arg-type]
+                                    system)
+        if params is None:
+            return plan
+        return nccl.calibrated_plan(plan, params.nccl_ring_added_latency_s, params.nccl_ring_bus_efficiency)
+
+    def errors(self, params: Parameters | None) -> list[tuple[float, float]]:
+        """(size, predicted time over measured - 1) at each scored size."""
+        out = []
+        for size, busbw in self.scored():
+            plan = self.plan(size, params)
+            measured_s = size * nccl.bus_factor(plan.op, plan.n_ranks) / (busbw * 1e9)
+            out.append((size, plan.isolated_s / measured_s - 1.0))
+        return out
+
+
+def _doubling(first: int, busbw: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
+    return tuple((float(first * 2**i), b) for i, b in enumerate(busbw))
+
+
+_DGX_A100 = "dgx-a100"
+SWEEPS: tuple[NodeSweep, ...] = (
+    NodeSweep("NCCL all-reduce time, 8x A100 SXM4 40 GB (OCI BM.GPU4.8), 4 MiB-2 GiB",
+              "oracle-japan/ocitutorials, 'GPUクラスタを構築する' (Horovod version): all_reduce_perf -b 64 -e 10G -f 2 "
+              "-t 1 -g 8 on one BM.GPU4.8 (8 A100-SXM4-40GB), CUDA 11.3, out-of-place busbw; the A100's ring "
+              "costs are fitted on it", _DGX_A100, "a100-sxm4-40gb",
+              _doubling(4 * MIB, (54.57, 79.02, 119.81, 147.46, 199.23, 197.17, 221.38, 223.26, 230.08, 231.52)),
+              fitted=True),
+    NodeSweep("NCCL all-reduce time, 8x A100 SXM4 80 GB (Azure ND A100 v4), 4 MiB-2 GiB",
+              "Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md (NCCL 2.18.5, CUDA 12.5; "
+              "all_reduce_perf -b 8 -e 8G -f 2 -n 40 on all 8 GPUs, in-place busbw; its script sets NCCL_ALGO=NVLS, "
+              "which A100s do not support, and the figures are a ring's)", _DGX_A100, "a100-sxm4-80gb",
+              _doubling(4 * MIB, (71.43, 89.99, 109.22, 132.77, 166.63, 174.18, 213.87, 221.58, 228.10, 230.22))),
+    NodeSweep("NCCL all-reduce time, 8x A100 SXM4 80 GB (NCCL 2.16.2), 32 MiB-1 GiB",
+              "theap06/gcm (a fork of facebookresearch/gcm) gcm/tests/health_checks_tests/test_check_nccl.py, "
+              "sample_single_success_output: 8 A100-SXM4-80GB on one host, NCCL 2.16.2+cuda11.6, -b 32M -e 1G -f 2 "
+              "-g 1 under MPI, out-of-place busbw", _DGX_A100, "a100-sxm4-80gb",
+              _doubling(32 * MIB, (170.31, 210.68, 204.26, 223.05, 226.63, 231.72))),
+    NodeSweep("NCCL all-reduce time, 8x A100 SXM4 40 GB (Galvatron), 4 MiB-1 GiB",
+              "AFDWang/Hetu-Galvatron tests/profiler/test_hardware_profile.py (nccl-tests output of 8 "
+              "A100-SXM4-40GB on one host, -b 1M -e 1G -f 2 -g 8, out-of-place busbw)", _DGX_A100, "a100-sxm4-40gb",
+              _doubling(4 * MIB, (55.97, 80.04, 99.99, 141.27, 178.69, 186.91, 200.85, 202.00, 230.84))),
+    NodeSweep("NCCL all-gather time, 8x A100 SXM4 40 GB (SuperBench), 4 MiB-2 GiB",
+              "microsoft/superbenchmark tests/data/nccl_allgather.log (all_gather_perf -b 1 -e 8G -f 2 -g 8 -c 0 on "
+              "8 A100-SXM4-40GB in one process, out-of-place busbw)", _DGX_A100, "a100-sxm4-40gb",
+              _doubling(4 * MIB, (36.43, 59.44, 87.52, 110.46, 154.65, 168.12, 197.01, 203.88, 212.88, 217.01)),
+              op="all_gather"),
+    NodeSweep("NCCL reduce-scatter time, 8x A100 SXM4 40 GB (SuperBench), 4 MiB-2 GiB",
+              "microsoft/superbenchmark tests/data/nccl_reducescatter.log (reduce_scatter_perf, the same machine and "
+              "flags, out-of-place busbw)", _DGX_A100, "a100-sxm4-40gb",
+              _doubling(4 * MIB, (33.72, 49.84, 96.34, 122.06, 164.89, 190.01, 211.84, 216.58, 223.54, 224.85)),
+              op="reduce_scatter"),
+)
+
+
+def shipped_params(gpu: str) -> Parameters:
+    return load_calibration(load_gpu(gpu), gpu_file(gpu).stem).params
+
+
+def _sweep_check(sw: NodeSweep) -> Check:
+    from ovsim.validate import Check
+
+    err = sw.errors(shipped_params(sw.gpu))
+    rel = [e for _, e in err]
+    mape = sum(abs(e) for e in rel) / len(rel) * 100
+    before = sum(abs(e) for _, e in sw.errors(None)) / len(rel) * 100
+    lo, hi = min(err, key=lambda x: x[1]), max(err, key=lambda x: x[1])
+    return Check(sw.name, NODE_FIT_GROUP if sw.fitted else NODE_GROUP, 10.0, mape, "% MAPE", 0.0, sw.source,
+                 rule="at_most",
+                 note=f"signed mean {sum(rel) / len(rel) * 100:+.1f}%; from {lo[1] * 100:+.1f}% at "
+                      f"{lo[0] / MIB:g} MiB to {hi[1] * 100:+.1f}% at {hi[0] / MIB:g} MiB; NCCL's model alone: "
+                      f"{before:.1f}%; passes at or below 10%")
+
+
+def node_checks() -> list[Check]:
+    return [_sweep_check(sw) for sw in SWEEPS]
