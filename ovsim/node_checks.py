@@ -1,14 +1,14 @@
 """Checks of collectives within one node, against published nccl-tests sweeps.
 
-NCCL's own cost model, which ovsim plans collectives with (:mod:`ovsim.models.nccl`), gives an
-8-GPU A100 node's all-reduce 220-240 GB/s of bus bandwidth from 4 MiB up; published
-``all_reduce_perf`` sweeps of such nodes reach 70-110 GB/s at 4-16 MiB, 170-200 GB/s at 64-128 MiB
-and 230 GB/s only from 1 GiB. A GPU's calibration can carry its measured ring costs
-(``nccl_ring_added_latency_s``, ``nccl_ring_bus_efficiency``: :func:`ovsim.models.nccl.calibrated_plan`),
-fitted on one published sweep (:func:`ovsim.calibrate.collectives.fit_ring_sweep`, run by
-calibration/nccl/fit_published_sweeps.py). Each row here is one sweep's MAPE of the all-reduce's
-time over its sizes from 4 MiB to 2 GiB (the sizes training's tensor-parallel and data-parallel
-collectives have), priced as a scenario prices it, with the shipped calibration.
+NCCL's own cost model, which ovsim plans collectives with (:mod:`ovsim.models.nccl`), is fast at
+the sizes training's collectives have: an 8-GPU A100 node's ring all-reduce by 17-25% over 4 MiB to
+2 GiB, an H100 node's NVLS all-reduce by 35-53% at 4-32 MiB and 10-21% at 64-256 MiB. A GPU's
+calibration can carry its measured costs (``nccl_ring_added_latency_s``, ``nccl_ring_bus_efficiency``,
+``nccl_nvls_added_latency_s``, ``nccl_nvls_bus_efficiency``: :func:`ovsim.models.nccl.calibrated_plan`),
+fitted on one published sweep a GPU family (:func:`ovsim.calibrate.collectives.fit_node_sweep`, run
+by calibration/nccl/fit_published_sweeps.py). Each row here is one sweep's MAPE of the collective's
+time over its sizes from 4 MiB to 2 GiB, priced as a scenario prices it, with the shipped
+calibration; the rows not fitted are held out.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class NodeSweep:
                                     system)
         if params is None:
             return plan
-        return nccl.calibrated_plan(plan, params.nccl_ring_added_latency_s, params.nccl_ring_bus_efficiency)
+        return nccl.calibrated_plan(plan, params)
 
     def errors(self, params: Parameters | None) -> list[tuple[float, float]]:
         """(size, predicted time over measured - 1) at each scored size."""
@@ -103,6 +103,30 @@ SWEEPS: tuple[NodeSweep, ...] = (
               "flags, out-of-place busbw)", _DGX_A100, "a100-sxm4-40gb",
               _doubling(4 * MIB, (33.72, 49.84, 96.34, 122.06, 164.89, 190.01, 211.84, 216.58, 223.54, 224.85)),
               op="reduce_scatter"),
+    NodeSweep("NCCL all-reduce time, 8x H100 SXM (Voltage Park), 4 MiB-2 GiB",
+              "ZiyanIshani/vpbenchmarking results/nccl/nccl_allreduce_20260224_223444.txt (a Voltage Park bare-metal "
+              "node of 8 H100 80GB HBM3 SXM5, NCCL 2.24.3, nccl-tests 2.17.9, -b 8 -e 8G -f 2 -g 8, out-of-place "
+              "busbw; NCCL's default, NVLS); the H100's and H200's NVLS costs are fitted on it", "hgx-h100",
+              "h100-sxm5-80gb",
+              _doubling(4 * MIB, (131.77, 173.79, 233.25, 293.02, 357.44, 399.19, 422.38, 436.40, 468.53, 474.62)),
+              fitted=True),
+    NodeSweep("NCCL all-reduce time, 8x H100 SXM (Azure ND H100 v5), 4 MiB-2 GiB",
+              "Azure/AI-benchmarking-guide 'Azure Results/ND_H100_v5_results.md' (NCCL 2.18.5, CUDA 12.6; "
+              "NCCL_ALGO=NVLS all_reduce_perf -b 8 -e 8G -f 2 -n 40 on the node's 8 GPUs, in-place busbw)",
+              "hgx-h100", "h100-sxm5-80gb",
+              _doubling(4 * MIB, (128.73, 172.13, 234.45, 295.53, 361.78, 400.61, 423.38, 438.46, 466.35, 472.36))),
+    NodeSweep("NCCL all-reduce time, 8x H100 SXM, 128 MiB-2 GiB",
+              "NVIDIA/nccl-tests #290 (8 H100 80GB HBM3 on one node, -b 128M -e 4G -f 2 -g 8, two iterations, "
+              "out-of-place busbw; an NVIDIA maintainer: 476 GB/s 'in the expected range for H100')",
+              "hgx-h100", "h100-sxm5-80gb", _doubling(128 * MIB, (382.99, 412.35, 431.81, 465.25, 468.57))),
+    NodeSweep("NCCL reduce-scatter time, 8x H100 SXM, ring, 128 MiB-2 GiB",
+              "NVIDIA/nccl #1047 (one H100 server, 8 H100 80GB HBM3: the issue's ring table, out-of-place busbw); "
+              "the H100 has no ring costs, so this is NCCL's model alone", "hgx-h100", "h100-sxm5-80gb",
+              _doubling(128 * MIB, (311.34, 330.94, 340.94, 349.36, 354.81)), op="reduce_scatter"),
+    NodeSweep("NCCL all-reduce time, 8x H200 SXM (Azure ND H200 v5), 4 MiB-2 GiB",
+              "Azure/AI-benchmarking-guide Azure_Results/ND_H200_v5_results.md (NCCL 2.20.5; the same script, "
+              "in-place busbw); the H200 takes the H100's fit (the same NVLink 4 and NVSwitch)", "hgx-h200", "h200-sxm",
+              _doubling(4 * MIB, (138.44, 181.94, 240.41, 300.91, 368.11, 412.45, 432.24, 442.72, 467.58, 472.57))),
 )
 
 

@@ -83,28 +83,29 @@ def fit_collectives(traces: Sequence[TraceInput]) -> tuple[dict[str, Any], dict[
     return {"nccl_fitted": fitted}, record
 
 
-def fit_ring_sweep(points: Sequence[tuple[float, float]],
+def fit_node_sweep(points: Sequence[tuple[float, float]],
                    plan_of: Callable[[float], nccl.CollectivePlan]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A GPU's ring costs on one node (``nccl_ring_added_latency_s``, ``nccl_ring_bus_efficiency``
-    per protocol) from a published sweep of (size in bytes, bus bandwidth in GB/s), against NCCL's
-    own model (``plan_of``: the size's plan, uncalibrated). Each protocol is fitted on the sizes
-    NCCL's model gives it: time = model latency + added latency + bus bytes / (model bus bandwidth
-    x efficiency), non-negative least squares of relative residuals."""
-    groups: dict[str, list[tuple[float, float, nccl.CollectivePlan]]] = {}
+    """A GPU's collective costs on one node from a published sweep of (size in bytes, bus bandwidth
+    in GB/s), against NCCL's own model (``plan_of``: the size's plan, uncalibrated): per ring
+    protocol ``nccl_ring_added_latency_s`` and ``nccl_ring_bus_efficiency``, and for NVLS
+    ``nccl_nvls_added_latency_s`` and ``nccl_nvls_bus_efficiency``. Each (algorithm, protocol) is
+    fitted on the sizes NCCL's model gives it: time = model latency + added latency + bus bytes /
+    (model bus bandwidth x efficiency), non-negative least squares of relative residuals."""
+    groups: dict[tuple[str, str], list[tuple[float, float, nccl.CollectivePlan]]] = {}
     for size, busbw_gb_s in points:
         plan = plan_of(size)
-        if plan.algorithm != "ring" or plan.n_nodes > 1:
+        if plan.algorithm not in ("ring", "nvls") or plan.n_nodes > 1:
             continue
         measured_s = plan.bus_bytes / (busbw_gb_s * 1e9)
-        groups.setdefault(plan.protocol, []).append((size, measured_s, plan))
-    added: dict[str, float] = {}
-    efficiency: dict[str, float] = {}
+        groups.setdefault((plan.algorithm, plan.protocol), []).append((size, measured_s, plan))
+    values: dict[str, Any] = {}
     record: dict[str, Any] = {"method": "non-negative least squares of relative residuals: t - model latency = "
                                         "added latency + bus bytes / model bus bandwidth / efficiency, per "
-                                        "protocol over the sizes NCCL's model gives it", "protocols": {}}
-    for proto, rows in sorted(groups.items()):
+                                        "algorithm and protocol over the sizes NCCL's model gives it", "groups": {}}
+    for (algo, proto), rows in sorted(groups.items()):
+        key = f"{algo}/{proto}"
         if len(rows) < 2:
-            record["protocols"][proto] = {"points": len(rows), "fitted": False, "why": "fewer than two sizes"}
+            record["groups"][key] = {"points": len(rows), "fitted": False, "why": "fewer than two sizes"}
             continue
         t = np.array([r[1] for r in rows])
         ideal = np.array([p.bus_bytes / p.bus_bandwidth_bytes_per_s for _, _, p in rows])
@@ -113,12 +114,17 @@ def fit_ring_sweep(points: Sequence[tuple[float, float]],
         extra, inv_eff = float(coef[0]), float(coef[1])
         eff = min(1.0, 1.0 / inv_eff) if inv_eff > 0 else 1.0
         pred = latency + extra + ideal / eff
-        added[proto] = float(f"{extra:.4g}")
-        efficiency[proto] = float(f"{eff:.4g}")
-        record["protocols"][proto] = {
+        added, efficiency = float(f"{extra:.4g}"), float(f"{eff:.4g}")
+        if algo == "ring":
+            values.setdefault("nccl_ring_added_latency_s", {})[proto] = added
+            values.setdefault("nccl_ring_bus_efficiency", {})[proto] = efficiency
+        else:
+            values["nccl_nvls_added_latency_s"] = added
+            values["nccl_nvls_bus_efficiency"] = efficiency
+        record["groups"][key] = {
             "points": len(rows), "fitted": True, "sizes": [float(rows[0][0]), float(rows[-1][0])],
             "fit_mape_pct": round(float(np.mean(np.abs(pred - t) / t) * 100), 2),
             "model_mape_pct": round(float(np.mean(np.abs(latency + ideal - t) / t) * 100), 2)}
-    if not added:
-        raise OvsimError("no protocol of the sweep has two sizes on a ring within one node", field="sweep")
-    return {"nccl_ring_added_latency_s": added, "nccl_ring_bus_efficiency": efficiency}, record
+    if not values:
+        raise OvsimError("no algorithm of the sweep has two sizes on a ring or NVLS within one node", field="sweep")
+    return values, record

@@ -177,6 +177,10 @@ class Parameters(BaseModel):
     # (calibration/nccl/fit_published_sweeps.py).
     nccl_ring_added_latency_s: dict[str, float] = Field(default_factory=dict)
     nccl_ring_bus_efficiency: dict[str, float] = Field(default_factory=dict)
+    # The same for NVLS (NVLink SHARP, Simple only) within one node; 0 and 1 (the schema defaults):
+    # NCCL's model as it is.
+    nccl_nvls_added_latency_s: float = Field(default=0.0, ge=0.0, lt=1e-2)
+    nccl_nvls_bus_efficiency: float = Field(default=1.0, gt=0.0, le=1.0)
 
     @field_validator("hbm_latency_capacity")
     @classmethod

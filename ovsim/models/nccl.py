@@ -37,11 +37,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import GpuSpec, SystemSpec, check_domain
+
+if TYPE_CHECKING:
+    from ovsim.hw.calib import Parameters
 from ovsim.models import nccl_net
 from ovsim.models.ir import BlockShape
 from ovsim.models.nccl_net import Span
@@ -118,17 +122,22 @@ class CollectivePlan:
         return BlockShape(self.threads_per_block, self.registers_per_thread, self.shared_mem_per_block_bytes)
 
 
-def calibrated_plan(plan: CollectivePlan, added_latency_s: Mapping[str, float],
-                    bus_efficiency: Mapping[str, float]) -> CollectivePlan:
-    """``plan`` priced with a GPU's measured ring costs on one node (calibration
-    ``nccl_ring_added_latency_s`` and ``nccl_ring_bus_efficiency``, per protocol): the time a ring
-    collective takes beyond NCCL's model latency, and the share of the model's bus bandwidth
-    reached. NCCL's choice of algorithm and protocol stays its own model's. Other algorithms, p2p
-    and plans across nodes are returned as they are."""
-    if plan.algorithm != "ring" or plan.n_nodes > 1 or plan.op in P2P_OPS or plan.n_ranks < 2:
+def calibrated_plan(plan: CollectivePlan, params: Parameters) -> CollectivePlan:
+    """``plan`` priced with a GPU's measured collectives on one node (calibration
+    ``nccl_ring_added_latency_s`` and ``nccl_ring_bus_efficiency`` per protocol for rings,
+    ``nccl_nvls_added_latency_s`` and ``nccl_nvls_bus_efficiency`` for NVLS): the time a collective
+    takes beyond NCCL's model latency, and the share of the model's bus bandwidth reached. NCCL's
+    choice of algorithm and protocol stays its own model's. Trees, p2p and plans across nodes are
+    returned as they are."""
+    if plan.n_nodes > 1 or plan.op in P2P_OPS or plan.n_ranks < 2:
         return plan
-    added_s = added_latency_s.get(plan.protocol, 0.0)
-    efficiency = bus_efficiency.get(plan.protocol, 1.0)
+    if plan.algorithm == "ring":
+        added_s = params.nccl_ring_added_latency_s.get(plan.protocol, 0.0)
+        efficiency = params.nccl_ring_bus_efficiency.get(plan.protocol, 1.0)
+    elif plan.algorithm == "nvls":
+        added_s, efficiency = params.nccl_nvls_added_latency_s, params.nccl_nvls_bus_efficiency
+    else:
+        return plan
     if added_s == 0.0 and efficiency == 1.0:
         return plan
     return dataclasses.replace(plan, latency_s=plan.latency_s + added_s,

@@ -199,7 +199,7 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
         plan = dataclasses.replace(plan, latency_s=measured["latency_s"],
                                    bus_bandwidth_bytes_per_s=measured["bus_bandwidth_bytes_per_s"])
     else:
-        plan = nccl.calibrated_plan(plan, params.nccl_ring_added_latency_s, params.nccl_ring_bus_efficiency)
+        plan = nccl.calibrated_plan(plan, params)
     pattern: Literal["ring", "all_pairs"] = "all_pairs" if spec.kind == "all_to_all" else "ring"
     flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=plan.bus_bytes, latency_s=plan.latency_s,
                       rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,

@@ -24,7 +24,7 @@ def _busbw(op: str, size: float, system: str, algorithm: str | None = None) -> f
     gpu = load_gpu(sys_spec.gpu)
     params = load_calibration(gpu, gpu_file(sys_spec.gpu).stem).params
     plan = nccl.plan_collective(op, size, sys_spec.gpu_count, gpu, sys_spec, algorithm=algorithm)  # type: ignore[arg-type]
-    plan = nccl.calibrated_plan(plan, params.nccl_ring_added_latency_s, params.nccl_ring_bus_efficiency)
+    plan = nccl.calibrated_plan(plan, params)
     return plan.algorithm_bandwidth_bytes_per_s * nccl.bus_factor(plan.op, plan.n_ranks) / GB
 
 
