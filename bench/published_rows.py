@@ -1,0 +1,384 @@
+"""The published training jobs ``published_jobs.py`` runs: each row's model, layout, batch and the
+throughput its source measured, with the scenario ovsim predicts it from.
+
+- Megatron-LM's weak-scaling table (Narayanan et al., "Efficient Large-Scale Language Model
+  Training on GPU Clusters Using Megatron-LM", SC'21, arXiv 2104.04473, table 1), in TFLOP/s per GPU
+  as the paper counts them (its equation 3).
+- Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv
+  2205.05198, tables 3 and 5), iteration times as model TFLOP/s per GPU (its equation 7).
+- Llama 3 405B's pre-training (arXiv 2407.21783, table 4), model TFLOP/s per GPU.
+- llm-foundry's MPT throughput tables (mosaicml/llm-foundry scripts/train/benchmarking/README.md):
+  tokens a second per GPU, FSDP.
+- NeMo's pre-training performance summary (NVIDIA/NeMo docs/source/performance/performance_summary.md,
+  NeMo 24.07, DGX H100, FP8): tokens a second per GPU.
+
+What each source does not say is a stated assumption in its row class, never fitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ovsim.models.training_spec import PRESETS, layer_params
+from ovsim.scenario import Scenario
+
+SEQ = 2048
+VOCAB = 51_200
+GPUS_PER_NODE = 8
+
+
+def parallel_layout(tp: int, pp: int, dp: int, virtual_stages: int, **more: object) -> dict[str, object]:
+    """A row's ``training.parallel``: interleaved 1F1B where it sets virtual stages, plain otherwise."""
+    layout: dict[str, object] = {"tp": tp, "pp": pp, "dp": dp,
+                                 "pipeline": "interleaved" if virtual_stages > 1 else "1f1b", **more}
+    if virtual_stages > 1:
+        layout["virtual_stages"] = virtual_stages
+    return layout
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: the model, the run's layout and the published throughput."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    tp: int
+    pp: int
+    micro_batch: int
+    global_batch: int
+    nodes: int
+    layers_per_virtual_stage: int | None  # None: plain 1F1B
+    published_tflops_per_gpu: float
+    # run_table_1.sh's DDP: "torch" (PyTorch DDP, buckets reduced beside backward) or "local"
+    # (Megatron-LM's own, every gradient all-reduced after the pipeline's backward).
+    ddp: str = "local"
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * GPUS_PER_NODE
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def virtual_stages(self) -> int:
+        if self.layers_per_virtual_stage is None:
+            return 1
+        return self.layers // self.pp // self.layers_per_virtual_stage
+
+    unit = "TFLOP/s"
+
+    @property
+    def published(self) -> float:
+        return self.published_tflops_per_gpu
+
+    def throughput(self, iteration_s: float) -> float:
+        return self.flops() / iteration_s / self.gpus / 1e12
+
+    def flops(self) -> float:
+        """The paper's equation 3: an iteration's FLOPs with full recomputation."""
+        b, s, l_, h, v = self.global_batch, SEQ, self.layers, self.hidden, VOCAB
+        return 96 * b * s * l_ * h * h * (1 + s / (6 * h) + v / (16 * l_ * h))
+
+    def scenario(self) -> Scenario:
+        return Scenario.model_validate({
+            "schema": "ovsim.scenario/1", "name": f"megatron-table1-{self.name}", "system": "dgx-a100-hdr",
+            "nodes": self.nodes, "schedule": "overlapped",
+            "training": {
+                "model": {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "vocab": VOCAB,
+                          "seq_len": SEQ, "gated_mlp": False, "tied_embeddings": True},
+                "micro_batch_size": self.micro_batch, "micro_batches": self.micro_batches, "precision": "fp16",
+                "recompute": True, "attention": "unfused",
+                "parallel": parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=False,
+                                            overlap_grad_reduce=self.ddp == "torch"),
+            },
+        })
+
+
+@dataclass(frozen=True)
+class RecomputeRow:
+    """A row of Korthikanti et al.'s table 5 (arXiv 2205.05198): one model of their table 3 with full
+    recomputation, or with the paper's own method (sequence parallelism and selective recomputation)."""
+
+    model: str
+    layers: int
+    hidden: int
+    heads: int
+    pp: int
+    virtual_stages: int
+    batch: int  # one sequence a micro-batch but the 22B's four, no data parallelism
+    present_work: bool
+    published_iteration_s: float
+    micro_batch: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"k{self.model}-{'present' if self.present_work else 'full'}"
+
+    tp: int = 8
+    dp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def micro_batches(self) -> int:
+        return self.batch // self.micro_batch
+
+    unit = "TFLOP/s"
+
+    @property
+    def published(self) -> float:
+        """Model FLOPs a second and GPU at the published iteration time (MFU x 312 TFLOP/s)."""
+        return self.flops() / self.published_iteration_s / self.gpus / 1e12
+
+    def throughput(self, iteration_s: float) -> float:
+        return self.flops() / iteration_s / self.gpus / 1e12
+
+    def flops(self) -> float:
+        """The model FLOPs of an iteration (the paper's equation 7, which MFU counts)."""
+        b, s, l_, h, v = self.batch, SEQ, self.layers, self.hidden, VOCAB
+        return 72 * b * s * l_ * h * h * (1 + s / (6 * h) + v / (12 * l_ * h))
+
+    def scenario(self) -> Scenario:
+        parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages,
+                                   sequence_parallel=self.present_work)
+        return Scenario.model_validate({
+            "schema": "ovsim.scenario/1", "name": f"korthikanti-table5-{self.name}", "system": "dgx-a100-hdr",
+            "nodes": self.pp, "schedule": "overlapped",
+            "training": {
+                "model": {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "vocab": VOCAB,
+                          "seq_len": SEQ, "gated_mlp": False, "tied_embeddings": True},
+                "micro_batch_size": self.micro_batch, "micro_batches": self.batch // self.micro_batch,
+                "precision": "fp16", "recompute": "selective" if self.present_work else "full",
+                "attention": "unfused", "parallel": parallel,
+            },
+        })
+
+
+# Korthikanti et al.'s table 3 (the 175B and 530B on the interleaved schedule with three model chunks
+# a stage) and table 5's iteration times.
+RECOMPUTE_ROWS = [
+    RecomputeRow(name, layers, hidden, heads, pp, v, batch, present, seconds, mbs)
+    for name, layers, hidden, heads, pp, v, batch, mbs, times in (
+        ("22B", 48, 6144, 64, 1, 1, 4, 4, (1.42, 1.10)),
+        ("175B", 96, 12288, 96, 8, 3, 64, 1, (18.13, 13.75)),
+        ("530B", 105, 20480, 128, 35, 3, 280, 1, (49.05, 37.83)),
+        ("1T", 128, 25600, 160, 64, 1, 512, 1, (94.42, 71.49)))
+    for present, seconds in ((False, times[0]), (True, times[1]))]
+
+
+# Table 1 (published teraFLOP/s per GPU) with run_table_1.sh's layouts.
+ROWS = [
+    Row("1.7B", 24, 2304, 24, 1, 1, 16, 512, 4, None, 137, ddp="torch"),
+    Row("3.6B", 30, 3072, 32, 2, 1, 16, 512, 8, None, 138, ddp="torch"),
+    Row("7.5B", 36, 4096, 32, 4, 1, 16, 512, 16, None, 142, ddp="torch"),
+    Row("18B", 40, 6144, 48, 8, 1, 8, 1024, 32, None, 135, ddp="torch"),
+    Row("39B", 48, 8192, 64, 8, 2, 4, 1536, 64, None, 138),
+    Row("76B", 60, 10240, 80, 8, 4, 2, 1792, 128, 5, 140),
+    Row("145B", 80, 12288, 96, 8, 8, 2, 2304, 192, 5, 148),
+    Row("310B", 96, 16384, 128, 8, 16, 1, 2160, 240, 3, 155),
+    Row("530B", 105, 20480, 128, 8, 35, 1, 2520, 315, 1, 163),
+    Row("1T", 128, 25600, 160, 8, 64, 1, 3072, 384, None, 163),
+]
+
+
+@dataclass(frozen=True)
+class LlamaRow:
+    """A row of Llama 3's table 4 at 8K context, with the virtual stages assumed (see the docstring)."""
+
+    gpus: int
+    virtual_stages: int
+    published_tflops_per_gpu: float
+    tp: int = 8
+    pp: int = 16
+    micro_batch: int = 1
+    sequences: int = 2048  # 16M tokens a batch of 8,192-token sequences
+
+    @property
+    def name(self) -> str:
+        return f"llama3-{self.gpus}-v{self.virtual_stages}"
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def micro_batches(self) -> int:
+        return self.sequences // (self.dp * self.micro_batch)
+
+    unit = "TFLOP/s"
+
+    @property
+    def published(self) -> float:
+        return self.published_tflops_per_gpu
+
+    def throughput(self, iteration_s: float) -> float:
+        return self.flops() / iteration_s / self.gpus / 1e12
+
+    def flops(self) -> float:
+        """Model FLOPs of an iteration as MFU counts them (PaLM, appendix B)."""
+        m = PRESETS["llama3-405b"]
+        n = m.layers * layer_params(m, 1) + m.vocab * m.hidden
+        return (6 * n + 12 * m.layers * m.hidden * m.seq_len) * self.sequences * m.seq_len
+
+    def scenario(self) -> Scenario:
+        parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=True,
+                                   distributed_optimizer=True)
+        return Scenario.model_validate({
+            "schema": "ovsim.scenario/1", "name": f"llama3-405b-{self.name}", "system": "hgx-h100-ndr",
+            "nodes": self.gpus // GPUS_PER_NODE, "schedule": "overlapped",
+            "training": {"model": "llama3-405b", "micro_batch_size": self.micro_batch,
+                         "micro_batches": self.micro_batches, "precision": "bf16", "parallel": parallel},
+        })
+
+
+# Table 4's two 8K-context rows (430 and 400 TFLOP/s per GPU), each with 1, 2 and 4 virtual stages.
+LLAMA_ROWS = [LlamaRow(g, v, tflops) for g, tflops in ((8192, 430), (16384, 400)) for v in (1, 2, 4)]
+DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
+
+
+# MPT (mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): layers, d_model, heads; expansion
+# ratio 4, vocabulary 50,368, tied embeddings, learned positions (no ALiBi), biases, LayerNorm.
+_MPT = {"1b": (24, 2048, 16), "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40),
+        "30b": (48, 7168, 56), "70b": (80, 8192, 64)}
+
+
+@dataclass(frozen=True)
+class FoundryRow:
+    """A row of llm-foundry's MPT throughput tables: FSDP FULL_SHARD over every GPU, BF16 with
+    FlashAttention (triton or flash: the tables do not say which), activation checkpointing as the
+    row says (ovsim's full recomputation), gradient accumulation over ``accum`` micro-batches.
+    Assumed where the source is silent: gradients reduced in BF16 (ovsim's 16-bit wire; Composer's
+    DEFAULT mixed precision reduced in BF16 or FP32 depending on its version), A100 nodes of 8 GPUs
+    with eight 200 Gb/s NICs (the tables' 1600 Gbps RoCE), one H100 node (only single-node H100 rows
+    are run: the tables give no H100 interconnect)."""
+
+    model: str
+    gpu: str  # a100 | h100
+    seq: int
+    gpus: int
+    micro_batch: int
+    accum: int
+    recompute: bool
+    published_tokens_per_s: float
+    precision: str = "bf16"
+    tp: int = 1
+    pp: int = 1
+    virtual_stages: int = 1
+    unit = "tok/s"
+
+    @property
+    def name(self) -> str:
+        return f"mpt-{self.model}-{self.gpu}-{self.gpus}g-s{self.seq}{'-ckpt' if self.recompute else ''}"
+
+    @property
+    def dp(self) -> int:
+        return self.gpus
+
+    @property
+    def micro_batches(self) -> int:
+        return self.accum
+
+    @property
+    def published(self) -> float:
+        return self.published_tokens_per_s
+
+    def throughput(self, iteration_s: float) -> float:
+        return self.micro_batch * self.accum * self.gpus * self.seq / iteration_s / self.gpus
+
+    def scenario(self) -> Scenario:
+        layers, hidden, heads = _MPT[self.model]
+        system = "dgx-a100-hdr" if self.gpu == "a100" else "hgx-h100-ndr"
+        return Scenario.model_validate({
+            "schema": "ovsim.scenario/1", "name": f"llm-foundry-{self.name}", "system": system,
+            "nodes": max(1, self.gpus // GPUS_PER_NODE), "schedule": "overlapped",
+            "training": {
+                "model": {"layers": layers, "hidden": hidden, "heads": heads, "vocab": 50_368, "seq_len": self.seq,
+                          "gated_mlp": False, "tied_embeddings": True},
+                "micro_batch_size": self.micro_batch, "micro_batches": self.accum, "precision": self.precision,
+                "recompute": self.recompute, "attention": "flash",
+                "parallel": {"dp": self.gpus, "dp_mode": "fsdp"},
+            },
+        })
+
+
+# llm-foundry's tables (README.md at 061f2c7): A100 80 GB (amp_bf16) and single-node H100 80 GB BF16 rows.
+FOUNDRY_ROWS = [
+    FoundryRow("30b", "a100", 2048, 8, 3, 21, True, 916),
+    FoundryRow("13b", "a100", 2048, 8, 2, 3, False, 2262),
+    FoundryRow("7b", "a100", 4096, 8, 16, 2, True, 3684),
+    FoundryRow("7b", "a100", 2048, 8, 6, 2, False, 4641),
+    FoundryRow("1b", "a100", 2048, 8, 14, 4, False, 20513),
+    FoundryRow("30b", "h100", 2048, 8, 3, 21, True, 2002),
+    FoundryRow("13b", "h100", 4096, 8, 10, 3, True, 4717),
+    FoundryRow("13b", "h100", 2048, 8, 2, 1, False, 4792),
+    FoundryRow("7b", "h100", 4096, 8, 16, 2, True, 8611),
+    FoundryRow("7b", "h100", 2048, 8, 6, 1, False, 10643),
+]
+
+
+@dataclass(frozen=True)
+class NemoRow:
+    """A row of NeMo 24.07's pre-training table (DGX H100, FP8 with Transformer Engine): TP, PP and
+    virtual stages as listed, data parallelism over the rest, sequence parallelism with TP,
+    Megatron's distributed optimizer. Assumed where the table is silent: no activation
+    recomputation, no tensor-parallel communication overlap (ovsim's ``tp_overlap: none``), 8 NICs
+    of 400 Gb/s a node, FlashAttention-style fused attention."""
+
+    model: str  # an ovsim preset
+    gpus: int
+    global_batch: int
+    micro_batch: int
+    tp: int
+    pp: int
+    virtual_stages: int
+    published_tokens_per_s: float
+    unit = "tok/s"
+
+    @property
+    def name(self) -> str:
+        return f"nemo-{self.model}-{self.gpus}g"
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def published(self) -> float:
+        return self.published_tokens_per_s
+
+    def throughput(self, iteration_s: float) -> float:
+        return self.global_batch * PRESETS[self.model].seq_len / iteration_s / self.gpus
+
+    def scenario(self) -> Scenario:
+        parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages,
+                                   sequence_parallel=self.tp > 1, distributed_optimizer=True)
+        return Scenario.model_validate({
+            "schema": "ovsim.scenario/1", "name": self.name, "system": "hgx-h100-ndr",
+            "nodes": max(1, self.gpus // GPUS_PER_NODE), "schedule": "overlapped",
+            "training": {"model": self.model, "micro_batch_size": self.micro_batch,
+                         "micro_batches": self.micro_batches, "precision": "fp8", "parallel": parallel},
+        })
+
+
+# NeMo 24.07's table (performance_summary.md at 070a0bb): the rows whose model ovsim has as a preset and
+# that run no context parallelism (ovsim does not model it).
+NEMO_ROWS = [
+    NemoRow("gpt3-175b", 128, 256, 1, 4, 8, 6, 726),
+    NemoRow("gpt3-175b", 512, 2048, 2, 4, 8, 6, 782),
+    NemoRow("llama2-13b", 16, 128, 1, 1, 4, 10, 8646),
+    NemoRow("llama2-70b", 64, 128, 1, 4, 4, 20, 1707),
+]
