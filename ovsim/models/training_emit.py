@@ -82,6 +82,14 @@ class LayerEmitter:
     def mem(self, st: StageState, name: str, nbytes: float, kind: Literal["elementwise", "norm", "softmax"]) -> str:
         return self.compute(st, MemoryOp, name=name, kind=kind, bytes=max(1.0, nbytes), grid_stride=True)
 
+    def fp8_cast(self, st: StageState, name: str, elements: int) -> None:
+        """FP8 training (Transformer Engine): a linear's 16-bit operand quantized for its GEMMs, once
+        row-wise and once transposed (TE's ``fp8_cast_transpose_fused`` for a forward input,
+        ``fp8_cast_transpose_bgrad_fused`` for an output gradient): 2 bytes read and 1 + 1 written an
+        element. Other precisions run no such kernel."""
+        if self.spec.precision == "fp8":
+            self.mem(st, f"{name}.fp8", 4.0 * elements, "elementwise")
+
     def collective(self, st: StageState, name: str, kind: CollectiveKind, size: float, stream: str,
                    groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm") -> list[str]:
         """One collective per group, after the stage's last compute op."""
@@ -161,13 +169,17 @@ class LayerEmitter:
         hb = local * m.hidden * self.act_b
         post: Literal["rs", "ar"] = "rs" if sp else "ar"
         self.mem(st, f"{pre}.norm1", 2 * hb, "norm")
+        self.fp8_cast(st, f"{pre}.qkv", T * mats["qkv"][0])
         self.tp_gemm(st, s, f"{pre}.qkv", T, mats["qkv"][1], mats["qkv"][0], pre=sp)
         self.attention(st, f"{pre}.attn", backward=False)
+        self.fp8_cast(st, f"{pre}.proj", T * mats["proj"][0])
         self.tp_gemm(st, s, f"{pre}.proj", T, mats["proj"][1], mats["proj"][0], post=post)
         self.mem(st, f"{pre}.norm2", 4 * hb, "norm")
+        self.fp8_cast(st, f"{pre}.fc1", T * mats["fc1"][0])
         self.tp_gemm(st, s, f"{pre}.fc1", T, mats["fc1"][1], mats["fc1"][0], pre=sp)
         f_local = T * mats["fc1"][1]
         self.mem(st, f"{pre}.act", (f_local + f_local // (2 if m.gated_mlp else 1)) * self.act_b, "elementwise")
+        self.fp8_cast(st, f"{pre}.fc2", T * mats["fc2"][0])
         self.tp_gemm(st, s, f"{pre}.fc2", T, mats["fc2"][1], mats["fc2"][0], post=post)
         self.mem(st, f"{pre}.residual", 3 * hb, "elementwise")
 
@@ -185,7 +197,9 @@ class LayerEmitter:
         post: Literal["rs", "ar"] = "rs" if self.p.sequence_parallel else "ar"
         gb = self.comm_b
         self.mem(st, f"{pre}.residual.bwd", 3 * hb, "elementwise")
-        # Row-parallel FC2: with SP its output gradient is gathered first.
+        # Row-parallel FC2: with SP its output gradient is gathered first. In FP8 each linear's
+        # output gradient is quantized first; FC1's inside the activation's backward (TE fuses it).
+        self.fp8_cast(st, f"{pre}.fc2", T * mats["fc2"][1])
         self.tp_gemm(st, s, f"{pre}.fc2.dgrad", T, mats["fc2"][0], mats["fc2"][1], pre=sp)
         self.gemm(st, f"{pre}.fc2.wgrad", mats["fc2"][0], mats["fc2"][1], T)
         self.grad_ready(st, s, mats["fc2"][0] * mats["fc2"][1] * gb, last_mb)
@@ -195,12 +209,14 @@ class LayerEmitter:
         self._column_backward(st, s, f"{pre}.fc1", mats["fc1"], post, sp)
         self.grad_ready(st, s, mats["fc1"][0] * mats["fc1"][1] * gb, last_mb)
         self.mem(st, f"{pre}.norm2.bwd", 6 * hb, "norm")
+        self.fp8_cast(st, f"{pre}.proj", T * mats["proj"][1])
         self.tp_gemm(st, s, f"{pre}.proj.dgrad", T, mats["proj"][0], mats["proj"][1], pre=sp)
         self.gemm(st, f"{pre}.proj.wgrad", mats["proj"][0], mats["proj"][1], T)
         self.grad_ready(st, s, mats["proj"][0] * mats["proj"][1] * gb, last_mb)
         if recompute_attention:
             self.attention(st, f"R{pre[1:]}.attn", backward=False)
         self.attention(st, f"{pre}.attn.bwd", backward=True)
+        self.fp8_cast(st, f"{pre}.qkv", T * mats["qkv"][1])
         self._column_backward(st, s, f"{pre}.qkv", mats["qkv"], post, sp)
         self.mem(st, f"{pre}.norm1.bwd", 3 * hb, "norm")
         small = (layer_params(m, t) - sum(i * o for i, o in mats.values())) * gb

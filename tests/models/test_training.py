@@ -129,6 +129,25 @@ def test_selective_recomputation_reruns_the_core_attention_where_autograd_reache
         assert spec.model_copy(update={"recompute": value}).recompute_mode == mode
 
 
+def test_fp8_quantizes_each_linears_input_and_output_gradient() -> None:
+    """Transformer Engine's FP8 linears quantize their 16-bit input in forward and their output
+    gradient in backward, each into a row-wise and a transposed FP8 copy (2 bytes read, 2 written
+    an element; TE's fp8_cast_transpose_fused and fp8_cast_transpose_bgrad_fused), FC1's gradient
+    inside the activation's backward. Llama 2 70B with TP 4, per rank and layer (Touvron et al.,
+    table 1 and config.json: h 8192, FFN 28672, 64 heads, 8 key/value heads): inputs h, h/4, h and
+    28672/4 wide; output gradients (h + 2h/8)/4, h and h wide."""
+    h, f, t, tokens = 8192, 28672, 4, 4096
+    spec = TrainingSpec.model_validate({"model": "llama2-70b", "layers": 2, "precision": "fp8",
+                                        "embedding_and_head": False, "optimizer": False, "parallel": {"tp": t}})
+    ops = [o for o in training_ops(spec, t).ops if o.name.endswith(".fp8") and 0 in o.ranks]
+    forward = sum(o.bytes for o in ops if o.name.startswith("F0.L0."))  # type: ignore[attr-defined]
+    backward = sum(o.bytes for o in ops if o.name.startswith("B0.L0."))  # type: ignore[attr-defined]
+    assert forward == 4 * tokens * (h + h // t + h + f // t)
+    assert backward == 4 * tokens * ((h + 2 * h // 8) // t + h + h)
+    bf16 = spec.model_copy(update={"precision": "bf16"})
+    assert not any(o.name.endswith(".fp8") for o in training_ops(bf16, t).ops)
+
+
 def test_tensor_parallel_splits_gemms_and_adds_two_all_reduces_per_layer_each_way() -> None:
     """Megatron-LM (Shoeybi et al. 2019): f and g operators, two all-reduces in forward and two in
     backward per layer."""
