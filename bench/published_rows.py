@@ -243,7 +243,6 @@ class LlamaRow:
 
 # Table 4's two 8K-context rows (430 and 400 TFLOP/s per GPU), each with 1, 2 and 4 virtual stages.
 LLAMA_ROWS = [LlamaRow(g, v, tflops) for g, tflops in ((8192, 430), (16384, 400)) for v in (1, 2, 4)]
-DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
 
 
 # MPT (mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): layers, d_model, heads; expansion

@@ -26,20 +26,21 @@ if TYPE_CHECKING:
 NODE_GROUP = "published (one node, not fitted)"
 NODE_FIT_GROUP = "published (one node, calibration source)"
 MIB = 2**20
-# The sizes a row scores: tensor-parallel activations and DDP buckets up to FSDP's largest layers.
-SMALLEST, LARGEST = 4 * MIB, 2048 * MIB
+# The sizes a row scores and a fit uses: from small buckets and scalars' reductions (where the sweep
+# has them) to FSDP's largest layers.
+SMALLEST, LARGEST = 64 * 1024, 2048 * MIB
 
 
 @dataclass(frozen=True)
 class NodeSweep:
-    """A published all_reduce_perf sweep on one node: (size in bytes, bus bandwidth in GB/s)."""
+    """A published nccl-tests sweep on one node: (size in bytes, bus bandwidth in GB/s)."""
 
     name: str
     source: str
     system: str
     gpu: str
     rows: tuple[tuple[float, float], ...]
-    # The GPU's ring costs were fitted on this sweep (NODE_FIT_GROUP).
+    # The GPU family's costs within a node were fitted on this sweep (NODE_FIT_GROUP).
     fitted: bool = False
     # nccl-tests' collective; its size is nccl-tests' (all-gather, reduce-scatter: the whole buffer).
     op: str = "all_reduce"
@@ -73,12 +74,12 @@ def _doubling(first: int, busbw: tuple[float, ...]) -> tuple[tuple[float, float]
 
 _DGX_A100 = "dgx-a100"
 SWEEPS: tuple[NodeSweep, ...] = (
-    NodeSweep("NCCL all-reduce time, 8x A100 SXM4 40 GB (OCI BM.GPU4.8), 4 MiB-2 GiB",
+    NodeSweep("NCCL all-reduce time, 8x A100 SXM4 40 GB (OCI BM.GPU4.8), 64 KiB-2 GiB",
               "oracle-japan/ocitutorials, 'GPUクラスタを構築する' (Horovod version): all_reduce_perf -b 64 -e 10G -f 2 "
               "-t 1 -g 8 on one BM.GPU4.8 (8 A100-SXM4-40GB), CUDA 11.3, out-of-place busbw; the A100's ring "
               "costs are fitted on it", _DGX_A100, "a100-sxm4-40gb",
-              _doubling(4 * MIB, (54.57, 79.02, 119.81, 147.46, 199.23, 197.17, 221.38, 223.26, 230.08, 231.52)),
-              fitted=True),
+              _doubling(64 * 1024, (3.24, 5.96, 10.15, 15.56, 23.92, 32.66, 54.57, 79.02, 119.81, 147.46, 199.23,
+                                    197.17, 221.38, 223.26, 230.08, 231.52)), fitted=True),
     NodeSweep("NCCL all-reduce time, 8x A100 SXM4 80 GB (Azure ND A100 v4), 4 MiB-2 GiB",
               "Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md (NCCL 2.18.5, CUDA 12.5; "
               "all_reduce_perf -b 8 -e 8G -f 2 -n 40 on all 8 GPUs, in-place busbw; its script sets NCCL_ALGO=NVLS, "
@@ -103,13 +104,13 @@ SWEEPS: tuple[NodeSweep, ...] = (
               "flags, out-of-place busbw)", _DGX_A100, "a100-sxm4-40gb",
               _doubling(4 * MIB, (33.72, 49.84, 96.34, 122.06, 164.89, 190.01, 211.84, 216.58, 223.54, 224.85)),
               op="reduce_scatter"),
-    NodeSweep("NCCL all-reduce time, 8x H100 SXM (Voltage Park), 4 MiB-2 GiB",
+    NodeSweep("NCCL all-reduce time, 8x H100 SXM (Voltage Park), 64 KiB-2 GiB",
               "ZiyanIshani/vpbenchmarking results/nccl/nccl_allreduce_20260224_223444.txt (a Voltage Park bare-metal "
               "node of 8 H100 80GB HBM3 SXM5, NCCL 2.24.3, nccl-tests 2.17.9, -b 8 -e 8G -f 2 -g 8, out-of-place "
               "busbw; NCCL's default, NVLS); the H100's and H200's NVLS costs are fitted on it", "hgx-h100",
               "h100-sxm5-80gb",
-              _doubling(4 * MIB, (131.77, 173.79, 233.25, 293.02, 357.44, 399.19, 422.38, 436.40, 468.53, 474.62)),
-              fitted=True),
+              _doubling(64 * 1024, (3.41, 6.69, 13.09, 24.82, 47.37, 84.89, 131.77, 173.79, 233.25, 293.02, 357.44,
+                                    399.19, 422.38, 436.40, 468.53, 474.62)), fitted=True),
     NodeSweep("NCCL all-reduce time, 8x H100 SXM (Azure ND H100 v5), 4 MiB-2 GiB",
               "Azure/AI-benchmarking-guide 'Azure Results/ND_H100_v5_results.md' (NCCL 2.18.5, CUDA 12.6; "
               "NCCL_ALGO=NVLS all_reduce_perf -b 8 -e 8G -f 2 -n 40 on the node's 8 GPUs, in-place busbw)",

@@ -135,7 +135,8 @@ def _pair(model: str, system: str, parallel: str, batch: int, layers: int, readi
         out[schedule] = predict(sc, counters=False, power_cap_w=limit).summary()
     o, s = out["overlapped"], out["sequential"]
     return {**head, "micro_batch_size": training["micro_batch_size"],
-            "micro_batches": training.get("micro_batches", 1), "recompute": bool(training.get("recompute", False)),
+            "micro_batches": training.get("micro_batches", 1),
+            "recompute": training.get("recompute", False) not in (False, "none"),
             "iteration_ms": o["makespan_s"] * 1e3, "compute_slowdown_pct": (o["compute_s"] / s["compute_s"] - 1) * 100,
             "sequential_slower_pct": (s["makespan_s"] / o["makespan_s"] - 1) * 100,
             "accounted_slower_pct": (accounted_sequential_s(o, s) / o["makespan_s"] - 1) * 100,

@@ -4,18 +4,21 @@ Run from the repository root: ``python calibration/nccl/fit_published_sweeps.py`
 prints without writing). It writes each fit as the next version of its GPUs' calibrations, when it
 differs from the newest. Nothing here is imported by ovsim.
 
-NCCL's own cost model, which ovsim plans collectives with, is fast at mid sizes: an 8-GPU A100
-node's ring all-reduce reaches 55-120 GB/s of bus bandwidth at 4-16 MiB and 230 GB/s only from 1
-GiB where the model gives 220-240 GB/s from 4 MiB; an H100 node's NVLS all-reduce 130-290 GB/s at
-4-32 MiB where the model gives 180-400. The fit
+NCCL's own cost model, which ovsim plans collectives with, is fast below 1 GiB: an 8-GPU A100
+node's ring all-reduce reaches 55-120 GB/s of bus bandwidth at 4-16 MiB where the model gives
+99-169 GB/s, and 230 GB/s only from 1 GiB; an H100 node's NVLS all-reduce 130-290 GB/s at 4-32 MiB
+where the model gives 180-400. The fit
 (:func:`ovsim.calibrate.collectives.fit_node_sweep`) keeps NCCL's choice of algorithm and protocol
 and, per algorithm and protocol, adds a latency to the model's and scales the model's bus bandwidth,
 on the sweep of :data:`ovsim.node_checks.SWEEPS` marked as each family's fit:
 
-- A100: oracle-japan's BM.GPU4.8 tutorial (8 A100-SXM4-40GB, CUDA 11.3), ring; both A100 parts take
+- A100: oracle-japan's BM.GPU4.8 tutorial (8 A100-SXM4-40GB, CUDA 11.3), rings; both A100 parts take
   it (the same GA100 die and NVLink 3 through NVSwitch).
-- H100: a Voltage Park node (8 H100 SXM5, NCCL 2.24.3), NVLS; the H200 takes it too (the same NVLink 4
-  and NVSwitch; its own published sweep is held out).
+- H100: a Voltage Park node (8 H100 SXM5, NCCL 2.24.3), NVLS and rings on LL; the H200 takes it too
+  (the same NVLink 4 and NVSwitch; its own published sweep is held out).
+
+Both sweeps are of whole 8-GPU nodes, and the costs hold for 8-rank communicators only
+(``nccl_node_ranks``).
 
 The other sweeps there, on other nodes, NCCL versions and collectives, are held out (``ovsim validate``).
 """
@@ -44,7 +47,7 @@ def main() -> int:
         for key, r in record["groups"].items():
             print(f"  {key}: {r}")
         print(f"  {values}")
-        source = (f"fit: {sweep.op.replace('_', '-')} of 8 GPUs on one node, {sweep.source}, sizes 4 MiB-2 GiB, per "
+        source = (f"fit: {sweep.op.replace('_', '-')} of 8 GPUs on one node, {sweep.source}, sizes 64 KiB-2 GiB, per "
                   f"algorithm and protocol over the sizes NCCL's model gives them "
                   f"(ovsim.calibrate.collectives.fit_node_sweep); {COMMAND}")
         report = FitReport(parameters=values, sources={k: source for k in values},

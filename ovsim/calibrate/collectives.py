@@ -87,15 +87,21 @@ def fit_node_sweep(points: Sequence[tuple[float, float]],
                    plan_of: Callable[[float], nccl.CollectivePlan]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A GPU's collective costs on one node from a published sweep of (size in bytes, bus bandwidth
     in GB/s), against NCCL's own model (``plan_of``: the size's plan, uncalibrated): per ring
-    protocol ``nccl_ring_added_latency_s`` and ``nccl_ring_bus_efficiency``, and for NVLS
-    ``nccl_nvls_added_latency_s`` and ``nccl_nvls_bus_efficiency``. Each (algorithm, protocol) is
-    fitted on the sizes NCCL's model gives it: time = model latency + added latency + bus bytes /
-    (model bus bandwidth x efficiency), non-negative least squares of relative residuals."""
+    protocol ``nccl_ring_added_latency_s`` and ``nccl_ring_bus_efficiency``, for NVLS
+    ``nccl_nvls_added_latency_s`` and ``nccl_nvls_bus_efficiency``, and the communicator size they
+    hold for (``nccl_node_ranks``). Each (algorithm, protocol) is fitted on the sizes NCCL's model
+    gives it: time = model latency + added latency + bus bytes / (model bus bandwidth x efficiency),
+    non-negative least squares of relative residuals; an efficiency above 1 is held at 1."""
     groups: dict[tuple[str, str], list[tuple[float, float, nccl.CollectivePlan]]] = {}
+    ranks: set[int] = set()
     for size, busbw_gb_s in points:
+        if not (size > 0 and busbw_gb_s > 0):
+            raise OvsimError(f"a sweep's sizes and bus bandwidths must be positive, got {size:g} B at "
+                             f"{busbw_gb_s:g} GB/s", field="sweep")
         plan = plan_of(size)
         if plan.algorithm not in ("ring", "nvls") or plan.n_nodes > 1:
             continue
+        ranks.add(plan.n_ranks)
         measured_s = plan.bus_bytes / (busbw_gb_s * 1e9)
         groups.setdefault((plan.algorithm, plan.protocol), []).append((size, measured_s, plan))
     values: dict[str, Any] = {}
@@ -112,7 +118,11 @@ def fit_node_sweep(points: Sequence[tuple[float, float]],
         latency = np.array([p.latency_s for _, _, p in rows])
         coef, _ = nnls(np.stack([np.ones_like(t), ideal], axis=1) / t[:, None], (t - latency) / t)
         extra, inv_eff = float(coef[0]), float(coef[1])
-        eff = min(1.0, 1.0 / inv_eff) if inv_eff > 0 else 1.0
+        eff = 1.0 / inv_eff if inv_eff > 0 else math.inf
+        if eff > 1.0:
+            # Faster than NCCL's bandwidth is not a cost: hold it and refit the latency alone.
+            eff = 1.0
+            extra = max(0.0, float(np.sum((t - latency - ideal) / t**2) / np.sum(1.0 / t**2)))
         pred = latency + extra + ideal / eff
         added, efficiency = float(f"{extra:.4g}"), float(f"{eff:.4g}")
         if algo == "ring":
@@ -127,4 +137,7 @@ def fit_node_sweep(points: Sequence[tuple[float, float]],
             "model_mape_pct": round(float(np.mean(np.abs(latency + ideal - t) / t) * 100), 2)}
     if not values:
         raise OvsimError("no algorithm of the sweep has two sizes on a ring or NVLS within one node", field="sweep")
+    if len(ranks) != 1:
+        raise OvsimError(f"a sweep is of one communicator size, got {sorted(ranks)}", field="sweep")
+    values["nccl_node_ranks"] = ranks.pop()
     return values, record

@@ -169,11 +169,11 @@ class Parameters(BaseModel):
     # Measured collective cost that replaces NCCL's own model for exactly this collective, keyed
     # "op/algorithm/protocol/ranks": latency_s and bus_bandwidth_bytes_per_s (`ovsim calibrate`).
     nccl_fitted: dict[str, dict[str, float]] = Field(default_factory=dict)
-    # A GPU's measured ring collectives on one node, per NCCL protocol, against NCCL's own cost
-    # model: the time a ring collective takes beyond the model's latency, whatever the collective
-    # (measured all-reduce, all-gather and reduce-scatter on one A100 node pay about the same), and
-    # the share of the model's bus bandwidth reached. None listed (the schema default): NCCL's model
-    # as it is. Fitted on a published nccl-tests sweep where a GPU's file says so
+    # A GPU's measured ring collectives within one node, per NCCL protocol, against NCCL's own cost
+    # model: the time a ring collective takes beyond the model's latency, one per collective (the
+    # A100's all-gather and reduce-scatter, 7 ring steps, add about what its all-reduce, 14, does),
+    # and the share of the model's bus bandwidth reached. None listed (the schema default): NCCL's
+    # model as it is. Fitted on a published nccl-tests sweep where a GPU's file says so
     # (calibration/nccl/fit_published_sweeps.py).
     nccl_ring_added_latency_s: dict[str, float] = Field(default_factory=dict)
     nccl_ring_bus_efficiency: dict[str, float] = Field(default_factory=dict)
@@ -181,6 +181,10 @@ class Parameters(BaseModel):
     # NCCL's model as it is.
     nccl_nvls_added_latency_s: float = Field(default=0.0, ge=0.0, lt=1e-2)
     nccl_nvls_bus_efficiency: float = Field(default=1.0, gt=0.0, le=1.0)
+    # The communicator size the costs above were measured on: they apply to collectives over exactly
+    # that many ranks of one node (the published sweeps are of whole 8-GPU nodes; what fewer ranks
+    # pay was not measured). 0 (the schema default): to none.
+    nccl_node_ranks: int = Field(default=0, ge=0, le=1024)
 
     @field_validator("hbm_latency_capacity")
     @classmethod

@@ -15,7 +15,8 @@ MLSys 2023, section 4): per layer and micro-batch, with s tokens, b sequences, h
 tensor parallelism, ``sbh (10 + 24/t + 5as/(ht))`` bytes for GPT's layer, 16-bit activations;
 with sequence parallelism everything divides by t, ``sbh/t (34 + 5as/h)``; with full
 recomputation only the layer's input, ``2sbh`` (over t with sequence parallelism); with selective
-recomputation everything but the ``5as/h`` term (the paper's equation 6). Generalised
+recomputation everything but the ``5as/h`` term (the paper's section 4.3; its equation 6 with
+sequence parallelism). Generalised
 here, term by term as the paper derives them, to grouped-query attention (K and V of ``kv/a`` the
 size) and to any MLP width and gated MLPs (both FC1 halves stored). Fused (flash) attention stores
 no s x s scores, so the ``5as/h`` term (scores, probabilities, dropout mask) counts only for

@@ -43,9 +43,6 @@ from typing import TYPE_CHECKING
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import GpuSpec, SystemSpec, check_domain
-
-if TYPE_CHECKING:
-    from ovsim.hw.calib import Parameters
 from ovsim.models import nccl_net
 from ovsim.models.ir import BlockShape
 from ovsim.models.nccl_net import Span
@@ -77,6 +74,9 @@ from ovsim.models.nccl_time import (
 from ovsim.models.nccl_time import (
     bus_factor as bus_factor,
 )
+
+if TYPE_CHECKING:
+    from ovsim.hw.calib import Parameters
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,10 @@ def calibrated_plan(plan: CollectivePlan, params: Parameters) -> CollectivePlan:
     ``nccl_ring_added_latency_s`` and ``nccl_ring_bus_efficiency`` per protocol for rings,
     ``nccl_nvls_added_latency_s`` and ``nccl_nvls_bus_efficiency`` for NVLS): the time a collective
     takes beyond NCCL's model latency, and the share of the model's bus bandwidth reached. NCCL's
-    choice of algorithm and protocol stays its own model's. Trees, p2p and plans across nodes are
-    returned as they are."""
-    if plan.n_nodes > 1 or plan.op in P2P_OPS or plan.n_ranks < 2:
+    choice of algorithm and protocol stays its own model's. The costs apply to collectives over as
+    many ranks as they were measured on (``nccl_node_ranks``); trees, p2p, other communicator sizes
+    and plans across nodes are returned as they are."""
+    if plan.n_nodes > 1 or plan.op in P2P_OPS or plan.n_ranks != params.nccl_node_ranks:
         return plan
     if plan.algorithm == "ring":
         added_s = params.nccl_ring_added_latency_s.get(plan.protocol, 0.0)

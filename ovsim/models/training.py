@@ -15,7 +15,8 @@ degree, the Megatron-LM layout; Narayanan et al., SC'21):
   (T x h x h/t), residual + norm, FC1 (T x f*g/t x h; g = 2 for a gated MLP), activation,
   FC2 (T x h x f/t), residual;
 * backward: for every linear a data-gradient GEMM and a weight-gradient GEMM, attention backward,
-  the memory-bound ops twice over; with ``recompute`` the layer's forward runs again first;
+  the memory-bound ops twice over; with full recomputation the layer's forward runs again first
+  (selective: its core attention, before the attention's backward);
 * the embedding on the first pipeline stage, the LM head and loss on the last;
 * an optimizer step: fused Adam over this rank's parameters (memory-bound).
 
