@@ -82,13 +82,17 @@ class LayerEmitter:
     def mem(self, st: StageState, name: str, nbytes: float, kind: Literal["elementwise", "norm", "softmax"]) -> str:
         return self.compute(st, MemoryOp, name=name, kind=kind, bytes=max(1.0, nbytes), grid_stride=True)
 
-    def fp8_cast(self, st: StageState, name: str, elements: int) -> None:
+    def fp8_cast(self, st: StageState, name: str, elements: int, gathered: bool = False) -> None:
         """FP8 training (Transformer Engine): a linear's 16-bit operand quantized for its GEMMs, once
         row-wise and once transposed (TE's ``fp8_cast_transpose_fused`` for a forward input,
         ``fp8_cast_transpose_bgrad_fused`` for an output gradient): 2 bytes read and 1 + 1 written an
-        element. Other precisions run no such kernel."""
-        if self.spec.precision == "fp8":
-            self.mem(st, f"{name}.fp8", 4.0 * elements, "elementwise")
+        element. A ``gathered`` input (sequence parallelism) is cast on the rank's 1/tp of the tokens
+        before TE's FP8 all-gather (3 bytes an element of that share), and the whole gathered tensor
+        transposed (2 bytes an element). Other precisions run no such kernel."""
+        if self.spec.precision != "fp8":
+            return
+        nbytes = 3.0 * elements / self.lay.tp + 2.0 * elements if gathered else 4.0 * elements
+        self.mem(st, f"{name}.fp8", nbytes, "elementwise")
 
     def collective(self, st: StageState, name: str, kind: CollectiveKind, size: float, stream: str,
                    groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm") -> list[str]:
@@ -107,11 +111,12 @@ class LayerEmitter:
     # tensor-parallel GEMMs with their communication
 
     def tp_gemm(self, st: StageState, s: int, name: str, m: int, n: int, k: int, *, pre: bool = False,
-                post: Literal["rs", "ar"] | None = None) -> None:
+                post: Literal["rs", "ar"] | None = None, element_bytes: int | None = None) -> None:
         """A GEMM over the micro-batch's tokens (m rows), with an all-gather of its input before
-        (``pre``) or a reduce-scatter / all-reduce of its output after (``post``)."""
+        (``pre``) or a reduce-scatter / all-reduce of its output after (``post``), of
+        ``element_bytes`` an element (default: the activations')."""
         tp_comm = self.comm and self.lay.tp > 1
-        size = float(self.tokens * self.m.hidden * self.act_b)
+        size = float(self.tokens * self.m.hidden * (element_bytes or self.act_b))
         groups = self.lay.tp_groups(s)
         if not tp_comm or (not pre and post is None):
             self.gemm(st, name, m, n, k)
@@ -169,14 +174,17 @@ class LayerEmitter:
         hb = local * m.hidden * self.act_b
         post: Literal["rs", "ar"] = "rs" if sp else "ar"
         self.mem(st, f"{pre}.norm1", 2 * hb, "norm")
-        self.fp8_cast(st, f"{pre}.qkv", T * mats["qkv"][0])
-        self.tp_gemm(st, s, f"{pre}.qkv", T, mats["qkv"][1], mats["qkv"][0], pre=sp)
+        gathered = sp and t > 1
+        # FP8 with sequence parallelism gathers the QKV and FC1 inputs in FP8 (Transformer Engine).
+        gather_b = 1 if self.spec.precision == "fp8" else None
+        self.fp8_cast(st, f"{pre}.qkv", T * mats["qkv"][0], gathered)
+        self.tp_gemm(st, s, f"{pre}.qkv", T, mats["qkv"][1], mats["qkv"][0], pre=sp, element_bytes=gather_b)
         self.attention(st, f"{pre}.attn", backward=False)
         self.fp8_cast(st, f"{pre}.proj", T * mats["proj"][0])
         self.tp_gemm(st, s, f"{pre}.proj", T, mats["proj"][1], mats["proj"][0], post=post)
         self.mem(st, f"{pre}.norm2", 4 * hb, "norm")
-        self.fp8_cast(st, f"{pre}.fc1", T * mats["fc1"][0])
-        self.tp_gemm(st, s, f"{pre}.fc1", T, mats["fc1"][1], mats["fc1"][0], pre=sp)
+        self.fp8_cast(st, f"{pre}.fc1", T * mats["fc1"][0], gathered)
+        self.tp_gemm(st, s, f"{pre}.fc1", T, mats["fc1"][1], mats["fc1"][0], pre=sp, element_bytes=gather_b)
         f_local = T * mats["fc1"][1]
         self.mem(st, f"{pre}.act", (f_local + f_local // (2 if m.gated_mlp else 1)) * self.act_b, "elementwise")
         self.fp8_cast(st, f"{pre}.fc2", T * mats["fc2"][0])

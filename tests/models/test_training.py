@@ -146,6 +146,16 @@ def test_fp8_quantizes_each_linears_input_and_output_gradient() -> None:
     assert backward == 4 * tokens * ((h + 2 * h // 8) // t + h + h)
     bf16 = spec.model_copy(update={"precision": "bf16"})
     assert not any(o.name.endswith(".fp8") for o in training_ops(bf16, t).ops)
+    # With sequence parallelism TE casts the QKV and FC1 inputs on its 1/t of the tokens before the
+    # FP8 all-gather (2 bytes read, 1 written) and transposes the gathered FP8 tensor (1 + 1).
+    sp = spec.model_copy(update={"parallel": spec.parallel.model_copy(update={"sequence_parallel": True})})
+    ops = [o for o in training_ops(sp, t).ops if o.name.endswith(".fp8") and 0 in o.ranks]
+    forward = sum(o.bytes for o in ops if o.name.startswith("F0.L0."))  # type: ignore[attr-defined]
+    assert forward == 2 * (3 * tokens // t * h + 2 * tokens * h) + 4 * tokens * (h // t + f // t)
+    # ... and gathers them in FP8: a byte an element of the whole gathered input.
+    gathers = {o.name: o.size_bytes for o in training_ops(sp, t).ops
+               if isinstance(o, CollectiveOpSpec) and o.name.startswith("F0.L0.") and o.kind == "all_gather"}
+    assert gathers == {"F0.L0.qkv.ag": tokens * h, "F0.L0.fc1.ag": tokens * h}
 
 
 def test_tensor_parallel_splits_gemms_and_adds_two_all_reduces_per_layer_each_way() -> None:
