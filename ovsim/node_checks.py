@@ -1,14 +1,15 @@
 """Checks of collectives within one node, against published nccl-tests sweeps.
 
 NCCL's own cost model, which ovsim plans collectives with (:mod:`ovsim.models.nccl`), is fast at
-the sizes training's collectives have: an 8-GPU A100 node's ring all-reduce by 17-25% over 4 MiB to
-2 GiB, an H100 node's NVLS all-reduce by 35-53% at 4-32 MiB and 10-21% at 64-256 MiB. A GPU's
-calibration can carry its measured costs (``nccl_ring_added_latency_s``, ``nccl_ring_bus_efficiency``,
-``nccl_nvls_added_latency_s``, ``nccl_nvls_bus_efficiency``: :func:`ovsim.models.nccl.calibrated_plan`),
-fitted on one published sweep a GPU family (:func:`ovsim.calibrate.collectives.fit_node_sweep`, run
-by calibration/nccl/fit_published_sweeps.py). Each row here is one sweep's MAPE of the collective's
-time over its sizes from 4 MiB to 2 GiB, priced as a scenario prices it, with the shipped
-calibration; the rows not fitted are held out.
+the sizes training's collectives have: on an 8-GPU A100 node its ring all-reduce time is off by
+18-25% (MAPE over 4 MiB to 2 GiB of three sweeps), on an H100 node its NVLS all-reduce's is short
+by 26-34% at 4-32 MiB and 9-17% at 64-256 MiB. A GPU's calibration can carry its measured costs within a node
+(``nccl_ring_added_latency_s``, ``nccl_ring_bus_efficiency``, ``nccl_nvls_added_latency_s``,
+``nccl_nvls_bus_efficiency`` for ``nccl_node_ranks`` ranks: :func:`ovsim.models.nccl.calibrated_plan`),
+fitted on one published sweep per GPU family (:func:`ovsim.calibrate.collectives.fit_node_sweep`,
+run by calibration/nccl/fit_published_sweeps.py). Each row here is one sweep's MAPE of the
+collective's time over its sizes from 64 KiB (or its first) to 2 GiB, priced as a scenario prices
+it, with the shipped calibration; the rows not fitted are held out.
 """
 
 from __future__ import annotations
