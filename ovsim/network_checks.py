@@ -19,6 +19,7 @@ from ovsim.hw.spec import SystemSpec, load_gpu, load_system
 from ovsim.models import nccl
 
 if TYPE_CHECKING:
+    from ovsim.hw.calib import Parameters
     from ovsim.validate import Check
 
 NETWORK_GROUP = "published (across nodes, not fitted)"
@@ -36,12 +37,16 @@ def _system(name: str, nodes: int, nics_per_node: int | None = None, gpu: str | 
     return base.model_copy(update=update)
 
 
-def busbw_gb_s(op: str, size_bytes: float, system: SystemSpec, algorithm: str | None = None) -> float:
+def busbw_gb_s(op: str, size_bytes: float, system: SystemSpec, algorithm: str | None = None,
+               params: Parameters | None = None) -> float:
     """nccl-tests' bus bandwidth (GB/s) of ``op`` over every GPU of ``system``, as NCCL's model
-    plans it."""
+    plans it, priced with ``params``' measured costs within a node where given
+    (:func:`ovsim.models.nccl.calibrated_plan`; across nodes they change nothing)."""
     gpu = load_gpu(system.gpu)
     plan = nccl.plan_collective(op, size_bytes, system.total_gpus, gpu, system,  # type: ignore[arg-type]
                                 algorithm=algorithm)  # type: ignore[arg-type]
+    if params is not None:
+        plan = nccl.calibrated_plan(plan, params)
     return plan.algorithm_bandwidth_bytes_per_s * nccl.bus_factor(plan.op, plan.n_ranks) / 1e9
 
 
@@ -129,47 +134,49 @@ class _Sweep:
         return out
 
 
-def _doubling(first: int, times_us: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
-    return tuple((float(first * 2**i), t) for i, t in enumerate(times_us))
+def doubling(first: int, values: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
+    """(size, value) rows of a sweep whose sizes double from ``first`` bytes (nccl-tests' -f 2)."""
+    return tuple((float(first * 2**i), v) for i, v in enumerate(values))
 
 
 SWEEPS: tuple[_Sweep, ...] = (
     _Sweep("NCCL all-reduce time, 2x 8 H100, 8x 400G IB, NCCL's default, 1 MiB-16 GiB",
            "NVIDIA/nccl-tests #309 (Dell XE9680, 8 ConnectX-7 400G IB a node, NCCL 2.26.2, -b 8 -e 16g -f 2; "
            "469 GB/s busbw at 16 GiB: NVLS-tree; NVLS-tree's pipeline fill fitted on its 16 MiB-16 GiB)", _H100, 2,
-           _doubling(2**20, (71.93, 76.24, 94.38, 132.6, 185.4, 267.9, 466.1, 748.3, 1282.8, 2357.6, 4484.9,
+           doubling(2**20, (71.93, 76.24, 94.38, 132.6, 185.4, 267.9, 466.1, 748.3, 1282.8, 2357.6, 4484.9,
                              8729.8, 17262.0, 34381.0, 68652.0)), fitted=True),
     _Sweep("NCCL all-reduce time, 2x 8 H100, 8x 400G IB, NCCL's default, 1 MiB-8 GiB, a second cluster",
            "NVIDIA/nccl-tests #309 (a second cluster of 8 H100 and 8 400G IB NICs a node, 2 of its 8 nodes, "
            "-b 1M -e 8G -f 2; 466.7 GB/s busbw at 8 GiB)", _H100, 2,
-           _doubling(2**20, (93.25, 94.22, 110.9, 151.6, 201.6, 274.8, 477.2, 750.7, 1296.2, 2376.5, 4497.4,
+           doubling(2**20, (93.25, 94.22, 110.9, 151.6, 201.6, 274.8, 477.2, 750.7, 1296.2, 2376.5, 4497.4,
                              8766.9, 17290.0, 34508.0))),
     _Sweep("NCCL all-reduce time, 4x 8 H100, 8x 400G IB (VMs), NCCL's default, 1 MiB-16 GiB",
            "NVIDIA/nccl-tests #309 (as above, 4 nodes in VMs; 365.84 GB/s busbw at 16 GiB, which an NVIDIA "
            "maintainer called a good number)", _H100, 4,
-           _doubling(2**20, (82.17, 191.3, 151.1, 217.3, 259.6, 376.0, 579.1, 990.7, 1768.0, 3109.0, 5808.8,
+           doubling(2**20, (82.17, 191.3, 151.1, 217.3, 259.6, 376.0, 579.1, 990.7, 1768.0, 3109.0, 5808.8,
                              11508.0, 22890.0, 45606.0, 90986.0))),
     _Sweep("NCCL all-reduce time, 2x 8 H100, 8x 400G IB, ring, 1 MiB-8 GiB",
            "NVIDIA/nccl-tests #309 (a second cluster of 8 H100 and 8 400G IB NICs a node: NCCL_ALGO=Ring "
            "NCCL_MIN_CTAS=24 NCCL_IB_QPS_PER_CONNECTION=2, as an NVIDIA maintainer advised; 392.7 GB/s at 8 GiB; "
            "the ring's time was decided on it)", _H100, 2,
-           _doubling(2**20, (156.9, 156.6, 178.1, 177.8, 199.3, 274.2, 433.8, 795.8, 1355.9, 2649.9, 5236.2,
+           doubling(2**20, (156.9, 156.6, 178.1, 177.8, 199.3, 274.2, 433.8, 795.8, 1355.9, 2649.9, 5236.2,
                              10340.0, 20575.0, 41015.0)), algorithm="ring", fitted=True),
 )
 
 
-def _sweep_check(sw: _Sweep) -> Check:
+def sweep_check(name: str, group: str, source: str, errors: list[tuple[float, float]], note: str = "") -> Check:
+    """A sweep's row: the MAPE of (size, predicted over measured - 1) ``errors``, passing at or
+    below 10%, with its signed mean and extremes (and ``note``) in the row's note."""
     from ovsim.validate import Check
 
-    err = sw.errors()
-    rel = [e for _, e in err]
+    rel = [e for _, e in errors]
     mape = sum(abs(e) for e in rel) / len(rel) * 100
-    lo, hi = min(err, key=lambda x: x[1]), max(err, key=lambda x: x[1])
+    lo, hi = min(errors, key=lambda x: x[1]), max(errors, key=lambda x: x[1])
     mib = 2**20
-    return Check(sw.name, NETWORK_FIT_GROUP if sw.fitted else NETWORK_GROUP, 10.0, mape, "% MAPE", 0.0, sw.source,
-                 rule="at_most",
+    return Check(name, group, 10.0, mape, "% MAPE", 0.0, source, rule="at_most",
                  note=f"signed mean {sum(rel) / len(rel) * 100:+.1f}%; from {lo[1] * 100:+.1f}% at "
-                      f"{lo[0] / mib:g} MiB to {hi[1] * 100:+.1f}% at {hi[0] / mib:g} MiB; passes at or below 10%")
+                      f"{lo[0] / mib:g} MiB to {hi[1] * 100:+.1f}% at {hi[0] / mib:g} MiB; {note}"
+                      "passes at or below 10%")
 
 
 def network_checks() -> list[Check]:
@@ -177,4 +184,5 @@ def network_checks() -> list[Check]:
 
     rows = [Check(r.name, NETWORK_FIT_GROUP if r.fitted else NETWORK_GROUP, r.reference_gb_s, r.predicted_gb_s(),
                   "GB/s", 10.0, r.source) for r in ROWS]
-    return rows + [_sweep_check(sw) for sw in SWEEPS]
+    return rows + [sweep_check(sw.name, NETWORK_FIT_GROUP if sw.fitted else NETWORK_GROUP, sw.source, sw.errors())
+                   for sw in SWEEPS]

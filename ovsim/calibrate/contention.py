@@ -17,9 +17,8 @@ from ovsim.hw.calib import (
     PRESSURE_MAX,
     Parameters,
     collective_pressure,
-    load_calibration,
+    shipped_parameters,
 )
-from ovsim.hw.spec import gpu_file, load_gpu
 from ovsim.replay import protocol_key
 from ovsim.replay_kernels import (
     MEMORY_KINDS,
@@ -73,7 +72,7 @@ def contention_data(tr: TraceInput) -> ContentionData:
     c = KernelColumns.of(tr.bundle.kernels.reset_index(drop=True))
     overlapped = overlap_flags(c)
     iso, src = isolated_durations(c, overlapped)
-    params = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params
+    params = shipped_parameters(tr.gpu)
     is_coll = np.array([k == "collective" for k in c.kind], dtype=bool)
     sel = np.flatnonzero(overlapped & (src == "signature") & (c.dur > 0))
     rows, covered, config = [], [], []

@@ -33,9 +33,9 @@ from ovsim.hw.calib import (
     CALIB_DIR,
     VERSIONED_NAME,
     Parameters,
-    load_calibration,
     newest_file,
     read_calib_file,
+    shipped_parameters,
 )
 from ovsim.hw.spec import gpu_file, load_gpu
 
@@ -156,7 +156,7 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
                     raise OvsimError(f"{q} belongs to one GPU: name the GPU", field="fit")
                 wanted.remove(q)
     ref = gpu if gpu != "*" else traces[0].gpu
-    params = load_calibration(load_gpu(ref), gpu_file(ref).stem).params
+    params = shipped_parameters(ref)
     report = FitReport()
     # Data the fits and their points share (each costs replays of every trace).
     prepared: dict[str, Any] = {}

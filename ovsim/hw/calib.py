@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ovsim.errors import OvsimError
-from ovsim.hw.spec import GpuSpec, read_yaml, validation_error
+from ovsim.hw.spec import GpuSpec, gpu_file, load_gpu, read_yaml, validation_error
 
 CALIB_DIR = Path(__file__).parent / "calib"
 
@@ -437,3 +437,8 @@ def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = 
     except ValidationError as e:
         raise validation_error(e, paths[-1].name) from None
     return Calibration(params=params, files=tuple(names))
+
+
+def shipped_parameters(gpu_name: str) -> Parameters:
+    """The parameters of a GPU's shipped calibration (the newest default file and its own, merged)."""
+    return load_calibration(load_gpu(gpu_name), gpu_file(gpu_name).stem).params

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ovsim.hw.calib import load_calibration
-from ovsim.hw.spec import gpu_file, load_gpu
+from ovsim.hw.calib import shipped_parameters
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -163,7 +162,7 @@ def measured_hbm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     for i, (rel, gpu, system, comm_rel) in enumerate(MEASURED_HBM):
         if not all((folder / r / "experiments.jsonl").is_file() for r in (rel, comm_rel)):
             continue
-        params = load_calibration(load_gpu(gpu), gpu_file(gpu).stem).params
+        params = shipped_parameters(gpu)
         points = hbm_sharing_points(folder / rel, folder / comm_rel)
         # Each GPU's law is fitted on its first data set.
         group = MEASURED_HBM_FIT if all(m[1] != gpu for m in MEASURED_HBM[:i]) else MEASURED_HBM_HELD_OUT
@@ -256,7 +255,7 @@ def measured_copy_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             others = [g for _, g, _ in present if g != gpu]
             if not others:
                 continue
-            other = load_calibration(load_gpu(others[0]), gpu_file(others[0]).stem).params
+            other = shipped_parameters(others[0])
             path = on_top(f"{others[0]}-copies", {k: getattr(other, k) for k in keys.values()},
                           f"the {others[0]} fit")
             for direction, (size, t_s) in measured_copy_times(folder / rel).items():

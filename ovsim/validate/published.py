@@ -5,27 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ovsim.hw.calib import Parameters, load_calibration
-from ovsim.hw.spec import gpu_file, load_gpu, load_system
-from ovsim.models import gemm_library, nccl
+from ovsim.hw.calib import Parameters, shipped_parameters
+from ovsim.hw.spec import load_gpu, load_system
+from ovsim.models import gemm_library
+from ovsim.network_checks import busbw_gb_s
 
 if TYPE_CHECKING:
 
     pass
 
 
-from ovsim.validate.check import GB, GIB, Check
+from ovsim.validate.check import GIB, Check
 
 
 def _busbw(op: str, size: float, system: str, algorithm: str | None = None) -> float:
     """nccl-tests' bus bandwidth of ``op`` over the system's GPUs, priced as a scenario prices it
-    (NCCL's model, with the GPU's measured ring costs where its calibration has them)."""
+    (NCCL's model, with the GPU's measured costs within a node where its calibration has them)."""
     sys_spec = load_system(system)
-    gpu = load_gpu(sys_spec.gpu)
-    params = load_calibration(gpu, gpu_file(sys_spec.gpu).stem).params
-    plan = nccl.plan_collective(op, size, sys_spec.gpu_count, gpu, sys_spec, algorithm=algorithm)  # type: ignore[arg-type]
-    plan = nccl.calibrated_plan(plan, params)
-    return plan.algorithm_bandwidth_bytes_per_s * nccl.bus_factor(plan.op, plan.n_ranks) / GB
+    return busbw_gb_s(op, size, sys_spec, algorithm, shipped_parameters(sys_spec.gpu))
 
 
 def best_gemm_tflops(gpu_name: str, m: int, n: int, k: int, precision: str, params: Parameters | None = None
@@ -35,7 +32,7 @@ def best_gemm_tflops(gpu_name: str, m: int, n: int, k: int, precision: str, para
     calibration)."""
     gpu = load_gpu(gpu_name)
     if params is None:
-        params = load_calibration(gpu, gpu_file(gpu_name).stem).params
+        params = shipped_parameters(gpu_name)
     return 2.0 * m * n * k / gemm_library.best_gemm(m, n, k, precision, gpu, params).isolated_s / 1e12
 
 

@@ -14,10 +14,10 @@ from pydantic import ValidationError
 
 from ovsim.api import build
 from ovsim.calibrate.collectives import fit_node_sweep
-from ovsim.hw.calib import Parameters
+from ovsim.hw.calib import Parameters, shipped_parameters
 from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models import nccl
-from ovsim.node_checks import SWEEPS, shipped_params
+from ovsim.node_checks import SWEEPS
 from ovsim.scenario import Scenario
 
 MIB = 2**20
@@ -82,7 +82,7 @@ def test_the_shipped_costs_are_the_fit_on_their_sweep(sweep: object) -> None:
     assert isinstance(sweep, NodeSweep)
     values, record = fit_node_sweep(sweep.scored(), sweep.plan)
     for gpu in FAMILIES[sweep.gpu]:
-        params = shipped_params(gpu)
+        params = shipped_parameters(gpu)
         for key, value in values.items():
             assert getattr(params, key) == value, (gpu, key)
     assert all(r["fit_mape_pct"] < r["model_mape_pct"] for r in record["groups"].values())
@@ -121,7 +121,7 @@ def test_held_out_sweeps_come_within_ten_percent(sweep: object) -> None:
     from ovsim.node_checks import NodeSweep
 
     assert isinstance(sweep, NodeSweep)
-    params = shipped_params(sweep.gpu)
+    params = shipped_parameters(sweep.gpu)
     after = [abs(e) for _, e in sweep.errors(params)]
     before = [abs(e) for _, e in sweep.errors(None)]
     assert sum(after) / len(after) <= 0.10
@@ -139,7 +139,7 @@ def test_a_scenario_prices_its_tensor_parallel_all_reduce_with_the_measured_cost
         wl = build(sc)[0]
         flow = next(op.flow for op in wl.ops if op.flow is not None)
         plan = _plan("all_reduce", 100 * MIB, 8, system)
-        expected = nccl.calibrated_plan(plan, shipped_params(gpu))
+        expected = nccl.calibrated_plan(plan, shipped_parameters(gpu))
         assert expected is not plan
         assert flow.latency_s == pytest.approx(expected.latency_s, rel=1e-12)
         assert flow.rate_cap_bytes_per_s == pytest.approx(expected.bus_bandwidth_bytes_per_s, rel=1e-12)
