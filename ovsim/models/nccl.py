@@ -123,14 +123,21 @@ class CollectivePlan:
 
 
 def calibrated_plan(plan: CollectivePlan, params: Parameters) -> CollectivePlan:
-    """``plan`` priced with a GPU's measured collectives on one node (calibration
-    ``nccl_ring_added_latency_s`` and ``nccl_ring_bus_efficiency`` per protocol for rings,
-    ``nccl_nvls_added_latency_s`` and ``nccl_nvls_bus_efficiency`` for NVLS): the time a collective
-    takes beyond NCCL's model latency, and the share of the model's bus bandwidth reached. NCCL's
-    choice of algorithm and protocol stays its own model's. The costs apply to collectives over as
-    many ranks as they were measured on (``nccl_node_ranks``); trees, p2p, other communicator sizes
-    and plans across nodes are returned as they are."""
-    if plan.n_nodes > 1 or plan.op in P2P_OPS or plan.n_ranks != params.nccl_node_ranks:
+    """``plan`` priced with a GPU's measured collectives on one node. A collective the calibration
+    measured itself (``nccl_fitted``, keyed op/algorithm/protocol/ranks) takes its latency and bus
+    bandwidth. Otherwise the node costs apply (``nccl_ring_added_latency_s`` and
+    ``nccl_ring_bus_efficiency`` per protocol for rings, ``nccl_nvls_added_latency_s`` and
+    ``nccl_nvls_bus_efficiency`` for NVLS): the time a collective takes beyond NCCL's model latency,
+    and the share of the model's bus bandwidth reached, for collectives over as many ranks as they
+    were measured on (``nccl_node_ranks``). NCCL's choice of algorithm and protocol stays its own
+    model's. Trees, p2p, other communicator sizes and plans across nodes keep NCCL's model."""
+    if plan.n_nodes > 1:
+        return plan
+    measured = params.nccl_fitted.get(f"{plan.op}/{plan.algorithm}/{plan.protocol}/{plan.n_ranks}")
+    if measured is not None:
+        return dataclasses.replace(plan, latency_s=measured["latency_s"],
+                                   bus_bandwidth_bytes_per_s=measured["bus_bandwidth_bytes_per_s"])
+    if plan.op in P2P_OPS or plan.n_ranks != params.nccl_node_ranks:
         return plan
     if plan.algorithm == "ring":
         added_s = params.nccl_ring_added_latency_s.get(plan.protocol, 0.0)

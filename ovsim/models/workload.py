@@ -193,13 +193,8 @@ def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list
         return {r: (None, flow, "collective") for r in ranks}
     plan = nccl.plan_collective(spec.kind, spec.size_bytes, len(ranks), gpu, system, algorithm=spec.algorithm,
                                 protocol=spec.protocol, channels=channels, ranks=ranks, memo=plans)
-    measured = params.nccl_fitted.get(f"{plan.op}/{plan.algorithm}/{plan.protocol}/{plan.n_ranks}")
-    if measured is not None and plan.n_nodes == 1:
-        # A calibration measured this very collective: its latency and bandwidth replace NCCL's model.
-        plan = dataclasses.replace(plan, latency_s=measured["latency_s"],
-                                   bus_bandwidth_bytes_per_s=measured["bus_bandwidth_bytes_per_s"])
-    else:
-        plan = nccl.calibrated_plan(plan, params)
+    # What the calibration measured within a node replaces or corrects NCCL's model.
+    plan = nccl.calibrated_plan(plan, params)
     pattern: Literal["ring", "all_pairs"] = "all_pairs" if spec.kind == "all_to_all" else "ring"
     flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=plan.bus_bytes, latency_s=plan.latency_s,
                       rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,
