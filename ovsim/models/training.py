@@ -101,6 +101,9 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     fsdp = spec.parallel.dp_mode == "fsdp" and lay.dp > 1 and spec.communication
     distributed = spec.parallel.distributed_optimizer and lay.dp > 1 and spec.communication
     orders = [stage_order(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
+    steps = [exchange_steps(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)]
+    # The item that ends the exchange step before each item's, by stage (None: the first step).
+    posted_after = [[_before_step(stage_steps, k) for k in range(len(stage_steps))] for stage_steps in steps]
     b_cost = 3.0 if spec.recompute_mode == "full" else 2.0
     merged = merge_stages(orders, p, v, b_cost)
     # Each stage's items by their place in its order (a pipeline transfer names both ends' places).
@@ -120,7 +123,13 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
         st = g.stages[s]
         vs = c * p + s
         src_vs = vs - 1 if ph == "F" else vs + 1
-        prev_last = st.last
+        # The receive is posted at the exchange that ends the receiver's previous step (Megatron-LM
+        # posts both of an interleaved step's receives together, before its forward).
+        before = posted_after[s][place[s][(ph, mb, c)]]
+        receiver_ready = None
+        if before is not None:
+            b_ph, b_mb, b_c = orders[s][before]
+            receiver_ready = item_last[(b_ph, b_mb, b_c * p + s)] or None
         # A peer wait with no transfer (communication off): (sending item's last op, rank map).
         peer_wait: tuple[str, dict[int, int]] | None = None
         if 0 <= src_vs < n_virtual:
@@ -133,10 +142,9 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
                     for i in range(lay.tp_made):
                         a, b = lay.rank(d, src_stage, i), lay.rank(d, s, i)
                         name = f"{ph}{mb}.v{src_vs}to{vs}.d{d}t{i}"
-                        lo, hi = sorted((src_stage, s))
-                        deps = [sender] + ([prev_last] if prev_last else [])
+                        deps = [sender] + ([receiver_ready] if receiver_ready else [])
                         g.ops.append(SendRecvOp(name=name, kind="send_recv", size_bytes=act_bytes, src=a, dst=b,
-                                                stream=f"pp{lo}-{hi}", after_any=deps))
+                                                stream=f"pp{src_stage}>{s}", after_any=deps))
                         received.append(name)
                         g.p2p_items[name] = ends
                     if gather:
@@ -208,7 +216,15 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             st.pending += st.buckets + st.rs
     return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,
                        stage_lasts=[[item_last[(ph, mb, c * p + s)] for ph, mb, c in orders[s]] for s in range(p)],
-                       stage_steps=[exchange_steps(spec.parallel.pipeline, p, s, mbs, v) for s in range(p)])
+                       stage_steps=steps)
+
+
+def _before_step(steps: list[int], k: int) -> int | None:
+    """The index of the last item of the exchange step before item ``k``'s (None: none)."""
+    j = k
+    while j >= 0 and steps[j] == steps[k]:
+        j -= 1
+    return j if j >= 0 else None
 
 
 def build_training_workload(
