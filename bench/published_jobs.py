@@ -58,6 +58,10 @@ llm-foundry's MPT tables (FSDP on A100 80 GB and H100, tokens a second per GPU) 
 
     python bench/published_jobs.py --rows foundry --mode analytic   # every llm-foundry row
     python bench/published_jobs.py --rows nemo --mode analytic      # every NeMo row
+
+``--breakdown`` adds, under each row, where rank 0's time goes (its GEMMs, attention and
+memory-bound kernels at the clocks the power limit leaves them, and the time its communication
+streams are busy, waits for peers included) beside the iteration the published throughput implies.
 """
 
 from __future__ import annotations
@@ -111,6 +115,20 @@ def figure_18(mode: Mode, max_ops: int) -> None:
         print(f"{batch:>5} {times[0]:8.3f} s {times[1]:8.3f} s {times[1] / times[0] - 1:+7.1%}", flush=True)
 
 
+def breakdown(res: api.Result, iteration_s: float, published_iteration_s: float) -> str:
+    """Rank 0's kernel time by kind and its communication streams' busy time, beside the iteration
+    ovsim predicts and the one the published throughput implies."""
+    ops = res.timeline.ops
+    ops = ops[(ops["rank"] == 0) & (ops["kind"] != "flow")]
+    seconds = (ops["end_s"] - ops["start_s"]).groupby(ops["kind"]).sum()
+    memory = sum(float(seconds.get(k, 0.0)) for k in ("elementwise", "norm", "softmax"))
+    comm = ops[~ops["stream"].isin(["compute", "main"])]
+    comm_s = float((comm["end_s"] - comm["start_s"]).sum())
+    return (f"{'':>28} rank 0: GEMMs {float(seconds.get('gemm', 0.0)):.3f} s, attention "
+            f"{float(seconds.get('attention', 0.0)):.3f} s, memory-bound {memory:.3f} s, communication streams "
+            f"busy {comm_s:.3f} s; iteration {iteration_s:.3f} s, published {published_iteration_s:.3f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     every: list[Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow] = [
@@ -121,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-ops", type=int, default=4_000_000)
     ap.add_argument("--figure-18", action="store_true",
                     help="instead of the rows: the paper's figure 18 configuration with and without scatter-gather")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="under each row, where rank 0's time goes beside the published iteration")
     args = ap.parse_args(argv)
     wanted = {n for name in args.rows for n in GROUPS.get(name, [name])}
     if args.figure_18:
@@ -147,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row.name:>28} {row.gpus:>6} {layout:>12} {row.micro_batch:>2} x {row.micro_batches:<3} "
               f"{row.virtual_stages:>2} {len(res.workload.ops):>8} {iteration_s:7.2f} {per_gpu:8.1f} {row.unit:>7} "
               f"{row.published:9.0f} {err:+7.1%} {memory:>7} {wall:7.1f} {peak_rss_gb():7.2f}", flush=True)
+        if args.breakdown:
+            print(breakdown(res, iteration_s, iteration_s * per_gpu / row.published), flush=True)
     return 0
 
 
