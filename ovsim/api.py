@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
@@ -111,13 +112,20 @@ class Result:
     def summary(self) -> dict[str, Any]:
         ops = self.timeline.ops
         ranks = rank_overlap(ops)
-        per_rank = ops[ops["rank"] >= 0]
-        compute = per_rank[~per_rank["kind"].isin(NON_COMPUTE)]
-        comm = per_rank[per_rank["kind"].isin(COMM_KINDS)]
+        # Masks over the columns' arrays, not filtered copies of the frame (a schedule search
+        # summarizes thousands of small predictions).
+        kind = ops["kind"].to_numpy()
+        per_rank = ops["rank"].to_numpy() >= 0
+        compute = per_rank & ~np.isin(kind, list(NON_COMPUTE))
+        comm = per_rank & np.isin(kind, list(COMM_KINDS))
+
+        def total(column: str, rows: np.ndarray) -> float:
+            return float(ops[column].to_numpy(dtype=float)[rows].sum())
+
         n = max(1, len(ranks))
-        compute_s = float(compute["duration_s"].sum()) / n
-        compute_iso_s = float(compute["isolated_s"].sum()) / n
-        compute_clock_s = float(compute["clock_s"].sum()) / n
+        compute_s = total("duration_s", compute) / n
+        compute_iso_s = total("isolated_s", compute) / n
+        compute_clock_s = total("clock_s", compute) / n
         return {
             "scenario": self.scenario.name,
             "mode": self.mode,
@@ -134,7 +142,7 @@ class Result:
             # The part of it lost to an SM clock below the one the isolated times assume (the power
             # loop, a locked clock), or gained above it; the rest is contention.
             "compute_clock_slowdown": compute_clock_s / compute_iso_s if compute_iso_s > 0 else 0.0,
-            "comm_s": float(comm["duration_s"].sum()) / n,
+            "comm_s": total("duration_s", comm) / n,
             "exposed_comm_s": sum(r.exposed_comm_s for r in ranks) / n,
             "hidden_comm_s": sum(r.overlapped_s for r in ranks) / n,
             "comm_hidden_fraction": (sum(r.overlapped_s for r in ranks) / sum(r.comm_busy_s for r in ranks)
