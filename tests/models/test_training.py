@@ -312,8 +312,8 @@ def test_overlapped_pipeline_transfers_cost_at_most_one_per_exchange_step(recomp
     transfer at most, and the first activation's way to the last stage and its gradient's way back
     add 2(p-1) more: the iteration exceeds the same schedule without communication by at most
     that many transfer times. With both directions of a stage pair on one stream, a backward
-    gradient queued ahead of a ready activation stalled the stage behind it: 1.2-1.4x (1F1B) and
-    2.3-3.8x (interleaved) past this bound."""
+    gradient queued ahead of a ready activation stalled the stage behind it, to 1.2-1.4 times this
+    bound (1F1B) and 2.3-3.8 times (interleaved)."""
     training = {**SMALL, "layers": 48, "seq_len": 2048, "micro_batches": m, "recompute": recompute,
                 "embedding_and_head": False, "optimizer": False,
                 "parallel": {"pp": p, "pipeline": pipeline, "virtual_stages": v}}
