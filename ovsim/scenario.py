@@ -95,7 +95,7 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         return scenario_from_mapping(data, p)
     except ValidationError as e:
-        raise validation_error(e, str(p)) from None
+        raise validation_error(e, str(p), Scenario) from None
 
 
 def scenario_from_mapping(data: dict[str, Any], path: Path) -> Scenario:

@@ -115,7 +115,7 @@ def scenario_at(data: dict[str, Any], path: Path | None, source: str) -> Scenari
     try:
         return scenario_from_mapping(data, path) if path is not None else Scenario.model_validate(data)
     except ValidationError as e:
-        raise validation_error(e, source) from None
+        raise validation_error(e, source, Scenario) from None
 
 
 def edited(data: dict[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:

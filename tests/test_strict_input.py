@@ -74,6 +74,25 @@ def test_a_misspelt_field_is_named_with_the_one_meant(tmp_path: Path, capsys: py
     assert err.endswith("ops.1.all_reduce: unknown field 'size_byte'; did you mean 'size_bytes'?")
 
 
+@pytest.mark.parametrize(("example", "old", "new", "field", "meant"), [
+    # Optional fields: nothing is missing, so only the model's own field names can suggest one.
+    ("gemm-allreduce-h100x4-priority.yaml", "comm_priority: high", "comm_prio: high", "knobs", "comm_priority"),
+    ("training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", "dp_mode:", "dp_mod:", "training.parallel", "dp_mode"),
+    ("training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", "micro_batch_size:", "micro_batch_sz:", "training",
+     "micro_batch_size"),
+])
+def test_a_misspelt_optional_field_is_named_with_the_one_meant(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               example: str, old: str, new: str, field: str,
+                                                               meant: str) -> None:
+    text = (EXAMPLE.parent / example).read_text()
+    assert old in text
+    p = tmp_path / example
+    p.write_text(text.replace(old, new, 1))
+    wrote = new.split(":")[0]
+    err = _error(["predict", str(p)], capsys)
+    assert err.endswith(f"{field}: unknown field '{wrote}'; did you mean '{meant}'?")
+
+
 def test_a_trace_given_as_a_scenario_is_sent_to_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import gzip
 

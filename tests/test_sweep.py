@@ -90,7 +90,7 @@ def test_progress_counts_every_point() -> None:
     ({}, "axes", "no axes to sweep"),
     ({"ops.gemm.m": []}, "ops.gemm.m", "expected a non-empty list of values"),
     ({"ops.gemm.m": "4096"}, "ops.gemm.m", "expected a non-empty list of values"),
-    ({"ops.gemm.mm": [1]}, "ops.gemm.mm=1", "ops.0.gemm.mm: Extra inputs are not permitted"),
+    ({"ops.gemm.mm": [1]}, "ops.gemm.mm=1", "ops.0.gemm: unknown field 'mm'; did you mean 'm'?"),
     ({"ops.conv.m": [1]}, "ops.conv.m", "no item named 'conv' (named: gemm, allreduce)"),
     ({"ops.gemm.m": [4096, -1]}, "ops.gemm.m=-1", "ops.0.gemm.m"),
     ({"power.cap_w": [50]}, "power.cap_w=50", "power.cap_w: 50 W"),
