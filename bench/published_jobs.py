@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     every: list[Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow] = [
         *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS]
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every] + list(GROUPS),
-                    help="row names, or a group: " + ", ".join(GROUPS))
+                    metavar="ROW", help="rows (" + ", ".join(r.name for r in every) + ") or groups ("
+                    + ", ".join(GROUPS) + "); default: " + " ".join(DEFAULT_ROWS))
     ap.add_argument("--mode", choices=["analytic", "simulate"], default="simulate")
     ap.add_argument("--max-ops", type=int, default=4_000_000)
     ap.add_argument("--figure-18", action="store_true",
