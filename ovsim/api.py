@@ -27,7 +27,8 @@ from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
 from ovsim.hw.calib import Calibration, load_calibration
 from ovsim.hw.power import PowerSettings, check_settings, power_model
-from ovsim.hw.spec import GpuSpec, SystemSpec, check_domain, gpu_file, load_gpu, load_system, validation_error
+from ovsim.hw.spec import GpuSpec, SystemSpec, check_domain, gpu_file, load_gpu, load_system
+from ovsim.hw.validation import validation_error
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy
 from ovsim.models.ir import Workload
 from ovsim.models.memory import MemoryEstimate, memory_estimate

@@ -26,7 +26,8 @@ from pydantic import ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationE
 from ovsim.errors import OvsimError
 from ovsim.hw.inputs import InputModel
 from ovsim.hw.power import PowerSettings
-from ovsim.hw.spec import NetworkSpec, SystemSpec, read_yaml, validation_error
+from ovsim.hw.spec import NetworkSpec, SystemSpec, read_yaml
+from ovsim.hw.validation import validation_error
 from ovsim.models.op_specs import Knobs, OpSpec, Schedule
 from ovsim.models.training_spec import TrainingSpec
 

@@ -33,7 +33,8 @@ from pydantic import ValidationError
 
 from ovsim.api import predict
 from ovsim.errors import OvsimError
-from ovsim.hw.spec import read_yaml, validation_error
+from ovsim.hw.spec import read_yaml
+from ovsim.hw.validation import validation_error
 from ovsim.limits import MAX_COMBINATIONS
 from ovsim.scenario import Mode, Scenario, scenario_from_mapping
 from ovsim.sweep_journal import Journal, fingerprint

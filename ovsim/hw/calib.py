@@ -21,7 +21,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ovsim.errors import OvsimError
-from ovsim.hw.spec import GpuSpec, gpu_file, load_gpu, read_yaml, validation_error
+from ovsim.hw.spec import GpuSpec, gpu_file, load_gpu, read_yaml
+from ovsim.hw.validation import validation_error
 
 CALIB_DIR = Path(__file__).parent / "calib"
 

@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, ValidationEr
 
 from ovsim.errors import OvsimError
 from ovsim.hw.inputs import InputModel
-from ovsim.hw.spec import validation_error
+from ovsim.hw.validation import validation_error
 from ovsim.units import MIB
 
 TrainPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ovsim.errors import OvsimError
-from ovsim.hw import spec
+from ovsim.hw import spec, validation
 from ovsim.hw.spec import (
     GPU_SECTIONS,
     SPEC_DIR,
@@ -249,7 +249,7 @@ class _Pick(pydantic.BaseModel):
 def test_validation_error_names_the_field_that_is_wrong(data: dict[str, Any], field: str, message: str) -> None:
     with pytest.raises(pydantic.ValidationError) as err:
         _Pick.model_validate(data)
-    e = spec.validation_error(err.value, "f.yaml")
+    e = validation.validation_error(err.value, "f.yaml")
     assert (e.field, e.source) == (field, "f.yaml")
     assert message in e.message and "Value error" not in e.message and "\n" not in e.one_line()
 
