@@ -180,7 +180,8 @@ def test_cli_rejects_settings_outside_the_range(args: list[str], words: list[str
         assert w in err
 
 
-@pytest.mark.parametrize(("power", "field"), [("{cap_w: 50}", "power.cap_w"), ("{cap: 100}", "power.cap")])
+@pytest.mark.parametrize(("power", "field"), [("{cap_w: 50}", "power.cap_w"),
+                                               ("{cap: 100}", "power: unknown field 'cap'; did you mean 'cap_w'?")])
 def test_bad_scenario_power_block_names_file_and_field(tmp_path: Path, power: str, field: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     p = scenario_with(tmp_path, power)

@@ -76,7 +76,7 @@ def test_the_scenario_as_given_is_ranked_with_no_gain() -> None:
 @pytest.mark.parametrize(("space", "field", "message"), [
     ({"knobs.sm_carveout": [0, -4, 16]}, "knobs.sm_carveout", "-4"),
     ({"knobs.sm_carveout": [0, 500]}, "knobs.sm_carveout", "500 SMs"),
-    ({"knobs.comm_prority": ["normal", "high"]}, "knobs.comm_prority", "Extra inputs"),
+    ({"knobs.comm_prority": ["normal", "high"]}, "knobs.comm_prority", "did you mean 'comm_priority'"),
     ({"ops.gemmm.m": [4096]}, "ops.gemmm.m", "no item named 'gemmm'"),
 ])
 def test_a_space_knob_or_value_the_scenario_refuses_is_named(space: dict[str, list[object]], field: str,
