@@ -86,6 +86,7 @@ from published_rows import (
 
 from ovsim import api
 from ovsim.errors import OvsimError
+from ovsim.metrics import stream_busy
 from ovsim.scenario import Mode
 
 DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
@@ -122,8 +123,8 @@ def breakdown(res: api.Result, iteration_s: float, published_iteration_s: float)
     ops = ops[(ops["rank"] == 0) & (ops["kind"] != "flow")]
     seconds = (ops["end_s"] - ops["start_s"]).groupby(ops["kind"]).sum()
     memory = sum(float(seconds.get(k, 0.0)) for k in ("elementwise", "norm", "softmax"))
-    comm = ops[~ops["stream"].isin(["compute", "main"])]
-    comm_s = float((comm["end_s"] - comm["start_s"]).sum())
+    busy = stream_busy(ops)
+    comm_s = float(busy.loc[~busy["stream"].isin(["compute", "main"]), "busy_s"].sum())
     return (f"{'':>28} rank 0: GEMMs {float(seconds.get('gemm', 0.0)):.3f} s, attention "
             f"{float(seconds.get('attention', 0.0)):.3f} s, memory-bound {memory:.3f} s, communication streams "
             f"busy {comm_s:.3f} s; iteration {iteration_s:.3f} s, published {published_iteration_s:.3f} s")

@@ -8,8 +8,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ovsim.hw.calib import load_calibration
-from ovsim.hw.spec import gpu_file, load_gpu
+from ovsim.hw.calib import shipped_parameters
 from ovsim.workers import worker_pool
 
 if TYPE_CHECKING:
@@ -52,7 +51,7 @@ def _fitted(inputs: Sequence[TraceInput], prepared: Sequence[ContentionData], le
     from ovsim.calibrate import fit_contention
 
     keep = [i for i, tr in enumerate(inputs) if _victim(tr.label) != leave_out]
-    params = load_calibration(load_gpu(inputs[0].gpu), gpu_file(inputs[0].gpu).stem).params
+    params = shipped_parameters(inputs[0].gpu)
     # The harness's records show every channel block resident for its whole kernel, as NCCL's are.
     overrides, _ = fit_contention([inputs[i] for i in keep], params, [prepared[i] for i in keep],
                                   sm_fraction=HARNESS_SM_FRACTION)

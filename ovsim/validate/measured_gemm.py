@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.calib import Parameters, load_calibration, shipped_parameters
 from ovsim.hw.spec import gpu_file, load_gpu
 from ovsim.models import cost
 
@@ -76,7 +76,7 @@ def measured_gemm_checks(folder: Path = MEASURED_DATA) -> list[Check]:
     checks: list[Check] = []
     for rel, gpu_name in MEASURED_GEMM:
         gpu = load_gpu(gpu_name)
-        params = load_calibration(gpu, gpu_file(gpu_name).stem).params
+        params = shipped_parameters(gpu_name)
         for prec in MEASURED_GEMM_PRECISIONS:
             pts = measured_gemm_points(folder / rel, prec)
             if len(pts) < 3:

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ovsim.hw.calib import Parameters, shipped_parameters
 from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models import gemm_library
 from ovsim.network_checks import busbw_gb_s
-
-if TYPE_CHECKING:
-
-    pass
-
-
 from ovsim.validate.check import GIB, Check
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ovsim.errors import OvsimError
-from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.calib import Parameters, load_calibration, shipped_parameters
 from ovsim.hw.spec import gpu_file, load_gpu
 from ovsim.workers import worker_pool
 
@@ -162,7 +162,7 @@ def _fold(i: int, inputs: Sequence[TraceInput], prepared: Sequence[ContentionDat
     overrides: dict[str, Any] | None = None
     fitted_on = "no other trace"
     if rest:
-        params = load_calibration(load_gpu(tr.gpu), gpu_file(tr.gpu).stem).params
+        params = shipped_parameters(tr.gpu)
         try:
             overrides, _ = fit_contention(rest, params, rest_prepared)
             fitted_on = f"{len(rest)} other traces"
@@ -238,7 +238,7 @@ def memory_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -
         points = [memory_points([tr])[0] for tr in inputs]
         tiny = [np.array([t for pts in overhead_points([tr])[0].values() for t, c in pts if c == "elementwise"])
                 for tr in inputs]
-        params = load_calibration(load_gpu(gpu), gpu_file(gpu).stem).params
+        params = shipped_parameters(gpu)
         assumed_s = Parameters().kernel_overhead_s
         for i in range(len(inputs)):
             others = [inputs[j] for j in range(len(inputs)) if j != i]
