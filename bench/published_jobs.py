@@ -60,8 +60,9 @@ llm-foundry's MPT tables (FSDP on A100 80 GB and H100, tokens a second per GPU) 
     python bench/published_jobs.py --rows nemo --mode analytic      # every NeMo row
 
 ``--breakdown`` adds, under each row, where rank 0's time goes (its GEMMs, attention and
-memory-bound kernels at the clocks the power limit leaves them, and the time its communication
-streams are busy, waits for peers included) beside the iteration the published throughput implies.
+memory-bound kernels on the compute stream at the clocks the power limit leaves them, its kernels
+on other streams, FSDP's post-backward copies, and the time its communication streams are busy,
+waits for peers included) beside the iteration the published throughput implies.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ from published_rows import (
 
 from ovsim import api
 from ovsim.errors import OvsimError
-from ovsim.metrics import stream_busy
+from ovsim.metrics import COMM_KINDS, NON_COMPUTE, stream_busy
 from ovsim.scenario import Mode
 
 DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
@@ -117,17 +118,22 @@ def figure_18(mode: Mode, max_ops: int) -> None:
 
 
 def breakdown(res: api.Result, iteration_s: float, published_iteration_s: float) -> str:
-    """Rank 0's kernel time by kind and its communication streams' busy time, beside the iteration
-    ovsim predicts and the one the published throughput implies."""
+    """Rank 0's compute-stream kernel time by kind, its kernels on other streams (FSDP's
+    post-backward copies) and its communication streams' busy time, beside the iteration ovsim
+    predicts and the one the published throughput implies."""
     ops = res.timeline.ops
     ops = ops[(ops["rank"] == 0) & (ops["kind"] != "flow")]
-    seconds = (ops["end_s"] - ops["start_s"]).groupby(ops["kind"]).sum()
+    main = ops["stream"].isin(["compute", "main"])
+    seconds = (ops["end_s"] - ops["start_s"])[main].groupby(ops.loc[main, "kind"]).sum()
     memory = sum(float(seconds.get(k, 0.0)) for k in ("elementwise", "norm", "softmax"))
+    comm_streams = set(ops.loc[ops["kind"].isin(COMM_KINDS), "stream"])
+    beside = ops[~main & ~ops["stream"].isin(comm_streams) & ~ops["kind"].isin(NON_COMPUTE)]
     busy = stream_busy(ops)
-    comm_s = float(busy.loc[~busy["stream"].isin(["compute", "main"]), "busy_s"].sum())
+    comm_s = float(busy.loc[busy["stream"].isin(comm_streams), "busy_s"].sum())
     return (f"{'':>28} rank 0: GEMMs {float(seconds.get('gemm', 0.0)):.3f} s, attention "
-            f"{float(seconds.get('attention', 0.0)):.3f} s, memory-bound {memory:.3f} s, communication streams "
-            f"busy {comm_s:.3f} s; iteration {iteration_s:.3f} s, published {published_iteration_s:.3f} s")
+            f"{float(seconds.get('attention', 0.0)):.3f} s, memory-bound {memory:.3f} s, kernels beside them "
+            f"{float((beside['end_s'] - beside['start_s']).sum()):.3f} s, communication streams busy {comm_s:.3f} s; "
+            f"iteration {iteration_s:.3f} s, published {published_iteration_s:.3f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

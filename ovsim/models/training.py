@@ -34,7 +34,9 @@ Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANC
   backward, every micro-batch; all on the ``dp`` stream, because they share one process group
   and NCCL runs a communicator's collectives one at a time, in the order issued (NCCL adds CUDA
   events to enforce it, NVIDIA/nccl#574; ProcessGroupNCCL issues a group's collectives on one
-  internal stream), even when FSDP issues them from different CUDA streams;
+  internal stream), even when FSDP issues them from different CUDA streams; around them the
+  implementation's copy kernels (``fsdp_impl``; :class:`ovsim.models.training_emit.FsdpCollectives`),
+  the post-backward ones on the ``dp_post`` stream;
 * tensor parallelism: all-reduce after the row-parallel GEMMs (output projection, FC2) and after
   the data-gradient GEMMs of the column-parallel ones (QKV, FC1); with sequence parallelism
   all-gather before and reduce-scatter after instead (Korthikanti et al., 2022). ``tp_overlap:

@@ -94,17 +94,25 @@ class LayerEmitter:
         nbytes = 3.0 * elements / self.lay.tp + 2.0 * elements if gathered else 4.0 * elements
         self.mem(st, f"{name}.fp8", nbytes, "elementwise")
 
+    def side_mem(self, st: StageState, name: str, nbytes: float, stream: str, after: list[str]) -> str:
+        """A memory-bound kernel on a stream of its own (not the stage's compute), after ``after``."""
+        self.ops.append(MemoryOp(name=name, ranks=st.ranks, stream=stream, after=after, kind="elementwise",
+                                 bytes=max(1.0, nbytes), grid_stride=True))
+        return name
+
     def collective(self, st: StageState, name: str, kind: CollectiveKind, size: float, stream: str,
-                   groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm") -> list[str]:
-        """One collective per group, after the stage's last compute op."""
+                   groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm",
+                   after: list[str] | None = None) -> list[str]:
+        """One collective per group, after the stage's last compute op (or ``after``)."""
         names = []
         # Tensor-parallel groups are numbered by replica, and data-parallel ones by tensor-parallel
         # rank, whether or not every group's ops are made (rank symmetry).
         numbered = len(groups) > 1 or (stream == "tp" and self.lay.dp > 1) or (stream == "dp" and self.lay.tp > 1)
         for gi, ranks in enumerate(groups):
             nm = f"{name}.g{gi}" if numbered else name
+            deps = after if after is not None else [st.last] if st.last else []
             self.ops.append(CollectiveOpSpec(name=nm, kind=kind, size_bytes=size, stream=stream, ranks=ranks,
-                                             after=[st.last] if st.last else [], engine=engine))
+                                             after=list(deps), engine=engine))
             names.append(nm)
         return names
 
@@ -314,8 +322,29 @@ class LayerEmitter:
                                           float(T * m.hidden * self.act_b), "tp", self.lay.tp_groups(s))
 
 
+# The stream FSDP's post-backward work runs on (PyTorch FSDP's post-backward or reduce-scatter
+# stream): its copy and divide kernels wait for the backward that made the gradients, not for the
+# data-parallel collectives queued before them.
+FSDP_POST_STREAM = "dp_post"
+
+
 class FsdpCollectives:
-    """FSDP / ZeRO-3 per-layer all-gathers (prefetched) and reduce-scatters."""
+    """FSDP / ZeRO-3 per-layer all-gathers (prefetched) and reduce-scatters, with the copy kernels
+    the implementation (``parallel.fsdp_impl``) runs around them; docs/training.md, "FSDP's copies".
+
+    PyTorch's FullyShardedDataParallel (``fsdp1``) keeps each unit's parameters in one flat
+    parameter whose views the layers use: autograd concatenates the views' gradients into the flat
+    gradient (``split_with_sizes``' backward is a ``cat``, on the compute stream), and the
+    post-backward hook divides it in place by the pre-divide factor before reduce-scattering it
+    (``_reduce_grad``: ``_div_if_needed``, on the post-backward stream; the factor is above 1 for
+    every world size above 1). PyTorch's fully_shard (``fsdp2``) gathers into one buffer and copies
+    each parameter out of it before the layer runs (``foreach_all_gather_copy_out``, on the compute
+    stream), and copies the gradients into the reduce-scatter's input (``foreach_reduce``, on the
+    reduce-scatter stream); it divides only gradients reduced in FP16 (NCCL's average for BF16 and
+    FP32). Each copy or divide reads and writes the unit's unsharded 16-bit tensor. Left out, each
+    at most 1/dp of a pass: casting the shard before an all-gather, dividing and accumulating the
+    reduced shard.
+    """
 
     def __init__(self, g: LayerEmitter, layers: int) -> None:
         self.g = g
@@ -327,6 +356,25 @@ class FsdpCollectives:
         # FSDP runs on one pipeline stage (layout refuses pp > 1): it holds the embedding and head.
         self.emb_bytes = float(stage_embedding_params(g.spec, g.m, g.lay.tp, g.lay.pp, 0) * g.comm_b)
         self.names: dict[tuple[str, int, int], list[str]] = {}
+
+    def _copy_out(self, st: StageState, name: str, nbytes: float) -> None:
+        """fully_shard: the gathered parameters copied out of the all-gather buffer, on the compute
+        stream, once the all-gather the stage left pending is done."""
+        if self.g.p.fsdp_impl == "fsdp2":
+            self.g.mem(st, f"{name}.copy_out", 2.0 * nbytes, "elementwise")
+
+    def _reduce(self, st: StageState, name: str, nbytes: float) -> None:
+        """A unit's gradients reduce-scattered after its backward, with the implementation's copies."""
+        impl = self.g.p.fsdp_impl
+        after: list[str] | None = None
+        if impl == "fsdp1":
+            cat = self.g.mem(st, f"{name}.grad_cat", 2.0 * nbytes, "elementwise")
+            after = [self.g.side_mem(st, f"{name}.predivide", 2.0 * nbytes, FSDP_POST_STREAM, [cat])]
+        elif impl == "fsdp2" and st.last is not None:
+            after = [self.g.side_mem(st, f"{name}.copy_in", 2.0 * nbytes, FSDP_POST_STREAM, [st.last])]
+            if self.g.spec.precision == "fp16":
+                after = [self.g.side_mem(st, f"{name}.predivide", 2.0 * nbytes, FSDP_POST_STREAM, after)]
+        st.rs += self.g.collective(st, f"{name}.rs", "reduce_scatter", nbytes, "dp", self.groups, after=after)
 
     def _gather(self, st: StageState, phase: str, layer: int, mb: int) -> None:
         key = (phase, layer, mb)
@@ -341,6 +389,7 @@ class FsdpCollectives:
         self.names[("E", -1, 0)] = self.g.collective(st, "fsdp.embed.ag", "all_gather", self.emb_bytes, "dp",
                                                      self.groups)
         st.pending += self.names[("E", -1, 0)]
+        self._copy_out(st, "fsdp.embed", self.emb_bytes)
 
     def _ahead(self) -> range:
         # Prefetching more layers than the model has is prefetching all of them.
@@ -350,16 +399,16 @@ class FsdpCollectives:
         for ahead in self._ahead():
             self._gather(st, "F", layer + ahead, mb)
         st.pending += self.names[("F", layer, mb)]
+        self._copy_out(st, f"F{mb}.L{layer}.fsdp", self.layer_bytes)
 
     def before_backward(self, st: StageState, layer: int, mb: int) -> None:
         for ahead in self._ahead():
             self._gather(st, "B", layer - ahead, mb)
         st.pending += self.names[("B", layer, mb)]
+        self._copy_out(st, f"B{mb}.L{layer}.fsdp", self.layer_bytes)
 
     def after_backward(self, st: StageState, layer: int, mb: int) -> None:
-        st.rs += self.g.collective(st, f"B{mb}.L{layer}.fsdp.rs", "reduce_scatter", self.layer_bytes, "dp",
-                                   self.groups)
+        self._reduce(st, f"B{mb}.L{layer}.fsdp", self.layer_bytes)
 
     def reduce_embedding(self, st: StageState, mb: int) -> None:
-        st.rs += self.g.collective(st, f"B{mb}.fsdp.embed.rs", "reduce_scatter", self.emb_bytes, "dp",
-                                   self.groups)
+        self._reduce(st, f"B{mb}.fsdp.embed", self.emb_bytes)

@@ -105,6 +105,12 @@ class ParallelSpec(InputModel):
     overlap_grad_reduce: bool = True
     # All-gathers FSDP issues ahead of the layer computing (1 = PyTorch's forward/backward prefetch).
     fsdp_prefetch: int = Field(default=1, ge=0)
+    # The copy kernels FSDP runs around its collectives (docs/training.md, "FSDP's copies"):
+    # "fsdp1", PyTorch's FullyShardedDataParallel (a layer's gradients concatenated into its flat
+    # gradient, then pre-divided before the reduce-scatter); "fsdp2", PyTorch's fully_shard
+    # (gathered parameters copied out of the all-gather buffer, gradients copied into the
+    # reduce-scatter buffer; divided only in FP16); "none": none.
+    fsdp_impl: Literal["fsdp1", "fsdp2", "none"] = "fsdp1"
     sequence_parallel: bool = False
     tp_overlap: Literal["none", "chunked", "copy_engine"] = "none"
     # Pieces per decomposed collective + GEMM; None: the TP degree.

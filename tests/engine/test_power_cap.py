@@ -428,9 +428,6 @@ def test_overlap_draws_more_power_than_sequential_execution() -> None:
 FSDP = "training-gpt3-1.3b-fsdp-a100x4-{}.yaml"  # GPT-3 XL, FSDP, 4x A100 40 GB: Lee et al.'s own setting
 
 
-@pytest.mark.xfail(strict=True, reason="known discrepancy: with FSDP's all-gathers at a layer's size (not dp times "
-                   "it) GPT-3 XL on 4x A100 NVLink spends 4% of its iteration communicating, and the overlapped run's "
-                   "100 ms peak comes out 0.6% under the sequential one's; see docs/power.md")
 @pytest.mark.parametrize("limit_w", [None, 400.0])
 def test_overlapped_fsdp_training_peaks_higher_as_nvml_sees_it(limit_w: float | None) -> None:
     """Lee et al. (secondary note), on the setting closest to theirs (GPT-3 XL with FSDP on 4x A100):

@@ -501,6 +501,73 @@ def test_fsdp_collectives_move_the_layer_once_gathered() -> None:
         assert colls and {o.size_bytes for o in colls} == {layer_bytes}
 
 
+def _fsdp_ops(impl: str, precision: str = "bf16", micro_batches: int = 2) -> list[Any]:
+    spec = TrainingSpec.model_validate({**SMALL, "embedding_and_head": False, "precision": precision,
+                                        "micro_batches": micro_batches,
+                                        "parallel": {"dp_mode": "fsdp", "fsdp_impl": impl}})
+    return list(training_ops(spec, 4).ops)
+
+
+def test_fsdp1_concatenates_and_predivides_each_layers_gradients_before_its_reduce_scatter() -> None:
+    """PyTorch's FullyShardedDataParallel: autograd concatenates a layer's parameter gradients into
+    its flat gradient (split_with_sizes' backward is a cat) on the compute stream, and
+    ``_reduce_grad`` divides it in place by the pre-divide factor on the post-backward stream
+    before reduce-scattering it. Each reads and writes the layer's BF16 gradients once: 4 bytes a
+    parameter, GPT-3 XL's layer holding 12 h^2 + 13 h of them (weights and biases of QKV, the
+    projection and the two MLP matrices, and two layer norms)."""
+    h = PRESETS["gpt3-1.3b"].hidden
+    layer_bytes = 2 * (12 * h * h + 13 * h)
+    ops = _fsdp_ops("fsdp1")
+    by_name = {o.name: o for o in ops}
+    cats = [o for o in ops if o.name.endswith(".grad_cat")]
+    divs = [o for o in ops if o.name.endswith(".predivide")]
+    assert len(cats) == len(divs) == 2 * SMALL["layers"]
+    assert {o.bytes for o in cats + divs} == {2 * layer_bytes}
+    assert {o.stream for o in cats} == {"compute"} and {o.stream for o in divs} == {"dp_post"}
+    for rs in (o for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "reduce_scatter"):
+        unit = rs.name.removesuffix(".rs")
+        assert rs.after == [f"{unit}.predivide"] and by_name[f"{unit}.predivide"].after == [f"{unit}.grad_cat"]
+    assert not any(o.name.endswith((".copy_out", ".copy_in")) for o in ops)
+
+
+@pytest.mark.parametrize(("precision", "divides"), [("bf16", False), ("fp16", True)])
+def test_fsdp2_copies_gathered_parameters_out_and_gradients_in(precision: str, divides: bool) -> None:
+    """PyTorch's fully_shard: every all-gather's output is copied out into the parameters on the
+    compute stream before the layer runs, and the gradients are copied into the reduce-scatter's
+    input on its stream; only FP16 gradients are divided by a kernel (BF16 and FP32 use NCCL's
+    average)."""
+    ops = _fsdp_ops("fsdp2", precision)
+    layers, mbs = SMALL["layers"], 2
+    gathers = [o for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "all_gather"]
+    outs = [o for o in ops if o.name.endswith(".copy_out")]
+    assert len(outs) == len(gathers) == 2 * mbs * layers
+    assert {o.stream for o in outs} == {"compute"}
+    assert {o.bytes for o in outs} == {2 * gathers[0].size_bytes}
+    ins = [o for o in ops if o.name.endswith(".copy_in")]
+    assert len(ins) == mbs * layers and {o.stream for o in ins} == {"dp_post"}
+    assert len([o for o in ops if o.name.endswith(".predivide")]) == (mbs * layers if divides else 0)
+    assert not any(o.name.endswith(".grad_cat") for o in ops)
+
+
+def test_fsdp_copies_cost_what_their_bytes_take_and_none_costs_nothing() -> None:
+    """With nothing overlapping the copies (sequential schedule, analytic, no power loop), each
+    implementation's iteration exceeds the copy-free one by exactly its copies' time, and that
+    time is their bytes over a streaming kernel's bandwidth: at most the A100 40 GB's HBM peak
+    (1,555 GB/s, its datasheet), at least half of it."""
+    copy = (".grad_cat", ".predivide", ".copy_out", ".copy_in")
+    times = {}
+    for impl in ("none", "fsdp1", "fsdp2"):
+        r = _predict({**SMALL, "embedding_and_head": False, "optimizer": False,
+                      "parallel": {"dp_mode": "fsdp", "fsdp_impl": impl}},
+                     schedule="sequential", mode="analytic", power_managed=False)
+        times[impl] = r.timeline.makespan_s
+        copies_s = float(r.ops.loc[r.ops["name"].str.endswith(copy), "duration_s"].sum())
+        copy_bytes = sum(o.bytes for o in _fsdp_ops(impl, micro_batches=1) if o.name.endswith(copy))
+        assert times[impl] - times["none"] == pytest.approx(copies_s, rel=1e-6, abs=1e-12)
+        assert copy_bytes / 1.555e12 <= copies_s <= 2 * copy_bytes / 1.555e12
+    assert times["none"] < times["fsdp2"] and times["none"] < times["fsdp1"]
+
+
 def test_the_distributed_optimizer_reduce_scatters_buckets_and_gathers_them_after_the_step() -> None:
     base = {**SMALL, "micro_batches": 2}
     plain = [o for o in training_ops(TrainingSpec.model_validate(base), 4).ops if isinstance(o, CollectiveOpSpec)]
