@@ -40,8 +40,10 @@ from ovsim.workers import worker_pool
 LEE_MODELS = ("gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "llama2-13b")
 LEE_SYSTEMS = ("a100x4", "h100x4")
 LEE_BATCHES = (8, 16, 32, 64)
-# FSDP; and a 4-stage 1F1B pipeline over the global batch split into 8 micro-batches.
-LEE_PARALLEL: dict[str, dict[str, Any]] = {"fsdp": {"dp_mode": "fsdp"}, "pp": {"pp": 4, "pipeline": "1f1b"}}
+# FSDP as DeepSpeed's ZeRO-3 runs it (the reading note names DeepSpeed for FSDP and Megatron-LM for
+# the pipeline); and a 4-stage 1F1B pipeline over the global batch split into 8 micro-batches.
+LEE_PARALLEL: dict[str, dict[str, Any]] = {"fsdp": {"dp_mode": "fsdp", "fsdp_impl": "zero3"},
+                                           "pp": {"pp": 4, "pipeline": "1f1b"}}
 PP_MICRO_BATCHES = 8
 
 

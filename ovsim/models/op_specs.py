@@ -25,6 +25,11 @@ from ovsim.models import nccl_params
 
 # A stream's name; "" would be a stream no table can show.
 StreamName = Annotated[str, Field(min_length=1)]
+# The stream FSDP's post-backward work runs on (PyTorch FSDP's post-backward stream, DeepSpeed's
+# reduce-and-partition stream): its copy and divide kernels wait for the backward that made the
+# gradients, not for the data-parallel collectives queued before them. A framework makes it on its
+# own, so a scenario's stream priorities need not name it.
+FSDP_POST_STREAM = "dp_post"
 
 
 class _OpBase(InputModel):

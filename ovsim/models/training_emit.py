@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ovsim.models.op_specs import (
+    FSDP_POST_STREAM,
     AttentionOp,
     CollectiveKind,
     CollectiveOpSpec,
@@ -322,12 +323,6 @@ class LayerEmitter:
                                           float(T * m.hidden * self.act_b), "tp", self.lay.tp_groups(s))
 
 
-# The stream FSDP's post-backward work runs on (PyTorch FSDP's post-backward or reduce-scatter
-# stream): its copy and divide kernels wait for the backward that made the gradients, not for the
-# data-parallel collectives queued before them.
-FSDP_POST_STREAM = "dp_post"
-
-
 class FsdpCollectives:
     """FSDP / ZeRO-3 per-layer all-gathers (prefetched) and reduce-scatters, with the copy kernels
     the implementation (``parallel.fsdp_impl``) runs around them; docs/training.md, "FSDP's copies".
@@ -338,12 +333,16 @@ class FsdpCollectives:
     post-backward hook divides it in place by the pre-divide factor before reduce-scattering it
     (``_reduce_grad``: ``_div_if_needed``, on the post-backward stream; the factor is above 1 for
     every world size above 1). PyTorch's fully_shard (``fsdp2``) gathers into one buffer and copies
-    each parameter out of it before the layer runs (``foreach_all_gather_copy_out``, on the compute
-    stream), and copies the gradients into the reduce-scatter's input (``foreach_reduce``, on the
-    reduce-scatter stream); it divides only gradients reduced in FP16 (NCCL's average for BF16 and
-    FP32). Each copy or divide reads and writes the unit's unsharded 16-bit tensor. Left out, each
-    at most 1/dp of a pass: casting the shard before an all-gather, dividing and accumulating the
-    reduced shard.
+    each parameter out of it before the layer runs (``foreach_all_gather_copy_out``), and copies the
+    gradients into the reduce-scatter's input (``foreach_reduce``), both on the compute stream, the
+    copy-in once the previous unit's reduce-scatter is done (``post_backward`` waits for its event);
+    it divides only gradients reduced in FP16, on the reduce-scatter stream (NCCL's average for BF16
+    and FP32). DeepSpeed's ZeRO-3 (``zero3``) points the parameters into the gathered buffer and
+    copies each gradient into its contiguous reduce bucket on its reduce-and-partition stream
+    (``__add_grad_to_ipg_bucket``); its buckets (``reduce_bucket_size``) are not modelled, one
+    reduce-scatter a layer. Each copy or divide reads and writes the unit's unsharded tensor at the
+    wire's width. Left out, each at most 1/dp of a pass: casting the shard before an all-gather,
+    dividing and accumulating the reduced shard.
     """
 
     def __init__(self, g: LayerEmitter, layers: int) -> None:
@@ -356,6 +355,8 @@ class FsdpCollectives:
         # FSDP runs on one pipeline stage (layout refuses pp > 1): it holds the embedding and head.
         self.emb_bytes = float(stage_embedding_params(g.spec, g.m, g.lay.tp, g.lay.pp, 0) * g.comm_b)
         self.names: dict[tuple[str, int, int], list[str]] = {}
+        # The last unit's reduce-scatters (fully_shard's next copy-in waits for them).
+        self.last_rs: list[str] = []
 
     def _copy_out(self, st: StageState, name: str, nbytes: float) -> None:
         """fully_shard: the gathered parameters copied out of the all-gather buffer, on the compute
@@ -365,16 +366,20 @@ class FsdpCollectives:
 
     def _reduce(self, st: StageState, name: str, nbytes: float) -> None:
         """A unit's gradients reduce-scattered after its backward, with the implementation's copies."""
-        impl = self.g.p.fsdp_impl
+        impl, g = self.g.p.fsdp_impl, self.g
         after: list[str] | None = None
         if impl == "fsdp1":
-            cat = self.g.mem(st, f"{name}.grad_cat", 2.0 * nbytes, "elementwise")
-            after = [self.g.side_mem(st, f"{name}.predivide", 2.0 * nbytes, FSDP_POST_STREAM, [cat])]
-        elif impl == "fsdp2" and st.last is not None:
-            after = [self.g.side_mem(st, f"{name}.copy_in", 2.0 * nbytes, FSDP_POST_STREAM, [st.last])]
-            if self.g.spec.precision == "fp16":
-                after = [self.g.side_mem(st, f"{name}.predivide", 2.0 * nbytes, FSDP_POST_STREAM, after)]
-        st.rs += self.g.collective(st, f"{name}.rs", "reduce_scatter", nbytes, "dp", self.groups, after=after)
+            cat = g.mem(st, f"{name}.grad_cat", 2.0 * nbytes, "elementwise")
+            after = [g.side_mem(st, f"{name}.predivide", 2.0 * nbytes, FSDP_POST_STREAM, [cat])]
+        elif impl == "fsdp2":
+            st.pending += self.last_rs
+            after = [g.mem(st, f"{name}.copy_in", 2.0 * nbytes, "elementwise")]
+            if g.spec.precision == "fp16":
+                after = [g.side_mem(st, f"{name}.predivide", 2.0 * nbytes, FSDP_POST_STREAM, after)]
+        elif impl == "zero3":
+            after = [g.side_mem(st, f"{name}.copy_in", 2.0 * nbytes, FSDP_POST_STREAM, [st.last] if st.last else [])]
+        self.last_rs = g.collective(st, f"{name}.rs", "reduce_scatter", nbytes, "dp", self.groups, after=after)
+        st.rs += self.last_rs
 
     def _gather(self, st: StageState, phase: str, layer: int, mb: int) -> None:
         key = (phase, layer, mb)

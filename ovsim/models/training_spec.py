@@ -109,8 +109,9 @@ class ParallelSpec(InputModel):
     # "fsdp1", PyTorch's FullyShardedDataParallel (a layer's gradients concatenated into its flat
     # gradient, then pre-divided before the reduce-scatter); "fsdp2", PyTorch's fully_shard
     # (gathered parameters copied out of the all-gather buffer, gradients copied into the
-    # reduce-scatter buffer; divided only in FP16); "none": none.
-    fsdp_impl: Literal["fsdp1", "fsdp2", "none"] = "fsdp1"
+    # reduce-scatter buffer; divided only in FP16); "zero3", DeepSpeed's ZeRO stage 3 (gradients
+    # copied into its contiguous reduce bucket beside the backward); "none": none.
+    fsdp_impl: Literal["fsdp1", "fsdp2", "zero3", "none"] = "fsdp1"
     sequence_parallel: bool = False
     tp_overlap: Literal["none", "chunked", "copy_engine"] = "none"
     # Pieces per decomposed collective + GEMM; None: the TP degree.

@@ -508,22 +508,33 @@ def _fsdp_ops(impl: str, precision: str = "bf16", micro_batches: int = 2) -> lis
     return list(training_ops(spec, 4).ops)
 
 
+# GPT-3 XL's layer holds 12 h^2 + 13 h parameters (the weights and biases of QKV, the projection and
+# the two MLP matrices, and two layer norms); in BF16, 2 bytes each. Every FSDP copy or divide
+# reads and writes a layer's unsharded tensor once: twice that.
+_H = PRESETS["gpt3-1.3b"].hidden
+LAYER_COPY_BYTES = 2 * 2 * (12 * _H * _H + 13 * _H)
+
+
+def _compute_order(ops: list[Any]) -> list[str]:
+    return [o.name for o in ops if o.stream == "compute"]
+
+
 def test_fsdp1_concatenates_and_predivides_each_layers_gradients_before_its_reduce_scatter() -> None:
     """PyTorch's FullyShardedDataParallel: autograd concatenates a layer's parameter gradients into
-    its flat gradient (split_with_sizes' backward is a cat) on the compute stream, and
-    ``_reduce_grad`` divides it in place by the pre-divide factor on the post-backward stream
-    before reduce-scattering it. Each reads and writes the layer's BF16 gradients once: 4 bytes a
-    parameter, GPT-3 XL's layer holding 12 h^2 + 13 h of them (weights and biases of QKV, the
-    projection and the two MLP matrices, and two layer norms)."""
-    h = PRESETS["gpt3-1.3b"].hidden
-    layer_bytes = 2 * (12 * h * h + 13 * h)
+    its flat gradient (split_with_sizes' backward is a cat) on the compute stream, right after the
+    layer's backward, and ``_reduce_grad`` divides it in place by the pre-divide factor on the
+    post-backward stream before reduce-scattering it."""
     ops = _fsdp_ops("fsdp1")
     by_name = {o.name: o for o in ops}
     cats = [o for o in ops if o.name.endswith(".grad_cat")]
     divs = [o for o in ops if o.name.endswith(".predivide")]
     assert len(cats) == len(divs) == 2 * SMALL["layers"]
-    assert {o.bytes for o in cats + divs} == {2 * layer_bytes}
+    assert {o.bytes for o in cats + divs} == {LAYER_COPY_BYTES}
     assert {o.stream for o in cats} == {"compute"} and {o.stream for o in divs} == {"dp_post"}
+    order = _compute_order(ops)
+    for cat in cats:
+        unit = cat.name.removesuffix(".fsdp.grad_cat")  # B{mb}.L{layer}
+        assert order[order.index(cat.name) - 1] == f"{unit}.norm1.bwd"  # the layer's last backward op
     for rs in (o for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "reduce_scatter"):
         unit = rs.name.removesuffix(".rs")
         assert rs.after == [f"{unit}.predivide"] and by_name[f"{unit}.predivide"].after == [f"{unit}.grad_cat"]
@@ -532,40 +543,73 @@ def test_fsdp1_concatenates_and_predivides_each_layers_gradients_before_its_redu
 
 @pytest.mark.parametrize(("precision", "divides"), [("bf16", False), ("fp16", True)])
 def test_fsdp2_copies_gathered_parameters_out_and_gradients_in(precision: str, divides: bool) -> None:
-    """PyTorch's fully_shard: every all-gather's output is copied out into the parameters on the
-    compute stream before the layer runs, and the gradients are copied into the reduce-scatter's
-    input on its stream; only FP16 gradients are divided by a kernel (BF16 and FP32 use NCCL's
-    average)."""
+    """PyTorch's fully_shard: each all-gather's output is copied out into the parameters on the
+    compute stream once the all-gather is done, and each unit's gradients are copied into the
+    reduce-scatter's input on the compute stream once the previous unit's reduce-scatter is done
+    (``post_backward`` waits for its event); only FP16 gradients are then divided, on the
+    reduce-scatter stream (BF16 and FP32 use NCCL's average)."""
     ops = _fsdp_ops("fsdp2", precision)
     layers, mbs = SMALL["layers"], 2
-    gathers = [o for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "all_gather"]
+    gathers = {o.name for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "all_gather"}
     outs = [o for o in ops if o.name.endswith(".copy_out")]
     assert len(outs) == len(gathers) == 2 * mbs * layers
-    assert {o.stream for o in outs} == {"compute"}
-    assert {o.bytes for o in outs} == {2 * gathers[0].size_bytes}
+    assert {o.stream for o in outs} == {"compute"} and {o.bytes for o in outs} == {LAYER_COPY_BYTES}
+    for o in outs:
+        assert o.name.replace(".copy_out", ".ag") in o.after_any
     ins = [o for o in ops if o.name.endswith(".copy_in")]
-    assert len(ins) == mbs * layers and {o.stream for o in ins} == {"dp_post"}
-    assert len([o for o in ops if o.name.endswith(".predivide")]) == (mbs * layers if divides else 0)
+    assert len(ins) == mbs * layers and {o.stream for o in ins} == {"compute"}
+    rs = [o.name for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "reduce_scatter"]
+    assert [o.after_any for o in ins] == [[]] + [[r] for r in rs[:-1]]
+    divs = [o for o in ops if o.name.endswith(".predivide")]
+    assert len(divs) == (mbs * layers if divides else 0) and {o.stream for o in divs} <= {"dp_post"}
     assert not any(o.name.endswith(".grad_cat") for o in ops)
 
 
-def test_fsdp_copies_cost_what_their_bytes_take_and_none_costs_nothing() -> None:
+def test_zero3_copies_gradients_into_its_bucket_beside_the_backward() -> None:
+    """DeepSpeed's ZeRO-3: parameters point into the gathered buffer (no copy after an all-gather),
+    and each gradient is copied into the contiguous reduce bucket on the reduce-and-partition
+    stream, after the backward that made it; the reduce-scatter follows the copy."""
+    ops = _fsdp_ops("zero3")
+    ins = [o for o in ops if o.name.endswith(".copy_in")]
+    assert len(ins) == 2 * SMALL["layers"] and {o.stream for o in ins} == {"dp_post"}
+    assert {o.bytes for o in ins} == {LAYER_COPY_BYTES}
+    for o in ins:
+        assert o.after == [o.name.replace(".fsdp.copy_in", ".norm1.bwd")]
+    for rs in (o for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "reduce_scatter"):
+        assert rs.after == [rs.name.replace(".rs", ".copy_in")]
+    assert not any(o.name.endswith((".copy_out", ".grad_cat", ".predivide")) for o in ops)
+
+
+@pytest.mark.parametrize(("impl", "copies_per_layer"), [("none", 0), ("fsdp1", 2), ("fsdp2", 3), ("zero3", 1)])
+def test_fsdp_copies_cost_what_their_bytes_take(impl: str, copies_per_layer: int) -> None:
     """With nothing overlapping the copies (sequential schedule, analytic, no power loop), each
-    implementation's iteration exceeds the copy-free one by exactly its copies' time, and that
-    time is their bytes over a streaming kernel's bandwidth: at most the A100 40 GB's HBM peak
-    (1,555 GB/s, its datasheet), at least half of it."""
+    implementation's iteration exceeds the copy-free one by exactly its copies' time, and that time
+    is their bytes (fsdp1: the cat and the pre-divide a layer; fsdp2: two copy-outs, forward and
+    backward, and the copy-in; zero3: the copy-in) over a streaming kernel's bandwidth: at most the
+    A100 40 GB's HBM peak (1,555 GB/s, its datasheet), at least half of it."""
     copy = (".grad_cat", ".predivide", ".copy_out", ".copy_in")
+    base = {**SMALL, "embedding_and_head": False, "optimizer": False}
     times = {}
-    for impl in ("none", "fsdp1", "fsdp2"):
-        r = _predict({**SMALL, "embedding_and_head": False, "optimizer": False,
-                      "parallel": {"dp_mode": "fsdp", "fsdp_impl": impl}},
+    for each in ("none", impl):
+        r = _predict({**base, "parallel": {"dp_mode": "fsdp", "fsdp_impl": each}},
                      schedule="sequential", mode="analytic", power_managed=False)
-        times[impl] = r.timeline.makespan_s
+        times[each] = r.timeline.makespan_s
         copies_s = float(r.ops.loc[r.ops["name"].str.endswith(copy), "duration_s"].sum())
-        copy_bytes = sum(o.bytes for o in _fsdp_ops(impl, micro_batches=1) if o.name.endswith(copy))
-        assert times[impl] - times["none"] == pytest.approx(copies_s, rel=1e-6, abs=1e-12)
-        assert copy_bytes / 1.555e12 <= copies_s <= 2 * copy_bytes / 1.555e12
-    assert times["none"] < times["fsdp2"] and times["none"] < times["fsdp1"]
+    copy_bytes = copies_per_layer * SMALL["layers"] * LAYER_COPY_BYTES
+    assert times[impl] - times["none"] == pytest.approx(copies_s, rel=1e-6, abs=1e-12)
+    assert copy_bytes / 1.555e12 <= copies_s <= 2 * copy_bytes / 1.555e12
+
+
+@pytest.mark.parametrize("impl", ["fsdp1", "fsdp2", "zero3", "none"])
+def test_stream_priorities_need_not_name_fsdps_own_stream(impl: str) -> None:
+    """A scenario's priorities name the streams it knows (compute, tp, dp); FSDP's post-backward
+    stream is the framework's own, and a priority for a stream this layout leaves unused (tp) is
+    no typo beside it."""
+    sc = Scenario.model_validate({"name": "t", "system": "a100x4", "mode": "analytic",
+                                  "streams": {"compute": 0, "dp": -1, "tp": -1},
+                                  "training": {**SMALL, "layers": 2,
+                                               "parallel": {"dp_mode": "fsdp", "fsdp_impl": impl}}})
+    assert predict(sc).timeline.makespan_s > 0
 
 
 def test_the_distributed_optimizer_reduce_scatters_buckets_and_gathers_them_after_the_step() -> None:
