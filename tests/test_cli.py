@@ -341,7 +341,8 @@ def test_compare_shows_each_training_scenarios_memory(capsys: pytest.CaptureFixt
     head, _, training, ops, _, note = capsys.readouterr().out.splitlines()
     assert head.split()[-2:] == ["mem", "GB"]
     assert note.startswith("contention: ") and "as a board's sensor reports it" in note
-    assert training.split()[-1] == "36.2" and ops.split()[-1] == "-"
+    # The memory test's estimate (tests/models/test_memory.py): 36.2 GB and DeepSpeed's 1 GB reduce bucket.
+    assert training.split()[-1] == "37.2" and ops.split()[-1] == "-"
 
 
 def test_replay_reports_exposed_and_hidden_communication(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

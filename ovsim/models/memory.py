@@ -8,7 +8,8 @@ weight, momentum, variance); in FP32/TF32 training 4 + 4 + 8. 16 bytes either wa
 distributed optimizer (ZeRO-1) shards the optimizer state over the data-parallel ranks; FSDP / ZeRO-3
 shards all three over the data-parallel ranks and holds, besides, the unsharded 16-bit weights of
 the layers being gathered (the layer computing and ``fsdp_prefetch`` ahead) and one unsharded
-layer's gradients before their reduce-scatter.
+layer's gradients before their reduce-scatter; DeepSpeed's ZeRO-3 (``fsdp_impl: zero3``) also its
+reduce bucket, ``zero3_bucket_elements`` of 16-bit gradients, allocated whole.
 
 Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
 MLSys 2023, section 4): per layer and micro-batch, with s tokens, b sequences, hidden h, t-way
@@ -132,6 +133,8 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     # The distributed optimizer (ZeRO-1) shards the optimizer state alone.
     optimizer_shard = lay.dp if fsdp or par.distributed_optimizer else 1
     layer_p = layer_params(m, tp)
+    # DeepSpeed's ZeRO-3 allocates its whole reduce bucket up front (its ipg buffer).
+    bucket_bytes = par.zero3_bucket_elements * grad_b if par.fsdp_impl == "zero3" else 0.0
     chunks = chunk_layers(m.layers, p * v)
     tokens = spec.micro_batch_size * m.seq_len
     act_b = activation_element_bytes(spec.precision)
@@ -153,7 +156,7 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
             weights_bytes=params * weight_b / shard,
             gradients_bytes=params * grad_b / shard,
             optimizer_bytes=params * opt_b / optimizer_shard,
-            gathered_bytes=((1 + par.fsdp_prefetch) * weight_b + grad_b) * layer_p if fsdp else 0.0,
+            gathered_bytes=((1 + par.fsdp_prefetch) * weight_b + grad_b) * layer_p + bucket_bytes if fsdp else 0.0,
             activations_bytes=layers_held * per_layer + recomputed,
             logits_bytes=4.0 * tokens * m.vocab / tp if spec.embedding_and_head and s == p - 1 else 0.0,
             in_flight=in_flight)

@@ -36,7 +36,8 @@ Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANC
   events to enforce it, NVIDIA/nccl#574; ProcessGroupNCCL issues a group's collectives on one
   internal stream), even when FSDP issues them from different CUDA streams; around them the
   implementation's copy kernels (``fsdp_impl``; :class:`ovsim.models.training_emit.FsdpCollectives`),
-  the post-backward ones on the ``dp_post`` stream;
+  the post-backward ones on the ``dp_post`` stream, and with DeepSpeed's (``zero3``) one
+  reduce-scatter a bucket of gradients;
 * tensor parallelism: all-reduce after the row-parallel GEMMs (output projection, FC2) and after
   the data-gradient GEMMs of the column-parallel ones (QKV, FC1); with sequence parallelism
   all-gather before and reduce-scatter after instead (Korthikanti et al., 2022). ``tp_overlap:
@@ -192,6 +193,8 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
                 g.embedding(st, s, f"B{mb}", backward=True, last_mb=last_mb)
                 if fsdp_state:
                     fsdp_state.reduce_embedding(st, mb)
+            if fsdp_state:
+                fsdp_state.end_backward(st)
         if peer_wait is not None:
             first = next(op.name for op in g.ops[first_index:] if op.stream == "compute")
             g.peer.append((first, *peer_wait))

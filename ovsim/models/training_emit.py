@@ -95,10 +95,12 @@ class LayerEmitter:
         nbytes = 3.0 * elements / self.lay.tp + 2.0 * elements if gathered else 4.0 * elements
         self.mem(st, f"{name}.fp8", nbytes, "elementwise")
 
-    def side_mem(self, st: StageState, name: str, nbytes: float, stream: str, after: list[str]) -> str:
-        """A memory-bound kernel on a stream of its own (not the stage's compute), after ``after``."""
-        self.ops.append(MemoryOp(name=name, ranks=st.ranks, stream=stream, after=after, kind="elementwise",
-                                 bytes=max(1.0, nbytes), grid_stride=True))
+    def side_mem(self, st: StageState, name: str, nbytes: float, stream: str, after: list[str],
+                 after_any: list[str] | None = None) -> str:
+        """A memory-bound kernel on a stream of its own (not the stage's compute), after ``after``
+        (and ``after_any``: ops of other groups, each binding where it runs)."""
+        self.ops.append(MemoryOp(name=name, ranks=st.ranks, stream=stream, after=after, after_any=after_any or [],
+                                 kind="elementwise", bytes=max(1.0, nbytes), grid_stride=True))
         return name
 
     def collective(self, st: StageState, name: str, kind: CollectiveKind, size: float, stream: str,
@@ -339,8 +341,9 @@ class FsdpCollectives:
     it divides only gradients reduced in FP16, on the reduce-scatter stream (NCCL's average for BF16
     and FP32). DeepSpeed's ZeRO-3 (``zero3``) points the parameters into the gathered buffer and
     copies each gradient into its contiguous reduce bucket on its reduce-and-partition stream
-    (``__add_grad_to_ipg_bucket``); its buckets (``reduce_bucket_size``) are not modelled, one
-    reduce-scatter a layer. Each copy or divide reads and writes the unit's unsharded tensor at the
+    (``__add_grad_to_ipg_bucket``), and reduce-scatters the bucket when the next unit would overflow
+    it (``zero3_bucket_elements``, its ``reduce_bucket_size``) and at the end of each backward, on
+    that stream: the next copy waits for it. Each copy or divide reads and writes the unit's unsharded tensor at the
     wire's width. Left out, each at most 1/dp of a pass: casting the shard before an all-gather,
     dividing and accumulating the reduced shard.
     """
@@ -357,6 +360,11 @@ class FsdpCollectives:
         self.names: dict[tuple[str, int, int], list[str]] = {}
         # The last unit's reduce-scatters (fully_shard's next copy-in waits for them).
         self.last_rs: list[str] = []
+        # zero3's reduce bucket: its bytes, the copy that last filled it, and how many were reduced.
+        self.bucket_cap = float(g.p.zero3_bucket_elements * g.comm_b)
+        self.bucket_bytes = 0.0
+        self.bucket_copy = ""
+        self.buckets = 0
 
     def _copy_out(self, st: StageState, name: str, nbytes: float) -> None:
         """fully_shard: the gathered parameters copied out of the all-gather buffer, on the compute
@@ -377,9 +385,33 @@ class FsdpCollectives:
             if g.spec.precision == "fp16":
                 after = [g.side_mem(st, f"{name}.predivide", 2.0 * nbytes, FSDP_POST_STREAM, after)]
         elif impl == "zero3":
-            after = [g.side_mem(st, f"{name}.copy_in", 2.0 * nbytes, FSDP_POST_STREAM, [st.last] if st.last else [])]
+            self._fill_bucket(st, name, nbytes)
+            return
         self.last_rs = g.collective(st, f"{name}.rs", "reduce_scatter", nbytes, "dp", self.groups, after=after)
         st.rs += self.last_rs
+
+    def _fill_bucket(self, st: StageState, name: str, nbytes: float) -> None:
+        """zero3: a unit's gradients copied into the reduce bucket, the bucket reduce-scattered first
+        where they would overflow it; a copy after a reduce-scatter waits for it."""
+        if self.bucket_bytes and self.bucket_bytes + nbytes > self.bucket_cap:
+            self._flush(st)
+        self.bucket_copy = self.g.side_mem(st, f"{name}.copy_in", 2.0 * nbytes, FSDP_POST_STREAM,
+                                           [st.last] if st.last else [], after_any=self.last_rs)
+        self.last_rs = []
+        self.bucket_bytes += nbytes
+
+    def _flush(self, st: StageState) -> None:
+        self.last_rs = self.g.collective(st, f"fsdp.bucket{self.buckets}.rs", "reduce_scatter", self.bucket_bytes,
+                                         "dp", self.groups, after=[self.bucket_copy])
+        st.rs += self.last_rs
+        self.buckets += 1
+        self.bucket_bytes = 0.0
+
+    def end_backward(self, st: StageState) -> None:
+        """The end of a micro-batch's backward: zero3 reduce-scatters what its bucket holds
+        (``independent_gradient_partition_epilogue``)."""
+        if self.bucket_bytes:
+            self._flush(st)
 
     def _gather(self, st: StageState, phase: str, layer: int, mb: int) -> None:
         key = (phase, layer, mb)

@@ -112,6 +112,9 @@ class ParallelSpec(InputModel):
     # reduce-scatter buffer; divided only in FP16); "zero3", DeepSpeed's ZeRO stage 3 (gradients
     # copied into its contiguous reduce bucket beside the backward); "none": none.
     fsdp_impl: Literal["fsdp1", "fsdp2", "zero3", "none"] = "fsdp1"
+    # zero3: the elements of gradients its reduce bucket holds before it is reduce-scattered
+    # (DeepSpeed's reduce_bucket_size, 5e8 by default).
+    zero3_bucket_elements: PositiveInt = 500_000_000
     sequence_parallel: bool = False
     tp_overlap: Literal["none", "chunked", "copy_engine"] = "none"
     # Pieces per decomposed collective + GEMM; None: the TP degree.

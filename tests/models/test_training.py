@@ -501,10 +501,10 @@ def test_fsdp_collectives_move_the_layer_once_gathered() -> None:
         assert colls and {o.size_bytes for o in colls} == {layer_bytes}
 
 
-def _fsdp_ops(impl: str, precision: str = "bf16", micro_batches: int = 2) -> list[Any]:
+def _fsdp_ops(impl: str, precision: str = "bf16", micro_batches: int = 2, **parallel: Any) -> list[Any]:
     spec = TrainingSpec.model_validate({**SMALL, "embedding_and_head": False, "precision": precision,
                                         "micro_batches": micro_batches,
-                                        "parallel": {"dp_mode": "fsdp", "fsdp_impl": impl}})
+                                        "parallel": {"dp_mode": "fsdp", "fsdp_impl": impl, **parallel}})
     return list(training_ops(spec, 4).ops)
 
 
@@ -512,7 +512,8 @@ def _fsdp_ops(impl: str, precision: str = "bf16", micro_batches: int = 2) -> lis
 # the two MLP matrices, and two layer norms); in BF16, 2 bytes each. Every FSDP copy or divide
 # reads and writes a layer's unsharded tensor once: twice that.
 _H = PRESETS["gpt3-1.3b"].hidden
-LAYER_COPY_BYTES = 2 * 2 * (12 * _H * _H + 13 * _H)
+LAYER_PARAMS = 12 * _H * _H + 13 * _H
+LAYER_COPY_BYTES = 2 * 2 * LAYER_PARAMS
 
 
 def _compute_order(ops: list[Any]) -> list[str]:
@@ -565,18 +566,28 @@ def test_fsdp2_copies_gathered_parameters_out_and_gradients_in(precision: str, d
     assert not any(o.name.endswith(".grad_cat") for o in ops)
 
 
-def test_zero3_copies_gradients_into_its_bucket_beside_the_backward() -> None:
-    """DeepSpeed's ZeRO-3: parameters point into the gathered buffer (no copy after an all-gather),
-    and each gradient is copied into the contiguous reduce bucket on the reduce-and-partition
-    stream, after the backward that made it; the reduce-scatter follows the copy."""
-    ops = _fsdp_ops("zero3")
+def test_zero3_copies_gradients_into_its_bucket_and_reduces_it_when_full() -> None:
+    """DeepSpeed's ZeRO-3: parameters point into the gathered buffer (no copy after an all-gather);
+    each gradient is copied into the contiguous reduce bucket on the reduce-and-partition stream,
+    after the backward that made it; the bucket is reduce-scattered when the next layer would
+    overflow it and at the end of each backward (8 layers in buckets of 3: 3, 3 and 2 layers), and
+    the copy after a reduce-scatter waits for it (the same stream)."""
+    ops = _fsdp_ops("zero3", zero3_bucket_elements=3 * LAYER_PARAMS)
+    by_name = {o.name: o for o in ops}
     ins = [o for o in ops if o.name.endswith(".copy_in")]
     assert len(ins) == 2 * SMALL["layers"] and {o.stream for o in ins} == {"dp_post"}
     assert {o.bytes for o in ins} == {LAYER_COPY_BYTES}
     for o in ins:
         assert o.after == [o.name.replace(".fsdp.copy_in", ".norm1.bwd")]
-    for rs in (o for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "reduce_scatter"):
-        assert rs.after == [rs.name.replace(".rs", ".copy_in")]
+    rs = [o for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "reduce_scatter"]
+    layer_bytes = 2 * LAYER_PARAMS
+    assert [o.size_bytes for o in rs] == [3 * layer_bytes, 3 * layer_bytes, 2 * layer_bytes] * 2
+    for o in rs:
+        (copy,) = o.after
+        assert by_name[copy].name.endswith(".copy_in")
+        following = ins[ins.index(by_name[copy]) + 1:]
+        if following:
+            assert following[0].after_any == [o.name]
     assert not any(o.name.endswith((".copy_out", ".grad_cat", ".predivide")) for o in ops)
 
 
@@ -591,8 +602,9 @@ def test_fsdp_copies_cost_what_their_bytes_take(impl: str, copies_per_layer: int
     base = {**SMALL, "embedding_and_head": False, "optimizer": False}
     times = {}
     for each in ("none", impl):
-        r = _predict({**base, "parallel": {"dp_mode": "fsdp", "fsdp_impl": each}},
-                     schedule="sequential", mode="analytic", power_managed=False)
+        # ZeRO-3's bucket of one layer: a reduce-scatter a layer, as the others.
+        parallel = {"dp_mode": "fsdp", "fsdp_impl": each, "zero3_bucket_elements": LAYER_PARAMS}
+        r = _predict({**base, "parallel": parallel}, schedule="sequential", mode="analytic", power_managed=False)
         times[each] = r.timeline.makespan_s
         copies_s = float(r.ops.loc[r.ops["name"].str.endswith(copy), "duration_s"].sum())
     copy_bytes = copies_per_layer * SMALL["layers"] * LAYER_COPY_BYTES
