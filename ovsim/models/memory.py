@@ -9,7 +9,7 @@ distributed optimizer (ZeRO-1) shards the optimizer state over the data-parallel
 shards all three over the data-parallel ranks and holds, besides, the unsharded 16-bit weights of
 the layers being gathered (the layer computing and ``fsdp_prefetch`` ahead) and one unsharded
 layer's gradients before their reduce-scatter; DeepSpeed's ZeRO-3 (``fsdp_impl: zero3``) also its
-reduce bucket, ``zero3_bucket_elements`` of 16-bit gradients, allocated whole.
+reduce bucket, ``zero3_bucket_elements`` of gradients at the wire's width, allocated whole.
 
 Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
 MLSys 2023, section 4): per layer and micro-batch, with s tokens, b sequences, hidden h, t-way

@@ -25,11 +25,14 @@ from ovsim.models import nccl_params
 
 # A stream's name; "" would be a stream no table can show.
 StreamName = Annotated[str, Field(min_length=1)]
-# The stream FSDP's post-backward work runs on (PyTorch FSDP's post-backward stream, DeepSpeed's
-# reduce-and-partition stream): its copy and divide kernels wait for the backward that made the
-# gradients, not for the data-parallel collectives queued before them. A framework makes it on its
-# own, so a scenario's stream priorities need not name it.
+# The streams FSDP's copies run on beside the compute stream: its post-backward work (PyTorch FSDP's
+# post-backward stream, DeepSpeed's reduce-and-partition stream), whose kernels wait for the backward
+# that made the gradients rather than for the data-parallel collectives queued before them; and
+# DeepSpeed's all-gather stream, where gathered parameters are copied out. A framework makes them on
+# its own, so a scenario's stream priorities need not name them.
 FSDP_POST_STREAM = "dp_post"
+FSDP_GATHER_STREAM = "dp_gather"
+FRAMEWORK_STREAMS = frozenset({FSDP_POST_STREAM, FSDP_GATHER_STREAM})
 
 
 class _OpBase(InputModel):

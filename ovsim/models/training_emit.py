@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ovsim.models.op_specs import (
+    FSDP_GATHER_STREAM,
     FSDP_POST_STREAM,
     AttentionOp,
     CollectiveKind,
@@ -339,13 +340,15 @@ class FsdpCollectives:
     gradients into the reduce-scatter's input (``foreach_reduce``), both on the compute stream, the
     copy-in once the previous unit's reduce-scatter is done (``post_backward`` waits for its event);
     it divides only gradients reduced in FP16, on the reduce-scatter stream (NCCL's average for BF16
-    and FP32). DeepSpeed's ZeRO-3 (``zero3``) points the parameters into the gathered buffer and
-    copies each gradient into its contiguous reduce bucket on its reduce-and-partition stream
-    (``__add_grad_to_ipg_bucket``), and reduce-scatters the bucket when the next unit would overflow
-    it (``zero3_bucket_elements``, its ``reduce_bucket_size``) and at the end of each backward, on
-    that stream: the next copy waits for it. Each copy or divide reads and writes the unit's unsharded tensor at the
-    wire's width. Left out, each at most 1/dp of a pass: casting the shard before an all-gather,
-    dividing and accumulating the reduced shard.
+    and FP32). DeepSpeed's ZeRO-3 (``zero3``) copies the gathered parameters out of the all-gather's
+    buffer on its all-gather stream, copies each gradient into its contiguous reduce bucket on its
+    reduce-and-partition stream (``__add_grad_to_ipg_bucket``), and reduce-scatters the bucket, after
+    interleaving it by a ``cat`` and dividing it, when the next unit would overflow it
+    (``zero3_bucket_elements``, its ``reduce_bucket_size``) and at the end of each backward, on that
+    stream: the next copy waits for it. At the end of each backward the compute stream waits for the
+    last reduce-scatter (every implementation but ``none``). Each copy or divide reads and writes
+    the unit's (or bucket's) unsharded tensor at the wire's width. Left out, each at most 1/dp of a
+    pass: casting the shard before an all-gather, dividing and accumulating the reduced shard.
     """
 
     def __init__(self, g: LayerEmitter, layers: int) -> None:
@@ -366,11 +369,17 @@ class FsdpCollectives:
         self.bucket_copy = ""
         self.buckets = 0
 
-    def _copy_out(self, st: StageState, name: str, nbytes: float) -> None:
-        """fully_shard: the gathered parameters copied out of the all-gather buffer, on the compute
-        stream, once the all-gather the stage left pending is done."""
-        if self.g.p.fsdp_impl == "fsdp2":
+    def _copy_out(self, st: StageState, name: str, nbytes: float, gathered: list[str]) -> None:
+        """The gathered parameters copied out of the all-gather's buffer once the all-gather
+        (``gathered``) is done: fully_shard's on the compute stream; DeepSpeed's on its all-gather
+        stream (``AllGatherCoalescedHandle.wait``: each parameter a ``cat`` of its partitions), the
+        compute stream waiting for it."""
+        impl = self.g.p.fsdp_impl
+        if impl == "fsdp2":
             self.g.mem(st, f"{name}.copy_out", 2.0 * nbytes, "elementwise")
+        elif impl == "zero3":
+            st.pending.append(self.g.side_mem(st, f"{name}.copy_out", 2.0 * nbytes, FSDP_GATHER_STREAM, [],
+                                              after_any=gathered))
 
     def _reduce(self, st: StageState, name: str, nbytes: float) -> None:
         """A unit's gradients reduce-scattered after its backward, with the implementation's copies."""
@@ -401,17 +410,26 @@ class FsdpCollectives:
         self.bucket_bytes += nbytes
 
     def _flush(self, st: StageState) -> None:
-        self.last_rs = self.g.collective(st, f"fsdp.bucket{self.buckets}.rs", "reduce_scatter", self.bucket_bytes,
-                                         "dp", self.groups, after=[self.bucket_copy])
+        """zero3: the bucket reduce-scattered (``reduce_scatter_coalesced``: its tensors' partitions
+        interleaved by a ``cat`` and divided by the world size first, both passes over the bucket)."""
+        g, name, nbytes = self.g, f"fsdp.bucket{self.buckets}", self.bucket_bytes
+        cat = g.side_mem(st, f"{name}.cat", 2.0 * nbytes, FSDP_POST_STREAM, [self.bucket_copy])
+        div = g.side_mem(st, f"{name}.predivide", 2.0 * nbytes, FSDP_POST_STREAM, [cat])
+        self.last_rs = g.collective(st, f"{name}.rs", "reduce_scatter", nbytes, "dp", self.groups, after=[div])
         st.rs += self.last_rs
         self.buckets += 1
         self.bucket_bytes = 0.0
 
     def end_backward(self, st: StageState) -> None:
         """The end of a micro-batch's backward: zero3 reduce-scatters what its bucket holds
-        (``independent_gradient_partition_epilogue``)."""
+        (``independent_gradient_partition_epilogue``), and the compute stream waits for the last
+        reduce-scatter before going on (DeepSpeed synchronizes its reduce stream there, fully_shard
+        and FullyShardedDataParallel wait for it in their final backward callbacks)."""
+        if self.g.p.fsdp_impl == "none":
+            return
         if self.bucket_bytes:
             self._flush(st)
+        st.pending += self.last_rs
 
     def _gather(self, st: StageState, phase: str, layer: int, mb: int) -> None:
         key = (phase, layer, mb)
@@ -426,7 +444,7 @@ class FsdpCollectives:
         self.names[("E", -1, 0)] = self.g.collective(st, "fsdp.embed.ag", "all_gather", self.emb_bytes, "dp",
                                                      self.groups)
         st.pending += self.names[("E", -1, 0)]
-        self._copy_out(st, "fsdp.embed", self.emb_bytes)
+        self._copy_out(st, "fsdp.embed", self.emb_bytes, self.names[("E", -1, 0)])
 
     def _ahead(self) -> range:
         # Prefetching more layers than the model has is prefetching all of them.
@@ -436,13 +454,13 @@ class FsdpCollectives:
         for ahead in self._ahead():
             self._gather(st, "F", layer + ahead, mb)
         st.pending += self.names[("F", layer, mb)]
-        self._copy_out(st, f"F{mb}.L{layer}.fsdp", self.layer_bytes)
+        self._copy_out(st, f"F{mb}.L{layer}.fsdp", self.layer_bytes, self.names[("F", layer, mb)])
 
     def before_backward(self, st: StageState, layer: int, mb: int) -> None:
         for ahead in self._ahead():
             self._gather(st, "B", layer - ahead, mb)
         st.pending += self.names[("B", layer, mb)]
-        self._copy_out(st, f"B{mb}.L{layer}.fsdp", self.layer_bytes)
+        self._copy_out(st, f"B{mb}.L{layer}.fsdp", self.layer_bytes, self.names[("B", layer, mb)])
 
     def after_backward(self, st: StageState, layer: int, mb: int) -> None:
         self._reduce(st, f"B{mb}.L{layer}.fsdp", self.layer_bytes)

@@ -270,8 +270,8 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
         raise OvsimError("distributed_optimizer shards DDP's optimizer state; FSDP already shards it",
                          field="parallel.distributed_optimizer")
     if p.dp_mode == "fsdp" and not p.overlap_grad_reduce:
-        raise OvsimError("overlap_grad_reduce is DDP's; FSDP reduce-scatters each layer's gradients after its "
-                         "backward", field="parallel.overlap_grad_reduce")
+        raise OvsimError("overlap_grad_reduce is DDP's; FSDP reduce-scatters its gradients beside the backward",
+                         field="parallel.overlap_grad_reduce")
     if p.dp_mode == "fsdp" and p.pp > 1:
         raise OvsimError("FSDP with pipeline parallelism is not modelled; use dp_mode: ddp with pp > 1",
                          field="parallel.dp_mode")

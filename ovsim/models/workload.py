@@ -22,7 +22,7 @@ from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition,
 # The specs and knobs live in op_specs; importers that name them here keep working.
 from ovsim.models.op_specs import (
     COMPUTE_KINDS,
-    FSDP_POST_STREAM,
+    FRAMEWORK_STREAMS,
     GEMM_BLOCK_FIELDS,
     GEMM_TILE_FIELDS,
     AttentionOp,
@@ -288,7 +288,7 @@ def build_workload(
     # section serves several variants of a scenario.)
     used = sorted({s.stream for s in specs})
     unused = sorted(set(streams or {}) - set(used))
-    undeclared = sorted(set(used) - set(streams or {}) - {FSDP_POST_STREAM})
+    undeclared = sorted(set(used) - set(streams or {}) - FRAMEWORK_STREAMS)
     if unused and undeclared and schedule != "sequential":
         raise OvsimError(f"stream '{unused[0]}' has a priority but no op runs on it, while ops run on "
                          f"'{undeclared[0]}', which has none", source=source, field=f"streams.{unused[0]}")

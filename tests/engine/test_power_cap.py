@@ -428,10 +428,7 @@ def test_overlap_draws_more_power_than_sequential_execution() -> None:
 FSDP = "training-gpt3-1.3b-fsdp-a100x4-{}.yaml"  # GPT-3 XL, FSDP, 4x A100 40 GB: Lee et al.'s own setting
 
 
-@pytest.mark.parametrize("managed", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="known discrepancy: at the 400 W limit GPT-3 XL FSDP (DeepSpeed ZeRO-3) on 4x A100 NVLink "
-    "spends 4% of its iteration communicating, and the overlapped run's 100 ms peak comes out 0.2% under the "
-    "sequential one's; see docs/power.md"))])
+@pytest.mark.parametrize("managed", [False, True])
 def test_overlapped_fsdp_training_peaks_higher_as_nvml_sees_it(managed: bool) -> None:
     """Lee et al. (secondary note), on the setting closest to theirs (GPT-3 XL with FSDP on 4x A100):
     overlapped peak power is above non-overlapped, by up to 25%. NVML reported power every 100 ms,

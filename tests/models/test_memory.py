@@ -130,18 +130,18 @@ def test_predictions_say_whether_a_training_iteration_fits(capsys: pytest.Captur
     assert main(["predict", str(EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"), "--rows", "0"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("memory"))
     assert "37.2 GB per GPU estimated" in line and "of 40 GB: tight:" in line
+    ops = predict(EXAMPLES / "gemm-allreduce-h100x4-priority.yaml", counters=False)
+    assert ops.memory() is None and "fits_memory" not in ops.summary()
 
 
 def test_zero3_holds_its_whole_reduce_bucket() -> None:
-    """DeepSpeed's ZeRO-3 allocates its reduce bucket whole (reduce_bucket_size elements of 16-bit
-    gradients, 5e8 by default: 1 GB) beside what PyTorch's FSDP holds."""
+    """DeepSpeed's ZeRO-3 allocates its reduce bucket whole (reduce_bucket_size elements of gradients
+    at the wire's width, 16-bit here; 5e8 by default: 1 GB) beside what PyTorch's FSDP holds."""
     base = {"dp_mode": "fsdp"}
     torch_fsdp = memory_estimate(spec(parallel=base), 4)
     for elements in (500_000_000, 10_000_000):
         ds = memory_estimate(spec(parallel={**base, "fsdp_impl": "zero3", "zero3_bucket_elements": elements}), 4)
         assert ds.gathered_bytes - torch_fsdp.gathered_bytes == 2 * elements
-    ops = predict(EXAMPLES / "gemm-allreduce-h100x4-priority.yaml", counters=False)
-    assert ops.memory() is None and "fits_memory" not in ops.summary()
 
 
 def test_the_distributed_optimizer_shards_the_optimizer_state_alone() -> None:

@@ -567,38 +567,62 @@ def test_fsdp2_copies_gathered_parameters_out_and_gradients_in(precision: str, d
 
 
 def test_zero3_copies_gradients_into_its_bucket_and_reduces_it_when_full() -> None:
-    """DeepSpeed's ZeRO-3: parameters point into the gathered buffer (no copy after an all-gather);
-    each gradient is copied into the contiguous reduce bucket on the reduce-and-partition stream,
-    after the backward that made it; the bucket is reduce-scattered when the next layer would
-    overflow it and at the end of each backward (8 layers in buckets of 3: 3, 3 and 2 layers), and
-    the copy after a reduce-scatter waits for it (the same stream)."""
+    """DeepSpeed's ZeRO-3: each gathered layer is copied out of the all-gather's buffer on the
+    all-gather stream, and the compute waits for the copy; each gradient is copied into the
+    contiguous reduce bucket on the reduce-and-partition stream after the backward that made it;
+    the bucket is reduce-scattered when the next layer would overflow it and at the end of each
+    backward (8 layers in buckets of 3: 3, 3 and 2 layers), after a cat that interleaves it and a
+    divide, on that stream, so the next copy waits for the reduce-scatter."""
     ops = _fsdp_ops("zero3", zero3_bucket_elements=3 * LAYER_PARAMS)
     by_name = {o.name: o for o in ops}
+    outs = [o for o in ops if o.name.endswith(".copy_out")]
+    assert len(outs) == 2 * 2 * SMALL["layers"] and {o.stream for o in outs} == {"dp_gather"}
+    for o in outs:
+        assert o.after_any == [o.name.replace(".copy_out", ".ag")]
+        layer_first = next(x for x in ops[ops.index(o):] if x.stream == "compute")
+        assert o.name in layer_first.after_any
     ins = [o for o in ops if o.name.endswith(".copy_in")]
     assert len(ins) == 2 * SMALL["layers"] and {o.stream for o in ins} == {"dp_post"}
-    assert {o.bytes for o in ins} == {LAYER_COPY_BYTES}
+    assert {o.bytes for o in ins + outs} == {LAYER_COPY_BYTES}
     for o in ins:
         assert o.after == [o.name.replace(".fsdp.copy_in", ".norm1.bwd")]
     rs = [o for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "reduce_scatter"]
     layer_bytes = 2 * LAYER_PARAMS
     assert [o.size_bytes for o in rs] == [3 * layer_bytes, 3 * layer_bytes, 2 * layer_bytes] * 2
+    flushed_before = {}
     for o in rs:
-        (copy,) = o.after
-        assert by_name[copy].name.endswith(".copy_in")
+        bucket = o.name.removesuffix(".rs")
+        div, cat = by_name[f"{bucket}.predivide"], by_name[f"{bucket}.cat"]
+        assert o.after == [div.name] and div.after == [cat.name]
+        assert div.bytes == cat.bytes == 2 * o.size_bytes and {div.stream, cat.stream} == {"dp_post"}
+        (copy,) = cat.after
         following = ins[ins.index(by_name[copy]) + 1:]
         if following:
-            assert following[0].after_any == [o.name]
-    assert not any(o.name.endswith((".copy_out", ".grad_cat", ".predivide")) for o in ops)
+            flushed_before[following[0].name] = [o.name]
+    assert [o.after_any for o in ins] == [flushed_before.get(o.name, []) for o in ins]
 
 
-@pytest.mark.parametrize(("impl", "copies_per_layer"), [("none", 0), ("fsdp1", 2), ("fsdp2", 3), ("zero3", 1)])
+@pytest.mark.parametrize("impl", ["fsdp1", "fsdp2", "zero3"])
+def test_the_next_micro_batch_waits_for_the_last_reduce_scatter(impl: str) -> None:
+    """At the end of a backward the compute stream waits for its last reduce-scatter: DeepSpeed
+    synchronizes its reduce stream in its epilogue, PyTorch's FSDPs wait for it in their final
+    backward callbacks."""
+    ops = _fsdp_ops(impl)
+    rs = [o.name for o in ops if isinstance(o, CollectiveOpSpec) and o.kind == "reduce_scatter"]
+    first_of_mb1 = next(o for o in ops if o.stream == "compute" and o.name.startswith("F1."))
+    last_of_mb0 = [r for r in rs if ops.index(next(o for o in ops if o.name == r)) < ops.index(first_of_mb1)][-1]
+    assert last_of_mb0 in first_of_mb1.after_any
+
+
+@pytest.mark.parametrize(("impl", "copies_per_layer"), [("none", 0), ("fsdp1", 2), ("fsdp2", 3), ("zero3", 5)])
 def test_fsdp_copies_cost_what_their_bytes_take(impl: str, copies_per_layer: int) -> None:
     """With nothing overlapping the copies (sequential schedule, analytic, no power loop), each
     implementation's iteration exceeds the copy-free one by exactly its copies' time, and that time
     is their bytes (fsdp1: the cat and the pre-divide a layer; fsdp2: two copy-outs, forward and
-    backward, and the copy-in; zero3: the copy-in) over a streaming kernel's bandwidth: at most the
+    backward, and the copy-in; zero3, its bucket a layer: the two copy-outs, the copy-in and the
+    bucket's cat and divide) over a streaming kernel's bandwidth: at most the
     A100 40 GB's HBM peak (1,555 GB/s, its datasheet), at least half of it."""
-    copy = (".grad_cat", ".predivide", ".copy_out", ".copy_in")
+    copy = (".grad_cat", ".predivide", ".copy_out", ".copy_in", ".cat")
     base = {**SMALL, "embedding_and_head": False, "optimizer": False}
     times = {}
     for each in ("none", impl):
