@@ -27,7 +27,7 @@ from ovsim.models import nccl_params
 StreamName = Annotated[str, Field(min_length=1)]
 # The streams FSDP's copies run on beside the compute stream: its post-backward work (PyTorch FSDP's
 # post-backward stream, DeepSpeed's reduce-and-partition stream), whose kernels wait for the backward
-# that made the gradients rather than for the data-parallel collectives queued before them; and
+# that made the gradients rather than for the all-gathers queued before them; and
 # DeepSpeed's all-gather stream, where gathered parameters are copied out. A framework makes them on
 # its own, so a scenario's stream priorities need not name them.
 FSDP_POST_STREAM = "dp_post"

@@ -37,7 +37,7 @@ Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANC
   internal stream), even when FSDP issues them from different CUDA streams; around them the
   implementation's copy kernels (``fsdp_impl``; :class:`ovsim.models.training_emit.FsdpCollectives`),
   the post-backward ones on the ``dp_post`` stream, and with DeepSpeed's (``zero3``) one
-  reduce-scatter a bucket of gradients;
+  reduce-scatter a bucket of gradients and its parameters rebuilt on the ``dp_gather`` stream;
 * tensor parallelism: all-reduce after the row-parallel GEMMs (output projection, FC2) and after
   the data-gradient GEMMs of the column-parallel ones (QKV, FC1); with sequence parallelism
   all-gather before and reduce-scatter after instead (Korthikanti et al., 2022). ``tp_overlap:

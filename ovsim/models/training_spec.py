@@ -109,8 +109,10 @@ class ParallelSpec(InputModel):
     # "fsdp1", PyTorch's FullyShardedDataParallel (a layer's gradients concatenated into its flat
     # gradient, then pre-divided before the reduce-scatter); "fsdp2", PyTorch's fully_shard
     # (gathered parameters copied out of the all-gather buffer, gradients copied into the
-    # reduce-scatter buffer; divided only in FP16); "zero3", DeepSpeed's ZeRO stage 3 (gradients
-    # copied into its contiguous reduce bucket beside the backward); "none": none.
+    # reduce-scatter buffer; divided only in FP16); "zero3", DeepSpeed's ZeRO stage 3 (gathered
+    # parameters rebuilt on its all-gather stream, gradients copied into its contiguous reduce
+    # bucket beside the backward, the bucket interleaved and divided before its reduce-scatter);
+    # "none": none.
     fsdp_impl: Literal["fsdp1", "fsdp2", "zero3", "none"] = "fsdp1"
     # zero3: the elements of gradients its reduce bucket holds before it is reduce-scattered
     # (DeepSpeed's reduce_bucket_size, 5e8 by default).
