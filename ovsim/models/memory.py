@@ -5,7 +5,8 @@ Model states (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Tr
 Models", SC'20, section 3.1): with Adam in mixed precision (FP16, BF16, FP8 training with 16-bit
 weights) a parameter costs 2 bytes of weight, 2 of gradient and 12 of optimizer state (FP32 master
 weight, momentum, variance); in FP32/TF32 training 4 + 4 + 8. 16 bytes either way. The
-distributed optimizer (ZeRO-1) shards the optimizer state over the data-parallel ranks; FSDP / ZeRO-3
+distributed optimizer (ZeRO-1) shards the optimizer state over the data-parallel ranks (Megatron-LM's
+optimizer adds its FP32 main gradients to it); FSDP / ZeRO-3
 shards all three over the data-parallel ranks and holds, besides, the unsharded 16-bit weights of
 the layers being gathered (the layer computing and ``fsdp_prefetch`` ahead) and one unsharded
 layer's gradients before their reduce-scatter; DeepSpeed's ZeRO-3 (``fsdp_impl: zero3``) also its
@@ -127,7 +128,12 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     p, v, tp = lay.pp, lay.v, lay.tp
     weight_b = 4 if spec.precision in ("fp32", "tf32") else 2
     grad_b = wire_element_bytes(spec.precision)
-    opt_b = (8 if weight_b == 4 else 12) if spec.optimizer else 0
+    opt_b = (8 if weight_b == 4 else 12) if spec.optimizer_mode != "none" else 0
+    if spec.optimizer_mode == "megatron" and weight_b == 2:
+        # Megatron-LM's mixed-precision optimizer keeps FP32 main gradients beside the 16-bit ones
+        # (20 bytes a parameter with 16-bit gradients, sharded with the state by its distributed
+        # optimizer: Megatron-LM docs/source/api-guide/dist_optimizer.md).
+        opt_b += 4
     fsdp = par.dp_mode == "fsdp" and lay.dp > 1
     shard = lay.dp if fsdp else 1
     # The distributed optimizer (ZeRO-1) shards the optimizer state alone.

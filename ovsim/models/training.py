@@ -18,7 +18,9 @@ degree, the Megatron-LM layout; Narayanan et al., SC'21):
   the memory-bound ops twice over; with full recomputation the layer's forward runs again first
   (selective: its core attention, before the attention's backward);
 * the embedding on the first pipeline stage, the LM head and loss on the last;
-* an optimizer step: fused Adam over this rank's parameters (memory-bound).
+* an optimizer step over this rank's parameters (memory-bound): one fused Adam pass, or the
+  passes of Megatron-LM's mixed-precision optimizer (``optimizer: megatron``; :func:`ovsim.models.
+  training_emit.optimizer_passes`).
 
 Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANCE.md):
 
@@ -60,7 +62,7 @@ from ovsim.limits import MAX_OPS
 from ovsim.models.ir import StreamSpec, Workload
 from ovsim.models.op_specs import CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
-from ovsim.models.training_emit import FsdpCollectives, LayerEmitter
+from ovsim.models.training_emit import FsdpCollectives, LayerEmitter, optimizer_passes
 
 # PRESETS and ModelShape (below) are re-exported: callers imported them from here before the
 # description of a model had its own module.
@@ -202,21 +204,22 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
 
     for s, st in enumerate(g.stages):
         g.flush_bucket(st, s)
-        if spec.optimizer:
+        passes = optimizer_passes(spec, g.comm_b)
+        if passes:
             st.pending += st.buckets + st.rs
-            sharded = fsdp or distributed
-            local = params_per_rank(spec, m, lay.tp, p, s) / (lay.dp if sharded else 1)
-            grad_b = g.comm_b
-            # Fused Adam reads and writes fp32 master weights and both moments (24 B), reads the
-            # gradient, and writes the 16-bit working copy in mixed precision.
-            per_param = 24 + grad_b + (2 if g.act_b == 2 else 0)
-            g.mem(st, f"s{s}.optimizer", local * per_param, "elementwise")
+            held = params_per_rank(spec, m, lay.tp, p, s)
+            shard = held / (lay.dp if fsdp or distributed else 1)
+            stepped = ""
+            for name, shard_b, held_b in passes:
+                op = g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
+                stepped = op if name != "zero_grad" else stepped
             if distributed:
                 # Each rank's updated shard is gathered back, a bucket at a time, after the step and
                 # exposed: overlapping them with the next forward (--overlap-param-gather) is not
                 # modelled.
                 for i, size in enumerate(st.bucket_sizes):
-                    g.collective(st, f"s{s}.param_gather{i}", "all_gather", size, "dp", lay.dp_groups(s))
+                    g.collective(st, f"s{s}.param_gather{i}", "all_gather", size, "dp", lay.dp_groups(s),
+                                 after=[stepped])
         elif st.buckets or st.rs:
             st.pending += st.buckets + st.rs
     return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,

@@ -29,6 +29,42 @@ from ovsim.models.training_spec import (
 )
 
 
+def optimizer_passes(spec: TrainingSpec, grad_b: int) -> list[tuple[str, float, float]]:
+    """The optimizer step's memory-bound passes: (name, bytes a parameter of the rank's optimizer
+    shard, bytes a parameter of all it holds), in the order they run. ``grad_b``: the gradients'
+    width in their buffer.
+
+    fused_adam: one fused Adam pass, which reads and writes the FP32 master weight and both moments
+    (24 B), reads the gradient and, with 16-bit weights, writes their working copy.
+
+    megatron: Megatron-LM's mixed-precision optimizer (``megatron/core/optimizer/optimizer.py``,
+    ``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer``; ``clip_grads.py``), each a
+    separate pass over the shard: the 16-bit main gradients copied to FP32 (``.float()``), their
+    unscaling and inf check with FP16's dynamic loss scale
+    (``torch._amp_foreach_non_finite_check_and_unscale_``; BF16 runs without a loss scaler), the
+    gradient norm for clipping (``multi_tensor_l2norm``, read once; the rescale runs only when the
+    norm exceeds the clip and is not counted), fused Adam on the FP32 gradients, the FP32 weights
+    copied to the 16-bit ones (``_copy_main_params_to_model_params``), and the gradient buffer
+    zeroed for the next iteration, whole on every rank (``zero_grad_buffer``). FP32 training runs
+    none of the copies."""
+    mode = spec.optimizer_mode
+    if mode == "none":
+        return []
+    mixed = spec.precision not in ("fp32", "tf32")
+    if mode == "fused_adam":
+        return [("optimizer", 24.0 + grad_b + (2.0 if mixed else 0.0), 0.0)]
+    passes: list[tuple[str, float, float]] = []
+    if mixed:
+        passes.append(("grad_copy", grad_b + 4.0, 0.0))
+    if spec.precision == "fp16":
+        passes.append(("unscale", 8.0, 0.0))
+    passes += [("grad_norm", 4.0, 0.0), ("optimizer", 28.0, 0.0)]
+    if mixed:
+        passes.append(("param_copy", 6.0, 0.0))
+    passes.append(("zero_grad", 0.0, float(grad_b)))
+    return passes
+
+
 @dataclass
 class StageState:
     """One pipeline stage's ranks while ops are emitted: its last compute op, the communication its

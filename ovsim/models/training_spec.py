@@ -161,7 +161,11 @@ class TrainingSpec(InputModel):
     # batched GEMMs for QK^T and PV over the whole s x s, a fused scale-mask-softmax and a dropout
     # on the probabilities, each moving the s x s scores through HBM.
     attention: Literal["flash", "unfused"] = "flash"
-    optimizer: bool = True
+    # The optimizer step over this rank's parameters (memory-bound). true or "fused_adam": one fused
+    # Adam pass (apex/PyTorch fused AdamW). "megatron": Megatron-LM's mixed-precision optimizer
+    # around it, with its passes over the gradients and weights (ovsim.models.training_emit.
+    # optimizer_passes). false or "none": no step.
+    optimizer: bool | Literal["none", "fused_adam", "megatron"] = True
     # Embedding on the first stage, LM head and loss on the last; false studies a uniform pipeline.
     embedding_and_head: bool = True
     # false drops every collective and send/recv (the compute-only reference; stages still wait
@@ -175,6 +179,13 @@ class TrainingSpec(InputModel):
         if self.recompute is True or self.recompute == "full":
             return "full"
         return "selective" if self.recompute == "selective" else "none"
+
+    @property
+    def optimizer_mode(self) -> Literal["none", "fused_adam", "megatron"]:
+        """What ``optimizer`` asks for, with the boolean spellings resolved."""
+        if self.optimizer is True:
+            return "fused_adam"
+        return "none" if self.optimizer is False else self.optimizer
 
     def shape(self) -> ModelShape:
         if isinstance(self.model, ModelShape):
@@ -271,6 +282,9 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     if p.distributed_optimizer and p.dp_mode != "ddp":
         raise OvsimError("distributed_optimizer shards DDP's optimizer state; FSDP already shards it",
                          field="parallel.distributed_optimizer")
+    if spec.optimizer_mode == "megatron" and p.dp_mode == "fsdp":
+        raise OvsimError("Megatron-LM's optimizer runs with its own DDP (dp_mode: ddp); FSDP steps with "
+                         "fused_adam", field="optimizer")
     if p.dp_mode == "fsdp" and not p.overlap_grad_reduce:
         raise OvsimError("overlap_grad_reduce is DDP's; FSDP reduce-scatters its gradients beside the backward",
                          field="parallel.overlap_grad_reduce")
