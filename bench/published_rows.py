@@ -96,7 +96,7 @@ class Row:
                 "model": {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "vocab": VOCAB,
                           "seq_len": SEQ, "gated_mlp": False, "tied_embeddings": True},
                 "micro_batch_size": self.micro_batch, "micro_batches": self.micro_batches, "precision": "fp16",
-                "recompute": True, "attention": "unfused", "optimizer": "megatron",
+                "recompute": True, "attention": "unfused", "optimizer": "megatron", "loss": "megatron",
                 "parallel": parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=False,
                                             overlap_grad_reduce=self.ddp == "torch"),
             },
@@ -162,7 +162,7 @@ class RecomputeRow:
                           "seq_len": SEQ, "gated_mlp": False, "tied_embeddings": True},
                 "micro_batch_size": self.micro_batch, "micro_batches": self.batch // self.micro_batch,
                 "precision": "fp16", "recompute": "selective" if self.present_work else "full",
-                "attention": "unfused", "optimizer": "megatron", "parallel": parallel,
+                "attention": "unfused", "optimizer": "megatron", "loss": "megatron", "parallel": parallel,
             },
         })
 

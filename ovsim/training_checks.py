@@ -70,7 +70,7 @@ def scenario_22b(recompute: str, sequence_parallel: bool) -> Any:
             "model": {"layers": 48, "hidden": 6144, "heads": 64, "vocab": 51200, "seq_len": 2048,
                       "gated_mlp": False, "tied_embeddings": True},
             "micro_batch_size": 4, "micro_batches": 1, "precision": "fp16", "recompute": recompute,
-            "attention": "unfused", "optimizer": "megatron",
+            "attention": "unfused", "optimizer": "megatron", "loss": "megatron",
             "parallel": {"tp": 8, "sequence_parallel": sequence_parallel},
         },
     })

@@ -43,11 +43,11 @@ from ovsim.models.training_spec import (
     TrainingSpec,
     activation_element_bytes,
     chunk_layers,
+    gradient_element_bytes,
     layer_params,
     layout,
     stage_embedding_params,
     stage_layers,
-    wire_element_bytes,
 )
 
 # The share of a GPU's memory a configuration may take by this estimate and still be expected to
@@ -127,12 +127,12 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     par = spec.parallel
     p, v, tp = lay.pp, lay.v, lay.tp
     weight_b = 4 if spec.precision in ("fp32", "tf32") else 2
-    grad_b = wire_element_bytes(spec.precision)
+    grad_b = gradient_element_bytes(spec)
     opt_b = (8 if weight_b == 4 else 12) if spec.optimizer_mode != "none" else 0
-    if spec.optimizer_mode == "megatron" and weight_b == 2:
-        # Megatron-LM's mixed-precision optimizer keeps FP32 main gradients beside the 16-bit ones
-        # (20 bytes a parameter with 16-bit gradients, sharded with the state by its distributed
-        # optimizer: Megatron-LM docs/source/api-guide/dist_optimizer.md).
+    if spec.optimizer_mode == "megatron" and grad_b == 2:
+        # Megatron-LM's mixed-precision optimizer keeps FP32 main gradients beside FP16 ones (20
+        # bytes a parameter, sharded with the state by its distributed optimizer; BF16 accumulates
+        # the gradients in FP32, 18: Megatron-LM docs/source/api-guide/dist_optimizer.md).
         opt_b += 4
     fsdp = par.dp_mode == "fsdp" and lay.dp > 1
     shard = lay.dp if fsdp else 1

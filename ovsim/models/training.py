@@ -204,22 +204,24 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
 
     for s, st in enumerate(g.stages):
         g.flush_bucket(st, s)
-        passes = optimizer_passes(spec, g.comm_b)
+        passes = optimizer_passes(spec, g.grad_b)
         if passes:
             st.pending += st.buckets + st.rs
             held = params_per_rank(spec, m, lay.tp, p, s)
             shard = held / (lay.dp if fsdp or distributed else 1)
-            stepped = ""
+            zero = [ps for ps in passes if ps[0] == "zero_grad"]
             for name, shard_b, held_b in passes:
-                op = g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
-                stepped = op if name != "zero_grad" else stepped
+                if name != "zero_grad":
+                    g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
             if distributed:
                 # Each rank's updated shard is gathered back, a bucket at a time, after the step and
                 # exposed: overlapping them with the next forward (--overlap-param-gather) is not
-                # modelled.
+                # modelled. The next iteration zeroes its gradients after them.
                 for i, size in enumerate(st.bucket_sizes):
-                    g.collective(st, f"s{s}.param_gather{i}", "all_gather", size, "dp", lay.dp_groups(s),
-                                 after=[stepped])
+                    gathered = g.collective(st, f"s{s}.param_gather{i}", "all_gather", size, "dp", lay.dp_groups(s))
+                    st.pending += gathered if zero else []
+            for name, shard_b, held_b in zero:
+                g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
         elif st.buckets or st.rs:
             st.pending += st.buckets + st.rs
     return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,

@@ -22,31 +22,44 @@ from ovsim.models.training_spec import (
     Layout,
     TrainingSpec,
     activation_element_bytes,
+    gradient_element_bytes,
     layer_matrices,
     layer_params,
     stage_embedding_params,
     wire_element_bytes,
 )
 
+# Megatron-LM's vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py) on the
+# logits cast to FP32 (``output.float()`` unless --fp16-lm-cross-entropy): (pass, bytes an element of
+# the rank's T x V/t logits; "cast" also reads the 16-bit logits, "cast_back" writes 16-bit ones).
+# Forward: the cast, the row max, logits minus it in place, exp in place, the row sum, the division
+# in place (the softmax kept for backward). Backward: the softmax times the loss gradient in place,
+# and its cast back to 16 bits for the LM head's backward. The all-reduces of the row max, sum and
+# target logits over the tensor-parallel group (T floats each) are left out.
+LOSS_PASSES: dict[str, tuple[tuple[str, float], ...]] = {
+    "forward": (("cast", 4.0), ("max", 4.0), ("sub", 8.0), ("exp", 8.0), ("sum", 4.0), ("div", 8.0)),
+    "backward": (("mul", 8.0), ("cast_back", 4.0)),
+}
+
 
 def optimizer_passes(spec: TrainingSpec, grad_b: int) -> list[tuple[str, float, float]]:
     """The optimizer step's memory-bound passes: (name, bytes a parameter of the rank's optimizer
     shard, bytes a parameter of all it holds), in the order they run. ``grad_b``: the gradients'
-    width in their buffer.
+    width in their buffer (:func:`ovsim.models.training_spec.gradient_element_bytes`).
 
     fused_adam: one fused Adam pass, which reads and writes the FP32 master weight and both moments
     (24 B), reads the gradient and, with 16-bit weights, writes their working copy.
 
     megatron: Megatron-LM's mixed-precision optimizer (``megatron/core/optimizer/optimizer.py``,
     ``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer``; ``clip_grads.py``), each a
-    separate pass over the shard: the 16-bit main gradients copied to FP32 (``.float()``), their
-    unscaling and inf check with FP16's dynamic loss scale
-    (``torch._amp_foreach_non_finite_check_and_unscale_``; BF16 runs without a loss scaler), the
-    gradient norm for clipping (``multi_tensor_l2norm``, read once; the rescale runs only when the
-    norm exceeds the clip and is not counted), fused Adam on the FP32 gradients, the FP32 weights
-    copied to the 16-bit ones (``_copy_main_params_to_model_params``), and the gradient buffer
-    zeroed for the next iteration, whole on every rank (``zero_grad_buffer``). FP32 training runs
-    none of the copies."""
+    separate pass over the shard: 16-bit main gradients copied to FP32 (``.float()``, which copies
+    nothing where they are FP32 already), their unscaling and inf check with FP16's dynamic loss
+    scale (``torch._amp_foreach_non_finite_check_and_unscale_``; BF16 runs without a loss scaler),
+    the gradient norm for clipping (``multi_tensor_l2norm``, read once; the rescale runs only when
+    the norm exceeds the clip and is not counted), fused Adam on the FP32 gradients, the FP32
+    weights copied to the 16-bit ones (``_copy_main_params_to_model_params``), and the gradient
+    buffer zeroed for the next iteration, whole on every rank (``zero_grad_buffer``). FP32 training
+    runs none of the copies."""
     mode = spec.optimizer_mode
     if mode == "none":
         return []
@@ -54,7 +67,7 @@ def optimizer_passes(spec: TrainingSpec, grad_b: int) -> list[tuple[str, float, 
     if mode == "fused_adam":
         return [("optimizer", 24.0 + grad_b + (2.0 if mixed else 0.0), 0.0)]
     passes: list[tuple[str, float, float]] = []
-    if mixed:
+    if grad_b < 4:
         passes.append(("grad_copy", grad_b + 4.0, 0.0))
     if spec.precision == "fp16":
         passes.append(("unscale", 8.0, 0.0))
@@ -97,6 +110,8 @@ class LayerEmitter:
         self.gemm_precision = spec.precision
         self.act_b = activation_element_bytes(spec.precision)
         self.comm_b = wire_element_bytes(spec.precision)
+        # DDP's gradients (FSDP's are at the wire's width: Megatron-LM's optimizer is refused there).
+        self.grad_b = gradient_element_bytes(spec)
         self.tokens = spec.micro_batch_size * self.m.seq_len
         self.chunks = self.p.tp_chunks or self.p.tp
 
@@ -251,7 +266,7 @@ class LayerEmitter:
         local = T // t if self.p.sequence_parallel else T
         hb = local * m.hidden * self.act_b
         post: Literal["rs", "ar"] = "rs" if self.p.sequence_parallel else "ar"
-        gb = self.comm_b
+        gb = self.grad_b
         self.mem(st, f"{pre}.residual.bwd", 3 * hb, "elementwise")
         # Row-parallel FC2: with SP its output gradient is gathered first. In FP8 each linear's
         # output gradient is quantized first; FC1's inside the activation's backward (TE fuses it).
@@ -342,7 +357,17 @@ class LayerEmitter:
                                               self.lay.tp_groups(s))
             return
         self.mem(st, f"{pre}.embed.bwd", 2 * hb, "elementwise")
-        self.grad_ready(st, s, m.vocab * m.hidden // t * self.comm_b, last_mb)
+        self.grad_ready(st, s, m.vocab * m.hidden // t * self.grad_b, last_mb)
+
+    def loss_passes(self, st: StageState, name: str, phase: str, elements: int) -> None:
+        """Megatron-LM's cross-entropy passes of ``phase`` over ``elements`` logits
+        (:data:`LOSS_PASSES`); FP32 training has its logits in FP32 already and casts nothing."""
+        for step, per_element in LOSS_PASSES[phase]:
+            if step in ("cast", "cast_back"):
+                if self.act_b == 4:
+                    continue
+                per_element += self.act_b
+            self.mem(st, f"{name}.{step}", per_element * elements, "elementwise")
 
     def head(self, st: StageState, s: int, pre: str, backward: bool, last_mb: bool) -> None:
         m, t = self.m, self.lay.tp
@@ -350,12 +375,17 @@ class LayerEmitter:
         vocab = m.vocab // t
         if not backward:
             self.tp_gemm(st, s, f"{pre}.head", T, vocab, m.hidden, pre=self.p.sequence_parallel and self.comm)
-            self.mem(st, f"{pre}.loss", 3 * T * vocab * self.act_b, "softmax")
+            if self.spec.loss == "fused":
+                self.mem(st, f"{pre}.loss", 3 * T * vocab * self.act_b, "softmax")
+            else:
+                self.loss_passes(st, f"{pre}.loss", "forward", T * vocab)
             return
+        if self.spec.loss == "megatron":
+            self.loss_passes(st, f"{pre}.loss", "backward", T * vocab)
         self.gemm(st, f"{pre}.head.dgrad", T, m.hidden, vocab)
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
         if not m.tied_embeddings:
-            self.grad_ready(st, s, m.hidden * vocab * self.comm_b, last_mb)
+            self.grad_ready(st, s, m.hidden * vocab * self.grad_b, last_mb)
         if self.lay.tp > 1 and self.comm:
             kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
             st.pending += self.collective(st, f"{pre}.head.{kind}", kind,

@@ -161,6 +161,10 @@ class TrainingSpec(InputModel):
     # batched GEMMs for QK^T and PV over the whole s x s, a fused scale-mask-softmax and a dropout
     # on the probabilities, each moving the s x s scores through HBM.
     attention: Literal["flash", "unfused"] = "flash"
+    # The cross-entropy loss over the logits. fused: one kernel reads the 16-bit logits and writes
+    # their gradient (a fused cross entropy). megatron: Megatron-LM's vocab-parallel cross entropy
+    # on FP32 logits, a pass each (ovsim.models.training_emit.LOSS_PASSES).
+    loss: Literal["fused", "megatron"] = "fused"
     # The optimizer step over this rank's parameters (memory-bound). true or "fused_adam": one fused
     # Adam pass (apex/PyTorch fused AdamW). "megatron": Megatron-LM's mixed-precision optimizer
     # around it, with its passes over the gradients and weights (ovsim.models.training_emit.
@@ -316,6 +320,15 @@ def wire_element_bytes(precision: str) -> int:
     return 4 if precision in ("fp32", "tf32") else 2
 
 
+def gradient_element_bytes(spec: TrainingSpec) -> int:
+    """Bytes per element of the gradients DDP accumulates and reduces: the wire's width, except under
+    Megatron-LM's optimizer with BF16 or FP8 weights, which accumulates and reduces them in FP32
+    (its arguments.py sets ``accumulate_allreduce_grads_in_fp32`` for BF16; FP16 keeps them 16-bit)."""
+    if spec.optimizer_mode == "megatron" and spec.precision in ("bf16", "fp8"):
+        return 4
+    return wire_element_bytes(spec.precision)
+
+
 def activation_element_bytes(precision: str) -> int:
     return 4 if precision in ("fp32", "tf32") else 2
 
@@ -379,4 +392,4 @@ def params_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int, stage: 
 
 
 def grad_bytes_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int) -> float:
-    return float(params_per_rank(spec, m, tp, pp) * wire_element_bytes(spec.precision))
+    return float(params_per_rank(spec, m, tp, pp) * gradient_element_bytes(spec))
