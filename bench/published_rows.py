@@ -261,8 +261,11 @@ class FoundryRow:
     """A row of llm-foundry's MPT throughput tables: FSDP FULL_SHARD over every GPU, BF16 with
     FlashAttention (triton or flash: the tables do not say which), activation checkpointing as the
     row says (ovsim's full recomputation), gradient accumulation over ``accum`` micro-batches.
-    Assumed where the source is silent: gradients reduced in BF16 (ovsim's 16-bit wire; Composer's
-    DEFAULT mixed precision reduced in BF16 or FP32 depending on its version), A100 nodes of 8 GPUs
+    Its step: Composer's DecoupledAdamW after gradient-norm clipping (the MPT recipes,
+    scripts/train/yamls/pretrain/mpt-*.yaml: ``decoupled_adamw``, weight decay 0,
+    ``gradient_clipping`` by norm; ovsim's ``optimizer: composer``); gradients reduced in BF16
+    (ovsim's 16-bit wire: the benchmark script's default ``fsdp_config.mixed_precision`` is PURE,
+    scripts/train/benchmarking/submit_benchmarks.py). Assumed where the source is silent: A100 nodes of 8 GPUs
     with eight 200 Gb/s NICs (the tables' 1600 Gbps RoCE), one H100 node (only single-node H100 rows
     are run: the tables give no H100 interconnect)."""
 
@@ -309,7 +312,7 @@ class FoundryRow:
                 "model": {"layers": layers, "hidden": hidden, "heads": heads, "vocab": 50_368, "seq_len": self.seq,
                           "gated_mlp": False, "tied_embeddings": True},
                 "micro_batch_size": self.micro_batch, "micro_batches": self.accum, "precision": self.precision,
-                "recompute": self.recompute, "attention": "flash",
+                "recompute": self.recompute, "attention": "flash", "optimizer": "composer",
                 "parallel": {"dp": self.gpus, "dp_mode": "fsdp"},
             },
         })

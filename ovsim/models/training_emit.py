@@ -59,13 +59,25 @@ def optimizer_passes(spec: TrainingSpec, grad_b: int) -> list[tuple[str, float, 
     the norm exceeds the clip and is not counted), fused Adam on the FP32 gradients, the FP32
     weights copied to the 16-bit ones (``_copy_main_params_to_model_params``), and the gradient
     buffer zeroed for the next iteration, whole on every rank (``zero_grad_buffer``). FP32 training
-    runs none of the copies."""
+    runs none of the copies.
+
+    composer: llm-foundry's step. Gradient-norm clipping (its MPT recipes' ``gradient_clipping``,
+    FSDP's ``clip_grad_norm_``): the FP32 gradients read for their norm (4 B) and scaled in place
+    whatever the norm (8 B). Then Composer's ``DecoupledAdamW.adamw``, PyTorch ops one parameter
+    at a time, each a pass over FP32 tensors: the first moment scaled and the gradient added (8 +
+    12 B), the second scaled and the gradient's square added (8 + 12), its square root, the bias
+    correction's division and epsilon's addition, each writing the denominator (8 + 8 + 8), and
+    the weight updated from the moment and denominator (16): 80 B. Decoupled weight decay would
+    add a pass (8 B); the MPT recipes set it to 0 and it is not counted. FSDP casts the updated
+    FP32 shard to 16 bits when it next gathers it, which is not counted here."""
     mode = spec.optimizer_mode
     if mode == "none":
         return []
     mixed = spec.precision not in ("fp32", "tf32")
     if mode == "fused_adam":
         return [("optimizer", 24.0 + grad_b + (2.0 if mixed else 0.0), 0.0)]
+    if mode == "composer":
+        return [("grad_norm", 4.0, 0.0), ("grad_clip", 8.0, 0.0), ("optimizer", 80.0, 0.0)]
     passes: list[tuple[str, float, float]] = []
     if grad_b < 4:
         passes.append(("grad_copy", grad_b + 4.0, 0.0))

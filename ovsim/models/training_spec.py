@@ -167,9 +167,10 @@ class TrainingSpec(InputModel):
     loss: Literal["fused", "megatron"] = "fused"
     # The optimizer step over this rank's parameters (memory-bound). true or "fused_adam": one fused
     # Adam pass (apex/PyTorch fused AdamW). "megatron": Megatron-LM's mixed-precision optimizer
-    # around it, with its passes over the gradients and weights (ovsim.models.training_emit.
-    # optimizer_passes). false or "none": no step.
-    optimizer: bool | Literal["none", "fused_adam", "megatron"] = True
+    # around it, with its passes over the gradients and weights. "composer": Composer's
+    # DecoupledAdamW (llm-foundry), PyTorch ops a pass each, after gradient-norm clipping
+    # (ovsim.models.training_emit.optimizer_passes). false or "none": no step.
+    optimizer: bool | Literal["none", "fused_adam", "megatron", "composer"] = True
     # Embedding on the first stage, LM head and loss on the last; false studies a uniform pipeline.
     embedding_and_head: bool = True
     # false drops every collective and send/recv (the compute-only reference; stages still wait
@@ -185,7 +186,7 @@ class TrainingSpec(InputModel):
         return "selective" if self.recompute == "selective" else "none"
 
     @property
-    def optimizer_mode(self) -> Literal["none", "fused_adam", "megatron"]:
+    def optimizer_mode(self) -> Literal["none", "fused_adam", "megatron", "composer"]:
         """What ``optimizer`` asks for, with the boolean spellings resolved."""
         if self.optimizer is True:
             return "fused_adam"

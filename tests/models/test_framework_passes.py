@@ -25,7 +25,7 @@ PARAMS = LAYERS * (12 * GPT.hidden**2 + 13 * GPT.hidden) + (GPT.vocab + SMALL["s
 def _step(ranks: int = 1, **kw: object) -> dict[str, float]:
     """Rank 0's optimizer passes of SMALL: bytes by pass name, in the order they run."""
     spec = TrainingSpec.model_validate({**SMALL, **kw})
-    names = ("grad_copy", "unscale", "grad_norm", "optimizer", "param_copy", "zero_grad")
+    names = ("grad_copy", "unscale", "grad_norm", "grad_clip", "optimizer", "param_copy", "zero_grad")
     return {o.name.split(".", 1)[1]: float(o.bytes) for o in training_ops(spec, ranks).ops
             if isinstance(o, MemoryOp) and o.name.split(".", 1)[1] in names}
 
@@ -138,3 +138,15 @@ def test_megatron_s_cross_entropy_casts_nothing_in_fp32_training() -> None:
                    "B0.loss.mul": 8}
     assert _loss(loss="megatron", precision="fp32") == pytest.approx(
         {k: v * elements for k, v in per_element.items()})
+
+
+def test_composer_s_step_clips_then_runs_adamw_op_by_op_on_the_fsdp_shard() -> None:
+    """llm-foundry's step on FSDP's 1/dp shard of FP32 parameters: the gradients' norm read (4 B)
+    and their scaling in place (4 + 4), then Composer's DecoupledAdamW without weight decay: the
+    moments' scale and update (8 + 12, 8 + 12), the denominator's square root, division and
+    epsilon (3 x 8) and the weight's update (16): 92 B a parameter where fused Adam moves 28."""
+    dp = 4
+    step = _step(dp, optimizer="composer", parallel={"dp_mode": "fsdp"})
+    assert list(step) == ["grad_norm", "grad_clip", "optimizer"]
+    assert step == pytest.approx({"grad_norm": 4 * PARAMS / dp, "grad_clip": 8 * PARAMS / dp,
+                                  "optimizer": 80 * PARAMS / dp}, rel=0.01)
