@@ -425,8 +425,16 @@ class FsdpCollectives:
     (``zero3_bucket_elements``, its ``reduce_bucket_size``) and at the end of each backward, on that
     stream: the next copy waits for it. At the end of each backward the compute stream waits for the
     last reduce-scatter (every implementation but ``none``). Each copy or divide reads and writes
-    the unit's (or bucket's) unsharded tensor at the wire's width. Left out, each at most 1/dp of a
-    pass: casting the shard before an all-gather, dividing and accumulating the reduced shard.
+    the unit's (or bucket's) unsharded tensor at the wire's width.
+
+    With 16-bit mixed precision PyTorch's FSDPs keep the shards in FP32 and cast them for every
+    all-gather (``fsdp1``: ``_use_low_precision_shard`` on the pre-unshard stream; ``fsdp2``:
+    ``foreach_all_gather``'s copy-in on the all-gather copy-in stream): 4 + 2 bytes a parameter of
+    the shard, on stream ``dp_gather``, the all-gather after it. The reduced shard is cast back to
+    FP32 (2 + 4 bytes) and, from the second micro-batch on, added to the gradient accumulated so
+    far (4 + 4 + 4), after the reduce-scatter on stream ``dp_post`` (``_cast_grad_to_param_dtype``
+    and ``_accumulate_sharded_grad``; ``foreach_reduce``'s post-reduce). DeepSpeed keeps 16-bit
+    partitions and casts once a step, which is left out.
     """
 
     def __init__(self, g: LayerEmitter, layers: int) -> None:
@@ -446,6 +454,11 @@ class FsdpCollectives:
         self.bucket_bytes = 0.0
         self.bucket_copy = ""
         self.buckets = 0
+        # PyTorch's FSDPs cast FP32 shards to 16 bits for each gather and back after each reduce.
+        self.casts = g.p.fsdp_impl in ("fsdp1", "fsdp2") and g.comm_b == 2
+        self.dp = g.lay.dp
+        # The last shard cast back and accumulated (the end of backward waits for it too).
+        self.last_post: list[str] = []
 
     def _copy_out(self, st: StageState, name: str, nbytes: float, gathered: list[str]) -> None:
         """The gathered parameters copied out of the all-gather's buffer once the all-gather
@@ -459,7 +472,24 @@ class FsdpCollectives:
             st.pending.append(self.g.side_mem(st, f"{name}.copy_out", 2.0 * nbytes, FSDP_GATHER_STREAM, [],
                                               after_any=gathered))
 
-    def _reduce(self, st: StageState, name: str, nbytes: float) -> None:
+    def _shard_cast(self, st: StageState, name: str, nbytes: float) -> list[str] | None:
+        """The FP32 shard cast to 16 bits before its all-gather (the all-gather's ``after``); None
+        where no cast runs."""
+        if not self.casts:
+            return None
+        cast = self.g.side_mem(st, f"{name}.shard_cast", 3.0 * nbytes / self.dp, FSDP_GATHER_STREAM,
+                               [st.last] if st.last else [])
+        return [cast]
+
+    def _post_reduce(self, st: StageState, name: str, nbytes: float, mb: int) -> None:
+        """The reduced shard cast back to FP32 and, after the first micro-batch, accumulated."""
+        if not self.casts:
+            return
+        per_param = 6.0 + (12.0 if mb > 0 else 0.0)
+        self.last_post = [self.g.side_mem(st, f"{name}.shard_grad", per_param * nbytes / 2.0 / self.dp,
+                                          FSDP_POST_STREAM, [], after_any=self.last_rs)]
+
+    def _reduce(self, st: StageState, name: str, nbytes: float, mb: int = 0) -> None:
         """A unit's gradients reduce-scattered after its backward, with the implementation's copies."""
         impl, g = self.g.p.fsdp_impl, self.g
         after: list[str] | None = None
@@ -476,6 +506,7 @@ class FsdpCollectives:
             return
         self.last_rs = g.collective(st, f"{name}.rs", "reduce_scatter", nbytes, "dp", self.groups, after=after)
         st.rs += self.last_rs
+        self._post_reduce(st, name, nbytes, mb)
 
     def _fill_bucket(self, st: StageState, name: str, nbytes: float) -> None:
         """zero3: a unit's gradients copied into the reduce bucket, the bucket reduce-scattered first
@@ -507,20 +538,23 @@ class FsdpCollectives:
             return
         if self.bucket_bytes:
             self._flush(st)
-        st.pending += self.last_rs
+        st.pending += self.last_rs + self.last_post
 
     def _gather(self, st: StageState, phase: str, layer: int, mb: int) -> None:
         key = (phase, layer, mb)
         if key in self.names or not 0 <= layer < self.layers:
             return
-        self.names[key] = self.g.collective(st, f"{phase}{mb}.L{layer}.fsdp.ag", "all_gather", self.layer_bytes,
-                                            "dp", self.groups)
+        name = f"{phase}{mb}.L{layer}.fsdp"
+        after = self._shard_cast(st, name, self.layer_bytes)
+        self.names[key] = self.g.collective(st, f"{name}.ag", "all_gather", self.layer_bytes, "dp", self.groups,
+                                            after=after)
 
     def gather_embedding(self, st: StageState) -> None:
         if ("E", -1, 0) in self.names:
             return
+        after = self._shard_cast(st, "fsdp.embed", self.emb_bytes)
         self.names[("E", -1, 0)] = self.g.collective(st, "fsdp.embed.ag", "all_gather", self.emb_bytes, "dp",
-                                                     self.groups)
+                                                     self.groups, after=after)
         st.pending += self.names[("E", -1, 0)]
         self._copy_out(st, "fsdp.embed", self.emb_bytes, self.names[("E", -1, 0)])
 
@@ -541,7 +575,7 @@ class FsdpCollectives:
         self._copy_out(st, f"B{mb}.L{layer}.fsdp", self.layer_bytes, self.names[("B", layer, mb)])
 
     def after_backward(self, st: StageState, layer: int, mb: int) -> None:
-        self._reduce(st, f"B{mb}.L{layer}.fsdp", self.layer_bytes)
+        self._reduce(st, f"B{mb}.L{layer}.fsdp", self.layer_bytes, mb)
 
     def reduce_embedding(self, st: StageState, mb: int) -> None:
-        self._reduce(st, f"B{mb}.fsdp.embed", self.emb_bytes)
+        self._reduce(st, f"B{mb}.fsdp.embed", self.emb_bytes, mb)

@@ -193,7 +193,7 @@ def test_fsdp_copies_cost_what_their_bytes_take(impl: str, copies_per_layer: int
     backward, and the copy-in; zero3, its bucket a layer: the two copy-outs, the copy-in and the
     bucket's cat and divide) over a streaming kernel's bandwidth: at most the
     A100 40 GB's HBM peak (1,555 GB/s, its datasheet), at least half of it."""
-    copy = (".grad_cat", ".predivide", ".copy_out", ".copy_in", ".cat")
+    copy = (".grad_cat", ".predivide", ".copy_out", ".copy_in", ".cat", ".shard_cast", ".shard_grad")
     base = {**SMALL, "embedding_and_head": False, "optimizer": False}
     times = {}
     for each in ("none", impl):
@@ -203,6 +203,10 @@ def test_fsdp_copies_cost_what_their_bytes_take(impl: str, copies_per_layer: int
         times[each] = r.timeline.makespan_s
         copies_s = float(r.ops.loc[r.ops["name"].str.endswith(copy), "duration_s"].sum())
     copy_bytes = copies_per_layer * SMALL["layers"] * LAYER_COPY_BYTES
+    if impl in ("fsdp1", "fsdp2"):
+        # The FP32 shard cast for the forward's and the backward's gathers (4 + 2 B each) and the
+        # reduced shard cast back (2 + 4 B), a quarter of the layer on 4 ranks.
+        copy_bytes += SMALL["layers"] * 3 * 6 * LAYER_PARAMS / 4
     assert times[impl] - times["none"] == pytest.approx(copies_s, rel=1e-6, abs=1e-12)
     assert copy_bytes / 1.555e12 <= copies_s <= 2 * copy_bytes / 1.555e12
 
@@ -217,3 +221,30 @@ def test_stream_priorities_need_not_name_fsdps_own_stream(impl: str) -> None:
                                   "training": {**SMALL, "layers": 2,
                                                "parallel": {"dp_mode": "fsdp", "fsdp_impl": impl}}})
     assert predict(sc).timeline.makespan_s > 0
+
+
+@pytest.mark.parametrize("impl", ["fsdp1", "fsdp2"])
+def test_pytorch_fsdp_casts_its_fp32_shards_for_each_gather_and_after_each_reduce(impl: str) -> None:
+    """Mixed precision (BF16 on 4 ranks): before each all-gather the rank's FP32 shard, a quarter of
+    the layer, is cast to BF16 (4 + 2 B a parameter) on the gather stream, the all-gather after
+    it; after each reduce-scatter the reduced shard is cast back (2 + 4 B) and, from the second
+    micro-batch, added to the accumulated gradient (4 + 4 + 4 B), on the post-backward stream, and
+    the next micro-batch waits for it. FP32 training and DeepSpeed cast nothing."""
+    ops = _fsdp_ops(impl, micro_batches=2)
+    by_name = {o.name: o for o in ops}
+    casts = [o for o in ops if o.name.endswith(".shard_cast") and ".L" in o.name]
+    assert len(casts) == 2 * 2 * SMALL["layers"] and {o.stream for o in casts} == {"dp_gather"}
+    assert [o.bytes for o in casts] == pytest.approx([6 * LAYER_PARAMS / 4] * len(casts))
+    for c in casts:
+        assert by_name[c.name.replace(".shard_cast", ".ag")].after == [c.name]
+    post = {o.name: o for o in ops if o.name.endswith(".shard_grad") and ".L" in o.name}
+    assert {o.stream for o in post.values()} == {"dp_post"}
+    assert post["B0.L3.fsdp.shard_grad"].bytes == pytest.approx(6 * LAYER_PARAMS / 4)
+    assert post["B1.L3.fsdp.shard_grad"].bytes == pytest.approx(18 * LAYER_PARAMS / 4)
+    assert post["B0.L3.fsdp.shard_grad"].after_any == ["B0.L3.fsdp.rs"]
+    first_of_mb1 = next(o for o in ops if o.name.startswith("F1.") and o.stream == "compute")
+    last_post_mb0 = [n for n in post if n.startswith("B0.")][-1]
+    assert last_post_mb0 in first_of_mb1.after_any
+    for kw in ({"precision": "fp32"}, {}):
+        other = _fsdp_ops(impl if kw else "zero3", **kw)
+        assert not [o for o in other if o.name.endswith((".shard_cast", ".shard_grad"))]
