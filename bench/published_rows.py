@@ -263,9 +263,10 @@ class FoundryRow:
     row says (ovsim's full recomputation), gradient accumulation over ``accum`` micro-batches.
     Its step: Composer's DecoupledAdamW after gradient-norm clipping (the MPT recipes,
     scripts/train/yamls/pretrain/mpt-*.yaml: ``decoupled_adamw``, weight decay 0,
-    ``gradient_clipping`` by norm; ovsim's ``optimizer: composer``); gradients reduced in BF16
-    (ovsim's 16-bit wire: the benchmark script's default ``fsdp_config.mixed_precision`` is PURE,
-    scripts/train/benchmarking/submit_benchmarks.py). Assumed where the source is silent: A100 nodes of 8 GPUs
+    ``gradient_clipping`` by norm; ovsim's ``optimizer: composer``). Assumed where the source is
+    silent: gradients reduced in BF16 (ovsim's 16-bit wire; scripts/train/benchmarking/
+    submit_benchmarks.py set ``fsdp_config.mixed_precision`` to PURE, which reduces in BF16, in its
+    early versions and left Composer's DEFAULT, which reduces in FP32, in later ones), A100 nodes of 8 GPUs
     with eight 200 Gb/s NICs (the tables' 1600 Gbps RoCE), one H100 node (only single-node H100 rows
     are run: the tables give no H100 interconnect)."""
 

@@ -68,8 +68,9 @@ def optimizer_passes(spec: TrainingSpec, grad_b: int) -> list[tuple[str, float, 
     12 B), the second scaled and the gradient's square added (8 + 12), its square root, the bias
     correction's division and epsilon's addition, each writing the denominator (8 + 8 + 8), and
     the weight updated from the moment and denominator (16): 80 B. Decoupled weight decay would
-    add a pass (8 B); the MPT recipes set it to 0 and it is not counted. FSDP casts the updated
-    FP32 shard to 16 bits when it next gathers it, which is not counted here."""
+    add a pass (8 B); the MPT recipes set it to 0 and it is not counted, and so is FP16's loss-scale
+    unscale (the MPT recipes run BF16). FSDP casts the updated FP32 shard to 16 bits when it next
+    gathers it, counted with its gathers (:class:`FsdpCollectives`)."""
     mode = spec.optimizer_mode
     if mode == "none":
         return []
@@ -404,6 +405,16 @@ class LayerEmitter:
                                           float(T * m.hidden * self.act_b), "tp", self.lay.tp_groups(s))
 
 
+def postdivide_factor(world_size: int) -> float:
+    """What PyTorch's FSDP divides a reduced gradient by after its reduce-scatter: the world size
+    over the pre-divide factor, the largest power of 2 that divides the world size and stays at
+    most its square root (``_get_gradient_predivide_factor``)."""
+    factor = 1
+    while world_size % factor == 0 and world_size / factor > factor:
+        factor *= 2
+    return world_size / factor
+
+
 class FsdpCollectives:
     """FSDP / ZeRO-3 per-layer all-gathers (prefetched) and reduce-scatters, with the copy kernels
     the implementation (``parallel.fsdp_impl``) runs around them; docs/training.md, "FSDP's copies".
@@ -433,8 +444,11 @@ class FsdpCollectives:
     the shard, on stream ``dp_gather``, the all-gather after it. The reduced shard is cast back to
     FP32 (2 + 4 bytes) and, from the second micro-batch on, added to the gradient accumulated so
     far (4 + 4 + 4), after the reduce-scatter on stream ``dp_post`` (``_cast_grad_to_param_dtype``
-    and ``_accumulate_sharded_grad``; ``foreach_reduce``'s post-reduce). DeepSpeed keeps 16-bit
-    partitions and casts once a step, which is left out.
+    and ``_accumulate_sharded_grad``; ``foreach_reduce``'s post-reduce); ``fsdp1`` (and ``fsdp2`` in
+    FP16) first divides it by the post-divide factor where that is above 1 (2 + 2). Left out:
+    ``fsdp2``'s copy of the cast shard into the all-gather's input (2 + 2), and its post-reduce
+    holding the next reduce-scatter (it runs on that stream); DeepSpeed keeps 16-bit partitions and
+    casts once a step.
     """
 
     def __init__(self, g: LayerEmitter, layers: int) -> None:
@@ -482,10 +496,12 @@ class FsdpCollectives:
         return [cast]
 
     def _post_reduce(self, st: StageState, name: str, nbytes: float, mb: int) -> None:
-        """The reduced shard cast back to FP32 and, after the first micro-batch, accumulated."""
+        """The reduced shard divided by what the pre-divide left (where it divides), cast back to
+        FP32 and, after the first micro-batch, accumulated."""
         if not self.casts:
             return
-        per_param = 6.0 + (12.0 if mb > 0 else 0.0)
+        divides = self.g.p.fsdp_impl == "fsdp1" or self.g.spec.precision == "fp16"
+        per_param = (4.0 if divides and postdivide_factor(self.dp) > 1 else 0.0) + 6.0 + (12.0 if mb > 0 else 0.0)
         self.last_post = [self.g.side_mem(st, f"{name}.shard_grad", per_param * nbytes / 2.0 / self.dp,
                                           FSDP_POST_STREAM, [], after_any=self.last_rs)]
 

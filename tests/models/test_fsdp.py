@@ -191,7 +191,7 @@ def test_fsdp_copies_cost_what_their_bytes_take(impl: str, copies_per_layer: int
     implementation's iteration exceeds the copy-free one by exactly its copies' time, and that time
     is their bytes (fsdp1: the cat and the pre-divide a layer; fsdp2: two copy-outs, forward and
     backward, and the copy-in; zero3, its bucket a layer: the two copy-outs, the copy-in and the
-    bucket's cat and divide) over a streaming kernel's bandwidth: at most the
+    bucket's cat and divide; PyTorch's two, their shard casts) over a streaming kernel's bandwidth: at most the
     A100 40 GB's HBM peak (1,555 GB/s, its datasheet), at least half of it."""
     copy = (".grad_cat", ".predivide", ".copy_out", ".copy_in", ".cat", ".shard_cast", ".shard_grad")
     base = {**SMALL, "embedding_and_head": False, "optimizer": False}
@@ -205,8 +205,9 @@ def test_fsdp_copies_cost_what_their_bytes_take(impl: str, copies_per_layer: int
     copy_bytes = copies_per_layer * SMALL["layers"] * LAYER_COPY_BYTES
     if impl in ("fsdp1", "fsdp2"):
         # The FP32 shard cast for the forward's and the backward's gathers (4 + 2 B each) and the
-        # reduced shard cast back (2 + 4 B), a quarter of the layer on 4 ranks.
-        copy_bytes += SMALL["layers"] * 3 * 6 * LAYER_PARAMS / 4
+        # reduced shard cast back (2 + 4 B), a quarter of the layer on 4 ranks; fsdp1 first divides
+        # it by the post-divide factor, 2 on 4 ranks (2 + 2 B).
+        copy_bytes += SMALL["layers"] * (3 * 6 + (4 if impl == "fsdp1" else 0)) * LAYER_PARAMS / 4
     assert times[impl] - times["none"] == pytest.approx(copies_s, rel=1e-6, abs=1e-12)
     assert copy_bytes / 1.555e12 <= copies_s <= 2 * copy_bytes / 1.555e12
 
@@ -223,14 +224,18 @@ def test_stream_priorities_need_not_name_fsdps_own_stream(impl: str) -> None:
     assert predict(sc).timeline.makespan_s > 0
 
 
-@pytest.mark.parametrize("impl", ["fsdp1", "fsdp2"])
-def test_pytorch_fsdp_casts_its_fp32_shards_for_each_gather_and_after_each_reduce(impl: str) -> None:
-    """Mixed precision (BF16 on 4 ranks): before each all-gather the rank's FP32 shard, a quarter of
-    the layer, is cast to BF16 (4 + 2 B a parameter) on the gather stream, the all-gather after
+@pytest.mark.parametrize(("impl", "precision"), [("fsdp1", "bf16"), ("fsdp2", "bf16"), ("fsdp1", "fp16"),
+                                                  ("fsdp2", "fp8")])
+def test_pytorch_fsdp_casts_its_fp32_shards_for_each_gather_and_after_each_reduce(impl: str, precision: str) -> None:
+    """16-bit mixed precision on 4 ranks: before each all-gather the rank's FP32 shard, a quarter of
+    the layer, is cast to 16 bits (4 + 2 B a parameter) on the gather stream, the all-gather after
     it; after each reduce-scatter the reduced shard is cast back (2 + 4 B) and, from the second
     micro-batch, added to the accumulated gradient (4 + 4 + 4 B), on the post-backward stream, and
-    the next micro-batch waits for it. FP32 training and DeepSpeed cast nothing."""
-    ops = _fsdp_ops(impl, micro_batches=2)
+    the next micro-batch waits for it. fsdp1 divides the reduced shard first by the post-divide
+    factor, 4 / 2 on 4 ranks (PyTorch's _get_gradient_predivide_factor: 2) (2 + 2 B); fsdp2 only in
+    FP16. FP32 training and DeepSpeed cast nothing."""
+    ops = _fsdp_ops(impl, precision=precision, micro_batches=2)
+    divide = 4 if impl == "fsdp1" else 0
     by_name = {o.name: o for o in ops}
     casts = [o for o in ops if o.name.endswith(".shard_cast") and ".L" in o.name]
     assert len(casts) == 2 * 2 * SMALL["layers"] and {o.stream for o in casts} == {"dp_gather"}
@@ -239,8 +244,8 @@ def test_pytorch_fsdp_casts_its_fp32_shards_for_each_gather_and_after_each_reduc
         assert by_name[c.name.replace(".shard_cast", ".ag")].after == [c.name]
     post = {o.name: o for o in ops if o.name.endswith(".shard_grad") and ".L" in o.name}
     assert {o.stream for o in post.values()} == {"dp_post"}
-    assert post["B0.L3.fsdp.shard_grad"].bytes == pytest.approx(6 * LAYER_PARAMS / 4)
-    assert post["B1.L3.fsdp.shard_grad"].bytes == pytest.approx(18 * LAYER_PARAMS / 4)
+    assert post["B0.L3.fsdp.shard_grad"].bytes == pytest.approx((divide + 6) * LAYER_PARAMS / 4)
+    assert post["B1.L3.fsdp.shard_grad"].bytes == pytest.approx((divide + 18) * LAYER_PARAMS / 4)
     assert post["B0.L3.fsdp.shard_grad"].after_any == ["B0.L3.fsdp.rs"]
     first_of_mb1 = next(o for o in ops if o.name.startswith("F1.") and o.stream == "compute")
     last_post_mb0 = [n for n in post if n.startswith("B0.")][-1]
@@ -248,3 +253,24 @@ def test_pytorch_fsdp_casts_its_fp32_shards_for_each_gather_and_after_each_reduc
     for kw in ({"precision": "fp32"}, {}):
         other = _fsdp_ops(impl if kw else "zero3", **kw)
         assert not [o for o in other if o.name.endswith((".shard_cast", ".shard_grad"))]
+
+
+def test_the_embedding_s_shard_is_cast_before_its_one_gather() -> None:
+    """The embedding (tied, with learned positions) is gathered once an iteration and reduced every
+    micro-batch: its FP32 shard cast once, 6 B a parameter of its quarter on 4 ranks, before the
+    gather, which waits for it."""
+    spec = TrainingSpec.model_validate({**SMALL, "micro_batches": 2, "parallel": {"dp_mode": "fsdp"}})
+    ops = {o.name: o for o in training_ops(spec, 4).ops}
+    embedding = (PRESETS["gpt3-1.3b"].vocab + SMALL["seq_len"]) * _H
+    assert ops["fsdp.embed.shard_cast"].bytes == pytest.approx(6 * embedding / 4)
+    assert ops["fsdp.embed.ag"].after == ["fsdp.embed.shard_cast"]
+    assert {n for n in ops if n.endswith("fsdp.embed.shard_grad")} == {"B0.fsdp.embed.shard_grad",
+                                                                      "B1.fsdp.embed.shard_grad"}
+
+
+def test_the_post_divide_factor_is_pytorchs() -> None:
+    """FSDP's pre-divide factor is the largest power of 2 dividing the world size at most its square
+    root; what is left is divided after the reduce-scatter (torch/distributed/fsdp/_init_utils)."""
+    from ovsim.models.training_emit import postdivide_factor
+
+    assert [postdivide_factor(n) for n in (1, 2, 4, 8, 16, 32, 6)] == [1, 1, 2, 2, 4, 4, 1.5]
