@@ -19,8 +19,8 @@ degree, the Megatron-LM layout; Narayanan et al., SC'21):
   (selective: its core attention, before the attention's backward);
 * the embedding on the first pipeline stage, the LM head and loss on the last;
 * an optimizer step over this rank's parameters (memory-bound): one fused Adam pass, or the
-  passes of Megatron-LM's mixed-precision optimizer (``optimizer: megatron``; :func:`ovsim.models.
-  training_emit.optimizer_passes`).
+  passes of Megatron-LM's mixed-precision optimizer (``optimizer: megatron``) or of Composer's
+  AdamW (``composer``; :func:`ovsim.models.training_emit.optimizer_passes`).
 
 Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANCE.md):
 
