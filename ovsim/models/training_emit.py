@@ -470,7 +470,6 @@ class FsdpCollectives:
         self.buckets = 0
         # PyTorch's FSDPs cast FP32 shards to 16 bits for each gather and back after each reduce.
         self.casts = g.p.fsdp_impl in ("fsdp1", "fsdp2") and g.comm_b == 2
-        self.dp = g.lay.dp
         # The last shard cast back and accumulated (the end of backward waits for it too).
         self.last_post: list[str] = []
 
@@ -486,12 +485,17 @@ class FsdpCollectives:
             st.pending.append(self.g.side_mem(st, f"{name}.copy_out", 2.0 * nbytes, FSDP_GATHER_STREAM, [],
                                               after_any=gathered))
 
+    def _shard_bytes(self, per_param: float, nbytes: float) -> float:
+        """``per_param`` bytes a parameter of the rank's shard of a unit whose gathered tensor is
+        ``nbytes`` at the wire's width."""
+        return per_param * nbytes / self.g.comm_b / self.g.lay.dp
+
     def _shard_cast(self, st: StageState, name: str, nbytes: float) -> list[str] | None:
         """The FP32 shard cast to 16 bits before its all-gather (the all-gather's ``after``); None
         where no cast runs."""
         if not self.casts:
             return None
-        cast = self.g.side_mem(st, f"{name}.shard_cast", 3.0 * nbytes / self.dp, FSDP_GATHER_STREAM,
+        cast = self.g.side_mem(st, f"{name}.shard_cast", self._shard_bytes(6.0, nbytes), FSDP_GATHER_STREAM,
                                [st.last] if st.last else [])
         return [cast]
 
@@ -501,8 +505,8 @@ class FsdpCollectives:
         if not self.casts:
             return
         divides = self.g.p.fsdp_impl == "fsdp1" or self.g.spec.precision == "fp16"
-        per_param = (4.0 if divides and postdivide_factor(self.dp) > 1 else 0.0) + 6.0 + (12.0 if mb > 0 else 0.0)
-        self.last_post = [self.g.side_mem(st, f"{name}.shard_grad", per_param * nbytes / 2.0 / self.dp,
+        per_param = (4.0 if divides and postdivide_factor(self.g.lay.dp) > 1 else 0.0) + 6.0 + (12.0 if mb > 0 else 0.0)
+        self.last_post = [self.g.side_mem(st, f"{name}.shard_grad", self._shard_bytes(per_param, nbytes),
                                           FSDP_POST_STREAM, [], after_any=self.last_rs)]
 
     def _reduce(self, st: StageState, name: str, nbytes: float, mb: int = 0) -> None:
