@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ovsim.engine import compiled_modules
 from ovsim.engine.machine import MachineModel, build_machine
 from ovsim.engine.power import PowerConfig
 from ovsim.engine.sim import Engine, EngineOptions
@@ -208,6 +209,14 @@ def table(title: str, runs: list[Run]) -> None:
               f"{1e6 / r.rate:>9.1f} {r.events:>8} {r.makespan_s * 1e3:>11.2f} {r.coupled:>8} {r.kept_pct:>6.1f}")
 
 
+def engine_build() -> str:
+    """Whether the engine runs compiled (setup.py, OVSIM_COMPILE=1) or as Python."""
+    names = compiled_modules()
+    if names:
+        return f"compiled with mypyc ({len(names)} modules)"
+    return "pure Python (OVSIM_COMPILE=1 python setup.py build_ext --inplace compiles it)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--kernels", type=int, default=100_000, help="total kernels of the headline run (all ranks)")
@@ -254,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     head = run_once(*headline_cfg, gpu, system, params, machines, power)
     rss_head = maxrss_mib()
     print(f"headline: {head.kernels} kernels on {head.ranks} ranks ({GPU_NAME}, counters off)")
+    print(f"  engine                      : {engine_build()}")
     print(f"  Engine(...).run() wall time : {head.sim_s:.2f} s")
     print(f"  kernels simulated per second: {head.rate:,.0f}")
     print(f"  workload build time         : {head.build_s:.2f} s (not timed above)")

@@ -346,10 +346,11 @@ def skip_waves(sizes: list[int], first_end_s: list[float], period_s: list[float]
     blocks would otherwise take a loop turn per wave). Returns (waves given, each group's next wave
     end, blocks left)."""
     zero = [0] * len(sizes)
-    rate = sum(n / p for n, p in zip(sizes, period_s, strict=True))
+    # Sums of floats start at 0.0: the compiled engine (setup.py) checks that they are floats.
+    rate = sum((n / p for n, p in zip(sizes, period_s, strict=True)), 0.0)
     if rate <= 0 or blocks < 64 * sum(sizes):
         return zero, list(first_end_s), blocks
-    t_out = (blocks + sum(n * f / p for n, f, p in zip(sizes, first_end_s, period_s, strict=True))) / rate
+    t_out = (blocks + sum((n * f / p for n, f, p in zip(sizes, first_end_s, period_s, strict=True)), 0.0)) / rate
     t0 = t_out - 3 * max(period_s)
     given = [max(0, math.floor((t0 - f) / p) + 1) if t0 >= f else 0 for f, p in zip(first_end_s, period_s, strict=True)]
     used = sum(n * g for n, g in zip(sizes, given, strict=True))

@@ -51,6 +51,8 @@ class RateSolver:
         self.keep_loads = keep_loads
         self.check_invariants = check_invariants
         self.has_pressure = any(v > 0 for v in machine.nccl_memory_pressure.values())
+        # (share, weight) by protocol, looked up once: the pressure is asked at every coupled solve.
+        self._protocol_pressure: dict[str, tuple[float, float]] = {}
         # HBM's loaded-latency law (channel.latency_slowdowns), where the calibration has one.
         self.latency_law = machine.hbm_latency_capacity > 0
         self.resources: tuple[KernelResource, ...] = machine.kernel_resources
@@ -319,7 +321,11 @@ class RateSolver:
                 m = f.members.get(r)
                 if m is None or m.kernel is None or m.kernel.resident == 0 or f.demand.uses_copy_engine:
                     continue
-                share, weight = self.machine.pressure_of(f.demand.protocol)
+                protocol = f.demand.protocol
+                pw = self._protocol_pressure.get(protocol)
+                if pw is None:
+                    pw = self._protocol_pressure[protocol] = self.machine.pressure_of(protocol)
+                share, weight = pw
                 if share > 0:
                     total = share * m.kernel.resident
                     out.append((r, total if total < PRESSURE_MAX else PRESSURE_MAX, weight))

@@ -1,8 +1,8 @@
 """The discrete-event engine.
 
-simpy keeps the clock and the event queue. Between events every activity progresses at a constant
-rate, so the engine only needs an event when something changes: a launch, a block finishing, a
-flow finishing, a latency elapsing. At each such instant it
+:class:`~ovsim.engine.clock.EventQueue` keeps the clock and the events. Between events every
+activity progresses at a constant rate, so the engine only needs an event when something changes:
+a launch, a block finishing, a flow finishing, a latency elapsing. At each such instant it
 
 1. retires what finished and launches what that released (stream order, dependencies, host delays);
 2. lets each touched GPU's block dispatcher place waiting blocks (stream priority, then launch
@@ -51,10 +51,10 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-
-import simpy
+from typing import cast
 
 from ovsim.engine import dispatch, progress
+from ovsim.engine.clock import EventQueue
 from ovsim.engine.flows import Flows
 from ovsim.engine.machine import MachineModel
 from ovsim.engine.power import Period, PowerConfig
@@ -107,7 +107,7 @@ class Engine:
         self.workload = workload
         self.machine = machine
         self.opts = options or EngineOptions()
-        self.env = simpy.Environment()
+        self.env = EventQueue()
         self.gpus = [GpuState(r, g) for r, g in enumerate(machine.gpus)]
         self.priority = dict(priorities or {})
         for s in workload.streams:
@@ -176,7 +176,7 @@ class Engine:
 
         return steady_history(self.power, self.loop.idle_history(), [g.clock_frac for g in self.gpus], warm_run)
 
-    def _tick(self, _: simpy.Event) -> None:
+    def _tick(self, _: object) -> None:
         """A control period ends: the loop sets each GPU's clock at the next resolve."""
         if len(self.finished) == len(self.workload.ops):
             return
@@ -188,7 +188,7 @@ class Engine:
         periods = self.loop.steady_periods(self.now, self.env.peek())
         self.tick_due = True
         self._request_resolve()
-        self.env.timeout(periods * period).callbacks.append(self._tick)
+        self.env.schedule(periods * period, self._tick)
 
     # -- streams -------------------------------------------------------------------------------
 
@@ -203,7 +203,7 @@ class Engine:
             # of a loop of iterations, found by running it first); "idle", an idle window.
             if self.power_history is None and self.power.settings.start == "steady":
                 self.loop.start_clocks(self._steady_history())
-            self.env.timeout(self.power.model.control_period_s).callbacks.append(self._tick)
+            self.env.schedule(self.power.model.control_period_s, self._tick)
         by_stream: dict[tuple[int, str], list[Op]] = {}
         for op in self.workload.ops:
             by_stream.setdefault((op.rank, op.stream), []).append(op)
@@ -213,7 +213,7 @@ class Engine:
             for gpu in self.gpus:
                 self.loop.record(gpu, 0.0, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ()))
         self._request_resolve()
-        # The engine's objects (kernels, entries, flows, simpy's events) form no garbage cycles:
+        # The engine's objects (kernels, entries, flows, scheduled events) form no garbage cycles:
         # reference counting frees them, and the cyclic collector's passes over the growing heap
         # of a long run only cost time (about 5% of it).
         with paused_gc():
@@ -245,7 +245,7 @@ class Engine:
                     return
             if op.delay_s > 0 and not s.slept:
                 s.busy = True
-                self.env.timeout(op.delay_s).callbacks.append(self._on_wake(s))
+                self.env.schedule(op.delay_s, self._on_wake(s))
                 return
             s.slept = False
             if op.kind == "delay":
@@ -258,8 +258,8 @@ class Engine:
     def _next_order(self, s: StreamState) -> int:
         return self.order[s.ops[s.idx].id] if s.idx < len(s.ops) else -1
 
-    def _on_wake(self, s: StreamState) -> Callable[[simpy.Event], None]:
-        def wake(_: simpy.Event) -> None:
+    def _on_wake(self, s: StreamState) -> Callable[[object], None]:
+        def wake(_: object) -> None:
             s.busy = False
             s.slept = True
             self.woken.append(s)
@@ -285,7 +285,7 @@ class Engine:
     def set_clock_factor(self, rank: int, factor: float) -> None:
         """Scale rank's SM clock (compute-bound work slows, memory-bound work does not) from now on.
 
-        Callable before :meth:`run` or from a simpy process or callback while it runs."""
+        Callable before :meth:`run` or from an event's callback while it runs."""
         if not factor > 0:
             raise OvsimError(f"clock factor must be positive, got {factor}", field="clock_factor")
         if not 0 <= rank < len(self.gpus):
@@ -328,12 +328,10 @@ class Engine:
     def _request_resolve(self) -> None:
         if not self.resolve_pending:
             self.resolve_pending = True
-            ev = self.env.event()
-            ev.callbacks.append(self._resolve)
-            ev.succeed()
+            self.env.schedule(0.0, self._resolve)
 
-    def _on_timer(self, ev: simpy.Event) -> None:
-        rank, version = ev.value  # type: ignore[misc]  # set by _schedule_next
+    def _on_timer(self, timer: object) -> None:
+        rank, version = cast(tuple[int, int], timer)  # (rank, timer version), set by _schedule_next
         gpu = self.gpus[rank]
         if version == gpu.timer:
             gpu.timer_at = INF
@@ -352,7 +350,7 @@ class Engine:
         if gpu.batched:
             dispatch.unbatch(gpu)
 
-    def _resolve(self, _: simpy.Event | None) -> None:
+    def _resolve(self, _: object) -> None:
         self.resolve_pending = False
         # Time stands still during a resolve.
         self.now = now = self.env.now
@@ -479,8 +477,7 @@ class Engine:
         gpu.timer_at = at
         if dt == INF:
             return
-        t = self.env.timeout(at - now, (gpu.rank, gpu.timer))
-        t.callbacks.append(self._on_timer)
+        self.env.schedule(at - now, self._on_timer, (gpu.rank, gpu.timer))
 
     # -- completions ---------------------------------------------------------------------------
 
