@@ -194,6 +194,11 @@ class Engine:
 
     def run(self) -> Timeline:
         self._simulate()
+        # The run's indexes over every op (about 200 bytes an op) go before the timeline is built
+        # beside the results: they would otherwise set the peak of memory.
+        self.order.clear()  # shared with self.flows
+        self.finished.clear()
+        self.streams.clear()
         return timeline_of(self.workload, self.results, self.counters)
 
     def _simulate(self) -> None:
