@@ -19,10 +19,11 @@ from pathlib import Path
 from setuptools import setup
 
 ENGINE_DIR = Path("ovsim") / "engine"
-# Every module an engine event runs through. The rest of ovsim (scenario parsing, cost models,
-# the power loop's outer iterations, reports) runs once per prediction and stays Python.
+# Every module an engine event runs through, the power-limit loop and the recorder included. The
+# rest of ovsim (scenario parsing, workload building, cost models, reports) stays Python.
 COMPILED_MODULES = (
     "sim", "clock", "rates", "dispatch", "flows", "state", "channel", "resources", "progress", "routing",
+    "power_loop", "power", "record", "machine",
 )
 # Written beside the compiled modules: each source's SHA-256, which ovsim.engine checks at import.
 MANIFEST = "compiled_sources.json"
