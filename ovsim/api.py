@@ -11,15 +11,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import ValidationError
 
 from ovsim.engine.analytic import Plan, analytic_timeline
 from ovsim.engine.machine import build_machine
-from ovsim.engine.power import PowerConfig, power_table
+from ovsim.engine.power import PowerConfig, power_rows, power_table
 from ovsim.engine.power_analytic import OpTerms, analytic_power, restore_isolated, throttled_durations
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.engine.timeline import Timeline, on_ranks
@@ -29,12 +28,15 @@ from ovsim.hw.calib import Calibration, load_calibration
 from ovsim.hw.power import PowerSettings, check_settings, power_model
 from ovsim.hw.spec import GpuSpec, SystemSpec, check_domain, gpu_file, load_gpu, load_system
 from ovsim.hw.validation import validation_error
-from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy
+from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy, stream_busy_rows
 from ovsim.models.ir import Workload
 from ovsim.models.memory import MemoryEstimate, memory_estimate
 from ovsim.models.training import build_training_workload
 from ovsim.models.workload import build_workload
 from ovsim.scenario import InlineSystem, Mode, Scenario, load_scenario
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Result", "accounted_sequential_s", "compare", "load_scenario", "predict"]
 
@@ -90,7 +92,12 @@ class Result:
             return {}
         pc = self.power_config
         settings = pc.settings
-        t = self.power(window_s=SENSOR_WINDOW_S)
+        m = pc.model
+        rows = power_rows(self.timeline, self.workload.ranks_in_job, m.idle_w, m.compute_clock_hz,
+                          window_s=SENSOR_WINDOW_S)
+        t = {c: np.array([r[c] for r in rows], dtype=float) for c in ("avg_power_w", "peak_power_w", "energy_j",
+                                                                   "avg_sm_clock_hz", "min_sm_clock_hz",
+                                                                   "peak_window_power_w")}
         # Every replica a simulated rank stands for spends what it spends.
         energy = float(t["energy_j"].sum()) * self.workload.replicas
         return {
@@ -111,17 +118,17 @@ class Result:
         }
 
     def summary(self) -> dict[str, Any]:
-        ops = self.timeline.ops
-        ranks = rank_overlap(ops)
-        # Masks over the columns' arrays, not filtered copies of the frame (a schedule search
-        # summarizes thousands of small predictions).
-        kind = ops["kind"].to_numpy()
-        per_rank = ops["rank"].to_numpy() >= 0
+        tl = self.timeline
+        ranks = rank_overlap(tl)
+        # Masks over the columns' arrays, not filtered copies of a frame (a schedule search
+        # summarizes thousands of small predictions), and no frame at all: pandas is not imported.
+        kind = tl.op_column("kind")
+        per_rank = tl.op_column("rank") >= 0
         compute = per_rank & ~np.isin(kind, list(NON_COMPUTE))
         comm = per_rank & np.isin(kind, list(COMM_KINDS))
 
         def total(column: str, rows: np.ndarray) -> float:
-            return float(ops[column].to_numpy(dtype=float)[rows].sum())
+            return float(tl.op_column(column).astype(float)[rows].sum())
 
         n = max(1, len(ranks))
         compute_s = total("duration_s", compute) / n
@@ -156,7 +163,11 @@ class Result:
         }
 
     def streams(self) -> pd.DataFrame:
-        return stream_busy(self.timeline.ops)
+        return stream_busy(self.timeline)
+
+    def stream_rows(self) -> list[dict[str, Any]]:
+        """:meth:`streams` as records, without pandas."""
+        return stream_busy_rows(self.timeline)
 
     def expanded_ops(self) -> pd.DataFrame:
         """The timeline's ops on every rank of the job: where rank symmetry simulated some ranks
@@ -177,11 +188,12 @@ class Result:
     @property
     def expanded_rows(self) -> int:
         """Rows of :meth:`expanded_ops`, without making them."""
-        ops = self.timeline.ops
-        per_rank = int((ops["rank"] >= 0).sum())
-        return len(ops) + per_rank * (self.workload.replicas - 1)
+        per_rank = int((self.timeline.op_column("rank") >= 0).sum())
+        return self.timeline.n_ops + per_rank * (self.workload.replicas - 1)
 
     def _expanded(self, df: pd.DataFrame, *, ids: bool) -> pd.DataFrame:
+        import pandas as pd
+
         if self.workload.replicas == 1 or df.empty:
             return df
         per_rank = df[df["rank"] >= 0]
@@ -316,7 +328,7 @@ def _analytic(wl: Workload, gpu: GpuSpec, power: PowerConfig) -> Timeline:
     else:
         clocks = None
         timeline = analytic_timeline(wl, plan=plan)
-    return Timeline(ops=timeline.ops, counters=analytic_power(timeline, wl, gpu, power, clocks, terms))
+    return timeline.with_counters(analytic_power(timeline, wl, gpu, power, clocks, terms))
 
 
 def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = None,
@@ -333,6 +345,8 @@ def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = N
     Also with a sequential run first, ``accounted_sequential_s`` is each scenario's sequential
     time by the overlap study's accounting (:func:`accounted_sequential_s`).
     """
+    import pandas as pd
+
     if not scenarios:
         raise OvsimError("give at least one scenario to compare", field="scenarios")
     rows = []

@@ -13,11 +13,14 @@ too, though a profiler would record its copies as memcpys).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # HTA's categories (get_kernel_type): NCCL kernels are communication; memcpy and memset, memory.
 COMM_KINDS = {"collective"}
@@ -80,22 +83,41 @@ class RankOverlap:
         return self.span_s - (self.compute_busy_s + self.comm_busy_s - self.overlapped_s)
 
 
-def _with_end(ops: pd.DataFrame) -> pd.DataFrame:
-    if "end_s" in ops.columns:
-        return ops
-    return ops.assign(end_s=ops["start_s"] + ops["duration_s"])
+def _getter(ops: Any) -> tuple[Callable[[str], np.ndarray], int]:
+    """A column reader over a kernel table, a timeline's ``ops`` or a timeline itself (whose
+    columns are read without making its frame), and its row count. ``end_s`` is ``start_s +
+    duration_s`` where a table has no such column."""
+    if hasattr(ops, "op_column"):
+        get: Callable[[str], np.ndarray] = ops.op_column
+        n = int(ops.n_ops)
+    else:
+        frame = ops
+
+        def get(name: str) -> np.ndarray:
+            return np.asarray(frame[name].to_numpy())
+
+        n = len(frame)
+        if "end_s" not in frame.columns:
+            def get_end(name: str) -> np.ndarray:
+                if name == "end_s":
+                    return np.asarray(frame["start_s"].to_numpy(float) + frame["duration_s"].to_numpy(float))
+                return np.asarray(frame[name].to_numpy())
+
+            return get_end, n
+    return get, n
 
 
 def rank_overlap(ops: pd.DataFrame | Any) -> list[RankOverlap]:
     """Per rank: busy time of compute and communication, their overlap, exposed comm and idle time.
     ``ops``: a kernel table, a timeline's ``ops``, or a timeline itself."""
-    ops = _with_end(getattr(ops, "ops", ops))
-    kind = ops["kind"]
-    keep = ((ops["rank"] >= 0) & (kind != "delay")).to_numpy(bool)
-    rank = ops["rank"].to_numpy()[keep].astype(np.int64)
-    start, end = ops["start_s"].to_numpy(float)[keep], ops["end_s"].to_numpy(float)[keep]
-    is_comm = kind.isin(COMM_KINDS).to_numpy(bool)[keep]
-    is_comp = ~kind.isin(NON_COMPUTE).to_numpy(bool)[keep]
+    get, _ = _getter(ops)
+    kind = get("kind")
+    rank_all = get("rank")
+    keep = (rank_all >= 0) & (kind != "delay")
+    rank = rank_all[keep].astype(np.int64)
+    start, end = get("start_s").astype(float)[keep], get("end_s").astype(float)[keep]
+    is_comm = np.isin(kind, list(COMM_KINDS))[keep]
+    is_comp = ~np.isin(kind, list(NON_COMPUTE))[keep]
     t0 = float(start.min()) if len(start) else 0.0
     # Each rank's rows in their order in the table (a stable sort), as a group-by gives them.
     order = np.argsort(rank, kind="stable")
@@ -110,12 +132,33 @@ def rank_overlap(ops: pd.DataFrame | Any) -> list[RankOverlap]:
     return out
 
 
-def stream_busy(ops: pd.DataFrame) -> pd.DataFrame:
-    """Busy time (union of op intervals) per rank and stream."""
-    ops = _with_end(ops)
-    rows = ops[ops["rank"] >= 0]
-    recs = []
-    for (rank, stream), g in rows.groupby(["rank", "stream"], sort=True):
-        iv = union_intervals(g["start_s"].to_numpy(float), g["end_s"].to_numpy(float))
-        recs.append({"rank": rank, "stream": stream, "busy_s": _length(iv), "ops": len(g)})
-    return pd.DataFrame(recs, columns=["rank", "stream", "busy_s", "ops"])
+STREAM_COLUMNS = ["rank", "stream", "busy_s", "ops"]
+
+
+def stream_busy_rows(ops: pd.DataFrame | Any) -> list[dict[str, Any]]:
+    """Busy time (union of op intervals) and op count per rank and stream, sorted by rank and
+    stream: ``ops`` a kernel table, a timeline's ``ops`` or a timeline itself."""
+    get, n = _getter(ops)
+    if n == 0:
+        return []
+    rank_all = get("rank")
+    rows = np.flatnonzero(rank_all >= 0)
+    rank = rank_all[rows]
+    stream = get("stream")[rows]
+    start, end = get("start_s").astype(float)[rows], get("end_s").astype(float)[rows]
+    out: list[dict[str, Any]] = []
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for i, key in enumerate(zip(rank.tolist(), stream.tolist(), strict=True)):
+        groups.setdefault(key, []).append(i)
+    for (r, s) in sorted(groups):
+        mine = np.asarray(groups[(r, s)], dtype=np.int64)
+        iv = union_intervals(start[mine], end[mine])
+        out.append({"rank": r, "stream": s, "busy_s": _length(iv), "ops": len(mine)})
+    return out
+
+
+def stream_busy(ops: pd.DataFrame | Any) -> pd.DataFrame:
+    """Busy time (union of op intervals) per rank and stream, as a frame (:func:`stream_busy_rows`)."""
+    import pandas as pd
+
+    return pd.DataFrame(stream_busy_rows(ops), columns=STREAM_COLUMNS)

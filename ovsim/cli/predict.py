@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import numpy as np
+
 from ovsim.cli.common import (
     TABLE_NOTE,
     Progress,
@@ -41,24 +43,28 @@ def _table(result: Any, max_rows: int) -> str:
         f"calibrated {', '.join(s['calibration_files'])}",
         "",
     ]
-    streams = result.streams()
-    if len(streams):
+    streams = result.stream_rows()
+    if streams:
         lines.append(f"{'rank':>4} {'stream':<12} {'busy ms':>10} {'ops':>6}")
-        for rec in streams.head(max_rows).itertuples(index=False):
-            lines.append(f"{rec.rank:>4} {str(rec.stream)[:12]:<12} {fmt_s(rec.busy_s):>10} {rec.ops:>6}")
+        for rec in streams[:max_rows]:
+            lines.append(f"{rec['rank']:>4} {str(rec['stream'])[:12]:<12} {fmt_s(rec['busy_s']):>10} {rec['ops']:>6}")
         lines.append("")
-    ops = result.timeline.ops
-    ops = ops[ops["rank"] >= 0]
+    # From the timeline's columns: the table needs no frame (nor pandas).
+    tl = result.timeline
+    rows = np.flatnonzero(tl.op_column("rank") >= 0)
     header = f"{'op':<28} {'rank':>4} {'stream':<10} {'start ms':>10} {'dur ms':>10} {'alone ms':>10} " \
              f"{'slowdown':>8}  slowed by"
     lines.append(header)
     lines.append("-" * len(header))
-    for rec in ops.head(max_rows).itertuples(index=False):
-        lines.append(f"{str(rec.name)[:28]:<28} {rec.rank:>4} {str(rec.stream)[:10]:<10} {fmt_s(rec.start_s):>10} "
-                     f"{fmt_s(rec.duration_s):>10} {fmt_s(rec.isolated_s):>10} {rec.slowdown:>7.2f}x  "
-                     f"{rec.slowed_by}")
-    if len(ops) > max_rows:
-        lines.append(f"... {len(ops) - max_rows} more ops (use --json for all)")
+    shown = rows[:max_rows]
+    cols = {c: tl.op_column(c)[shown].tolist() for c in ("name", "rank", "stream", "start_s", "duration_s",
+                                                           "isolated_s", "slowdown", "slowed_by")}
+    for i in range(len(shown)):
+        lines.append(f"{str(cols['name'][i])[:28]:<28} {cols['rank'][i]:>4} {str(cols['stream'][i])[:10]:<10} "
+                     f"{fmt_s(cols['start_s'][i]):>10} {fmt_s(cols['duration_s'][i]):>10} "
+                     f"{fmt_s(cols['isolated_s'][i]):>10} {cols['slowdown'][i]:>7.2f}x  {cols['slowed_by'][i]}")
+    if len(rows) > max_rows:
+        lines.append(f"... {len(rows) - max_rows} more ops (use --json for all)")
     return "\n".join(lines)
 
 

@@ -17,15 +17,17 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from ovsim.engine.timeline import Timeline
 from ovsim.errors import OvsimError
 from ovsim.hw.power import TENSOR, PowerModel, PowerSettings
 from ovsim.models.ir import Op
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 POWER_COUNTER = "power_w"
 CLOCK_COUNTER = "sm_clock_hz"
@@ -154,6 +156,15 @@ def _window_peak(values: np.ndarray, durations: np.ndarray, window_s: float) -> 
 
 def power_table(timeline: Timeline, ranks: Iterable[int], idle_w: float, compute_clock_hz: float, *,
                 start_s: float = 0.0, end_s: float | None = None, window_s: float = 0.0) -> pd.DataFrame:
+    """:func:`power_rows` as a frame (POWER_COLUMNS, and ``peak_window_power_w`` with ``window_s``)."""
+    import pandas as pd
+
+    rows = power_rows(timeline, ranks, idle_w, compute_clock_hz, start_s=start_s, end_s=end_s, window_s=window_s)
+    return pd.DataFrame(rows, columns=POWER_COLUMNS + (["peak_window_power_w"] if window_s > 0 else []))
+
+
+def power_rows(timeline: Timeline, ranks: Iterable[int], idle_w: float, compute_clock_hz: float, *,
+               start_s: float = 0.0, end_s: float | None = None, window_s: float = 0.0) -> list[dict[str, Any]]:
     """Per rank of ``ranks``: average and peak power, energy and the clock over [start_s, end_s]
     (default: the whole timeline), from the ``power_w`` and ``sm_clock_hz`` counters. Energy is the exact
     integral of the piecewise-constant power; a rank without samples is idle.
@@ -162,15 +173,16 @@ def power_table(timeline: Timeline, ranks: Iterable[int], idle_w: float, compute
     any window of that length, as a sensor that reports averages sees the peak (NVML's power
     readings average over about 100 ms to 1 s); a window longer than the span gives the average."""
     end = timeline.makespan_s if end_s is None else end_s
-    c = timeline.counters
     rows: list[dict[str, Any]] = []
     span = max(end - start_s, 0.0)
     # Each rank's samples in their order in the table (a stable sort): of samples at one instant
     # the last one holds.
-    rank = c["rank"].to_numpy().astype(np.int64) if len(c) else np.zeros(0, np.int64)
-    t, v = (c["time_s"].to_numpy(float), c["value"].to_numpy(float)) if len(c) else (np.zeros(0), np.zeros(0))
-    is_power = (c["counter"] == POWER_COUNTER).to_numpy(bool) if len(c) else np.zeros(0, bool)
-    is_clock = (c["counter"] == CLOCK_COUNTER).to_numpy(bool) if len(c) else np.zeros(0, bool)
+    rank = timeline.counter_column("rank").astype(np.int64)
+    t, v = timeline.counter_column("time_s").astype(float), timeline.counter_column("value").astype(float)
+    counter = timeline.counter_column("counter")
+    is_power, is_clock = counter == POWER_COUNTER, counter == CLOCK_COUNTER
+    if not len(counter):
+        is_power = is_clock = np.zeros(0, bool)
     order = np.argsort(rank, kind="stable")
     sorted_rank = rank[order]
     for r in ranks:
@@ -189,7 +201,7 @@ def power_table(timeline: Timeline, ranks: Iterable[int], idle_w: float, compute
             "min_sm_clock_hz": float(cv.min()) if len(cv) else compute_clock_hz,
             **extra,
         })
-    return pd.DataFrame(rows, columns=POWER_COLUMNS + (["peak_window_power_w"] if window_s > 0 else []))
+    return rows
 
 
 # -- the board's power-limit loop -------------------------------------------------------------------

@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from ovsim.engine.analytic import Plan
 from ovsim.engine.power import (
@@ -28,7 +27,7 @@ from ovsim.engine.power import (
     rate_class,
     tensor_clock_class,
 )
-from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, timeline_from_rows
+from ovsim.engine.timeline import Timeline, timeline_from_rows
 from ovsim.hw.power import MEMORY, TENSOR, PowerModel
 from ovsim.hw.spec import GpuSpec
 from ovsim.models.cost import blocks_per_sm
@@ -275,15 +274,17 @@ def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan
 
 def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:
     """Report the cost model's isolated times again; the difference is time lost to the clock."""
-    iso = pd.Series({op.id: op.isolated_s for op in workload.ops}, dtype=float)
-    ops = timeline.ops.copy()
-    mine = ops["id"].map(iso)
-    known = mine.notna().to_numpy()
+    iso = {op.id: op.isolated_s for op in workload.ops}
+    data = timeline.op_data()
+    mine = np.fromiter((iso.get(x, np.nan) for x in data["id"]), dtype=float, count=len(data["id"]))
+    known = ~np.isnan(mine)
+    had = data["isolated_s"].astype(float)
     # Lost to a clock below the calibration's, or gained (negative) above it.
-    stretched = known & (mine != ops["isolated_s"]).to_numpy()
-    ops["clock_s"] = np.where(stretched, ops["duration_s"] - mine, np.where(known, 0.0, ops["clock_s"]))
-    ops["isolated_s"] = np.where(known, mine, ops["isolated_s"])
-    return timeline_from_rows(ops, timeline.counters)
+    stretched = known & (mine != had)
+    data["clock_s"] = np.where(stretched, data["duration_s"].astype(float) - mine,
+                               np.where(known, 0.0, data["clock_s"].astype(float)))
+    data["isolated_s"] = np.where(known, mine, had)
+    return timeline_from_rows(data, timeline.counter_data())
 
 
 def _lanes(streams: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np.ndarray]:
@@ -310,20 +311,21 @@ def _lanes(streams: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np
 
 
 def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
-                   clocks: np.ndarray | None = None, terms: OpTerms | None = None) -> pd.DataFrame:
-    """``power_w`` and ``sm_clock_hz`` counters (COUNTER_COLUMNS) for an analytic timeline: each
+                   clocks: np.ndarray | None = None, terms: OpTerms | None = None) -> dict[str, np.ndarray]:
+    """``power_w`` and ``sm_clock_hz`` counters (columns of COUNTER_COLUMNS) for an analytic timeline: each
     rank's power is idle plus the isolated activity of whatever ops run, each at its own clock
     (``clocks``: per op of the workload, as :func:`throttled_durations` gives them)."""
     m = cfg.model
     terms = terms if terms is not None else OpTerms.of(workload, gpu, m)
     index = {op.id: i for i, op in enumerate(workload.ops)}
-    ops = timeline.ops
-    pos = np.fromiter((index.get(x, -1) for x in ops["id"].astype(str)), dtype=np.int64, count=len(ops))
-    keep = (ops["rank"].to_numpy() >= 0) & (pos >= 0)
-    ranks = ops["rank"].to_numpy()[keep]
+    ids = timeline.op_column("id")
+    pos = np.fromiter((index.get(str(x), -1) for x in ids), dtype=np.int64, count=len(ids))
+    rank_all = timeline.op_column("rank")
+    keep = (rank_all >= 0) & (pos >= 0)
+    ranks = rank_all[keep]
     pos = pos[keep]
-    starts, ends = ops["start_s"].to_numpy(float)[keep], ops["end_s"].to_numpy(float)[keep]
-    streams = ops["stream"].astype(str).to_numpy()[keep]
+    starts, ends = timeline.op_column("start_s").astype(float)[keep], timeline.op_column("end_s").astype(float)[keep]
+    streams = timeline.op_column("stream").astype(str)[keep]
     managed, top = cfg.managed, cfg.max_clock_fraction
     if managed:
         c = clocks[pos] if clocks is not None else np.full(pos.size, top)
@@ -352,8 +354,7 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
         counter[at:at + k:2], counter[at + 1:at + k:2] = POWER_COUNTER, CLOCK_COUNTER
         value[at:at + k:2], value[at + 1:at + k:2] = power_w, clock * m.compute_clock_hz
         at += k
-    return pd.DataFrame({"time_s": time_s, "rank": rank, "counter": counter, "value": value},
-                        columns=COUNTER_COLUMNS)
+    return {"time_s": time_s, "rank": rank, "counter": counter, "value": value}
 
 
 def _rank_power(m: PowerModel, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, streams: np.ndarray,

@@ -5,11 +5,10 @@ from __future__ import annotations
 from array import array
 
 import numpy as np
-import pandas as pd
 
 from ovsim.engine.rates import ChannelLoads
 from ovsim.engine.state import FlowMember, FlowState, GpuState, KernelState
-from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, op_columns, timeline_from_rows
+from ovsim.engine.timeline import Timeline, counter_data_of, op_columns, timeline_from_rows
 from ovsim.models.ir import Workload
 
 
@@ -89,8 +88,8 @@ class Results:
 
 def timeline_of(workload: Workload, results: Results, counters: Counters) -> Timeline:
     """The run's Timeline: one row per op (its kernel's or its flow member's times and losses) and
-    one per flow, in the order they were created, with the counters' samples. The frame is built
-    once, from arrays (:func:`~ovsim.engine.timeline.op_columns`)."""
+    one per flow, in the order they were created, with the counters' samples, as columns
+    (:func:`~ovsim.engine.timeline.op_columns`)."""
     ops = [op for op in workload.ops if op.kind != "delay"]
     index = np.fromiter((i for i, op in enumerate(workload.ops) if op.kind != "delay"), dtype=np.int64)
     v = np.frombuffer(results.values, dtype=float).reshape(-1, _N)[index]
@@ -103,6 +102,4 @@ def timeline_of(workload: Workload, results: Results, counters: Counters) -> Tim
     flow_fields = {"launch_s": fv[:, 0], "start_s": fv[:, 1], "end_s": fv[:, 2]}
     for j, name in enumerate(RESULT_FIELDS):
         cols[name] = np.concatenate([v[:, j], flow_fields.get(name, np.zeros(len(flows)))])
-    c_t, c_rank, c_name, c_value = COUNTER_COLUMNS
-    samples = pd.DataFrame(counters.rows, columns=[c_t, c_rank, c_name, c_value])
-    return timeline_from_rows(cols, samples)
+    return timeline_from_rows(cols, counter_data_of(counters.rows))

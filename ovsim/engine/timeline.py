@@ -32,13 +32,13 @@ holds. Power counters: ``power_w`` (board power) and ``sm_clock_hz`` (see
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from ovsim.models.ir import Op
 
 OP_COLUMNS = [
@@ -59,38 +59,124 @@ REASONS = {
 SLOWED_THRESHOLD = 0.01
 
 
-@dataclass(frozen=True)
 class Timeline:
-    ops: pd.DataFrame
-    counters: pd.DataFrame
+    """A run's ops and counters (the module's docstring gives their columns). Built from columns
+    (``op_data``, ``counter_data``: column name to array or list), it makes the frames on first
+    use of :attr:`ops` or :attr:`counters`, and only then imports pandas: a prediction read
+    through :meth:`op_column` and :meth:`counter_column` (a summary, the command's table) never
+    needs them, and pandas' import was most of a small prediction's time. Built from frames, it
+    reads them."""
+
+    __slots__ = ("_counter_data", "_counters", "_op_data", "_ops")
+
+    def __init__(self, ops: pd.DataFrame | None = None, counters: pd.DataFrame | None = None, *,
+                 op_data: Mapping[str, Any] | None = None, counter_data: Mapping[str, Any] | None = None) -> None:
+        if (ops is None) == (op_data is None) or (counters is None) == (counter_data is None):
+            raise TypeError("a Timeline takes ops or op_data, and counters or counter_data")
+        self._ops, self._counters = ops, counters
+        self._op_data = dict(op_data) if op_data is not None else None
+        self._counter_data = dict(counter_data) if counter_data is not None else None
+
+    @property
+    def ops(self) -> pd.DataFrame:
+        if self._ops is None:
+            import pandas as pd
+
+            assert self._op_data is not None
+            self._ops = pd.DataFrame({c: self._op_data[c] for c in OP_COLUMNS}, copy=False)
+            self._op_data = None  # the frame holds them now
+        return self._ops
+
+    @property
+    def counters(self) -> pd.DataFrame:
+        if self._counters is None:
+            import pandas as pd
+
+            assert self._counter_data is not None
+            self._counters = pd.DataFrame({c: self._counter_data[c] for c in COUNTER_COLUMNS},
+                                          columns=COUNTER_COLUMNS)
+            self._counter_data = None
+        return self._counters
+
+    @property
+    def n_ops(self) -> int:
+        """Rows of :attr:`ops`."""
+        return len(self._ops) if self._ops is not None else len(self.op_column("id"))
+
+    def op_column(self, name: str) -> np.ndarray:
+        """Column ``name`` of :attr:`ops` as an array (text as objects), without making the frame."""
+        return _column(self._ops, self._op_data, name)
+
+    def counter_column(self, name: str) -> np.ndarray:
+        """Column ``name`` of :attr:`counters` as an array, without making the frame."""
+        return _column(self._counters, self._counter_data, name)
+
+    def op_data(self) -> dict[str, np.ndarray]:
+        """Every column of :attr:`ops` by name, as :meth:`op_column` gives them."""
+        return {c: self.op_column(c) for c in OP_COLUMNS}
+
+    def counter_data(self) -> dict[str, np.ndarray]:
+        """Every column of :attr:`counters` by name, as :meth:`counter_column` gives them."""
+        return {c: self.counter_column(c) for c in COUNTER_COLUMNS}
+
+    def with_counters(self, counter_data: Mapping[str, Any]) -> Timeline:
+        """The same ops with these counters."""
+        if self._ops is not None:
+            return Timeline(ops=self._ops, counter_data=counter_data)
+        return Timeline(op_data=self._op_data, counter_data=counter_data)
 
     @property
     def makespan_s(self) -> float:
         # On the columns' arrays: a filtered copy of the frame cost a schedule search a sixth of
         # its time on small scenarios.
-        ops = self.ops
-        if ops.empty:
+        if self.n_ops == 0:
             return 0.0
-        keep = ops["kind"].to_numpy() != "flow"
+        keep = self.op_column("kind") != "flow"
         if not keep.any():
             return 0.0
-        end = ops["end_s"].to_numpy(dtype=float)[keep]
-        launch = ops["launch_s"].to_numpy(dtype=float)[keep]
+        end = self.op_column("end_s").astype(float)[keep]
+        launch = self.op_column("launch_s").astype(float)[keep]
         return float(end.max() - min(0.0, float(launch.min())))
+
+
+def _column(frame: pd.DataFrame | None, data: dict[str, Any] | None, name: str) -> np.ndarray:
+    if frame is not None:
+        return np.asarray(frame[name].to_numpy())
+    assert data is not None
+    v = data[name]
+    if isinstance(v, np.ndarray):
+        return v
+    # Lists become arrays once, text as objects (as a frame's text columns read back).
+    out = np.asarray(v, dtype=object) if name in _TEXT_COLUMNS else np.asarray(v)
+    data[name] = out
+    return out
+
+
+# Columns that hold text (the others hold numbers).
+_TEXT_COLUMNS = frozenset({"id", "name", "kind", "stream", "slowed_by", "counter"})
 
 
 def on_ranks(tl: Timeline, ranks: Sequence[int]) -> Timeline:
     """``tl`` with rank ``ranks[r]`` in place of each rank r (a trace's numbers, or a job's under
-    rank symmetry); flows keep -1."""
+    rank symmetry); flows keep -1. Frames stay frames (with any columns of their own); columns stay
+    columns."""
     lookup = np.asarray(ranks, dtype=np.int64)
 
-    def renumbered(df: pd.DataFrame) -> pd.DataFrame:
-        if df.empty:
-            return df
-        r = df["rank"].to_numpy(dtype=np.int64)
-        return df.assign(rank=np.where(r >= 0, lookup[np.clip(r, 0, None)], r))
+    def renumbered(r: np.ndarray) -> np.ndarray:
+        r = r.astype(np.int64)
+        return np.where(r >= 0, lookup[np.clip(r, 0, None)], r) if len(r) else r
 
-    return Timeline(ops=renumbered(tl.ops), counters=renumbered(tl.counters))
+    if tl._ops is not None:
+        ops = tl._ops.assign(rank=renumbered(tl._ops["rank"].to_numpy())) if len(tl._ops) else tl._ops
+        op_part: dict[str, Any] = {"ops": ops}
+    else:
+        op_part = {"op_data": {**tl.op_data(), "rank": renumbered(tl.op_column("rank"))}}
+    if tl._counters is not None:
+        c = tl._counters
+        counter_part: dict[str, Any] = {"counters": c.assign(rank=renumbered(c["rank"].to_numpy())) if len(c) else c}
+    else:
+        counter_part = {"counter_data": {**tl.counter_data(), "rank": renumbered(tl.counter_column("rank"))}}
+    return Timeline(**op_part, **counter_part)
 
 
 def op_columns(ops: Sequence[Op], flows: Sequence[tuple[str, float]]) -> dict[str, Any]:
@@ -117,17 +203,20 @@ def op_columns(ops: Sequence[Op], flows: Sequence[tuple[str, float]]) -> dict[st
 
 
 def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame | Mapping[str, Any],
-                       counters: list[dict[str, Any]] | pd.DataFrame) -> Timeline:
+                       counters: list[dict[str, Any]] | pd.DataFrame | Mapping[str, Any]) -> Timeline:
     """A Timeline from op rows (dicts, a frame with those columns, or a mapping of column name to
-    array) and counter samples; the derived columns (duration, slowdown, the split of time lost,
-    slowed_by) are computed here, on arrays, and the frame is built once without copying its
-    columns: a frame's column operations copy the whole frame (a million ops: gigabytes)."""
+    array) and counter samples (dicts, a frame or a mapping of columns); the derived columns
+    (duration, slowdown, the split of time lost, slowed_by) are computed here, on arrays. From
+    mappings it makes no frame (:class:`Timeline`); a frame is built once, later, without copying
+    its columns: a frame's column operations copy the whole frame (a million ops: gigabytes)."""
     given = [c for c in OP_COLUMNS if c not in ("duration_s", "slowdown", "slowed_by")]
     src: Mapping[str, Any]
     if isinstance(rows, Mapping):
         src = rows
         n = len(next(iter(rows.values()))) if rows else 0
     else:
+        import pandas as pd
+
         frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, columns=given)
         src = {c: frame[c].array for c in frame.columns}
         n = len(frame)
@@ -143,8 +232,25 @@ def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame | Mapping[str, 
     slowdown[np.isnan(slowdown)] = 1.0
     derived: dict[str, Any] = {"duration_s": duration, "slowdown": slowdown}
     derived.update(_lost_time(duration, iso, column))
-    ops = pd.DataFrame({c: derived[c] if c in derived else column(c) for c in OP_COLUMNS}, copy=False)
-    return Timeline(ops=ops, counters=pd.DataFrame(counters, columns=COUNTER_COLUMNS))
+    op_data = {c: derived[c] if c in derived else column(c) for c in OP_COLUMNS}
+    if isinstance(counters, Mapping):
+        return Timeline(op_data=op_data, counter_data=counters)
+    if isinstance(counters, list) and not counters:
+        return Timeline(op_data=op_data, counter_data={c: [] for c in COUNTER_COLUMNS})
+    import pandas as pd
+
+    return Timeline(op_data=op_data, counters=pd.DataFrame(counters, columns=COUNTER_COLUMNS))
+
+
+def counter_data_of(rows: Sequence[tuple[float, int, str, float]]) -> dict[str, Any]:
+    """Counter columns (COUNTER_COLUMNS) from ``(time_s, rank, counter, value)`` samples."""
+    n = len(rows)
+    if not n:
+        return {c: [] for c in COUNTER_COLUMNS}
+    return {"time_s": np.fromiter((r[0] for r in rows), dtype=float, count=n),
+            "rank": np.fromiter((r[1] for r in rows), dtype=np.int64, count=n),
+            "counter": np.array([r[2] for r in rows], dtype=object),
+            "value": np.fromiter((r[3] for r in rows), dtype=float, count=n)}
 
 
 def _lost_time(duration: np.ndarray, iso: np.ndarray, column: Callable[[str], Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from ovsim.api import build
@@ -57,7 +58,7 @@ def test_analytic_power_is_the_sum_of_the_ops_running(settings: PowerSettings) -
     plan = Plan.of(wl)
     durations, clocks = throttled_durations(wl, gpu, cfg, plan)
     timeline = analytic_timeline(wl, durations, plan)
-    counters = analytic_power(timeline, wl, gpu, cfg, clocks)
+    counters = pd.DataFrame(analytic_power(timeline, wl, gpu, cfg, clocks))
     m = cfg.model
     checked = 0
     for rank in range(wl.n_ranks):

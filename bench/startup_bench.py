@@ -1,0 +1,81 @@
+"""Start-up of ``ovsim predict``: how long a fresh process takes to reach the simulation, and the
+whole command, on the README's example. Each figure is the median over fresh processes (a warm
+file cache: the first run is not counted).
+
+    python bench/startup_bench.py              # 7 runs each
+    python bench/startup_bench.py --runs 15 --scenario examples/training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml
+
+Budget (issue): ``predict`` of the README example starts in under 0.3 s before simulating.
+"Before simulating" is a process that imports the command's modules, reads the scenario, its
+system, GPU and calibration files and builds the workload, and stops there; the heavy modules it
+loaded on the way are listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README_EXAMPLE = REPO / "examples" / "gemm-allreduce-h100x4-priority.yaml"
+
+# What the command does up to the simulation: its modules, the scenario read and the workload built.
+_READY = """
+import sys
+from ovsim.cli.main import main  # noqa: F401  (the command's own imports)
+from ovsim.api import build
+from ovsim.scenario import load_scenario
+build(load_scenario(sys.argv[1]), sys.argv[1])
+heavy = [m for m in ("pandas", "pyarrow", "scipy", "networkx", "matplotlib") if m in sys.modules]
+print(",".join(heavy) or "-")
+"""
+
+
+def _wall(cmd: list[str]) -> tuple[float, str]:
+    t = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    dt = time.perf_counter() - t
+    if out.returncode != 0:
+        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        raise SystemExit(f"{' '.join(cmd[:3])} failed: {last}")
+    return dt, out.stdout
+
+
+def _median(cmd: list[str], runs: int) -> tuple[float, float, str]:
+    _wall(cmd)  # warm the file cache
+    results = [_wall(cmd) for _ in range(runs)]
+    times = [t for t, _ in results]
+    return statistics.median(times), min(times), results[-1][1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--runs", type=int, default=7, help="fresh processes per figure (default 7)")
+    ap.add_argument("--scenario", type=Path, default=README_EXAMPLE, help="scenario to predict")
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    py = sys.executable
+    rows = [
+        ("python, no imports", [py, "-c", "pass"]),
+        ("ready to simulate", [py, "-c", _READY, str(args.scenario)]),
+        ("ovsim predict, whole command", [py, "-m", "ovsim.cli", "predict", str(args.scenario)]),
+    ]
+    print(f"scenario: {args.scenario.name}; median (best) of {args.runs} fresh processes")
+    print(f"{'':<30} {'median s':>9} {'best s':>7}")
+    heavy = ""
+    for label, cmd in rows:
+        med, best, out = _median(cmd, args.runs)
+        if label == "ready to simulate":
+            heavy = out.strip()
+        print(f"{label:<30} {med:>9.3f} {best:>7.3f}")
+    print(f"heavy modules loaded before simulating: {heavy or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
