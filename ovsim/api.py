@@ -16,10 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import ValidationError
 
-from ovsim.engine.analytic import Plan, analytic_timeline
 from ovsim.engine.machine import build_machine
 from ovsim.engine.power import PowerConfig, power_rows, power_table
-from ovsim.engine.power_analytic import OpTerms, analytic_power, restore_isolated, throttled_durations
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.engine.timeline import Timeline, on_ranks
 from ovsim.errors import OvsimError
@@ -30,13 +28,13 @@ from ovsim.hw.spec import GpuSpec, SystemSpec, check_domain, gpu_file, load_gpu,
 from ovsim.hw.validation import validation_error
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy, stream_busy_rows
 from ovsim.models.ir import Workload
-from ovsim.models.memory import MemoryEstimate, memory_estimate
-from ovsim.models.training import build_training_workload
 from ovsim.models.workload import build_workload
 from ovsim.scenario import InlineSystem, Mode, Scenario, load_scenario
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ovsim.models.memory import MemoryEstimate
 
 __all__ = ["Result", "accounted_sequential_s", "compare", "load_scenario", "predict"]
 
@@ -69,6 +67,8 @@ class Result:
         context, workspaces or fragmentation); None for a list of ops."""
         if self.scenario.training is None:
             return None
+        from ovsim.models.memory import memory_estimate
+
         return memory_estimate(self.scenario.training, self.workload.total_ranks)
 
     def _memory_summary(self) -> dict[str, Any]:
@@ -259,6 +259,8 @@ def build(sc: Scenario, source: str = "", max_ops: int | None = None) -> tuple[W
     # collector's passes over the growing heap only cost time (40% of a GPT-3 175B build).
     with paused_gc():
         if sc.training is not None:
+            from ovsim.models.training import build_training_workload
+
             wl = build_training_workload(sc.training, gpu=gpu, system=system, params=calib.params, n_ranks=n_ranks,
                                          schedule=sc.schedule, knobs=sc.knobs, streams=sc.streams, source=source,
                                          max_ops=max_ops)
@@ -320,6 +322,9 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
 def _analytic(wl: Workload, gpu: GpuSpec, power: PowerConfig) -> Timeline:
     """The analytic fidelity's timeline of ``wl``, its clocks under ``power``'s policy, with power
     counters."""
+    from ovsim.engine.analytic import Plan, analytic_timeline
+    from ovsim.engine.power_analytic import OpTerms, analytic_power, restore_isolated, throttled_durations
+
     plan = Plan.of(wl)
     terms = OpTerms.of(wl, gpu, power.model)
     if power.managed:

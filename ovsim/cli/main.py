@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib import import_module
 
-from ovsim.cli.calibrate import run_calibrate, run_specs, run_validate
 from ovsim.cli.common import (
     Parser,
     at_least_one,
@@ -19,13 +19,19 @@ from ovsim.cli.common import (
     positive,
     strict_flag,
 )
-from ovsim.cli.predict import run_compare, run_predict
-from ovsim.cli.replay import run_import, run_replay
-from ovsim.cli.sweep import run_sweep
-from ovsim.cli.tune import run_tune
 from ovsim.errors import OvsimError
 from ovsim.limits import MAX_COMBINATIONS
 from ovsim.traces import FORMATS
+
+
+def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """Command ``name`` of ``ovsim.cli.<module>``, imported when it runs: a command loads its own
+    modules only (the others' cost a prediction's start-up)."""
+    def run(args: argparse.Namespace) -> int:
+        return int(getattr(import_module(f"ovsim.cli.{module}"), name)(args))
+
+    run.__name__ = name
+    return run
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
                     help="--json's ops and --timeline cover every rank of the job, not only the ranks simulated for "
                          "the others (rank symmetry, docs/design.md); at most --max-ops rows")
     max_ops_flag(pr)
-    pr.set_defaults(func=run_predict)
+    pr.set_defaults(func=_command("predict", "run_predict"))
     cp = sub.add_parser("compare", help="predict several scenarios and compare them side by side")
     cp.add_argument("scenarios", nargs="+", help="scenario YAML files; the first is the baseline")
     cp.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenarios' mode")
@@ -72,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
                          "power to FILE (PNG, PDF or SVG, from the name; needs matplotlib)")
     cp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     max_ops_flag(cp)
-    cp.set_defaults(func=run_compare)
+    cp.set_defaults(func=_command("predict", "run_compare"))
     sw = sub.add_parser("sweep", help="predict every combination of values of a scenario's fields")
     sw.add_argument("scenario", help="scenario YAML file")
     sw.add_argument("--axis", action="append", required=True, metavar="PATH=V1,V2,...",
@@ -97,7 +103,7 @@ def parser() -> argparse.ArgumentParser:
     max_ops_flag(sw)
     sw.add_argument("--max-combinations", type=at_least_one, default=MAX_COMBINATIONS, metavar="N",
                     help=f"the most combinations run (default {MAX_COMBINATIONS:,}); more is refused before any work")
-    sw.set_defaults(func=run_sweep)
+    sw.set_defaults(func=_command("sweep", "run_sweep"))
     tu = sub.add_parser("tune", help="search the schedule knobs a scenario leaves open for the best schedule")
     tu.add_argument("scenario", help="scenario YAML file")
     tu.add_argument("--objective", choices=["time", "energy", "edp"], default="time",
@@ -122,7 +128,7 @@ def parser() -> argparse.ArgumentParser:
                     help="a larger space is sampled, N schedules by Optuna's TPE (default 2000)")
     tu.add_argument("--json", action="store_true", help="print one JSON object")
     tu.add_argument("--quiet", action="store_true", help="print nothing unless --json")
-    tu.set_defaults(func=run_tune)
+    tu.set_defaults(func=_command("tune", "run_tune"))
     rp = sub.add_parser("replay", help="replay measured traces with contention and compare with the measurement")
     rp.add_argument("traces", nargs="+", help="trace files or folders (several files: ranks of one run)")
     rp.add_argument("--gpu", help="GPU spec name, when the trace's device name is unknown or to override it")
@@ -141,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
                          "newest version in it of the GPU's file, as `ovsim calibrate -o FOLDER` writes them")
     rp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     strict_flag(rp)
-    rp.set_defaults(func=run_replay)
+    rp.set_defaults(func=_command("replay", "run_replay"))
     cb = sub.add_parser("calibrate", help="fit model parameters to real traces; write a new calibration file")
     cb.add_argument("traces", nargs="+", help="traces, one run each (a file, a folder or tarball of ranks)")
     cb.add_argument("--gpu", required=True,
@@ -172,14 +178,14 @@ def parser() -> argparse.ArgumentParser:
     cb.add_argument("--json", action="store_true", help="print one JSON object")
     cb.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     strict_flag(cb)
-    cb.set_defaults(func=run_calibrate)
+    cb.set_defaults(func=_command("calibrate", "run_calibrate"))
     ip = sub.add_parser("import", help="convert traces to the canonical kernel table (parquet)")
     ip.add_argument("traces", nargs="+", help="trace files or folders")
     ip.add_argument("-o", "--output", required=True, type=file_name, help="parquet file to write")
     ip.add_argument("--format", choices=FORMATS, default="auto", help="trace format (default: from the name)")
     ip.add_argument("--quiet", action="store_true", help="print nothing")
     strict_flag(ip)
-    ip.set_defaults(func=run_import)
+    ip.set_defaults(func=_command("replay", "run_import"))
     vp = sub.add_parser("validate", help="reproduce published figures and replay real traces; one table")
     vp.add_argument("--traces", metavar="DIR", type=file_name,
                     help="folder holding the shared real traces (their layout as published)")
@@ -201,10 +207,10 @@ def parser() -> argparse.ArgumentParser:
                     help="draw every check's error against its tolerance to FILE (PNG, PDF or SVG, from the name; "
                          "needs matplotlib)")
     vp.add_argument("--quiet", action="store_true", help="print nothing unless --json")
-    vp.set_defaults(func=run_validate)
+    vp.set_defaults(func=_command("calibrate", "run_validate"))
     sp = sub.add_parser("specs", help="list the known GPUs (SMs, clock, peak, memory, links, power) and systems")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
-    sp.set_defaults(func=run_specs)
+    sp.set_defaults(func=_command("calibrate", "run_specs"))
     return p
 
 

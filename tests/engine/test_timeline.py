@@ -1,12 +1,19 @@
-"""Timeline construction: the three forms of op rows agree, and lost time is split by hand."""
+"""Timeline construction: the three forms of op rows agree, lost time is split by hand, and the
+columns read the same with or without the frames."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from ovsim.engine.timeline import timeline_from_rows
+from ovsim.engine.timeline import COUNTER_COLUMNS, OP_COLUMNS, Timeline, on_ranks, timeline_from_rows
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gemm-allreduce-h100x4-priority.yaml"
 
 ROW = {"id": "a", "name": "a", "kind": "gemm", "rank": 0, "stream": "s", "launch_s": 0.0, "start_s": 1.0,
        "end_s": 3.0, "isolated_s": 1.0, "wait_sm_s": 0.5, "share_sm_s": 0.0, "share_hbm_s": 1.5,
@@ -32,3 +39,56 @@ def test_lost_time_split_in_proportion(form: str) -> None:
 def test_no_rows() -> None:
     assert timeline_from_rows({c: [] for c in ROW}, []).ops.empty
     assert timeline_from_rows([], []).ops.empty
+
+
+def _two_ranks() -> Timeline:
+    rows = [ROW, {**ROW, "id": "b", "rank": 1, "stream": "t", "kind": "flow", "end_s": 9.0}]
+    counters = {"time_s": np.array([0.0, 1.0]), "rank": np.array([0, 1]),
+                "counter": ["power_w", "power_w"], "value": np.array([100.0, 200.0])}
+    return timeline_from_rows({c: [r[c] for r in rows] for c in ROW}, counters)
+
+
+def test_columns_read_the_same_before_and_after_the_frame_is_made() -> None:
+    tl = _two_ranks()
+    before = {c: tl.op_column(c).tolist() for c in OP_COLUMNS}
+    makespan = tl.makespan_s
+    frame = tl.ops  # made now, from the columns
+    assert list(frame.columns) == OP_COLUMNS and len(frame) == tl.n_ops == 2
+    assert {c: tl.op_column(c).tolist() for c in OP_COLUMNS} == before
+    assert {c: frame[c].tolist() for c in OP_COLUMNS} == before
+    # The flow's end (9 s) is not a rank's: the makespan ends with the kernel.
+    assert makespan == tl.makespan_s == 3.0
+    assert tl.counters["value"].tolist() == tl.counter_column("value").tolist() == [100.0, 200.0]
+
+
+@pytest.mark.parametrize("framed", [False, True])
+def test_on_ranks_renumbers_columns_and_frames_alike(framed: bool) -> None:
+    tl = _two_ranks()
+    if framed:
+        tl = Timeline(ops=tl.ops.assign(extra=[1, 2]), counters=tl.counters)
+    moved = on_ranks(tl, [5, 7])
+    assert moved.op_column("rank").tolist() == [5, 7]
+    assert moved.counter_column("rank").tolist() == [5, 7]
+    # A frame keeps columns of its own.
+    assert ("extra" in moved.ops.columns) == framed
+
+
+def test_a_timeline_takes_ops_and_counters_once_each() -> None:
+    tl = _two_ranks()
+    with pytest.raises(TypeError):
+        Timeline(ops=tl.ops, op_data=tl.op_data(), counters=tl.counters)
+    with pytest.raises(TypeError):
+        Timeline(op_data=tl.op_data())
+    assert tl.with_counters({c: [] for c in COUNTER_COLUMNS}).counters.empty
+
+
+def test_a_prediction_and_its_table_do_not_import_pandas() -> None:
+    # pandas (with pyarrow) was most of a small prediction's start-up: the summary, power figures
+    # and the command's table read the timeline's columns.
+    code = ("import sys, contextlib, io\n"
+            "from ovsim.cli.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main(['predict', {str(EXAMPLE)!r}]) == 0\n"
+            "print('pandas' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
