@@ -149,12 +149,21 @@ def stream_busy_rows(ops: pd.DataFrame | Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     groups: dict[tuple[Any, Any], list[int]] = {}
     for i, key in enumerate(zip(rank.tolist(), stream.tolist(), strict=True)):
-        groups.setdefault(key, []).append(i)
-    for (r, s) in sorted(groups):
+        if not _missing(key[1]):  # as a group-by, which leaves rows without a key out
+            groups.setdefault(key, []).append(i)
+    try:
+        keys = sorted(groups)
+    except TypeError:  # streams named by numbers and by words in one table
+        keys = sorted(groups, key=lambda k: (k[0], str(k[1])))
+    for (r, s) in keys:
         mine = np.asarray(groups[(r, s)], dtype=np.int64)
         iv = union_intervals(start[mine], end[mine])
         out.append({"rank": r, "stream": s, "busy_s": _length(iv), "ops": len(mine)})
     return out
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
 
 
 def stream_busy(ops: pd.DataFrame | Any) -> pd.DataFrame:

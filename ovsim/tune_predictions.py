@@ -10,6 +10,8 @@ import pickle
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy as np
+
 from ovsim.api import Result, predict
 from ovsim.engine.analytic import analytic_timeline
 from ovsim.engine.power import op_power_class, rate_class
@@ -45,11 +47,14 @@ def summarize(sc: Scenario, mode: Mode, power: bool = True) -> dict[str, Any]:
         out["bound_s"] = time_bound_s(result)
         out["workload"] = workload_digest(result)
         return out
-    ops = result.timeline.ops[result.timeline.ops["rank"] >= 0]
+    # From the timeline's columns: no frame is made for a candidate.
+    tl = result.timeline
+    kind, on_rank = tl.op_column("kind"), tl.op_column("rank") >= 0
     n = max(1, out["simulated_ranks"])
-    for what, rows in (("compute", ops[~ops["kind"].isin(NON_COMPUTE)]), ("comm", ops[ops["kind"].isin(COMM_KINDS)])):
+    for what, rows in (("compute", on_rank & ~np.isin(kind, list(NON_COMPUTE))),
+                       ("comm", on_rank & np.isin(kind, list(COMM_KINDS)))):
         for col in LOST_TO:
-            out[f"{what}_lost_{col}"] = float(rows[col].sum()) / n if col in rows.columns else 0.0
+            out[f"{what}_lost_{col}"] = float(tl.op_column(col).astype(float)[rows].sum()) / n
     return out
 
 

@@ -128,3 +128,20 @@ def test_a_collective_on_the_copy_engines_counts_as_communication() -> None:
         mine = ag[ag["rank"] == o.rank]
         assert o.comm_busy_s == pytest.approx(float((mine["end_s"] - mine["start_s"]).sum()), rel=1e-12)
         assert o.comm_busy_s > 0
+
+
+def test_stream_busy_groups_as_a_group_by_does() -> None:
+    # pandas' group-by (the reference): sorted by rank then stream, rows without a stream left out.
+    table = pd.DataFrame({"rank": [1, 0, 0, 0, 1], "stream": ["b", "a", None, "a", "b"],
+                          "start_s": [0.0, 0.0, 0.0, 2.0, 1.0], "end_s": [2.0, 1.0, 5.0, 3.0, 3.0]})
+    expect = [{"rank": r, "stream": s, "busy_s": sum(_union(g)), "ops": len(g)}
+              for (r, s), g in table.groupby(["rank", "stream"], sort=True)]
+    assert stream_busy(table).to_dict(orient="records") == expect
+    assert [row["busy_s"] for row in expect] == [2.0, 3.0]
+    # Streams named by numbers and by words in one table (a user's table) still sort.
+    mixed = table.assign(stream=[1, "a", "a", "a", 2])
+    assert len(stream_busy(mixed)) == 3
+
+
+def _union(g: pd.DataFrame) -> list[float]:
+    return [e - s for s, e in union_intervals(g["start_s"].to_numpy(float), g["end_s"].to_numpy(float))]

@@ -284,7 +284,7 @@ def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:
     data["clock_s"] = np.where(stretched, data["duration_s"].astype(float) - mine,
                                np.where(known, 0.0, data["clock_s"].astype(float)))
     data["isolated_s"] = np.where(known, mine, had)
-    return timeline_from_rows(data, timeline.counter_data())
+    return timeline_from_rows(data, timeline.counter_data(), shared=True)
 
 
 def _lanes(streams: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np.ndarray]:

@@ -65,17 +65,26 @@ class Timeline:
     use of :attr:`ops` or :attr:`counters`, and only then imports pandas: a prediction read
     through :meth:`op_column` and :meth:`counter_column` (a summary, the command's table) never
     needs them, and pandas' import was most of a small prediction's time. Built from frames, it
-    reads them."""
+    reads them.
 
-    __slots__ = ("_counter_data", "_counters", "_op_data", "_ops")
+    A frame is made from the columns as given (so its types do not depend on what was read
+    first), without copying them, unless another Timeline holds the same arrays (``shared``:
+    :func:`on_ranks`, :meth:`with_counters`): then each frame copies, and a write into one
+    Timeline's frame does not reach the other's."""
+
+    __slots__ = ("_arrays", "_counter_data", "_counters", "_op_data", "_ops", "_shared")
 
     def __init__(self, ops: pd.DataFrame | None = None, counters: pd.DataFrame | None = None, *,
-                 op_data: Mapping[str, Any] | None = None, counter_data: Mapping[str, Any] | None = None) -> None:
+                 op_data: Mapping[str, Any] | None = None, counter_data: Mapping[str, Any] | None = None,
+                 shared: bool = False) -> None:
         if (ops is None) == (op_data is None) or (counters is None) == (counter_data is None):
             raise TypeError("a Timeline takes ops or op_data, and counters or counter_data")
         self._ops, self._counters = ops, counters
         self._op_data = dict(op_data) if op_data is not None else None
         self._counter_data = dict(counter_data) if counter_data is not None else None
+        # Columns read as arrays (op_column, counter_column), by ("op" | "counter", name).
+        self._arrays: dict[tuple[str, str], np.ndarray] = {}
+        self._shared = shared
 
     @property
     def ops(self) -> pd.DataFrame:
@@ -83,8 +92,9 @@ class Timeline:
             import pandas as pd
 
             assert self._op_data is not None
-            self._ops = pd.DataFrame({c: self._op_data[c] for c in OP_COLUMNS}, copy=False)
+            self._ops = pd.DataFrame({c: self._op_data[c] for c in OP_COLUMNS}, copy=self._shared)
             self._op_data = None  # the frame holds them now
+            self._drop_arrays("op")
         return self._ops
 
     @property
@@ -94,9 +104,14 @@ class Timeline:
 
             assert self._counter_data is not None
             self._counters = pd.DataFrame({c: self._counter_data[c] for c in COUNTER_COLUMNS},
-                                          columns=COUNTER_COLUMNS)
+                                          columns=COUNTER_COLUMNS, copy=self._shared)
             self._counter_data = None
+            self._drop_arrays("counter")
         return self._counters
+
+    def _drop_arrays(self, table: str) -> None:
+        for key in [k for k in self._arrays if k[0] == table]:
+            del self._arrays[key]
 
     @property
     def n_ops(self) -> int:
@@ -104,26 +119,43 @@ class Timeline:
         return len(self._ops) if self._ops is not None else len(self.op_column("id"))
 
     def op_column(self, name: str) -> np.ndarray:
-        """Column ``name`` of :attr:`ops` as an array (text as objects), without making the frame."""
-        return _column(self._ops, self._op_data, name)
+        """Column ``name`` of :attr:`ops` as an array (text as objects, a missing number as NaN),
+        without making the frame."""
+        return self._column("op", self._ops, self._op_data, name)
 
     def counter_column(self, name: str) -> np.ndarray:
         """Column ``name`` of :attr:`counters` as an array, without making the frame."""
-        return _column(self._counters, self._counter_data, name)
+        return self._column("counter", self._counters, self._counter_data, name)
+
+    def _column(self, table: str, frame: pd.DataFrame | None, data: dict[str, Any] | None,
+                name: str) -> np.ndarray:
+        if frame is not None:
+            return np.asarray(frame[name].to_numpy())
+        assert data is not None
+        hit = self._arrays.get((table, name))
+        if hit is None:
+            hit = self._arrays[(table, name)] = _as_array(name, data[name])
+        return hit
 
     def op_data(self) -> dict[str, np.ndarray]:
-        """Every column of :attr:`ops` by name, as :meth:`op_column` gives them."""
+        """Every column of :attr:`ops` by name, as :meth:`op_column` gives them: the Timeline's
+        own arrays, not copies, so its frame copies them from now on (a Timeline made from them
+        should say ``shared``)."""
+        self._shared = True
         return {c: self.op_column(c) for c in OP_COLUMNS}
 
     def counter_data(self) -> dict[str, np.ndarray]:
-        """Every column of :attr:`counters` by name, as :meth:`counter_column` gives them."""
+        """Every column of :attr:`counters` by name, as :meth:`counter_column` gives them (shared
+        as :meth:`op_data`'s)."""
+        self._shared = True
         return {c: self.counter_column(c) for c in COUNTER_COLUMNS}
 
     def with_counters(self, counter_data: Mapping[str, Any]) -> Timeline:
-        """The same ops with these counters."""
+        """The same ops with these counters; the two Timelines share the ops' columns."""
+        self._shared = True
         if self._ops is not None:
-            return Timeline(ops=self._ops, counter_data=counter_data)
-        return Timeline(op_data=self._op_data, counter_data=counter_data)
+            return Timeline(ops=self._ops, counter_data=counter_data, shared=True)
+        return Timeline(op_data=self._op_data, counter_data=counter_data, shared=True)
 
     @property
     def makespan_s(self) -> float:
@@ -139,21 +171,24 @@ class Timeline:
         return float(end.max() - min(0.0, float(launch.min())))
 
 
-def _column(frame: pd.DataFrame | None, data: dict[str, Any] | None, name: str) -> np.ndarray:
-    if frame is not None:
-        return np.asarray(frame[name].to_numpy())
-    assert data is not None
-    v = data[name]
-    if isinstance(v, np.ndarray):
-        return v
-    # Lists become arrays once, text as objects (as a frame's text columns read back).
-    out = np.asarray(v, dtype=object) if name in _TEXT_COLUMNS else np.asarray(v)
-    data[name] = out
-    return out
-
-
-# Columns that hold text (the others hold numbers).
+# Columns that hold text, and whole numbers (the others hold real numbers).
 _TEXT_COLUMNS = frozenset({"id", "name", "kind", "stream", "slowed_by", "counter"})
+_INT_COLUMNS = frozenset({"rank", "blocks"})
+
+
+def _as_array(name: str, values: Any) -> np.ndarray:
+    """A column's values as an array: text as objects (as a frame's text columns read back), a
+    number column with missing values as floats with NaN, an empty whole-number column as int64."""
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        return values
+    if name in _TEXT_COLUMNS:
+        return np.asarray(values, dtype=object)
+    out = np.asarray(values)
+    if out.dtype == object:
+        out = np.asarray(values, dtype=float)
+    elif not len(out) and name in _INT_COLUMNS:
+        out = out.astype(np.int64)
+    return out
 
 
 def on_ranks(tl: Timeline, ranks: Sequence[int]) -> Timeline:
@@ -166,17 +201,26 @@ def on_ranks(tl: Timeline, ranks: Sequence[int]) -> Timeline:
         r = r.astype(np.int64)
         return np.where(r >= 0, lookup[np.clip(r, 0, None)], r) if len(r) else r
 
+    shared = False
     if tl._ops is not None:
         ops = tl._ops.assign(rank=renumbered(tl._ops["rank"].to_numpy())) if len(tl._ops) else tl._ops
         op_part: dict[str, Any] = {"ops": ops}
     else:
-        op_part = {"op_data": {**tl.op_data(), "rank": renumbered(tl.op_column("rank"))}}
+        assert tl._op_data is not None
+        rank = renumbered(tl.op_column("rank"))
+        op_part = {"op_data": {**tl._op_data, "rank": rank if len(rank) else tl._op_data["rank"]}}
+        shared = True
     if tl._counters is not None:
         c = tl._counters
         counter_part: dict[str, Any] = {"counters": c.assign(rank=renumbered(c["rank"].to_numpy())) if len(c) else c}
     else:
-        counter_part = {"counter_data": {**tl.counter_data(), "rank": renumbered(tl.counter_column("rank"))}}
-    return Timeline(**op_part, **counter_part)
+        assert tl._counter_data is not None
+        rank = renumbered(tl.counter_column("rank"))
+        counter_part = {"counter_data": {**tl._counter_data, "rank": rank if len(rank) else tl._counter_data["rank"]}}
+        shared = True
+    # The columns other than the ranks are the same arrays: each side's frame copies them.
+    tl._shared = tl._shared or shared
+    return Timeline(**op_part, **counter_part, shared=shared)
 
 
 def op_columns(ops: Sequence[Op], flows: Sequence[tuple[str, float]]) -> dict[str, Any]:
@@ -203,12 +247,14 @@ def op_columns(ops: Sequence[Op], flows: Sequence[tuple[str, float]]) -> dict[st
 
 
 def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame | Mapping[str, Any],
-                       counters: list[dict[str, Any]] | pd.DataFrame | Mapping[str, Any]) -> Timeline:
+                       counters: list[dict[str, Any]] | pd.DataFrame | Mapping[str, Any], *,
+                       shared: bool = False) -> Timeline:
     """A Timeline from op rows (dicts, a frame with those columns, or a mapping of column name to
     array) and counter samples (dicts, a frame or a mapping of columns); the derived columns
     (duration, slowdown, the split of time lost, slowed_by) are computed here, on arrays. From
     mappings it makes no frame (:class:`Timeline`); a frame is built once, later, without copying
-    its columns: a frame's column operations copy the whole frame (a million ops: gigabytes)."""
+    its columns: a frame's column operations copy the whole frame (a million ops: gigabytes).
+    ``shared``: the columns are another Timeline's too (:class:`Timeline`)."""
     given = [c for c in OP_COLUMNS if c not in ("duration_s", "slowdown", "slowed_by")]
     src: Mapping[str, Any]
     if isinstance(rows, Mapping):
@@ -234,12 +280,12 @@ def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame | Mapping[str, 
     derived.update(_lost_time(duration, iso, column))
     op_data = {c: derived[c] if c in derived else column(c) for c in OP_COLUMNS}
     if isinstance(counters, Mapping):
-        return Timeline(op_data=op_data, counter_data=counters)
+        return Timeline(op_data=op_data, counter_data=counters, shared=shared)
     if isinstance(counters, list) and not counters:
-        return Timeline(op_data=op_data, counter_data={c: [] for c in COUNTER_COLUMNS})
+        return Timeline(op_data=op_data, counter_data={c: [] for c in COUNTER_COLUMNS}, shared=shared)
     import pandas as pd
 
-    return Timeline(op_data=op_data, counters=pd.DataFrame(counters, columns=COUNTER_COLUMNS))
+    return Timeline(op_data=op_data, counters=pd.DataFrame(counters, columns=COUNTER_COLUMNS), shared=shared)
 
 
 def counter_data_of(rows: Sequence[tuple[float, int, str, float]]) -> dict[str, Any]:

@@ -92,3 +92,30 @@ def test_a_prediction_and_its_table_do_not_import_pandas() -> None:
             "print('pandas' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_timelines_that_share_columns_do_not_write_into_each_other() -> None:
+    tl = _two_ranks()
+    moved = on_ranks(tl, [5, 7])
+    moved.ops.loc[0, "start_s"] = 99.0
+    assert tl.ops["start_s"].iloc[0] == 1.0
+    other = _two_ranks()
+    again = on_ranks(other, [5, 7])
+    other.ops.loc[0, "end_s"] = 99.0
+    assert again.ops["end_s"].iloc[0] == 3.0
+
+
+def test_frames_do_not_depend_on_what_was_read_first() -> None:
+    counters = {c: [] for c in COUNTER_COLUMNS}
+    rows = {c: [ROW[c]] for c in ROW}
+    first = timeline_from_rows(rows, counters)
+    read = timeline_from_rows(rows, counters)
+    for c in OP_COLUMNS:
+        read.op_column(c)
+    read.counter_column("rank")
+    assert first.ops.dtypes.to_dict() == read.ops.dtypes.to_dict()
+    assert first.counters.dtypes.to_dict() == read.counters.dtypes.to_dict()
+    # A number left out is NaN, as a frame reads it.
+    two = {c: [ROW[c], ROW[c]] for c in ROW}
+    gap = timeline_from_rows({**two, "id": ["a", "b"], "bytes": [8.0, None]}, counters)
+    assert np.isnan(gap.op_column("bytes")[1]) and np.isnan(gap.ops["bytes"].iloc[1])
