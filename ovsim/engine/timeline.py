@@ -116,7 +116,10 @@ class Timeline:
     @property
     def n_ops(self) -> int:
         """Rows of :attr:`ops`."""
-        return len(self._ops) if self._ops is not None else len(self.op_column("id"))
+        if self._ops is not None:
+            return len(self._ops)
+        assert self._op_data is not None
+        return len(self._op_data["id"])
 
     def op_column(self, name: str) -> np.ndarray:
         """Column ``name`` of :attr:`ops` as an array (text as objects, a missing number as NaN),
