@@ -119,7 +119,7 @@ def test_sweep_command_table_json_and_csv(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["ops.gemm.m", "power.cap_w", "iter"]
     assert out[-2:] == ["", TABLE_NOTE]
-    assert [line.split()[:2] for line in out[2:-2]] == [["1024", "None"], ["1024", "400"], ["2048", "None"],
+    assert [line.split()[:2] for line in out[2:-2]] == [["1024", "null"], ["1024", "400"], ["2048", "null"],
                                                         ["2048", "400"]]
     assert csv.read_text().splitlines()[0].startswith("ops.gemm.m,power.cap_w,scenario,")
     assert main([*args, "--json"]) == 0

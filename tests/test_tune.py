@@ -150,6 +150,8 @@ def test_the_best_schedule_is_written_as_a_scenario_that_predicts_the_same(tmp_p
     text = capsys.readouterr().out
     assert "why" in text and "sm_carveout=" in text
     best = load_scenario(out)
+    # A comment says what the best schedule changed (the file keeps the scenario's name).
+    assert out.read_text().startswith(f"# ovsim tune's best schedule for {A100}: sm_carveout=")
     res = tune(A100, space={"knobs.sm_carveout": [0, 16, 32]})
     assert best.knobs.sm_carveout == res.table["knobs.sm_carveout"].iloc[0]
     assert predict(out, counters=False).timeline.makespan_s == pytest.approx(res.table["makespan_s"].iloc[0])

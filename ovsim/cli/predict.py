@@ -166,6 +166,10 @@ def run_predict(args: argparse.Namespace) -> int:
         print(json_text(result.to_json(all_ranks=args.all_ranks)))
     elif not args.quiet:
         print(_table(result, args.rows))
+        written = [f"{what} written to {path}" for what, path in (("timeline", args.timeline), ("plot", args.plot))
+                   if path]
+        if written:
+            print("\n" + "; ".join(written))
     return 0
 
 

@@ -30,15 +30,26 @@ _SWEEP_COLUMNS: list[tuple[str, str, str]] = [
 ]
 
 
+def _axis_text(value: Any) -> str:
+    """An axis value as ``--axis`` takes it: null, true/false, numbers without a trailing .0."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.12g}"
+    return str(value)
+
+
 def _sweep_table(df: Any, axes: list[str]) -> str:
     df = split_slowdown(df)
     cols = [c for c in _SWEEP_COLUMNS if c[0] in df.columns]
-    widths = [max(len(a), *(len(str(v)) for v in df[a])) for a in axes]
+    widths = [max(len(a), *(len(_axis_text(v)) for v in df[a])) for a in axes]
     head = " ".join(f"{a:<{w}}" for a, w in zip(axes, widths, strict=True))
     lines = [head + " " + " ".join(f"{h:>10}" for _, h, _ in cols)]
     lines.append("-" * len(lines[0]))
     for rec in df.to_dict(orient="records"):
-        vals = " ".join(f"{rec[a]!s:<{w}}" for a, w in zip(axes, widths, strict=True))
+        vals = " ".join(f"{_axis_text(rec[a]):<{w}}" for a, w in zip(axes, widths, strict=True))
         cells = [cell_text(rec.get(key), kind) for key, _, kind in cols]
         lines.append(vals + " " + " ".join(cells))
     return "\n".join([*lines, "", TABLE_NOTE])

@@ -93,7 +93,9 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.output:
         try:
             with atomic_output(args.output) as tmp:
-                tmp.write_text(scenario_yaml(result.best_mapping, args.scenario, args.output))
+                # The file keeps the scenario's name and description: a comment says what changed.
+                why = f"# ovsim tune's best schedule for {args.scenario}: {result.why[0]}\n" if result.why else ""
+                tmp.write_text(why + scenario_yaml(result.best_mapping, args.scenario, args.output))
         except OSError as e:
             raise OvsimError(f"cannot write: {e.strerror}", source=args.output, field="--output") from None
     if args.plot:
