@@ -405,7 +405,11 @@ def _read_calib_file(path: Path) -> CalibFile:
 def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = ()) -> Calibration:
     """Merge the newest default file, the GPU's own file, then `extra` files in order. A folder in
     `extra` stands for the newest version in it of the GPU's file (what `ovsim calibrate -o
-    FOLDER` writes), else of `default`."""
+    FOLDER` writes), else of `default`.
+
+    The result is cached while the files are unchanged, and shared: a sweep or a schedule search
+    loads the same files for every prediction (a twelfth of a small search's time went to reading
+    and checking them again). Change parameters with :meth:`Parameters.merged`, not in place."""
     paths: list[Path] = []
     default = newest_file("default", CALIB_DIR)
     if default is None:
@@ -415,12 +419,30 @@ def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = 
     if own is not None:
         paths.append(own)
     paths.extend(_extra_file(Path(p), gpu_file_stem) for p in extra)
+    try:
+        stats = tuple((str(q.resolve()), st.st_mtime_ns, st.st_size) for q in paths for st in [q.stat()])
+    except OSError:
+        return _merged(tuple(paths), gpu.name, gpu_file_stem)  # reports the missing or unreadable file
+    return _merged_cached(stats, gpu.name, gpu_file_stem)
+
+
+@functools.lru_cache(maxsize=64)
+def _merged_cached(stats: tuple[tuple[str, int, int], ...], gpu_name: str, gpu_file_stem: str) -> Calibration:
+    return _merged(tuple(Path(path) for path, _, _ in stats), gpu_name, gpu_file_stem)
+
+
+def _merged(paths: tuple[Path, ...], gpu_name: str, gpu_file_stem: str) -> Calibration:
     merged: dict[str, Any] = {}
     names: list[str] = []
     for p in paths:
-        cf = read_calib_file(p)
-        if cf.gpu not in ("*", gpu_file_stem) and cf.gpu.lower() != gpu.name.lower():
-            raise OvsimError(f"calibration is for GPU '{cf.gpu}', not '{gpu.name}'", source=str(p), field="gpu")
+        try:
+            st = p.stat()
+        except OSError:
+            cf = _read_calib_file(p)  # reports the missing or unreadable file
+        else:
+            cf = _read_cached(str(p.resolve()), st.st_mtime_ns, st.st_size)  # read only: no copy
+        if cf.gpu not in ("*", gpu_file_stem) and cf.gpu.lower() != gpu_name.lower():
+            raise OvsimError(f"calibration is for GPU '{cf.gpu}', not '{gpu_name}'", source=str(p), field="gpu")
         try:
             # Each file on its own, so that a bad value is reported in the file that holds it.
             Parameters.model_validate(cf.parameters)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import yaml
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import CALIB_DIR, VERSIONED_NAME, Parameters, load_calibration, read_calib_file
-from ovsim.hw.spec import GpuSpec
+from ovsim.hw.spec import GpuSpec, load_gpu
 
 
 def _write(path: Path, parameters: dict[str, Any]) -> Path:
@@ -114,3 +115,22 @@ def test_a_cached_file_is_read_again_once_it_changes(tmp_path: Path) -> None:
     assert read_calib_file(p).parameters["kernel_overhead_s"] == 1e-6
     _write(p, {"kernel_overhead_s": 2.5e-6})
     assert read_calib_file(p).parameters["kernel_overhead_s"] == 2.5e-6
+
+
+def test_a_merged_calibration_is_shared_until_a_file_changes(tmp_path: Path) -> None:
+    gpu = load_gpu("h100-sxm5-80gb")
+    extra = _write(tmp_path / "h100-sxm5-80gb.v1.yaml", {"kernel_overhead_s": 1e-6})
+    first = load_calibration(gpu, "h100-sxm5-80gb", (str(extra),))
+    assert load_calibration(gpu, "h100-sxm5-80gb", (str(extra),)) is first
+    assert first.params.kernel_overhead_s == 1e-6
+    # A rewrite of the same size keeps neither the modification time nor the merged result.
+    _write(extra, {"kernel_overhead_s": 2e-6})
+    os.utime(extra, ns=(extra.stat().st_atime_ns, extra.stat().st_mtime_ns + 10**9))
+    again = load_calibration(gpu, "h100-sxm5-80gb", (str(extra),))
+    assert again is not first and again.params.kernel_overhead_s == 2e-6
+    # A file for another GPU is refused on every load, not only the first.
+    other = _write(tmp_path / "other.v1.yaml", {"kernel_overhead_s": 1e-6})
+    other.write_text(other.read_text().replace("gpu: '*'", "gpu: a100-sxm4-80gb"))
+    for _ in range(2):
+        with pytest.raises(OvsimError, match="not 'H100"):
+            load_calibration(gpu, "h100-sxm5-80gb", (str(other),))
