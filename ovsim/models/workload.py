@@ -305,6 +305,7 @@ def build_workload(
     plans: dict[tuple[object, ...], nccl.CollectivePlan] = {}
     # A collective's members' parts by what they depend on (spec and members), their flow's group unnamed.
     parts_made: dict[tuple[object, ...], _Parts] = {}
+    infos: dict[tuple[object, ...], dict[str, object]] = {}
     rank_sets: dict[str, frozenset[int]] = {}
     for spec in specs:
         for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
@@ -316,7 +317,7 @@ def build_workload(
             ranks = _ranks(spec, n_ranks)
             ops.extend(_expand(spec, ranks, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
                                n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands, sim=sim,
-                               rank_sets=rank_sets, plans=plans, parts_made=parts_made))
+                               rank_sets=rank_sets, plans=plans, parts_made=parts_made, infos=infos))
         except OvsimError as e:
             raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
     for op in ops:
@@ -333,7 +334,8 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
             params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
             demands: dict[tuple[object, ...], KernelDemand], sim: dict[int, int] | None,
             rank_sets: dict[str, frozenset[int]], plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
-            parts_made: dict[tuple[object, ...], _Parts] | None = None) -> list[Op]:
+            parts_made: dict[tuple[object, ...], _Parts] | None = None,
+            infos: dict[tuple[object, ...], dict[str, object]] | None = None) -> list[Op]:
     """The ops of ``spec`` on those of ``ranks`` that ``sim`` numbers (all of them, as they are,
     without rank symmetry); their ids name the job's ranks."""
     out: list[Op] = []
@@ -347,6 +349,9 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
     info = _info(spec)
     kernel = None
     key = _key(spec, info)
+    if infos is not None:
+        # Ops made from alike specs (a layer's GEMM in every layer and micro-batch) share one info.
+        info = infos.setdefault(key, info)
     if spec.kind in COMPUTE_KINDS:
         if key not in demands:
             demands[key] = _kernel_demand(spec, gpu, params, knobs)

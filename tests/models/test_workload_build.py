@@ -120,3 +120,18 @@ def test_made_once_parts_follow_rank_symmetry_and_the_nodes_their_members_span()
     assert flows["in0"].uses_copy_engine and flows["in1"].uses_copy_engine  # type: ignore[union-attr]
     assert not flows["across"].uses_copy_engine  # type: ignore[union-attr]
     assert flows["dp"].group_size == 16 and len(flows["dp"].ranks) == 8  # type: ignore[union-attr]
+
+
+def test_ops_of_alike_specs_share_one_info_and_others_keep_their_own() -> None:
+    # A layer's GEMM in every layer and micro-batch: one info dict for all (the build's memory).
+    specs = [GemmOp(name=f"g{i}", kind="gemm", m=64, n=128, k=256, after=[f"g{i - 1}"] if i else [])
+             for i in range(3)]
+    specs.append(GemmOp(name="other", kind="gemm", m=64, n=128, k=512, after=["g2"]))
+    wl = build_workload(specs, gpu=GPU, system=SYSTEM, params=PARAMS, n_ranks=2)
+    by_name = {}
+    for op in wl.ops:
+        by_name.setdefault(op.name, []).append(op)
+    alike = [op.info for name in ("g0", "g1", "g2") for op in by_name[name]]
+    assert all(info is alike[0] for info in alike)
+    assert alike[0] == _info(specs[0])
+    assert by_name["other"][0].info == _info(specs[3]) and by_name["other"][0].info["k"] == 512
