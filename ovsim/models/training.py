@@ -60,7 +60,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models.ir import StreamSpec, Workload
-from ovsim.models.op_specs import CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp
+from ovsim.models.op_specs import CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp, generated
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
 from ovsim.models.training_emit import FsdpCollectives, LayerEmitter, optimizer_passes
 
@@ -148,17 +148,19 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
                         a, b = lay.rank(d, src_stage, i), lay.rank(d, s, i)
                         name = f"{ph}{mb}.v{src_vs}to{vs}.d{d}t{i}"
                         deps = [sender] + ([receiver_ready] if receiver_ready else [])
-                        g.ops.append(SendRecvOp(name=name, kind="send_recv", size_bytes=act_bytes, src=a, dst=b,
-                                                stream=f"pp{src_stage}>{s}", after_any=deps))
+                        g.ops.append(generated(SendRecvOp(name=name, kind="send_recv", size_bytes=act_bytes, src=a,
+                                                          dst=b, stream=f"pp{src_stage}>{s}", after_any=deps)))
                         received.append(name)
                         g.p2p_items[name] = ends
                     if gather:
                         # gather_split_1d_tensor: the whole activation, after the receive and the
                         # stage's previous work (Megatron-LM runs it on the compute stream).
                         gname = f"{ph}{mb}.v{src_vs}to{vs}.d{d}.gather"
-                        g.ops.append(CollectiveOpSpec(name=gname, kind="all_gather", size_bytes=full_act_bytes,
-                                                      stream="tp", ranks=lay.tp_groups(s)[d],
-                                                      after=[st.last] if st.last else [], after_any=received))
+                        g.ops.append(generated(CollectiveOpSpec(name=gname, kind="all_gather",
+                                                                size_bytes=full_act_bytes, stream="tp",
+                                                                ranks=lay.tp_groups(s)[d],
+                                                                after=[st.last] if st.last else [],
+                                                                after_any=received)))
                         received = [gname]
                     st.pending += received
             elif src_stage != s:

@@ -17,6 +17,7 @@ from ovsim.models.op_specs import (
     GemmOp,
     MemoryOp,
     OpSpec,
+    generated,
 )
 from ovsim.models.training_spec import (
     Layout,
@@ -136,7 +137,7 @@ class LayerEmitter:
         build's memory."""
         extra = list(st.pending)
         st.pending = []
-        op = cls(ranks=st.ranks, stream="compute", after_any=extra, **fields)
+        op = generated(cls(ranks=st.ranks, stream="compute", after_any=extra, **fields))
         self.ops.append(op)
         st.last = op.name
         return op.name
@@ -164,8 +165,9 @@ class LayerEmitter:
                  after_any: list[str] | None = None) -> str:
         """A memory-bound kernel on a stream of its own (not the stage's compute), after ``after``
         (and ``after_any``: ops of other groups, each binding where it runs)."""
-        self.ops.append(MemoryOp(name=name, ranks=st.ranks, stream=stream, after=after, after_any=after_any or [],
-                                 kind="elementwise", bytes=max(1.0, nbytes), grid_stride=True))
+        self.ops.append(generated(MemoryOp(name=name, ranks=st.ranks, stream=stream, after=after,
+                                           after_any=after_any or [], kind="elementwise", bytes=max(1.0, nbytes),
+                                           grid_stride=True)))
         return name
 
     def collective(self, st: StageState, name: str, kind: CollectiveKind, size: float, stream: str,
@@ -179,8 +181,8 @@ class LayerEmitter:
         for gi, ranks in enumerate(groups):
             nm = f"{name}.g{gi}" if numbered else name
             deps = after if after is not None else [st.last] if st.last else []
-            self.ops.append(CollectiveOpSpec(name=nm, kind=kind, size_bytes=size, stream=stream, ranks=ranks,
-                                             after=list(deps), engine=engine))
+            self.ops.append(generated(CollectiveOpSpec(name=nm, kind=kind, size_bytes=size, stream=stream,
+                                                       ranks=ranks, after=list(deps), engine=engine)))
             names.append(nm)
         return names
 

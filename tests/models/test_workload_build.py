@@ -21,6 +21,7 @@ from ovsim.models.op_specs import (
     Knobs,
     MemoryOp,
     SendRecvOp,
+    generated,
 )
 from ovsim.models.workload import _collective_ops, _info, build_workload
 from ovsim.scenario import Scenario
@@ -135,3 +136,17 @@ def test_ops_of_alike_specs_share_one_info_and_others_keep_their_own() -> None:
     assert all(info is alike[0] for info in alike)
     assert alike[0] == _info(specs[0])
     assert by_name["other"][0].info == _info(specs[3]) and by_name["other"][0].info["k"] == 512
+
+
+def test_generated_specs_share_their_fields_record_and_behave_as_made() -> None:
+    made = [GemmOp(name=f"g{i}", kind="gemm", m=64, n=128, k=256, ranks=[0, 1]) for i in range(3)]
+    shared = [generated(GemmOp(name=f"g{i}", kind="gemm", m=64, n=128, k=256, ranks=[0, 1])) for i in range(3)]
+    assert shared == made
+    assert all(s.__pydantic_fields_set__ is shared[0].__pydantic_fields_set__ for s in shared)
+    assert [s.model_dump(exclude_unset=True) for s in shared] == [m.model_dump(exclude_unset=True) for m in made]
+    # A copy with a change records it on its own: the siblings keep theirs.
+    copy = shared[0].model_copy(update={"split_k": 2})
+    assert "split_k" in copy.model_fields_set and "split_k" not in shared[1].model_fields_set
+    with pytest.raises(ValidationError):
+        shared[1].m = 8  # frozen: the shared record is never added to
+    assert shared[1].model_fields_set == made[1].model_fields_set
