@@ -42,7 +42,7 @@ after the step; the run's FSDP also sharded its gradients, which ovsim does not 
 with pipeline parallelism); the nodes are HGX H100 with eight 400 Gb/s NICs (the paper's RoCE
 fabric runs 400 Gb/s a GPU too).
 
-    python bench/published_jobs.py --rows llama3-16384-v2 --mode analytic   # about 5 s, 0.4 GB
+    python bench/published_jobs.py --rows llama3-16384-v2 --mode analytic   # about 6 s, 0.2 GB
 
 Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv
 2205.05198, table 5), on the same Selene nodes with the Megatron-LM of 2022: 22B, 175B, 530B and 1T
