@@ -37,7 +37,7 @@ Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANC
   and NCCL runs a communicator's collectives one at a time, in the order issued (NCCL adds CUDA
   events to enforce it, NVIDIA/nccl#574; ProcessGroupNCCL issues a group's collectives on one
   internal stream), even when FSDP issues them from different CUDA streams; around them the
-  implementation's copy kernels (``fsdp_impl``; :class:`ovsim.models.training_emit.FsdpCollectives`),
+  implementation's copy kernels (``fsdp_impl``; :class:`ovsim.models.training_fsdp.FsdpCollectives`),
   the post-backward ones on the ``dp_post`` stream, and with DeepSpeed's (``zero3``) one
   reduce-scatter a bucket of gradients and its parameters rebuilt on the ``dp_gather`` stream;
 * tensor parallelism: all-reduce after the row-parallel GEMMs (output projection, FC2) and after
@@ -62,7 +62,8 @@ from ovsim.limits import MAX_OPS
 from ovsim.models.ir import StreamSpec, Workload
 from ovsim.models.op_specs import CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp, generated
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
-from ovsim.models.training_emit import FsdpCollectives, LayerEmitter, optimizer_passes
+from ovsim.models.training_emit import LayerEmitter, optimizer_passes
+from ovsim.models.training_fsdp import FsdpCollectives
 
 # PRESETS and ModelShape (below) are re-exported: callers imported them from here before the
 # description of a model had its own module.

@@ -271,6 +271,6 @@ def test_the_embedding_s_shard_is_cast_before_its_one_gather() -> None:
 def test_the_post_divide_factor_is_pytorchs() -> None:
     """FSDP's pre-divide factor is the largest power of 2 dividing the world size at most its square
     root; what is left is divided after the reduce-scatter (torch/distributed/fsdp/_init_utils)."""
-    from ovsim.models.training_emit import postdivide_factor
+    from ovsim.models.training_fsdp import postdivide_factor
 
     assert [postdivide_factor(n) for n in (1, 2, 4, 8, 16, 32, 6)] == [1, 1, 2, 2, 4, 4, 1.5]
