@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from ovsim.engine.machine import build_machine
-from ovsim.engine.power import PowerConfig, power_rows, power_table
+from ovsim.engine.power import POWER_COLUMNS, PowerConfig, power_rows, power_table
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.engine.timeline import Timeline, on_ranks
 from ovsim.errors import OvsimError
@@ -95,9 +95,7 @@ class Result:
         m = pc.model
         rows = power_rows(self.timeline, self.workload.ranks_in_job, m.idle_w, m.compute_clock_hz,
                           window_s=SENSOR_WINDOW_S)
-        t = {c: np.array([r[c] for r in rows], dtype=float) for c in ("avg_power_w", "peak_power_w", "energy_j",
-                                                                   "avg_sm_clock_hz", "min_sm_clock_hz",
-                                                                   "peak_window_power_w")}
+        t = {c: np.array([r[c] for r in rows], dtype=float) for c in (*POWER_COLUMNS[1:], "peak_window_power_w")}
         # Every replica a simulated rank stands for spends what it spends.
         energy = float(t["energy_j"].sum()) * self.workload.replicas
         return {

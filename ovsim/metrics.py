@@ -88,23 +88,15 @@ def _getter(ops: Any) -> tuple[Callable[[str], np.ndarray], int]:
     columns are read without making its frame), and its row count. ``end_s`` is ``start_s +
     duration_s`` where a table has no such column."""
     if hasattr(ops, "op_column"):
-        get: Callable[[str], np.ndarray] = ops.op_column
-        n = int(ops.n_ops)
-    else:
-        frame = ops
+        return ops.op_column, int(ops.n_ops)
+    frame = ops
 
-        def get(name: str) -> np.ndarray:
-            return np.asarray(frame[name].to_numpy())
+    def get(name: str) -> np.ndarray:
+        if name == "end_s" and "end_s" not in frame.columns:
+            return np.asarray(frame["start_s"].to_numpy(float) + frame["duration_s"].to_numpy(float))
+        return np.asarray(frame[name].to_numpy())
 
-        n = len(frame)
-        if "end_s" not in frame.columns:
-            def get_end(name: str) -> np.ndarray:
-                if name == "end_s":
-                    return np.asarray(frame["start_s"].to_numpy(float) + frame["duration_s"].to_numpy(float))
-                return np.asarray(frame[name].to_numpy())
-
-            return get_end, n
-    return get, n
+    return get, len(frame)
 
 
 def rank_overlap(ops: pd.DataFrame | Any) -> list[RankOverlap]:

@@ -181,8 +181,6 @@ def power_rows(timeline: Timeline, ranks: Iterable[int], idle_w: float, compute_
     t, v = timeline.counter_column("time_s").astype(float), timeline.counter_column("value").astype(float)
     counter = timeline.counter_column("counter")
     is_power, is_clock = counter == POWER_COUNTER, counter == CLOCK_COUNTER
-    if not len(counter):
-        is_power = is_clock = np.zeros(0, bool)
     order = np.argsort(rank, kind="stable")
     sorted_rank = rank[order]
     for r in ranks:
