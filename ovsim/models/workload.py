@@ -48,9 +48,9 @@ __all__ = ["COMPUTE_KINDS", "GEMM_BLOCK_FIELDS", "GEMM_TILE_FIELDS", "AttentionO
            "SendRecvOp", "build_workload"]
 
 
-def _ranks(spec: _OpBase, n_ranks: int) -> list[int]:
+def _ranks(spec: _OpBase, n_ranks: int) -> Sequence[int]:
     if spec.ranks == "all":
-        return list(range(n_ranks))
+        return range(n_ranks)
     bad = [r for r in spec.ranks if r >= n_ranks]
     if bad:
         raise OvsimError(f"op '{spec.name}' names rank {bad[0]}, the system has {n_ranks}", field="ranks")
@@ -155,7 +155,7 @@ def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> K
                                  load_share=base.load_share)
 
 
-def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: list[int], gpu: GpuSpec,
+def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: Sequence[int], gpu: GpuSpec,
                     system: SystemSpec, params: Parameters, knobs: Knobs,
                     plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None) -> _Parts:
     """Each member's kernel (None on copy engines), the shared flow and the op kind; ``plans``:
@@ -330,7 +330,7 @@ def build_workload(
     return wl
 
 
-def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: GpuSpec, system: SystemSpec,
+def _expand(spec: OpSpec, ranks: Sequence[int], by_name: dict[str, OpSpec], *, gpu: GpuSpec, system: SystemSpec,
             params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
             demands: dict[tuple[object, ...], KernelDemand], sim: dict[int, int] | None,
             rank_sets: dict[str, frozenset[int]], plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
@@ -341,7 +341,8 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
     out: list[Op] = []
     members = ranks
     if sim is not None:
-        ranks = [r for r in ranks if r in sim]
+        # Every rank's op on a few simulated ranks of thousands: the simulated ones (ascending).
+        ranks = list(sim) if isinstance(ranks, range) else [r for r in ranks if r in sim]
     at = sim.__getitem__ if sim is not None else int
     stream = "main" if sequential else spec.stream
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
@@ -399,7 +400,7 @@ def _expand(spec: OpSpec, ranks: list[int], by_name: dict[str, OpSpec], *, gpu: 
                         raise OvsimError(f"rank {end} does not exist", field="src" if end == spec.src else "dst")
                 if spec.src == spec.dst:
                     raise OvsimError("send and receive ranks must differ", field="dst")
-            made_key = (key, tuple(members))
+            made_key = (key, members if isinstance(members, range) else tuple(members))
             made = parts_made.get(made_key) if parts_made is not None else None
             if made is None:
                 made = _collective_ops(spec, "", members, gpu, system, params, knobs, plans)
