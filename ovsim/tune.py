@@ -31,6 +31,10 @@ file names, each with its legal values; every combination is a candidate. The me
    carve-out and power settings, takes that prediction (:func:`workload_digest`).
 4. A space of more than ``max_grid`` combinations is not enumerated: Optuna's TPE sampler picks
    ``max_grid`` of them on the estimate.
+5. Under a time budget (``budget_s``; a job of thousands of GPUs takes seconds an analysis), a
+   grid whose analyses would take more than ``SAMPLING_SHARE`` of it, at what the scenario as
+   given takes, is sampled instead; sampling stops at that share of what is left and the engine's
+   confirmations when the budget is spent (``stats["stop"]`` says which stop came first).
 
 The scenario as given is always predicted with the engine: the gains are over it.
 """
@@ -40,7 +44,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +55,11 @@ import pandas as pd
 
 from ovsim.api import build
 from ovsim.errors import OvsimError
-from ovsim.models.op_specs import CollectiveOpSpec
 from ovsim.scenario import Scenario
 from ovsim.sweep import base_mapping, edited, scenario_at
 
-# The predictions live in tune_predictions and the why-lines in tune_explain; importers that name
-# them here keep working.
+# The predictions live in tune_predictions, the space in tune_space and the why-lines in
+# tune_explain; importers that name them here keep working.
 from ovsim.tune_explain import given_problem, knob_value, why_line
 from ovsim.tune_predictions import (
     OBJECTIVE_FIELDS,
@@ -66,21 +70,13 @@ from ovsim.tune_predictions import (
     time_bound_s,
     workload_digest,
 )
+from ovsim.tune_space import default_space, read_space, value_at
 from ovsim.workers import executor
 
 __all__ = ["OBJECTIVE_FIELDS", "Objective", "TuneResult", "analyze", "candidates", "default_space", "explain",
            "knob_value", "objective_value", "read_space", "scenario_yaml", "summarize", "time_bound_s", "tune",
            "value_at", "workload_digest"]
 
-# Candidate values of the default space's knobs (docs/tune.md says why these).
-NCCL_CHANNELS = (2, 4, 8, 16, 32)
-SM_CARVEOUTS = (8, 16, 32)
-SHAPING_SMEM_BYTES = (32 * 1024, 64 * 1024, 100 * 1024)
-BUCKET_MIB = (1, 5, 25, 100)
-FSDP_PREFETCH = (0, 1, 2)
-TP_CHUNKS = (2, 4, 8)
-CAP_FRACTIONS = (0.9, 0.8, 0.7, 0.6)
-CLOCK_FRACTIONS = (0.9, 0.8, 0.7)
 # A knob that matters only while another has one of some values: a combination that sets it
 # elsewhere, other than to its first value, repeats another candidate and is not searched.
 CONDITIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
@@ -98,6 +94,11 @@ POWER_KNOBS = ("power.cap_w", "power.sm_clock_hz")
 # Energy objectives: a candidate whose estimate is this much above the best found is not confirmed.
 ESTIMATE_MARGIN = 0.05
 MAX_GRID = 2000
+# Under a time budget, the share of it that analysing (or sampling) the space may take; the rest
+# is for the engine's confirmations.
+SAMPLING_SHARE = 0.5
+# progress(what, done, total): how far a step of the search has got.
+Progress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -133,102 +134,6 @@ class TuneResult:
     stats: dict[str, Any]
     leaders: list[Candidate] = field(repr=False)
     given: Candidate = field(repr=False)
-
-
-# -- the space -------------------------------------------------------------------------------------
-
-def default_space(sc: Scenario, objective: Objective = "time") -> dict[str, list[Any]]:
-    """The schedule knobs ``sc`` leaves open, each with its candidate values, the scenario's own
-    value first. Power caps and locked clocks are searched only when energy counts: below the
-    default limit a run can only be slower."""
-    wl, _, gpu, _ = build(sc, sc.name)
-    space: dict[str, list[Any]] = {}
-    if any(op.kind == "collective" for op in wl.ops):
-        space["schedule"] = ["overlapped", "sequential"]
-        space["knobs.comm_priority"] = ["normal", "high"]
-        space["knobs.nccl_channels"] = [None, *NCCL_CHANNELS]
-        space["knobs.sm_carveout"] = [0, *(c for c in SM_CARVEOUTS if c < gpu.sm.count // 2)]
-        space["knobs.occupancy_shaping_smem_bytes"] = [0, *(b for b in SHAPING_SMEM_BYTES if _builds(sc, b))]
-        if _gathers(sc):
-            space["knobs.ce_offload"] = [False, True]
-    space.update(_training_space(sc))
-    if objective != "time":
-        p, c = gpu.power, gpu.clocks
-        space["power.cap_w"] = [None, *(round(p.tdp_w * f) for f in CAP_FRACTIONS
-                                        if p.tdp_w * f >= p.min_power_limit_w)]
-        space["power.sm_clock_hz"] = [None, *(round(c.max_sm_clock_hz * f, -6) for f in CLOCK_FRACTIONS
-                                              if c.max_sm_clock_hz * f >= c.min_sm_clock_hz)]
-    return {path: _given_first(sc, path, values) for path, values in space.items()}
-
-
-def _builds(sc: Scenario, shaping_smem_bytes: int) -> bool:
-    """Whether every kernel of ``sc`` still launches with this much shaping padding (a kernel's
-    own shared memory plus the padding must fit the GPU's per-block limit)."""
-    try:
-        build(sc.model_copy(update={"knobs": sc.knobs.model_copy(
-            update={"occupancy_shaping_smem_bytes": shaping_smem_bytes})}), sc.name)
-    except OvsimError:
-        return False
-    return True
-
-
-def _gathers(sc: Scenario) -> bool:
-    """Whether the scenario runs collectives copy engines can carry (all-gathers, all-to-alls)."""
-    if sc.training is not None:
-        return sc.training.parallel.dp_mode == "fsdp"
-    return any(isinstance(op, CollectiveOpSpec) and op.kind in ("all_gather", "all_to_all") for op in sc.ops)
-
-
-def _training_space(sc: Scenario) -> dict[str, list[Any]]:
-    if sc.training is None:
-        return {}
-    p = sc.training.parallel
-    space: dict[str, list[Any]] = {}
-    if p.tp > 1:
-        space["training.parallel.tp_overlap"] = ["none", "chunked", "copy_engine"]
-        # None is the TP degree: the same pieces as a value equal to it.
-        space["training.parallel.tp_chunks"] = [None, *(c for c in TP_CHUNKS if c != p.tp)]
-    if p.dp_mode == "fsdp":
-        space["training.parallel.fsdp_prefetch"] = list(FSDP_PREFETCH)
-    elif p.dp != 1:
-        if p.overlap_grad_reduce:
-            # Without overlap every gradient goes in one collective after backward: no buckets.
-            space["training.parallel.bucket_bytes"] = [m * 2**20 for m in BUCKET_MIB]
-        space["training.parallel.distributed_optimizer"] = [False, True]
-    return space
-
-
-def value_at(sc: Scenario, path: str) -> Any:
-    """The scenario's value at a knob path, as ``ovsim sweep`` spells it (a list item by its index
-    or name: ``ops.gemm.m``); None where the scenario leaves it out."""
-    data: Any = sc.model_dump(mode="json", by_alias=True)
-    for key in path.split("."):
-        if isinstance(data, list):
-            named = [it for it in data if isinstance(it, dict) and it.get("name") == key]
-            data = named[0] if named else (data[int(key)] if key.isdigit() and int(key) < len(data) else None)
-        elif isinstance(data, dict):
-            data = data.get(key)
-        else:
-            return None
-    return data
-
-
-def _given_first(sc: Scenario, path: str, values: Sequence[Any]) -> list[Any]:
-    given = value_at(sc, path)
-    return [given, *(v for v in values if v != given)]
-
-
-def read_space(path: str | Path) -> dict[str, list[Any]]:
-    """A space file: a mapping of knob paths (as ``ovsim sweep`` spells them) to lists of values."""
-    from ovsim.hw.spec import read_yaml
-
-    data = read_yaml(Path(path))
-    if not isinstance(data, dict) or not data:
-        raise OvsimError("expected a mapping of knob paths to lists of values", source=str(path))
-    for key, values in data.items():
-        if not isinstance(values, list) or not values:
-            raise OvsimError("expected a non-empty list of values", source=str(path), field=str(key))
-    return {str(k): list(v) for k, v in data.items()}
 
 
 # -- candidates ------------------------------------------------------------------------------------
@@ -297,23 +202,47 @@ def check_space(base: Base, space: Mapping[str, Sequence[Any]], source: str) -> 
 
 # -- predictions -----------------------------------------------------------------------------------
 
-def _mapped(fn: Any, cands: Sequence[Candidate], pool: Any, *args: Any) -> list[dict[str, Any]]:
+@dataclass
+class _Run:
+    """What the steps of one search share: the objective, where predictions run and how many at
+    once, when its time budget ends (``time.monotonic`` seconds; infinite: no budget) and whom to
+    tell how far it has got."""
+
+    objective: Objective
+    pool: Any = None
+    jobs: int = 1
+    deadline: float = math.inf
+    progress: Progress | None = None
+
+    def tell(self, what: str, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(what, done, total)
+
+    def blind(self) -> tuple[str, ...]:
+        """The knobs an analysis does not see: candidates differing only in them share one."""
+        return ANALYTIC_BLIND + (POWER_KNOBS if self.objective == "time" else ())
+
+
+def _mapped(fn: Any, cands: Sequence[Candidate], pool: Any, *args: Any) -> Iterator[dict[str, Any]]:
+    """``fn`` of each candidate's scenario, in order, as each comes."""
     scenarios = [c.scenario for c in cands]
-    return list((pool.map if pool is not None else map)(fn, scenarios, *(itertools.repeat(a) for a in args)))
+    return iter((pool.map if pool is not None else map)(fn, scenarios, *(itertools.repeat(a) for a in args)))
 
 
-def _analyze(cands: Sequence[Candidate], objective: Objective, pool: Any) -> int:
+def _analyze(cands: Sequence[Candidate], run: _Run) -> int:
     """Analyse the candidates: one of each group that differs only in knobs the analytic fidelity
     does not see (``ANALYTIC_BLIND``) stands for the group; returns the analyses made."""
-    blind = ANALYTIC_BLIND + (POWER_KNOBS if objective == "time" else ())
+    blind = run.blind()
     groups: dict[str, list[Candidate]] = {}
     for c in cands:
         key = repr(sorted((k, repr(v)) for k, v in c.point.items() if k not in blind))
         groups.setdefault(key, []).append(c)
     firsts = [g[0] for g in groups.values()]
-    for group, s in zip(groups.values(), _mapped(analyze, firsts, pool, objective), strict=True):
+    results = _mapped(analyze, firsts, run.pool, run.objective)
+    for i, (group, s) in enumerate(zip(groups.values(), results, strict=True), 1):
         for c in group:
-            _analyzed(c, s, objective)
+            _analyzed(c, s, run.objective)
+        run.tell("analysing", i, len(firsts))
     return len(firsts)
 
 
@@ -338,12 +267,13 @@ def _engine_key(c: Candidate) -> tuple[object, ...] | None:
     return digest, blind, c.scenario.knobs.sm_carveout, repr(c.scenario.power)
 
 
-def _confirm(cands: Sequence[Candidate], objective: Objective, pool: Any, jobs: int,
-             confirm_max: int) -> dict[str, Any]:
-    """Predict with the engine, in order of their estimate and ``jobs`` at a time, the candidates
-    that could still beat the best found (step 3); a candidate whose workload and settings another
-    has been predicted with takes that prediction. Returns how many it predicted, how many took
-    another's, whether it stopped at ``confirm_max``, and how many that could have won it left."""
+def _confirm(cands: Sequence[Candidate], run: _Run, confirm_max: int) -> dict[str, Any]:
+    """Predict with the engine, in order of their estimate and ``run.jobs`` at a time, the
+    candidates that could still beat the best found (step 3); a candidate whose workload and
+    settings another has been predicted with takes that prediction. Returns how many it predicted,
+    how many took another's, whether it stopped before the end (``stop``: at ``confirm_max`` or at
+    the time budget), and how many that could have won it left."""
+    objective, jobs = run.objective, run.jobs
     ranked = sorted((c for c in cands if math.isfinite(c.estimate) and not c.engine), key=lambda c: c.estimate)
     best = min((objective_value(c.engine, objective) for c in cands if c.engine), default=math.inf)
     seen: dict[tuple[object, ...], Candidate] = {}
@@ -351,7 +281,11 @@ def _confirm(cands: Sequence[Candidate], objective: Objective, pool: Any, jobs: 
         if c.engine and (key := _engine_key(c)) is not None:
             seen.setdefault(key, c)
     done = shared = 0
-    while done < confirm_max:
+    stop = ""
+    while True:
+        if done >= confirm_max or time.monotonic() >= run.deadline:
+            stop = "confirm_max" if done >= confirm_max else "budget_s"
+            break
         batch: list[Candidate] = []
         keys: set[tuple[object, ...]] = set()
         for c in ranked:
@@ -368,22 +302,31 @@ def _confirm(cands: Sequence[Candidate], objective: Objective, pool: Any, jobs: 
                     keys.add(key)
         if not batch:
             break
-        _engine(batch, pool)
+        _engine(batch, run.pool)
         for c in batch:
             if (key := _engine_key(c)) is not None:
                 seen.setdefault(key, c)
         done += len(batch)
         best = min([best, *(objective_value(c.engine, objective) for c in batch)])
-    left = sum(1 for c in ranked if not c.engine and c.could_win(best, objective))
+        run.tell("predicting with the engine", done, done + _could_win(ranked, best, objective))
+    left = _could_win(ranked, best, objective)
     return {"engine_predictions": done, "engine_shared": shared, "stopped_at_budget": left > 0,
-            "could_still_win": left}
+            "stop": stop if left > 0 else "", "could_still_win": left}
 
 
-def _sampled(base: Base, space: Mapping[str, Sequence[Any]], objective: Objective,
-             trials: int, seed: int) -> tuple[list[Candidate], dict[str, Any]]:
-    """Up to ``trials`` distinct candidates of a space too large to enumerate, chosen by Optuna's
-    TPE sampler on the estimate (each analysed once; a trial may repeat a combination), and the
-    counts of the combinations it drew that were dropped (as :func:`candidates` counts them)."""
+def _could_win(ranked: Sequence[Candidate], best: float, objective: Objective) -> int:
+    return sum(1 for c in ranked if not c.engine and c.could_win(best, objective))
+
+
+def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given: Mapping[str, Any], run: _Run, trials: int,
+             seed: int, timeout_s: float | None) -> tuple[list[Candidate], dict[str, Any]]:
+    """Up to ``trials`` distinct candidates of a space too large to enumerate (or to analyse within
+    the time budget), chosen by Optuna's TPE sampler on the estimate within ``timeout_s``, and the
+    counts of the combinations it drew that were dropped (as :func:`candidates` counts them) and
+    of the analyses made. The first trials are the scenario as given (its knob values ``given``)
+    and each change of one knob from it, so that a search cut short by its budget has tried those
+    before it samples. A trial may repeat a combination; combinations that differ only in knobs an
+    analysis does not see share one analysis."""
     try:
         import optuna  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
@@ -394,6 +337,8 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], objective: Objectiv
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     keys = list(space)
     seen: dict[tuple[int, ...], Candidate | None] = {}
+    analyses: dict[tuple[int, ...], dict[str, Any]] = {}
+    blind = run.blind()
     dropped: dict[str, Any] = {"invalid": 0, "redundant": 0, "invalid_example": ""}
 
     def value(trial: Any) -> float:
@@ -405,12 +350,23 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], objective: Objectiv
             dropped["invalid_example"] = dropped["invalid_example"] or lost["invalid_example"]
             seen[ix] = found[0] if found else None
             if found:
-                _analyzed(found[0], analyze(found[0].scenario, objective), objective)
+                seeing = tuple(j for k, j in zip(keys, ix, strict=True) if k not in blind)
+                if seeing not in analyses:
+                    analyses[seeing] = analyze(found[0].scenario, run.objective)
+                _analyzed(found[0], analyses[seeing], run.objective)
+        run.tell("sampling", trial.number + 1, trials)
         c = seen[ix]
         return c.estimate if c is not None else math.inf
 
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
-    study.optimize(value, n_trials=trials)
+    start = {k: next((j for j, v in enumerate(space[k]) if v == given.get(k)), 0) for k in keys}
+    study.enqueue_trial(start)
+    for k in keys:
+        for j in range(len(space[k])):
+            if j != start[k]:
+                study.enqueue_trial({**start, k: j})
+    study.optimize(value, n_trials=trials, timeout=timeout_s)
+    dropped["analyses"], dropped["trials"] = len(analyses), len(study.trials)
     return [c for c in seen.values() if c is not None], dropped
 
 
@@ -419,14 +375,21 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], objective: Objectiv
 def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] | None = None,
          objective: Objective = "time", top: int = 5, workers: int = 1, confirm_max: int = 50,
          max_grid: int = MAX_GRID, seed: int = 0, space_source: str = "space",
-         scheduler: str | None = None) -> TuneResult:
+         scheduler: str | None = None, budget_s: float | None = None,
+         progress: Progress | None = None) -> TuneResult:
     """Search ``space`` (default: :func:`default_space`) for the schedule that minimises
     ``objective`` (the module docstring says how); ``top`` leaders are ranked and explained.
     ``workers``: predictions at once (1: in this process; 0: one process per core); ``scheduler``:
     a Dask scheduler's address, to run them on its cluster (:func:`ovsim.workers.executor`; give
-    the cluster's worker count as ``workers``)."""
+    the cluster's worker count as ``workers``). ``budget_s``: the search's wall-clock budget
+    (step 5 of the module docstring). ``progress(what, done, total)`` is told how far each step
+    has got."""
     if objective not in OBJECTIVE_FIELDS:
         raise OvsimError(f"must be one of {', '.join(OBJECTIVE_FIELDS)}, got '{objective}'", field="objective")
+    if budget_s is not None and not budget_s > 0:
+        raise OvsimError(f"must be a positive number of seconds, got {budget_s}", field="budget_s")
+    started = time.monotonic()
+    run = _Run(objective, deadline=started + budget_s if budget_s is not None else math.inf, progress=progress)
     base = base_mapping(scenario)
     data, path, source = base
     given_sc = scenario if isinstance(scenario, Scenario) else scenario_at(data, path, source)
@@ -437,16 +400,23 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
         raise OvsimError("the scenario leaves no schedule knob open (nothing to overlap); name the knobs to "
                          "search in a space file (--space)", source=source, field="space")
     n_grid = math.prod(len(v) for v in space.values())
-    sampled = n_grid > max_grid
-    cands, dropped = _sampled(base, space, objective, max_grid, seed) if sampled else _candidates(base, space)
+    workers = workers or os.cpu_count() or 1
+    sampled = n_grid > max_grid or _grid_too_slow(given_sc, space, run, n_grid, workers)
+    if sampled:
+        left_s = run.deadline - time.monotonic()
+        given_point = {k: value_at(given_sc, k) for k in space}
+        cands, dropped = _sampled(base, space, given_point, run, max_grid, seed,
+                                  max(0.0, SAMPLING_SHARE * left_s) if math.isfinite(left_s) else None)
+    else:
+        cands, dropped = _candidates(base, space)
     given = _given(cands, data, given_sc, space)
-    jobs = min(workers or os.cpu_count() or 1, max(1, len(cands)))
-    pool = executor(jobs, scheduler)
-    with pool or nullcontext():
-        n_analytic = sum(1 for c in cands if c.analytic)
-        n_analytic += _analyze([c for c in cands if not c.analytic], objective, pool)
-        _engine([given], pool)
-        confirmed = _confirm(cands, objective, pool, jobs, confirm_max)
+    run.jobs = min(workers, max(1, len(cands)))
+    run.pool = executor(run.jobs, scheduler)
+    with run.pool or nullcontext():
+        n_analytic = dropped.pop("analyses", 0)
+        n_analytic += _analyze([c for c in cands if not c.analytic], run)
+        _engine([given], run.pool)
+        confirmed = _confirm(cands, run, confirm_max)
     confirmed["engine_predictions"] += 1
     stats = {"objective": objective, "space": {k: list(v) for k, v in space.items()}, "grid": n_grid,
              "sampled": sampled, "candidates": len(cands), **dropped,
@@ -454,8 +424,22 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
              "failed": sum(1 for c in cands if "error" in c.analytic or "error" in c.engine),
              "failed_example": next((f"{_point_text(c.point)}: {c.analytic.get('error') or c.engine['error']}"
                                      for c in cands if "error" in c.analytic or "error" in c.engine), ""),
-             "analytic_predictions": n_analytic, **confirmed}
+             "analytic_predictions": n_analytic, **confirmed, "budget_s": budget_s,
+             "elapsed_s": time.monotonic() - started}
     return _result(cands, given, space, objective, top, stats)
+
+
+def _grid_too_slow(sc: Scenario, space: Mapping[str, Sequence[Any]], run: _Run, n_grid: int, workers: int) -> bool:
+    """Whether analysing the whole grid would take more than ``SAMPLING_SHARE`` of the time
+    budget, at what one analysis of the scenario as given takes (none is too slow without a
+    budget)."""
+    if not math.isfinite(run.deadline):
+        return False
+    t0 = time.monotonic()
+    analyze(sc, run.objective)
+    each_s = time.monotonic() - t0
+    analyses = n_grid / math.prod(len(space[k]) for k in run.blind() if k in space)
+    return analyses * each_s / workers > SAMPLING_SHARE * (run.deadline - t0)
 
 
 def _given(cands: list[Candidate], data: dict[str, Any], sc: Scenario,

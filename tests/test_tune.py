@@ -232,3 +232,67 @@ def test_workers_find_the_same_best() -> None:
     two = tune(A100, space=SMALL, workers=2)
     assert two.table["makespan_s"].iloc[0] == one.table["makespan_s"].iloc[0]
     assert two.stats["bound_violations"] == 0
+
+
+def test_progress_counts_each_step_to_its_end() -> None:
+    told: list[tuple[str, int, int]] = []
+    res = tune(A100, space=SMALL, progress=lambda what, done, total: told.append((what, done, total)))
+    analysed = [(d, t) for w, d, t in told if w == "analysing"]
+    # One analysis stands for each pair of candidates that differ only in priority.
+    assert analysed[-1] == (res.stats["analytic_predictions"],) * 2 and [d for d, _ in analysed] == list(
+        range(1, len(analysed) + 1))
+    confirmed = [(d, t) for w, d, t in told if w == "predicting with the engine"]
+    assert confirmed and confirmed[-1][0] == res.stats["engine_predictions"] - 1  # the given is not counted
+    assert all(d <= t for d, t in confirmed)
+
+
+def test_sampled_candidates_that_differ_only_in_priority_share_an_analysis() -> None:
+    """Analyses see no priority: a sampled space of 16 (8 without it) takes at most 8 of them."""
+    space = {"knobs.comm_priority": ["normal", "high"], "knobs.sm_carveout": [0, 8, 16, 32],
+             "knobs.nccl_channels": [None, 4]}
+    res = tune(A100, space=space, max_grid=10)
+    assert res.stats["sampled"] and res.stats["trials"] == 10
+    assert res.stats["analytic_predictions"] <= 8 < res.stats["candidates"] + 8
+    assert res.stats["analytic_predictions"] < res.stats["candidates"] or res.stats["candidates"] <= 8
+
+
+def test_a_budget_too_small_for_the_grid_samples_it_and_stops_confirming() -> None:
+    """A millisecond cannot hold 12 analyses: the grid is sampled (within the budget: no trial may
+    fit), the engine confirms nothing once the budget is spent, and the scenario as given is still
+    ranked."""
+    res = tune(A100, space=SMALL, budget_s=1e-3)
+    st = res.stats
+    assert st["sampled"] and st["trials"] < 12 and st["budget_s"] == 1e-3
+    assert st["engine_predictions"] == 1 and res.table["as_given"].any()
+    assert st["stop"] == ("budget_s" if st["could_still_win"] else "")
+    # Without a budget the same grid is enumerated.
+    assert not tune(A100, space=SMALL).stats["sampled"]
+
+
+@pytest.mark.parametrize("budget", [0.0, -1.0])
+def test_a_budget_must_be_positive(budget: float) -> None:
+    with pytest.raises(OvsimError, match="positive number of seconds"):
+        tune(A100, space=SMALL, budget_s=budget)
+
+
+def test_the_command_says_it_stopped_at_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", str(A100), "--budget-s", "0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "sampled by TPE in" in out
+    assert "stopped at --budget-s 0.001" in out or "could beat the best" in out
+
+
+def test_a_sampled_search_first_tries_each_single_change_from_the_given() -> None:
+    """With as many trials as the scenario as given and its one-knob changes (1 + 3 + 2 of a
+    grid of 12), those are exactly the candidates searched: a budget that cuts sampling short
+    still leaves the most direct advice."""
+    space = {"knobs.sm_carveout": [0, 8, 16, 32], "knobs.nccl_channels": [None, 4, 8], "schedule": ["overlapped"]}
+    res = tune(A100, space=space, max_grid=6)
+    assert res.stats["sampled"] and res.stats["trials"] == 6
+    given = {"knobs.sm_carveout": 0, "knobs.nccl_channels": None, "schedule": "overlapped"}
+    singles = [given] + [{**given, k: v} for k in ("knobs.sm_carveout", "knobs.nccl_channels")
+                         for v in space[k] if v != given[k]]
+    searched = [dict(zip(space, (row[k] for k in space), strict=True))
+                for row in res.table.to_dict(orient="records")]
+    # The table holds those the engine predicted; every one of them is a single change or the given.
+    assert all(p in singles for p in searched) and res.stats["candidates"] == len(singles)

@@ -70,8 +70,9 @@ class Progress:
     def __init__(self, quiet: bool) -> None:
         self.on = not quiet and sys.stderr.isatty()
         self.shown = False
-        self.started: float | None = None  # when the first count came (bar)
+        self.started: float | None = None  # when the first count of this verb came (bar)
         self.first = 0  # what was already done then (a resumed sweep)
+        self.verb = ""  # what is counted: a new step starts the rate afresh
 
     def stage(self, text: str) -> None:
         if self.on:
@@ -85,9 +86,8 @@ class Progress:
     def count(self, verb: str, done: int, total: int, unit: str) -> None:
         """A bar of ``done`` of ``total`` ``unit`` and the time left at the rate so far."""
         now = time.monotonic()
-        if self.started is None:
-            self.started = now
-            self.first = done
+        if self.started is None or verb != self.verb:
+            self.started, self.first, self.verb = now, done, verb
         left = ""
         if self.first < done < total and now > self.started:
             rate = (done - self.first) / (now - self.started)

@@ -126,6 +126,9 @@ def parser() -> argparse.ArgumentParser:
                     help="the most schedules predicted with the engine (default 50)")
     tu.add_argument("--max-grid", type=at_least_one, default=2000, metavar="N",
                     help="a larger space is sampled, N schedules by Optuna's TPE (default 2000)")
+    tu.add_argument("--budget-s", type=positive, metavar="S",
+                    help="the search's wall-clock budget in seconds: a grid too slow to analyse in half of it is "
+                         "sampled, and the engine stops confirming when it is spent (default: none)")
     tu.add_argument("--json", action="store_true", help="print one JSON object")
     tu.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     tu.set_defaults(func=_command("tune", "run_tune"))

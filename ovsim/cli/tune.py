@@ -43,14 +43,18 @@ def tune_table(result: Any, rows: int) -> str:
 
 def tune_text(result: Any, scenario: str, rows: int) -> str:
     st = result.stats
+    sampled = f"sampled by TPE in {st['trials']:,} trials; " if st["sampled"] else ""
     search = (f"{st['grid']:,} combinations, {st['candidates']:,} searched "
-              f"({'sampled by TPE; ' if st['sampled'] else ''}{st['redundant']} redundant, {st['invalid']} invalid, "
+              f"({sampled}{st['redundant']} redundant, {st['invalid']} invalid, "
               f"{st['unfit']} do not fit memory, {st['failed']} failed)")
     pruned = ("no other schedule's time bound could beat the best" if st["objective"] == "time" else
               "no other schedule's estimate came within 5% of the best")
-    stop = (f"stopped at --confirm-max: {st['could_still_win']} more could have won (--confirm-max "
-            f"{st['engine_predictions'] - 1 + st['could_still_win']} would finish it)" if st["stopped_at_budget"]
-            else pruned)
+    stop = pruned
+    if st["stop"] == "confirm_max":
+        stop = (f"stopped at --confirm-max: {st['could_still_win']} more could have won (--confirm-max "
+                f"{st['engine_predictions'] - 1 + st['could_still_win']} would finish it)")
+    elif st["stop"] == "budget_s":
+        stop = f"stopped at --budget-s {st['budget_s']:g}: {st['could_still_win']} more could have won"
     bound = ("" if not st["bound_violations"] else
              f"; the time bound failed on {st['bound_violations']} of them: pruning may have missed a better one")
     lines = [f"scenario   {scenario}  (objective: {st['objective']})", f"space      {search}",
@@ -87,7 +91,8 @@ def run_tune(args: argparse.Namespace) -> int:
     try:
         result = tune(args.scenario, space=space, objective=args.objective, top=args.top, workers=args.workers,
                       confirm_max=args.confirm_max, max_grid=args.max_grid, space_source=args.space or "space",
-                      scheduler=args.scheduler)
+                      scheduler=args.scheduler, budget_s=args.budget_s,
+                      progress=lambda what, done, total: bar.count(what, done, total, "schedules"))
     finally:
         bar.done()
     if args.output:
