@@ -213,6 +213,7 @@ class _Run:
     jobs: int = 1
     deadline: float = math.inf
     progress: Progress | None = None
+    engine_s: float = 0.0  # what the engine took on the scenario as given
 
     def tell(self, what: str, done: int, total: int) -> None:
         if self.progress is not None:
@@ -283,7 +284,8 @@ def _confirm(cands: Sequence[Candidate], run: _Run, confirm_max: int) -> dict[st
     done = shared = 0
     stop = ""
     while True:
-        if done >= confirm_max or time.monotonic() >= run.deadline:
+        # A batch that would end past the deadline (at the given's pace) is not started.
+        if done >= confirm_max or time.monotonic() + run.engine_s >= run.deadline:
             stop = "confirm_max" if done >= confirm_max else "budget_s"
             break
         batch: list[Candidate] = []
@@ -415,7 +417,9 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
     with run.pool or nullcontext():
         n_analytic = dropped.pop("analyses", 0)
         n_analytic += _analyze([c for c in cands if not c.analytic], run)
+        t0 = time.monotonic()
         _engine([given], run.pool)
+        run.engine_s = time.monotonic() - t0
         confirmed = _confirm(cands, run, confirm_max)
     confirmed["engine_predictions"] += 1
     stats = {"objective": objective, "space": {k: list(v) for k, v in space.items()}, "grid": n_grid,
