@@ -22,6 +22,7 @@ the recomputed forward pass) over the iteration's time and the GPU count:
     python bench/published_jobs.py --rows 39B 76B 145B --mode analytic   # about 15 s, 0.8 GB
     python bench/published_jobs.py --rows 310B 530B 1T --mode analytic   # about 5 minutes, 12 GB
     python bench/published_jobs.py --figure-18 --mode analytic   # scatter-gather on and off, about a minute
+    python bench/published_jobs.py --rows 145B --mode analytic --write-scenario 145b.yaml   # for ovsim's commands
 
 Every row runs with unfused attention, as Megatron-LM ran before FlashAttention, which is also
 what equation 3 counts (the whole s x s of QK^T and PV, no causal skipping). The rows from 310B
@@ -72,6 +73,7 @@ import resource
 import sys
 import time
 
+import yaml
 from published_rows import (
     FOUNDRY_ROWS,
     LLAMA_ROWS,
@@ -136,6 +138,18 @@ def breakdown(res: api.Result, iteration_s: float, published_iteration_s: float)
             f"iteration {iteration_s:.3f} s, published {published_iteration_s:.3f} s")
 
 
+def write_scenario(rows: list[Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow], mode: Mode, path: str) -> int:
+    """The row's scenario as a YAML file (in ``mode``), for ``ovsim predict``, ``sweep`` or ``tune``."""
+    if len(rows) != 1:
+        raise SystemExit(f"--write-scenario takes one row, got {len(rows)}")
+    sc = rows[0].scenario().model_copy(update={"mode": mode})
+    text = yaml.safe_dump(sc.model_dump(mode="json", exclude_none=True, by_alias=True), sort_keys=False)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"# {rows[0].name}, written by bench/published_jobs.py (its docstring names the source)\n{text}")
+    print(f"{rows[0].name}: scenario written to {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     every: list[Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow] = [
@@ -147,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-ops", type=int, default=4_000_000)
     ap.add_argument("--figure-18", action="store_true",
                     help="instead of the rows: the paper's figure 18 configuration with and without scatter-gather")
+    ap.add_argument("--write-scenario", metavar="FILE",
+                    help="instead of predicting: write the (one) row's scenario as YAML, to run ovsim's commands on it")
     ap.add_argument("--breakdown", action="store_true",
                     help="under each row, where rank 0's time goes beside the published iteration")
     args = ap.parse_args(argv)
@@ -154,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.figure_18:
         figure_18(args.mode, args.max_ops)
         return 0
+    if args.write_scenario:
+        return write_scenario([r for r in every if r.name in wanted], args.mode, args.write_scenario)
     print(f"mode: {args.mode}; ops: those simulated (rank symmetry); memory: whether the estimate fits "
           "80 GB a GPU; wall s and peak GB: this process's")
     print(f"{'row':>28} {'GPUs':>6} {'tp x pp x dp':>12} {'mb x m':>7} {'v':>2} {'ops':>8} {'iter s':>7} "
