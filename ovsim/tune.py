@@ -31,10 +31,11 @@ file names, each with its legal values; every combination is a candidate. The me
    carve-out and power settings, takes that prediction (:func:`workload_digest`).
 4. A space of more than ``max_grid`` combinations is not enumerated: Optuna's TPE sampler picks
    ``max_grid`` of them on the estimate.
-5. Under a time budget (``budget_s``; a job of thousands of GPUs takes seconds an analysis), a
+5. Under a time budget (``budget_s``; an analysis of a job of thousands of GPUs takes seconds), a
    grid whose analyses would take more than ``SAMPLING_SHARE`` of it, at what the scenario as
-   given takes, is sampled instead; sampling stops at that share of what is left and the engine's
-   confirmations when the budget is spent (``stats["stop"]`` says which stop came first).
+   given takes, is sampled instead; sampling stops at that share of what is left
+   (``stats["sampling_stopped"]``) and the engine's confirmations when the budget is spent
+   (``stats["stop"]``: "budget_s", or "confirm_max" at that count).
 
 The scenario as given is always predicted with the engine: the gains are over it.
 """
@@ -59,7 +60,7 @@ from ovsim.scenario import Scenario
 from ovsim.sweep import base_mapping, edited, scenario_at
 
 # The predictions live in tune_predictions, the space in tune_space and the why-lines in
-# tune_explain; importers that name them here keep working.
+# tune_explain; the functions named in __all__ can still be imported from here.
 from ovsim.tune_explain import given_problem, knob_value, why_line
 from ovsim.tune_predictions import (
     OBJECTIVE_FIELDS,
@@ -238,13 +239,18 @@ def _analyze(cands: Sequence[Candidate], run: _Run) -> int:
     for c in cands:
         key = repr(sorted((k, repr(v)) for k, v in c.point.items() if k not in blind))
         groups.setdefault(key, []).append(c)
-    firsts = [g[0] for g in groups.values()]
-    results = _mapped(analyze, firsts, run.pool, run.objective)
-    for i, (group, s) in enumerate(zip(groups.values(), results, strict=True), 1):
+    for group in groups.values():  # one already analysed (the scenario as given) stands for its group
+        analysed = next((c.analytic for c in group if c.analytic), None)
+        if analysed is not None:
+            for c in group:
+                _analyzed(c, analysed, run.objective)
+    todo = [g for g in groups.values() if not g[0].analytic]
+    results = _mapped(analyze, [g[0] for g in todo], run.pool, run.objective)
+    for i, (group, s) in enumerate(zip(todo, results, strict=True), 1):
         for c in group:
             _analyzed(c, s, run.objective)
-        run.tell("analysing", i, len(firsts))
-    return len(firsts)
+        run.tell("analysing", i, len(todo))
+    return len(todo)
 
 
 def _analyzed(c: Candidate, s: dict[str, Any], objective: Objective) -> None:
@@ -284,9 +290,8 @@ def _confirm(cands: Sequence[Candidate], run: _Run, confirm_max: int) -> dict[st
     done = shared = 0
     stop = ""
     while True:
-        # A batch that would end past the deadline (at the given's pace) is not started.
-        if done >= confirm_max or time.monotonic() + run.engine_s >= run.deadline:
-            stop = "confirm_max" if done >= confirm_max else "budget_s"
+        if done >= confirm_max:
+            stop = "confirm_max"
             break
         batch: list[Candidate] = []
         keys: set[tuple[object, ...]] = set()
@@ -304,31 +309,38 @@ def _confirm(cands: Sequence[Candidate], run: _Run, confirm_max: int) -> dict[st
                     keys.add(key)
         if not batch:
             break
+        # A batch that would end past the deadline (at the given's pace) is not started; the
+        # predictions other candidates already had are taken all the same.
+        if time.monotonic() + run.engine_s >= run.deadline:
+            stop = "budget_s"
+            break
         _engine(batch, run.pool)
         for c in batch:
             if (key := _engine_key(c)) is not None:
                 seen.setdefault(key, c)
         done += len(batch)
         best = min([best, *(objective_value(c.engine, objective) for c in batch)])
-        run.tell("predicting with the engine", done, done + _could_win(ranked, best, objective))
+        run.tell("predicting with the engine", done, min(confirm_max, done + _could_win(ranked, best, objective)))
     left = _could_win(ranked, best, objective)
-    return {"engine_predictions": done, "engine_shared": shared, "stopped_at_budget": left > 0,
-            "stop": stop if left > 0 else "", "could_still_win": left}
+    return {"engine_predictions": done, "engine_shared": shared, "stop": stop if left > 0 else "",
+            "could_still_win": left}
 
 
 def _could_win(ranked: Sequence[Candidate], best: float, objective: Objective) -> int:
     return sum(1 for c in ranked if not c.engine and c.could_win(best, objective))
 
 
-def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given: Mapping[str, Any], run: _Run, trials: int,
-             seed: int, timeout_s: float | None) -> tuple[list[Candidate], dict[str, Any]]:
+def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given_point: Mapping[str, Any], run: _Run,
+             trials: int, seed: int, timeout_s: float | None
+             ) -> tuple[list[Candidate], dict[str, Any], dict[str, Any]]:
     """Up to ``trials`` distinct candidates of a space too large to enumerate (or to analyse within
-    the time budget), chosen by Optuna's TPE sampler on the estimate within ``timeout_s``, and the
-    counts of the combinations it drew that were dropped (as :func:`candidates` counts them) and
-    of the analyses made. The first trials are the scenario as given (its knob values ``given``)
-    and each change of one knob from it, so that a search cut short by its budget has tried those
-    before it samples. A trial may repeat a combination; combinations that differ only in knobs an
-    analysis does not see share one analysis."""
+    the time budget), chosen by Optuna's TPE sampler on the estimate within ``timeout_s``; the
+    counts of the combinations it drew that were dropped (as :func:`candidates` counts them); and
+    the trials run, the analyses made and whether the timeout stopped it. The first trials are
+    the scenario as given (its knob values ``given_point``; a knob's first value where the space
+    lacks the given one) and each change of one knob from it, so that a search cut short has
+    tried those before it samples. A trial may repeat a combination; combinations that differ
+    only in knobs an analysis does not see share one analysis."""
     try:
         import optuna  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
@@ -342,6 +354,7 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given: Mapping[str,
     analyses: dict[tuple[int, ...], dict[str, Any]] = {}
     blind = run.blind()
     dropped: dict[str, Any] = {"invalid": 0, "redundant": 0, "invalid_example": ""}
+    ran: list[tuple[int, ...]] = []
 
     def value(trial: Any) -> float:
         ix = tuple(trial.suggest_categorical(k, list(range(len(space[k])))) for k in keys)
@@ -356,20 +369,21 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given: Mapping[str,
                 if seeing not in analyses:
                     analyses[seeing] = analyze(found[0].scenario, run.objective)
                 _analyzed(found[0], analyses[seeing], run.objective)
-        run.tell("sampling", trial.number + 1, trials)
+        ran.append(ix)
+        run.tell("sampling", len(ran), trials)
         c = seen[ix]
         return c.estimate if c is not None else math.inf
 
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
-    start = {k: next((j for j, v in enumerate(space[k]) if v == given.get(k)), 0) for k in keys}
+    start = {k: next((j for j, v in enumerate(space[k]) if v == given_point.get(k)), 0) for k in keys}
     study.enqueue_trial(start)
     for k in keys:
         for j in range(len(space[k])):
             if j != start[k]:
                 study.enqueue_trial({**start, k: j})
     study.optimize(value, n_trials=trials, timeout=timeout_s)
-    dropped["analyses"], dropped["trials"] = len(analyses), len(study.trials)
-    return [c for c in seen.values() if c is not None], dropped
+    counts = {"trials": len(ran), "analyses": len(analyses), "sampling_stopped": len(ran) < trials}
+    return [c for c in seen.values() if c is not None], dropped, counts
 
 
 # -- the search ------------------------------------------------------------------------------------
@@ -403,27 +417,31 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
                          "search in a space file (--space)", source=source, field="space")
     n_grid = math.prod(len(v) for v in space.values())
     workers = workers or os.cpu_count() or 1
-    sampled = n_grid > max_grid or _grid_too_slow(given_sc, space, run, n_grid, workers)
+    sampled, given_analysis = n_grid > max_grid, None
+    if not sampled and budget_s is not None:
+        sampled, given_analysis = _grid_too_slow(given_sc, space, run, n_grid, workers)
+    counts: dict[str, Any] = {"trials": 0, "analyses": 0, "sampling_stopped": False}
     if sampled:
         left_s = run.deadline - time.monotonic()
         given_point = {k: value_at(given_sc, k) for k in space}
-        cands, dropped = _sampled(base, space, given_point, run, max_grid, seed,
-                                  max(0.0, SAMPLING_SHARE * left_s) if math.isfinite(left_s) else None)
+        cands, dropped, counts = _sampled(base, space, given_point, run, max_grid, seed,
+                                          max(0.0, SAMPLING_SHARE * left_s) if math.isfinite(left_s) else None)
     else:
         cands, dropped = _candidates(base, space)
     given = _given(cands, data, given_sc, space)
+    if given_analysis is not None and not given.analytic:
+        _analyzed(given, given_analysis, objective)
     run.jobs = min(workers, max(1, len(cands)))
     run.pool = executor(run.jobs, scheduler)
     with run.pool or nullcontext():
-        n_analytic = dropped.pop("analyses", 0)
-        n_analytic += _analyze([c for c in cands if not c.analytic], run)
+        n_analytic = counts.pop("analyses") + (given_analysis is not None) + _analyze(cands, run)
         t0 = time.monotonic()
         _engine([given], run.pool)
         run.engine_s = time.monotonic() - t0
         confirmed = _confirm(cands, run, confirm_max)
     confirmed["engine_predictions"] += 1
     stats = {"objective": objective, "space": {k: list(v) for k, v in space.items()}, "grid": n_grid,
-             "sampled": sampled, "candidates": len(cands), **dropped,
+             "sampled": sampled, **counts, "candidates": len(cands), **dropped,
              "unfit": sum(1 for c in cands if c.analytic.get("fits_memory") is False),
              "failed": sum(1 for c in cands if "error" in c.analytic or "error" in c.engine),
              "failed_example": next((f"{_point_text(c.point)}: {c.analytic.get('error') or c.engine['error']}"
@@ -433,17 +451,16 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
     return _result(cands, given, space, objective, top, stats)
 
 
-def _grid_too_slow(sc: Scenario, space: Mapping[str, Sequence[Any]], run: _Run, n_grid: int, workers: int) -> bool:
-    """Whether analysing the whole grid would take more than ``SAMPLING_SHARE`` of the time
-    budget, at what one analysis of the scenario as given takes (none is too slow without a
-    budget)."""
-    if not math.isfinite(run.deadline):
-        return False
+def _grid_too_slow(sc: Scenario, space: Mapping[str, Sequence[Any]], run: _Run, n_grid: int,
+                   workers: int) -> tuple[bool, dict[str, Any]]:
+    """Whether analysing the whole grid, ``workers`` at a time, would take more than
+    ``SAMPLING_SHARE`` of the time budget at what the analysis of the scenario as given takes;
+    and that analysis."""
     t0 = time.monotonic()
-    analyze(sc, run.objective)
+    given = analyze(sc, run.objective)
     each_s = time.monotonic() - t0
     analyses = n_grid / math.prod(len(space[k]) for k in run.blind() if k in space)
-    return analyses * each_s / workers > SAMPLING_SHARE * (run.deadline - t0)
+    return analyses * each_s / workers > SAMPLING_SHARE * (run.deadline - t0), given
 
 
 def _given(cands: list[Candidate], data: dict[str, Any], sc: Scenario,

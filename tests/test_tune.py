@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -246,27 +247,80 @@ def test_progress_counts_each_step_to_its_end() -> None:
     assert all(d <= t for d, t in confirmed)
 
 
-def test_sampled_candidates_that_differ_only_in_priority_share_an_analysis() -> None:
-    """Analyses see no priority: a sampled space of 16 (8 without it) takes at most 8 of them."""
+def _analysed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int | None]]:
+    """Record the knobs (priority, carve-out, channels) of every scenario tune analyses."""
+    import ovsim.tune as tune_module
+
+    seen: list[tuple[str, int, int | None]] = []
+    real = tune_module.analyze
+
+    def recording(sc: Any, objective: Any = "time") -> dict[str, Any]:
+        seen.append((sc.knobs.comm_priority, sc.knobs.sm_carveout, sc.knobs.nccl_channels))
+        return real(sc, objective)
+
+    monkeypatch.setattr(tune_module, "analyze", recording)
+    return seen
+
+
+def test_sampled_candidates_that_differ_only_in_priority_share_an_analysis(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Analyses see no priority: no two analysed scenarios of a sampled search differ only in it,
+    though the search drew candidates that do (the given and its priority changed are its first)."""
+    seen = _analysed(monkeypatch)
     space = {"knobs.comm_priority": ["normal", "high"], "knobs.sm_carveout": [0, 8, 16, 32],
              "knobs.nccl_channels": [None, 4]}
     res = tune(A100, space=space, max_grid=10)
     assert res.stats["sampled"] and res.stats["trials"] == 10
-    assert res.stats["analytic_predictions"] <= 8 < res.stats["candidates"] + 8
-    assert res.stats["analytic_predictions"] < res.stats["candidates"] or res.stats["candidates"] <= 8
+    without_priority = [(carve, ch) for _, carve, ch in seen]
+    assert len(without_priority) == len(set(without_priority)) == res.stats["analytic_predictions"]
+    assert res.stats["analytic_predictions"] < res.stats["candidates"]
 
 
-def test_a_budget_too_small_for_the_grid_samples_it_and_stops_confirming() -> None:
-    """A millisecond cannot hold 12 analyses: the grid is sampled (within the budget: no trial may
-    fit), the engine confirms nothing once the budget is spent, and the scenario as given is still
-    ranked."""
-    res = tune(A100, space=SMALL, budget_s=1e-3)
-    st = res.stats
-    assert st["sampled"] and st["trials"] < 12 and st["budget_s"] == 1e-3
-    assert st["engine_predictions"] == 1 and res.table["as_given"].any()
-    assert st["stop"] == ("budget_s" if st["could_still_win"] else "")
-    # Without a budget the same grid is enumerated.
-    assert not tune(A100, space=SMALL).stats["sampled"]
+def test_a_sampled_search_first_tries_each_single_change_from_the_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With as many trials as the scenario as given and its one-knob changes (1 + 3 + 2 of a
+    grid of 12), those are exactly the scenarios analysed: a budget that cuts sampling short
+    still leaves the most direct advice."""
+    seen = _analysed(monkeypatch)
+    space = {"knobs.sm_carveout": [0, 8, 16, 32], "knobs.nccl_channels": [None, 4, 8], "schedule": ["overlapped"]}
+    res = tune(A100, space=space, max_grid=6)
+    assert res.stats["sampled"] and res.stats["trials"] == 6 == res.stats["candidates"]
+    singles = {(0, None), (8, None), (16, None), (32, None), (0, 4), (0, 8)}
+    assert {(carve, ch) for _, carve, ch in seen} == singles and len(seen) == 6
+
+
+def _slow_engine(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Every engine prediction takes at least ``seconds``: a budget then runs out deterministically."""
+    import time
+
+    import ovsim.tune as tune_module
+
+    real = tune_module.summarize
+
+    def slow(sc: Any, mode: Any, power: bool = True) -> dict[str, Any]:
+        time.sleep(seconds)
+        return real(sc, mode, power)
+
+    monkeypatch.setattr(tune_module, "summarize", slow)
+
+
+def test_the_engine_stops_confirming_when_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engine predictions of 0.4 s under a 1.5 s budget: the grid (8 quick analyses) is still
+    enumerated, the scenario as given and then at most two more are predicted, and the candidates
+    left that could have won are counted."""
+    _slow_engine(monkeypatch, 0.4)
+    st = tune(A100, space=SMALL, budget_s=1.5).stats
+    assert not st["sampled"] and st["stop"] == "budget_s" and st["could_still_win"] > 0
+    assert 1 <= st["engine_predictions"] <= 3
+    unbounded = tune(A100, space=SMALL).stats
+    assert unbounded["stop"] == "" and unbounded["engine_predictions"] > st["engine_predictions"]
+
+
+def test_a_budget_too_small_for_the_grid_samples_it() -> None:
+    """A millisecond cannot hold 8 analyses: the grid is sampled, and sampling, given half of a
+    budget already spent, runs no trial; the scenario as given is still predicted and ranked."""
+    st = (res := tune(A100, space=SMALL, budget_s=1e-3)).stats
+    assert st["sampled"] and st["trials"] == 0 and st["sampling_stopped"] and st["budget_s"] == 1e-3
+    assert st["candidates"] == 1 and st["engine_predictions"] == 1 and res.table["as_given"].all()
+    assert not tune(A100, space=SMALL).stats["sampled"]  # without a budget the grid is enumerated
 
 
 @pytest.mark.parametrize("budget", [0.0, -1.0])
@@ -275,24 +329,13 @@ def test_a_budget_must_be_positive(budget: float) -> None:
         tune(A100, space=SMALL, budget_s=budget)
 
 
-def test_the_command_says_it_stopped_at_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["tune", str(A100), "--budget-s", "0.001"]) == 0
+def test_the_command_says_it_stopped_at_the_budget(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SMALL))
+    _slow_engine(monkeypatch, 0.4)
+    assert main(["tune", str(A100), "--space", str(space), "--budget-s", "1.5"]) == 0
     out = capsys.readouterr().out
-    assert "sampled by TPE in" in out
-    assert "stopped at --budget-s 0.001" in out or "could beat the best" in out
-
-
-def test_a_sampled_search_first_tries_each_single_change_from_the_given() -> None:
-    """With as many trials as the scenario as given and its one-knob changes (1 + 3 + 2 of a
-    grid of 12), those are exactly the candidates searched: a budget that cuts sampling short
-    still leaves the most direct advice."""
-    space = {"knobs.sm_carveout": [0, 8, 16, 32], "knobs.nccl_channels": [None, 4, 8], "schedule": ["overlapped"]}
-    res = tune(A100, space=space, max_grid=6)
-    assert res.stats["sampled"] and res.stats["trials"] == 6
-    given = {"knobs.sm_carveout": 0, "knobs.nccl_channels": None, "schedule": "overlapped"}
-    singles = [given] + [{**given, k: v} for k in ("knobs.sm_carveout", "knobs.nccl_channels")
-                         for v in space[k] if v != given[k]]
-    searched = [dict(zip(space, (row[k] for k in space), strict=True))
-                for row in res.table.to_dict(orient="records")]
-    # The table holds those the engine predicted; every one of them is a single change or the given.
-    assert all(p in singles for p in searched) and res.stats["candidates"] == len(singles)
+    assert "stopped at --budget-s 1.5:" in out and "more could have won" in out
+    assert main(["tune", str(A100), "--space", str(space), "--budget-s", "0.001"]) == 0
+    assert "sampled by TPE in 0 trials (stopped at half of --budget-s 0.001)" in capsys.readouterr().out

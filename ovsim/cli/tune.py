@@ -43,7 +43,8 @@ def tune_table(result: Any, rows: int) -> str:
 
 def tune_text(result: Any, scenario: str, rows: int) -> str:
     st = result.stats
-    sampled = f"sampled by TPE in {st['trials']:,} trials; " if st["sampled"] else ""
+    cut = f" (stopped at half of --budget-s {st['budget_s']:g})" if st["sampling_stopped"] else ""
+    sampled = f"sampled by TPE in {st['trials']:,} trials{cut}; " if st["sampled"] else ""
     search = (f"{st['grid']:,} combinations, {st['candidates']:,} searched "
               f"({sampled}{st['redundant']} redundant, {st['invalid']} invalid, "
               f"{st['unfit']} do not fit memory, {st['failed']} failed)")

@@ -270,6 +270,10 @@ def build_workload(
     ``stand_offsets`` (rank symmetry, docs/design.md); collectives are still planned over their
     whole groups.
     """
+    if simulated is not None and (list(simulated) != sorted(set(simulated)) or not all(0 <= r < n_ranks
+                                                                                       for r in simulated)):
+        raise OvsimError(f"simulated ranks must be distinct, ascending and below {n_ranks}", source=source,
+                         field="ranks")
     sim = {r: j for j, r in enumerate(simulated)} if simulated is not None else None
     if sim is not None and len(sim) * max(1, len(stand_offsets)) != n_ranks:
         raise OvsimError(f"{len(sim)} simulated ranks standing for {len(stand_offsets)} each are not the {n_ranks}",
