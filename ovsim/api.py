@@ -296,10 +296,7 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     except ValidationError as e:
         raise validation_error(e, source) from None
     check_settings(settings, gpu, source)
-    # Rate classes for the kernels that saturate at a clock of their own (GEMMs of one's own).
-    model = power_model(gpu, calib.params).with_kernel_saturations(
-        {id(op.kernel): op.kernel.saturation_clock_fraction for op in wl.ops if op.kernel is not None}.values())
-    power = PowerConfig(model=model, settings=settings)
+    power = power_config(wl, gpu, calib, settings)
     if use_mode == "analytic":
         with paused_gc():  # as the build: plain arrays and lists over the ops, no cycles
             timeline = _analytic(wl, gpu, power)
@@ -315,6 +312,14 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
         timeline = on_ranks(timeline, wl.job_ranks)
     return Result(scenario=sc, mode=use_mode, system=system, gpu=gpu, calibration=calib, timeline=timeline,
                   workload=wl, power_config=power)
+
+
+def power_config(wl: Workload, gpu: GpuSpec, calib: Calibration, settings: PowerSettings) -> PowerConfig:
+    """The board's power model for ``wl`` under ``settings``: with rate classes for the kernels
+    that saturate at a clock of their own (GEMMs of one's own)."""
+    model = power_model(gpu, calib.params).with_kernel_saturations(
+        {id(op.kernel): op.kernel.saturation_clock_fraction for op in wl.ops if op.kernel is not None}.values())
+    return PowerConfig(model=model, settings=settings)
 
 
 def _analytic(wl: Workload, gpu: GpuSpec, power: PowerConfig) -> Timeline:

@@ -112,6 +112,15 @@ class Plan:
                 t = end[d]
         return t
 
+    def makespan_s(self, dur: list[float]) -> float:
+        """The makespan of :meth:`timeline` (``Timeline.makespan_s``: the last end over the ops
+        with rows, from the first launch where that is before 0), without building it."""
+        launch, _, end, _, _ = self.times(dur)
+        rows = [i for i, op in enumerate(self.workload.ops) if op.kind != "delay"]
+        if not rows:
+            return 0.0
+        return max(end[i] for i in rows) - min(0.0, min(launch[i] for i in rows))
+
     def timeline(self, dur: list[float]) -> Timeline:
         launch, start, end, wait, flows = self.times(dur)
         ops = self.workload.ops

@@ -81,3 +81,22 @@ def test_durations_must_cover_every_op() -> None:
     ops = [Op("k0", "k0", "gemm", 0, "s", kernel=_kernel(1.0)), Op("k1", "k1", "gemm", 0, "s", kernel=_kernel(1.0))]
     with pytest.raises(OvsimError, match="1 durations for 2 ops"):
         analytic_timeline(_workload(ops), [2.0])
+
+
+def test_the_plans_makespan_is_the_timelines_without_it() -> None:
+    """Closed forms: rank 0 ends at 6 s (test above); with a trailing 3 s host gap on rank 1 the
+    makespan stays 6 s, as the timeline has no row for a gap; with both first kernels at 1 s,
+    1 + 2 + 1 = 4 s."""
+    from ovsim.engine.analytic import Plan
+
+    ops = [Op("c0", "c0", "gemm", 0, "s", kernel=_kernel(1.0)),
+           Op("c1", "c1", "gemm", 1, "s", kernel=_kernel(3.0)),
+           _member("a0", "ar", 0, "s", 2.0), _member("a1", "ar", 1, "s", 2.0),
+           Op("d0", "d0", "gemm", 0, "s", kernel=_kernel(1.0)),
+           Op("gap", "gap", "delay", 1, "s", delay_s=3.0)]
+    wl = _workload(ops)
+    plan = Plan.of(wl)
+    iso = [op.isolated_s for op in ops]
+    assert plan.makespan_s(iso) == analytic_timeline(wl).makespan_s == pytest.approx(6.0)
+    faster = [1.0, 1.0, 2.0, 2.0, 1.0, 0.0]
+    assert plan.makespan_s(faster) == analytic_timeline(wl, faster).makespan_s == pytest.approx(4.0)
