@@ -120,7 +120,13 @@ def scenario_at(data: dict[str, Any], path: Path | None, source: str) -> Scenari
 
 
 def edited(data: dict[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` with every path of ``point`` set to its value (raises ValueError)."""
+    """``data`` with every path of ``point`` set to its value (raises ValueError). A training
+    knob on a scenario without a training iteration is refused: the section it would make has
+    no model."""
+    if data.get("training") is None and "training.model" not in point:
+        knob = next((k for k in point if k.split(".")[0] == "training"), None)
+        if knob is not None:
+            raise ValueError(f"the scenario has no training iteration (no 'training' section) for '{knob}' to set")
     out: Any = data
     for name, value in point.items():
         out = _set(out, name, value)

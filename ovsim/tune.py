@@ -330,6 +330,14 @@ def _could_win(ranked: Sequence[Candidate], best: float, objective: Objective) -
     return sum(1 for c in ranked if not c.engine and c.could_win(best, objective))
 
 
+def _trials_due(done: int, trials: int, elapsed_s: float, timeout_s: float | None) -> int:
+    """The trials sampling will have run when it stops: all, or under a timeout as many as fit
+    at the pace so far (the progress bar's total, so that its time left is the budget's)."""
+    if timeout_s is None or done == 0 or elapsed_s <= 0:
+        return trials
+    return max(done, min(trials, int(done * timeout_s / elapsed_s)))
+
+
 def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given_point: Mapping[str, Any], run: _Run,
              trials: int, seed: int, timeout_s: float | None
              ) -> tuple[list[Candidate], dict[str, Any], dict[str, Any]]:
@@ -370,7 +378,7 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given_point: Mappin
                     analyses[seeing] = analyze(found[0].scenario, run.objective)
                 _analyzed(found[0], analyses[seeing], run.objective)
         ran.append(ix)
-        run.tell("sampling", len(ran), trials)
+        run.tell("sampling", len(ran), _trials_due(len(ran), trials, time.monotonic() - t0, timeout_s))
         c = seen[ix]
         return c.estimate if c is not None else math.inf
 
@@ -381,6 +389,7 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given_point: Mappin
         for j in range(len(space[k])):
             if j != start[k]:
                 study.enqueue_trial({**start, k: j})
+    t0 = time.monotonic()
     study.optimize(value, n_trials=trials, timeout=timeout_s)
     counts = {"trials": len(ran), "analyses": len(analyses), "sampling_stopped": len(ran) < trials}
     return [c for c in seen.values() if c is not None], dropped, counts
@@ -402,7 +411,7 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
     has got."""
     if objective not in OBJECTIVE_FIELDS:
         raise OvsimError(f"must be one of {', '.join(OBJECTIVE_FIELDS)}, got '{objective}'", field="objective")
-    if budget_s is not None and not budget_s > 0:
+    if budget_s is not None and not (isinstance(budget_s, int | float) and budget_s > 0):
         raise OvsimError(f"must be a positive number of seconds, got {budget_s}", field="budget_s")
     started = time.monotonic()
     run = _Run(objective, deadline=started + budget_s if budget_s is not None else math.inf, progress=progress)
@@ -424,7 +433,7 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
     if sampled:
         left_s = run.deadline - time.monotonic()
         given_point = {k: value_at(given_sc, k) for k in space}
-        cands, dropped, counts = _sampled(base, space, given_point, run, max_grid, seed,
+        cands, dropped, counts = _sampled(base, space, given_point, run, min(max_grid, n_grid), seed,
                                           max(0.0, SAMPLING_SHARE * left_s) if math.isfinite(left_s) else None)
     else:
         cands, dropped = _candidates(base, space)
@@ -441,7 +450,8 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
         confirmed = _confirm(cands, run, confirm_max)
     confirmed["engine_predictions"] += 1
     stats = {"objective": objective, "space": {k: list(v) for k, v in space.items()}, "grid": n_grid,
-             "sampled": sampled, **counts, "candidates": len(cands), **dropped,
+             "sampled": sampled, **counts, "candidates": len(cands), "given_added": _outside(given.point, space),
+             **dropped,
              "unfit": sum(1 for c in cands if c.analytic.get("fits_memory") is False),
              "failed": sum(1 for c in cands if "error" in c.analytic or "error" in c.engine),
              "failed_example": next((f"{_point_text(c.point)}: {c.analytic.get('error') or c.engine['error']}"
@@ -461,6 +471,11 @@ def _grid_too_slow(sc: Scenario, space: Mapping[str, Sequence[Any]], run: _Run, 
     each_s = time.monotonic() - t0
     analyses = n_grid / math.prod(len(space[k]) for k in run.blind() if k in space)
     return analyses * each_s / workers > SAMPLING_SHARE * (run.deadline - t0), given
+
+
+def _outside(point: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> bool:
+    """Whether a knob of ``point`` has a value its space does not list."""
+    return any(not any(v == x for x in space[k]) for k, v in point.items())
 
 
 def _given(cands: list[Candidate], data: dict[str, Any], sc: Scenario,

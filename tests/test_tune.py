@@ -164,8 +164,9 @@ def test_calibration_paths_are_rewritten_relative_to_the_new_file(tmp_path: Path
     assert yaml.safe_load(text)["calibration"] == ["../cal/a.yaml", "/abs/b.yaml"]
 
 
-@pytest.mark.parametrize(("content", "message"), [("[1, 2]", "expected a mapping"),
-                                                  ("knobs.sm_carveout: 4", "non-empty list")])
+@pytest.mark.parametrize(("content", "message"), [
+    ("[1, 2]", "expected a mapping"), ("knobs.sm_carveout: 4", "non-empty list"),
+    ("training.parallel.tp: [2]", "training.parallel.tp: 2: the scenario has no training iteration")])
 def test_a_bad_space_file_is_one_line_and_status_2(tmp_path: Path, content: str, message: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     space = tmp_path / "space.yaml"
@@ -339,3 +340,18 @@ def test_the_command_says_it_stopped_at_the_budget(monkeypatch: pytest.MonkeyPat
     assert "stopped at --budget-s 1.5:" in out and "more could have won" in out
     assert main(["tune", str(A100), "--space", str(space), "--budget-s", "0.001"]) == 0
     assert "sampled by TPE in 0 trials (stopped at half of --budget-s 0.001)" in capsys.readouterr().out
+
+
+def test_a_budget_stop_during_sampling_paces_the_bar_to_the_budget() -> None:
+    """Under a timeout the bar's total is the trials that fit at the pace so far (its time left is
+    then the budget's); without one it is every trial."""
+    from ovsim.tune import _trials_due
+
+    assert _trials_due(10, 2000, 1.0, 3.0) == 30 and _trials_due(10, 2000, 1.0, None) == 2000
+    assert _trials_due(10, 20, 1.0, 3.0) == 20 and _trials_due(0, 2000, 0.0, 3.0) == 2000
+
+
+def test_the_scenario_as_given_is_said_to_be_added_when_the_space_lacks_it() -> None:
+    st = tune(A100, space={"knobs.nccl_channels": [4, 8]}).stats
+    assert st["given_added"] and st["candidates"] == 3
+    assert not tune(A100, space={"knobs.nccl_channels": [None, 4]}).stats["given_added"]

@@ -123,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
                     help="a Dask scheduler (tcp://host:8786) to predict on its cluster; --workers: predictions at "
                          "once (needs the 'cluster' extra; also OVSIM_SCHEDULER)")
     tu.add_argument("--confirm-max", type=at_least_one, default=50, metavar="N",
-                    help="the most schedules predicted with the engine (default 50)")
+                    help="the most schedules predicted with the engine besides the scenario as given (default 50)")
     tu.add_argument("--max-grid", type=at_least_one, default=2000, metavar="N",
                     help="a larger space is sampled, N schedules by Optuna's TPE (default 2000)")
     tu.add_argument("--budget-s", type=positive, metavar="S",

@@ -45,11 +45,14 @@ def tune_text(result: Any, scenario: str, rows: int) -> str:
     st = result.stats
     cut = f" (stopped at half of --budget-s {st['budget_s']:g})" if st["sampling_stopped"] else ""
     sampled = f"sampled by TPE in {st['trials']:,} trials{cut}; " if st["sampled"] else ""
+    added = "; and the scenario as given, whose values the space lacks" if st["given_added"] else ""
     search = (f"{st['grid']:,} combinations, {st['candidates']:,} searched "
               f"({sampled}{st['redundant']} redundant, {st['invalid']} invalid, "
-              f"{st['unfit']} do not fit memory, {st['failed']} failed)")
-    pruned = ("no other schedule's time bound could beat the best" if st["objective"] == "time" else
-              "no other schedule's estimate came within 5% of the best")
+              f"{st['unfit']} do not fit memory, {st['failed']} failed{added})")
+    # A sampled search knows nothing of the combinations it did not draw.
+    other = "no other sampled schedule's" if st["sampled"] else "no other schedule's"
+    pruned = (f"{other} time bound could beat the best" if st["objective"] == "time" else
+              f"{other} estimate came within 5% of the best")
     stop = pruned
     if st["stop"] == "confirm_max":
         stop = (f"stopped at --confirm-max: {st['could_still_win']} more could have won (--confirm-max "
