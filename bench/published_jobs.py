@@ -60,6 +60,12 @@ llm-foundry's MPT tables (FSDP on A100 80 GB and H100, tokens a second per GPU) 
     python bench/published_jobs.py --rows foundry --mode analytic   # every llm-foundry row
     python bench/published_jobs.py --rows nemo --mode analytic      # every NeMo row
 
+The FlashAttention repository's training table (Dao-AILab/flash-attention, training/README.md,
+"Training speed"): GPT-3 models of 125M to 2.7B trained by its own scripts on 8 A100 80 GB, the
+kernels fused and nothing recomputed or sharded (published_rows.FlashRow):
+
+    python bench/published_jobs.py --rows flash                     # every row, simulated, about 6 s
+
 ``--breakdown`` adds, under each row, where rank 0's time goes (its GEMMs, attention and
 memory-bound kernels on the compute stream at the clocks the power limit leaves them, its kernels
 on other streams, FSDP's post-backward copies, and the time its communication streams are busy,
@@ -75,11 +81,13 @@ import time
 
 import yaml
 from published_rows import (
+    FLASH_ROWS,
     FOUNDRY_ROWS,
     LLAMA_ROWS,
     NEMO_ROWS,
     RECOMPUTE_ROWS,
     ROWS,
+    FlashRow,
     FoundryRow,
     LlamaRow,
     NemoRow,
@@ -92,9 +100,10 @@ from ovsim.errors import OvsimError
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, stream_busy
 from ovsim.scenario import Mode
 
+AnyRow = Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow | FlashRow
 DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
 GROUPS = {"foundry": [r.name for r in FOUNDRY_ROWS], "nemo": [r.name for r in NEMO_ROWS],
-          "korthikanti": [r.name for r in RECOMPUTE_ROWS]}
+          "korthikanti": [r.name for r in RECOMPUTE_ROWS], "flash": [r.name for r in FLASH_ROWS]}
 
 
 def peak_rss_gb() -> float:
@@ -138,7 +147,7 @@ def breakdown(res: api.Result, iteration_s: float, published_iteration_s: float)
             f"iteration {iteration_s:.3f} s, published {published_iteration_s:.3f} s")
 
 
-def write_scenario(rows: list[Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow], mode: Mode, path: str) -> int:
+def write_scenario(rows: list[AnyRow], mode: Mode, path: str) -> int:
     """The row's scenario as a YAML file (in ``mode``), for ``ovsim predict``, ``sweep`` or ``tune``."""
     if len(rows) != 1:
         raise SystemExit(f"--write-scenario takes one row, got {len(rows)}")
@@ -152,8 +161,8 @@ def write_scenario(rows: list[Row | LlamaRow | RecomputeRow | FoundryRow | NemoR
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    every: list[Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow] = [
-        *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS]
+    every: list[AnyRow] = [
+        *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS]
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every] + list(GROUPS),
                     metavar="ROW", help="rows (" + ", ".join(r.name for r in every) + ") or groups ("
                     + ", ".join(GROUPS) + "); default: " + " ".join(DEFAULT_ROWS))

@@ -11,6 +11,8 @@ throughput its source measured, with the scenario ovsim predicts it from.
   tokens a second per GPU, FSDP.
 - NeMo's pre-training performance summary (NVIDIA/NeMo docs/source/performance/performance_summary.md,
   NeMo 24.07, DGX H100, FP8): tokens a second per GPU.
+- The FlashAttention repository's training-speed table (Dao-AILab/flash-attention, training/README.md):
+  GPT-3 models of 125M to 2.7B on 8 A100 80 GB, tokens a second (per GPU here).
 
 What each source does not say is a stated assumption in its row class, never fitted.
 """
@@ -390,3 +392,80 @@ NEMO_ROWS = [
     NemoRow("llama2-13b", 16, 128, 1, 1, 4, 10, 8646),
     NemoRow("llama2-70b", 64, 128, 1, 4, 4, 20, 1707),
 ]
+
+
+# GPT-3-shaped models of Dao-AILab/flash-attention's training scripts (training/configs/experiment/pile/
+# gpt3{s,m,l,xl}-flash.yaml, gpt3-2.7B-flash-hdim128.yaml; training/configs/model/gpt2model/gpt2-{small,medium}
+# for the two smallest): layers, hidden, heads (the 2.7B at head dimension 128), micro-batch on an 80 GB
+# A100 and global batch in sequences.
+_FLASH = {"125m": (12, 768, 12, 32, 256), "355m": (24, 1024, 16, 16, 256), "760m": (24, 1536, 16, 16, 256),
+          "1.3b": (24, 2048, 16, 8, 512), "2.7b": (32, 2560, 20, 4, 512)}
+
+
+@dataclass(frozen=True)
+class FlashRow:
+    """A row of the FlashAttention repository's training-speed table (Dao-AILab/flash-attention,
+    training/README.md, "Training speed": GPT-3 models of 125M to 2.7B on one node of 8 A100 80 GB
+    SXM4, 400 W, NVLink; throughput in tokens a second for the node). The runs are that repository's
+    scripts: PyTorch Lightning's DDP over the 8 GPUs, BF16, sequences of 2,048, FlashAttention, fused
+    matmul + bias (+ GELU) and fused dropout + residual + LayerNorm kernels, Apex's fused cross
+    entropy, no activation checkpointing, gradient accumulation to the global batch (DDP's
+    all-reduce on the last micro-batch only), vocabulary 50,257 padded to 50,264, learned positions,
+    tied embeddings. Their step: Apex's FusedAdam for the two smallest; for the rest PyTorch's
+    ZeroRedundancyOptimizer around AdamW, which all-reduces the gradients as DDP does, steps an
+    eighth of the parameters on each GPU and broadcasts them back: run here as DDP with a fused
+    Adam step of every parameter on every GPU (the step and the broadcast are each under 1% of
+    these iterations). Assumed where the scripts are silent: gradients reduced at the wire width
+    of BF16 training (Lightning's BF16 keeps FP32 weights, so they were likely reduced in FP32;
+    the reduction overlaps the last backward)."""
+
+    model: str
+    published_tokens_per_s_node: float
+    gpus: int = 8
+    tp: int = 1
+    pp: int = 1
+    virtual_stages: int = 1
+    seq: int = 2048
+    unit = "tok/s"
+
+    @property
+    def name(self) -> str:
+        return f"flash-gpt3-{self.model}"
+
+    @property
+    def dp(self) -> int:
+        return self.gpus
+
+    @property
+    def micro_batch(self) -> int:
+        return _FLASH[self.model][3]
+
+    @property
+    def micro_batches(self) -> int:
+        return _FLASH[self.model][4] // (self.gpus * self.micro_batch)
+
+    @property
+    def published(self) -> float:
+        return self.published_tokens_per_s_node / self.gpus
+
+    def throughput(self, iteration_s: float) -> float:
+        return _FLASH[self.model][4] * self.seq / iteration_s / self.gpus
+
+    def scenario(self) -> Scenario:
+        layers, hidden, heads, _, _ = _FLASH[self.model]
+        return Scenario.model_validate({
+            "schema": "ovsim.scenario/1", "name": self.name, "system": "dgx-a100-hdr", "nodes": 1,
+            "schedule": "overlapped",
+            "training": {
+                "model": {"layers": layers, "hidden": hidden, "heads": heads, "vocab": 50_264, "seq_len": self.seq,
+                          "gated_mlp": False, "tied_embeddings": True},
+                "micro_batch_size": self.micro_batch, "micro_batches": self.micro_batches, "precision": "bf16",
+                "recompute": False, "attention": "flash", "optimizer": "fused_adam",
+                "parallel": {"dp": self.gpus, "dp_mode": "ddp"},
+            },
+        })
+
+
+# The README's table (training/README.md at the version that reports 189 TFLOP/s per A100, 60.6% MFU).
+FLASH_ROWS = [FlashRow("125m", 1_310_000), FlashRow("355m", 503_000), FlashRow("760m", 245_000),
+              FlashRow("1.3b", 169_000), FlashRow("2.7b", 85_000)]

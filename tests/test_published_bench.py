@@ -35,3 +35,29 @@ def test_the_breakdown_of_a_published_row_adds_up(capsys: pytest.CaptureFixture[
     # The published iteration: the row's micro-batches of tokens at its published tokens a second.
     tokens = row.micro_batch * row.accum * row.seq
     assert seconds["published"] == pytest.approx(tokens / row.published_tokens_per_s, rel=2e-3)
+
+
+def test_the_flashattention_rows_run_the_batches_their_table_gives() -> None:
+    """Each row's micro-batch x count x 8 GPUs x 2,048 is the batch the table states (0.5M tokens for
+    125M-760M, 1M for 1.3B and 2.7B: training/README.md), from the configs' own micro-batch and
+    global batch; the model is the size its name says (parameters within 10%, tied embeddings)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from published_rows import FLASH_ROWS
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from ovsim.models.training_spec import layer_params
+
+    stated_batch_tokens = {"125m": 2**19, "355m": 2**19, "760m": 2**19, "1.3b": 2**20, "2.7b": 2**20}
+    stated_params = {"125m": 125e6, "355m": 355e6, "760m": 760e6, "1.3b": 1.3e9, "2.7b": 2.7e9}
+    for row in FLASH_ROWS:
+        assert row.micro_batch * row.micro_batches * row.gpus * row.seq == stated_batch_tokens[row.model]
+        sc = row.scenario()
+        assert sc.training is not None
+        m = sc.training.model
+        assert not isinstance(m, str)
+        params = m.layers * layer_params(m, 1) + m.vocab * m.hidden + m.seq_len * m.hidden
+        assert params == pytest.approx(stated_params[row.model], rel=0.1), row.name
+        # Throughput per GPU at the published iteration is the table's node figure over 8.
+        iteration_s = stated_batch_tokens[row.model] / row.published_tokens_per_s_node
+        assert row.throughput(iteration_s) == pytest.approx(row.published_tokens_per_s_node / 8)
