@@ -514,7 +514,10 @@ def _result(cands: list[Candidate], given: Candidate, space: Mapping[str, Sequen
                      "as_given": c is given})
     stats["bound_violations"] = sum(1 for c in done if c.engine["makespan_s"] < c.bound_s * (1 - BOUND_TOLERANCE))
     leaders = done[:top]
-    return TuneResult(table=pd.DataFrame(rows), best_mapping=done[0].mapping,
+    table = pd.DataFrame(rows)
+    for k in space:  # a knob's None beside whole numbers stays None and whole, not NaN and floats
+        table[k] = pd.Series([row[k] for row in rows], dtype=object)
+    return TuneResult(table=table, best_mapping=done[0].mapping,
                       why=[explain(c, given, objective) for c in leaders], stats=stats, leaders=leaders,
                       given=given)
 

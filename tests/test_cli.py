@@ -229,6 +229,8 @@ def test_compare_with_a_bad_file_is_one_line(tmp_path: Path, capsys: pytest.Capt
     (["predict", str(EXAMPLE), "--mode", "fast"], "argument --mode: invalid choice: 'fast'"),
     (["predict", str(EXAMPLE), "--rows", "-1"], "argument --rows: must not be negative, got '-1'"),
     (["predict", str(EXAMPLE), "--timeline", ""], "argument --timeline: empty path"),
+    (["tune", str(EXAMPLE), "--max-grid", "-1"], "argument --max-grid: must be at least 1, got '-1'"),
+    (["tune", str(EXAMPLE), "--top", "0"], "argument --top: must be at least 1, got '0'"),
     (["replay", "t.json", "--format", "xyz"], "argument --format: invalid choice: 'xyz'"),
     (["import", "t.json", "-o", " "], "argument -o/--output: empty path"),
     (["validate", "--traces", ""], "argument --traces: empty path"),

@@ -191,6 +191,20 @@ def test_json_output_has_the_ranked_schedules(capsys: pytest.CaptureFixture[str]
     assert len(out["why"]) == 2
 
 
+def test_json_knob_values_keep_their_type(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """NCCL's own channel count (null) beside counts by number stays null and whole numbers, as the
+    space gives them, not NaN and floats."""
+    import json
+
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs.nccl_channels: [null, 4, 16]\n")
+    assert main(["tune", str(EXAMPLES / "gemm-allreduce-h100x4-overlapped.yaml"), "--space", str(space), "--json"]) == 0
+    values = [s["knobs.nccl_channels"] for s in json.loads(capsys.readouterr().out)["schedules"]]
+    # Schedules the bound ruled out are not in the table; NCCL's own count and 16 are.
+    assert None in values and 16 in values and set(values) <= {None, 4, 16}
+    assert all(v is None or type(v) is int for v in values)
+
+
 def test_a_space_where_nothing_fits_memory_is_refused_in_one_line() -> None:
     """GPT-3 6.7B under DDP keeps 16 bytes a parameter (weights, gradients, Adam's moments) on every
     GPU: about 107 GB, over an A100's 40."""
@@ -340,6 +354,18 @@ def test_the_command_says_it_stopped_at_the_budget(monkeypatch: pytest.MonkeyPat
     assert "stopped at --budget-s 1.5:" in out and "more could have won" in out
     assert main(["tune", str(A100), "--space", str(space), "--budget-s", "0.001"]) == 0
     assert "sampled by TPE in 0 trials (stopped at half of --budget-s 0.001)" in capsys.readouterr().out
+
+
+def test_the_commands_budget_counts_from_its_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What the command spent before the search (its imports, the space) comes off the search's
+    budget; the output keeps the budget given."""
+    import json
+
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SMALL))
+    assert main(["tune", str(A100), "--space", str(space), "--budget-s", "30", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)["stats"]
+    assert st["budget_s"] == 30 and 0 < st["search_budget_s"] < 30
 
 
 def test_a_budget_stop_during_sampling_paces_the_bar_to_the_budget() -> None:

@@ -234,8 +234,11 @@ def max_ops_flag(p: argparse.ArgumentParser) -> None:
 
 
 def at_least_one(text: str) -> int:
-    n = count_arg(text)
-    if n < 1:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
+    if n < 1:  # a negative number too: "not negative" would suggest that 0 passes
         raise argparse.ArgumentTypeError(f"must be at least 1, got '{text}'")
     return n
 

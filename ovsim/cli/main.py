@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from importlib import import_module
 
@@ -127,8 +128,9 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--max-grid", type=at_least_one, default=2000, metavar="N",
                     help="a larger space is sampled, N schedules by Optuna's TPE (default 2000)")
     tu.add_argument("--budget-s", type=positive, metavar="S",
-                    help="the search's wall-clock budget in seconds: a grid too slow to analyse in half of it is "
-                         "sampled, and the engine stops confirming when it is spent (default: none)")
+                    help="the command's wall-clock budget in seconds, from its start: a grid too slow to analyse "
+                         "in half of it is sampled, and the engine stops confirming when it is spent "
+                         "(default: none)")
     tu.add_argument("--json", action="store_true", help="print one JSON object")
     tu.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     tu.set_defaults(func=_command("tune", "run_tune"))
@@ -247,8 +249,10 @@ def _refuse_clobber(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started_s = time.monotonic()  # a command's budget (tune --budget-s) counts from here
     try:
         args = parser().parse_args(argv)
+        args.started_s = started_s
     except SystemExit as e:
         # A usage error (one line, from Parser) or --help: the status argparse chose, returned
         # like every other outcome.
