@@ -3,6 +3,7 @@
     python bench/tune_bench.py                 # every case; prints a row per case and the summary
     python bench/tune_bench.py --family cui    # one family (ficco, tpgemm, cui, ddp, fsdp, nodes)
     python bench/tune_bench.py --objective energy
+    python bench/tune_bench.py --family cui --space default   # each case's whole default space
 
 For each case the exhaustive search predicts every candidate of the case's space with the engine
 (simulate mode); tune searches the same space. Reported: whether tune's pick is within 2% of the
@@ -22,7 +23,9 @@ from typing import Any
 
 import yaml
 
+from ovsim.scenario import load_scenario
 from ovsim.tune import candidates, objective_value, summarize, tune
+from ovsim.tune_space import default_space
 
 CASES = Path(__file__).resolve().parent / "tune_cases"
 WITHIN = 0.02
@@ -52,6 +55,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", help="only cases whose name starts with this")
     ap.add_argument("--objective", choices=["time", "energy", "edp"], default="time")
+    ap.add_argument("--space", choices=["case", "default"], default="case",
+                    help="the case's own small space (cases.yaml), or tune's default space for the scenario: "
+                         "every knob it leaves open (hundreds to thousands of candidates; the exhaustive search "
+                         "takes minutes a case)")
     args = ap.parse_args()
     manifest = yaml.safe_load((CASES / "cases.yaml").read_text())
     rows = []
@@ -59,7 +66,9 @@ def main() -> None:
     for name, family in manifest["cases"].items():
         if args.family and not name.startswith(args.family):
             continue
-        r = run_case(CASES / name, manifest["spaces"][family], args.objective)
+        space = (manifest["spaces"][family] if args.space == "case"
+                 else default_space(load_scenario(CASES / name), args.objective))  # type: ignore[arg-type]
+        r = run_case(CASES / name, space, args.objective)
         rows.append(r)
         print(f"{r['case']:44} {r['candidates']:>5} {r['engine']:>6} {r['pick_vs_best_pct']:>+11.2f}% "
               f"{r['time_share_pct']:>9.1f}% {r['gain_pct']:>+6.1f}%", flush=True)

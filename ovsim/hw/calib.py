@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -348,7 +350,25 @@ VERSIONED_NAME = re.compile(r"^(?P<stem>.+)\.v(?P<version>\d+)\.yaml$")
 
 
 def newest_file(stem: str, folder: Path) -> Path | None:
-    """The newest version of calibration ``stem`` in ``folder``, if any."""
+    """The newest version of calibration ``stem`` in ``folder``, if any. Cached while the folder's
+    entries are unchanged (its modification time moves when a file is added, removed or renamed):
+    a sweep or a schedule search looks the files up for every prediction. A folder changed in the
+    last two seconds is listed again: the time moves in clock ticks, coarser than two writes."""
+    try:
+        mtime_ns = os.stat(folder).st_mtime_ns
+    except OSError:
+        return None
+    if time.time_ns() - mtime_ns < 2_000_000_000:
+        return _newest_listed(stem, folder)
+    return _newest_cached(stem, str(folder), mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _newest_cached(stem: str, folder_name: str, mtime_ns: int) -> Path | None:
+    return _newest_listed(stem, Path(folder_name))
+
+
+def _newest_listed(stem: str, folder: Path) -> Path | None:
     best: tuple[int, Path] | None = None
     if not folder.is_dir():
         return None
@@ -420,7 +440,9 @@ def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = 
         paths.append(own)
     paths.extend(_extra_file(Path(p), gpu_file_stem) for p in extra)
     try:
-        stats = tuple((str(q.resolve()), st.st_mtime_ns, st.st_size) for q in paths for st in [q.stat()])
+        # An absolute path names a file well enough for the cache (resolving links costs a system
+        # call a component, for every prediction); _merged reads the files by their resolved paths.
+        stats = tuple((os.path.abspath(q), st.st_mtime_ns, st.st_size) for q in paths for st in [q.stat()])
     except OSError:
         return _merged(tuple(paths), gpu.name, gpu_file_stem)  # reports the missing or unreadable file
     return _merged_cached(stats, gpu.name, gpu_file_stem)

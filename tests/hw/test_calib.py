@@ -134,3 +134,22 @@ def test_a_merged_calibration_is_shared_until_a_file_changes(tmp_path: Path) -> 
     for _ in range(2):
         with pytest.raises(OvsimError, match="not 'H100"):
             load_calibration(gpu, "h100-sxm5-80gb", (str(other),))
+
+
+def test_a_folders_newest_file_follows_new_versions_at_once_and_later(tmp_path: Path) -> None:
+    """A version written just after a lookup is found (the folder changed within its clock tick),
+    and so is one written to a folder whose cached lookup is old."""
+    from ovsim.hw.calib import newest_file
+
+    _write(tmp_path / "g.v1.yaml", {"kernel_overhead_s": 1e-6})
+    assert newest_file("g", tmp_path) == tmp_path / "g.v1.yaml"
+    _write(tmp_path / "g.v2.yaml", {"kernel_overhead_s": 1e-6})
+    assert newest_file("g", tmp_path) == tmp_path / "g.v2.yaml"
+    old = tmp_path.stat().st_mtime_ns - 10 * 10**9
+    os.utime(tmp_path, ns=(old, old))
+    assert newest_file("g", tmp_path) == tmp_path / "g.v2.yaml"  # cached for this folder state
+    _write(tmp_path / "g.v3.yaml", {"kernel_overhead_s": 1e-6})
+    assert newest_file("g", tmp_path) == tmp_path / "g.v3.yaml"
+    (tmp_path / "g.v3.yaml").unlink()
+    assert newest_file("g", tmp_path) == tmp_path / "g.v2.yaml"
+    assert newest_file("g", tmp_path / "nowhere") is None
