@@ -24,7 +24,6 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.spec import read_yaml
 from ovsim.hw.validation import validation_error
 from ovsim.limits import MAX_COMBINATIONS
+from ovsim.models.training import reusing_training_ops
 from ovsim.scenario import Mode, Scenario, scenario_from_mapping
 from ovsim.sweep_journal import Journal, fingerprint
 from ovsim.workers import executor
@@ -176,7 +176,8 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
         progress(len(summaries), n)
     jobs = workers or os.cpu_count() or 1
     pool = executor(min(jobs, len(todo)), scheduler) if todo else None
-    with pool or nullcontext():
+    # In process, points that differ only in knobs build one training iteration's op specs once.
+    with pool or reusing_training_ops():
         # The pool's map starts every prediction at once; the built-in one predicts each as it is
         # asked for. Either gives results in the grid's order.
         found = (pool.map if pool is not None else map)(_predict_summary, [grid[i][1] for i in todo],

@@ -56,6 +56,7 @@ import pandas as pd
 
 from ovsim.api import build
 from ovsim.errors import OvsimError
+from ovsim.models.training import reusing_training_ops
 from ovsim.scenario import Scenario
 from ovsim.sweep import base_mapping, edited, scenario_at
 
@@ -244,7 +245,10 @@ def _analyze(cands: Sequence[Candidate], run: _Run) -> int:
         if analysed is not None:
             for c in group:
                 _analyzed(c, analysed, run.objective)
-    todo = [g for g in groups.values() if not g[0].analytic]
+    # Candidates of one training iteration analysed one after another reuse its op specs
+    # (reusing_training_ops holds the last); the order of analyses changes nothing else.
+    todo = sorted((g for g in groups.values() if not g[0].analytic),
+                  key=lambda g: repr(sorted((k, repr(v)) for k, v in g[0].point.items() if k.startswith("training."))))
     results = _mapped(analyze, [g[0] for g in todo], run.pool, run.objective)
     for i, (group, s) in enumerate(zip(todo, results, strict=True), 1):
         for c in group:
@@ -420,34 +424,36 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
     given_sc = scenario if isinstance(scenario, Scenario) else scenario_at(data, path, source)
     if space is not None:
         check_space(base, space, space_source)
-    space = dict(space) if space is not None else default_space(given_sc, objective)
-    if not space:
-        raise OvsimError("the scenario leaves no schedule knob open (nothing to overlap); name the knobs to "
-                         "search in a space file (--space)", source=source, field="space")
-    n_grid = math.prod(len(v) for v in space.values())
-    workers = workers or os.cpu_count() or 1
-    sampled, given_analysis = n_grid > max_grid, None
-    if not sampled and budget_s is not None:
-        sampled, given_analysis = _grid_too_slow(given_sc, space, run, n_grid, workers)
-    counts: dict[str, Any] = {"trials": 0, "analyses": 0, "sampling_stopped": False}
-    if sampled:
-        left_s = run.deadline - time.monotonic()
-        given_point = {k: value_at(given_sc, k) for k in space}
-        cands, dropped, counts = _sampled(base, space, given_point, run, min(max_grid, n_grid), seed,
-                                          max(0.0, SAMPLING_SHARE * left_s) if math.isfinite(left_s) else None)
-    else:
-        cands, dropped = _candidates(base, space)
-    given = _given(cands, data, given_sc, space)
-    if given_analysis is not None and not given.analytic:
-        _analyzed(given, given_analysis, objective)
-    run.jobs = min(workers, max(1, len(cands)))
-    run.pool = executor(run.jobs, scheduler)
-    with run.pool or nullcontext():
-        n_analytic = counts.pop("analyses") + (given_analysis is not None) + _analyze(cands, run)
-        t0 = time.monotonic()
-        _engine([given], run.pool)
-        run.engine_s = time.monotonic() - t0
-        confirmed = _confirm(cands, run, confirm_max)
+    # Candidates that differ only in knobs build the same training iteration's op specs: made once.
+    with reusing_training_ops():
+        space = dict(space) if space is not None else default_space(given_sc, objective)
+        if not space:
+            raise OvsimError("the scenario leaves no schedule knob open (nothing to overlap); name the knobs to "
+                             "search in a space file (--space)", source=source, field="space")
+        n_grid = math.prod(len(v) for v in space.values())
+        workers = workers or os.cpu_count() or 1
+        sampled, given_analysis = n_grid > max_grid, None
+        if not sampled and budget_s is not None:
+            sampled, given_analysis = _grid_too_slow(given_sc, space, run, n_grid, workers)
+        counts: dict[str, Any] = {"trials": 0, "analyses": 0, "sampling_stopped": False}
+        if sampled:
+            left_s = run.deadline - time.monotonic()
+            given_point = {k: value_at(given_sc, k) for k in space}
+            cands, dropped, counts = _sampled(base, space, given_point, run, min(max_grid, n_grid), seed,
+                                              max(0.0, SAMPLING_SHARE * left_s) if math.isfinite(left_s) else None)
+        else:
+            cands, dropped = _candidates(base, space)
+        given = _given(cands, data, given_sc, space)
+        if given_analysis is not None and not given.analytic:
+            _analyzed(given, given_analysis, objective)
+        run.jobs = min(workers, max(1, len(cands)))
+        run.pool = executor(run.jobs, scheduler)
+        with run.pool or nullcontext():
+            n_analytic = counts.pop("analyses") + (given_analysis is not None) + _analyze(cands, run)
+            t0 = time.monotonic()
+            _engine([given], run.pool)
+            run.engine_s = time.monotonic() - t0
+            confirmed = _confirm(cands, run, confirm_max)
     confirmed["engine_predictions"] += 1
     stats = {"objective": objective, "space": {k: list(v) for k, v in space.items()}, "grid": n_grid,
              "sampled": sampled, **counts, "candidates": len(cands), "given_added": _outside(given.point, space),

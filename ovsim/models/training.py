@@ -53,6 +53,9 @@ Communication (sizes as nccl-tests counts them, NVIDIA/nccl-tests doc/PERFORMANC
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 from ovsim.errors import OvsimError
@@ -90,6 +93,37 @@ class TrainingOps:
     p2p_items: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     stage_lasts: list[list[str]] = field(default_factory=list)  # each stage's items' last ops
     stage_steps: list[list[int]] = field(default_factory=list)  # each item's exchange step
+
+
+# Within reusing_training_ops(): the last iteration's op specs, by what made them.
+_REUSED: ContextVar[list[tuple[str, TrainingOps]] | None] = ContextVar("_REUSED", default=None)
+
+
+@contextlib.contextmanager
+def reusing_training_ops() -> Iterator[None]:
+    """Within it, a workload built from the same training spec (and ranks) as the one built just
+    before takes that one's op specs instead of making them again: a schedule search or a sweep
+    builds many workloads that differ only in knobs, and making the specs is 40% of a build (the
+    specs are frozen and nothing edits the lists). One set is held, released on leaving."""
+    token = _REUSED.set([])
+    try:
+        yield
+    finally:
+        _REUSED.reset(token)
+
+
+def _training_ops_reused(spec: TrainingSpec, n_ranks: int, replicas_made: int | None,
+                         tp_made: int | None) -> TrainingOps:
+    held = _REUSED.get()
+    if held is None:
+        return training_ops(spec, n_ranks, replicas_made=replicas_made, tp_made=tp_made)
+    key = f"{n_ranks}|{replicas_made}|{tp_made}|{spec.model_dump_json()}"
+    if held and held[0][0] == key:
+        return held[0][1]
+    held.clear()  # the previous set goes before the next is made: one set at most, not two
+    gen = training_ops(spec, n_ranks, replicas_made=replicas_made, tp_made=tp_made)
+    held.append((key, gen))
+    return gen
 
 
 def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None = None,
@@ -264,7 +298,7 @@ def build_training_workload(
         lay = _symmetric(layout(spec, n_ranks), system, knobs)
         made = lay.made_ranks()
         _check_training_size(spec, len(made), limit, source)
-        gen = training_ops(spec, n_ranks, replicas_made=lay.made_dp, tp_made=lay.made_tp)
+        gen = _training_ops_reused(spec, n_ranks, lay.made_dp, lay.made_tp)
     except OvsimError as e:
         if e.source:
             raise

@@ -6,6 +6,7 @@ pipeline bubble fractions from GPipe and Megatron-LM), never from the generator 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -20,6 +21,8 @@ from ovsim.models.training import training_ops
 from ovsim.models.training_spec import PRESETS, TrainingSpec, chunk_layers, layer_params
 from ovsim.models.workload import CollectiveOpSpec, GemmOp, SendRecvOp
 from ovsim.scenario import Scenario
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize(("name", "billions"), [
@@ -478,3 +481,36 @@ def test_each_stage_steps_the_parameters_whose_gradients_it_reduces() -> None:
         stepped.append(reduced / 2)
     # The middle stages hold a layer more; the ends hold the embedding or the head instead.
     assert stepped[1] == stepped[2] and stepped[0] == stepped[3] != stepped[1]
+
+
+def test_builds_within_a_search_reuse_the_op_specs_of_the_same_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside reusing_training_ops(), a workload of the same training spec with other knobs takes
+    the op specs made for the one before (made once), a different spec makes its own, and the
+    workloads are those built without reuse; outside it every build makes them."""
+    import ovsim.models.training as tr
+    from ovsim.models.training import reusing_training_ops
+    from ovsim.scenario import load_scenario
+
+    made: list[object] = []
+    real = tr.training_ops
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tr, "training_ops", counted)
+    base = load_scenario(EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml")
+    assert base.training is not None
+    other_knobs = base.model_copy(update={"knobs": base.knobs.model_copy(update={"nccl_channels": 4})})
+    parallel = base.training.parallel.model_copy(update={"fsdp_prefetch": 2})
+    other_spec = base.model_copy(update={"training": base.training.model_copy(update={"parallel": parallel})})
+    plain = [build(sc)[0] for sc in (base, other_knobs, other_spec)]
+    assert len(made) == 3
+    made.clear()
+    with reusing_training_ops():
+        reused = [build(sc)[0] for sc in (base, other_knobs, other_spec, other_spec)]
+    assert len(made) == 2  # the knobs' variant and the repeat took the specs of the build before
+    assert [w.ops for w in reused] == [w.ops for w in (*plain, plain[2])]
+    made.clear()
+    build(base)
+    assert len(made) == 1  # left: made again
