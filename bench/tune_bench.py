@@ -67,7 +67,7 @@ def main() -> None:
         if args.family and not name.startswith(args.family):
             continue
         space = (manifest["spaces"][family] if args.space == "case"
-                 else default_space(load_scenario(CASES / name), args.objective))  # type: ignore[arg-type]
+                 else default_space(load_scenario(CASES / name), args.objective))
         r = run_case(CASES / name, space, args.objective)
         rows.append(r)
         print(f"{r['case']:44} {r['candidates']:>5} {r['engine']:>6} {r['pick_vs_best_pct']:>+11.2f}% "
