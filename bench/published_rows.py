@@ -20,6 +20,7 @@ What each source does not say is a stated assumption in its row class, never fit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ovsim.models.training_spec import PRESETS, layer_params
 from ovsim.scenario import Scenario
@@ -394,12 +395,20 @@ NEMO_ROWS = [
 ]
 
 
+class _FlashModel(NamedTuple):
+    layers: int
+    hidden: int
+    heads: int
+    micro_batch_seqs: int  # sequences a GPU runs at once on an 80 GB A100
+    global_batch_seqs: int  # sequences an optimizer step takes, over the 8 GPUs
+
+
 # GPT-3-shaped models of Dao-AILab/flash-attention's training scripts (training/configs/experiment/pile/
 # gpt3{s,m,l,xl}-flash.yaml, gpt3-2.7B-flash-hdim128.yaml; training/configs/model/gpt2model/gpt2-{small,medium}
-# for the two smallest): layers, hidden, heads (the 2.7B at head dimension 128), micro-batch on an 80 GB
-# A100 and global batch in sequences.
-_FLASH = {"125m": (12, 768, 12, 32, 256), "355m": (24, 1024, 16, 16, 256), "760m": (24, 1536, 16, 16, 256),
-          "1.3b": (24, 2048, 16, 8, 512), "2.7b": (32, 2560, 20, 4, 512)}
+# for the two smallest), the 2.7B at head dimension 128.
+_FLASH = {"125m": _FlashModel(12, 768, 12, 32, 256), "355m": _FlashModel(24, 1024, 16, 16, 256),
+          "760m": _FlashModel(24, 1536, 16, 16, 256), "1.3b": _FlashModel(24, 2048, 16, 8, 512),
+          "2.7b": _FlashModel(32, 2560, 20, 4, 512)}
 
 
 @dataclass(frozen=True)
@@ -438,18 +447,18 @@ class FlashRow:
 
     @property
     def micro_batch(self) -> int:
-        return _FLASH[self.model][3]
+        return _FLASH[self.model].micro_batch_seqs
 
     @property
     def micro_batches(self) -> int:
-        return _FLASH[self.model][4] // (self.gpus * self.micro_batch)
+        return _FLASH[self.model].global_batch_seqs // (self.gpus * self.micro_batch)
 
     @property
     def published(self) -> float:
         return self.published_tokens_per_s_node / self.gpus
 
     def throughput(self, iteration_s: float) -> float:
-        return _FLASH[self.model][4] * self.seq / iteration_s / self.gpus
+        return _FLASH[self.model].global_batch_seqs * self.seq / iteration_s / self.gpus
 
     def scenario(self) -> Scenario:
         layers, hidden, heads, _, _ = _FLASH[self.model]

@@ -238,8 +238,7 @@ def _analyze(cands: Sequence[Candidate], run: _Run) -> int:
     blind = run.blind()
     groups: dict[str, list[Candidate]] = {}
     for c in cands:
-        key = repr(sorted((k, repr(v)) for k, v in c.point.items() if k not in blind))
-        groups.setdefault(key, []).append(c)
+        groups.setdefault(_point_key(c, lambda k: k not in blind), []).append(c)
     for group in groups.values():  # one already analysed (the scenario as given) stands for its group
         analysed = next((c.analytic for c in group if c.analytic), None)
         if analysed is not None:
@@ -248,13 +247,18 @@ def _analyze(cands: Sequence[Candidate], run: _Run) -> int:
     # Candidates of one training iteration analysed one after another reuse its op specs
     # (reusing_training_ops holds the last); the order of analyses changes nothing else.
     todo = sorted((g for g in groups.values() if not g[0].analytic),
-                  key=lambda g: repr(sorted((k, repr(v)) for k, v in g[0].point.items() if k.startswith("training."))))
+                  key=lambda g: _point_key(g[0], lambda k: k.startswith("training.")))
     results = _mapped(analyze, [g[0] for g in todo], run.pool, run.objective)
     for i, (group, s) in enumerate(zip(todo, results, strict=True), 1):
         for c in group:
             _analyzed(c, s, run.objective)
         run.tell("analysing", i, len(todo))
     return len(todo)
+
+
+def _point_key(c: Candidate, keep: Callable[[str], bool]) -> str:
+    """The candidate's values of the knobs ``keep`` selects, as a key."""
+    return repr(sorted((k, repr(v)) for k, v in c.point.items() if keep(k)))
 
 
 def _analyzed(c: Candidate, s: dict[str, Any], objective: Objective) -> None:
@@ -446,14 +450,17 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
         given = _given(cands, data, given_sc, space)
         if given_analysis is not None and not given.analytic:
             _analyzed(given, given_analysis, objective)
-        run.jobs = min(workers, max(1, len(cands)))
-        run.pool = executor(run.jobs, scheduler)
-        with run.pool or nullcontext():
+    run.jobs = min(workers, max(1, len(cands)))
+    run.pool = executor(run.jobs, scheduler)
+    with run.pool or nullcontext():
+        # In process, the candidates' analyses reuse one training iteration's op specs; processes
+        # of a pool make their own, and none is held through the engine's predictions.
+        with reusing_training_ops() if run.pool is None else nullcontext():
             n_analytic = counts.pop("analyses") + (given_analysis is not None) + _analyze(cands, run)
-            t0 = time.monotonic()
-            _engine([given], run.pool)
-            run.engine_s = time.monotonic() - t0
-            confirmed = _confirm(cands, run, confirm_max)
+        t0 = time.monotonic()
+        _engine([given], run.pool)
+        run.engine_s = time.monotonic() - t0
+        confirmed = _confirm(cands, run, confirm_max)
     confirmed["engine_predictions"] += 1
     stats = {"objective": objective, "space": {k: list(v) for k, v in space.items()}, "grid": n_grid,
              "sampled": sampled, **counts, "candidates": len(cands), "given_added": _outside(given.point, space),
@@ -521,8 +528,12 @@ def _result(cands: list[Candidate], given: Candidate, space: Mapping[str, Sequen
     stats["bound_violations"] = sum(1 for c in done if c.engine["makespan_s"] < c.bound_s * (1 - BOUND_TOLERANCE))
     leaders = done[:top]
     table = pd.DataFrame(rows)
-    for k in space:  # a knob's None beside whole numbers stays None and whole, not NaN and floats
-        table[k] = pd.Series([row[k] for row in rows], dtype=object)
+    for k in space:
+        values = [row[k] for row in rows]
+        if None in values and any(v is not None for v in values):
+            # None beside numbers stays None and the numbers whole, not NaN and floats; other
+            # columns keep the type pandas gives them (a boolean stays a boolean).
+            table[k] = pd.Series(values, dtype=object)
     return TuneResult(table=table, best_mapping=done[0].mapping,
                       why=[explain(c, given, objective) for c in leaders], stats=stats, leaders=leaders,
                       given=given)

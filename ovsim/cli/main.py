@@ -128,9 +128,9 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--max-grid", type=at_least_one, default=2000, metavar="N",
                     help="a larger space is sampled, N schedules by Optuna's TPE (default 2000)")
     tu.add_argument("--budget-s", type=positive, metavar="S",
-                    help="the command's wall-clock budget in seconds, from its start: a grid too slow to analyse "
-                         "in half of it is sampled, and the engine stops confirming when it is spent "
-                         "(default: none)")
+                    help="the wall-clock budget in seconds, counted from when the command starts (not the "
+                         "interpreter; --plot draws after it): a grid too slow to analyse in half of it "
+                         "is sampled, and the engine stops confirming when it is spent (default: none)")
     tu.add_argument("--json", action="store_true", help="print one JSON object")
     tu.add_argument("--quiet", action="store_true", help="print nothing unless --json")
     tu.set_defaults(func=_command("tune", "run_tune"))

@@ -352,19 +352,21 @@ VERSIONED_NAME = re.compile(r"^(?P<stem>.+)\.v(?P<version>\d+)\.yaml$")
 def newest_file(stem: str, folder: Path) -> Path | None:
     """The newest version of calibration ``stem`` in ``folder``, if any. Cached while the folder's
     entries are unchanged (its modification time moves when a file is added, removed or renamed):
-    a sweep or a schedule search looks the files up for every prediction. A folder changed in the
-    last two seconds is listed again: the time moves in clock ticks, coarser than two writes."""
+    a sweep or a schedule search looks the files up for every prediction. The key holds the
+    change time too, which copying tools cannot set back as they can the modification time, and
+    the folder itself (device, inode). A folder changed in the last two seconds is listed again:
+    the times move in clock ticks, coarser than two writes."""
     try:
-        mtime_ns = os.stat(folder).st_mtime_ns
+        st = os.stat(folder)
     except OSError:
         return None
-    if time.time_ns() - mtime_ns < 2_000_000_000:
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < 2_000_000_000:
         return _newest_listed(stem, folder)
-    return _newest_cached(stem, str(folder), mtime_ns)
+    return _newest_cached(stem, str(folder), (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
 
 
 @functools.lru_cache(maxsize=256)
-def _newest_cached(stem: str, folder_name: str, mtime_ns: int) -> Path | None:
+def _newest_cached(stem: str, folder_name: str, state: tuple[int, int, int, int]) -> Path | None:
     return _newest_listed(stem, Path(folder_name))
 
 
@@ -440,17 +442,21 @@ def load_calibration(gpu: GpuSpec, gpu_file_stem: str, extra: tuple[str, ...] = 
         paths.append(own)
     paths.extend(_extra_file(Path(p), gpu_file_stem) for p in extra)
     try:
-        # An absolute path names a file well enough for the cache (resolving links costs a system
-        # call a component, for every prediction); _merged reads the files by their resolved paths.
-        stats = tuple((os.path.abspath(q), st.st_mtime_ns, st.st_size) for q in paths for st in [q.stat()])
+        # Each file by the path given, made absolute but not normalised (the system resolves links
+        # and ".." in it as it opens it), and by what it is (device, inode, time, size): resolving
+        # the path instead cost 50 us a file, for every prediction of a sweep or a search.
+        here = os.getcwd()
+        stats = tuple((os.path.join(here, q), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+                      for q in paths for st in [q.stat()])
     except OSError:
         return _merged(tuple(paths), gpu.name, gpu_file_stem)  # reports the missing or unreadable file
     return _merged_cached(stats, gpu.name, gpu_file_stem)
 
 
 @functools.lru_cache(maxsize=64)
-def _merged_cached(stats: tuple[tuple[str, int, int], ...], gpu_name: str, gpu_file_stem: str) -> Calibration:
-    return _merged(tuple(Path(path) for path, _, _ in stats), gpu_name, gpu_file_stem)
+def _merged_cached(stats: tuple[tuple[str, int, int, int, int], ...], gpu_name: str,
+                   gpu_file_stem: str) -> Calibration:
+    return _merged(tuple(Path(s[0]) for s in stats), gpu_name, gpu_file_stem)
 
 
 def _merged(paths: tuple[Path, ...], gpu_name: str, gpu_file_stem: str) -> Calibration:

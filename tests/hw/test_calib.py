@@ -153,3 +153,26 @@ def test_a_folders_newest_file_follows_new_versions_at_once_and_later(tmp_path: 
     (tmp_path / "g.v3.yaml").unlink()
     assert newest_file("g", tmp_path) == tmp_path / "g.v2.yaml"
     assert newest_file("g", tmp_path / "nowhere") is None
+
+
+def test_a_calibration_path_is_the_file_the_system_opens(tmp_path: Path) -> None:
+    """A path through a link and "..", and a link repointed to a file of the same size and time:
+    the parameters are those of the file the path leads to now."""
+    gpu = load_gpu("h100-sxm5-80gb")
+    (tmp_path / "real" / "dir").mkdir(parents=True)
+    (tmp_path / "cal").mkdir()
+    _write(tmp_path / "real" / "x.yaml", {"kernel_overhead_s": 1e-6})
+    _write(tmp_path / "cal" / "x.yaml", {"kernel_overhead_s": 9e-6})
+    (tmp_path / "cal" / "link").symlink_to(tmp_path / "real" / "dir")
+    through = str(tmp_path / "cal" / "link" / ".." / "x.yaml")  # the system reads real/x.yaml
+    assert load_calibration(gpu, "h100-sxm5-80gb", (through,)).params.kernel_overhead_s == 1e-6
+    a = _write(tmp_path / "a.yaml", {"kernel_overhead_s": 3e-6})
+    b = _write(tmp_path / "b.yaml", {"kernel_overhead_s": 4e-6})
+    os.utime(b, ns=(a.stat().st_atime_ns, a.stat().st_mtime_ns))
+    assert a.stat().st_size == b.stat().st_size
+    link = tmp_path / "current.yaml"
+    link.symlink_to(a)
+    assert load_calibration(gpu, "h100-sxm5-80gb", (str(link),)).params.kernel_overhead_s == 3e-6
+    link.unlink()
+    link.symlink_to(b)
+    assert load_calibration(gpu, "h100-sxm5-80gb", (str(link),)).params.kernel_overhead_s == 4e-6

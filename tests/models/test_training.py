@@ -514,3 +514,9 @@ def test_builds_within_a_search_reuse_the_op_specs_of_the_same_iteration(monkeyp
     made.clear()
     build(base)
     assert len(made) == 1  # left: made again
+    made.clear()
+    monkeypatch.setattr(tr, "REUSE_MAX_SPECS", 10)  # a set this large is not held
+    with reusing_training_ops():
+        build(base)
+        build(other_knobs)
+    assert len(made) == 2
