@@ -212,11 +212,15 @@ def non_negative(text: str) -> float:
     return x
 
 
-def count_arg(text: str) -> int:
+def _whole_number(text: str) -> int:
     try:
-        n = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
+
+
+def count_arg(text: str) -> int:
+    n = _whole_number(text)
     if n < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got '{text}'")
     return n
@@ -234,10 +238,7 @@ def max_ops_flag(p: argparse.ArgumentParser) -> None:
 
 
 def at_least_one(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
+    n = _whole_number(text)
     if n < 1:  # a negative number too: "not negative" would suggest that 0 passes
         raise argparse.ArgumentTypeError(f"must be at least 1, got '{text}'")
     return n

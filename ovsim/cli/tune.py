@@ -95,7 +95,7 @@ def run_tune(args: argparse.Namespace) -> int:
     # sliver is left where that was all of it, so the scenario as given is still predicted).
     budget_s = args.budget_s
     if budget_s is not None:
-        budget_s = max(budget_s - (time.monotonic() - getattr(args, "started_s", time.monotonic())), 1e-3)
+        budget_s = max(budget_s - (time.monotonic() - args.started_s), 1e-3)
     bar = Progress(args.quiet or args.json)
     bar.stage("searching schedules")
     try:
