@@ -416,7 +416,9 @@ class FlashRow:
     """A row of the FlashAttention repository's training-speed table (Dao-AILab/flash-attention,
     training/README.md, "Training speed": GPT-3 models of 125M to 2.7B on one node of 8 A100 80 GB
     SXM4, 400 W, NVLink; throughput in tokens a second for the node). The runs are that repository's
-    scripts: PyTorch Lightning's DDP over the 8 GPUs, BF16, sequences of 2,048, FlashAttention, fused
+    scripts: PyTorch Lightning's DDP over the 8 GPUs, BF16, sequences of 2,048, FlashAttention (the
+    first, ``attention: flash1``: the table's 2.7B row is the "up to 189 TFLOPs/sec per A100" of the
+    README, by its FLOP formula, where FlashAttention-2's abstract gives up to 225), fused
     matmul + bias (+ GELU) and fused dropout + residual + LayerNorm kernels, Apex's fused cross
     entropy, no activation checkpointing, gradient accumulation to the global batch (DDP's
     all-reduce on the last micro-batch only), vocabulary 50,257 padded to 50,264, learned positions,
@@ -469,7 +471,7 @@ class FlashRow:
                 "model": {"layers": layers, "hidden": hidden, "heads": heads, "vocab": 50_264, "seq_len": self.seq,
                           "gated_mlp": False, "tied_embeddings": True},
                 "micro_batch_size": self.micro_batch, "micro_batches": self.micro_batches, "precision": "bf16",
-                "recompute": False, "attention": "flash", "optimizer": "fused_adam",
+                "recompute": False, "attention": "flash1", "optimizer": "fused_adam",
                 "parallel": {"dp": self.gpus, "dp_mode": "ddp"},
             },
         })

@@ -86,7 +86,13 @@ class Parameters(BaseModel):
     # less than in proportion (measured: the 64x64 WMMA kernel x1.62 with half an H200's SMs held).
     # None: the reads do not depend on the SMs in use.
     own_gemm_l2_sm_bytes_per_s: Annotated[float, Field(gt=0)] | None = None
+    # The fraction of the dense tensor peak a fused (flash) attention kernel reaches, forward and
+    # backward alike: scenarios' `attention: flash`, an attention op without an implementation.
     attention_efficiency: Fraction = 0.6
+    # The same for named implementations ("flash1", "flash2"), per GPU, from their authors'
+    # published rates (calibration/attention/published_rates.py). A GPU without a figure for an
+    # implementation refuses it rather than guess.
+    attention_impl_efficiency: dict[str, Fraction] = Field(default_factory=dict)
     # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches;
     # above 1 where a kernel beats the bandwidth test that set the achievable fraction.
     memory_kernel_efficiency: float = Field(default=0.9, gt=0, le=1.5)
@@ -296,6 +302,19 @@ class Parameters(BaseModel):
         twin = {"bf16": "fp16", "fp16": "bf16"}.get(precision, precision)
         own = self.own_gemm_efficiency
         return own.get(precision, own.get(twin, self.gemm_eff(precision, aligned)))
+
+    def attention_eff(self, implementation: str | None, gpu_name: str = "this GPU") -> float:
+        """The efficiency of attention ``implementation`` on ``gpu_name`` (None: a fused kernel at
+        ``attention_efficiency``)."""
+        if implementation is None:
+            return self.attention_efficiency
+        try:
+            return self.attention_impl_efficiency[implementation]
+        except KeyError:
+            known = ", ".join(sorted(self.attention_impl_efficiency)) or "none"
+            raise OvsimError(f"no published efficiency of {implementation} on {gpu_name} (it has: {known}); "
+                             "use flash for a fused kernel at the calibration's attention_efficiency",
+                             field="implementation") from None
 
     def memory_eff(self, kind: str) -> float:
         return self.memory_kind_efficiency.get(kind, self.memory_kernel_efficiency)

@@ -430,8 +430,10 @@ def attention(
     threads: int = 256,
     registers_per_thread: int = 192,
     shared_mem_bytes: int | None = None,
+    efficiency: float | None = None,
 ) -> KernelDemand:
-    """Fused (flash) attention: one block per (batch, head, query tile)."""
+    """Fused (flash) attention: one block per (batch, head, query tile), each at ``efficiency`` of
+    an SM's tensor peak (None: the calibration's ``attention_efficiency``)."""
     for name, v in (("batch", batch), ("heads", heads), ("seq_len", seq_len), ("head_dim", head_dim)):
         if v < 1:
             raise OvsimError(f"must be a positive integer, got {v}", field=name)
@@ -448,7 +450,8 @@ def attention(
     occ = blocks_per_sm(block, gpu)
     if occ == 0:
         raise OvsimError("an attention block does not fit on one SM", field="head_dim")
-    per_sm = gpu.peak_flops_per_s(precision) / gpu.sm.count * params.attention_efficiency
+    eff = params.attention_efficiency if efficiency is None else efficiency
+    per_sm = gpu.peak_flops_per_s(precision) / gpu.sm.count * eff
     flops_block = flops / blocks
     waves = math.ceil(blocks / (gpu.sm.count * occ))
     t_math = waves * occ * flops_block / per_sm

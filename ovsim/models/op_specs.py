@@ -110,6 +110,12 @@ class GemmOp(_OpBase):
         return self
 
 
+# Attention kernels known by name, each priced at its authors' published efficiency on the GPUs
+# they give one for (Parameters.attention_impl_efficiency): FlashAttention (Dao et al., 2022) and
+# FlashAttention-2 (Dao, 2023).
+AttentionImplementation = Literal["flash1", "flash2"]
+
+
 class AttentionOp(_OpBase):
     kind: Literal["attention"]
     batch: PositiveInt
@@ -119,6 +125,8 @@ class AttentionOp(_OpBase):
     precision: Precision = "bf16"
     causal: bool = True
     backward: bool = False
+    # None: a fused kernel at the calibration's attention_efficiency.
+    implementation: AttentionImplementation | None = None
 
 
 class MemoryOp(_OpBase):

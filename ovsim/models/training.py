@@ -279,6 +279,17 @@ def _before_step(steps: list[int], k: int) -> int | None:
     return j if j >= 0 else None
 
 
+def _check_attention(spec: TrainingSpec, params: Parameters, gpu_name: str) -> None:
+    """A named attention implementation the GPU has no figure for, refused under the scenario's
+    field rather than under the first attention op's."""
+    if spec.attention in ("flash", "unfused"):
+        return
+    try:
+        params.attention_eff(spec.attention, gpu_name)
+    except OvsimError as e:
+        raise OvsimError(e.message, field="attention") from None
+
+
 def build_training_workload(
     spec: TrainingSpec,
     *,
@@ -300,6 +311,7 @@ def build_training_workload(
                          "its groups); to run it anyway, pass a larger --max-ops (Python: max_ops=)",
                          source=source, field="ranks")
     try:
+        _check_attention(spec, params, gpu.name)
         lay = _symmetric(layout(spec, n_ranks), system, knobs)
         made = lay.made_ranks()
         _check_training_size(spec, len(made), limit, source)

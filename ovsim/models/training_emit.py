@@ -325,9 +325,10 @@ class LayerEmitter:
         """The core attention of one micro-batch on one tensor-parallel rank (its heads)."""
         m, b = self.m, self.spec.micro_batch_size
         heads, s, d = m.heads // self.lay.tp, m.seq_len, m.hidden // m.heads
-        if self.spec.attention == "flash":
+        if self.spec.attention != "unfused":
+            impl = None if self.spec.attention == "flash" else self.spec.attention
             self.compute(st, AttentionOp, name=name, kind="attention", batch=b, heads=heads, seq_len=s, head_dim=d,
-                         precision=self._attn_precision(), backward=backward)
+                         precision=self._attn_precision(), backward=backward, implementation=impl)
             return
         # Unfused: every head's s x s scores go through HBM. The batched GEMMs are priced as one
         # GEMM of the same FLOPs and operand shapes (b x heads x s rows).

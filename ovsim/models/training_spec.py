@@ -160,7 +160,10 @@ class TrainingSpec(InputModel):
     # memory. unfused: the core attention frameworks ran before it (Megatron-LM's until 2022):
     # batched GEMMs for QK^T and PV over the whole s x s, a fused scale-mask-softmax and a dropout
     # on the probabilities, each moving the s x s scores through HBM.
-    attention: Literal["flash", "unfused"] = "flash"
+    # flash1, flash2: FlashAttention and FlashAttention-2 by name, each at the efficiency its authors
+    # published for the GPU (a GPU without one refuses it); flash: a fused kernel at the GPU
+    # calibration's attention_efficiency.
+    attention: Literal["flash", "flash1", "flash2", "unfused"] = "flash"
     # The cross-entropy loss over the logits. fused: one kernel reads the 16-bit logits and writes
     # their gradient (a fused cross entropy). megatron: Megatron-LM's vocab-parallel cross entropy
     # on FP32 logits, a pass each (ovsim.models.training_emit.LOSS_PASSES).
