@@ -255,14 +255,17 @@ LLAMA_ROWS = [LlamaRow(g, v, tflops) for g, tflops in ((8192, 430), (16384, 400)
 
 # MPT (mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): layers, d_model, heads; expansion
 # ratio 4, vocabulary 50,368, tied embeddings, learned positions (no ALiBi), biases, LayerNorm.
-_MPT = {"1b": (24, 2048, 16), "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40),
+_MPT = {"125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12),
+        "1b": (24, 2048, 16), "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40),
         "30b": (48, 7168, 56), "70b": (80, 8192, 64)}
 
 
 @dataclass(frozen=True)
 class FoundryRow:
     """A row of llm-foundry's MPT throughput tables: FSDP FULL_SHARD over every GPU, BF16 with
-    FlashAttention (triton or flash: the tables do not say which), activation checkpointing as the
+    llm-foundry's Triton FlashAttention (``attn_impl: triton`` in the MPT recipes and in
+    submit_benchmarks.py of that time), priced as ``flash`` since no paper gives that kernel's rate
+    (bench/attention_seq_sweeps.py infers it from these tables), activation checkpointing as the
     row says (ovsim's full recomputation), gradient accumulation over ``accum`` micro-batches.
     Its step: Composer's DecoupledAdamW after gradient-norm clipping (the MPT recipes,
     scripts/train/yamls/pretrain/mpt-*.yaml: ``decoupled_adamw``, weight decay 0,
@@ -336,6 +339,31 @@ FOUNDRY_ROWS = [
     FoundryRow("7b", "h100", 2048, 8, 6, 1, False, 10643),
 ]
 
+
+# The same tables' sequence-length sweeps at a fixed model, 8 GPUs, no activation checkpointing:
+# (model, sequence, micro-batch, accumulation, tokens a second per GPU). They tell the attention
+# kernel's rate apart from the rest (bench/attention_seq_sweeps.py). The MPT recipes of that time
+# ran llm-foundry's Triton FlashAttention (``attn_impl: triton`` in scripts/train/yamls/pretrain/
+# mpt-*.yaml and in submit_benchmarks.py's default).
+_SWEEPS = {
+    "a100": (("125m", 2048, 32, 2, 141737), ("125m", 8192, 8, 2, 90392), ("125m", 32768, 2, 2, 36407),
+             ("125m", 65536, 1, 2, 20368),
+             ("350m", 2048, 32, 2, 58782), ("350m", 8192, 8, 2, 36569), ("350m", 32768, 2, 2, 13652),
+             ("350m", 65536, 1, 2, 7524),
+             ("760m", 2048, 24, 2, 32434), ("760m", 4096, 12, 2, 27351), ("760m", 8192, 6, 2, 20933),
+             ("760m", 16384, 3, 2, 14274), ("760m", 32768, 1, 2, 8802),
+             ("1b", 2048, 14, 4, 20513), ("1b", 4096, 7, 4, 17807), ("1b", 8192, 3, 4, 13814),
+             ("1b", 16384, 2, 4, 9956), ("1b", 32768, 1, 4, 6275),
+             ("3b", 2048, 10, 2, 10811), ("3b", 4096, 5, 6, 9457), ("3b", 8192, 3, 6, 7695),
+             ("3b", 16384, 1, 6, 5529)),
+    "h100": (("760m", 4096, 12, 2, 55459), ("760m", 8192, 6, 2, 41825), ("760m", 16384, 3, 2, 27815),
+             ("760m", 32768, 1, 2, 16291),
+             ("1b", 2048, 14, 1, 45455), ("1b", 4096, 7, 4, 38535), ("1b", 8192, 3, 4, 29157),
+             ("1b", 16384, 2, 4, 19649), ("1b", 32768, 1, 4, 12025),
+             ("3b", 4096, 5, 6, 20964), ("3b", 8192, 3, 6, 16578), ("3b", 16384, 1, 6, 11152)),
+}
+FOUNDRY_SEQ_SWEEPS = [FoundryRow(model, gpu, seq, 8, mb, accum, False, tokens)
+                      for gpu, rows in _SWEEPS.items() for model, seq, mb, accum, tokens in rows]
 
 @dataclass(frozen=True)
 class NemoRow:

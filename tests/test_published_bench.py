@@ -61,3 +61,40 @@ def test_the_flashattention_rows_run_the_batches_their_table_gives() -> None:
         # Throughput per GPU at the published iteration is the table's node figure over 8.
         iteration_s = stated_batch_tokens[row.model] / row.published_tokens_per_s_node
         assert row.throughput(iteration_s) == pytest.approx(row.published_tokens_per_s_node / 8)
+
+
+def _bench(name: str) -> object:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def test_the_sequence_sweep_split_recovers_the_factors_its_times_are_made_of() -> None:
+    """Published times made as 1.25 x the non-attention work plus 2 x the attention at a priced
+    efficiency of 0.6 give back 1.25 and an implied efficiency of 0.3, with no residual."""
+    sweeps = _bench("attention_seq_sweeps")
+    split, implied = sweeps.Split, sweeps.implied  # type: ignore[attr-defined]
+    parts = ((2048, 1.0, 0.1), (8192, 1.1, 0.5), (32768, 1.2, 2.0))
+    fit = implied([split(s, n + a, a, 1.25 * n + 2.0 * a, 0.6) for s, n, a in parts])
+    assert fit.non_attention_factor == pytest.approx(1.25)
+    assert fit.attention_efficiency == pytest.approx(0.3)
+    assert max(map(abs, fit.residuals)) < 1e-9
+
+
+def test_the_sequence_sweep_rows_are_the_models_and_batches_their_tables_give() -> None:
+    """Each MPT model's parameters at 2,048 tokens within 0.5% of the tables' NumParams column, and
+    each row's micro-batch x accumulation x 8 GPUs x sequence one of the tables' global batches."""
+    from ovsim.models.training_spec import layer_params
+
+    rows = _bench("published_rows").FOUNDRY_SEQ_SWEEPS  # type: ignore[attr-defined]
+    num_params = {"125m": 125_311_488, "350m": 355_985_408, "760m": 760_470_528, "1b": 1_315_950_592,
+                  "3b": 2_651_837_440}
+    batches = {229_376, 327_680, 524_288, 786_432, 917_504, 983_040, 1_048_576, 1_179_648}
+    for row in rows:
+        assert row.micro_batch * row.accum * 8 * row.seq in batches, row.name
+        m = row.scenario().training.model
+        if row.seq == 2048:
+            n = m.layers * layer_params(m, 1) + m.vocab * m.hidden + m.seq_len * m.hidden
+            assert n == pytest.approx(num_params[row.model], rel=5e-3), row.name
