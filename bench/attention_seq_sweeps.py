@@ -10,7 +10,7 @@ kernels A and the rest N; the published iteration P is then fitted as
 
 by least squares over the model's rows: ``a`` is how much longer than ovsim's the non-attention
 work ran, and ``e / b`` the attention kernel's implied fraction of the dense 16-bit peak, ``e`` the
-efficiency ovsim priced it at. Two parameters for each model's 4-5 rows; the models are
+efficiency ovsim priced it at. Two parameters for each model's 3-7 rows; the models are
 independent of each other, so their agreement is the check. A benchmark: it prints figures and
 asserts nothing; nothing it finds is shipped.
 

@@ -340,24 +340,27 @@ FOUNDRY_ROWS = [
 ]
 
 
-# The same tables' sequence-length sweeps at a fixed model, 8 GPUs, no activation checkpointing:
+# The same tables' sequence-length sweeps at a fixed model: every row of 8 GPUs, no activation
+# checkpointing and sequences of 2K or more, of every model with at least three such rows
 # (model, sequence, micro-batch, accumulation, tokens a second per GPU). They tell the attention
-# kernel's rate apart from the rest (bench/attention_seq_sweeps.py). The MPT recipes of that time
+# kernel's rate apart from the rest (bench/attention_seq_sweeps.py); below 2K attention is a few
+# percent of an iteration and says little of its rate. The MPT recipes of that time
 # ran llm-foundry's Triton FlashAttention (``attn_impl: triton`` in scripts/train/yamls/pretrain/
 # mpt-*.yaml and in submit_benchmarks.py's default).
 _SWEEPS = {
-    "a100": (("125m", 2048, 32, 2, 141737), ("125m", 8192, 8, 2, 90392), ("125m", 32768, 2, 2, 36407),
+    "a100": (("125m", 2048, 40, 2, 142830), ("125m", 2048, 32, 2, 141737), ("125m", 4096, 16, 2, 118396),
+             ("125m", 8192, 8, 2, 90392), ("125m", 16384, 4, 2, 60040), ("125m", 32768, 2, 2, 36407),
              ("125m", 65536, 1, 2, 20368),
-             ("350m", 2048, 32, 2, 58782), ("350m", 8192, 8, 2, 36569), ("350m", 32768, 2, 2, 13652),
-             ("350m", 65536, 1, 2, 7524),
+             ("350m", 2048, 32, 2, 58782), ("350m", 4096, 16, 2, 49555), ("350m", 8192, 8, 2, 36569),
+             ("350m", 16384, 4, 2, 23559), ("350m", 32768, 2, 2, 13652), ("350m", 65536, 1, 2, 7524),
              ("760m", 2048, 24, 2, 32434), ("760m", 4096, 12, 2, 27351), ("760m", 8192, 6, 2, 20933),
              ("760m", 16384, 3, 2, 14274), ("760m", 32768, 1, 2, 8802),
              ("1b", 2048, 14, 4, 20513), ("1b", 4096, 7, 4, 17807), ("1b", 8192, 3, 4, 13814),
              ("1b", 16384, 2, 4, 9956), ("1b", 32768, 1, 4, 6275),
              ("3b", 2048, 10, 2, 10811), ("3b", 4096, 5, 6, 9457), ("3b", 8192, 3, 6, 7695),
              ("3b", 16384, 1, 6, 5529)),
-    "h100": (("760m", 4096, 12, 2, 55459), ("760m", 8192, 6, 2, 41825), ("760m", 16384, 3, 2, 27815),
-             ("760m", 32768, 1, 2, 16291),
+    "h100": (("760m", 2048, 24, 2, 63147), ("760m", 4096, 12, 2, 55459), ("760m", 8192, 6, 2, 41825),
+             ("760m", 16384, 3, 2, 27815), ("760m", 32768, 1, 2, 16291),
              ("1b", 2048, 14, 1, 45455), ("1b", 4096, 7, 4, 38535), ("1b", 8192, 3, 4, 29157),
              ("1b", 16384, 2, 4, 19649), ("1b", 32768, 1, 4, 12025),
              ("3b", 4096, 5, 6, 20964), ("3b", 8192, 3, 6, 16578), ("3b", 16384, 1, 6, 11152)),

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ovsim.errors import OvsimError
-from ovsim.hw.spec import GpuSpec, gpu_file, load_gpu, read_yaml
+from ovsim.hw.spec import AttentionImplementation, GpuSpec, gpu_file, load_gpu, read_yaml
 from ovsim.hw.validation import validation_error
 
 CALIB_DIR = Path(__file__).parent / "calib"
@@ -92,7 +92,7 @@ class Parameters(BaseModel):
     # The same for named implementations ("flash1", "flash2"), per GPU, from their authors'
     # published rates (calibration/attention/published_rates.py). A GPU without a figure for an
     # implementation refuses it rather than guess.
-    attention_impl_efficiency: dict[str, Fraction] = Field(default_factory=dict)
+    attention_impl_efficiency: dict[AttentionImplementation, Fraction] = Field(default_factory=dict)
     # Fraction of achievable HBM bandwidth a streaming (elementwise, norm, softmax) kernel reaches;
     # above 1 where a kernel beats the bandwidth test that set the achievable fraction.
     memory_kernel_efficiency: float = Field(default=0.9, gt=0, le=1.5)
@@ -308,13 +308,13 @@ class Parameters(BaseModel):
         ``attention_efficiency``)."""
         if implementation is None:
             return self.attention_efficiency
-        try:
-            return self.attention_impl_efficiency[implementation]
-        except KeyError:
-            known = ", ".join(sorted(self.attention_impl_efficiency)) or "none"
-            raise OvsimError(f"no published efficiency of {implementation} on {gpu_name} (it has: {known}); "
-                             "use flash for a fused kernel at the calibration's attention_efficiency",
-                             field="implementation") from None
+        for name, efficiency in self.attention_impl_efficiency.items():
+            if name == implementation:
+                return efficiency
+        known = ", ".join(sorted(self.attention_impl_efficiency)) or "none"
+        raise OvsimError(f"no published efficiency of {implementation} on {gpu_name} (it has: {known}); "
+                         "use flash for a fused kernel at the calibration's attention_efficiency",
+                         field="implementation")
 
     def memory_eff(self, kind: str) -> float:
         return self.memory_kind_efficiency.get(kind, self.memory_kernel_efficiency)

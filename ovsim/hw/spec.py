@@ -36,6 +36,11 @@ SPEC_DIR = Path(__file__).parent / "specs"
 
 Precision = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
 
+# Attention kernels known by name, each priced at its authors' published efficiency on the GPUs
+# they give one for (calib.Parameters.attention_impl_efficiency): FlashAttention (Dao et al.,
+# 2022) and FlashAttention-2 (Dao, 2023). Both run in 16 bits.
+AttentionImplementation = Literal["flash1", "flash2"]
+
 
 class Spec(InputModel):
     """Frozen, and unknown keys are errors: a typo in a spec file must fail loudly. No number is

@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from ovsim.hw.inputs import InputModel
-from ovsim.hw.spec import Precision
+from ovsim.hw.spec import AttentionImplementation, Precision
 from ovsim.models import nccl_params
 
 # A stream's name; "" would be a stream no table can show.
@@ -110,10 +110,8 @@ class GemmOp(_OpBase):
         return self
 
 
-# Attention kernels known by name, each priced at its authors' published efficiency on the GPUs
-# they give one for (Parameters.attention_impl_efficiency): FlashAttention (Dao et al., 2022) and
-# FlashAttention-2 (Dao, 2023).
-AttentionImplementation = Literal["flash1", "flash2"]
+# The precisions the named attention kernels run in.
+SIXTEEN_BIT = ("fp16", "bf16")
 
 
 class AttentionOp(_OpBase):
@@ -127,6 +125,12 @@ class AttentionOp(_OpBase):
     backward: bool = False
     # None: a fused kernel at the calibration's attention_efficiency.
     implementation: AttentionImplementation | None = None
+
+    @model_validator(mode="after")
+    def _named_kernels_run_in_16_bits(self) -> AttentionOp:
+        if self.implementation is not None and self.precision not in SIXTEEN_BIT:
+            raise ValueError(f"{self.implementation} runs in fp16 or bf16, not {self.precision}")
+        return self
 
 
 class MemoryOp(_OpBase):

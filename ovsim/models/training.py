@@ -284,6 +284,9 @@ def _check_attention(spec: TrainingSpec, params: Parameters, gpu_name: str) -> N
     field rather than under the first attention op's."""
     if spec.attention in ("flash", "unfused"):
         return
+    if spec.precision in ("fp32", "tf32"):
+        raise OvsimError(f"{spec.attention} runs in fp16 or bf16, not {spec.precision} (flash: a fused kernel at "
+                         "the calibration's attention_efficiency)", field="attention")
     try:
         params.attention_eff(spec.attention, gpu_name)
     except OvsimError as e:

@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, ValidationEr
 
 from ovsim.errors import OvsimError
 from ovsim.hw.inputs import InputModel
+from ovsim.hw.spec import AttentionImplementation
 from ovsim.hw.validation import validation_error
 from ovsim.units import MIB
 
@@ -163,7 +164,7 @@ class TrainingSpec(InputModel):
     # flash1, flash2: FlashAttention and FlashAttention-2 by name, each at the efficiency its authors
     # published for the GPU (a GPU without one refuses it); flash: a fused kernel at the GPU
     # calibration's attention_efficiency.
-    attention: Literal["flash", "flash1", "flash2", "unfused"] = "flash"
+    attention: Literal["flash", AttentionImplementation, "unfused"] = "flash"
     # The cross-entropy loss over the logits. fused: one kernel reads the 16-bit logits and writes
     # their gradient (a fused cross entropy). megatron: Megatron-LM's vocab-parallel cross entropy
     # on FP32 logits, a pass each (ovsim.models.training_emit.LOSS_PASSES).

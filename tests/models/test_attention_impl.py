@@ -6,6 +6,7 @@ arXiv 2407.08608, abstract). A GPU without a published figure for one refuses it
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from ovsim.api import predict
 from ovsim.errors import OvsimError
@@ -54,12 +55,32 @@ def test_flash2_is_as_much_faster_than_flash1_as_their_published_rates_say() -> 
     assert t["flash1"] / t["flash2"] == pytest.approx(0.615 / 0.325, rel=1e-6)
 
 
-def test_an_attention_op_without_an_implementation_keeps_the_calibrations_efficiency() -> None:
+def test_an_attention_op_is_priced_at_its_implementations_efficiency_or_the_calibrations() -> None:
+    """Through the workload build: no implementation at attention_efficiency (0.6 as shipped),
+    flash2 at the H100's published 0.35, so the op takes 0.6 / 0.35 as long (less the fixed
+    per-kernel overhead)."""
     gpu, params = _params("h100-sxm5-80gb")
-    plain = cost.attention(4, 16, 2048, 64, "bf16", gpu, params)
-    given = cost.attention(4, 16, 2048, 64, "bf16", gpu, params, efficiency=params.attention_efficiency)
-    assert plain.isolated_s == given.isolated_s
-    assert params.attention_eff(None) == params.attention_efficiency
+    system = load_system("hgx-h100")
+    shape = {"kind": "attention", "batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128}
+    alone = {}
+    for impl in (None, "flash2"):
+        wl = build_workload([AttentionOp(name="a", implementation=impl, **shape)], gpu=gpu, system=system,
+                            params=params, n_ranks=1)
+        alone[impl] = wl.ops[0].kernel.isolated_s - params.kernel_overhead_s
+    assert params.attention_efficiency == 0.6
+    assert alone["flash2"] / alone[None] == pytest.approx(0.6 / 0.35, rel=1e-9)
+
+
+def test_named_kernels_run_in_sixteen_bits() -> None:
+    with pytest.raises(ValidationError, match="fp16 or bf16"):
+        AttentionOp(name="a", kind="attention", batch=1, heads=8, seq_len=1024, head_dim=64, precision="fp32",
+                    implementation="flash2")
+    sc = _training("dgx-a100-hdr", "flash2")
+    assert sc.training is not None
+    sc = sc.model_copy(update={"training": sc.training.model_copy(update={"precision": "tf32"})})
+    with pytest.raises(OvsimError, match="fp16 or bf16") as e:
+        predict(sc, mode="analytic")
+    assert e.value.field == "training.attention"
 
 
 def test_an_implementation_without_a_published_figure_is_refused_by_name() -> None:
