@@ -16,7 +16,8 @@ from ovsim.models.op_specs import (
     GemmOp,
     MemoryOp,
     OpSpec,
-    generated,
+    Templates,
+    made,
 )
 from ovsim.models.training_spec import (
     Layout,
@@ -116,6 +117,7 @@ class LayerEmitter:
         self.p = spec.parallel
         self.comm = spec.communication
         self.ops: list[OpSpec] = []
+        self.templates: Templates = {}
         self.peer: list[tuple[str, str, dict[int, int]]] = []
         self.p2p_items: dict[str, tuple[int, int, int, int]] = {}
         self.stages = [StageState(ranks=lay.stage_ranks(s)) for s in range(lay.pp)]
@@ -135,7 +137,7 @@ class LayerEmitter:
         build's memory."""
         extra = list(st.pending)
         st.pending = []
-        op = generated(cls(ranks=st.ranks, stream="compute", after_any=extra, **fields))
+        op = made(self.templates, cls, fields.pop("name"), {"after_any": extra}, st.ranks, stream="compute", **fields)
         self.ops.append(op)
         st.last = op.name
         return op.name
@@ -163,9 +165,8 @@ class LayerEmitter:
                  after_any: list[str] | None = None) -> str:
         """A memory-bound kernel on a stream of its own (not the stage's compute), after ``after``
         (and ``after_any``: ops of other groups, each binding where it runs)."""
-        self.ops.append(generated(MemoryOp(name=name, ranks=st.ranks, stream=stream, after=after,
-                                           after_any=after_any or [], kind="elementwise", bytes=max(1.0, nbytes),
-                                           grid_stride=True)))
+        self.ops.append(made(self.templates, MemoryOp, name, {"after": after, "after_any": after_any or []},
+                             st.ranks, stream=stream, kind="elementwise", bytes=max(1.0, nbytes), grid_stride=True))
         return name
 
     def collective(self, st: StageState, name: str, kind: CollectiveKind, size: float, stream: str,
@@ -179,8 +180,8 @@ class LayerEmitter:
         for gi, ranks in enumerate(groups):
             nm = f"{name}.g{gi}" if numbered else name
             deps = after if after is not None else [st.last] if st.last else []
-            self.ops.append(generated(CollectiveOpSpec(name=nm, kind=kind, size_bytes=size, stream=stream,
-                                                       ranks=ranks, after=list(deps), engine=engine)))
+            self.ops.append(made(self.templates, CollectiveOpSpec, nm, {"after": list(deps)}, ranks, kind=kind,
+                                 size_bytes=size, stream=stream, engine=engine))
             names.append(nm)
         return names
 

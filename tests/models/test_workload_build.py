@@ -150,3 +150,29 @@ def test_generated_specs_share_their_fields_record_and_behave_as_made() -> None:
     with pytest.raises(ValidationError):
         shared[1].m = 8  # frozen: the shared record is never added to
     assert shared[1].model_fields_set == made[1].model_fields_set
+
+
+def test_specs_made_from_a_template_are_the_specs_validation_makes() -> None:
+    """made() validates the first spec of each kind and fields and copies it for the rest: each
+    copy equals the spec pydantic validates from the same arguments, fields given included, and
+    differs from its template only in name and dependencies."""
+    from ovsim.models.op_specs import Templates, made
+
+    templates: Templates = {}
+    args = {"kind": "gemm", "m": 64, "n": 128, "k": 256, "stream": "compute"}
+    first = made(templates, GemmOp, "g0", {"after_any": []}, [0, 1], **args)
+    second = made(templates, GemmOp, "g1", {"after_any": ["g0"]}, [0, 1], **args)
+    assert len(templates) == 1
+    for spec, name, deps in ((first, "g0", []), (second, "g1", ["g0"])):
+        fresh = GemmOp(name=name, ranks=[0, 1], after_any=deps, **args)
+        assert spec == fresh
+        assert spec.__pydantic_fields_set__ == fresh.__pydantic_fields_set__
+    assert second.ranks == first.ranks and second.name == "g1" and second.after_any == ["g0"]
+    # Other ranks, fields or dependency fields: another template.
+    made(templates, GemmOp, "g2", {"after_any": []}, [2, 3], **args)
+    made(templates, GemmOp, "g3", {"after": []}, [0, 1], **args)
+    made(templates, GemmOp, "g4", {"after_any": []}, [0, 1], **{**args, "m": 128})
+    assert len(templates) == 4
+    # A first spec that fails validation fails as the plain model does.
+    with pytest.raises(ValidationError):
+        made(templates, GemmOp, "bad", {"after_any": []}, [0], **{**args, "m": 0})
