@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Literal
 
 from ovsim.errors import OvsimError
@@ -351,13 +352,10 @@ def _expand(spec: OpSpec, ranks: Sequence[int], by_name: dict[str, OpSpec], *, g
     at = sim.__getitem__ if sim is not None else int
     stream = "main" if sequential else spec.stream
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
-    # Nothing changes an op's info after the build, so its ranks and repeats share one.
-    info = _info(spec)
+    # Nothing changes an op's info after the build, so its ranks and repeats share one, and ops
+    # made from alike specs (a layer's GEMM in every layer and micro-batch) share one too.
+    info, key = _shared_info(spec, infos if infos is not None else {})
     kernel = None
-    key = _key(spec, info)
-    if infos is not None:
-        # Ops made from alike specs (a layer's GEMM in every layer and micro-batch) share one info.
-        info = infos.setdefault(key, info)
     if spec.kind in COMPUTE_KINDS:
         if key not in demands:
             demands[key] = _kernel_demand(spec, gpu, params, knobs)
@@ -427,17 +425,6 @@ def _expand(spec: OpSpec, ranks: Sequence[int], by_name: dict[str, OpSpec], *, g
                 out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=at(r), stream=stream,
                               deps=dep_ids(r), delay_s=spec.delay_s, flow=flow, info=info))
     return out
-
-
-def _key(spec: _OpBase, info: dict[str, object]) -> tuple[object, ...]:
-    """What an op's demands depend on besides its name, ranks, stream and order: its kind of spec
-    and ``info`` (:func:`_info`), hashable."""
-    items = tuple(info.items())
-    try:
-        hash(items)
-    except TypeError:  # an unhashable value (no spec field holds one today)
-        return (type(spec), repr(items))
-    return (type(spec), items)
 
 
 def _named(parts: _Parts, group: str) -> _Parts:
@@ -512,3 +499,32 @@ def _info(spec: _OpBase) -> dict[str, object]:
     Every field of a spec is a plain value, so its ``__dict__`` is its ``model_dump`` at a third of
     the cost."""
     return {k: v for k, v in spec.__dict__.items() if k not in _NOT_INFO}
+
+
+# Each spec class's info fields, in order, and a getter of their values from a spec's __dict__.
+_INFO_FIELDS: dict[type, tuple[tuple[str, ...], Callable[[dict[str, object]], tuple[object, ...]]]] = {}
+
+
+def _shared_info(spec: _OpBase, infos: dict[tuple[object, ...], dict[str, object]]
+                 ) -> tuple[dict[str, object], tuple[object, ...]]:
+    """The op's :func:`_info`, the one in ``infos`` where an alike spec left it, and its key
+    (its class and the values: a class's info fields are always the same ones): taken
+    in C from the spec's ``__dict__``, since a training build asks for 100,000s."""
+    cls = type(spec)
+    known = _INFO_FIELDS.get(cls)
+    if known is None:
+        names = tuple(k for k in cls.model_fields if k not in _NOT_INFO)
+        # itemgetter of two or more names gives a tuple (every spec class has two: kind and more).
+        assert len(names) > 1, cls
+        known = _INFO_FIELDS[cls] = (names, itemgetter(*names))
+    names, get = known
+    values = get(spec.__dict__)
+    key: tuple[object, ...] = (cls, values)
+    try:
+        info = infos.get(key)
+    except TypeError:  # an unhashable value (no spec field holds one today)
+        key = (cls, repr(values))
+        info = infos.get(key)
+    if info is None:
+        info = infos[key] = dict(zip(names, values, strict=True))
+    return info, key
