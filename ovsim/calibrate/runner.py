@@ -309,7 +309,9 @@ def write_calibration(report: FitReport, traces: Sequence[TraceInput], gpu: str,
         "gpu": gpu,
         "version": version,
         "provenance": {
-            "kind": "fitted to traces by ovsim calibrate",
+            # A script that writes published figures or fits on them has no traces.
+            "kind": "fitted to traces by ovsim calibrate" if inputs else (
+                "written by a calibration script: each parameter's source says what it rests on"),
             "date": _dt.date.today().isoformat(),
             "ovsim_version": __version__,
             "command": command or "ovsim calibrate",
