@@ -63,11 +63,11 @@ def split(row: FoundryRow, attention: str) -> Split:
     """``row`` predicted with ``attention``: rank 0's iteration and its attention kernels' time."""
     sc = row.scenario()
     assert sc.training is not None
-    sc = sc.model_copy(update={"training": sc.training.model_copy(update={"attention": attention})})
-    res = predict(sc, mode="analytic")
+    training = sc.training.model_copy(update={"attention": attention})
+    res = predict(sc.model_copy(update={"training": training}), mode="analytic")
     ops = res.ops[res.ops["rank"] == 0]
     published_s = row.micro_batch * row.accum * row.seq / row.published_tokens_per_s
-    priced = res.calibration.params.attention_eff(None if attention == "flash" else attention)
+    priced = res.calibration.params.attention_eff(training.attention_kernel)
     return Split(row.seq, float(res.summary()["makespan_s"]),
                  float(ops[ops.kind == "attention"].duration_s.sum()), published_s, priced)
 

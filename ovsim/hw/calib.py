@@ -303,14 +303,14 @@ class Parameters(BaseModel):
         own = self.own_gemm_efficiency
         return own.get(precision, own.get(twin, self.gemm_eff(precision, aligned)))
 
-    def attention_eff(self, implementation: str | None, gpu_name: str = "this GPU") -> float:
+    def attention_eff(self, implementation: AttentionImplementation | None, gpu_name: str = "this GPU") -> float:
         """The efficiency of attention ``implementation`` on ``gpu_name`` (None: a fused kernel at
         ``attention_efficiency``)."""
         if implementation is None:
             return self.attention_efficiency
-        for name, efficiency in self.attention_impl_efficiency.items():
-            if name == implementation:
-                return efficiency
+        efficiency = self.attention_impl_efficiency.get(implementation)
+        if efficiency is not None:
+            return efficiency
         known = ", ".join(sorted(self.attention_impl_efficiency)) or "none"
         raise OvsimError(f"no published efficiency of {implementation} on {gpu_name} (it has: {known}); "
                          "use flash for a fused kernel at the calibration's attention_efficiency",

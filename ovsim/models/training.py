@@ -63,7 +63,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models.ir import StreamSpec, Workload
-from ovsim.models.op_specs import CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp, generated
+from ovsim.models.op_specs import SIXTEEN_BIT, CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp, generated
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
 from ovsim.models.training_emit import LayerEmitter, optimizer_passes
 from ovsim.models.training_fsdp import FsdpCollectives
@@ -282,13 +282,14 @@ def _before_step(steps: list[int], k: int) -> int | None:
 def _check_attention(spec: TrainingSpec, params: Parameters, gpu_name: str) -> None:
     """A named attention implementation the GPU has no figure for, refused under the scenario's
     field rather than under the first attention op's."""
-    if spec.attention in ("flash", "unfused"):
+    kernel = spec.attention_kernel
+    if kernel is None:
         return
-    if spec.precision in ("fp32", "tf32"):
-        raise OvsimError(f"{spec.attention} runs in fp16 or bf16, not {spec.precision} (flash: a fused kernel at "
+    if spec.attention_precision not in SIXTEEN_BIT:
+        raise OvsimError(f"{kernel} runs in fp16 or bf16, not {spec.precision} (flash: a fused kernel at "
                          "the calibration's attention_efficiency)", field="attention")
     try:
-        params.attention_eff(spec.attention, gpu_name)
+        params.attention_eff(kernel, gpu_name)
     except OvsimError as e:
         raise OvsimError(e.message, field="attention") from None
 

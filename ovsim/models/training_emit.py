@@ -327,15 +327,15 @@ class LayerEmitter:
         m, b = self.m, self.spec.micro_batch_size
         heads, s, d = m.heads // self.lay.tp, m.seq_len, m.hidden // m.heads
         if self.spec.attention != "unfused":
-            impl = None if self.spec.attention == "flash" else self.spec.attention
             self.compute(st, AttentionOp, name=name, kind="attention", batch=b, heads=heads, seq_len=s, head_dim=d,
-                         precision=self._attn_precision(), backward=backward, implementation=impl)
+                         precision=self.spec.attention_precision, backward=backward,
+                         implementation=self.spec.attention_kernel)
             return
         # Unfused: every head's s x s scores go through HBM. The batched GEMMs are priced as one
         # GEMM of the same FLOPs and operand shapes (b x heads x s rows).
         rows = b * heads * s
         scores = float(b * heads * s * s)
-        prec = self._attn_precision()
+        prec = self.spec.attention_precision
         eb = activation_element_bytes(prec)
 
         def bmm(part: str, n: int, k: int) -> None:
@@ -353,10 +353,6 @@ class LayerEmitter:
         self.mem(st, f"{name}.softmax", 3 * eb * scores, "softmax")  # probabilities and gradient in, out
         bmm("qk.dgrad", d, s)  # Q's
         bmm("qk.wgrad", d, s)  # K's
-
-    def _attn_precision(self) -> Literal["fp32", "tf32", "fp16", "bf16"]:
-        # FP8 recipes (Transformer Engine) keep attention in 16 bits.
-        return "bf16" if self.spec.precision == "fp8" else self.spec.precision
 
     # embedding and head
 

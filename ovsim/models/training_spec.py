@@ -196,6 +196,19 @@ class TrainingSpec(InputModel):
             return "fused_adam"
         return "none" if self.optimizer is False else self.optimizer
 
+    @property
+    def attention_kernel(self) -> AttentionImplementation | None:
+        """The attention kernel ``attention`` names (flash1, flash2); None for ``flash`` (a fused
+        kernel at the calibration's efficiency) and ``unfused``."""
+        a = self.attention
+        return None if a == "flash" or a == "unfused" else a
+
+    @property
+    def attention_precision(self) -> Literal["fp32", "tf32", "fp16", "bf16"]:
+        """The precision the core attention runs in: FP8 recipes (Transformer Engine) keep it in 16
+        bits."""
+        return "bf16" if self.precision == "fp8" else self.precision
+
     def shape(self) -> ModelShape:
         if isinstance(self.model, ModelShape):
             base = self.model
