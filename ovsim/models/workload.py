@@ -494,22 +494,17 @@ def _kind(kind: str) -> Literal["gemm", "attention", "elementwise", "norm", "sof
 _NOT_INFO = frozenset({"name", "stream", "ranks", "after", "after_any", "delay_s", "repeat"})
 
 
-def _info(spec: _OpBase) -> dict[str, object]:
-    """What the op was made from (its shape, size, algorithm...): its fields but the placement's.
-    Every field of a spec is a plain value, so its ``__dict__`` is its ``model_dump`` at a third of
-    the cost."""
-    return {k: v for k, v in spec.__dict__.items() if k not in _NOT_INFO}
-
-
 # Each spec class's info fields, in order, and a getter of their values from a spec's __dict__.
 _INFO_FIELDS: dict[type, tuple[tuple[str, ...], Callable[[dict[str, object]], tuple[object, ...]]]] = {}
 
 
 def _shared_info(spec: _OpBase, infos: dict[tuple[object, ...], dict[str, object]]
                  ) -> tuple[dict[str, object], tuple[object, ...]]:
-    """The op's :func:`_info`, the one in ``infos`` where an alike spec left it, and its key
-    (its class and the values: a class's info fields are always the same ones): taken
-    in C from the spec's ``__dict__``, since a training build asks for 100,000s."""
+    """What the op was made from (its shape, size, algorithm...): its fields but the placement's,
+    the one dict in ``infos`` where an alike spec left it, and its key (its class and the values:
+    a class's info fields are always the same ones). Every field of a spec is a plain value, so
+    its ``__dict__`` holds its ``model_dump``; the values are taken from it in C, since a
+    training build asks for 100,000s."""
     cls = type(spec)
     known = _INFO_FIELDS.get(cls)
     if known is None:

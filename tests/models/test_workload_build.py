@@ -23,7 +23,7 @@ from ovsim.models.op_specs import (
     SendRecvOp,
     generated,
 )
-from ovsim.models.workload import _collective_ops, _info, build_workload
+from ovsim.models.workload import _collective_ops, _shared_info, build_workload
 from ovsim.scenario import Scenario
 
 GPU = load_gpu("h100-sxm5-80gb")
@@ -45,8 +45,9 @@ def test_an_ops_info_is_its_specs_dump_without_the_placement() -> None:
         DelayOp(name="d", kind="delay", duration_s=1e-6),
     ]
     for spec in specs:
-        assert _info(spec) == spec.model_dump(exclude=PLACEMENT)
-        assert list(_info(spec)) == list(spec.model_dump(exclude=PLACEMENT))  # and in field order
+        info, _ = _shared_info(spec, {})
+        assert info == spec.model_dump(exclude=PLACEMENT)
+        assert list(info) == list(spec.model_dump(exclude=PLACEMENT))  # and in field order
 
 
 def test_collectives_alike_but_for_name_share_parts_with_their_own_flow() -> None:
@@ -134,8 +135,8 @@ def test_ops_of_alike_specs_share_one_info_and_others_keep_their_own() -> None:
         by_name.setdefault(op.name, []).append(op)
     alike = [op.info for name in ("g0", "g1", "g2") for op in by_name[name]]
     assert all(info is alike[0] for info in alike)
-    assert alike[0] == _info(specs[0])
-    assert by_name["other"][0].info == _info(specs[3]) and by_name["other"][0].info["k"] == 512
+    assert alike[0] == specs[0].model_dump(exclude=PLACEMENT)
+    assert by_name["other"][0].info == specs[3].model_dump(exclude=PLACEMENT) and by_name["other"][0].info["k"] == 512
 
 
 def test_generated_specs_share_their_fields_record_and_behave_as_made() -> None:
