@@ -43,6 +43,11 @@ class Plan:
     deps: list[list[int]]
     group_of: list[int]  # the op's collective (index into members), -1: none
     members: list[list[int]]
+    # Per op, for the passes over it (the power loop makes several): what it waits for (its stream
+    # predecessor, then its dependencies), its launch delay and whether it is a host gap.
+    preds: list[list[int]]
+    delay_s: list[float]
+    is_gap: list[bool]
 
     @staticmethod
     def of(workload: Workload) -> Plan:
@@ -59,8 +64,9 @@ class Plan:
             stream_pred[i] = last.get(key, -1)
             last[key] = i
         deps = [[index[d] for d in op.deps] for op in ops]
+        preds = [([p] if p >= 0 else []) + d for p, d in zip(stream_pred, deps, strict=True)]
         members = [[index[m.id] for m in ms] for ms in groups.values()]
-        order = _order(stream_pred, deps, members)
+        order = _order(preds, members)
         group_of = [-1] * len(ops)
         for g, (name, ms) in enumerate(groups.items()):
             missing = set(ms[0].flow.ranks if ms[0].flow else ()) - {m.rank for m in ms}
@@ -68,29 +74,33 @@ class Plan:
                 raise OvsimError(f"collective '{name}' is never joined by rank(s) {sorted(missing)}", field="ranks")
             for m in members[g]:
                 group_of[m] = g
-        return Plan(workload, order, stream_pred, deps, group_of, members)
+        return Plan(workload, order, stream_pred, deps, group_of, members, preds,
+                    [op.delay_s for op in ops], [op.kind == "delay" for op in ops])
 
     def times(self, dur: list[float]) -> tuple[list[float], list[float], list[float], list[float],
                                                 dict[int, tuple[float, float, float, float]]]:
         """Per op: launch, start and end times and time waiting for peers; per collective (by
         index): its flow's launch, start, end and duration. ``dur``: each op's duration."""
-        ops = self.workload.ops
-        n = len(ops)
+        n = len(self.workload.ops)
         launch = [0.0] * n
         start = [0.0] * n
         end = [0.0] * n
         wait = [0.0] * n
         seen = [False] * n
         flows: dict[int, tuple[float, float, float, float]] = {}
-        group_of = self.group_of
+        group_of, preds, delay_s, is_gap = self.group_of, self.preds, self.delay_s, self.is_gap
+        # One pass over a million ops: the ready time (the latest end of what an op waits for, and
+        # not before 0) is inlined rather than a call.
         for i in self.order:
-            op = ops[i]
-            t = self._ready(i, end)
+            t = 0.0
+            for p in preds[i]:
+                if end[p] > t:
+                    t = end[p]
             launch[i] = t
-            t += op.delay_s
+            t += delay_s[i]
             start[i] = t
             seen[i] = True
-            if op.kind == "delay":  # a host gap: it ends once served
+            if is_gap[i]:  # a host gap: it ends once served
                 end[i] = t
                 continue
             g = group_of[i]
@@ -98,18 +108,17 @@ class Plan:
                 end[i] = t + dur[i]
                 continue
             if g not in flows:
-                starts = [start[m] if seen[m] else self._ready(m, end) + ops[m].delay_s for m in self.members[g]]
+                starts = [start[m] if seen[m] else self._ready(m, end) + delay_s[m] for m in self.members[g]]
                 flows[g] = (min(starts), max(starts), max(starts) + dur[i], dur[i])
             end[i] = flows[g][2]
             wait[i] = max(0.0, end[i] - t - dur[i])
         return launch, start, end, wait, flows
 
     def _ready(self, i: int, end: list[float]) -> float:
-        p = self.stream_pred[i]
-        t = end[p] if p >= 0 and end[p] > 0.0 else 0.0
-        for d in self.deps[i]:
-            if end[d] > t:
-                t = end[d]
+        t = 0.0
+        for p in self.preds[i]:
+            if end[p] > t:
+                t = end[p]
         return t
 
     def makespan_s(self, dur: list[float]) -> float:
@@ -146,14 +155,13 @@ class Plan:
         return timeline_from_rows(cols, [])
 
 
-def _order(stream_pred: list[int], deps: list[list[int]], members: list[list[int]]) -> list[int]:
+def _order(preds: list[list[int]], members: list[list[int]]) -> list[int]:
     """The ops' indices in an order that respects stream order, dependencies and collectives.
 
     A member of a collective may only be finished once every member is ready: each member waits
     for the predecessors of all the others, through one join node per collective (predecessors ->
     join -> members: edges in proportion to the members, not their square)."""
-    n = len(stream_pred)
-    preds = [([p] if p >= 0 else []) + d for p, d in zip(stream_pred, deps, strict=True)]
+    n = len(preds)
     succ: list[list[int]] = [[] for _ in range(n)]
     for i, ps in enumerate(preds):
         for p in ps:

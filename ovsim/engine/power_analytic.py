@@ -31,7 +31,7 @@ from ovsim.engine.timeline import Timeline, timeline_from_rows
 from ovsim.hw.power import MEMORY, TENSOR, PowerModel
 from ovsim.hw.spec import GpuSpec
 from ovsim.models.cost import blocks_per_sm
-from ovsim.models.ir import Op, Workload
+from ovsim.models.ir import FlowDemand, Op, Workload
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,14 @@ def isolated_activity(op: Op, gpu: GpuSpec, model: PowerModel) -> _OpPower:
     return _OpPower(cls, sm_w, hbm, link)
 
 
+def _flow_key(flow: FlowDemand | None) -> object:
+    """What tells ``flow``'s terms from another's: every field but its group's name (a delay's
+    time is per op; no terms depend on it)."""
+    if flow is None:
+        return None
+    return tuple(v for k, v in vars(flow).items() if k != "group")
+
+
 def _solver_inputs(op: Op, a: _OpPower, model: PowerModel) -> SolverInputs:
     """An op's isolated activity as the clock solver takes it (PowerModel.solve_clock's terms)."""
     follow = a.hbm_bytes_per_s if a.cls in (TENSOR, "fp32") else 0.0
@@ -113,12 +121,13 @@ class OpTerms:
         ops = workload.ops
         n = len(ops)
         # Ops of one kind, kernel demand, flow demand and precision share all of it: the ops of a
-        # repeated layer share their demands (the workload keeps them alive, so ids are not reused).
-        kinds: dict[tuple[str, int, int, object], int] = {}
+        # repeated layer share their demands (the workload keeps them alive, so ids are not reused),
+        # and every collective of a layer repeated has a flow of its own that differs only in its name.
+        kinds: dict[tuple[str, int, object, object], int] = {}
         first: list[Op] = []
         index = np.empty(n, dtype=np.int64)
         for i, op in enumerate(ops):
-            key = (op.kind, id(op.kernel), id(op.flow), op.info.get("precision"))
+            key = (op.kind, id(op.kernel), _flow_key(op.flow), op.info.get("precision"))
             j = kinds.get(key)
             if j is None:
                 j = kinds[key] = len(first)

@@ -431,9 +431,7 @@ def _named(parts: _Parts, group: str) -> _Parts:
     """``parts`` with their shared flow named ``group``."""
     if not parts:
         return parts
-    # One flow per collective of a training iteration: built from the fields, not dataclasses.replace (4x
-    # the cost).
-    flow = FlowDemand(**{**vars(next(iter(parts.values()))[1]), "group": group})
+    flow = next(iter(parts.values()))[1].renamed(group)
     return {r: (kd, flow, kind) for r, (kd, _, kind) in parts.items()}
 
 

@@ -35,3 +35,15 @@ def test_unknown_dependency_and_duplicate_id() -> None:
     with pytest.raises(OvsimError, match="duplicate op id 'a'"):
         Workload(ops=(Op("a", "a", "generic", 0, "s", kernel=K), Op("a", "a", "generic", 1, "s", kernel=K)),
                  streams=STREAMS, n_ranks=2).validate()
+
+
+def test_a_renamed_flow_is_the_same_flow_under_another_name() -> None:
+    import dataclasses
+
+    flow = FlowDemand(group="ar", ranks=(0, 1), bytes=1e6, latency_s=2e-6, rate_cap_bytes_per_s=1e9,
+                      link_coeff=0.5, hbm_coeff=1.5, pattern="all_pairs", group_size=8, net_coeff=0.25)
+    renamed = flow.renamed("ar#2")
+    assert renamed == dataclasses.replace(flow, group="ar#2")
+    assert flow.group == "ar" and renamed.group == "ar#2"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        renamed.group = "x"  # type: ignore[misc]
