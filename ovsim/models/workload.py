@@ -365,7 +365,8 @@ def _expand(spec: OpSpec, ranks: Sequence[int], by_name: dict[str, OpSpec], *, g
     for d in spec.after_any:
         if not _runs_on_any(by_name[d], on_set, n_ranks, rank_sets):
             raise OvsimError(f"op '{spec.name}' follows '{d}', which runs on none of its ranks", field="after_any")
-    if sim is not None and not any(r in sim for r in on):
+    # ``ranks`` holds the simulated members already; a send/recv's are its two ends.
+    if sim is not None and not (any(r in sim for r in on) if isinstance(spec, SendRecvOp) else ranks):
         return out  # an op of ranks the simulated ones stand for
     for i in range(spec.repeat):
         suffix = f"#{i}" if spec.repeat > 1 else ""
