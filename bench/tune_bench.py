@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from ovsim.scenario import load_scenario
-from ovsim.tune import candidates, objective_value, summarize, tune
+from ovsim.tune import TIME_TOLERANCE, candidates, objective_value, summarize, tune
 from ovsim.tune_space import default_space
 
 CASES = Path(__file__).resolve().parent / "tune_cases"
@@ -39,9 +39,9 @@ def exhaustive(case: Path, space: dict[str, list[Any]], objective: str) -> tuple
     return best, time.perf_counter() - t0, len(cands)
 
 
-def run_case(case: Path, space: dict[str, list[Any]], objective: str) -> dict[str, Any]:
+def run_case(case: Path, space: dict[str, list[Any]], objective: str, tolerance: float) -> dict[str, Any]:
     t0 = time.perf_counter()
-    res = tune(case, space=space, objective=objective)  # type: ignore[arg-type]
+    res = tune(case, space=space, objective=objective, tolerance=tolerance)  # type: ignore[arg-type]
     t_tune = time.perf_counter() - t0
     best, t_all, n = exhaustive(case, space, objective)
     picked = float(res.table["objective"].iloc[0])
@@ -59,6 +59,8 @@ def main() -> None:
                     help="the case's own small space (cases.yaml), or tune's default space for the scenario: "
                          "every knob it leaves open (hundreds to thousands of candidates; the exhaustive search "
                          "takes minutes a case)")
+    ap.add_argument("--tolerance", type=float, default=TIME_TOLERANCE,
+                    help=f"tune's tolerance for time (default {TIME_TOLERANCE}; 0: the exhaustive best itself)")
     args = ap.parse_args()
     manifest = yaml.safe_load((CASES / "cases.yaml").read_text())
     rows = []
@@ -68,7 +70,7 @@ def main() -> None:
             continue
         space = (manifest["spaces"][family] if args.space == "case"
                  else default_space(load_scenario(CASES / name), args.objective))
-        r = run_case(CASES / name, space, args.objective)
+        r = run_case(CASES / name, space, args.objective, args.tolerance)
         rows.append(r)
         print(f"{r['case']:44} {r['candidates']:>5} {r['engine']:>6} {r['pick_vs_best_pct']:>+11.2f}% "
               f"{r['time_share_pct']:>9.1f}% {r['gain_pct']:>+6.1f}%", flush=True)

@@ -24,9 +24,11 @@ file names, each with its legal values; every combination is a candidate. The me
    with the engine, 10.09 ms analytic).
 3. Candidates in order of their estimate are predicted with the engine, ``workers`` at a time,
    skipping those that cannot win: for time, a bound no better than the best the engine has found
-   (exact pruning); for energy and energy x delay, which have no such bound, an estimate more than
-   ``ESTIMATE_MARGIN`` above it (a heuristic). The search stops when none is left or after
-   ``confirm_max`` engine predictions; ``stats`` says which, and how many could still have won.
+   (exact pruning), or with a ``tolerance`` no better than the best less that share of the bound
+   (the pick is then within that share of the best); for energy and energy x delay, which have no
+   such bound, an estimate more than ``ESTIMATE_MARGIN`` above it (a heuristic). The search stops
+   when none is left or after ``confirm_max`` engine predictions; ``stats`` says which, and how
+   many could still have won.
    A candidate that builds the same workload as one already predicted, with the same priority,
    carve-out and power settings, takes that prediction (:func:`workload_digest`).
 4. A space of more than ``max_grid`` combinations is not enumerated: Optuna's TPE sampler picks
@@ -93,6 +95,9 @@ BOUND_TOLERANCE = 1e-6
 ANALYTIC_BLIND = ("knobs.comm_priority",)
 # The power settings, which a time search's analytic prediction leaves out (analyze).
 POWER_KNOBS = ("power.cap_w", "power.sm_clock_hz")
+# Time, by default: the pick is the best schedule in the space (``tolerance`` lets it be up to a share
+# above, so that a candidate whose bound is within that share of the best found is not confirmed).
+TIME_TOLERANCE = 0.0
 # Energy objectives: a candidate whose estimate is this much above the best found is not confirmed.
 ESTIMATE_MARGIN = 0.05
 MAX_GRID = 2000
@@ -116,12 +121,13 @@ class Candidate:
     analytic: dict[str, Any] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
 
-    def could_win(self, best: float, objective: Objective) -> bool:
-        """Whether the engine could find this candidate better than ``best``."""
+    def could_win(self, best: float, objective: Objective, tolerance: float = 0.0) -> bool:
+        """Whether the engine could find this candidate better than ``best`` by more than
+        ``tolerance`` (a share of the candidate's own time; time only)."""
         if not math.isfinite(self.estimate):
             return False
         if objective == "time":
-            return self.bound_s < best
+            return self.bound_s * (1.0 + tolerance) < best
         return self.estimate < best * (1.0 + ESTIMATE_MARGIN)
 
 
@@ -211,6 +217,7 @@ class _Run:
     tell how far it has got."""
 
     objective: Objective
+    tolerance: float = 0.0
     pool: Any = None
     jobs: int = 1
     deadline: float = math.inf
@@ -304,7 +311,7 @@ def _confirm(cands: Sequence[Candidate], run: _Run, confirm_max: int) -> dict[st
         batch: list[Candidate] = []
         keys: set[tuple[object, ...]] = set()
         for c in ranked:
-            if c.engine or not c.could_win(best, objective):
+            if c.engine or not c.could_win(best, objective, run.tolerance):
                 continue
             key = _engine_key(c)
             if key is not None and key in seen:
@@ -328,14 +335,15 @@ def _confirm(cands: Sequence[Candidate], run: _Run, confirm_max: int) -> dict[st
                 seen.setdefault(key, c)
         done += len(batch)
         best = min([best, *(objective_value(c.engine, objective) for c in batch)])
-        run.tell("predicting with the engine", done, min(confirm_max, done + _could_win(ranked, best, objective)))
-    left = _could_win(ranked, best, objective)
+        run.tell("predicting with the engine", done,
+                 min(confirm_max, done + _could_win(ranked, best, objective, run.tolerance)))
+    left = _could_win(ranked, best, objective, run.tolerance)
     return {"engine_predictions": done, "engine_shared": shared, "stop": stop if left > 0 else "",
             "could_still_win": left}
 
 
-def _could_win(ranked: Sequence[Candidate], best: float, objective: Objective) -> int:
-    return sum(1 for c in ranked if not c.engine and c.could_win(best, objective))
+def _could_win(ranked: Sequence[Candidate], best: float, objective: Objective, tolerance: float) -> int:
+    return sum(1 for c in ranked if not c.engine and c.could_win(best, objective, tolerance))
 
 
 def _trials_due(done: int, trials: int, elapsed_s: float, timeout_s: float | None) -> int:
@@ -408,21 +416,25 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given_point: Mappin
 def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] | None = None,
          objective: Objective = "time", top: int = 5, workers: int = 1, confirm_max: int = 50,
          max_grid: int = MAX_GRID, seed: int = 0, space_source: str = "space",
-         scheduler: str | None = None, budget_s: float | None = None,
+         scheduler: str | None = None, budget_s: float | None = None, tolerance: float = TIME_TOLERANCE,
          progress: Progress | None = None) -> TuneResult:
     """Search ``space`` (default: :func:`default_space`) for the schedule that minimises
     ``objective`` (the module docstring says how); ``top`` leaders are ranked and explained.
     ``workers``: predictions at once (1: in this process; 0: one process per core); ``scheduler``:
     a Dask scheduler's address, to run them on its cluster (:func:`ovsim.workers.executor`; give
     the cluster's worker count as ``workers``). ``budget_s``: the search's wall-clock budget
-    (step 5 of the module docstring). ``progress(what, done, total)`` is told how far each step
-    has got."""
+    (step 5 of the module docstring). ``tolerance``: for time, how far above the best schedule in
+    the space the pick may be (step 3; 0: the best itself). ``progress(what, done, total)`` is told
+    how far each step has got."""
     if objective not in OBJECTIVE_FIELDS:
         raise OvsimError(f"must be one of {', '.join(OBJECTIVE_FIELDS)}, got '{objective}'", field="objective")
     if budget_s is not None and not (isinstance(budget_s, int | float) and budget_s > 0):
         raise OvsimError(f"must be a positive number of seconds, got {budget_s}", field="budget_s")
+    if not (isinstance(tolerance, int | float) and 0.0 <= tolerance < 1.0):
+        raise OvsimError(f"must be a share from 0 (the best itself) to below 1, got {tolerance}", field="tolerance")
     started = time.monotonic()
-    run = _Run(objective, deadline=started + budget_s if budget_s is not None else math.inf, progress=progress)
+    run = _Run(objective, tolerance=float(tolerance),
+               deadline=started + budget_s if budget_s is not None else math.inf, progress=progress)
     base = base_mapping(scenario)
     data, path, source = base
     given_sc = scenario if isinstance(scenario, Scenario) else scenario_at(data, path, source)
@@ -462,7 +474,8 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
         run.engine_s = time.monotonic() - t0
         confirmed = _confirm(cands, run, confirm_max)
     confirmed["engine_predictions"] += 1
-    stats = {"objective": objective, "space": {k: list(v) for k, v in space.items()}, "grid": n_grid,
+    stats = {"objective": objective, "tolerance": run.tolerance, "space": {k: list(v) for k, v in space.items()},
+             "grid": n_grid,
              "sampled": sampled, **counts, "candidates": len(cands), "given_added": _outside(given.point, space),
              **dropped,
              "unfit": sum(1 for c in cands if c.analytic.get("fits_memory") is False),

@@ -38,6 +38,26 @@ def test_the_pick_is_the_exhaustive_best(scenario: Path) -> None:
     assert res.stats["bound_violations"] == 0
 
 
+def test_a_tolerance_prunes_more_and_picks_within_it_of_the_exhaustive_best() -> None:
+    """With a tolerance a candidate is skipped once the best found is within that share of its
+    bound; since the bound is below the engine's time, what it skips is at most that much better
+    than the pick. On the H100's example at 5% the engine predicts 2 schedules where the exact
+    search predicts 4."""
+    exact = tune(H100, space=SMALL)
+    loose = tune(H100, space=SMALL, tolerance=0.05)
+    every = sweep(H100, SMALL, mode="simulate")
+    assert loose.stats["tolerance"] == 0.05 and exact.stats["tolerance"] == 0.0
+    assert loose.stats["engine_predictions"] < exact.stats["engine_predictions"]
+    assert loose.table["makespan_s"].iloc[0] <= every["makespan_s"].min() * 1.05
+    assert loose.stats["bound_violations"] == 0
+
+
+@pytest.mark.parametrize("tolerance", [-0.01, 1.0, float("nan")])
+def test_a_tolerance_must_be_a_share_below_one(tolerance: float) -> None:
+    with pytest.raises(OvsimError, match="share from 0"):
+        tune(A100, space=SMALL, tolerance=tolerance)
+
+
 @pytest.mark.parametrize("scenario", sorted(EXAMPLES.glob("gemm-*.yaml")), ids=lambda p: p.stem)
 def test_the_time_bound_is_below_the_engine(scenario: Path) -> None:
     """What the pruning rests on: contention (shared SMs, HBM, links) only adds time to ops that each
@@ -381,3 +401,13 @@ def test_the_scenario_as_given_is_said_to_be_added_when_the_space_lacks_it() -> 
     st = tune(A100, space={"knobs.nccl_channels": [4, 8]}).stats
     assert st["given_added"] and st["candidates"] == 3
     assert not tune(A100, space={"knobs.nccl_channels": [None, 4]}).stats["given_added"]
+
+
+def test_the_command_says_what_tolerance_it_pruned_with(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SMALL))
+    assert main(["tune", str(H100), "--space", str(space), "--tolerance", "0.05"]) == 0
+    assert "could beat the best by more than 5% of its bound" in capsys.readouterr().out
+    assert main(["tune", str(H100), "--space", str(space), "--tolerance", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tolerance" in err

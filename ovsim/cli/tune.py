@@ -52,7 +52,8 @@ def tune_text(result: Any, scenario: str, rows: int) -> str:
               f"{st['unfit']} do not fit memory, {st['failed']} failed{added})")
     # A sampled search knows nothing of the combinations it did not draw.
     other = "no other sampled schedule's" if st["sampled"] else "no other schedule's"
-    pruned = (f"{other} time bound could beat the best" if st["objective"] == "time" else
+    within = f" by more than {100 * st['tolerance']:.3g}% of its bound" if st.get("tolerance") else ""
+    pruned = (f"{other} time bound could beat the best{within}" if st["objective"] == "time" else
               f"{other} estimate came within 5% of the best")
     stop = pruned
     if st["stop"] == "confirm_max":
@@ -101,7 +102,7 @@ def run_tune(args: argparse.Namespace) -> int:
     try:
         result = tune(args.scenario, space=space, objective=args.objective, top=args.top, workers=args.workers,
                       confirm_max=args.confirm_max, max_grid=args.max_grid, space_source=args.space or "space",
-                      scheduler=args.scheduler, budget_s=budget_s,
+                      scheduler=args.scheduler, budget_s=budget_s, tolerance=args.tolerance,
                       progress=lambda what, done, total: bar.count(what, done, total, "schedules"))
     finally:
         bar.done()
