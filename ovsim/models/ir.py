@@ -7,6 +7,7 @@ frozen: schedules derive new graphs instead of editing old ones.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -223,17 +224,16 @@ class Workload:
 
     def validate(self, source: str = "") -> None:
         """Reject unknown dependencies, cycles and collectives a member rank never joins."""
-        ids: set[str] = set()
-        for op in self.ops:
-            if op.id in ids:
-                raise OvsimError(f"duplicate op id '{op.id}'", source=source, field="ops")
-            ids.add(op.id)
+        ids = {op.id for op in self.ops}
+        if len(ids) < len(self.ops):
+            counts = Counter(op.id for op in self.ops)
+            dup = next(op.id for op in self.ops if counts[op.id] > 1)
+            raise OvsimError(f"duplicate op id '{dup}'", source=source, field="ops")
+        streams = {(s.rank, s.name) for s in self.streams}
         for op in self.ops:
             for d in op.deps:
                 if d not in ids:
                     raise OvsimError(f"op '{op.id}' depends on unknown op '{d}'", source=source, field="after")
-        streams = {(s.rank, s.name) for s in self.streams}
-        for op in self.ops:
             if (op.rank, op.stream) not in streams:
                 raise OvsimError(f"op '{op.id}' uses undeclared stream '{op.stream}' on rank {op.rank}",
                                  source=source, field="stream")

@@ -65,13 +65,17 @@ def _check_size(specs: Sequence[_OpBase], n_ranks: int, sim: dict[int, int] | No
     """Refuse a scenario that expands to more than ``max_ops`` ops on the simulated ranks (``sim``'s
     job ranks; None: all ``n_ranks``)."""
     total = 0
+    # A training iteration names the same ranks lists over and over (by identity): counted once each.
+    counted: dict[int, int] = {}
     for spec in specs:
         if isinstance(spec, SendRecvOp):
             on = sum(1 for r in (spec.src, spec.dst) if r < n_ranks and (sim is None or r in sim))
         elif spec.ranks == "all":
             on = n_ranks if sim is None else len(sim)
         else:
-            on = sum(1 for r in spec.ranks if r < n_ranks and (sim is None or r in sim))
+            on = counted.get(id(spec.ranks), -1)
+            if on < 0:
+                on = counted[id(spec.ranks)] = sum(1 for r in spec.ranks if r < n_ranks and (sim is None or r in sim))
         total += on * spec.repeat
     if total > max_ops:
         raise OvsimError(f"the scenario expands to {total:,} ops (ranks x repeat), over the limit of {max_ops:,}; "
