@@ -411,3 +411,17 @@ def test_the_command_says_what_tolerance_it_pruned_with(tmp_path: Path, capsys: 
     assert main(["tune", str(H100), "--space", str(space), "--tolerance", "1.5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tolerance" in err
+
+
+def test_the_mark_for_the_scenario_as_given_is_explained_only_where_a_row_shown_has_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SMALL))
+    assert main(["tune", str(H100), "--space", str(space), "--rows", "20"]) == 0
+    shown = capsys.readouterr().out
+    assert "* the scenario as given" in shown and any(line.split()[0].endswith("*") for line in
+                                                        shown.splitlines() if line[:1].isdigit())
+    assert main(["tune", str(H100), "--space", str(space), "--rows", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 1 of" not in out  # the scenario as given is not the best here, so not the row shown
+    assert "* the scenario as given" not in out

@@ -219,6 +219,14 @@ def _whole_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
 
 
+def share(text: str) -> float:
+    """A share from 0 to below 1 (a tolerance)."""
+    x = finite(text)
+    if not 0.0 <= x < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a share from 0 to below 1 (0.05: 5%), got '{text}'")
+    return x
+
+
 def count_arg(text: str) -> int:
     n = _whole_number(text)
     if n < 0:

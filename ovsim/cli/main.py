@@ -18,6 +18,7 @@ from ovsim.cli.common import (
     max_ops_flag,
     non_negative,
     positive,
+    share,
     strict_flag,
 )
 from ovsim.errors import OvsimError
@@ -125,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
                          "once (needs the 'cluster' extra; also OVSIM_SCHEDULER)")
     tu.add_argument("--confirm-max", type=at_least_one, default=50, metavar="N",
                     help="the most schedules predicted with the engine besides the scenario as given (default 50)")
-    tu.add_argument("--tolerance", type=float, default=0.0, metavar="SHARE",
+    tu.add_argument("--tolerance", type=share, default=0.0, metavar="SHARE",
                     help="for time: the pick may be up to this share above the best schedule in the space (0.05: "
                          "5%%), so that schedules whose bound comes within it of the best found are not predicted "
                          "with the engine (default 0: the best itself)")

@@ -137,6 +137,9 @@ def run_predict(args: argparse.Namespace) -> int:
     check_output(args.timeline, "--timeline")
     check_extension(args.timeline, "--timeline", (".json",), "a Perfetto (Chrome trace) JSON file")
     check_plot(args.plot)
+    if args.all_ranks and not (args.json or args.timeline):
+        # The table is rank 0's and the simulated ranks' either way: the flag alone would do nothing.
+        raise OvsimError("widens --json's ops and --timeline to every rank; give one of them", field="--all-ranks")
     # A value out of range that came from a flag is the flag's, not the scenario's power section.
     flags = {"power.cap_w": "--power-cap-w" if args.power_cap_w is not None else "",
              "power.sm_clock_hz": "--sm-clock-hz" if args.sm_clock_hz is not None else "",

@@ -71,8 +71,10 @@ def tune_text(result: Any, scenario: str, rows: int) -> str:
              *(f"           {what}, e.g. {st[key]}" for what, key in (("invalid", "invalid_example"),
                                                                        ("failed", "failed_example")) if st.get(key)),
              _given_line(result), "", tune_table(result, rows),
-             "(* the scenario as given; bound: its time with no contention at the top clock; est.: the analytic "
-             "fidelity's objective; vs given: the objective's change against the scenario as given)", "", "why"]
+             # The mark is explained where a row shown carries it; the 'as given' line gives its rank.
+             "(" + ("* the scenario as given; " if result.table.head(rows)["as_given"].any() else "")
+             + "bound: its time with no contention at the top clock; est.: the analytic fidelity's objective; "
+             "vs given: the objective's change against the scenario as given)", "", "why"]
     lines += [f"{i}. {w}" for i, w in enumerate(result.why, 1)]
     return "\n".join(lines)
 

@@ -220,3 +220,7 @@ def test_predict_all_ranks_writes_every_rank(tmp_path: Any, capsys: Any) -> None
     assert main(["predict", str(path), "--mode", "analytic", "--json", "--all-ranks", "--max-ops", "1000"]) != 0
     err = capsys.readouterr().err
     assert "--all-ranks: every rank of the job is" in err and "rows, over the limit of 1,000" in err
+    # Alone it would change nothing the command prints: refused, before any work.
+    assert main(["predict", str(path), "--mode", "analytic", "--all-ranks"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--all-ranks: widens --json's ops and --timeline" in err
