@@ -96,7 +96,29 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         return scenario_from_mapping(data, p)
     except ValidationError as e:
-        raise validation_error(e, str(p), Scenario) from None
+        raise scenario_error(e, str(p), data) from None
+
+
+def scenario_error(e: ValidationError, source: str, data: dict[str, Any]) -> OvsimError:
+    """A scenario's validation error in one line, an op's field named by the op's name as the
+    scenario and ``--axis`` name it (``ops.allreduce.size_bytes``, where pydantic says
+    ``ops.1.all_reduce.size_bytes``: its position and the kind it took it for)."""
+    err = validation_error(e, source, Scenario)
+    parts = err.field.split(".")
+    ops = data.get("ops")
+    if len(parts) < 2 or parts[0] != "ops" or not parts[1].isdigit() or not isinstance(ops, list):
+        return err
+    i = int(parts[1])
+    op = ops[i] if i < len(ops) else None
+    name = op.get("name") if isinstance(op, dict) else None
+    # A name the axis syntax could not take back (or that another op has too) keeps the position.
+    if (not isinstance(name, str) or not name or "." in name or name.isdigit()
+            or sum(1 for o in ops if isinstance(o, dict) and o.get("name") == name) != 1):
+        return err
+    rest = parts[2:]
+    if rest and isinstance(op, dict) and rest[0] == op.get("kind"):
+        rest = rest[1:]
+    return OvsimError(err.message, source=err.source, field=".".join(["ops", name, *rest]))
 
 
 def scenario_from_mapping(data: dict[str, Any], path: Path) -> Scenario:

@@ -33,10 +33,9 @@ from pydantic import ValidationError
 from ovsim.api import predict
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import read_yaml
-from ovsim.hw.validation import validation_error
 from ovsim.limits import MAX_COMBINATIONS
 from ovsim.models.training import reusing_training_ops
-from ovsim.scenario import Mode, Scenario, scenario_from_mapping
+from ovsim.scenario import Mode, Scenario, scenario_error, scenario_from_mapping
 from ovsim.sweep_journal import Journal, fingerprint
 from ovsim.workers import executor
 
@@ -116,7 +115,7 @@ def scenario_at(data: dict[str, Any], path: Path | None, source: str) -> Scenari
     try:
         return scenario_from_mapping(data, path) if path is not None else Scenario.model_validate(data)
     except ValidationError as e:
-        raise validation_error(e, source, Scenario) from None
+        raise scenario_error(e, source, data) from None
 
 
 def edited(data: dict[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:
