@@ -100,9 +100,10 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def scenario_error(e: ValidationError, source: str, data: dict[str, Any]) -> OvsimError:
-    """A scenario's validation error in one line, an op's field named by the op's name as the
-    scenario and ``--axis`` name it (``ops.allreduce.size_bytes``, where pydantic says
-    ``ops.1.all_reduce.size_bytes``: its position and the kind it took it for)."""
+    """A scenario's validation error in one line, an op's field named as ``--axis`` names it: by
+    the op's name (``ops.allreduce.size_bytes``, where pydantic says
+    ``ops.1.all_reduce.size_bytes``: its position and the kind it took it for), or by its position
+    where the name would not do (``ops.1.size_bytes``)."""
     err = validation_error(e, source, Scenario)
     parts = err.field.split(".")
     ops = data.get("ops")
@@ -110,14 +111,15 @@ def scenario_error(e: ValidationError, source: str, data: dict[str, Any]) -> Ovs
         return err
     i = int(parts[1])
     op = ops[i] if i < len(ops) else None
-    name = op.get("name") if isinstance(op, dict) else None
-    # A name the axis syntax could not take back (or that another op has too) keeps the position.
-    if (not isinstance(name, str) or not name or "." in name or name.isdigit()
-            or sum(1 for o in ops if isinstance(o, dict) and o.get("name") == name) != 1):
-        return err
     rest = parts[2:]
     if rest and isinstance(op, dict) and rest[0] == op.get("kind"):
         rest = rest[1:]
+    name = op.get("name") if isinstance(op, dict) else None
+    # A name the axis syntax would read otherwise (a position, a path, a value), or that another op
+    # has too, gives way to the position.
+    if (not isinstance(name, str) or not name or name.lstrip("-").isdigit() or any(c in name for c in ".=,")
+            or sum(1 for o in ops if isinstance(o, dict) and o.get("name") == name) != 1):
+        name = str(i)
     return OvsimError(err.message, source=err.source, field=".".join(["ops", name, *rest]))
 
 

@@ -432,6 +432,9 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
         raise OvsimError(f"must be a positive number of seconds, got {budget_s}", field="budget_s")
     if not (isinstance(tolerance, int | float) and 0.0 <= tolerance < 1.0):
         raise OvsimError(f"must be a share from 0 (the best itself) to below 1, got {tolerance}", field="tolerance")
+    if tolerance > 0 and objective != "time":
+        # Energy has no bound to hold a tolerance to: its pruning is ESTIMATE_MARGIN's heuristic.
+        raise OvsimError(f"applies to --objective time only (got {objective})", field="tolerance")
     started = time.monotonic()
     run = _Run(objective, tolerance=float(tolerance),
                deadline=started + budget_s if budget_s is not None else math.inf, progress=progress)

@@ -425,3 +425,9 @@ def test_the_mark_for_the_scenario_as_given_is_explained_only_where_a_row_shown_
     out = capsys.readouterr().out
     assert "rank 1 of" not in out  # the scenario as given is not the best here, so not the row shown
     assert "* the scenario as given" not in out
+
+
+def test_a_tolerance_is_for_time_only() -> None:
+    # Energy searches prune on a heuristic margin, with no bound a tolerance could be held to.
+    with pytest.raises(OvsimError, match="time only"):
+        tune(A100, space=SMALL, objective="energy", tolerance=0.05)

@@ -34,17 +34,15 @@ def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = 
 @dataclass
 class Plan:
     """What the analytic fidelity needs of a workload's order, worked out once for any durations:
-    ops in an order that respects stream order, dependencies and collectives, each op's stream
-    predecessor (-1: none) and dependencies by index, and each collective's members."""
+    ops in an order that respects stream order, dependencies and collectives, each collective's
+    members, and per op (the power loop's passes read them several times) what it waits for by
+    index (its stream predecessor, then its dependencies), its launch delay and whether it is a
+    host gap."""
 
     workload: Workload
     order: list[int]
-    stream_pred: list[int]
-    deps: list[list[int]]
     group_of: list[int]  # the op's collective (index into members), -1: none
     members: list[list[int]]
-    # Per op, for the passes over it (the power loop makes several): what it waits for (its stream
-    # predecessor, then its dependencies), its launch delay and whether it is a host gap.
     preds: list[list[int]]
     delay_s: list[float]
     is_gap: list[bool]
@@ -74,8 +72,8 @@ class Plan:
                 raise OvsimError(f"collective '{name}' is never joined by rank(s) {sorted(missing)}", field="ranks")
             for m in members[g]:
                 group_of[m] = g
-        return Plan(workload, order, stream_pred, deps, group_of, members, preds,
-                    [op.delay_s for op in ops], [op.kind == "delay" for op in ops])
+        return Plan(workload, order, group_of, members, preds, [op.delay_s for op in ops],
+                    [op.kind == "delay" for op in ops])
 
     def times(self, dur: list[float]) -> tuple[list[float], list[float], list[float], list[float],
                                                 dict[int, tuple[float, float, float, float]]]:

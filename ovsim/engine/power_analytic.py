@@ -77,8 +77,7 @@ def isolated_activity(op: Op, gpu: GpuSpec, model: PowerModel) -> _OpPower:
 
 
 def _flow_key(flow: FlowDemand | None) -> object:
-    """What tells ``flow``'s terms from another's: every field but its group's name (a delay's
-    time is per op; no terms depend on it)."""
+    """What tells ``flow``'s terms from another's: every field but its group's name."""
     if flow is None:
         return None
     return tuple(v for k, v in vars(flow).items() if k != "group")
@@ -122,7 +121,9 @@ class OpTerms:
         n = len(ops)
         # Ops of one kind, kernel demand, flow demand and precision share all of it: the ops of a
         # repeated layer share their demands (the workload keeps them alive, so ids are not reused),
-        # and every collective of a layer repeated has a flow of its own that differs only in its name.
+        # and a collective repeated with its layer has a flow of its own per repeat, alike but for its
+        # name, so flows are told apart by their other fields. (A delay's time is its own: every
+        # delay shares terms that do not depend on it.)
         kinds: dict[tuple[str, int, object, object], int] = {}
         first: list[Op] = []
         index = np.empty(n, dtype=np.int64)
