@@ -55,14 +55,14 @@ class Plan:
             if op.flow is not None:
                 groups.setdefault(op.flow.group, []).append(op)
         index = {op.id: i for i, op in enumerate(ops)}
-        stream_pred = [-1] * len(ops)
+        # What each op waits for: its stream predecessor, then its dependencies.
+        preds: list[list[int]] = []
         last: dict[tuple[int, str], int] = {}
         for i, op in enumerate(ops):
             key = (op.rank, op.stream)
-            stream_pred[i] = last.get(key, -1)
+            p = last.get(key)
+            preds.append(([] if p is None else [p]) + [index[d] for d in op.deps])
             last[key] = i
-        deps = [[index[d] for d in op.deps] for op in ops]
-        preds = [([p] if p >= 0 else []) + d for p, d in zip(stream_pred, deps, strict=True)]
         members = [[index[m.id] for m in ms] for ms in groups.values()]
         order = _order(preds, members)
         group_of = [-1] * len(ops)
