@@ -376,7 +376,10 @@ def test_analytic_and_simulated_power_agree_without_overlap(tmp_path: Path, wind
     """Sequential schedule: one op at a time, so the closed form and the engine see the same
     activity. Unmanaged they agree exactly up to the engine's tail waves; under a cap the engine
     also follows the clock through a tail wave that leaves SMs idle, which the closed form does not:
-    3%, with the windowed loop (both run it) and with the clock of each moment."""
+    4%, with the windowed loop (both run it) and with the clock of each moment. 150 W puts the
+    A100's GEMM below its voltage knee (1105 MHz, docs/power.md), where power follows the clock in
+    proportion, so a difference in activity moves the clock by the same share (above the knee, by
+    about a third of it): 3.7% apart here, 0.5% at 250 W."""
     sc = load_scenario(EXAMPLES / "gemm-allreduce-a100x4-sequential.yaml")
     if not window:
         sc = without_window(tmp_path, sc)
@@ -384,7 +387,7 @@ def test_analytic_and_simulated_power_agree_without_overlap(tmp_path: Path, wind
         # None: unmanaged, every op at its calibrated rate.
         sim = predict(sc, mode="simulate", power_cap_w=cap, power_managed=cap is not None).summary()
         ana = predict(sc, mode="analytic", power_cap_w=cap, power_managed=cap is not None).summary()
-        assert ana["makespan_s"] == pytest.approx(sim["makespan_s"], rel=0.03 if cap else 1e-9)
+        assert ana["makespan_s"] == pytest.approx(sim["makespan_s"], rel=0.04 if cap else 1e-9)
         assert ana["energy_j"] == pytest.approx(sim["energy_j"], rel=0.03)
 
 
@@ -443,9 +446,16 @@ def test_overlapped_fsdp_training_peaks_higher_as_nvml_sees_it(managed: bool) ->
     assert 1.0 < peaks["overlapped"] / peaks["sequential"] <= 1.25
 
 
-@pytest.mark.xfail(strict=True, reason="known discrepancy: on GPT-3 XL FSDP (Lee et al.'s setting) the model "
-                   "predicts ~3.8x under 100 W, not ~2.1x: with idle at 56 W only ~44 W are left for dynamic power, "
-                   "and the assumed voltage floor (0.65 of nominal) leaves the clock at ~300 MHz; see docs/power.md")
+# Why the model cannot give Lee et al.'s 2.07x under 100 W (docs/power.md, "What the A100's 100 W rows
+# say"): idle at low clocks is 56 W, so ~44 W are left for dynamic power, a GEMM's 323 W at the 400 W
+# limit's clock; with the voltage floor measured on Perseus's A100 profiles (0.82 of nominal below 1105
+# MHz) that leaves the GEMM under ~200 MHz, six times slower. Only a run mostly not clock-bound could
+# slow by 2.07x.
+LEE_100W = ("known discrepancy: 100 W leaves ~44 W above idle, and the A100's measured voltage floor puts a "
+            "GEMM under ~200 MHz there (~6x slower); see docs/power.md")
+
+
+@pytest.mark.xfail(strict=True, reason=LEE_100W)
 def test_a_100_w_cap_slows_overlapped_fsdp_training_about_twice() -> None:
     """Lee et al. (secondary note): 107% slower under a 100 W cap, on their training runs, against
     the 400 W default limit ("unlimited"). Same tolerance as below (2.07x +-30%)."""
@@ -455,20 +465,33 @@ def test_a_100_w_cap_slows_overlapped_fsdp_training_about_twice() -> None:
     assert 2.07 * 0.7 <= ratio <= 2.07 * 1.3
 
 
+@pytest.mark.xfail(strict=True, reason=LEE_100W)
 def test_a_100_w_cap_makes_overlapped_execution_about_twice_as_slow() -> None:
     """Lee et al. (secondary note): under a 100 W cap overlapped execution is 107% slower (2.07x).
     Tolerance 2.07x +-30% (1.45x-2.7x): a secondary, unverified reading of a figure measured on GPT
     training, not on this GEMM + all-reduce microbenchmark, with an unstated baseline, taken here
     as the same schedule at the 400 W default limit: an A100 cannot be set above it, so the study's
     "unlimited" is that. Half of this microbenchmark's time is the all-reduce, which the clock does
-    not slow; on the training preset above the model misses the figure (xfail)."""
+    not slow, and still the GEMM's slowdown takes it to 3.35x (2.43x under the voltage curve
+    assumed before the A100's was measured)."""
     path = EXAMPLES / "gemm-allreduce-a100x4-overlapped.yaml"
     free = predict(path, power_cap_w=400.0).summary()["makespan_s"]
     capped = predict(path, power_cap_w=100.0)
     ratio = capped.summary()["makespan_s"] / free
     assert 2.07 * 0.7 <= ratio <= 2.07 * 1.3
-    gemm = capped.ops.set_index("id").loc["gemm@r0"]
-    assert gemm["slowed_by"] == "lowered clock"
+
+
+def test_a_100_w_cap_slows_the_gemm_by_its_clock_and_the_all_reduce_not_at_all() -> None:
+    """Under 100 W the overlapped GEMM + all-reduce's GEMM loses its time to the lowered clock,
+    while the all-reduce (copy loops and links, which do not follow the SM clock) keeps its
+    time within 10%: the whole run slows less than its GEMM."""
+    path = EXAMPLES / "gemm-allreduce-a100x4-overlapped.yaml"
+    free = predict(path, power_cap_w=400.0).ops.set_index("id")
+    capped = predict(path, power_cap_w=100.0).ops.set_index("id")
+    assert capped.loc["gemm@r0", "slowed_by"] == "lowered clock"
+    gemm = capped.loc["gemm@r0", "duration_s"] / free.loc["gemm@r0", "duration_s"]
+    comm = capped.loc["allreduce@r0", "duration_s"] / free.loc["allreduce@r0", "duration_s"]
+    assert gemm > 3.0 and comm == pytest.approx(1.0, rel=0.10)
 
 
 def test_a_saturating_streaming_kernel_on_h200_draws_what_the_harness_measured() -> None:
