@@ -11,12 +11,15 @@ GPT-3 175B and of BLOOM 176B in BF16 on an A100 SXM at every SM clock from 1410 
 measured by Perseus (Chung et al., SOSP 2024). Fitted on GPT-3 175B's two passes; BLOOM 176B's are
 held out.
 
-The model is ovsim's (docs/power.md): dynamic power ``s(c) = c·V(c)²``, V flat at
+The model approximates ovsim's (docs/power.md): dynamic power ``s(c) = c·V(c)²``, V flat at
 ``v_knee`` up to the clock fraction ``c_knee`` and rising linearly to 1 at the compute clock. A
 pass's time is fitted as ``T(c) = a + b/c`` (the part that follows the clock and the part that does
 not). Over a pass, the clock-bound work does a fixed number of cycles, so its dynamic energy goes
 as V(c)², and the rest of the board draws about a constant power over the pass's time:
-``E(c) = p·T(c) + d·V(c)²``. ``p`` and ``d`` depend on the workload and on how many GPUs a row
+``E(c) = p·T(c) + d·V(c)²``: the energy that follows the clock without doing a fixed number of
+cycles (idle power's clock part and memory-bound kernels' SM power over the part of the time that
+does not follow the clock, ``a·c·V²``) is left out; with it the fit is no longer well posed (its
+coefficient comes out negative). ``p`` and ``d`` depend on the workload and on how many GPUs a row
 covers (the source does not say), so they are solved per pass, by linear least squares on relative
 error, for every curve tried; only ``c_knee`` and ``v_knee`` are shared, and only they are written.
 The clocks above 1365 MHz are left out: from 1365 to 1410 MHz the time falls 0.2-0.6% where the
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, minimize_scalar
 
 from ovsim.calibrate import FitReport, write_shipped
 
@@ -42,6 +45,7 @@ TOP_CLOCK_LEFT_OUT = 0.975  # clock fractions above this are left out (the time 
 FIT_MODEL = "gpt3-175b"
 ASSUMED = (0.6, 0.65)  # default.v7's knee clock and voltage fractions (an assumption)
 FLAT = (0.6, 1.0)  # voltage that does not move with the clock
+FLOORS = (0.65, 0.72, 0.78, 0.85)  # floors held to show how well the data fix it
 COMMAND = "python calibration/power/fit_a100_voltage.py"
 SOURCE = ("Perseus's A100 SXM stage profiles (Chung et al., SOSP 2024; github.com/ml-energy/zeus "
           "38cb3f90, sosp24_data/emulation/stage_profile; calibration/power/perseus)")
@@ -103,6 +107,12 @@ def main() -> int:
         print(f"{model + ' ' + ins:28s} {role:9s} {rms_pct([s], knee):8.2f} {rms_pct([s], ASSUMED):8.2f} "
               f"{rms_pct([s], FLAT):8.2f}")
     held = [s for (model, _), s in by_pass.items() if model != FIT_MODEL]
+    print("how well the data fix the floor: the knee clock refitted for each floor held")
+    for floor in FLOORS:
+        ck = round(float(minimize_scalar(lambda x, v=floor: rms_pct(fit_set, (x, v)), bounds=(0.5, 0.95),
+                                         method="bounded").x), 3)
+        print(f"  floor {floor:.2f}: knee {ck:.3f}, RMS fitted {rms_pct(fit_set, (ck, floor)):.2f}%, "
+              f"held out {rms_pct(held, (ck, floor)):.2f}%")
     source = (f"fit: {SOURCE}, GPT-3 175B's forward and backward passes at 855-1365 MHz, E = p T(c) + d V(c)^2 per "
               f"pass; BLOOM 176B's held out: energy RMS {rms_pct(held, knee):.2f}% against "
               f"{rms_pct(held, ASSUMED):.2f}% with the assumed curve (0.6, 0.65); {COMMAND}")

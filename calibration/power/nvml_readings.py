@@ -7,9 +7,11 @@ time between changes of the reading, and the highest reading. Nothing here is im
 
 What it shows (docs/power.md, "Outputs"): on every H100 and H200 board measured the "instant"
 reading changed about every 100 ms (10th-90th percentile 0.1-0.2 s) and repeated in between, so
-the highest readings (951 W on the H100, 945 W on the H200) are values on a ~100 ms time base. A
-prediction's comparable figure is its highest 100 ms average (``peak_100ms_power_w``), not the
-power the model draws between two events (``peak_power_w``), which no reading resolves.
+the highest readings (951 W on the H100, 945 W on the H200) are not the power of an instant. What
+a reading averages is not in these data: Yang et al. (SC24, arXiv 2312.02741) found about 25 ms of
+each 100 ms on the A100 and H100. A prediction's comparable figure is its highest 25 ms average
+(``Result.power(window_s=0.025)``), not the power the model draws between two events
+(``peak_power_w``), which no reading resolves.
 """
 
 from __future__ import annotations

@@ -376,18 +376,18 @@ def test_analytic_and_simulated_power_agree_without_overlap(tmp_path: Path, wind
     """Sequential schedule: one op at a time, so the closed form and the engine see the same
     activity. Unmanaged they agree exactly up to the engine's tail waves; under a cap the engine
     also follows the clock through a tail wave that leaves SMs idle, which the closed form does not:
-    4%, with the windowed loop (both run it) and with the clock of each moment. 150 W puts the
-    A100's GEMM below its voltage knee (1105 MHz, docs/power.md), where power follows the clock in
-    proportion, so a difference in activity moves the clock by the same share (above the knee, by
-    about a third of it): 3.7% apart here, 0.5% at 250 W."""
+    3% at 250 W, with the windowed loop (both run it) and with the clock of each moment. 150 W puts
+    the A100's GEMM below its voltage knee (1105 MHz, docs/power.md), where power follows the clock
+    in proportion, so a difference in activity moves the clock by the same share (above the knee,
+    by about a third of it): 3.7% apart there, so 4%."""
     sc = load_scenario(EXAMPLES / "gemm-allreduce-a100x4-sequential.yaml")
     if not window:
         sc = without_window(tmp_path, sc)
-    for cap in (None, 150.0):
+    for cap, rel in ((None, 1e-9), (150.0, 0.04), (250.0, 0.03)):
         # None: unmanaged, every op at its calibrated rate.
         sim = predict(sc, mode="simulate", power_cap_w=cap, power_managed=cap is not None).summary()
         ana = predict(sc, mode="analytic", power_cap_w=cap, power_managed=cap is not None).summary()
-        assert ana["makespan_s"] == pytest.approx(sim["makespan_s"], rel=0.04 if cap else 1e-9)
+        assert ana["makespan_s"] == pytest.approx(sim["makespan_s"], rel=rel)
         assert ana["energy_j"] == pytest.approx(sim["energy_j"], rel=0.03)
 
 
@@ -491,7 +491,8 @@ def test_a_100_w_cap_slows_the_gemm_by_its_clock_and_the_all_reduce_not_at_all()
     assert capped.loc["gemm@r0", "slowed_by"] == "lowered clock"
     gemm = capped.loc["gemm@r0", "duration_s"] / free.loc["gemm@r0", "duration_s"]
     comm = capped.loc["allreduce@r0", "duration_s"] / free.loc["allreduce@r0", "duration_s"]
-    assert gemm > 3.0 and comm == pytest.approx(1.0, rel=0.10)
+    # x6.9 on the A100's measured voltage curve (x4 on the one assumed before it).
+    assert gemm > 5.0 and comm == pytest.approx(1.0, rel=0.10)
 
 
 def test_a_saturating_streaming_kernel_on_h200_draws_what_the_harness_measured() -> None:
