@@ -342,7 +342,7 @@ def test_compare_shows_each_training_scenarios_memory(capsys: pytest.CaptureFixt
                  str(ex / "gemm-allreduce-a100x4-priority.yaml")]) == 0
     head, _, training, ops, _, note = capsys.readouterr().out.splitlines()
     assert head.split()[-2:] == ["mem", "GB"]
-    assert note.startswith("contention: ") and "as a board's sensor reports it" in note
+    assert note.startswith("contention: ") and "a board's reading is updated" in note
     # The memory test's estimate (tests/models/test_memory.py): 36.2 GB and DeepSpeed's 1 GB reduce bucket.
     assert training.split()[-1] == "37.2" and ops.split()[-1] == "-"
 

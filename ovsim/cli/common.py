@@ -27,13 +27,14 @@ def signed_pct(x: float) -> str:
     return f"{round(x * 100, 1) + 0.0:+.1f}%"
 
 
-# The tables' peak is what a board's sensor shows (100 ms averages, as nvidia-smi reports it): the
-# engine's instantaneous peak can sit far above the board's limit within a window, which the
-# power-limit loop holds on averages (predict's text and --json give both).
+# The tables' peak is over 100 ms, the interval at which nvidia-smi updates a board's reading (each
+# reading averages ~25 ms of it, docs/power.md): the engine's instantaneous peak can sit far above
+# the board's limit within a window, which the power-limit loop holds on averages (predict's text
+# and --json give both).
 TABLE_NOTE = ("contention: compute time lost beside other work, against alone at the same SM clock; clock: compute "
                "time lost to an SM clock below the calibration's (power limit or lock), negative where the clock "
                "runs above it; peak W: the highest 100 ms "
-               "average per GPU, as a board's sensor reports it")
+               "average per GPU, over the interval at which a board's reading is updated")
 
 
 def split_slowdown(df: Any) -> Any:

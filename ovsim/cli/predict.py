@@ -122,7 +122,8 @@ def _power_lines(s: dict[str, Any], tdp_w: float, window_s: float) -> list[str]:
                     f"average {limit:g} W; after idle a burst runs above it until the window fills")
     return [
         f"power      {s['avg_power_w']:.1f} W average, {s['peak_100ms_power_w']:.1f} W peak per GPU "
-        f"(highest 100 ms average, as a board's sensor reports it; {s['peak_power_w']:.1f} W instantaneous); "
+        f"(highest 100 ms average, the interval a board's reading is updated at; "
+        f"{s['peak_power_w']:.1f} W instantaneous); "
         f"SM clock {s['avg_sm_clock_hz'] / 1e6:.0f} MHz average, {s['min_sm_clock_hz'] / 1e6:.0f} MHz lowest "
         f"({', '.join(settings) or 'no power management'})",
         f"energy     {s['energy_j']:.4g} J per iteration (all GPUs), energy x delay {s['energy_delay_j_s']:.4g} J s",

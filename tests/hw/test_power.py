@@ -7,6 +7,7 @@ parameter was fitted on can only check that the fit went in, never that the mode
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import sys
 from pathlib import Path
@@ -279,13 +280,17 @@ def test_a_gemm_at_the_top_clock_draws_no_more_than_the_boards_ever_read(system:
     assert 0.85 * highest_w < peak_w <= highest_w
 
 
-def _board_readings() -> ModuleType:
+def _power_script(name: str) -> ModuleType:
+    """A script of calibration/power, imported by its file name (the folder is not a package)."""
     sys.path.insert(0, str(ROOT / "calibration" / "power"))
     try:
-        import nvml_readings
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "calibration" / "power"))
-    return nvml_readings
+
+
+def _board_readings() -> ModuleType:
+    return _power_script("nvml_readings")
 
 
 def test_the_a100s_voltage_curve_reproduces_held_out_energy_at_locked_clocks() -> None:
@@ -295,12 +300,9 @@ def test_the_a100s_voltage_curve_reproduces_held_out_energy_at_locked_clocks() -
     energy against the clock, with each pass's static power and dynamic energy solved, follows the
     shipped curve within 1.5% RMS, where the curve assumed before (knee at 0.6 of 1410 MHz,
     floor 0.65) left 4.4%."""
-    sys.path.insert(0, str(ROOT / "calibration" / "power"))
-    try:
-        import fit_a100_voltage as fit
-    finally:
-        sys.path.remove(str(ROOT / "calibration" / "power"))
     import pandas as pd
+
+    fit = _power_script("fit_a100_voltage")
 
     by_pass = fit.passes(pd.read_csv(fit.DATA))
     held = [s for (model, _), s in by_pass.items() if model == "bloom-176b"]
