@@ -113,5 +113,6 @@ def power_checks() -> list[Check]:
             checks.append(Check(f"100 W cap vs the {limit:g} W default, overlapped {label}, 4x A100", POWER_PREDICTED,
                                 2.07, capped / free, "x slower", 30.0, src_lee,
                                 note="reported: 107% slower under 100 W than unlimited (the default limit); "
-                                     "tolerance 30% for a secondary reading"))
+                                     "tolerance 30% for a secondary reading; the A100's measured voltage floor "
+                                     "leaves a GEMM ~6x slower at 100 W (docs/power.md)"))
     return checks
