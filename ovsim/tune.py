@@ -470,8 +470,10 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
     with run.pool or nullcontext():
         # In process, the candidates' analyses reuse one training iteration's op specs; processes
         # of a pool make their own, and none is held through the engine's predictions.
+        t0 = time.monotonic()
         with reusing_training_ops() if run.pool is None else nullcontext():
             n_analytic = counts.pop("analyses") + (given_analysis is not None) + _analyze(cands, run)
+        analysis_s = time.monotonic() - t0
         t0 = time.monotonic()
         _engine([given], run.pool)
         run.engine_s = time.monotonic() - t0
@@ -486,7 +488,10 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
              "failed_example": next((f"{_point_text(c.point)}: {c.analytic.get('error') or c.engine['error']}"
                                      for c in cands if "error" in c.analytic or "error" in c.engine), ""),
              "analytic_predictions": n_analytic, **confirmed, "budget_s": budget_s,
-             "elapsed_s": time.monotonic() - started}
+             "elapsed_s": time.monotonic() - started,
+             # Wall seconds of the analyses (after any sampling) and of the given's engine prediction:
+             # together, the least a search that analyses the space and confirms one schedule takes.
+             "analysis_s": analysis_s, "given_engine_s": run.engine_s}
     return _result(cands, given, space, objective, top, stats)
 
 
