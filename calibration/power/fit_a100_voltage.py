@@ -35,9 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from fit_published_anchors import write_a100
 from scipy.optimize import least_squares, minimize_scalar
 
-from ovsim.calibrate import FitReport, write_shipped
+from ovsim.calibrate import FitReport
+from ovsim.hw.power import voltage_fractions
 
 DATA = Path(__file__).resolve().parent / "perseus" / "a100_sxm_stage_profiles.csv"
 COMPUTE_CLOCK_MHZ = 1410.0
@@ -49,12 +51,6 @@ FLOORS = (0.65, 0.72, 0.78, 0.85)  # floors held to show how well the data fix i
 COMMAND = "python calibration/power/fit_a100_voltage.py"
 SOURCE = ("Perseus's A100 SXM stage profiles (Chung et al., SOSP 2024; github.com/ml-energy/zeus "
           "38cb3f90, sosp24_data/emulation/stage_profile; calibration/power/perseus)")
-
-
-def voltage(c: np.ndarray, knee: tuple[float, float]) -> np.ndarray:
-    """V(c)/V(1), as ovsim.hw.power.PowerModel.voltage_fraction."""
-    ck, vk = knee
-    return np.where(c <= ck, vk, vk + (1.0 - vk) * (c - ck) / (1.0 - ck))
 
 
 def passes(df: pd.DataFrame) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -71,7 +67,7 @@ def passes(df: pd.DataFrame) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarr
 def relative_residuals(c: np.ndarray, t: np.ndarray, e: np.ndarray, knee: tuple[float, float]) -> np.ndarray:
     """E(c) = p·T(c) + d·V(c)² against the measured energy, p and d solved on relative error."""
     a, b = np.linalg.lstsq(np.vstack([np.ones_like(c), 1.0 / c]).T, t, rcond=None)[0]
-    basis = np.vstack([(a + b / c) / e, voltage(c, knee) ** 2 / e]).T
+    basis = np.vstack([(a + b / c) / e, voltage_fractions(c, *knee) ** 2 / e]).T
     coef = np.linalg.lstsq(basis, np.ones_like(e), rcond=None)[0]
     residuals: np.ndarray = basis @ coef - 1.0
     return residuals
@@ -123,9 +119,7 @@ def main() -> int:
                                "fit_rms_pct": round(rms_pct(fit_set, knee), 2),
                                "held_out_rms_pct": round(rms_pct(held, knee), 2),
                                "held_out_rms_pct_assumed_curve": round(rms_pct(held, ASSUMED), 2)}})
-    for stem in ("a100-sxm4-40gb", "a100-sxm4-80gb"):
-        _, done = write_shipped(report, [], stem, COMMAND, dry_run=args.dry_run)
-        print(f"{stem}: {done}")
+    write_a100(report, COMMAND, args.dry_run)
     return 0
 
 

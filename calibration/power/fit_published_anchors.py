@@ -59,6 +59,7 @@ FP32_STRESS_W = 320.0  # middle of 300-340 W
 IDLE_TOP_W = 88.0  # thonking.ai: idle between runs at the 400 W limit, clocks high
 IDLE_MIN_CLOCK_W = 56.0  # GPUInspector.jl: a DGX A100-SXM4-40GB left idle
 COMMAND = "python calibration/power/fit_published_anchors.py"
+A100_STEMS = ("a100-sxm4-40gb", "a100-sxm4-80gb")
 
 
 def main() -> int:
@@ -108,10 +109,16 @@ def main() -> int:
                      f"{COMMAND}")},
         fits={"power_anchors": {"method": "closed form on two published anchors", "gemm_sm_busy": round(a.sm_w, 4),
                                 "gemm_hbm_w": round(hbm_w, 1)}})
-    for stem in ("a100-sxm4-40gb", "a100-sxm4-80gb"):
-        _, done = write_shipped(report, [], stem, COMMAND, dry_run=args.dry_run)
-        print(f"{stem}: {done}")
+    write_a100(report, COMMAND, args.dry_run)
     return 0
+
+
+def write_a100(report: FitReport, command: str, dry_run: bool) -> None:
+    """Write ``report`` as the next version of both A100 calibrations: their power parameters are
+    the GA100 die's, shared by the 40 GB and 80 GB parts (they differ in HBM only)."""
+    for stem in A100_STEMS:
+        _, done = write_shipped(report, [], stem, command, dry_run=dry_run)
+        print(f"{stem}: {done}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from ovsim.engine.power import (
     tensor_clock_class,
 )
 from ovsim.engine.timeline import Timeline, timeline_from_rows
-from ovsim.hw.power import MEMORY, TENSOR, PowerModel
+from ovsim.hw.power import MEMORY, TENSOR, PowerModel, voltage_fractions
 from ovsim.hw.spec import GpuSpec
 from ovsim.models.cost import blocks_per_sm
 from ovsim.models.ir import FlowDemand, Op, Workload
@@ -160,8 +160,7 @@ class OpTerms:
 
 def dynamic_scale(model: PowerModel, c: np.ndarray) -> np.ndarray:
     """:meth:`PowerModel.dynamic_scale` of every clock fraction in ``c``."""
-    k, vk = model.knee_clock_fraction, model.knee_voltage_fraction
-    v = np.where(c <= k, vk, vk + (1.0 - vk) * (c - k) / (1.0 - k))
+    v = voltage_fractions(c, model.knee_clock_fraction, model.knee_voltage_fraction)
     out: np.ndarray = c * v * v
     return out
 

@@ -472,8 +472,14 @@ class PowerFit:
     mape_pct: float
 
 
+def voltage_fractions(c: np.ndarray, knee_clock: float, knee_voltage: float) -> np.ndarray:
+    """V(c)/V(1) of every clock fraction in ``c``: :meth:`PowerModel.voltage_fraction` on arrays."""
+    return np.where(c <= knee_clock, knee_voltage,
+                    knee_voltage + (1.0 - knee_voltage) * (c - knee_clock) / (1.0 - knee_clock))
+
+
 def _scale(c: np.ndarray, vk: float, ck: float) -> np.ndarray:
-    v = np.where(c <= ck, vk, vk + (1.0 - vk) * (c - ck) / (1.0 - ck))
+    v = voltage_fractions(c, ck, vk)
     return np.asarray(c * v * v)
 
 

@@ -289,10 +289,6 @@ def _power_script(name: str) -> ModuleType:
         sys.path.remove(str(ROOT / "calibration" / "power"))
 
 
-def _board_readings() -> ModuleType:
-    return _power_script("nvml_readings")
-
-
 def test_the_a100s_voltage_curve_reproduces_held_out_energy_at_locked_clocks() -> None:
     """Perseus's A100 SXM stage profiles (Chung et al., SOSP 2024; calibration/power/perseus):
     the energy of a pipeline stage's forward and backward pass at every SM clock from 855 to 1365
@@ -318,7 +314,7 @@ def test_the_boards_power_readings_are_updated_every_100_ms() -> None:
     ~5 ms) the reading changed about every 100 ms and repeated in between: a board's reading is
     not the power of an instant. (What each reading averages is Yang et al.'s measurement: about
     25 ms of each 100 ms on the A100 and H100; the comparison below uses that window.)"""
-    nvml = _board_readings()
+    nvml = _power_script("nvml_readings")
     medians = [float(np.median(nvml.change_intervals_s(s, w))) for _, _, s, w in nvml.runs()]
     assert len(medians) >= 20 and all(0.09 <= m <= 0.11 for m in medians)
 
@@ -332,7 +328,7 @@ def test_no_h100_example_draws_more_than_any_h100_board_read(path: Path) -> None
     reading and is not bounded by them.)"""
     from ovsim.api import predict
 
-    highest_w = _board_readings().highest_reading_w("h100-sxm5-80gb")
+    highest_w = _power_script("nvml_readings").highest_reading_w("h100-sxm5-80gb")
     for mode in ("simulate", "analytic"):
         r = predict(path, mode=mode)  # type: ignore[arg-type]
         assert r.summary()["gpu"] == "H100-SXM5-80GB"
