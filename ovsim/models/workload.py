@@ -10,6 +10,7 @@ import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from operator import itemgetter
 from typing import Literal
 
@@ -49,15 +50,36 @@ __all__ = ["COMPUTE_KINDS", "GEMM_BLOCK_FIELDS", "GEMM_TILE_FIELDS", "AttentionO
            "SendRecvOp", "build_workload"]
 
 
-def _ranks(spec: _OpBase, n_ranks: int) -> Sequence[int]:
+# Ranks lists as sets, by the list's identity (the list kept beside its set, so that the identity
+# stays its own while the build runs): a training iteration names the same lists over and over.
+_RankSets = dict[int, tuple[object, frozenset[int]]]
+# A spec's ranks list (kept, so that its identity stays its own while the build runs), the ranks
+# it names, and those of them simulated (all of them without rank symmetry).
+_Placed = tuple[object, Sequence[int], Sequence[int]]
+
+
+def _ranks(spec: _OpBase, n_ranks: int, sim: dict[int, int] | None,
+           checked: dict[int, _Placed]) -> tuple[Sequence[int], Sequence[int]]:
+    """The ranks ``spec`` runs on, checked, and those of them simulated (ascending where the spec
+    runs on all). ``checked`` keeps each ranks list's: a training iteration names the same lists
+    in 100,000s of specs. Specs with the same list get the same sequences, which are not to be
+    changed."""
+    known = checked.get(id(spec.ranks))
+    if known is not None:
+        return known[1], known[2]
     if spec.ranks == "all":
-        return range(n_ranks)
-    bad = [r for r in spec.ranks if r >= n_ranks]
-    if bad:
-        raise OvsimError(f"op '{spec.name}' names rank {bad[0]}, the system has {n_ranks}", field="ranks")
-    if len(set(spec.ranks)) != len(spec.ranks):
-        raise OvsimError(f"op '{spec.name}' lists a rank twice", field="ranks")
-    return list(spec.ranks)
+        ranks: Sequence[int] = range(n_ranks)
+    else:
+        bad = [r for r in spec.ranks if r >= n_ranks]
+        if bad:
+            raise OvsimError(f"op '{spec.name}' names rank {bad[0]}, the system has {n_ranks}", field="ranks")
+        if len(set(spec.ranks)) != len(spec.ranks):
+            raise OvsimError(f"op '{spec.name}' lists a rank twice", field="ranks")
+        ranks = list(spec.ranks)
+    # Every rank's op on a few simulated ranks of thousands: the simulated ones.
+    simulated = ranks if sim is None else list(sim) if isinstance(ranks, range) else [r for r in ranks if r in sim]
+    checked[id(spec.ranks)] = (spec.ranks, ranks, simulated)
+    return ranks, simulated
 
 
 def _check_size(specs: Sequence[_OpBase], n_ranks: int, sim: dict[int, int] | None, max_ops: int,
@@ -316,7 +338,8 @@ def build_workload(
     # A collective's members' parts by what they depend on (spec and members), their flow's group unnamed.
     parts_made: dict[tuple[object, ...], _Parts] = {}
     infos: dict[tuple[object, ...], dict[str, object]] = {}
-    rank_sets: dict[str, frozenset[int]] = {}
+    rank_sets: _RankSets = {}
+    checked: dict[int, _Placed] = {}
     for spec in specs:
         for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
             for dep in deps:
@@ -324,8 +347,8 @@ def build_workload(
                     raise OvsimError(f"op '{spec.name}' follows unknown op '{dep}'", source=source,
                                      field=field_name)
         try:
-            ranks = _ranks(spec, n_ranks)
-            ops.extend(_expand(spec, ranks, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
+            ranks, simulated = _ranks(spec, n_ranks, sim, checked)
+            ops.extend(_expand(spec, ranks, simulated, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
                                n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands, sim=sim,
                                rank_sets=rank_sets, plans=plans, parts_made=parts_made, infos=infos))
         except OvsimError as e:
@@ -340,19 +363,16 @@ def build_workload(
     return wl
 
 
-def _expand(spec: OpSpec, ranks: Sequence[int], by_name: dict[str, OpSpec], *, gpu: GpuSpec, system: SystemSpec,
-            params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
-            demands: dict[tuple[object, ...], KernelDemand], sim: dict[int, int] | None,
-            rank_sets: dict[str, frozenset[int]], plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
+def _expand(spec: OpSpec, ranks: Sequence[int], simulated: Sequence[int], by_name: dict[str, OpSpec], *,
+            gpu: GpuSpec, system: SystemSpec, params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
+            demands: dict[tuple[object, ...], KernelDemand], sim: dict[int, int] | None, rank_sets: _RankSets,
+            plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
             parts_made: dict[tuple[object, ...], _Parts] | None = None,
             infos: dict[tuple[object, ...], dict[str, object]] | None = None) -> list[Op]:
-    """The ops of ``spec`` on those of ``ranks`` that ``sim`` numbers (all of them, as they are,
-    without rank symmetry); their ids name the job's ranks."""
+    """The ops of ``spec`` on ``simulated``, those of its ``ranks`` that ``sim`` numbers (all of
+    them, as they are, without rank symmetry); their ids name the job's ranks."""
     out: list[Op] = []
-    members = ranks
-    if sim is not None:
-        # Every rank's op on a few simulated ranks of thousands: the simulated ones (ascending).
-        ranks = list(sim) if isinstance(ranks, range) else [r for r in ranks if r in sim]
+    members, ranks = ranks, simulated
     at = sim.__getitem__ if sim is not None else int
     stream = "main" if sequential else spec.stream
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
@@ -361,11 +381,13 @@ def _expand(spec: OpSpec, ranks: Sequence[int], by_name: dict[str, OpSpec], *, g
     info, key = _shared_info(spec, infos if infos is not None else {})
     kernel = None
     if spec.kind in COMPUTE_KINDS:
-        if key not in demands:
-            demands[key] = _kernel_demand(spec, gpu, params, knobs)
-        kernel = demands[key]
+        kernel = demands.get(key)
+        if kernel is None:
+            kernel = demands[key] = _kernel_demand(spec, gpu, params, knobs)
     on = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else members
-    on_set = frozenset(on) if spec.after_any else frozenset()
+    # ``members`` is one sequence for all specs of a ranks list (_ranks), so its set is made once.
+    on_set = (frozenset(on) if isinstance(spec, SendRecvOp) else _rank_set(members, rank_sets)) if spec.after_any \
+        else frozenset()
     for d in spec.after_any:
         if not _runs_on_any(by_name[d], on_set, n_ranks, rank_sets):
             raise OvsimError(f"op '{spec.name}' follows '{d}', which runs on none of its ranks", field="after_any")
@@ -374,23 +396,7 @@ def _expand(spec: OpSpec, ranks: Sequence[int], by_name: dict[str, OpSpec], *, g
         return out  # an op of ranks the simulated ones stand for
     for i in range(spec.repeat):
         suffix = f"#{i}" if spec.repeat > 1 else ""
-
-        def dep_ids(rank: int, i: int = i) -> tuple[str, ...]:
-            ids = []
-            for d in spec.after:
-                other = by_name[d]
-                if not _runs_on(other, rank, n_ranks):
-                    raise OvsimError(f"op '{spec.name}' on rank {rank} follows '{d}', which does not run on "
-                                     f"rank {rank}", field="after")
-                j = i if other.repeat == spec.repeat else other.repeat - 1
-                ids.append(_op_id(d + (f"#{j}" if other.repeat > 1 else ""), rank))
-            for d in spec.after_any:
-                other = by_name[d]
-                if _runs_on(other, rank, n_ranks):
-                    j = i if other.repeat == spec.repeat else other.repeat - 1
-                    ids.append(_op_id(d + (f"#{j}" if other.repeat > 1 else ""), rank))
-            return tuple(ids)
-
+        dep_ids = partial(_dep_ids, spec.name, _deps_of(spec, i, by_name), n_ranks, rank_sets)
         name = spec.name + suffix
         if isinstance(spec, DelayOp):
             for r in ranks:
@@ -468,22 +474,64 @@ def _renumbered(flow: FlowDemand, at: dict[int, int], name: str, group_size: int
     return dataclasses.replace(flow, ranks=ranks, endpoints=ends, group_size=size)
 
 
-def _runs_on_any(spec: OpSpec, ranks: frozenset[int], n_ranks: int, rank_sets: dict[str, frozenset[int]]) -> bool:
+def _runs_on_any(spec: OpSpec, ranks: frozenset[int], n_ranks: int, rank_sets: _RankSets) -> bool:
     """Whether ``spec`` runs on any of ``ranks``; ``rank_sets`` keeps each op's ranks as a set
     (a training iteration asks about an op on every rank once per op that follows it)."""
     if isinstance(spec, SendRecvOp):
         return spec.src in ranks or spec.dst in ranks
     if spec.ranks == "all":
         return any(r < n_ranks for r in ranks)
-    if spec.name not in rank_sets:
-        rank_sets[spec.name] = frozenset(spec.ranks)
-    return not rank_sets[spec.name].isdisjoint(ranks)
+    return not _rank_set(spec.ranks, rank_sets).isdisjoint(ranks)
 
 
-def _runs_on(spec: OpSpec, rank: int, n_ranks: int) -> bool:
+def _runs_on(spec: OpSpec, rank: int, n_ranks: int, rank_sets: _RankSets) -> bool:
     if isinstance(spec, SendRecvOp):
         return rank in (spec.src, spec.dst)
-    return (spec.ranks == "all" and rank < n_ranks) or (spec.ranks != "all" and rank in spec.ranks)
+    if spec.ranks == "all":
+        return rank < n_ranks
+    return rank in _rank_set(spec.ranks, rank_sets)
+
+
+# A dependency of one repeat of a spec: the name it was given, the id of the op it names less its
+# rank, the spec it names and whether it must run on every rank of the op (``after``) or only
+# binds where it does (``after_any``).
+_Dep = tuple[str, str, "OpSpec", bool]
+
+
+def _deps_of(spec: _OpBase, i: int, by_name: dict[str, OpSpec]) -> list[_Dep]:
+    """The dependencies of repeat ``i`` of ``spec``: each names the other op's repeat ``i`` where
+    it repeats as often, else its last."""
+    deps: list[_Dep] = []
+    for names, required in ((spec.after, True), (spec.after_any, False)):
+        for d in names:
+            other = by_name[d]
+            j = i if other.repeat == spec.repeat else other.repeat - 1
+            deps.append((d, d + (f"#{j}" if other.repeat > 1 else ""), other, required))
+    return deps
+
+
+def _dep_ids(name: str, deps: list[_Dep], n_ranks: int, rank_sets: _RankSets,
+             rank: int) -> tuple[str, ...]:
+    """The ids the op of ``name`` on ``rank`` depends on (:func:`_deps_of`)."""
+    ids = []
+    for d, other_id, other, required in deps:
+        if _runs_on(other, rank, n_ranks, rank_sets):
+            ids.append(f"{other_id}@r{rank}")
+        elif required:
+            raise OvsimError(f"op '{name}' on rank {rank} follows '{d}', which does not run on rank {rank}",
+                             field="after")
+    return tuple(ids)
+
+
+def _rank_set(ranks: Sequence[int], rank_sets: _RankSets) -> frozenset[int]:
+    """``ranks`` as a set, made once for each list: a training iteration names the same lists (by
+    identity) in 100,000s of specs. The list is kept with its set, so that its identity is not
+    another's while the build runs."""
+    known = rank_sets.get(id(ranks))
+    if known is None:
+        known = rank_sets[id(ranks)] = (ranks, frozenset(ranks))
+    return known[1]
+
 
 
 def _op_id(name: str, rank: int) -> str:
