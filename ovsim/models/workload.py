@@ -310,10 +310,10 @@ def build_workload(
     if knobs.sm_carveout >= gpu.sm.count:
         raise OvsimError(f"carve-out of {knobs.sm_carveout} SMs on a {gpu.sm.count}-SM GPU", source=source,
                          field="knobs.sm_carveout")
-    dup = sorted(n for n, count in Counter(s.name for s in specs).items() if count > 1)
-    if dup:
-        raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
     by_name = {s.name: s for s in specs}
+    if len(by_name) < len(specs):  # a name given twice: counted only then
+        dup = sorted(n for n, count in Counter(s.name for s in specs).items() if count > 1)
+        raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
     _check_size(specs, n_ranks, sim, MAX_OPS if max_ops is None else max_ops, source)
     # A priority for a stream no op runs on, beside ops on a stream given none, is a typo: it would
     # silently leave the ops' stream at priority 0. (A declared stream may go unused: one streams
