@@ -106,8 +106,12 @@ class Plan:
                 end[i] = t + dur[i]
                 continue
             if g not in flows:
-                starts = [start[m] if seen[m] else self._ready(m, end) + delay_s[m] for m in self.members[g]]
-                flows[g] = (min(starts), max(starts), max(starts) + dur[i], dur[i])
+                ms = self.members[g]
+                starts = [start[m] if seen[m] else self._ready(m, end) + delay_s[m] for m in ms]
+                # The members' durations are one flow's, so equal; the longest, should a caller's
+                # differ, so that the span does not depend on which member the order reaches first.
+                d = max(dur[m] for m in ms)
+                flows[g] = (min(starts), max(starts), max(starts) + d, d)
             end[i] = flows[g][2]
             wait[i] = max(0.0, end[i] - t - dur[i])
         return launch, start, end, wait, flows

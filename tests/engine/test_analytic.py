@@ -100,3 +100,25 @@ def test_the_plans_makespan_is_the_timelines_without_it() -> None:
     assert plan.makespan_s(iso) == analytic_timeline(wl).makespan_s == pytest.approx(6.0)
     faster = [1.0, 1.0, 2.0, 2.0, 1.0, 0.0]
     assert plan.makespan_s(faster) == analytic_timeline(wl, faster).makespan_s == pytest.approx(4.0)
+
+
+def test_a_collective_takes_its_longest_members_duration_in_any_listing() -> None:
+    """Members given different durations (a caller's ``durations_s``; a built workload's members
+    share one flow, so theirs are equal): the span is the longest, 1 s after both are ready at 0,
+    whichever member is listed, and so reached, first."""
+    for members in (["a0", "a1"], ["a1", "a0"]):
+        ops = [_member(m, "ar", int(m[1]), "s", 1.0) for m in members]
+        durations = [1.0 if m == "a0" else 3.0 for m in members]
+        out = analytic_timeline(_workload(ops), durations_s=durations).ops.set_index("id")
+        assert out.loc["a0", "end_s"] == out.loc["a1", "end_s"] == pytest.approx(3.0)
+
+
+def test_ops_listed_before_what_they_wait_for_are_ordered_as_listed_after() -> None:
+    """A dependency on an op listed later (a scenario may name one) leaves the ops' own order not
+    topological, so the plan sorts them: the times are those of the same ops listed in order."""
+    c = Op("c", "c", "gemm", 0, "s", kernel=_kernel(2.0))
+    d = Op("d", "d", "gemm", 0, "t", deps=("c",), kernel=_kernel(1.0))
+    forward = analytic_timeline(_workload([c, d])).ops.set_index("id")
+    backward = analytic_timeline(_workload([d, c])).ops.set_index("id")
+    assert backward.loc["d", "end_s"] == forward.loc["d", "end_s"] == pytest.approx(3.0)
+    assert backward.loc["c", "end_s"] == forward.loc["c", "end_s"] == pytest.approx(2.0)
