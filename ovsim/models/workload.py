@@ -363,16 +363,15 @@ def build_workload(
     return wl
 
 
-def _expand(spec: OpSpec, ranks: Sequence[int], simulated: Sequence[int], by_name: dict[str, OpSpec], *,
+def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name: dict[str, OpSpec], *,
             gpu: GpuSpec, system: SystemSpec, params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
             demands: dict[tuple[object, ...], KernelDemand], sim: dict[int, int] | None, rank_sets: _RankSets,
             plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
             parts_made: dict[tuple[object, ...], _Parts] | None = None,
             infos: dict[tuple[object, ...], dict[str, object]] | None = None) -> list[Op]:
-    """The ops of ``spec`` on ``simulated``, those of its ``ranks`` that ``sim`` numbers (all of
+    """The ops of ``spec`` on ``ranks``, those of its ``members`` that ``sim`` numbers (all of
     them, as they are, without rank symmetry); their ids name the job's ranks."""
     out: list[Op] = []
-    members, ranks = ranks, simulated
     at = sim.__getitem__ if sim is not None else int
     stream = "main" if sequential else spec.stream
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
@@ -516,7 +515,7 @@ def _dep_ids(name: str, deps: list[_Dep], n_ranks: int, rank_sets: _RankSets,
     ids = []
     for d, other_id, other, required in deps:
         if _runs_on(other, rank, n_ranks, rank_sets):
-            ids.append(f"{other_id}@r{rank}")
+            ids.append(_op_id(other_id, rank))
         elif required:
             raise OvsimError(f"op '{name}' on rank {rank} follows '{d}', which does not run on rank {rank}",
                              field="after")
