@@ -23,7 +23,7 @@ ENGINE_DIR = Path("ovsim") / "engine"
 # rest of ovsim (scenario parsing, workload building, cost models, reports) stays Python.
 COMPILED_MODULES = (
     "sim", "clock", "rates", "dispatch", "flows", "state", "channel", "resources", "progress", "routing",
-    "power_loop", "power", "record", "machine",
+    "power_loop", "power", "record", "machine", "coupled",
 )
 # Written beside the compiled modules: each source's SHA-256, which ovsim.engine checks at import.
 MANIFEST = "compiled_sources.json"

@@ -167,10 +167,12 @@ class Run:
     sim_s: float
     makespan_s: float
     events: int
-    # Events at which a collective coupled GPUs the event did not touch, and the share of them
-    # that left those GPUs as they were (Engine.coupled_kept).
+    # Events at which a collective coupled GPUs the event did not touch, the share of them that
+    # left those GPUs as they were (Engine.coupled_kept), and the share decided on the event's GPUs
+    # alone (Engine.coupled_local, ovsim.engine.coupled).
     coupled: int = 0
     kept_pct: float = 0.0
+    local_pct: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -191,7 +193,8 @@ def run_once(total_kernels: int, n_ranks: int, gpu: GpuSpec, system: SystemSpec,
     coupled = engine.coupled_kept + engine.coupled_solved
     return Run(kernels=len(wl.ops), ranks=n_ranks, build_s=build_s, sim_s=sim_s,
                makespan_s=timeline.makespan_s, events=engine.resolves, coupled=coupled,
-               kept_pct=100.0 * engine.coupled_kept / coupled if coupled else 0.0)
+               kept_pct=100.0 * engine.coupled_kept / coupled if coupled else 0.0,
+               local_pct=100.0 * engine.coupled_local / coupled if coupled else 0.0)
 
 
 def maxrss_mib() -> float:
@@ -203,10 +206,11 @@ def maxrss_mib() -> float:
 def table(title: str, runs: list[Run]) -> None:
     print(f"\n{title}")
     print(f"{'kernels':>9} {'ranks':>5} {'build s':>8} {'sim s':>8} {'kernels/s':>10} {'us/kernel':>9} "
-          f"{'events':>8} {'makespan ms':>11} {'coupled':>8} {'kept %':>6}")
+          f"{'events':>8} {'makespan ms':>11} {'coupled':>8} {'kept %':>6} {'local %':>7}")
     for r in runs:
         print(f"{r.kernels:>9} {r.ranks:>5} {r.build_s:>8.2f} {r.sim_s:>8.2f} {r.rate:>10.0f} "
-              f"{1e6 / r.rate:>9.1f} {r.events:>8} {r.makespan_s * 1e3:>11.2f} {r.coupled:>8} {r.kept_pct:>6.1f}")
+              f"{1e6 / r.rate:>9.1f} {r.events:>8} {r.makespan_s * 1e3:>11.2f} {r.coupled:>8} {r.kept_pct:>6.1f} "
+              f"{r.local_pct:>7.1f}")
 
 
 def engine_build() -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from ovsim.engine import dispatch
 from ovsim.engine.machine import MachineModel
 from ovsim.engine.record import Results
-from ovsim.engine.routing import flow_usage
+from ovsim.engine.routing import RANK_KEYED, flow_usage
 from ovsim.engine.state import FlowMember, FlowState, GpuState, KernelState
 from ovsim.errors import OvsimError
 from ovsim.models.ir import FlowDemand, Op
@@ -39,6 +39,8 @@ class Flows:
         self.created = 0
         self.waiting = 0
         self.moving = 0
+        # Counts the changes of which flows move data, which couple GPUs (RateSolver.coupled).
+        self.moving_changes = 0
 
     def detach(self) -> None:
         """Drop the engine's callbacks (the run is over): no reference cycle outlives the run."""
@@ -71,6 +73,11 @@ class Flows:
                              last_t=now, seq=self.created)
             self.created += 1
             flow.usage = flow_usage(self.machine, demand)
+            for key, c in flow.usage:
+                if key[0] in RANK_KEYED:
+                    flow.usage_at.setdefault(key[1], []).append((key, c))
+                    if key[0] == "hbm":
+                        flow.hbm_at[key[1]] = c
             ranks = set(demand.ranks)
             for key, _ in flow.usage:
                 ranks.update(r for r in key[1:] if r >= 0)
@@ -106,6 +113,7 @@ class Flows:
                     f.phase = "latency" if f.latency_left_s > 0 else "data"
                     self.waiting -= 1
                     self.moving += f.phase == "data"
+                    self.moving_changes += f.phase == "data"
                     if f.phase == "data" and f.remaining_bytes <= 0:
                         self.finish(f, now)
 
@@ -116,6 +124,7 @@ class Flows:
             if f.phase == "latency" and f.latency_left_s <= eps:
                 f.phase = "data"
                 self.moving += 1
+                self.moving_changes += 1
                 f.latency_left_s = 0.0
                 for q in f.ranks:
                     self.touch(q)
@@ -128,6 +137,7 @@ class Flows:
             self.touch(q)
         if f.phase == "data":
             self.moving -= 1
+            self.moving_changes += 1
         f.phase = "done"
         f.end_s = now
         f.rate = 0.0

@@ -51,24 +51,30 @@ def advance(gpu: GpuState, now: float) -> None:
                 f.remaining_bytes -= f.rate * fdt
             _attribute_flow(f, fdt)
 
+
 def _attribute_flow(f: FlowState, dt: float) -> None:
-    for m in f.members.values():
-        if m.end_s < INF:
-            continue
-        if f.phase == "waiting":
+    phase = f.phase
+    if phase == "waiting":
+        for m in f.members.values():
+            if m.end_s < INF:
+                continue
             if m.arrived:
                 m.wait_peers_s += dt
             else:
                 m.wait_sm_s += dt
-        elif f.phase == "data" and f.cap > 0:
-            iso = f.demand.rate_cap_bytes_per_s
-            lost_sm = 1 - f.sm_factor
-            lost_rest = max(0.0, f.sm_factor - f.rate / iso)
-            m.share_sm_s += dt * lost_sm
-            if f.bottleneck == "hbm":
-                m.share_hbm_s += dt * lost_rest
-            elif f.bottleneck == "link":
-                m.share_link_s += dt * lost_rest
+    elif phase == "data" and f.cap > 0:
+        # The same for every member: worked out once (a collective of 64 ranks has 64).
+        lost_sm = dt * (1 - f.sm_factor)
+        lost_rest = dt * max(0.0, f.sm_factor - f.rate / f.demand.rate_cap_bytes_per_s)
+        bottleneck = f.bottleneck
+        for m in f.members.values():
+            if m.end_s < INF:
+                continue
+            m.share_sm_s += lost_sm
+            if bottleneck == "hbm":
+                m.share_hbm_s += lost_rest
+            elif bottleneck == "link":
+                m.share_link_s += lost_rest
 
 
 def settle(gpu: GpuState) -> float:

@@ -37,6 +37,23 @@ class ChannelLoads:
     usage: list[list[tuple[int, float]]]
 
 
+def sm_factor(f: FlowState) -> tuple[float, int]:
+    """The share of its issue a collective's slowest resident member gets (NCCL moves data no
+    faster than its channels can issue copies; 1 for a copy-engine flow), and that member's rank
+    (-1: none gets less than all)."""
+    factor = 1.0
+    lowest = -1
+    if not f.demand.uses_copy_engine:
+        for q, m in f.members.items():
+            k = m.kernel
+            if k is not None:
+                x = k.issued / k.blocks
+                if x < factor:
+                    factor = x
+                    lowest = q
+    return factor, lowest
+
+
 class RateSolver:
     """Sets block rates, kernels' HBM shares and flows' rates on the GPUs of a run."""
 
@@ -56,6 +73,10 @@ class RateSolver:
         # HBM's loaded-latency law (channel.latency_slowdowns), where the calibration has one.
         self.latency_law = machine.hbm_latency_capacity > 0
         self.resources: tuple[KernelResource, ...] = machine.kernel_resources
+        # Each GPU's coupled set (coupled), kept while the flows moving data are the same, and
+        # Flows.moving_changes when they last changed (each flow solved keeps it: coupled.py).
+        self._sets: dict[int, list[int]] = {}
+        self.moving_at = -1
         # Per kernel, (resource index, bytes of it per HBM byte) of the resources it uses.
         self._uses: dict[KernelState, list[tuple[int, float]]] = {}
 
@@ -111,9 +132,34 @@ class RateSolver:
         changes them, and the copy (at every event) is skipped."""
         return dict(demand) if self.latency_law else demand
 
-    def coupled(self, ranks: list[int]) -> list[int]:
+    def coupled(self, ranks: list[int], moving_changes: int) -> list[int]:
         """``ranks`` and every GPU a flow moving data joins to them, directly or through others,
-        sorted: a running collective's rates depend on every GPU it uses."""
+        sorted: a running collective's rates depend on every GPU it uses. ``moving_changes``
+        counts the changes of which flows move (Flows.moving_changes): each GPU's set is kept
+        until it moves, since an event asks for it again and again. Not to be changed."""
+        if moving_changes != self.moving_at:
+            self.moving_at = moving_changes
+            self._sets.clear()
+        sets = self._sets
+        if len(ranks) == 1:
+            got = sets.get(ranks[0])
+            if got is None:
+                got = self._coupled(ranks)
+                for q in got:
+                    sets[q] = got
+            return got
+        union: set[int] = set()
+        for r in ranks:
+            if r not in union:
+                got = sets.get(r)
+                if got is None:
+                    got = self._coupled([r])
+                    for q in got:
+                        sets[q] = got
+                union.update(got)
+        return sorted(union)
+
+    def _coupled(self, ranks: list[int]) -> list[int]:
         closed = dict.fromkeys(ranks)
         stack = list(ranks)
         seen: set[int] = set()
@@ -207,15 +253,9 @@ class RateSolver:
         others take no bandwidth, and their rates are never read) of the GPUs in ``ranks``."""
         pressure = self._pressure(ranks) if self.has_pressure else []
         for f in flows:
-            d = f.demand
-            factor = 1.0
-            if not d.uses_copy_engine:
-                # NCCL moves data no faster than its resident channels can issue copies.
-                for m in f.members.values():
-                    if m.kernel is not None:
-                        factor = min(factor, m.kernel.issued / m.kernel.blocks)
-            f.sm_factor = factor
-            f.cap = d.rate_cap_bytes_per_s * factor
+            # NCCL moves data no faster than its resident channels can issue copies.
+            f.sm_factor, f.sm_lowest = sm_factor(f)
+            f.cap = f.demand.rate_cap_bytes_per_s * f.sm_factor
         # HBM's loaded latency slows whoever waits on memory (channel.latency_slowdowns): their
         # demands fall before bandwidth is shared.
         asked_alone: dict[KernelState, float] = {}
@@ -289,6 +329,8 @@ class RateSolver:
             else:
                 owner.rate = x
                 b = alloc.bottleneck[i]
+                owner.bottleneck_hbm = ranks[b] if 0 <= b < n_hbm else -1
+                owner.moving_at = self.moving_at
                 # A cap lowered by HBM's latency is HBM holding the flow back.
                 owner.bottleneck = (("hbm" if owner.latency_slow > 1.0 else "") if b == CAP
                                     else ("hbm" if b < n_hbm else "link"))
@@ -393,6 +435,8 @@ class RateSolver:
                                             / self.gpus[r].model.hbm_peak_bytes_per_s, 0.0))
         before: dict[KernelState, float] = {}
         flow_slow: dict[int, float] = {}
+        for f in flows:
+            f.slow_at.clear()
         by_rank = dict(demands)
         for r, us in users.items():
             if len(us) < 2 or not any(w > 0 for _, _, w in us):
@@ -405,8 +449,10 @@ class RateSolver:
                     demand = by_rank[r]
                     before[owner] = demand[owner]
                     demand[owner] = demand[owner] / s
-                elif isinstance(owner, FlowState) and s > flow_slow.get(id(owner), 1.0):
-                    flow_slow[id(owner)] = s
+                elif isinstance(owner, FlowState):
+                    owner.slow_at[r] = s
+                    if s > flow_slow.get(id(owner), 1.0):
+                        flow_slow[id(owner)] = s
         for f in flows:
             f.latency_slow = flow_slow.get(id(f), 1.0)
             f.cap /= f.latency_slow

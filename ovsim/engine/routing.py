@@ -9,6 +9,10 @@ from typing import Any
 from ovsim.engine.machine import MachineModel
 from ovsim.models.ir import FlowDemand
 
+# Channels that belong to one GPU, named by it as the key's second item: every flow that uses one
+# has that GPU among its ranks. (A NIC port's key names the port.)
+RANK_KEYED = ("hbm", "egress", "ingress", "link", "pcie_in", "pcie_out")
+
 
 def flow_usage(machine: MachineModel, d: FlowDemand) -> list[tuple[Any, float]]:
     """The resources a flow uses and the bytes it moves through each per byte of the flow:

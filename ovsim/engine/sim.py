@@ -55,6 +55,7 @@ from typing import cast
 
 from ovsim.engine import dispatch, progress
 from ovsim.engine.clock import EventQueue
+from ovsim.engine.coupled import solve_local
 from ovsim.engine.flows import Flows
 from ovsim.engine.machine import MachineModel
 from ovsim.engine.power import Period, PowerConfig
@@ -157,6 +158,7 @@ class Engine:
         self.keep_coupled = self.opts.keep_coupled and not (self.managed and not self.windowed)
         # Resolves whose coupled GPUs were left as they were, and those that had to bring them in.
         self.coupled_kept = self.coupled_solved = 0
+        self.coupled_local = 0  # of those kept, decided on the event's GPUs alone (coupled.solve_local)
         self.power_history = power_history
         if self.loop is not None and self.managed:
             self.loop.start_clocks(self.loop.idle_history() if power_history is None else power_history)
@@ -388,7 +390,7 @@ class Engine:
         touched = self.touched
         ranks = sorted(touched) if len(touched) > 1 else list(touched)
         if self.flows.moving and self.keep_coupled:
-            closure = self.solver.coupled(ranks)
+            closure = self.solver.coupled(ranks, self.flows.moving_changes)
             if len(closure) > len(ranks):
                 if self._keep_coupled(ranks, closure):
                     self._after_rates(ranks)
@@ -402,7 +404,14 @@ class Engine:
         """Rate ``ranks`` beside the GPUs moving flows couple to them (``closure``, the lot): True
         where those keep their rates, timers and waves (nothing about them changed); else False,
         with them brought up to date and touched, for a full solve."""
-        kept, loads = self.solver.solve_beside(closure, self.touched)
+        kept, loads = solve_local(self.solver, self.touched)
+        if kept:
+            # The flows through them keep their rates: nothing outside them was shared with.
+            self.coupled_local += 1
+            sampled = sorted(self.touched)
+        else:
+            kept, loads = self.solver.solve_beside(closure, self.touched)
+            sampled = closure
         if not kept:
             self.coupled_solved += 1
             for q in closure:
@@ -410,7 +419,7 @@ class Engine:
             return False
         self.coupled_kept += 1
         if loads is not None:
-            self.counters.sample(self.now, self.gpus, closure, loads)
+            self.counters.sample(self.now, self.gpus, sampled, loads)
         return True
 
     def _settle_instant(self, couple: bool) -> None:
@@ -435,7 +444,7 @@ class Engine:
             if self.flows.moving:
                 # Within the completion tolerance of now: its blocks or flows complete at this instant.
                 due = now + 4 * self.eps
-                for q in self.solver.coupled(list(touched)):
+                for q in self.solver.coupled(list(touched), self.flows.moving_changes):
                     if q not in touched and (couple or gpus[q].timer_at <= due):
                         self._touch(q)
             if to_complete or to_dispatch:

@@ -286,6 +286,7 @@ class FlowState:
     cap: float = 0.0
     bottleneck: str = ""
     sm_factor: float = 1.0
+    sm_lowest: int = -1  # the member whose issue share set sm_factor (RateSolver.sm_factor)
     latency_slow: float = 1.0  # what HBM's loaded latency took off its cap (RateSolver.latency)
     start_s: float = INF
     end_s: float = INF
@@ -294,6 +295,15 @@ class FlowState:
     # GPUs whose HBM or links the flow uses, and the ranks of its members: all touched together.
     ranks: tuple[int, ...] = ()
     seq: int = 0  # flows created before it
+    # Its usage by the GPU a channel belongs to (HBM, NVLink ports and mesh links; not NICs or
+    # PCIe), and its HBM bytes per byte by GPU: what a solve of some of its GPUs needs of it.
+    usage_at: dict[int, list[tuple[Any, float]]] = field(default_factory=dict)
+    hbm_at: dict[int, float] = field(default_factory=dict)
+    # At the last solve of all its GPUs: the GPU whose HBM froze it (-1: a link or its cap), and
+    # its loaded-latency slowdown on each GPU where above 1 (ovsim.engine.coupled).
+    bottleneck_hbm: int = -1
+    moving_at: int = -1  # Flows.moving_changes at that solve: no flow started or stopped moving since
+    slow_at: dict[int, float] = field(default_factory=dict)
 
 
 class StreamState:
