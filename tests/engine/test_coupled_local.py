@@ -1,6 +1,7 @@
 """GPUs an event changed, solved alone beside the collectives that couple them to others
-(ovsim.engine.coupled): on random workloads of four GPUs, with collectives over all of them and
-over pairs, copies between GPUs and kernels that load HBM, every op's times and its slow-down
+(ovsim.engine.coupled): on random workloads of four GPUs (switched, directly linked, or two nodes
+joined by NICs), with collectives over all of them and over pairs, copies between GPUs and kernels
+that load HBM, every op's times and its slow-down
 attribution are those of the run that shares the channels of every coupled GPU at every event, to
 round-off, and the channels' limits hold at every event."""
 
@@ -25,8 +26,16 @@ from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, StreamSpec
 GPU = load_gpu("h100-sxm5-80gb")
 PARAMS = load_calibration(GPU, "h100-sxm5-80gb").params
 RANKS = 4
-SYSTEM = SystemSpec.model_validate({"schema": "ovsim.system/1", "name": "t", "gpu": "h100-sxm5-80gb",
-                                    "gpu_count": RANKS, "topology": "nvswitch", "sources": {"t": "test"}})
+_BASE = {"schema": "ovsim.system/1", "name": "t", "gpu": "h100-sxm5-80gb", "sources": {"t": "test"}}
+# One node switched, one node of direct links, and two nodes of two GPUs joined by NICs (whose
+# channels are named by port, not by GPU).
+SYSTEMS = [
+    SystemSpec.model_validate({**_BASE, "gpu_count": RANKS, "topology": "nvswitch"}),
+    SystemSpec.model_validate({**_BASE, "gpu_count": RANKS, "topology": "mesh", "links_per_pair": 4}),
+    SystemSpec.model_validate({**_BASE, "gpu_count": 2, "topology": "nvswitch", "nodes": 2,
+                               "network": {"kind": "infiniband", "nics_per_node": 2,
+                                           "bandwidth_per_nic_bytes_per_s": 5e10}}),
+]
 HBM = GPU.memory.bandwidth_bytes_per_s
 GROUPS = [(0, 1, 2, 3), (0, 1), (2, 3), (1, 2, 3)]
 EXAMPLES = int(os.environ.get("OVSIM_COUPLED_EXAMPLES", "40"))
@@ -48,6 +57,11 @@ def kernel(draw: Any) -> KernelDemand:
                         issue_fraction=draw(st.sampled_from([0.1, 0.3, 1.0])) / (2048 // threads),
                         hbm_bytes=draw(st.floats(0.0, 1.2)) * HBM * iso, flops=0.0, isolated_s=iso,
                         clock_sensitive=draw(st.booleans()))
+
+
+@st.composite
+def scenarios(draw: Any) -> tuple[SystemSpec, Workload]:
+    return draw(st.sampled_from(SYSTEMS)), draw(workloads())
 
 
 @st.composite
@@ -83,9 +97,9 @@ def workloads(draw: Any) -> Workload:
     return Workload(ops=tuple(ops), streams=streams, n_ranks=RANKS)
 
 
-def run(wl: Workload, keep: bool) -> tuple[pd.DataFrame, dict[tuple[int, str], float], Engine]:
+def run(system: SystemSpec, wl: Workload, keep: bool) -> tuple[pd.DataFrame, dict[tuple[int, str], float], Engine]:
     """The ops, each counter's integral over the run by (rank, counter), and the engine."""
-    machine = build_machine(SYSTEM, GPU, PARAMS, n_ranks=RANKS)
+    machine = build_machine(system, GPU, PARAMS, n_ranks=RANKS)
     engine = Engine(wl, machine, EngineOptions(check_invariants=True, keep_coupled=keep))
     timeline = engine.run()
     end = timeline.makespan_s
@@ -100,10 +114,11 @@ LOCAL = {"runs": 0, "local": 0}
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads())
-def test_fresh_gpus_solved_alone_give_the_full_solves_timeline(wl: Workload) -> None:
-    kept, kept_counters, engine = run(wl, True)
-    full, full_counters, _ = run(wl, False)
+@given(scenarios())
+def test_fresh_gpus_solved_alone_give_the_full_solves_timeline(scenario: tuple[SystemSpec, Workload]) -> None:
+    system, wl = scenario
+    kept, kept_counters, engine = run(system, wl, True)
+    full, full_counters, _ = run(system, wl, False)
     LOCAL["runs"] += 1
     LOCAL["local"] += engine.coupled_local > 0
     for col in ("launch_s", "start_s", "end_s", "wait_sm_s", "share_sm_s", "share_hbm_s", "share_link_s",
