@@ -239,16 +239,27 @@ def _latency(solver: RateSolver, fresh: dict[int, None], demands: list[tuple[int
             elif isinstance(owner, FlowState):
                 slow_at.setdefault(id(owner), {})[r] = s
     for f in flows:
+        if _largest_slowdown(f, fresh, slow_at.get(id(f), {})) != f.latency_slow:
+            return None
+    return slow_at
+
+
+def _largest_slowdown(f: FlowState, fresh: dict[int, None], new: dict[int, float]) -> float:
+    """The flow's loaded-latency slowdown, the largest over its GPUs: the fresh GPUs' ``new``
+    ones, the others' as the last solve left them (``FlowState.slow_at``)."""
+    old = f.latency_slow
+    if all(f.slow_at.get(r, 1.0) != old for r in fresh):
+        # The GPUs that set it are not fresh: it stands unless a fresh GPU's is larger.
+        largest = old
+    else:
         largest = 1.0
         for rank, s in f.slow_at.items():
             if rank not in fresh and s > largest:
                 largest = s
-        for s in slow_at.get(id(f), {}).values():
-            if s > largest:
-                largest = s
-        if largest != f.latency_slow:
-            return None
-    return slow_at
+    for s in new.values():
+        if s > largest:
+            largest = s
+    return largest
 
 
 def _left_to_copies(solver: RateSolver, r: int, demand: dict[KernelState, float], flows: list[FlowState],
