@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ovsim.engine.channel import CAP, latency_slowdowns, max_min_rates
-from ovsim.engine.rates import ChannelLoads, RateSolver, sm_factor
+from ovsim.engine.channel import CAP, max_min_rates
+from ovsim.engine.rates import ChannelLoads, RateSolver, slowed, sm_factor
 from ovsim.engine.state import FlowState, KernelState
 
 # Relative slack of the fairness test: a kernel's level this close to a flow's is a tie, which
@@ -227,17 +227,8 @@ def _latency(solver: RateSolver, fresh: dict[int, None], demands: list[tuple[int
         for pr, share, _ in pressure:
             if pr == r:
                 us.append((None, share * model.hbm_bytes_per_s / peak, 0.0))
-        if len(us) < 2 or not any(w > 0 for _, _, w in us):
-            continue
-        slow, _ = latency_slowdowns([x for _, x, _ in us], [w for _, _, w in us], kappa, q)
-        for (owner, _, _), s in zip(us, slow, strict=True):
-            if s <= 1.0:
-                continue
-            if isinstance(owner, KernelState):
-                asked_alone[owner] = demand[owner]
-                demand[owner] = demand[owner] / s
-            elif isinstance(owner, FlowState):
-                slow_at.setdefault(id(owner), {})[r] = s
+        for f, s in slowed(us, demand, kappa, q, asked_alone):
+            slow_at.setdefault(id(f), {})[r] = s
     for f in flows:
         if _largest_slowdown(f, fresh, slow_at.get(id(f), {})) != f.latency_slow:
             return None

@@ -15,6 +15,7 @@ channel is shared like the others.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,27 @@ class ChannelLoads:
     capacity: list[float]
     rates: list[float]
     usage: list[list[tuple[int, float]]]
+
+
+def slowed(users: Sequence[tuple[object, float, float]], demand: dict[KernelState, float], capacity: float,
+           exponent: float, before: dict[KernelState, float]) -> list[tuple[FlowState, float]]:
+    """HBM's loaded-latency law on one GPU's users, (owner, share of the HBM peak it moves alone,
+    share of its time waiting on memory): lowers the demands of its kernels that it slows (in
+    place in ``demand``, keeping theirs before in ``before``); returns the flows it slows, with
+    their slowdowns."""
+    if len(users) < 2 or not any(w > 0 for _, _, w in users):
+        return []
+    slow, _ = latency_slowdowns([x for _, x, _ in users], [w for _, _, w in users], capacity, exponent)
+    flows: list[tuple[FlowState, float]] = []
+    for (owner, _, _), s in zip(users, slow, strict=True):
+        if s <= 1.0:
+            continue
+        if isinstance(owner, KernelState):
+            before[owner] = demand[owner]
+            demand[owner] = demand[owner] / s
+        elif isinstance(owner, FlowState):
+            flows.append((owner, s))
+    return flows
 
 
 def sm_factor(f: FlowState) -> tuple[float, int]:
@@ -439,20 +461,10 @@ class RateSolver:
             f.slow_at.clear()
         by_rank = dict(demands)
         for r, us in users.items():
-            if len(us) < 2 or not any(w > 0 for _, _, w in us):
-                continue
-            slow, _ = latency_slowdowns([x for _, x, _ in us], [w for _, _, w in us], kappa, q)
-            for (owner, _, _), s in zip(us, slow, strict=True):
-                if s <= 1.0:
-                    continue
-                if isinstance(owner, KernelState):
-                    demand = by_rank[r]
-                    before[owner] = demand[owner]
-                    demand[owner] = demand[owner] / s
-                elif isinstance(owner, FlowState):
-                    owner.slow_at[r] = s
-                    if s > flow_slow.get(id(owner), 1.0):
-                        flow_slow[id(owner)] = s
+            for f, s in slowed(us, by_rank.get(r, {}), kappa, q, before):
+                f.slow_at[r] = s
+                if s > flow_slow.get(id(f), 1.0):
+                    flow_slow[id(f)] = s
         for f in flows:
             f.latency_slow = flow_slow.get(id(f), 1.0)
             f.cap /= f.latency_slow
