@@ -100,12 +100,17 @@ def solve_local(solver: RateSolver, fresh: dict[int, None]) -> tuple[bool, Chann
     # Accepted: the fresh GPUs' kernels take their shares, the flows keep their rates.
     for f in flows:
         new = slow_at.get(id(f), {})
+        largest = f.latency_slow
         for r in ranks:
             s = new.get(r)
+            if f.slow_at.get(r) == largest:
+                f.slow_at_largest -= 1
             if s is None:
                 f.slow_at.pop(r, None)
             else:
                 f.slow_at[r] = s
+                if s == largest:
+                    f.slow_at_largest += 1
     for one in shared:
         for (cap, _, k), x in zip(one.users, one.rates, strict=True):
             if k is not None:
@@ -239,8 +244,8 @@ def _largest_slowdown(f: FlowState, fresh: dict[int, None], new: dict[int, float
     """The flow's loaded-latency slowdown, the largest over its GPUs: the fresh GPUs' ``new``
     ones, the others' as the last solve left them (``FlowState.slow_at``)."""
     old = f.latency_slow
-    if all(f.slow_at.get(r, 1.0) != old for r in fresh):
-        # The GPUs that set it are not fresh: it stands unless a fresh GPU's is larger.
+    if old > 1.0 and sum(1 for r in fresh if f.slow_at.get(r) == old) < f.slow_at_largest:
+        # A GPU that set it is not fresh: it stands unless a fresh GPU's is larger.
         largest = old
     else:
         largest = 1.0

@@ -153,6 +153,10 @@ class Flows:
             if m.has_ce:
                 _release_ce(self.gpus[m.rank])
         for m in f.members.values():
+            # Nothing else charges a member these while its flow moves data (from 0).
+            m.share_sm_s += f.share_sm_s
+            m.share_hbm_s += f.share_hbm_s
+            m.share_link_s += f.share_link_s
             self.results.member(self.order[m.op.id], m)
         self.results.flow(f.seq, f)
         del self.live[f.demand.group]

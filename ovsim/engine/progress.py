@@ -63,18 +63,14 @@ def _attribute_flow(f: FlowState, dt: float) -> None:
             else:
                 m.wait_sm_s += dt
     elif phase == "data" and f.cap > 0:
-        # The same for every member: worked out once (a collective of 64 ranks has 64).
-        lost_sm = dt * (1 - f.sm_factor)
-        lost_rest = dt * max(0.0, f.sm_factor - f.rate / f.demand.rate_cap_bytes_per_s)
+        # The same for every member, all of which move the data until the flow ends: kept on the
+        # flow, and each member's share set from it then (Flows.finish), the same sums.
+        f.share_sm_s += dt * (1 - f.sm_factor)
         bottleneck = f.bottleneck
-        for m in f.members.values():
-            if m.end_s < INF:
-                continue
-            m.share_sm_s += lost_sm
-            if bottleneck == "hbm":
-                m.share_hbm_s += lost_rest
-            elif bottleneck == "link":
-                m.share_link_s += lost_rest
+        if bottleneck == "hbm":
+            f.share_hbm_s += dt * max(0.0, f.sm_factor - f.rate / f.demand.rate_cap_bytes_per_s)
+        elif bottleneck == "link":
+            f.share_link_s += dt * max(0.0, f.sm_factor - f.rate / f.demand.rate_cap_bytes_per_s)
 
 
 def settle(gpu: GpuState) -> float:

@@ -466,8 +466,9 @@ class RateSolver:
                 if s > flow_slow.get(id(f), 1.0):
                     flow_slow[id(f)] = s
         for f in flows:
-            f.latency_slow = flow_slow.get(id(f), 1.0)
-            f.cap /= f.latency_slow
+            f.latency_slow = largest = flow_slow.get(id(f), 1.0)
+            f.cap /= largest
+            f.slow_at_largest = sum(1 for s in f.slow_at.values() if s == largest)
         return before
 
     def _hbm_left(self, demands: list[tuple[int, dict[KernelState, float]]], flows: list[FlowState],

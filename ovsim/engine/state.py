@@ -287,6 +287,11 @@ class FlowState:
     bottleneck: str = ""
     sm_factor: float = 1.0
     sm_lowest: int = -1  # the member whose issue share set sm_factor (RateSolver.sm_factor)
+    # Seconds each member has lost, while moving data, to SM issue, HBM and link shares
+    # (progress._attribute_flow): the same for every member.
+    share_sm_s: float = 0.0
+    share_hbm_s: float = 0.0
+    share_link_s: float = 0.0
     latency_slow: float = 1.0  # what HBM's loaded latency took off its cap (RateSolver.latency)
     start_s: float = INF
     end_s: float = INF
@@ -304,6 +309,7 @@ class FlowState:
     bottleneck_hbm: int = -1
     moving_at: int = -1  # Flows.moving_changes at that solve: no flow started or stopped moving since
     slow_at: dict[int, float] = field(default_factory=dict)
+    slow_at_largest: int = 0  # how many GPUs' slowdowns equal latency_slow
 
 
 class StreamState:
