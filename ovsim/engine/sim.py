@@ -441,9 +441,11 @@ class Engine:
                 to_dispatch.clear()
             if self.flows.waiting:
                 self.flows.arrivals(list(touched), now)
-            if self.flows.moving:
-                # Within the completion tolerance of now: its blocks or flows complete at this instant.
-                due = now + 4 * self.eps
+            # Within the completion tolerance of now: its blocks or flows complete at this instant.
+            due = now + 4 * self.eps
+            # A GPU's timer is queued within a few ulps of its time: with no event queued by then,
+            # no coupled GPU has one due, and the coupled GPUs need not be looked at.
+            if self.flows.moving and (couple or self.env.peek() <= due + 4 * self.eps):
                 for q in self.solver.coupled(list(touched), self.flows.moving_changes):
                     if q not in touched and (couple or gpus[q].timer_at <= due):
                         self._touch(q)
