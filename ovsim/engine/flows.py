@@ -79,8 +79,13 @@ class Flows:
                     if key[0] == "hbm":
                         flow.hbm_at[key[1]] = c
             ranks = set(demand.ranks)
+            hubs = self.machine.nic_hubs
             for key, _ in flow.usage:
-                ranks.update(r for r in key[1:] if r >= 0)
+                if key[0] in ("nic_out", "nic_in") and key[1] in hubs:
+                    # Flows through one port are coupled through the GPU that stands for it.
+                    ranks.add(hubs[key[1]])
+                else:
+                    ranks.update(r for r in key[1:] if r >= 0)
             flow.ranks = tuple(sorted(r for r in ranks if r < len(self.gpus)))
             self.live[demand.group] = flow
             self.waiting += 1

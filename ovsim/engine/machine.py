@@ -73,6 +73,9 @@ class MachineModel:
     gpus_per_node: int = 1 << 30
     rank_nodes: tuple[int, ...] = ()
     nic_ports: tuple[int, ...] = ()
+    # Each port's lowest simulated rank: the GPU that stands for the port where flows are coupled
+    # (a port's number is not a rank's: under rank symmetry, or where GPUs share NICs).
+    nic_hubs: dict[int, int] = field(default_factory=dict)
     # Resources kernels use beside HBM (ovsim.engine.resources), each shared like HBM.
     kernel_resources: tuple[KernelResource, ...] = ()
 
@@ -160,4 +163,5 @@ def build_machine(
         gpus_per_node=system.gpu_count,
         rank_nodes=tuple(system.node_of(r) for r in where) if job_ranks else (),
         nic_ports=tuple(system.nic_port_of(r) for r in where),
+        nic_hubs={port: r for r, port in reversed(list(enumerate(system.nic_port_of(q) for q in where)))},
     )

@@ -109,3 +109,28 @@ def test_a_finished_engine_is_freed_without_the_cyclic_collector() -> None:
         assert sum(isinstance(o, Engine) for o in gc.get_objects()) == 0
     finally:
         gc.enable()
+
+
+def test_flows_through_one_nic_port_share_it_under_rank_symmetry() -> None:
+    """Two transfers between nodes, on different simulated GPUs that share a NIC (4 NICs for 8
+    GPUs a node), run through one port whose number (8) is not a simulated rank's (4 are
+    simulated, standing for ranks 8, 9, 16 and 17). Each alone would take 12.5 ms; the two move
+    1 GB through one 50 GB/s port, which takes at least 20 ms (found by review: the port was left
+    out of the flows' coupling, and each ran as if it had the port alone, done at 13.5 ms)."""
+    system = SystemSpec.model_validate({
+        "schema": "ovsim.system/1", "name": "t", "gpu": "h100-sxm5-80gb", "gpu_count": 8, "topology": "nvswitch",
+        "nodes": 3, "sources": {"t": "test"},
+        "network": {"kind": "infiniband", "nics_per_node": 4, "bandwidth_per_nic_bytes_per_s": 5e10}})
+    machine = build_machine(system, GPU, PARAMS, n_ranks=4, job_ranks=(8, 9, 16, 17))
+    ops: list[Op] = []
+    for group, (src, dst) in {"f": (0, 2), "g": (1, 3)}.items():
+        flow = FlowDemand(group=group, ranks=(src, dst), bytes=5e8, latency_s=0.0, rate_cap_bytes_per_s=4e10,
+                          link_coeff=1.0, hbm_coeff=1.0, pattern="p2p", endpoints=(src, dst))
+        for r in (src, dst):
+            ops.append(Op(f"{group}@{r}", group, "collective", r, "comm", kernel=NCCL, flow=flow,
+                          delay_s=1e-3 if group == "g" else 0.0))
+    wl = Workload(ops=tuple(ops), streams=tuple(StreamSpec(r, "comm") for r in range(4)), n_ranks=4)
+    for keep in (True, False):
+        t = Engine(wl, machine, EngineOptions(check_invariants=True, keep_coupled=keep)).run().ops.set_index("id")
+        assert t.loc["g@1", "end_s"] >= 0.020
+        assert t.loc["f@0", "end_s"] > 0.0125 + 1e-3
