@@ -166,6 +166,9 @@ def _share(solver: RateSolver, r: int, demand: dict[KernelState, float], flows: 
         left = 0.0
     if not users:
         return _Shared(r, capacity, users, [])
+    if sum(u[0] for u in users) + fixed <= capacity * (1 + 1e-9):
+        # All at their caps, with max_min_rates' own slack on the whole HBM (not on what is left).
+        return _Shared(r, capacity, users, [u[0] for u in users])
     alloc = max_min_rates([u[0] for u in users], [u[1] for u in users], [[(0, 1.0)]] * len(users), [left])
     lowest = min((x / u[1] for u, x, b in zip(users, alloc.rates, alloc.bottleneck, strict=True) if b != CAP),
                  default=None)
