@@ -23,7 +23,7 @@ Then every flow keeps its rate, every user of a fresh HBM meets max-min's condit
 GPUs outside are left exactly as they were. Anything else (a flow within the fresh GPUs,
 registered kernel resources, a condition that fails) is refused, and the caller solves as before.
 The fresh GPUs' rates are those of a full solve to round-off: their filling is summed in another
-order. (docs/design.md, "Coupled GPUs".)
+order. (docs/design.md, "Events and streams".)
 """
 
 from __future__ import annotations
