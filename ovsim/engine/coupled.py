@@ -75,15 +75,15 @@ def solve_local(solver: RateSolver, fresh: dict[int, None]) -> tuple[bool, Chann
         return False, None
     gpus = solver.gpus
     ranks = sorted(fresh)
-    flows = solver._moving(ranks)
+    flows = solver.moving_flows(ranks)
     for f in flows:
         if f.bottleneck_hbm in fresh or f.moving_at != solver.moving_at or all(q in fresh for q in f.ranks):
             return False, None
-    demands = [(r, solver._own(solver._local(gpus[r]))) for r in ranks]
+    demands = [(r, solver.own_demand(solver.share_sms(gpus[r]))) for r in ranks]
     for f in flows:
         if not sm_factor_kept(f, fresh):
             return False, None
-    pressure = solver._pressure(ranks) if solver.has_pressure else []
+    pressure = solver.resident_pressure(ranks) if solver.has_pressure else []
     asked_alone: dict[KernelState, float] = {}
     slow_at: dict[int, dict[int, float]] = {}
     if solver.latency_law:
@@ -120,7 +120,7 @@ def solve_local(solver: RateSolver, fresh: dict[int, None]) -> tuple[bool, Chann
         return True, None
     loads = _loads(solver, ranks, flows, shared)
     if solver.check_invariants:
-        solver._check(ranks, loads.capacity, loads.rates, loads.usage)
+        solver.check_loads(ranks, loads.capacity, loads.rates, loads.usage)
     return True, loads if solver.keep_loads else None
 
 

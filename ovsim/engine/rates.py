@@ -108,10 +108,10 @@ class RateSolver:
         channels' loads where the solver keeps them (counters, checks) and any were shared."""
         demands: list[tuple[int, dict[KernelState, float]]] = []
         for r in ranks:
-            demand = self._local(self.gpus[r])
+            demand = self.share_sms(self.gpus[r])
             if demand:
-                demands.append((r, self._own(demand)))
-        return self._shared(ranks, demands, self._moving(ranks) if moving else [])
+                demands.append((r, self.own_demand(demand)))
+        return self._shared(ranks, demands, self.moving_flows(ranks) if moving else [])
 
     def solve_beside(self, ranks: list[int], fresh: dict[int, None]) -> tuple[bool, ChannelLoads | None]:
         """Solve the GPUs in ``ranks`` (closed over the flows moving data) where only those in
@@ -126,15 +126,15 @@ class RateSolver:
         for r in ranks:
             gpu = gpus[r]
             if r in fresh:
-                demand = self._local(gpu)
+                demand = self.share_sms(gpu)
             else:
                 for k in gpu.running:
                     thetas.append((k, k.theta))
                     k.theta = k.theta_self  # as the SM step of a full solve leaves it
                 demand = gpu.hbm_demand
             if demand:
-                demands.append((r, self._own(demand)))
-        moving = self._moving(ranks)
+                demands.append((r, self.own_demand(demand)))
+        moving = self.moving_flows(ranks)
         flows = [(f, (f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck)) for f in moving]
         loads = self._shared(ranks, demands, moving)
         same = all(k.theta == theta for k, theta in thetas) and all(
@@ -148,7 +148,7 @@ class RateSolver:
             f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck = before
         return False, None
 
-    def _own(self, demand: dict[KernelState, float]) -> dict[KernelState, float]:
+    def own_demand(self, demand: dict[KernelState, float]) -> dict[KernelState, float]:
         """``demand`` as the shared step may take it: the latency law lowers demands in place, and
         ``GpuState.hbm_demand`` must keep them as the SM step left them; without the law nothing
         changes them, and the copy (at every event) is skipped."""
@@ -195,7 +195,7 @@ class RateSolver:
                             stack.append(q)
         return sorted(closed)
 
-    def _moving(self, ranks: list[int]) -> list[FlowState]:
+    def moving_flows(self, ranks: list[int]) -> list[FlowState]:
         """The flows moving data through the GPUs in ``ranks``, each once, in rank order."""
         flows: list[FlowState] = []
         seen: set[int] = set()
@@ -206,7 +206,7 @@ class RateSolver:
                     flows.append(f)
         return flows
 
-    def _local(self, gpu: GpuState) -> dict[KernelState, float]:
+    def share_sms(self, gpu: GpuState) -> dict[KernelState, float]:
         """Share each SM's issue slots among its blocks and set their rates; returns (and keeps as
         ``gpu.hbm_demand``) the HBM bytes/s each kernel would move at them, within its own cap."""
         mult = gpu.mult
@@ -271,9 +271,9 @@ class RateSolver:
     def _shared(self, ranks: list[int], demands: list[tuple[int, dict[KernelState, float]]],
                 flows: list[FlowState]) -> ChannelLoads | None:
         """Share HBM, links and the collectives' caps among the kernels (``demands``, changed in
-        place by the latency law) and the flows moving data (``flows``, :meth:`_moving`: the
+        place by the latency law) and the flows moving data (``flows``, :meth:`moving_flows`: the
         others take no bandwidth, and their rates are never read) of the GPUs in ``ranks``."""
-        pressure = self._pressure(ranks) if self.has_pressure else []
+        pressure = self.resident_pressure(ranks) if self.has_pressure else []
         for f in flows:
             # NCCL moves data no faster than its resident channels can issue copies.
             f.sm_factor, f.sm_lowest = sm_factor(f)
@@ -339,7 +339,7 @@ class RateSolver:
             capacity[channel[("hbm", r)]] *= self.machine.hbm_mix_efficiency
         alloc = max_min_rates(caps, weights, usage, capacity)
         if self.check_invariants:
-            self._check(ranks, capacity, alloc.rates, usage)
+            self.check_loads(ranks, capacity, alloc.rates, usage)
         n_hbm = len(ranks)
         for i, owner in enumerate(owners):
             x = alloc.rates[i]
@@ -374,7 +374,7 @@ class RateSolver:
         """Drop what the solver kept of a finished kernel."""
         self._uses.pop(k, None)
 
-    def _pressure(self, ranks: list[int]) -> list[tuple[int, float, float]]:
+    def resident_pressure(self, ranks: list[int]) -> list[tuple[int, float, float]]:
         """(rank, share of HBM, weight) of every SM collective with blocks resident on ``ranks``: its
         protocol's share per block times its resident blocks, at most ``PRESSURE_MAX``."""
         out: list[tuple[int, float, float]] = []
@@ -489,7 +489,7 @@ class RateSolver:
                 left[r] -= share * self.gpus[r].model.hbm_bytes_per_s
         return {r: max(0.0, x) for r, x in left.items()}
 
-    def _check(self, ranks: list[int], capacity: list[float], rates: list[float],
+    def check_loads(self, ranks: list[int], capacity: list[float], rates: list[float],
                usage: list[list[tuple[int, float]]]) -> None:
         load = [0.0] * len(capacity)
         for x, use in zip(rates, usage, strict=True):
