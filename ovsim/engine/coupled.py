@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from ovsim.engine.channel import CAP, max_min_rates
-from ovsim.engine.rates import ChannelLoads, RateSolver, slowed, sm_factor
+from ovsim.engine.rates import ChannelLoads, RateSolver, channel_index, flow_weight, slowed, sm_factor
 from ovsim.engine.state import FlowState, KernelState
 
 # Relative slack of the fairness test: a kernel's level this close to a flow's is a tie, which
@@ -57,13 +57,6 @@ def sm_factor_kept(f: FlowState, fresh: dict[int, None]) -> bool:
         return False
     f.sm_lowest = lowest
     return True
-
-
-def flow_weight(solver: RateSolver, f: FlowState) -> float:
-    """A flow's weight where it shares HBM: fair in HBM bytes, floored (as RateSolver._shared)."""
-    d = f.demand
-    ce_weight = solver.machine.copy_engine_hbm_weight if d.uses_copy_engine else 1.0
-    return ce_weight * d.hbm_weight / max(d.hbm_coeff, 0.05)
 
 
 def solve_local(solver: RateSolver, fresh: dict[int, None]) -> tuple[bool, ChannelLoads | None]:
@@ -174,7 +167,7 @@ def _share(solver: RateSolver, r: int, demand: dict[KernelState, float], flows: 
                  default=None)
     if lowest is not None:
         for f in through:
-            if lowest < f.rate / flow_weight(solver, f) * (1.0 - _TIE):
+            if lowest < f.rate / flow_weight(solver.machine, f) * (1.0 - _TIE):
                 return None
     return _Shared(r, capacity, users, alloc.rates)
 
@@ -196,11 +189,7 @@ def _loads(solver: RateSolver, ranks: list[int], flows: list[FlowState], shared:
         use: list[tuple[int, float]] = []
         for r in ranks:
             for key, c in f.usage_at.get(r, ()):
-                idx = channel.get(key)
-                if idx is None:
-                    idx = channel[key] = len(capacity)
-                    capacity.append(solver.machine.links[key])
-                use.append((idx, c))
+                use.append((channel_index(solver.machine, channel, capacity, key), c))
         rates.append(f.rate)
         usage.append(use)
     return ChannelLoads(channel, capacity, rates, usage)
@@ -220,7 +209,7 @@ def _latency(solver: RateSolver, fresh: dict[int, None], demands: list[tuple[int
     for r, demand in demands:
         model = solver.gpus[r].model
         peak = model.hbm_peak_bytes_per_s
-        left = _left_to_copies(solver, r, demand, flows, pressure) if yielding else 0.0
+        left = solver.left_to_copies(r, demand, flows, pressure) if yielding else 0.0
         us: list[tuple[KernelState | FlowState | None, float, float]] = [
             (k, d / peak, k.mem_wait) for k, d in demand.items() if d > 0]
         for f in flows:
@@ -259,19 +248,3 @@ def _largest_slowdown(f: FlowState, fresh: dict[int, None], new: dict[int, float
         if s > largest:
             largest = s
     return largest
-
-
-def _left_to_copies(solver: RateSolver, r: int, demand: dict[KernelState, float], flows: list[FlowState],
-                    pressure: list[tuple[int, float, float]]) -> float:
-    """The HBM bandwidth GPU ``r``'s kernels, SM flows (at their caps before the latency law) and
-    collective pressure leave to copy engines that yield to them (RateSolver._hbm_left)."""
-    model = solver.gpus[r].model
-    left = model.hbm_bytes_per_s - sum(demand.values())
-    for f in flows:
-        c = f.hbm_at.get(r, 0.0)
-        if c > 0 and not f.demand.uses_copy_engine:
-            left -= f.demand.rate_cap_bytes_per_s * f.sm_factor * c
-    for pr, share, _ in pressure:
-        if pr == r:
-            left -= share * model.hbm_bytes_per_s
-    return max(0.0, left)

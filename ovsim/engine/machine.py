@@ -147,6 +147,7 @@ def build_machine(
             for s in range(ranks):
                 if s != r and system.node_of(where[s]) == system.node_of(where[r]):
                     links[("link", r, s)] = per_pair
+    ports = tuple(system.nic_port_of(r) for r in where)
     return MachineModel(
         gpus=tuple(g for _ in range(ranks)),
         topology=system.topology,
@@ -162,6 +163,6 @@ def build_machine(
         copy_engine_hbm_weight=params.copy_engine_hbm_weight,
         gpus_per_node=system.gpu_count,
         rank_nodes=tuple(system.node_of(r) for r in where) if job_ranks else (),
-        nic_ports=tuple(system.nic_port_of(r) for r in where),
-        nic_hubs={port: r for r, port in reversed(list(enumerate(system.nic_port_of(q) for q in where)))},
+        nic_ports=ports,
+        nic_hubs={port: r for r, port in reversed(list(enumerate(ports)))},
     )

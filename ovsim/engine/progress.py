@@ -67,10 +67,12 @@ def _attribute_flow(f: FlowState, dt: float) -> None:
         # flow, and each member's share set from it then (Flows.finish), the same sums.
         f.share_sm_s += dt * (1 - f.sm_factor)
         bottleneck = f.bottleneck
-        if bottleneck == "hbm":
-            f.share_hbm_s += dt * max(0.0, f.sm_factor - f.rate / f.demand.rate_cap_bytes_per_s)
-        elif bottleneck == "link":
-            f.share_link_s += dt * max(0.0, f.sm_factor - f.rate / f.demand.rate_cap_bytes_per_s)
+        if bottleneck:
+            lost = dt * max(0.0, f.sm_factor - f.rate / f.demand.rate_cap_bytes_per_s)
+            if bottleneck == "hbm":
+                f.share_hbm_s += lost
+            elif bottleneck == "link":
+                f.share_link_s += lost
 
 
 def settle(gpu: GpuState) -> float:

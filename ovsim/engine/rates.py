@@ -59,6 +59,25 @@ def slowed(users: Sequence[tuple[object, float, float]], demand: dict[KernelStat
     return flows
 
 
+def flow_weight(machine: MachineModel, f: FlowState) -> float:
+    """A flow's weight where it shares HBM and links. Shares are fair in HBM bytes: a flow's rate
+    counts hbm_coeff bytes per byte moved; the floor keeps a flow that barely touches HBM from an
+    unbounded weight."""
+    d = f.demand
+    ce_weight = machine.copy_engine_hbm_weight if d.uses_copy_engine else 1.0
+    return ce_weight * d.hbm_weight / max(d.hbm_coeff, 0.05)
+
+
+def channel_index(machine: MachineModel, channel: dict[Any, int], capacity: list[float], key: Any) -> int:
+    """The index of a flow's channel ``key`` (HBM already indexed, a link added at its capacity on
+    first use)."""
+    idx = channel.get(key)
+    if idx is None:
+        idx = channel[key] = len(capacity)
+        capacity.append(machine.links[key])
+    return idx
+
+
 def sm_factor(f: FlowState) -> tuple[float, int]:
     """The share of its issue a collective's slowest resident member gets (NCCL moves data no
     faster than its channels can issue copies; 1 for a copy-engine flow), and that member's rank
@@ -310,21 +329,13 @@ class RateSolver:
                 owners.append(k)
             hbm_has_kernel.add(r)
         for f in flows:
-            d = f.demand
             use: list[tuple[int, float]] = []
             for key, c in f.usage:
                 if key[0] == "hbm":
                     hbm_has_flow.add(key[1])
-                idx = channel.get(key)
-                if idx is None:
-                    idx = channel[key] = len(capacity)
-                    capacity.append(self.machine.links[key])
-                use.append((idx, c))
-            # Shares are fair in HBM bytes: a flow's rate counts hbm_coeff bytes per byte moved. The
-            # floor keeps a flow that barely touches HBM from an unbounded weight.
+                use.append((channel_index(self.machine, channel, capacity, key), c))
             caps.append(f.cap)
-            ce_weight = self.machine.copy_engine_hbm_weight if d.uses_copy_engine else 1.0
-            weights.append(ce_weight * d.hbm_weight / max(d.hbm_coeff, 0.05))
+            weights.append(flow_weight(self.machine, f))
             usage.append(use)
             owners.append(f)
         for r, share, weight in pressure:
@@ -439,7 +450,8 @@ class RateSolver:
             peak = self.gpus[r].model.hbm_peak_bytes_per_s
             users[r] = [(k, d / peak, k.mem_wait) for k, d in demand.items() if d > 0]
         yielding = m.copy_engine_hbm_weight < 1.0 and any(f.demand.uses_copy_engine for f in flows)
-        left = self._hbm_left(demands, flows, pressure) if yielding else {}
+        by_rank = dict(demands)
+        left: dict[int, float] = {}
         for f in flows:
             wait = 0.0 if f.demand.uses_copy_engine else m.collective_memory_wait
             for key, c in f.usage:
@@ -448,6 +460,8 @@ class RateSolver:
                     moved = f.cap * c
                     if yielding and f.demand.uses_copy_engine:
                         # A copy engine yielding to kernels moves what they leave of HBM.
+                        if r not in left:
+                            left[r] = self.left_to_copies(r, by_rank.get(r, {}), flows, pressure)
                         moved = min(moved, left[r])
                     users.setdefault(r, []).append((f, moved / self.gpus[r].model.hbm_peak_bytes_per_s, wait))
         for i, (r, share, _) in enumerate(pressure):
@@ -459,7 +473,6 @@ class RateSolver:
         flow_slow: dict[int, float] = {}
         for f in flows:
             f.slow_at.clear()
-        by_rank = dict(demands)
         for r, us in users.items():
             for f, s in slowed(us, by_rank.get(r, {}), kappa, q, before):
                 f.slow_at[r] = s
@@ -471,23 +484,21 @@ class RateSolver:
             f.slow_at_largest = sum(1 for s in f.slow_at.values() if s == largest)
         return before
 
-    def _hbm_left(self, demands: list[tuple[int, dict[KernelState, float]]], flows: list[FlowState],
-                  pressure: list[tuple[int, float, float]]) -> dict[int, float]:
-        """Per GPU, the HBM bandwidth (bytes/s) its kernels, SM flows and collective pressure leave
-        to copy engines that yield to them."""
-        left = {r: self.gpus[r].model.hbm_bytes_per_s - sum(d.values()) for r, d in demands}
+    def left_to_copies(self, r: int, demand: dict[KernelState, float], flows: list[FlowState],
+                       pressure: list[tuple[int, float, float]]) -> float:
+        """The HBM bandwidth (bytes/s) GPU ``r``'s kernels (``demand``, before the latency law), SM
+        flows (at their caps before it) and collective pressure leave to copy engines that yield
+        to them."""
+        model = self.gpus[r].model
+        left = model.hbm_bytes_per_s - sum(demand.values())
         for f in flows:
-            for key, c in f.usage:
-                if key[0] == "hbm":
-                    r = key[1]
-                    if r not in left:
-                        left[r] = self.gpus[r].model.hbm_bytes_per_s
-                    if not f.demand.uses_copy_engine:
-                        left[r] -= f.cap * c
-        for r, share, _ in pressure:
-            if r in left:
-                left[r] -= share * self.gpus[r].model.hbm_bytes_per_s
-        return {r: max(0.0, x) for r, x in left.items()}
+            c = f.hbm_at.get(r, 0.0)
+            if c > 0 and not f.demand.uses_copy_engine:
+                left -= f.demand.rate_cap_bytes_per_s * f.sm_factor * c
+        for pr, share, _ in pressure:
+            if pr == r:
+                left -= share * model.hbm_bytes_per_s
+        return max(0.0, left)
 
     def check_loads(self, ranks: list[int], capacity: list[float], rates: list[float],
                usage: list[list[tuple[int, float]]]) -> None:
