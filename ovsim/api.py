@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from ovsim.engine.machine import build_machine
-from ovsim.engine.power import POWER_COLUMNS, PowerConfig, power_rows, power_table
+from ovsim.engine.power import POWER_COLUMNS, Period, PowerConfig, power_rows, power_table
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.engine.timeline import Timeline, on_ranks
 from ovsim.errors import OvsimError
@@ -303,8 +303,10 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     else:
         machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout,
                                 job_ranks=wl.job_ranks)
+        history = _steady_window(wl, gpu, power)
         try:
-            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power, progress=progress)).run()
+            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power, progress=progress),
+                              power_history=history).run()
         except OvsimError as e:
             raise e.located(source) from None
     if wl.job_ranks:
@@ -320,6 +322,17 @@ def power_config(wl: Workload, gpu: GpuSpec, calib: Calibration, settings: Power
     model = power_model(gpu, calib.params).with_kernel_saturations(
         {id(op.kernel): op.kernel.saturation_clock_fraction for op in wl.ops if op.kernel is not None}.values())
     return PowerConfig(model=model, settings=settings)
+
+
+def _steady_window(wl: Workload, gpu: GpuSpec, power: PowerConfig) -> dict[int, tuple[Period, ...]] | None:
+    """The power window a long workload starts the engine from, from the analytic fidelity's loop
+    (power_analytic.steady_window); None where the engine finds it itself."""
+    if not power.managed or power.settings.start != "steady":
+        return None
+    from ovsim.engine.power_analytic import steady_window
+
+    with paused_gc():
+        return steady_window(wl, gpu, power)
 
 
 def _analytic(wl: Workload, gpu: GpuSpec, power: PowerConfig) -> Timeline:

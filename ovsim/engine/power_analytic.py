@@ -21,6 +21,7 @@ from ovsim.engine.analytic import Plan
 from ovsim.engine.power import (
     CLOCK_COUNTER,
     POWER_COUNTER,
+    Period,
     PowerConfig,
     SolverInputs,
     op_power_class,
@@ -204,6 +205,17 @@ def _periodic_integral(t: np.ndarray, times: np.ndarray, cum: np.ndarray, span: 
     return out
 
 
+def _integrals(x: np.ndarray, start: np.ndarray, end: np.ndarray, span: float) -> tuple[np.ndarray, np.ndarray]:
+    """Ops' terms ``x`` (a row per op, running from ``start`` to ``end``) summed as steps over one
+    repeat of length ``span``: the steps' times, and each term's integral from 0 to each of them."""
+    times = np.concatenate([start, end, [0.0, span]])
+    steps = np.concatenate([x, -x, np.zeros((2, x.shape[1]))])
+    order = np.argsort(times, kind="stable")
+    times, rate = times[order], np.cumsum(steps[order], axis=0)
+    cum = np.vstack([np.zeros(x.shape[1]), np.cumsum(rate[:-1] * np.diff(times)[:, None], axis=0)])
+    return times, cum
+
+
 def _ranks_rows(workload: Workload) -> dict[int, np.ndarray]:
     """The ops a timeline has rows for (host gaps have none), by rank in program order."""
     by_rank: dict[int, list[int]] = {}
@@ -237,13 +249,7 @@ def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan:
                 new[rows] = hi
                 continue
             start, end = start_all[rows], end_all[rows]
-            # Each solver term's rate as steps at the ops' starts and ends, then its integral.
-            x = terms.solver[rows]
-            times = np.concatenate([start, end, [0.0, span]])
-            steps = np.concatenate([x, -x, np.zeros((2, x.shape[1]))])
-            order = np.argsort(times, kind="stable")
-            times, rate = times[order], np.cumsum(steps[order], axis=0)
-            cum = np.vstack([np.zeros(x.shape[1]), np.cumsum(rate[:-1] * np.diff(times)[:, None], axis=0)])
+            times, cum = _integrals(terms.solver[rows], start, end, span)
             ticks = np.arange(0.0, span + period, period)
             avg = (_periodic_integral(ticks, times, cum, span, idle)
                    - _periodic_integral(ticks - window, times, cum, span, idle)) / window
@@ -279,6 +285,44 @@ def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan
                                         hbm_saturating=x[4]) for x in terms.inputs], dtype=float)
         clocks = alone[terms.index] if terms.index.size else np.zeros(0)
     return _stretched(cfg, clocks, terms), clocks
+
+
+# Workloads at least this many control windows long (by the analytic fidelity) start the engine
+# from the window the analytic loop leaves (steady_window) rather than from warm-up runs.
+STEADY_WINDOWS = 10
+
+
+def steady_window(workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
+                  min_windows: float = STEADY_WINDOWS) -> dict[int, tuple[Period, ...]] | None:
+    """The window each rank brings into ``workload`` in a loop of iterations, from the analytic
+    fidelity's windowed loop on the workload repeated (:func:`_windowed_clocks`): the rank's
+    activity over the last control window of the repeat, one period per control period, in the
+    engine's form (:class:`ClockWindow`). None where the loop has no window, is off, or the
+    workload's analytic length is under ``min_windows`` windows: there the start weighs on the
+    whole run, and the engine's own warm-up runs find it (docs/power.md, "Steady state")."""
+    m = cfg.model
+    period, window = m.control_period_s, m.control_window_s
+    if not cfg.managed or window <= 0:
+        return None
+    plan = Plan.of(workload)
+    terms = OpTerms.of(workload, gpu, m)
+    durations, _ = throttled_durations(workload, gpu, cfg, plan, terms)
+    _, start_list, end_list, _, _ = plan.times(durations)
+    start_all, end_all = np.array(start_list, dtype=float), np.array(end_list, dtype=float)
+    by_rank = _ranks_rows(workload)
+    span = max((float(end_all[rows].max()) for rows in by_rank.values()), default=0.0)
+    if span < min_windows * window:
+        return None
+    n = math.ceil(window / period - 1e-9)
+    edges = span - period * np.arange(n, -1, -1)
+    out: dict[int, tuple[Period, ...]] = {}
+    for r, rows in by_rank.items():
+        times, cum = _integrals(terms.solver[rows], start_all[rows], end_all[rows], span)
+        per = np.diff(_periodic_integral(edges, times, cum, span), axis=0)
+        out[r] = tuple((period, float(x[0]), float(x[1]), float(x[2]), float(x[3]),
+                        tuple((sat, float(b)) for sat, b in zip(terms.saturations, x[4:], strict=True) if b > 0))
+                       for x in per)
+    return out
 
 
 def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:

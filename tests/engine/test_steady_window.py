@@ -1,0 +1,93 @@
+"""The window a long workload starts the engine from (power_analytic.steady_window) against the one
+the engine's own warm-up run leaves (Engine._steady_history): two independent ways to the same
+steady state of the power-limit loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ovsim.api import build, power_config, predict
+from ovsim.engine.machine import build_machine
+from ovsim.engine.power import ClockWindow, power_rows, window_clock
+from ovsim.engine.power_analytic import STEADY_WINDOWS, steady_window
+from ovsim.engine.sim import Engine, EngineOptions
+from ovsim.hw.power import PowerSettings
+from ovsim.scenario import load_scenario
+
+
+def loop_file(tmp_path: Path, gemms: int, adds: int) -> Path:
+    """``gemms`` GEMMs of 8192^3 (1.4-1.6 ms each at the H100's 700 W limit), then ``adds``
+    streaming adds of 1 GiB (0.35 ms): a phase the loop throttles, then one it does not, so the
+    window an iteration leaves to the next is partly each."""
+    p = tmp_path / "loop.yaml"
+    p.write_text("name: loop\nsystem: hgx-h100\nranks: 1\nops:\n"
+                 f"  - {{name: g, kind: gemm, m: 8192, n: 8192, k: 8192, precision: bf16, repeat: {gemms}}}\n"
+                 f"  - {{name: a, kind: elementwise, bytes: 1.07e9, repeat: {adds}}}\n")
+    return p
+
+
+def engine_run(path: Path, history: object) -> tuple[Engine, float, float]:
+    """The engine left to find the steady window itself (``history`` None) or started from
+    ``history``: the engine, the iteration's time and its energy."""
+    sc = load_scenario(path)
+    wl, system, gpu, calib = build(sc, str(path))
+    power = power_config(wl, gpu, calib, sc.power or PowerSettings())
+    machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks)
+    engine = Engine(wl, machine, EngineOptions(counters=True, power=power), power_history=history)  # type: ignore[arg-type]
+    tl = engine.run()
+    energy_j = sum(r["energy_j"] for r in power_rows(tl, range(wl.n_ranks), gpu.power.idle_w, 1.0))
+    return engine, tl.makespan_s, energy_j
+
+
+def test_the_analytic_window_starts_the_engine_where_its_warm_up_does(tmp_path: Path) -> None:
+    """Over 10 control windows of GEMMs, then adds, the analytic window gives the starting clock the
+    engine's warm-up run gives, to the clock grid's 15 MHz, and the iteration's time and energy
+    agree within 0.05%: what the start changes is the run's first two windows (docs/power.md)."""
+    path = loop_file(tmp_path, 420, 40)
+    sc = load_scenario(path)
+    wl, _, gpu, calib = build(sc, str(path))
+    power = power_config(wl, gpu, calib, PowerSettings())
+    m = power.model
+    window = steady_window(wl, gpu, power)
+    assert window is not None and set(window) == {0}
+    periods = window[0]
+    assert sum(p[0] for p in periods) == pytest.approx(m.control_window_s)
+    # The engine's own warm-up (no history given): its run then starts from what it found.
+    warm, t_warm, e_warm = engine_run(path, None)
+    _, t_analytic, e_analytic = engine_run(path, window)
+    assert t_warm > STEADY_WINDOWS * m.control_window_s
+
+    def start_clock(history: object) -> float:
+        return window_clock(m, power.cap_w, power.max_clock_fraction,
+                            ClockWindow(m.control_window_s, history))  # type: ignore[arg-type]
+
+    engine_window = warm.gpus[0].ctl.repeated() if warm.gpus[0].ctl is not None else ()
+    grid = 15e6 / m.compute_clock_hz
+    # The window holds GEMMs the loop throttles: a clock below the top.
+    assert start_clock(periods) < power.max_clock_fraction - grid
+    assert start_clock(periods) == pytest.approx(start_clock(engine_window), abs=1.01 * grid)
+    assert t_analytic == pytest.approx(t_warm, rel=5e-4)
+    assert e_analytic == pytest.approx(e_warm, rel=5e-4)
+    # Through predict, which takes the analytic window for a workload this long.
+    s = predict(path).summary()
+    assert s["makespan_s"] == pytest.approx(t_analytic, rel=1e-12)
+    # From idle the first GEMMs run at the top clock: a faster, costlier iteration.
+    idle = predict(path, power_start="idle").summary()
+    assert idle["makespan_s"] < s["makespan_s"] and idle["energy_j"] > s["energy_j"]
+
+
+def test_short_workloads_keep_the_engines_warm_up(tmp_path: Path) -> None:
+    """Under 10 windows the start weighs on much of the run: no analytic window, and predict runs
+    the engine's warm-up (the same timeline as the engine left to itself)."""
+    path = loop_file(tmp_path, 20, 20)
+    sc = load_scenario(path)
+    wl, _, gpu, calib = build(sc, str(path))
+    power = power_config(wl, gpu, calib, PowerSettings())
+    assert steady_window(wl, gpu, power) is None
+    assert steady_window(wl, gpu, power, min_windows=0.5) is not None
+    # Without a loop (managed off) or from idle there is nothing to find.
+    assert steady_window(wl, gpu, power_config(wl, gpu, calib, PowerSettings(managed=False))) is None
+    _, t_engine, _ = engine_run(path, None)
+    assert predict(path).summary()["makespan_s"] == t_engine
