@@ -1,0 +1,85 @@
+"""README.md's tables of published training runs ("Against published training runs") give what
+ovsim predicts now: each row cheap enough to run here (the SC'21 rows simulated by default, the
+22B pair of Korthikanti et al., llm-foundry's and NeMo's rows, the FlashAttention rows) is
+predicted and its README cells (ovsim's figure and the error against the published one) must read
+as the prediction prints. A model change that moves a row fails here until the README is updated
+(`python bench/published_jobs.py --rows ROW [--mode analytic]` prints the figures). The rows that
+take minutes (39B and up, 175B and up of Korthikanti et al.) are not run."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ovsim import api
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+try:
+    import published_rows as pr
+finally:
+    sys.path.remove(str(ROOT / "bench"))
+
+NEMO_MODELS = {"gpt3-175b": "GPT-3 175B", "llama2-13b": "Llama 2 13B", "llama2-70b": "Llama 2 70B"}
+GPU_NAMES = {"a100": "A100 80 GB", "h100": "H100"}
+
+
+def _table_rows() -> list[list[str]]:
+    """Every row of every table in README.md, as its cells."""
+    rows = []
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("| ") and line.endswith(" |"):
+            rows.append([c.strip() for c in line[2:-2].split(" | ")])
+    return rows
+
+
+def _find(match: Any) -> list[str]:
+    found = [cells for cells in _table_rows() if match(cells)]
+    assert len(found) == 1, f"{len(found)} README rows match"
+    return found[0]
+
+
+def _predicted(row: Any, mode: str) -> tuple[float, str]:
+    """The row's throughput per GPU and its error, as published_jobs.py prints them."""
+    per_gpu = row.throughput(api.predict(row.scenario(), mode=mode, counters=False).timeline.makespan_s)
+    return per_gpu, f"{per_gpu / row.published - 1:+.1%}"
+
+
+def _cases() -> Iterator[Any]:
+    yield from (pytest.param(r, id=r.name) for r in pr.ROWS if r.name in ("1.7B", "3.6B", "7.5B", "18B"))
+    yield from (pytest.param(r, id=r.name) for r in pr.FOUNDRY_ROWS + pr.NEMO_ROWS + pr.FLASH_ROWS)
+    yield pytest.param("22B", id="k22B")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", list(_cases()))
+def test_the_readme_row_is_what_ovsim_predicts(row: Any) -> None:
+    if row == "22B":
+        full, present = (r for r in pr.RECOMPUTE_ROWS if r.model == "22B" and r.dp == 1)
+        cells = _find(lambda c: c[0] == "22B" and len(c) == 7)
+        for (ovsim_cell, err_cell), r in ((cells[3:5], full), (cells[5:7], present)):
+            per_gpu, err = _predicted(r, "analytic")
+            assert (ovsim_cell.split(" / ")[0], err_cell) == (f"{per_gpu:.1f}", err), r.name
+        return
+    if isinstance(row, pr.Row):
+        cells = _find(lambda c: c[0] == row.name and c[3] == "simulate")
+        per_gpu, err = _predicted(row, "simulate")
+        assert (cells[4], cells[6]) == (f"{per_gpu:.1f}", err)
+    elif isinstance(row, pr.FoundryRow):
+        label = f"MPT-{row.model.upper()}, seq {row.seq}"
+        cells = _find(lambda c: c[0] == label and c[1] == f"{row.gpus} {GPU_NAMES[row.gpu]}")
+        per_gpu, err = _predicted(row, "analytic")
+        assert (cells[3], cells[5]) == (f"{per_gpu:,.0f}", err)
+    elif isinstance(row, pr.NemoRow):
+        label = f"NeMo {NEMO_MODELS[row.model]}"
+        cells = _find(lambda c: c[0].startswith(label) and c[1] == f"{row.gpus} H100")
+        per_gpu, err = _predicted(row, "analytic")
+        assert (cells[3], cells[5]) == (f"{per_gpu:,.0f}", err)
+    else:
+        cells = _find(lambda c: c[0].startswith(f"{row.model.upper()} (") and len(c) == 7)
+        per_gpu, err = _predicted(row, "simulate")
+        assert (cells[2], cells[4]) == (f"{per_gpu:,.0f}", err)
