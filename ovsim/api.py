@@ -303,8 +303,8 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     else:
         machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout,
                                 job_ranks=wl.job_ranks)
-        history = _steady_window(wl, gpu, power)
         try:
+            history = _steady_window(wl, gpu, power)
             timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power, progress=progress),
                               power_history=history).run()
         except OvsimError as e:
