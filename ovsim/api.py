@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import ValidationError
 
-from ovsim.engine.machine import build_machine
-from ovsim.engine.power import POWER_COLUMNS, Period, PowerConfig, power_rows, power_table
+from ovsim.engine.machine import MachineModel, build_machine
+from ovsim.engine.power import POWER_COLUMNS, PowerConfig, power_rows, power_table
+from ovsim.engine.power_loop import same_start
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.engine.timeline import Timeline, on_ranks
 from ovsim.errors import OvsimError
@@ -304,9 +305,7 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
         machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout,
                                 job_ranks=wl.job_ranks)
         try:
-            history = _steady_window(wl, gpu, power)
-            timeline = Engine(wl, machine, EngineOptions(counters=counters, power=power, progress=progress),
-                              power_history=history).run()
+            timeline = _simulate(wl, gpu, machine, EngineOptions(counters=counters, power=power, progress=progress))
         except OvsimError as e:
             raise e.located(source) from None
     if wl.job_ranks:
@@ -324,15 +323,28 @@ def power_config(wl: Workload, gpu: GpuSpec, calib: Calibration, settings: Power
     return PowerConfig(model=model, settings=settings)
 
 
-def _steady_window(wl: Workload, gpu: GpuSpec, power: PowerConfig) -> dict[int, tuple[Period, ...]] | None:
-    """The power window a long workload starts the engine from, from the analytic fidelity's loop
-    (power_analytic.steady_window); None where the engine finds it itself."""
-    if not power.managed or power.settings.start != "steady":
-        return None
-    from ovsim.engine.power_analytic import steady_window
+def _simulate(wl: Workload, gpu: GpuSpec, machine: MachineModel, opts: EngineOptions) -> Timeline:
+    """The engine's timeline of ``wl``. A long workload under the power loop's steady start runs
+    from the window the analytic fidelity's loop leaves (power_analytic.steady_window) rather than
+    after a warm-up run; where that window starts a GPU more than a clock step away from the one
+    the run itself leaves (contention the analytic fidelity does not see, at the iteration's end),
+    the run is made again from the window it left (docs/power.md, "Steady state")."""
+    power = opts.power
+    history = None
+    if power is not None and power.managed and power.settings.start == "steady":
+        from ovsim.engine.power_analytic import steady_window
 
-    with paused_gc():
-        return steady_window(wl, gpu, power)
+        with paused_gc():
+            history = steady_window(wl, gpu, power)
+    engine = Engine(wl, machine, opts, power_history=history)
+    timeline = engine.run()
+    if history is None or power is None:
+        return timeline
+    left = engine.left_window()
+    if same_start(power, history, left):
+        return timeline
+    del engine, timeline  # before the second run, which would otherwise hold both at its peak
+    return Engine(wl, machine, opts, power_history=left).run()
 
 
 def _analytic(wl: Workload, gpu: GpuSpec, power: PowerConfig) -> Timeline:

@@ -233,6 +233,18 @@ class PowerLoop:
             self.counters.add(now, r, "link_bytes_per_s", link)
 
 
+def same_start(power: PowerConfig, a: dict[int, tuple[Period, ...]], b: dict[int, tuple[Period, ...]]) -> bool:
+    """Whether the windows ``a`` and ``b`` start every GPU they name at clocks at most one step of
+    the clock grid apart (a GPU neither names starts at the top clock)."""
+    m = power.model
+    step = m.clock_step_hz / m.compute_clock_hz if m.clock_step_hz > 0 else 0.0
+
+    def clock(h: dict[int, tuple[Period, ...]], r: int) -> float:
+        return window_clock(m, power.cap_w, power.max_clock_fraction, ClockWindow(m.control_window_s, h.get(r, ())))
+
+    return all(abs(clock(a, r) - clock(b, r)) <= 1.001 * step for r in set(a) | set(b))
+
+
 # Runs of a workload that find the power-limit loop's steady state, at most (steady_history).
 _WARM_RUNS = 3
 

@@ -178,6 +178,11 @@ class Engine:
 
         return steady_history(self.power, self.loop.idle_history(), [g.clock_frac for g in self.gpus], warm_run)
 
+    def left_window(self) -> dict[int, tuple[Period, ...]]:
+        """After a run under a windowed power loop: the window each GPU leaves to a repeat of the
+        workload (ClockWindow.repeated); empty without one."""
+        return {g.rank: g.ctl.repeated() for g in self.gpus if g.ctl is not None}
+
     def _tick(self, _: object) -> None:
         """A control period ends: the loop sets each GPU's clock at the next resolve."""
         if len(self.finished) == len(self.workload.ops):

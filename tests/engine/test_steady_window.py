@@ -5,13 +5,16 @@ steady state of the power-limit loop."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ovsim import api
 from ovsim.api import build, power_config, predict
 from ovsim.engine.machine import build_machine
 from ovsim.engine.power import ClockWindow, power_rows, window_clock
 from ovsim.engine.power_analytic import STEADY_WINDOWS, steady_window
+from ovsim.engine.power_loop import same_start
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.hw.power import PowerSettings
 from ovsim.scenario import load_scenario
@@ -56,7 +59,7 @@ def test_the_analytic_window_starts_the_engine_where_its_warm_up_does(tmp_path: 
     assert sum(p[0] for p in periods) == pytest.approx(m.control_window_s)
     # The engine's own warm-up (no history given): its run then starts from what it found.
     warm, t_warm, e_warm = engine_run(path, None)
-    _, t_analytic, e_analytic = engine_run(path, window)
+    from_analytic, t_analytic, e_analytic = engine_run(path, window)
     assert t_warm > STEADY_WINDOWS * m.control_window_s
 
     def start_clock(history: object) -> float:
@@ -70,12 +73,73 @@ def test_the_analytic_window_starts_the_engine_where_its_warm_up_does(tmp_path: 
     assert start_clock(periods) == pytest.approx(start_clock(engine_window), abs=1.01 * grid)
     assert t_analytic == pytest.approx(t_warm, rel=5e-4)
     assert e_analytic == pytest.approx(e_warm, rel=5e-4)
-    # Through predict, which takes the analytic window for a workload this long.
-    s = predict(path).summary()
+    # Through predict, which takes the analytic window for a workload this long (and keeps the
+    # run: it starts the GPU where the run's own end leaves it).
+    assert same_start(power, window, from_analytic.left_window())
+    started: list[object] = []
+    s = predict_spying(path, started).summary()
+    assert len(started) == 1 and started[0] is not None
     assert s["makespan_s"] == pytest.approx(t_analytic, rel=1e-12)
     # From idle the first GEMMs run at the top clock: a faster, costlier iteration.
     idle = predict(path, power_start="idle").summary()
     assert idle["makespan_s"] < s["makespan_s"] and idle["energy_j"] > s["energy_j"]
+
+
+def predict_spying(path: Path, started: list[object]) -> api.Result:
+    """``predict(path)``, noting the window each engine it makes starts from."""
+    made = api.Engine
+
+    def engine(*args: Any, power_history: object = None, **kw: Any) -> Engine:
+        started.append(power_history)
+        return made(*args, power_history=power_history, **kw)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "Engine", engine)
+        return predict(path)
+
+
+def test_a_contended_end_is_run_again_from_the_window_it_leaves(tmp_path: Path) -> None:
+    """An all-reduce beside streaming adds after 380 GEMMs on 4 H100: the analytic fidelity, which
+    shares nothing, ends it in a third of the engine's time and so puts the last window's power
+    too high (a start 11 clock steps low). predict sees the run's own end start the GPUs elsewhere
+    and runs it again from there: the engine's warm-up's iteration time."""
+    path = tmp_path / "tail.yaml"
+    path.write_text("name: tail\nsystem: h100x4\nops:\n"
+                    "  - {name: g, kind: gemm, m: 8192, n: 8192, k: 8192, precision: bf16, repeat: 380}\n"
+                    "  - {name: a, kind: elementwise, bytes: 1.07e9, repeat: 60, after: [g]}\n"
+                    "  - {name: ar, kind: all_reduce, size_bytes: 2.0e9, after: [g], stream: comm}\n")
+    sc = load_scenario(path)
+    wl, _, gpu, calib = build(sc, str(path))
+    power = power_config(wl, gpu, calib, PowerSettings())
+    window = steady_window(wl, gpu, power)
+    assert window is not None
+    from_analytic, _, _ = engine_run(path, window)
+    assert not same_start(power, window, from_analytic.left_window())
+    _, t_warm, _ = engine_run(path, None)
+    started: list[object] = []
+    assert predict_spying(path, started).summary()["makespan_s"] == pytest.approx(t_warm, rel=1e-4)
+    assert len(started) == 2 and all(h is not None for h in started)
+
+
+def test_a_host_gap_at_the_end_is_in_the_window(tmp_path: Path) -> None:
+    """400 GEMMs, then a 50 ms host gap: the window the iteration leaves is mostly idle, so the next
+    starts at the top clock, as the engine's warm-up finds (a window of the GEMMs alone would start
+    it 33 steps lower)."""
+    path = tmp_path / "gap.yaml"
+    path.write_text("name: gap\nsystem: hgx-h100\nranks: 1\nops:\n"
+                    "  - {name: g, kind: gemm, m: 8192, n: 8192, k: 8192, precision: bf16, repeat: 400}\n"
+                    "  - {name: d, kind: delay, duration_s: 0.05, after: [g]}\n")
+    sc = load_scenario(path)
+    wl, _, gpu, calib = build(sc, str(path))
+    power = power_config(wl, gpu, calib, PowerSettings())
+    window = steady_window(wl, gpu, power)
+    assert window is not None
+    warm, t_warm, _ = engine_run(path, None)
+    m = power.model
+    top = window_clock(m, power.cap_w, power.max_clock_fraction, ClockWindow(m.control_window_s, window[0]))
+    assert top == power.max_clock_fraction
+    assert same_start(power, window, warm.left_window())
+    assert predict(path).summary()["makespan_s"] == pytest.approx(t_warm, rel=1e-4)
 
 
 def test_short_workloads_keep_the_engines_warm_up(tmp_path: Path) -> None:
@@ -90,4 +154,6 @@ def test_short_workloads_keep_the_engines_warm_up(tmp_path: Path) -> None:
     # Without a loop (managed off) or from idle there is nothing to find.
     assert steady_window(wl, gpu, power_config(wl, gpu, calib, PowerSettings(managed=False))) is None
     _, t_engine, _ = engine_run(path, None)
-    assert predict(path).summary()["makespan_s"] == t_engine
+    started: list[object] = []
+    assert predict_spying(path, started).summary()["makespan_s"] == t_engine
+    assert started == [None]
