@@ -187,6 +187,8 @@ def _stretched(cfg: PowerConfig, clocks: np.ndarray, terms: OpTerms) -> list[flo
     return result
 
 
+# The most control ticks the analytic loop takes over one repeat of a workload (5,000 s at 5 ms).
+_MAX_TICKS = 1_000_000
 # Passes of the analytic fidelity's power-limit loop (clocks, then the timeline they give), at most.
 _ANALYTIC_LOOP_PASSES = 4
 
@@ -243,6 +245,9 @@ def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan:
         _, start_list, end_list, _, _ = plan.times(_stretched(cfg, clocks, terms))
         start_all, end_all = np.array(start_list, dtype=float), np.array(end_list, dtype=float)
         span = float(end_all[every].max()) if every.size else 0.0
+        # A repeat of more control periods than _MAX_TICKS (a GEMM of hours) sets its clocks at
+        # coarser ticks, each still from the window's average before it.
+        tick = max(period, span / _MAX_TICKS)
         new = clocks.copy()
         for rows in by_rank.values():
             if span <= 0:
@@ -250,13 +255,13 @@ def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan:
                 continue
             start, end = start_all[rows], end_all[rows]
             times, cum = _integrals(terms.solver[rows], start, end, span)
-            ticks = np.arange(0.0, span + period, period)
+            ticks = np.arange(0.0, span + tick, tick)
             avg = (_periodic_integral(ticks, times, cum, span, idle)
                    - _periodic_integral(ticks - window, times, cum, span, idle)) / window
             c = m.solve_clocks(cap, avg, hi, sats)
             # The clock's integral over time, then each op's average clock over its span.
-            edges = np.append(ticks, ticks[-1] + period)
-            c_cum = np.concatenate([[0.0], np.cumsum(c * period)])
+            edges = np.append(ticks, ticks[-1] + tick)
+            c_cum = np.concatenate([[0.0], np.cumsum(c * tick)])
             at0, at1 = np.interp(start, edges, c_cum), np.interp(end, edges, c_cum)
             idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, len(c) - 1)
             d = end - start
