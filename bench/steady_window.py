@@ -25,12 +25,13 @@ from published_jobs import GROUPS, AnyRow
 from published_rows import FLASH_ROWS, FOUNDRY_ROWS, LLAMA_ROWS, NEMO_ROWS, RECOMPUTE_ROWS, ROWS
 
 from ovsim import api
-from ovsim.engine.machine import build_machine
-from ovsim.engine.power import ClockWindow, Period, PowerConfig, power_rows, window_clock
+from ovsim.engine.machine import MachineModel, build_machine
+from ovsim.engine.power import Period, PowerConfig, power_rows
 from ovsim.engine.power_analytic import steady_window
-from ovsim.engine.power_loop import same_start
+from ovsim.engine.power_loop import same_start, start_clock
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.hw.power import PowerSettings
+from ovsim.models.ir import Workload
 from ovsim.scenario import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,47 +53,44 @@ OWN = {
 History = dict[int, tuple[Period, ...]]
 
 
-def _run(sc: Scenario, source: str, history: History | None) -> tuple[float, float, float, Engine]:
+def _run(wl: Workload, machine: MachineModel, power: PowerConfig, idle_w: float,
+         history: History | None) -> tuple[float, float, float, Engine]:
     """The engine's iteration time and energy from ``history`` (None: its own warm-up), the wall
     time, and the engine."""
-    wl, system, gpu, calib = api.build(sc, source)
-    power = api.power_config(wl, gpu, calib, sc.power or PowerSettings())
-    machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout,
-                            job_ranks=wl.job_ranks)
     t0 = time.perf_counter()
     engine = Engine(wl, machine, EngineOptions(counters=True, power=power), power_history=history)
     tl = engine.run()
-    energy = sum(r["energy_j"] for r in power_rows(tl, range(wl.n_ranks), gpu.power.idle_w, 1.0))
+    energy = sum(r["energy_j"] for r in power_rows(tl, range(wl.n_ranks), idle_w, 1.0))
     return tl.makespan_s, energy, time.perf_counter() - t0, engine
 
 
 def _clocks_mhz(power: PowerConfig, history: History, ranks: range) -> list[int]:
-    m = power.model
-    return [round(window_clock(m, power.cap_w, power.max_clock_fraction,
-                               ClockWindow(m.control_window_s, history.get(r, ()))) * m.compute_clock_hz / 1e6)
-            for r in ranks]
+    return [round(start_clock(power, history.get(r, ())) * power.model.compute_clock_hz / 1e6) for r in ranks]
 
 
 def compare(sc: Scenario, source: str) -> dict[str, Any] | None:
     """The three starts of one job; None where it runs no windowed loop."""
-    wl, _, gpu, calib = api.build(sc, source)
+    wl, system, gpu, calib = api.build(sc, source)
     power = api.power_config(wl, gpu, calib, sc.power or PowerSettings())
     m = power.model
     if not power.managed or m.control_window_s <= 0:
         return None
+    machine = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout,
+                            job_ranks=wl.job_ranks)
     t0 = time.perf_counter()
     window = steady_window(wl, gpu, power, min_windows=0.0)
     analytic_s = time.perf_counter() - t0
     assert window is not None
     ranks = range(wl.n_ranks)
     idle: History = {r: ((m.control_window_s, 0.0, 0.0, 0.0, 0.0, ()),) for r in ranks}
-    t_warm, e_warm, wall_warm, _ = _run(sc, source, None)
-    t_an, e_an, wall_an, engine = _run(sc, source, window)
-    t_idle, e_idle, _, _ = _run(sc, source, idle)
+    idle_w = gpu.power.idle_w
+    t_warm, e_warm, wall_warm, _ = _run(wl, machine, power, idle_w, None)
+    t_an, e_an, wall_an, engine = _run(wl, machine, power, idle_w, window)
+    t_idle, e_idle, _, _ = _run(wl, machine, power, idle_w, idle)
     left = engine.left_window()
     # What predict does: the run again from the window it left where the two start apart.
     again = not same_start(power, window, left)
-    t_pred, e_pred, wall_again, _ = _run(sc, source, left) if again else (t_an, e_an, 0.0, engine)
+    t_pred, e_pred, wall_again, _ = _run(wl, machine, power, idle_w, left) if again else (t_an, e_an, 0.0, engine)
     return {"windows": t_warm / m.control_window_s, "t_warm": t_warm, "dt_an": t_an / t_warm - 1,
             "de_an": e_an / e_warm - 1, "dt_idle": t_idle / t_warm - 1, "de_idle": e_idle / e_warm - 1,
             "clock_an": _clocks_mhz(power, window, ranks), "clock_left": _clocks_mhz(power, left, ranks),

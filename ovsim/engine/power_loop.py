@@ -233,16 +233,19 @@ class PowerLoop:
             self.counters.add(now, r, "link_bytes_per_s", link)
 
 
+def start_clock(power: PowerConfig, periods: tuple[Period, ...]) -> float:
+    """The clock fraction a GPU starts at from the window ``periods`` (empty: the top clock)."""
+    m = power.model
+    return window_clock(m, power.cap_w, power.max_clock_fraction, ClockWindow(m.control_window_s, periods))
+
+
 def same_start(power: PowerConfig, a: dict[int, tuple[Period, ...]], b: dict[int, tuple[Period, ...]]) -> bool:
     """Whether the windows ``a`` and ``b`` start every GPU they name at clocks at most one step of
     the clock grid apart (a GPU neither names starts at the top clock)."""
     m = power.model
     step = m.clock_step_hz / m.compute_clock_hz if m.clock_step_hz > 0 else 0.0
-
-    def clock(h: dict[int, tuple[Period, ...]], r: int) -> float:
-        return window_clock(m, power.cap_w, power.max_clock_fraction, ClockWindow(m.control_window_s, h.get(r, ())))
-
-    return all(abs(clock(a, r) - clock(b, r)) <= 1.001 * step for r in set(a) | set(b))
+    return all(abs(start_clock(power, a.get(r, ())) - start_clock(power, b.get(r, ()))) <= 1.001 * step
+               for r in set(a) | set(b))
 
 
 # Runs of a workload that find the power-limit loop's steady state, at most (steady_history).

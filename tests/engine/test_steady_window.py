@@ -12,9 +12,9 @@ import pytest
 from ovsim import api
 from ovsim.api import build, power_config, predict
 from ovsim.engine.machine import build_machine
-from ovsim.engine.power import ClockWindow, power_rows, window_clock
+from ovsim.engine.power import Period, PowerConfig, power_rows
 from ovsim.engine.power_analytic import STEADY_WINDOWS, steady_window
-from ovsim.engine.power_loop import same_start
+from ovsim.engine.power_loop import same_start, start_clock
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.hw.power import PowerSettings
 from ovsim.scenario import load_scenario
@@ -29,6 +29,14 @@ def loop_file(tmp_path: Path, gemms: int, adds: int) -> Path:
                  f"  - {{name: g, kind: gemm, m: 8192, n: 8192, k: 8192, precision: bf16, repeat: {gemms}}}\n"
                  f"  - {{name: a, kind: elementwise, bytes: 1.07e9, repeat: {adds}}}\n")
     return p
+
+
+def analytic_window(path: Path) -> tuple[PowerConfig, dict[int, tuple[Period, ...]] | None]:
+    """The scenario's power configuration (its default limit, steady start) and its analytic
+    steady window."""
+    wl, _, gpu, calib = build(load_scenario(path), str(path))
+    power = power_config(wl, gpu, calib, PowerSettings())
+    return power, steady_window(wl, gpu, power)
 
 
 def engine_run(path: Path, history: object) -> tuple[Engine, float, float]:
@@ -49,11 +57,8 @@ def test_the_analytic_window_starts_the_engine_where_its_warm_up_does(tmp_path: 
     engine's warm-up run gives, to the clock grid's 15 MHz, and the iteration's time and energy
     agree within 0.05%: what the start changes is the run's first two windows (docs/power.md)."""
     path = loop_file(tmp_path, 420, 40)
-    sc = load_scenario(path)
-    wl, _, gpu, calib = build(sc, str(path))
-    power = power_config(wl, gpu, calib, PowerSettings())
+    power, window = analytic_window(path)
     m = power.model
-    window = steady_window(wl, gpu, power)
     assert window is not None and set(window) == {0}
     periods = window[0]
     assert sum(p[0] for p in periods) == pytest.approx(m.control_window_s)
@@ -62,15 +67,11 @@ def test_the_analytic_window_starts_the_engine_where_its_warm_up_does(tmp_path: 
     from_analytic, t_analytic, e_analytic = engine_run(path, window)
     assert t_warm > STEADY_WINDOWS * m.control_window_s
 
-    def start_clock(history: object) -> float:
-        return window_clock(m, power.cap_w, power.max_clock_fraction,
-                            ClockWindow(m.control_window_s, history))  # type: ignore[arg-type]
-
-    engine_window = warm.gpus[0].ctl.repeated() if warm.gpus[0].ctl is not None else ()
+    engine_window = warm.left_window()[0]
     grid = 15e6 / m.compute_clock_hz
     # The window holds GEMMs the loop throttles: a clock below the top.
-    assert start_clock(periods) < power.max_clock_fraction - grid
-    assert start_clock(periods) == pytest.approx(start_clock(engine_window), abs=1.01 * grid)
+    assert start_clock(power, periods) < power.max_clock_fraction - grid
+    assert start_clock(power, periods) == pytest.approx(start_clock(power, engine_window), abs=1.01 * grid)
     assert t_analytic == pytest.approx(t_warm, rel=5e-4)
     assert e_analytic == pytest.approx(e_warm, rel=5e-4)
     # Through predict, which takes the analytic window for a workload this long (and keeps the
@@ -108,10 +109,7 @@ def test_a_contended_end_is_run_again_from_the_window_it_leaves(tmp_path: Path) 
                     "  - {name: g, kind: gemm, m: 8192, n: 8192, k: 8192, precision: bf16, repeat: 380}\n"
                     "  - {name: a, kind: elementwise, bytes: 1.07e9, repeat: 60, after: [g]}\n"
                     "  - {name: ar, kind: all_reduce, size_bytes: 2.0e9, after: [g], stream: comm}\n")
-    sc = load_scenario(path)
-    wl, _, gpu, calib = build(sc, str(path))
-    power = power_config(wl, gpu, calib, PowerSettings())
-    window = steady_window(wl, gpu, power)
+    power, window = analytic_window(path)
     assert window is not None
     from_analytic, _, _ = engine_run(path, window)
     assert not same_start(power, window, from_analytic.left_window())
@@ -129,15 +127,10 @@ def test_a_host_gap_at_the_end_is_in_the_window(tmp_path: Path) -> None:
     path.write_text("name: gap\nsystem: hgx-h100\nranks: 1\nops:\n"
                     "  - {name: g, kind: gemm, m: 8192, n: 8192, k: 8192, precision: bf16, repeat: 400}\n"
                     "  - {name: d, kind: delay, duration_s: 0.05, after: [g]}\n")
-    sc = load_scenario(path)
-    wl, _, gpu, calib = build(sc, str(path))
-    power = power_config(wl, gpu, calib, PowerSettings())
-    window = steady_window(wl, gpu, power)
+    power, window = analytic_window(path)
     assert window is not None
     warm, t_warm, _ = engine_run(path, None)
-    m = power.model
-    top = window_clock(m, power.cap_w, power.max_clock_fraction, ClockWindow(m.control_window_s, window[0]))
-    assert top == power.max_clock_fraction
+    assert start_clock(power, window[0]) == power.max_clock_fraction
     assert same_start(power, window, warm.left_window())
     assert predict(path).summary()["makespan_s"] == pytest.approx(t_warm, rel=1e-4)
 
