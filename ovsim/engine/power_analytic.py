@@ -29,7 +29,7 @@ from ovsim.engine.power import (
     tensor_clock_class,
 )
 from ovsim.engine.timeline import Timeline, timeline_from_rows
-from ovsim.hw.power import MEMORY, TENSOR, PowerModel, voltage_fractions
+from ovsim.hw.power import HW_SLOWDOWN_FLOOR, MEMORY, TENSOR, PowerModel, voltage_fractions
 from ovsim.hw.spec import GpuSpec
 from ovsim.models.cost import blocks_per_sm
 from ovsim.models.ir import FlowDemand, Op, Workload
@@ -292,6 +292,43 @@ def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan
     return _stretched(cfg, clocks, terms), clocks
 
 
+def _lowest_clock(workload: Workload, cfg: PowerConfig, terms: OpTerms) -> float:
+    """A clock fraction at or below every one the analytic loop sets: the clock the cap gives the
+    most any rank can draw at once, each of its streams running its most demanding op (a stream
+    runs its ops one at a time, and the board's power grows with every term of the activity)."""
+    keys: dict[tuple[int, str], int] = {}
+    stream_of = np.fromiter((keys.setdefault((op.rank, op.stream), len(keys)) for op in workload.ops),
+                            dtype=np.int64, count=len(workload.ops))
+    if not keys:
+        return cfg.max_clock_fraction
+    peak = np.zeros((len(keys), terms.solver.shape[1]))
+    np.maximum.at(peak, stream_of, terms.solver)
+    _, rank_of = np.unique(np.array([r for r, _ in keys]), return_inverse=True)
+    most = np.zeros((int(rank_of.max()) + 1, peak.shape[1]))
+    np.add.at(most, rank_of, peak)
+    clocks = cfg.model.solve_clocks(cfg.cap_w, most, cfg.max_clock_fraction, terms.saturations)
+    return float(clocks.min())
+
+
+def _shorter_than(length_s: float, workload: Workload, cfg: PowerConfig, plan: Plan, terms: OpTerms) -> bool:
+    """Whether the analytic loop's run of ``workload`` is certainly shorter than ``length_s``,
+    decided cheaply: its length at the top clock (one pass of the plan, where the loop takes
+    several), stretched as far as the slowest rate class slows at a clock at or below every one
+    the loop sets. That clock is first the lowest the board's hardware slowdown reaches, then, where
+    that does not settle it, :func:`_lowest_clock` (which reads every op)."""
+    hi = cfg.max_clock_fraction
+    span = max(plan.times(_stretched(cfg, np.full(len(terms.isolated_s), hi), terms))[2], default=0.0)
+    if span >= length_s:  # the loop's clocks are at most the top one
+        return False
+
+    def stretched_s(floor: float) -> float:
+        mult = _multipliers(cfg, np.array([hi, min(hi, floor)]))
+        return span * float(np.max(mult[0] / mult[1]))
+
+    return (stretched_s(cfg.model.min_clock_fraction * HW_SLOWDOWN_FLOOR) < length_s
+            or stretched_s(_lowest_clock(workload, cfg, terms)) < length_s)
+
+
 # Workloads at least this many control windows long (by the analytic fidelity) start the engine
 # from the window the analytic loop leaves (steady_window) rather than from warm-up runs.
 STEADY_WINDOWS = 10
@@ -314,6 +351,8 @@ def steady_window(workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
         return None
     plan = Plan.of(workload)
     terms = OpTerms.of(workload, gpu, m)
+    if _shorter_than(min_windows * window, workload, cfg, plan, terms):
+        return None
     durations, _ = throttled_durations(workload, gpu, cfg, plan, terms)
     _, start_list, end_list, _, _ = plan.times(durations)
     start_all, end_all = np.array(start_list, dtype=float), np.array(end_list, dtype=float)

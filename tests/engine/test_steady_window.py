@@ -163,3 +163,25 @@ def test_a_gemm_of_years_predicts_in_both_fidelities(tmp_path: Path) -> None:
     assert analytic["makespan_s"] > 3e7  # about a year
     assert simulated["makespan_s"] == pytest.approx(analytic["makespan_s"], rel=1e-3)
     assert simulated["avg_sm_clock_hz"] == pytest.approx(analytic["avg_sm_clock_hz"], rel=1e-3)
+
+
+@pytest.mark.parametrize("cap_w", [None, 300.0, 120.0])
+def test_the_cheap_length_check_never_calls_a_long_workload_short(tmp_path: Path, cap_w: float | None) -> None:
+    """steady_window skips its loop where one pass of the plan shows the workload short; the check
+    must never say so of a workload the loop runs for longer (it would then be judged on the
+    engine's warm-up instead, which is slower, though still right). Checked against the loop's
+    own length at the 700 W default, at 300 W, and at 120 W, where the H100's lowest clock draws
+    more than the cap and the hardware slowdown takes the clock below it."""
+    from ovsim.engine.analytic import Plan
+    from ovsim.engine.power_analytic import OpTerms, _shorter_than, throttled_durations
+
+    path = loop_file(tmp_path, 20, 20)
+    wl, _, gpu, calib = build(load_scenario(path), str(path))
+    power = power_config(wl, gpu, calib, PowerSettings(cap_w=cap_w))
+    plan, terms = Plan.of(wl), OpTerms.of(wl, gpu, power.model)
+    durations, _ = throttled_durations(wl, gpu, power, plan, terms)
+    span_s = max(plan.times(durations)[2])
+    for times in (0.5, 0.999, 1.001, 2.0):
+        assert not _shorter_than(span_s * times, wl, power, plan, terms) or times > 1
+    # And it does say so where the workload is far shorter, or the check would save nothing.
+    assert _shorter_than(span_s * 100, wl, power, plan, terms)
