@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ovsim.api import predict
 from ovsim.cli import main
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm-allreduce-h100x4-priority.yaml"
@@ -163,6 +164,21 @@ def test_console_script_exits_nonzero_without_traceback(tmp_path: Path) -> None:
                           check=False)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "ops" in proc.stderr
+
+
+def test_the_command_writes_all_it_says_before_it_exits(tmp_path: Path) -> None:
+    """The command freezes what it leaves out of the cyclic collector before it exits
+    (cli.main.console): its printed JSON and the trace file it writes are whole, and the same as
+    the in-process command's."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "gemm-allreduce-h100x4-priority.yaml"
+    trace = tmp_path / "trace.json"
+    proc = subprocess.run([sys.executable, "-m", "ovsim.cli", "predict", str(example), "--json", "--timeline",
+                           str(trace)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    assert printed["summary"]["makespan_s"] == predict(example).summary()["makespan_s"]
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(1 for e in events if e.get("ph") == "X") >= len(printed["ops"])
 
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

@@ -6,6 +6,6 @@ Bad input prints one line (``ovsim: error: FILE: FIELD: message``) and exits wit
 unexpected failure prints one line and exits with status 3 (set OVSIM_DEBUG=1 for the traceback).
 """
 
-from ovsim.cli.main import main, parser
+from ovsim.cli.main import console, main, parser
 
-__all__ = ["main", "parser"]
+__all__ = ["console", "main", "parser"]

@@ -1,7 +1,5 @@
 """``python -m ovsim.cli``: the ``ovsim`` command."""
 
-import sys
+from ovsim.cli.main import console
 
-from ovsim.cli.main import main
-
-sys.exit(main())
+console()
