@@ -48,7 +48,7 @@ def sm_factor_kept(f: FlowState, fresh: dict[int, None]) -> bool:
         return True
     for r in fresh:
         m = f.members.get(r)
-        if m is not None and m.kernel is not None and m.kernel.issued / m.kernel.blocks < f.sm_factor:
+        if m is not None and m.kernel is not None and m.kernel.full_issue_blocks / m.kernel.blocks < f.sm_factor:
             return False
     if f.sm_lowest not in fresh:
         return True
@@ -108,7 +108,7 @@ def solve_local(solver: RateSolver, fresh: dict[int, None]) -> tuple[bool, Chann
         for (cap, _, k), x in zip(one.users, one.rates, strict=True):
             if k is not None:
                 full = asked_alone.get(k, cap)
-                k.theta = (x / full if full > 0 else 1.0) * k.theta_self
+                k.hbm_pace_share = (x / full if full > 0 else 1.0) * k.hbm_pace_share_alone
     if not solver.keep_loads and not solver.check_invariants:
         return True, None
     loads = _loads(solver, ranks, flows, shared)
@@ -211,7 +211,7 @@ def _latency(solver: RateSolver, fresh: dict[int, None], demands: list[tuple[int
         peak = model.hbm_peak_bytes_per_s
         left = solver.left_to_copies(r, demand, flows, pressure) if yielding else 0.0
         us: list[tuple[KernelState | FlowState | None, float, float]] = [
-            (k, d / peak, k.mem_wait) for k, d in demand.items() if d > 0]
+            (k, d / peak, k.memory_wait_share) for k, d in demand.items() if d > 0]
         for f in flows:
             c = f.hbm_at.get(r, 0.0)
             if c > 0:

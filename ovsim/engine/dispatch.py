@@ -18,12 +18,12 @@ from ovsim.engine.state import BIG, INF, BlockEntry, GpuState, KernelState, SmGr
 
 
 def free_entry(g: SmGroup, e: BlockEntry) -> None:
-    k = e.k
+    k = e.kernel
     g.threads += e.per_sm * k.threads
     g.regs += e.per_sm * k.regs
     g.smem += e.per_sm * k.smem
     g.blocks += e.per_sm
-    k.resident -= g.n * e.per_sm
+    k.resident -= g.n_sms * e.per_sm
 
 
 def retire(gpu: GpuState, now: float, eps: float) -> list[KernelState] | None:
@@ -42,7 +42,7 @@ def retire(gpu: GpuState, now: float, eps: float) -> list[KernelState] | None:
             if e.rate > 0 and e.remaining <= e.rate * eps:
                 free_entry(g, e)
                 changed = True
-                if e.k.cluster > 1:
+                if e.kernel.cluster > 1:
                     gpu.cluster_freed_s = now
             else:
                 keep.append(e)
@@ -51,9 +51,9 @@ def retire(gpu: GpuState, now: float, eps: float) -> list[KernelState] | None:
         return None
     merge(gpu)
     for k in gpu.running:
-        if k.late and k.undispatched == 0 and k.resident == 0:
+        if k.late_blocks and k.undispatched == 0 and k.resident == 0:
             # The resident CTAs have run every other tile and left: the late ones start.
-            k.undispatched, k.late = k.late, 0
+            k.undispatched, k.late_blocks = k.late_blocks, 0
     done = [k for k in gpu.running if k.undispatched == 0 and k.resident == 0]
     if done:
         gpu.running = [k for k in gpu.running if not (k.undispatched == 0 and k.resident == 0)]
@@ -65,7 +65,7 @@ def evict(gpu: GpuState, k: KernelState) -> None:
     for g in gpu.groups:
         keep = []
         for e in g.entries:
-            if e.k is k:
+            if e.kernel is k:
                 free_entry(g, e)
             else:
                 keep.append(e)
@@ -86,7 +86,7 @@ def merge(gpu: GpuState) -> None:
         for g in groups:
             key = g.key()
             if key in merged:
-                merged[key].n += g.n
+                merged[key].n_sms += g.n_sms
             else:
                 merged[key] = g
                 out.append(g)
@@ -99,7 +99,7 @@ def merge(gpu: GpuState) -> None:
         g = groups[i]
         for h in out:
             if h.same(g):
-                h.n += g.n
+                h.n_sms += g.n_sms
                 break
         else:
             out.append(g)
@@ -128,7 +128,7 @@ def batch(gpu: GpuState) -> None:
         return
     first: dict[str, KernelState] = {}
     for k in gpu.pending:
-        if k.undispatched > 0 or k.late:
+        if k.undispatched > 0 or k.late_blocks:
             for p in k.partitions:
                 if p not in first:
                     first[p] = k
@@ -141,7 +141,7 @@ def batch(gpu: GpuState) -> None:
     for k in {id(k): k for k in first.values()}.values() if len(first) > 1 else first.values():
         if k.flow is not None:
             continue
-        where = [(g, e) for g in gpu.groups for e in g.entries if e.k is k]
+        where = [(g, e) for g in gpu.groups for e in g.entries if e.kernel is k]
         if not where:
             continue
         if any(first.get(g.part) is not k or e.extra or e.rate <= 0 for g, e in where):
@@ -153,13 +153,13 @@ def batch(gpu: GpuState) -> None:
             continue
         if len(where) == 1:
             g, e = where[0]
-            wave = g.n * e.per_sm
+            wave = g.n_sms * e.per_sm
             _give(gpu, k, e, wave, (spare - 1) // wave if behind else spare // wave)
             continue
-        waves = interleave([g.n * e.per_sm for g, e in where], [e.remaining / e.rate for _, e in where],
+        waves = interleave([g.n_sms * e.per_sm for g, e in where], [e.remaining / e.rate for _, e in where],
                             [1.0 / e.rate for _, e in where], spare, keep_last=behind)
         for (g, e), n in zip(where, waves, strict=True):
-            _give(gpu, k, e, g.n * e.per_sm, n)
+            _give(gpu, k, e, g.n_sms * e.per_sm, n)
 
 def _give(gpu: GpuState, k: KernelState, e: BlockEntry, wave: int, waves: int) -> None:
     if waves > 0:
@@ -174,11 +174,11 @@ def unbatch(gpu: GpuState) -> None:
     for g in gpu.groups:
         for e in g.entries:
             if e.extra:
-                k = e.k
+                k = e.kernel
                 # Each wave is one unit of work, the current one last to have begun.
                 left = min(e.extra, max(0, math.ceil(e.remaining) - 1))
                 e.remaining -= left
-                wave = g.n * e.per_sm
+                wave = g.n_sms * e.per_sm
                 k.batched -= e.extra * wave
                 k.undispatched += left * wave
                 e.extra = 0
@@ -199,14 +199,14 @@ def dispatch(gpu: GpuState, now: float) -> None:
             before = k.undispatched
             place(gpu, k, now, allowed)
             placed_any = placed_any or k.undispatched < before
-        if k.undispatched == 0 and not k.late:
+        if k.undispatched == 0 and not k.late_blocks:
             any_done = True
             continue
         blocked.update(k.partitions)
         if len(blocked) == gpu.n_partitions:
             break
     if any_done:
-        gpu.pending = [k for k in gpu.pending if k.undispatched > 0 or k.late]
+        gpu.pending = [k for k in gpu.pending if k.undispatched > 0 or k.late_blocks]
     if placed_any:
         merge(gpu)
 
@@ -242,41 +242,41 @@ def place(gpu: GpuState, k: KernelState, now: float, partitions: tuple[str, ...]
                 fit = g.smem // ks
             if fit <= 0:
                 continue
-            if best is None or fit > best_fit or (fit == best_fit and g.n > best.n):
+            if best is None or fit > best_fit or (fit == best_fit and g.n_sms > best.n_sms):
                 if best is not None:
-                    second_fit, second_n = best_fit, best.n
+                    second_fit, second_n = best_fit, best.n_sms
                 best, best_fit = g, fit
-            elif fit > second_fit or (fit == second_fit and g.n > second_n):
-                second_fit, second_n = fit, g.n
+            elif fit > second_fit or (fit == second_fit and g.n_sms > second_n):
+                second_fit, second_n = fit, g.n_sms
         if best is None:
             return
-        if todo < best.n:
-            rest = best.clone(best.n - todo)
-            best.n = todo
+        if todo < best.n_sms:
+            rest = best.clone(best.n_sms - todo)
+            best.n_sms = todo
             gpu.groups.insert(gpu.groups.index(best) + 1, rest)
             layers = 1
         else:
-            wins = best_fit - second_fit + (1 if best.n > second_n else 0)
-            layers = max(1, min(wins, best_fit, todo // best.n))
+            wins = best_fit - second_fit + (1 if best.n_sms > second_n else 0)
+            layers = max(1, min(wins, best_fit, todo // best.n_sms))
         best.threads -= layers * kt
         best.regs -= layers * kr
         best.smem -= layers * ks
         best.blocks -= layers
         for e in best.entries:
-            if e.k is k and e.born == now and e.remaining == 1.0:
+            if e.kernel is k and e.born == now and e.remaining == 1.0:
                 e.per_sm += layers
                 break
         else:
             best.entries.append(BlockEntry(k, layers, 1.0 if k.flow is None else INF, now))
-        k.undispatched -= layers * best.n
-        k.resident += layers * best.n
+        k.undispatched -= layers * best.n_sms
+        k.resident += layers * best.n_sms
         if k.start_s == INF:
             k.start_s = now
-        if k.late and k.resident > k.ctas - k.late:
+        if k.late_blocks and k.resident > k.ctas - k.late_blocks:
             # More tiles run at once than CTAs had found SMs: late CTAs have found some (SMs
             # another kernel freed) and run their first tiles among the rest.
-            came = min(k.late, k.resident - (k.ctas - k.late))
-            k.late -= came
+            came = min(k.late_blocks, k.resident - (k.ctas - k.late_blocks))
+            k.late_blocks -= came
             k.undispatched += came
         todo = min(k.undispatched, cap - k.resident)
 
@@ -292,10 +292,10 @@ def cluster_room(gpu: GpuState, k: KernelState) -> int:
     held = paired = 0
     for g in gpu.groups:
         if blocks_fit(g.threads, g.regs, g.smem, g.blocks, k.threads, k.regs, k.smem) == 0 and \
-                not any(e.k is k for e in g.entries):
-            held += g.n
-            if all(e.k.paired for e in g.entries):
-                paired += g.n
+                not any(e.kernel is k for e in g.entries):
+            held += g.n_sms
+            if all(e.kernel.paired for e in g.entries):
+                paired += g.n_sms
     m = gpu.model
     plain = held - paired
     stranded = m.stranded_sms(plain, k.cluster)
@@ -306,13 +306,13 @@ def hold_late(gpu: GpuState, k: KernelState, partitions: tuple[str, ...], cap: i
     no SM (another kernel holds it). Each runs its first tile only once the resident CTAs have
     run all the other tiles: one more round of tiles from the first SM taken, as measured on
     cuBLAS's Hopper GEMMs beside SM-holding kernels (calibration/data/README.md, "smloss")."""
-    room = min(cap, sum(g.n * blocks_fit(g.threads, g.regs, g.smem, g.blocks, k.threads, k.regs, k.smem)
+    room = min(cap, sum(g.n_sms * blocks_fit(g.threads, g.regs, g.smem, g.blocks, k.threads, k.regs, k.smem)
                         for g in gpu.groups if g.part in partitions))
     if room <= 0:
         return  # nothing starts now; counted again when something does
     late = k.ctas - min(room, k.ctas)
     if late > 0:
-        k.late = late
+        k.late_blocks = late
         k.undispatched -= late
 
 

@@ -36,7 +36,7 @@ class PowerLoop:
         # Dynamic-power scale of tensor and other work without power management.
         self.s_calibrated = (m.dynamic_scale(m.tensor_reference_clock_fraction), m.dynamic_scale(1.0))
         for gpu in gpus:
-            gpu.mult = [1.0] * (2 + len(m.tensor_saturations) + len(m.memory_clock_shares))
+            gpu.rate_multipliers = [1.0] * (2 + len(m.tensor_saturations) + len(m.memory_clock_shares))
         # Rate classes of tensor kernels that saturate, and their saturation clock fractions; rate
         # classes of memory-bound kernels, and the share of their time that follows the clock.
         sats = m.tensor_saturations
@@ -61,7 +61,7 @@ class PowerLoop:
         if self.clock_moved:
             return 1
         quiet_since = now - self.power.model.control_window_s - 2 * period_s
-        if not all(g.ctl is not None and g.ctl.steady_since(quiet_since) for g in self.gpus):
+        if not all(g.clock_window is not None and g.clock_window.steady_since(quiet_since) for g in self.gpus):
             return 1
         if not math.isfinite(next_event_s):
             return 1
@@ -73,9 +73,9 @@ class PowerLoop:
         cap, hi = pc.cap_w, pc.max_clock_fraction
         self.clock_moved = False
         for gpu in self.gpus:
-            assert gpu.ctl is not None
-            gpu.ctl.close(now)
-            c = window_clock(pc.model, cap, hi, gpu.ctl)
+            assert gpu.clock_window is not None
+            gpu.clock_window.close(now)
+            c = window_clock(pc.model, cap, hi, gpu.clock_window)
             if c != gpu.clock_frac:
                 self.clock_moved = True
                 touch(gpu.rank)
@@ -88,14 +88,14 @@ class PowerLoop:
         for gpu in self.gpus:
             c0 = pc.max_clock_fraction
             if self.windowed:
-                gpu.ctl = ClockWindow(pc.model.control_window_s, history.get(gpu.rank, ()))
-                c0 = window_clock(pc.model, pc.cap_w, c0, gpu.ctl)
+                gpu.clock_window = ClockWindow(pc.model.control_window_s, history.get(gpu.rank, ()))
+                c0 = window_clock(pc.model, pc.cap_w, c0, gpu.clock_window)
             self.set_clock(gpu, c0)
 
     def set_clock(self, gpu: GpuState, c: float) -> None:
         gpu.clock_frac = c
-        gpu.mult = list(self.power.multipliers(c))
-        gpu.throttled = any(x != 1.0 for x in gpu.mult)
+        gpu.rate_multipliers = list(self.power.multipliers(c))
+        gpu.throttled = any(x != 1.0 for x in gpu.rate_multipliers)
 
     def activity(self, gpu: GpuState) -> Activity:
         """Power inputs of a GPU from its current rates (before HBM shares are applied to block
@@ -109,32 +109,32 @@ class PowerLoop:
         memory_cls = self.memory_share_cls
         r = gpu.rank
         for g in gpu.groups:
-            n = g.n
+            n = g.n_sms
             for e in g.entries:
-                k = e.k
+                k = e.kernel
                 f = k.flow
                 if f is not None:
                     # NCCL's loops work only while data moves, in proportion to its pace.
                     if f.phase == "data" and f.demand.rate_cap_bytes_per_s > 0:
-                        x = n * e.per_sm * k.pw_unit * min(1.0, f.rate / f.demand.rate_cap_bytes_per_s)
-                        other += x * k.pw_w
+                        x = n * e.per_sm * k.busy_sms_per_block * min(1.0, f.rate / f.demand.rate_cap_bytes_per_s)
+                        other += x * k.sm_weight_w
                         xm += x
                     continue
-                x = n * e.per_sm * k.pw_unit * e.share * k.theta / k.theta_self
-                if k.pw_tensor:
-                    tensor += x * k.pw_w
+                x = n * e.per_sm * k.busy_sms_per_block * e.share * k.hbm_pace_share / k.hbm_pace_share_alone
+                if k.on_tensor_cores:
+                    tensor += x * k.sm_weight_w
                     xt += x
                 else:
-                    other += x * k.pw_w
+                    other += x * k.sm_weight_w
                     if k.clock_cls and k.clock_cls not in memory_cls:
                         xf += x
                     else:
                         xm += x
                         # The clock-following share of a memory-bound kind is CUDA-core work: its
-                        # power is in pw_w, and the fit tables read it as such (PowerModel.sm_weight_w).
+                        # power is in sm_weight_w, and the fit tables read it as such (PowerModel.sm_weight_w).
                         xf += x * memory_cls.get(k.clock_cls, 0.0)
                 if k.bytes_per_block > 0:
-                    b = n * e.per_sm * e.rate * k.theta * k.bytes_per_block
+                    b = n * e.per_sm * e.rate * k.hbm_pace_share * k.bytes_per_block
                     if k.clock_cls in self.saturating_cls:
                         saturating[k.clock_cls] = saturating.get(k.clock_cls, 0.0) + b
                     elif k.clock_cls and k.clock_cls not in memory_cls:
@@ -174,8 +174,8 @@ class PowerLoop:
             for r in ranks:
                 gpu = self.gpus[r]
                 a = self.activity(gpu)
-                assert gpu.ctl is not None
-                gpu.ctl.record(now, (a[0] + a[1], a[2], a[3] / gpu.clock_frac, a[4], a[8]))
+                assert gpu.clock_window is not None
+                gpu.clock_window.record(now, (a[0] + a[1], a[2], a[3] / gpu.clock_frac, a[4], a[8]))
                 if self.records_power:
                     self.record(gpu, now, a)
             return
@@ -265,7 +265,7 @@ def steady_history(power: PowerConfig, idle: dict[int, tuple[Period, ...]], cloc
     history = idle
     for _ in range(_WARM_RUNS):
         end_s, gpus = warm_run(history)
-        history = {g.rank: g.ctl.repeated() for g in gpus if g.ctl is not None}
+        history = {g.rank: g.clock_window.repeated() for g in gpus if g.clock_window is not None}
         # After two windows the loop has forgotten where it started: the window a run that long
         # leaves does not depend on the one it started from.
         if end_s >= 2 * m.control_window_s:

@@ -19,17 +19,17 @@ def advance(gpu: GpuState, now: float) -> None:
                 if rate > 0:
                     e.remaining -= rate * dt
         throttled = gpu.throttled
-        mult = gpu.mult
+        mult = gpu.rate_multipliers
         for k in gpu.running:
             # Slow-down reasons (inlined: this runs for every kernel at every event).
             if k.resident == 0:
                 k.wait_sm_s += dt
                 continue
-            alone = k.undispatched + k.batched + k.resident + k.late
+            alone = k.undispatched + k.batched + k.resident + k.late_blocks
             if alone > k.max_resident:
                 alone = k.max_resident
             f_res = k.resident / alone if k.resident < alone else 1.0
-            f_issue = k.issued / k.resident
+            f_issue = k.full_issue_blocks / k.resident
             if f_issue > 1.0:  # blocks with room run faster than at full residency: no loss
                 f_issue = 1.0
             k.wait_sm_s += dt * (1 - f_res)
@@ -40,7 +40,7 @@ def advance(gpu: GpuState, now: float) -> None:
                 if m != 1.0:
                     k.clock_s += dt * f_res * f_issue * (1 - m)
                     f_issue *= m
-            k.share_hbm_s += dt * f_res * f_issue * (1 - k.theta / k.theta_self)
+            k.share_hbm_s += dt * f_res * f_issue * (1 - k.hbm_pace_share / k.hbm_pace_share_alone)
     for f in gpu.flows:
         fdt = now - f.last_t
         if fdt > 0:
@@ -62,7 +62,7 @@ def _attribute_flow(f: FlowState, dt: float) -> None:
                 m.wait_peers_s += dt
             else:
                 m.wait_sm_s += dt
-    elif phase == "data" and f.cap > 0:
+    elif phase == "data" and f.effective_cap_bytes_per_s > 0:
         # The same for every member, all of which move the data until the flow ends: kept on the
         # flow, and each member's share set from it then (Flows.finish), the same sums.
         f.share_sm_s += dt * (1 - f.sm_factor)
@@ -77,14 +77,14 @@ def _attribute_flow(f: FlowState, dt: float) -> None:
 
 def settle(gpu: GpuState) -> float:
     """Apply each kernel's HBM share to its blocks' rates (the rate solver leaves it in
-    ``KernelState.theta``); returns the seconds until the GPU's next completion (inf: none)."""
+    ``KernelState.hbm_pace_share``); returns the seconds until the GPU's next completion (inf: none)."""
     dt = INF
     for g in gpu.groups:
         for e in g.entries:
             rate = e.rate
-            theta = e.k.theta
-            if theta < 1.0:
-                e.rate = rate = rate * theta
+            pace = e.kernel.hbm_pace_share
+            if pace < 1.0:
+                e.rate = rate = rate * pace
             if rate > 0 and e.remaining < dt * rate:
                 dt = e.remaining / rate
     for f in gpu.flows:

@@ -3,8 +3,8 @@
 Per GPU, each SM's issue throughput is shared among its resident blocks (max-min with per-block
 demands); HBM's loaded-latency law then lowers the demands of whoever waits on memory; HBM, links,
 PCIe and NICs are shared among kernels and flows (weighted max-min with demand caps,
-:mod:`ovsim.engine.channel`). A kernel's HBM grant sets ``theta``, the share of its blocks' pace it
-keeps; a flow's grant is its rate.
+:mod:`ovsim.engine.channel`). A kernel's HBM grant sets ``hbm_pace_share``, the share of its blocks'
+pace it keeps; a flow's grant is its rate.
 
 A new resource needs no change here. One that flows cross (a port, a switch, a NIC: NICs came
 this way) is a capacity in ``MachineModel.links`` under its own key, and the key with its bytes per
@@ -88,7 +88,7 @@ def sm_factor(f: FlowState) -> tuple[float, int]:
         for q, m in f.members.items():
             k = m.kernel
             if k is not None:
-                x = k.issued / k.blocks
+                x = k.full_issue_blocks / k.blocks
                 if x < factor:
                     factor = x
                     lowest = q
@@ -140,7 +140,7 @@ class RateSolver:
         need not be brought up to date; otherwise (False, None) with all of it put back as it was,
         for a full solve once they are."""
         demands: list[tuple[int, dict[KernelState, float]]] = []
-        thetas: list[tuple[KernelState, float]] = []
+        paces: list[tuple[KernelState, float]] = []
         gpus = self.gpus
         for r in ranks:
             gpu = gpus[r]
@@ -148,23 +148,24 @@ class RateSolver:
                 demand = self.share_sms(gpu)
             else:
                 for k in gpu.running:
-                    thetas.append((k, k.theta))
-                    k.theta = k.theta_self  # as the SM step of a full solve leaves it
+                    paces.append((k, k.hbm_pace_share))
+                    k.hbm_pace_share = k.hbm_pace_share_alone  # as the SM step of a full solve leaves it
                 demand = gpu.hbm_demand
             if demand:
                 demands.append((r, self.own_demand(demand)))
         moving = self.moving_flows(ranks)
-        flows = [(f, (f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck)) for f in moving]
+        flows = [(f, (f.rate, f.effective_cap_bytes_per_s, f.sm_factor, f.latency_slow, f.bottleneck))
+                 for f in moving]
         loads = self._shared(ranks, demands, moving)
-        same = all(k.theta == theta for k, theta in thetas) and all(
-            (f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck) == before
+        same = all(k.hbm_pace_share == pace for k, pace in paces) and all(
+            (f.rate, f.effective_cap_bytes_per_s, f.sm_factor, f.latency_slow, f.bottleneck) == before
             or all(q in fresh for q in f.ranks) for f, before in flows)
         if same:
             return True, loads
-        for k, theta in thetas:
-            k.theta = theta
+        for k, pace in paces:
+            k.hbm_pace_share = pace
         for f, before in flows:
-            f.rate, f.cap, f.sm_factor, f.latency_slow, f.bottleneck = before
+            f.rate, f.effective_cap_bytes_per_s, f.sm_factor, f.latency_slow, f.bottleneck = before
         return False, None
 
     def own_demand(self, demand: dict[KernelState, float]) -> dict[KernelState, float]:
@@ -228,11 +229,11 @@ class RateSolver:
     def share_sms(self, gpu: GpuState) -> dict[KernelState, float]:
         """Share each SM's issue slots among its blocks and set their rates; returns (and keeps as
         ``gpu.hbm_demand``) the HBM bytes/s each kernel would move at them, within its own cap."""
-        mult = gpu.mult
+        mult = gpu.rate_multipliers
         groups = gpu.groups
         for g in groups:
             for e in g.entries:
-                e.k.issued = 0.0
+                e.kernel.full_issue_blocks = 0.0
         demand: dict[KernelState, float] = {}
         # The fraction of the GPU's SMs running blocks that load the shared memory system
         # (GEMM tiles, KernelDemand.load_share): the fewer, the faster each of those runs.
@@ -240,8 +241,8 @@ class RateSolver:
         if self.any_load:
             for g in groups:
                 for e in g.entries:
-                    if e.k.load_share > 0:
-                        busy += g.n
+                    if e.kernel.load_share > 0:
+                        busy += g.n_sms
                         break
         idle_share = 1.0 - busy / gpu.model.sm_count
         for g in groups:
@@ -250,39 +251,41 @@ class RateSolver:
                 continue
             if len(entries) == 1:
                 e = entries[0]
-                ask = e.k.ask
+                ask = e.kernel.issue_share_asked
                 if ask > 0:
                     x = 1.0 / e.per_sm
-                    cap = e.k.cap
+                    cap = e.kernel.issue_share_cap
                     e.share = (x if x < cap else cap) / ask
                 else:
                     e.share = 1.0
             else:
-                shares = water_fill([e.k.cap for e in entries], [e.per_sm for e in entries], 1.0)
+                shares = water_fill([e.kernel.issue_share_cap for e in entries], [e.per_sm for e in entries], 1.0)
                 for e, got in zip(entries, shares, strict=True):
-                    ask = e.k.ask
+                    ask = e.kernel.issue_share_asked
                     e.share = got / ask if ask > 0 else 1.0
-            n = g.n
+            n = g.n_sms
             for e in entries:
-                k = e.k
+                k = e.kernel
                 blocks = n * e.per_sm
-                k.issued += blocks * e.share
+                k.full_issue_blocks += blocks * e.share
                 if k.flow is not None:
                     e.rate = 0.0
                     continue
-                e.rate = e.share * mult[k.clock_cls] / k.t_block
+                e.rate = e.share * mult[k.clock_cls] / k.block_time_s
                 if k.load_share > 0:
                     e.rate /= 1.0 - k.load_share * idle_share
                 if k.bytes_per_block > 0:
                     demand[k] = demand.get(k, 0.0) + blocks * e.rate * k.bytes_per_block
         for k in gpu.running:
-            k.theta = k.theta_self = 1.0
+            k.hbm_pace_share = k.hbm_pace_share_alone = 1.0
         for k, raw in demand.items():
             # The clock slows a memory-bound kernel's whole rate by the part of its time that
             # follows it, even one whose blocks could move data faster than HBM lets them.
-            cap = k.hbm_cap * mult[k.clock_cls] if k.clock_cls in self.memory_share_cls else k.hbm_cap
+            cap = k.hbm_cap_bytes_per_s
+            if k.clock_cls in self.memory_share_cls:
+                cap *= mult[k.clock_cls]
             if raw > cap:
-                k.theta = k.theta_self = cap / raw
+                k.hbm_pace_share = k.hbm_pace_share_alone = cap / raw
                 demand[k] = cap
         gpu.hbm_demand = demand
         return demand
@@ -296,7 +299,7 @@ class RateSolver:
         for f in flows:
             # NCCL moves data no faster than its resident channels can issue copies.
             f.sm_factor, f.sm_lowest = sm_factor(f)
-            f.cap = f.demand.rate_cap_bytes_per_s * f.sm_factor
+            f.effective_cap_bytes_per_s = f.demand.rate_cap_bytes_per_s * f.sm_factor
         # HBM's loaded latency slows whoever waits on memory (channel.latency_slowdowns): their
         # demands fall before bandwidth is shared.
         asked_alone: dict[KernelState, float] = {}
@@ -334,7 +337,7 @@ class RateSolver:
                 if key[0] == "hbm":
                     hbm_has_flow.add(key[1])
                 use.append((channel_index(self.machine, channel, capacity, key), c))
-            caps.append(f.cap)
+            caps.append(f.effective_cap_bytes_per_s)
             weights.append(flow_weight(self.machine, f))
             usage.append(use)
             owners.append(f)
@@ -358,7 +361,7 @@ class RateSolver:
                 continue
             if isinstance(owner, KernelState):
                 full = asked_alone.get(owner, caps[i])
-                owner.theta = (x / full if full > 0 else 1.0) * owner.theta_self
+                owner.hbm_pace_share = (x / full if full > 0 else 1.0) * owner.hbm_pace_share_alone
             else:
                 owner.rate = x
                 b = alloc.bottleneck[i]
@@ -419,7 +422,7 @@ class RateSolver:
             for k, d, x in zip(ks, asked, got, strict=True):
                 full = asked_alone.get(k, d)
                 if full != d or x != d:
-                    k.theta = (x / full if full > 0 else 1.0) * k.theta_self
+                    k.hbm_pace_share = (x / full if full > 0 else 1.0) * k.hbm_pace_share_alone
 
     def memory_wait(self, op: Op) -> float:
         """The share of a kernel's time alone that waits on memory, for the latency law: a
@@ -448,7 +451,7 @@ class RateSolver:
         users: dict[int, list[tuple[KernelState | FlowState | int, float, float]]] = {}
         for r, demand in demands:
             peak = self.gpus[r].model.hbm_peak_bytes_per_s
-            users[r] = [(k, d / peak, k.mem_wait) for k, d in demand.items() if d > 0]
+            users[r] = [(k, d / peak, k.memory_wait_share) for k, d in demand.items() if d > 0]
         yielding = m.copy_engine_hbm_weight < 1.0 and any(f.demand.uses_copy_engine for f in flows)
         by_rank = dict(demands)
         left: dict[int, float] = {}
@@ -457,7 +460,7 @@ class RateSolver:
             for key, c in f.usage:
                 if key[0] == "hbm" and c > 0:
                     r = key[1]
-                    moved = f.cap * c
+                    moved = f.effective_cap_bytes_per_s * c
                     if yielding and f.demand.uses_copy_engine:
                         # A copy engine yielding to kernels moves what they leave of HBM.
                         if r not in left:
@@ -480,7 +483,7 @@ class RateSolver:
                     flow_slow[id(f)] = s
         for f in flows:
             f.latency_slow = largest = flow_slow.get(id(f), 1.0)
-            f.cap /= largest
+            f.effective_cap_bytes_per_s /= largest
             f.slow_at_largest = sum(1 for s in f.slow_at.values() if s == largest)
         return before
 

@@ -46,7 +46,7 @@ class Counters:
             busy = 0
             for g in gpu.groups:
                 if g.entries:
-                    busy += g.n
+                    busy += g.n_sms
             self.add(now, r, "sm_busy_fraction", busy / gpu.model.sm_count)
             self.add(now, r, "hbm_bytes_per_s", load[channel[("hbm", r)]])
             self.add(now, r, "clock_factor", gpu.clock_factor)

@@ -181,7 +181,7 @@ class Engine:
     def left_window(self) -> dict[int, tuple[Period, ...]]:
         """After a run under a windowed power loop: the window each GPU leaves to a repeat of the
         workload (ClockWindow.repeated); empty without one."""
-        return {g.rank: g.ctl.repeated() for g in self.gpus if g.ctl is not None}
+        return {g.rank: g.clock_window.repeated() for g in self.gpus if g.clock_window is not None}
 
     def _tick(self, _: object) -> None:
         """A control period ends: the loop sets each GPU's clock at the next resolve."""
@@ -238,8 +238,8 @@ class Engine:
         if self.windowed:
             # At the last completion (a tick after it changes nothing).
             for gpu in self.gpus:
-                assert gpu.ctl is not None
-                gpu.ctl.close(self.now)
+                assert gpu.clock_window is not None
+                gpu.clock_window.close(self.now)
         unfinished = [op.id for op in self.workload.ops if op.id not in self.finished]
         if unfinished:
             waiting = self.flows.waiting_groups()
@@ -322,7 +322,7 @@ class Engine:
                 shape = self.shapes[key] = block_shape(op.kernel, gpu.model, main_only)
             kernel = KernelState(op, gpu, priority, self.seq, now, self.nccl_issue, shape, self.power)
             if self.solver.latency_law:
-                kernel.mem_wait = self.solver.memory_wait(op)
+                kernel.memory_wait_share = self.solver.memory_wait(op)
             pending = gpu.pending
             # Launch order is seq order: a kernel of no higher priority than the last goes last.
             if not pending or pending[-1].priority <= priority:
@@ -386,10 +386,10 @@ class Engine:
             g = self.gpus[r]
             g.clock_factor = factor
             if not self.managed:
-                g.mult = [1.0] + [factor] * (len(g.mult) - 1)
+                g.rate_multipliers = [1.0] + [factor] * (len(g.rate_multipliers) - 1)
                 for i, share in self.memory_share_cls.items():
-                    g.mult[i] = PowerModel.memory_rate(factor, share)
-                g.throttled = any(x != 1.0 for x in g.mult)
+                    g.rate_multipliers[i] = PowerModel.memory_rate(factor, share)
+                g.throttled = any(x != 1.0 for x in g.rate_multipliers)
         self.released, self.woken = self.woken, []
         self._settle_instant(couple=not self.keep_coupled)
         touched = self.touched

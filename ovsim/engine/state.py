@@ -33,32 +33,34 @@ class KernelState:
     """A launched kernel (or the SM-resident part of a collective) on one GPU.
 
     Blocks: ``blocks`` in all, ``undispatched`` waiting for an SM, ``resident`` on SMs, ``batched``
-    held by fast-forwarded waves, ``late`` a persistent kernel's first tiles held back; ``ctas``
-    its persistent CTAs; ``cluster`` CTAs per cluster. A block holds ``threads``, ``regs`` and
-    ``smem`` of an SM; ``blocks_per_sm_alone`` fit on an idle SM, ``max_resident`` on the GPU.
+    held by fast-forwarded waves, ``late_blocks`` a persistent kernel's first tiles held back;
+    ``ctas`` its persistent CTAs; ``cluster`` CTAs per cluster. A block holds ``threads``, ``regs``
+    and ``smem`` of an SM; ``blocks_per_sm_alone`` fit on an idle SM, ``max_resident`` on the GPU.
 
-    Pace: ``t_block`` is a block's time alone; ``ask`` the share of an SM's issue slots a block
-    asks for, ``cap`` the most it uses with room to spare, ``issue`` the kernel's own issue
-    fraction; ``issued`` counts resident blocks weighted by the share of their ask they get.
-    ``theta`` is the share of its blocks' pace that its HBM grant allows, ``theta_self`` the share
-    its own bandwidth cap allows (``bytes_per_block`` at most ``hbm_cap`` bytes/s);
-    ``load_share`` is how much its pace goes with the SMs running such blocks; ``mem_wait`` the
-    share of its time alone that waits on memory. ``clock_cls`` indexes the GPU's rate
-    multipliers; ``pw_tensor``, ``pw_w`` and ``pw_unit`` are its power class, watts per unit and
-    units per resident block.
+    Pace: ``block_time_s`` is a block's time alone; ``issue_share_asked`` the share of an SM's
+    issue slots a block asks for, ``issue_share_cap`` the most it uses with room to spare,
+    ``issue_fraction`` the kernel's own issue fraction; ``full_issue_blocks`` counts resident
+    blocks weighted by the share of their ask they get. ``hbm_pace_share`` is the share of its
+    blocks' pace that its HBM grant allows, ``hbm_pace_share_alone`` the share its own bandwidth
+    cap allows (``bytes_per_block`` at most ``hbm_cap_bytes_per_s``); ``load_share`` is how much
+    its pace goes with the SMs running such blocks; ``memory_wait_share`` the share of its time
+    alone that waits on memory. ``clock_cls`` indexes the GPU's rate multipliers;
+    ``on_tensor_cores`` is its power class, ``sm_weight_w`` that class's full-GPU dynamic watts
+    (PowerModel.sm_weight_w) and ``busy_sms_per_block`` the SMs' worth of it a resident block keeps
+    busy.
 
     Accounting (seconds lost): ``wait_sm_s`` without SMs, ``share_sm_s``, ``share_hbm_s`` and
     ``share_link_s`` to shares, ``wait_peers_s`` waiting for other ranks, ``clock_s`` to the clock.
     """
 
     __slots__ = (
-        "ask", "batched", "blocks", "blocks_per_sm_alone", "bytes_per_block", "cap", "clock_cls", "clock_s",
-        "clock_sensitive", "cluster", "ctas", "end_s", "flow", "gpu", "hbm_cap", "id", "issue", "issued", "late",
-        "launch_s", "load_share", "max_resident",
-        "mem_wait", "op", "paired",
-        "partitions", "priority", "pw_tensor", "pw_unit", "pw_w", "rank", "regs", "resident", "seq", "share_hbm_s",
-        "share_link_s", "share_sm_s", "smem", "start_s", "t_block", "theta", "theta_self", "threads", "undispatched",
-        "wait_peers_s", "wait_sm_s",
+        "batched", "block_time_s", "blocks", "blocks_per_sm_alone", "busy_sms_per_block", "bytes_per_block",
+        "clock_cls", "clock_s", "clock_sensitive", "cluster", "ctas", "end_s", "flow", "full_issue_blocks", "gpu",
+        "hbm_cap_bytes_per_s", "hbm_pace_share", "hbm_pace_share_alone", "id", "issue_fraction", "issue_share_asked",
+        "issue_share_cap", "late_blocks", "launch_s", "load_share", "max_resident", "memory_wait_share",
+        "on_tensor_cores", "op", "paired", "partitions", "priority", "rank", "regs", "resident", "seq", "share_hbm_s",
+        "share_link_s", "share_sm_s", "sm_weight_w", "smem", "start_s", "threads", "undispatched", "wait_peers_s",
+        "wait_sm_s",
     )
 
     def __init__(self, op: Op, gpu: GpuState, priority: int, seq: int, now: float, nccl_issue: float,
@@ -73,12 +75,13 @@ class KernelState:
         self.start_s = INF
         self.end_s = INF
         self.flow: FlowState | None = None
-        # theta: the share of its blocks' pace the kernel's HBM grant allows; theta_self: the share
-        # its own bandwidth cap allows (a bandwidth-bound kernel alone), so theta / theta_self is
-        # what contention costs it.
-        self.theta = 1.0
-        self.theta_self = 1.0
-        self.issued = 0.0  # resident blocks weighted by the share of their issue demand they get
+        # hbm_pace_share: the share of its blocks' pace the kernel's HBM grant allows;
+        # hbm_pace_share_alone: the share its own bandwidth cap allows (a bandwidth-bound kernel
+        # alone), so hbm_pace_share / hbm_pace_share_alone is what contention costs it.
+        self.hbm_pace_share = 1.0
+        self.hbm_pace_share_alone = 1.0
+        # Resident blocks weighted by the share of their issue demand they get: that many at full issue.
+        self.full_issue_blocks = 0.0
         self.wait_sm_s = self.share_sm_s = self.share_hbm_s = self.share_link_s = self.wait_peers_s = 0.0
         self.clock_s = 0.0
         k = op.kernel
@@ -88,9 +91,9 @@ class KernelState:
         self.resident = 0
         self.batched = 0  # blocks of later waves held by a fast-forwarded entry (dispatch.batch)
         # A persistent kernel's CTAs, and the first tiles of those that have found no SM, held back
-        # until the rest are done (dispatch.place): ctas - late have found one.
+        # until the rest are done (dispatch.place): ctas - late_blocks have found one.
         self.ctas = k.persistent_ctas if 0 < k.persistent_ctas < k.blocks else 0
-        self.late = 0
+        self.late_blocks = 0
         # CTAs per cluster, where the GPU's placement units are known and its SMs one partition.
         self.cluster = k.cluster_ctas if k.cluster_ctas > 1 and gpu.model.unit_sms and not gpu.model.comm_reserved_sms \
             else 1
@@ -101,31 +104,33 @@ class KernelState:
         self.threads, self.regs, self.smem, self.blocks_per_sm_alone, self.max_resident = shape
         # Its blocks' count is then the SMs they keep busy (KernelDemand.load_share).
         self.load_share = kept_load_share(k.load_share, self.blocks_per_sm_alone) if op.flow is None else 0.0
-        self.t_block = k.block_time_s
-        self.issue = k.issue_fraction
+        self.block_time_s = k.block_time_s
+        self.issue_fraction = k.issue_fraction
         # NCCL blocks ask for a fixed share of an SM's issue slots, whatever the kernel says.
-        self.ask = nccl_issue if op.flow is not None else k.issue_fraction
-        # The most of an SM a block uses with room to spare; it runs cap / ask times its pace there.
-        self.cap = self.ask if op.flow is not None or k.issue_cap is None else max(self.ask, k.issue_cap)
+        self.issue_share_asked = nccl_issue if op.flow is not None else k.issue_fraction
+        # The most of an SM a block uses with room to spare; it runs issue_share_cap / issue_share_asked
+        # times its pace there.
+        self.issue_share_cap = (self.issue_share_asked if op.flow is not None or k.issue_cap is None
+                                else max(self.issue_share_asked, k.issue_cap))
         self.clock_sensitive = k.clock_sensitive
         self.bytes_per_block = k.hbm_bytes / k.blocks
-        self.hbm_cap = k.hbm_cap_bytes_per_s
-        self.mem_wait = 0.0  # share of its time alone waiting on memory (RateSolver.memory_wait)
+        self.hbm_cap_bytes_per_s = k.hbm_cap_bytes_per_s
+        self.memory_wait_share = 0.0  # share of its time alone waiting on memory (RateSolver.memory_wait)
         self.partitions = MAIN if op.partition == "compute" else BOTH
         # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 and up tensor
         # cores (one class per saturation clock), then memory-bound kernels part of whose time
         # follows the clock (engine.power.rate_class).
         self.clock_cls = 1 if k.clock_sensitive and op.flow is None else 0
-        self.pw_tensor = False
-        self.pw_w = 0.0
-        self.pw_unit = 0.0
+        self.on_tensor_cores = False
+        self.sm_weight_w = 0.0
+        self.busy_sms_per_block = 0.0
         if power is not None:
-            cls, self.pw_w = op_power_class(op, power.model)
-            self.pw_tensor = cls == TENSOR
+            cls, self.sm_weight_w = op_power_class(op, power.model)
+            self.on_tensor_cores = cls == TENSOR
             self.clock_cls = rate_class(op, power.model, cls)
             # Compute blocks count by the issue share they use (occupancy shaping leaves SMs partly
             # idle); memory-bound blocks and NCCL's copy loops by the block slots they hold.
-            self.pw_unit = 1.0 / self.blocks_per_sm_alone if cls == MEMORY else self.issue
+            self.busy_sms_per_block = 1.0 / self.blocks_per_sm_alone if cls == MEMORY else self.issue_fraction
 
     def sort_key(self) -> tuple[int, int]:
         return (self.priority, self.seq)
@@ -164,10 +169,10 @@ class BlockEntry:
     A fast-forwarded entry also holds its kernel's next ``extra`` waves on the same SMs:
     ``remaining`` then counts their work too (one unit per wave)."""
 
-    __slots__ = ("born", "extra", "k", "per_sm", "rate", "remaining", "share")
+    __slots__ = ("born", "extra", "kernel", "per_sm", "rate", "remaining", "share")
 
-    def __init__(self, k: KernelState, per_sm: int, remaining: float, born: float) -> None:
-        self.k = k
+    def __init__(self, kernel: KernelState, per_sm: int, remaining: float, born: float) -> None:
+        self.kernel = kernel
         self.per_sm = per_sm
         self.remaining = remaining  # fraction of one block's work (plus ``extra`` whole blocks)
         self.extra = 0
@@ -177,12 +182,12 @@ class BlockEntry:
 
 
 class SmGroup:
-    """``n`` identical SMs: same partition, same free resources, same resident blocks."""
+    """``n_sms`` identical SMs: same partition, same free resources, same resident blocks."""
 
-    __slots__ = ("blocks", "entries", "n", "part", "regs", "smem", "threads")
+    __slots__ = ("blocks", "entries", "n_sms", "part", "regs", "smem", "threads")
 
-    def __init__(self, n: int, part: str, threads: int, regs: int, smem: int, blocks: int) -> None:
-        self.n = n
+    def __init__(self, n_sms: int, part: str, threads: int, regs: int, smem: int, blocks: int) -> None:
+        self.n_sms = n_sms
         self.part = part
         self.threads = threads
         self.regs = regs
@@ -190,18 +195,18 @@ class SmGroup:
         self.blocks = blocks
         self.entries: list[BlockEntry] = []
 
-    def clone(self, n: int) -> SmGroup:
-        g = SmGroup(n, self.part, self.threads, self.regs, self.smem, self.blocks)
+    def clone(self, n_sms: int) -> SmGroup:
+        g = SmGroup(n_sms, self.part, self.threads, self.regs, self.smem, self.blocks)
         entries = g.entries
         for src in self.entries:
-            dst = BlockEntry(src.k, src.per_sm, src.remaining, src.born)
+            dst = BlockEntry(src.kernel, src.per_sm, src.remaining, src.born)
             dst.rate, dst.share = src.rate, src.share
             entries.append(dst)
         return g
 
     def key(self) -> tuple[Any, ...]:
         return (self.part, self.threads, self.regs, self.smem, self.blocks,
-                tuple((id(e.k), e.per_sm, e.remaining) for e in self.entries))
+                tuple((id(e.kernel), e.per_sm, e.remaining) for e in self.entries))
 
     def same(self, o: SmGroup) -> bool:
         """``self.key() == o.key()`` without building the keys."""
@@ -209,7 +214,7 @@ class SmGroup:
                 or self.blocks != o.blocks or len(self.entries) != len(o.entries)):
             return False
         for a, b in zip(self.entries, o.entries, strict=True):
-            if a.k is not b.k or a.per_sm != b.per_sm or a.remaining != b.remaining:
+            if a.kernel is not b.kernel or a.per_sm != b.per_sm or a.remaining != b.remaining:
                 return False
         return True
 
@@ -220,17 +225,18 @@ Activity = tuple[float, float, float, float, float, float, float, float, tuple[t
 
 
 class GpuState:
-    __slots__ = ("batched", "ce_free", "ce_waiting", "clock_factor", "clock_frac", "cluster_freed_s", "ctl", "flows",
-                 "groups", "hbm_demand", "last_t",
-                 "model", "mult", "n_partitions", "pending", "rank", "running", "throttled", "timer", "timer_at")
+    __slots__ = ("batched", "ce_free", "ce_waiting", "clock_factor", "clock_frac", "clock_window", "cluster_freed_s",
+                 "flows", "groups", "hbm_demand", "last_t", "model", "n_partitions", "pending", "rank",
+                 "rate_multipliers", "running", "throttled", "timer", "timer_at")
 
     def __init__(self, rank: int, model: GpuModel) -> None:
         self.rank = rank
         self.model = model
         self.clock_factor = 1.0
-        # Rate multipliers of (not clock-bound, CUDA-core, tensor-core) work; the SM clock as a
+        # Rate multipliers by rate class (KernelState.clock_cls): not clock-bound, CUDA-core,
+        # tensor-core work (PowerConfig.multipliers has more classes); the SM clock as a
         # fraction of the compute clock, where a power policy sets it; whether any multiplier is not 1.
-        self.mult = [1.0, 1.0, 1.0]
+        self.rate_multipliers = [1.0, 1.0, 1.0]
         self.clock_frac = 1.0
         self.throttled = False
         m = model
@@ -250,7 +256,7 @@ class GpuState:
         self.timer = 0  # version of the GPU's pending completion timer
         self.timer_at = INF  # when it fires
         self.batched = False  # some entry holds later waves (dispatch.batch)
-        self.ctl: ClockWindow | None = None  # the power-limit loop's window, where it runs one
+        self.clock_window: ClockWindow | None = None  # the power-limit loop's window, where it runs one
         self.cluster_freed_s = -INF  # when a cluster kernel's blocks last left SMs
         # The HBM bytes/s each kernel asked for at the last rate solve (RateSolver.solve_beside).
         self.hbm_demand: dict[KernelState, float] = {}
@@ -282,8 +288,9 @@ class FlowState:
     latency_left_s: float = 0.0
     remaining_bytes: float = 0.0
     phase: str = "waiting"  # waiting -> latency -> data -> done
-    rate: float = 0.0
-    cap: float = 0.0
+    rate: float = 0.0  # bytes/s
+    # Its cap at the last solve: demand.rate_cap_bytes_per_s times sm_factor, over latency_slow.
+    effective_cap_bytes_per_s: float = 0.0
     bottleneck: str = ""
     sm_factor: float = 1.0
     sm_lowest: int = -1  # the member whose issue share set sm_factor (RateSolver.sm_factor)
@@ -327,12 +334,12 @@ def check_sms(gpu: GpuState) -> None:
     """Raise where a GPU's SM groups do not cover its SMs or any SM's limits are over-subscribed
     or lost (the engine's invariant checks)."""
     m = gpu.model
-    if sum(g.n for g in gpu.groups) != m.sm_count:
-        raise RuntimeError(f"rank {gpu.rank}: SM groups cover {sum(g.n for g in gpu.groups)} SMs")
+    if sum(g.n_sms for g in gpu.groups) != m.sm_count:
+        raise RuntimeError(f"rank {gpu.rank}: SM groups cover {sum(g.n_sms for g in gpu.groups)} SMs")
     for g in gpu.groups:
-        used_threads = sum(e.per_sm * e.k.threads for e in g.entries)
-        used_regs = sum(e.per_sm * e.k.regs for e in g.entries)
-        used_smem = sum(e.per_sm * e.k.smem for e in g.entries)
+        used_threads = sum(e.per_sm * e.kernel.threads for e in g.entries)
+        used_regs = sum(e.per_sm * e.kernel.regs for e in g.entries)
+        used_smem = sum(e.per_sm * e.kernel.smem for e in g.entries)
         used_blocks = sum(e.per_sm for e in g.entries)
         if (min(g.threads, g.regs, g.smem, g.blocks) < 0 or used_threads > m.threads_per_sm
                 or used_regs > m.registers_per_sm or used_smem > m.shared_mem_per_sm_bytes

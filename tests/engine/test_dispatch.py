@@ -70,7 +70,7 @@ def test_retire_frees_finished_blocks_and_reports_the_finished_kernel(
             e.rate, e.remaining = 1.0, 0.0
     assert dispatch.retire(g, 1.0, 1e-12) == [k]
     assert k.resident == 0 and g.running == []
-    assert sum(grp.n for grp in g.groups) == 132 and all(not grp.entries for grp in g.groups)
+    assert sum(grp.n_sms for grp in g.groups) == 132 and all(not grp.entries for grp in g.groups)
     check_sms(g)
 
 
