@@ -25,13 +25,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ovsim.framework_checks import beside_slowdowns
 from ovsim.traces.ncu import load_ncu_csv
 from ovsim.validate import HARNESS_CHANNEL_HBM_PER_BYTE, HARNESS_CHANNEL_PASS_BYTES
+from ovsim.validate.datasets import sets
+from ovsim.validate.framework import beside_slowdowns
 
 DATA = Path(__file__).resolve().parents[1] / "calibration" / "data" / "h100-sxm5-80gb"
-SETS = ("2026-11-27-d", "2026-11-27-e")
 GPU = "h100-sxm5-80gb"
+# The framework part's H100 data sets (calibration/data/registry.yaml).
+SETS = tuple(s.split("/", 1)[1] for s, g in sets("framework", "set", "gpu") if g == GPU)
 
 
 def short(name: str) -> str:
@@ -68,7 +70,7 @@ def ncu_alone(folder: Path) -> pd.DataFrame:
 
 
 def slowdowns(folder: Path, predict: bool) -> pd.DataFrame:
-    """Measured (and predicted) slowdowns of every kernel of both parts (ovsim.framework_checks)."""
+    """Measured (and predicted) slowdowns of every kernel of both parts (ovsim.validate.framework)."""
     parts = (("framework", "collective"), ("framework_copy", "copy"))
     out = pd.concat([beside_slowdowns(pd.read_parquet(folder / "tables" / f"{p}.parquet"), GPU, beside=k,
                                       predict=predict) for p, k in parts])

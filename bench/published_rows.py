@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from ovsim.models.training_spec import PRESETS, layer_params
 from ovsim.scenario import Scenario
-from ovsim.training_checks import TABLE_5_22B
+from ovsim.validate.training import TABLE_5_22B
 
 SEQ = 2048
 VOCAB = 51_200

@@ -1,4 +1,4 @@
-"""The registry of measured data sets (calibration/data/datasets.yaml, ovsim.validate.datasets)."""
+"""The registry of measured data sets (calibration/data/registry.yaml, ovsim.validate.datasets)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,33 @@ def test_every_registered_data_set_is_a_folder_of_the_repository() -> None:
             assert (ROOT / "ovsim" / "hw" / "specs" / "gpus" / f"{e['gpu']}.yaml").is_file(), e
 
 
+def test_the_registry_lists_every_run_and_each_runs_readers() -> None:
+    """Every run folder of the repository (one with a PROVENANCE.json) is in ``runs`` and every
+    run there is a folder; every data set a family or a fit names is a run; every run is read by a
+    fit or a check, or says it is kept for reference only."""
+    data = ROOT / "calibration" / "data"
+    on_disk = {str(p.parent.relative_to(data)) for p in data.glob("*/*/PROVENANCE.json")}
+    runs = {e["set"] for e in datasets.entries(datasets.RUNS)}
+    assert runs == on_disk
+    roles = datasets.roles()
+    assert set(roles) == runs, set(roles) - runs
+    for e in datasets.entries(datasets.RUNS):
+        assert roles[e["set"]] or "reference only" in e["measured"], e
+
+
+def test_a_family_entry_marked_fitted_is_one_a_fit_reads() -> None:
+    """A family's ``fit`` and ``fit_phase`` marks (the checks' view) and the fits' list (the fit
+    scripts' view) agree: every set a family marks fitted is read by a fit."""
+    read_by_fits = {(e["gpu"], e["set"]) for e in datasets.entries(datasets.FITS)}
+    for family in ("clock_shares", "smloss", "framework", "own_tiles", "own_smloss"):
+        marked = [e for e in datasets.entries(family) if e.get("fit") or e.get("fit_phase")]
+        assert marked, family
+        assert {(e["gpu"], e["set"]) for e in marked} <= read_by_fits, family
+    assert datasets.fit_sets("power")["h200-sxm"]["defective"] == "gemm_bf16_8192__channel_copy_32"
+    with pytest.raises(OvsimError, match="no data set of fit 'nonesuch'"):
+        datasets.fit_sets("nonesuch")
+
+
 def test_each_fitted_family_names_one_set_per_gpu() -> None:
     assert set(datasets.fitted("smloss")) == {"h100-sxm5-80gb", "h200-sxm"}
     assert list(datasets.fitted("framework").values()) == ["h100-sxm5-80gb/2026-11-27-d"]
@@ -40,7 +67,7 @@ def test_without_the_data_validate_measured_says_where_to_point(tmp_path: Path, 
 
 
 def test_a_registry_entry_without_a_gpu_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "datasets.yaml").write_text("overlap:\n  - {set: h100-sxm5-80gb/x}\n")
+    (tmp_path / "registry.yaml").write_text("overlap:\n  - {set: h100-sxm5-80gb/x}\n")
     monkeypatch.setenv("OVSIM_DATA", str(tmp_path))
     with pytest.raises(OvsimError, match="needs 'set' and 'gpu'") as e:
         datasets.entries("overlap")
@@ -112,8 +139,22 @@ def test_validate_measured_reads_the_data_sets_given_with_data(tmp_path: Path) -
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "OVSIM_DATA"}
-    (tmp_path / "datasets.yaml").write_text("overlap:\n  - {set: h100-sxm5-80gb/none}\n")
+    (tmp_path / "registry.yaml").write_text("overlap:\n  - {set: h100-sxm5-80gb/none}\n")
     bad = subprocess.run([sys.executable, "-m", "ovsim.cli", "validate", "--measured", "--data", str(tmp_path)],
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-    assert bad.returncode == 2 and str(tmp_path / "datasets.yaml") in bad.stderr
+    assert bad.returncode == 2 and str(tmp_path / "registry.yaml") in bad.stderr
     assert "needs 'set' and 'gpu'" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_every_data_table_is_zstd_parquet() -> None:
+    """The data sets' tables are zstd-compressed parquet (the issue's compact data; ingest.py and
+    write_tables write it), every column of every row group."""
+    import pyarrow.parquet as pq
+
+    files = sorted((ROOT / "calibration" / "data").glob("*/*/**/*.parquet"))
+    assert len(files) > 50
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        codecs = {meta.row_group(i).column(j).compression for i in range(meta.num_row_groups)
+                  for j in range(meta.num_columns)}
+        assert codecs == {"ZSTD"}, (f, codecs)

@@ -1,4 +1,4 @@
-"""Held-out rows of the harness's framework part (ovsim.framework_checks)."""
+"""Held-out rows of the harness's framework part (ovsim.validate.framework)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from ovsim.calibrate import TraceInput
-from ovsim.framework_checks import FRAMEWORK_GROUP, FRAMEWORK_SETS, framework_checks, framework_experiments
-from ovsim.validate import MEASURED_DATA, _scored
+from ovsim.validate import MEASURED_DATA, scored
+from ovsim.validate.framework import FRAMEWORK_GROUP, FRAMEWORK_SETS, framework_checks, framework_experiments
 
 SWEEP = "h100-sxm5-80gb/2026-11-27-e"
 
@@ -27,7 +27,7 @@ def test_a_gemm_beside_32_channels_is_predicted_nearer_than_naive() -> None:
     # alone. The shipped H100 calibration never saw this data set.
     bundle = dict(framework_experiments(MEASURED_DATA, SWEEP, "h100-sxm5-80gb"))["sgemm_f32_8192x768x768__copy_32"]
     tr = TraceInput(bundle=bundle, label="sgemm_f32_8192x768x768__copy_32", gpu="h100-sxm5-80gb")
-    meas, pred, iso = (np.asarray(x) for x in _scored(tr, None))
+    meas, pred, iso = (np.asarray(x) for x in scored(tr, None))
     assert len(meas) == 12
     assert 1.3 < float(np.median(meas / iso)) < 1.5
     assert np.mean(np.abs(pred - meas) / meas) < np.mean(np.abs(iso - meas) / meas) / 2

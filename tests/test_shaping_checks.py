@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ovsim import shaping_checks as sc
+from ovsim.validate import shaping as sc
 
 DATA = Path(__file__).resolve().parents[1] / "calibration" / "data"
 

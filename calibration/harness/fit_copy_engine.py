@@ -36,17 +36,18 @@ import numpy as np
 import pandas as pd
 
 from ovsim.calibrate import FitReport, TraceInput, write_shipped
-from ovsim.framework_checks import COPY_FIT_SET, beside_slowdowns
 from ovsim.replay_score import mape_pct
 from ovsim.traces.ncu import load_ncu_csv
 from ovsim.traces.table import TraceBundle, validate_table
+from ovsim.validate.datasets import fit_sets
+from ovsim.validate.framework import COPY_FIT_SET, beside_slowdowns
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "calibration" / "data"
 COMMAND = "python calibration/harness/fit_copy_engine.py"
 GPU = "h100-sxm5-80gb"
 # The H200's own Nsight Compute figures of the same kernels alone, for its warps' rate.
-H200_NCU_SET = "h200-sxm/2026-11-27-f"
+H200_NCU_SET = fit_sets("copy_engine_warp_rate")["h200-sxm"]["set"]
 WEIGHTS = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01)
 # A kernel is latency-bound alone below these shares of HBM's and the SMs' peaks.
 LATENCY_BOUND_DRAM_PCT = 50.0

@@ -90,7 +90,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from fit_common import COMMAND, DATA
+from fit_common import COMMAND, DATA, fit_set
 from fit_power_clock import (
     CLOCK,
     POWER,
@@ -128,13 +128,12 @@ from ovsim.validate import (
     smloss_bundle,
     smloss_scored,
 )
-from ovsim.validate.datasets import table_input, table_paths
+from ovsim.validate.datasets import fit_sets, table_input, table_paths
 
-# The data sets each GPU's fits read (folders under calibration/data/).
-SMLOSS = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-b", "h200-sxm": "h200-sxm/2026-11-26-b"}
+# The data sets each GPU's fits read (folders under calibration/data/; registry.yaml's fits).
+SMLOSS = fit_set("memory_sm_headroom")
 # (fitted on, held out or None)
-SHAPING = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26", "h100-sxm5-80gb/2026-11-26-repeat"),
-           "h200-sxm": ("h200-sxm/2026-11-26", None)}
+SHAPING = {gpu: (str(e["set"]), e.get("held_out")) for gpu, e in fit_sets("block_issue_share_per_warp").items()}
 HEADROOM_BOUNDS = (1.0, 16.0)
 # gemm_load_share: searched on this grid, then refined between the best point's neighbours.
 LOAD_SHARE_GRID = tuple(round(0.05 * i, 2) for i in range(13))
@@ -146,7 +145,7 @@ SHAPED_WARPS = 4  # ovsim_gemm_tile64: 128 threads
 # 4,096), so fewer warps keep them busy and the H100's share is if anything low for it. The assumption
 # it replaces (a block never faster than at full residency) is the one both measured GPUs refute.
 SHAPING_CARRIED = {"a100-sxm4-80gb": "h100-sxm5-80gb", "a100-sxm4-40gb": "h100-sxm5-80gb"}
-OVERLAP = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26"}
+OVERLAP = fit_set("contention")
 # HBM's latency law: each GPU's is fitted on its first data set of ovsim.validate.MEASURED_HBM, the
 # other boards held out to judge it.
 # The loops' slowdown counts less than the victims' in the loss: it is a difference of two large
@@ -157,7 +156,7 @@ HBM_LOOP_WEIGHT = 0.3
 # move little.
 HBM_LATENCY_BOUNDS = ((1.05, 10.0), (0.1, 20.0), (0.0, 1.0))
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
-MEMORY = {"h200-sxm": "h200-sxm/2026-11-26"}
+MEMORY = fit_set("memory")
 MEMORY_VICTIMS = ("add_bf16_256M", "layernorm_bf16_16384x8192", "softmax_bf16_16384x8192")
 
 

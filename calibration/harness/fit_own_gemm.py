@@ -39,25 +39,34 @@ from ovsim.calibrate import FitReport, TraceInput, write_shipped
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu
 from ovsim.models import cost
-from ovsim.shaping_checks import GEMM, GEMM_NATURAL_SMEM_BYTES, GEMM_STAGES, GEMM_TILE
 from ovsim.traces.table import TraceBundle
-from ovsim.validate.datasets import read_experiment, table_input, table_paths
+from ovsim.validate.datasets import fit_sets, read_experiment, sets, table_input, table_paths
+from ovsim.validate.shaping import GEMM, GEMM_NATURAL_SMEM_BYTES, GEMM_STAGES, GEMM_TILE
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "calibration" / "data"
 COMMAND = "python calibration/harness/fit_own_gemm.py"
-TILES_SET = ("h200-sxm", "2026-11-29-c")
+
+
+def _split(data_set: str) -> tuple[str, str]:
+    """(GPU folder, run) of a data set as calibration/data/registry.yaml names it."""
+    gpu, run = data_set.split("/", 1)
+    return gpu, run
+
+
+# The data sets (registry.yaml's fits and its shaping family).
+TILES_SET = _split(fit_sets("own_gemm_efficiency")["h200-sxm"]["set"])
 EFFICIENCY_TILE = "wmma_128x128_t128_8192"  # the one tile its L2 reads do not bound
 L2_TILE = "wmma_64x64_t128_8192"
 # The smloss part's runs of the WMMA kernels beside SMs held idle; the run that gives each SM's
 # path its bandwidth (the 64x64 tile on half the SMs: its L2 reads bind it there too).
-HELD_SET = ("h200-sxm", "2026-11-29-e")
+HELD_SET = _split(fit_sets("own_gemm_l2")["h200-sxm"]["set"])
 L2_HELD = "wmma_64x64_t128_8192__hold_66"
-SHAPING_SETS = (("h100-sxm5-80gb", "2026-11-26"), ("h100-sxm5-80gb", "2026-11-26-repeat"), ("h200-sxm", "2026-11-26"),
-                ("h200-sxm", "2026-11-26-e"))
+SHAPING_SETS = tuple(_split(s) for (s,) in sets("shaping", "set"))
 # Sets that no fit has seen: block_issue_share_per_warp was fitted on each GPU's 2026-11-26 set.
-REPEAT_SETS = ("2026-11-26-repeat", "2026-11-26-e")
-H100_L2_SET = ("h100-sxm5-80gb", "2026-11-26")
+REPEAT_SETS = tuple(run for gpu, run in SHAPING_SETS
+                    if f"{gpu}/{run}" not in {e["set"] for e in fit_sets("block_issue_share_per_warp").values()})
+H100_L2_SET = _split(fit_sets("own_gemm_l2")["h100-sxm5-80gb"]["set"])
 KERNEL = GEMM
 SIZE = 8192
 TILE = GEMM_TILE

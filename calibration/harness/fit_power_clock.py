@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from analysis import profiled_window
-from fit_common import COMMAND, DATA
+from fit_common import COMMAND, DATA, fit_pair, fit_set
 from scipy.optimize import minimize_scalar
 
 from ovsim.calibrate import (
@@ -34,15 +34,13 @@ from ovsim.validate import (
     clock_memory_points,
     harness_power_log,
 )
-from ovsim.validate.datasets import one_experiment, table_paths
+from ovsim.validate.datasets import fit_sets, one_experiment, table_paths
 
-# (power data set, data set whose comm part gives the 32 channels' traffic)
-POWER = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26-b", "h100-sxm5-80gb/2026-11-26"),
-         "h200-sxm": ("h200-sxm/2026-11-26", "h200-sxm/2026-11-26")}
+# (power data set, data set whose comm part gives the 32 channels' traffic; registry.yaml's fits)
+POWER = fit_pair("power")
 # One board's power and clock parts with the GEMM-share alternations, and the comm set as above:
 # what voltage_report fits the voltage floor on.
-VOLTAGE = {"h100-sxm5-80gb": ("h100-sxm5-80gb/2026-11-26-e", "h100-sxm5-80gb/2026-11-26"),
-           "h200-sxm": ("h200-sxm/2026-11-26-d", "h200-sxm/2026-11-26")}
+VOLTAGE = fit_pair("voltage")
 # The clock part's alternations of the 8192^3 BF16 GEMM with the streaming add: the GEMM at
 # clocks from the limit's (~1500 MHz) to the top, which places the voltage curve there. The ~55%
 # one (the first the harness ran) is held out.
@@ -54,7 +52,8 @@ SHARE_HELD_OUT = "add_bf16_256M__after_gemm"
 POWER_FITTED = ("idle", "add_bf16_256M", "channel_copy_32")
 POWER_HELD_OUT = ("gemm_bf16_8192", "gemm_tf32_8192", "gemm_fp8_8192", "gemm_bf16_8192__channel_copy_32")
 # Phases recorded before the harness fixed its power loop (calibration/data/README.md): not used.
-POWER_DEFECTIVE = {"h200-sxm/2026-11-26": ("gemm_bf16_8192__channel_copy_32",)}
+POWER_DEFECTIVE = {str(e["set"]): tuple(str(e["defective"]).split()) for e in fit_sets("power").values()
+                   if e.get("defective")}
 POWER_SETTLE_S = 1.0  # the first second of a phase: the clock and the sensor settling
 # Idle power at the minimum SM clock, held in the power fits: the H100 spec's idle (public nvidia-smi
 # -q dumps of 700 W Hopper SXM boards idling at 345 MHz), carried to the H200 (the same GH100 die
@@ -62,7 +61,7 @@ POWER_SETTLE_S = 1.0  # the first second of a phase: the clock and the sensor se
 # the top clock, 1980 MHz, where an idle board sits after work.
 IDLE_MIN_CLOCK_GPU = "h100-sxm5-80gb"
 # Data sets of the ``clock`` part: each kernel with the SM clock its probes counted.
-CLOCK = {"h100-sxm5-80gb": "h100-sxm5-80gb/2026-11-26-d", "h200-sxm": "h200-sxm/2026-11-26-c"}
+CLOCK = fit_set("clock")
 # The clock part's GEMM phase that stands in for the power part's when the power weights are
 # fitted at counted clocks (the power part's GEMM phases have only NVML's clock readings).
 CLOCK_POWER_PHASE = "gemm_bf16_8192x8192x8192"

@@ -10,7 +10,7 @@ node's ring all-reduce reaches 55-120 GB/s of bus bandwidth at 4-16 MiB where th
 where the model gives 180-400. The fit
 (:func:`ovsim.calibrate.collectives.fit_node_sweep`) keeps NCCL's choice of algorithm and protocol
 and, per algorithm and protocol, adds a latency to the model's and scales the model's bus bandwidth,
-on the sweep of :data:`ovsim.node_checks.SWEEPS` marked as each family's fit:
+on the sweep of :data:`ovsim.validate.node.SWEEPS` marked as each family's fit:
 
 - A100: oracle-japan's BM.GPU4.8 tutorial (8 A100-SXM4-40GB, CUDA 11.3), rings; both A100 parts take
   it (the same GA100 die and NVLink 3 through NVSwitch).
@@ -30,7 +30,7 @@ import sys
 
 from ovsim.calibrate import FitReport, write_shipped
 from ovsim.calibrate.collectives import fit_node_sweep
-from ovsim.node_checks import SWEEPS
+from ovsim.validate.node import SWEEPS
 
 COMMAND = "python calibration/nccl/fit_published_sweeps.py"
 # The GPU family of each fitted sweep's GPU, and the calibration files that take its fit.

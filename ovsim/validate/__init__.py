@@ -15,15 +15,16 @@ from pathlib import Path
 
 from ovsim.errors import OvsimError
 from ovsim.validate.check import GB, GIB, Check
+from ovsim.validate.framework import copy_checks, framework_checks
 from ovsim.validate.measured import (
     HARNESS_SM_FRACTION,
     MEASURED,
     MEASURED_DATA,
     MEASURED_OVERLAP,
-    _pooled,
-    _replay_row,
-    _scored,
     measured_checks,
+    pooled,
+    replay_row,
+    scored,
 )
 from ovsim.validate.measured_gemm import (
     GEMM_AT_TOP_CLOCK,
@@ -105,6 +106,8 @@ from ovsim.validate.measured_sm import (
     smloss_bundle,
     smloss_scored,
 )
+from ovsim.validate.network import network_checks
+from ovsim.validate.node import node_checks
 from ovsim.validate.published import (
     CONSISTENCY,
     FIT,
@@ -116,6 +119,7 @@ from ovsim.validate.published import (
     power_checks,
     published_checks,
 )
+from ovsim.validate.shaping import shaping_checks
 from ovsim.validate.study import STUDY, study_checks
 from ovsim.validate.traces import (
     GEMM_CASES,
@@ -124,11 +128,12 @@ from ovsim.validate.traces import (
     MEMORY_TOLERANCE_PCT,
     SCENARIO_GEMM,
     TRACE_CASES,
-    _held_out_bar,
     gemm_checks,
+    held_out_bar,
     memory_checks,
     trace_checks,
 )
+from ovsim.validate.training import training_checks
 
 __all__ = [
     "CLOCK_MEMORY_KINDS",
@@ -197,10 +202,6 @@ __all__ = [
     "STUDY",
     "TRACE_CASES",
     "Check",
-    "_held_out_bar",
-    "_pooled",
-    "_replay_row",
-    "_scored",
     "best_gemm_tflops",
     "channel_pass_s",
     "clock_end_ratio",
@@ -211,6 +212,7 @@ __all__ = [
     "harness_power_log",
     "hbm_sharing_points",
     "hbm_sharing_scenario",
+    "held_out_bar",
     "measured_checks",
     "measured_clock_checks",
     "measured_clock_mix_checks",
@@ -227,9 +229,12 @@ __all__ = [
     "measured_shape_points",
     "measured_smloss_checks",
     "memory_checks",
+    "pooled",
     "power_checks",
     "published_checks",
+    "replay_row",
     "run",
+    "scored",
     "smloss_bundle",
     "smloss_scored",
     "study_checks",
@@ -243,13 +248,8 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
     ``measured`` the calibration harness's kernels beside communication (:func:`measured_checks`),
     and with ``traces`` the shared traces replayed (their folds, the measured folds and the studies'
     configurations in ``workers`` processes when more than 1; 0: one per CPU core)."""
-    # Their modules build on this one's Check and replay helpers: imported here, not at the top.
+    # ovsim/echo.py builds on this package's Check: imported here, not at the top.
     from ovsim.echo import echo_checks
-    from ovsim.framework_checks import copy_checks, framework_checks
-    from ovsim.network_checks import network_checks
-    from ovsim.node_checks import node_checks
-    from ovsim.shaping_checks import shaping_checks
-    from ovsim.training_checks import training_checks
 
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")

@@ -1,7 +1,8 @@
-"""The registry of measured data sets (``calibration/data/datasets.yaml``): which data sets each
-family of ``ovsim validate --measured`` checks reads, and which of them a shipped parameter was
-fitted on. The data live beside the package in a checkout of the repository, or wherever the
-``OVSIM_DATA`` environment variable points; no package code names a data set.
+"""The registry of measured data sets (``calibration/data/registry.yaml``): every run, which data
+sets each family of ``ovsim validate --measured`` checks reads, and which of them each fit of a
+shipped parameter reads (:func:`fit_sets`; :func:`roles` gathers each run's readers). The data
+live beside the package in a checkout of the repository, or wherever the ``OVSIM_DATA``
+environment variable points; no package code names a data set.
 
 A data set keeps each part's kernel tables in one file, ``tables/<part>.parquet``, its experiments
 told apart by a column (:func:`ovsim.traces.load.write_tables`); :func:`experiments` reads them, and
@@ -23,7 +24,9 @@ from ovsim.traces.table import TraceBundle
 if TYPE_CHECKING:
     from ovsim.calibrate.inputs import TraceInput
 
-REGISTRY = "datasets.yaml"
+REGISTRY = "registry.yaml"
+# The registry's lists that are not families of checks: every run, and what the fits read.
+RUNS, FITS = "runs", "fits"
 # A checkout's data folder: calibration/data beside the package.
 _CHECKOUT_DATA = Path(__file__).resolve().parents[2] / "calibration" / "data"
 
@@ -86,6 +89,33 @@ def sets(family: str, *fields: str) -> tuple[tuple[str, ...], ...]:
 def fitted(family: str) -> dict[str, str]:
     """GPU -> the data set of ``family`` its parameter was fitted on (entries marked ``fit``)."""
     return {str(e["gpu"]): str(e["set"]) for e in entries(family) if e.get("fit")}
+
+
+def fit_sets(fit: str) -> dict[str, dict[str, Any]]:
+    """GPU -> the registry's entry of the data set ``fit`` reads for it (``set``, and ``with``,
+    ``held_out``, ``defective`` where the entry has them); a one-line error where the registry names
+    none."""
+    found = {str(e["gpu"]): e for e in entries(FITS) if e.get("fit") == fit}
+    if not found:
+        raise OvsimError(f"no data set of fit '{fit}'", source=str(data_root() / REGISTRY), field=FITS)
+    return found
+
+
+def roles() -> dict[str, list[str]]:
+    """Each run of the registry -> what reads it: ``fit NAME`` for each fit, ``held out by fit
+    NAME`` for a fit's own held-out repeat, ``FAMILY`` for each family of checks (held out unless a
+    fit of it reads the set too); runs no one reads have none."""
+    out: dict[str, list[str]] = {str(e["set"]): [] for e in entries(RUNS)}
+    for family, listed in _registry(data_root()).items():
+        if family == RUNS:
+            continue
+        for e in listed:
+            role = f"fit {e['fit']}" if family == FITS else family
+            for key in ("set", "with", "comm", "held_out"):
+                said = f"held out by {role}" if key == "held_out" else role
+                if isinstance(e.get(key), str) and said not in out.setdefault(str(e[key]), []):
+                    out[str(e[key])].append(said)
+    return out
 
 
 def part_file(run: Path, part: str) -> Path:

@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 
 from ovsim.validate.check import Check
 from ovsim.validate.datasets import data_root, experiment_inputs, part_file, sets
-from ovsim.validate.traces import _held_out_bar
+from ovsim.validate.traces import held_out_bar
 
 # The calibration harness's measured data sets (calibration/data/ in a checkout, or OVSIM_DATA).
 MEASURED_DATA = data_root()
 # Data sets whose overlap part the contention checks replay, and their GPU spec: the first is
 # folded (leave one victim kernel out), the others predicted from a fit on it (the registry,
-# calibration/data/datasets.yaml, says what each holds).
+# calibration/data/registry.yaml, says what each holds).
 MEASURED_OVERLAP = sets("overlap", "set", "gpu")
 MEASURED = "measured kernels beside communication (calibration harness; held out)"
 # The harness's channel kernels hold every block's SM for the whole kernel (its per-block records).
@@ -36,7 +36,7 @@ def _victim(label: str) -> str:
     return label.split("__", 1)[0]
 
 
-def _scored(tr: TraceInput, overrides: dict[str, Any] | None) -> tuple[list[float], list[float], list[float]]:
+def scored(tr: TraceInput, overrides: dict[str, Any] | None) -> tuple[list[float], list[float], list[float]]:
     """(measured, predicted, isolated) durations of a trace's scored kernels, replayed with ``overrides``."""
     from ovsim.replay import replay
 
@@ -58,24 +58,24 @@ def _fitted(inputs: Sequence[TraceInput], prepared: Sequence[ContentionData], le
     return overrides
 
 
-def _pooled(targets: Sequence[TraceInput], overrides: dict[str, Any]) -> list[list[float]]:
+def pooled(targets: Sequence[TraceInput], overrides: dict[str, Any]) -> list[list[float]]:
     """(measured, predicted, isolated) durations of the scored kernels of every trace in ``targets``."""
-    pooled: list[list[float]] = [[], [], []]
+    out: list[list[float]] = [[], [], []]
     for tr in targets:
-        for acc, xs in zip(pooled, _scored(tr, overrides), strict=True):
+        for acc, xs in zip(out, scored(tr, overrides), strict=True):
             acc.extend(xs)
-    return pooled
+    return out
 
 
 def _measured_fold(victim: str, inputs: Sequence[TraceInput], prepared: Sequence[ContentionData]
                    ) -> list[list[float]]:
     """``victim``'s experiments replayed with contention fitted on every other victim's."""
-    return _pooled([tr for tr in inputs if _victim(tr.label) == victim], _fitted(inputs, prepared, victim))
+    return pooled([tr for tr in inputs if _victim(tr.label) == victim], _fitted(inputs, prepared, victim))
 
 
-def _replay_row(pooled: Sequence[Sequence[float]]) -> tuple[int, float, float, float] | None:
+def replay_row(pooled: Sequence[Sequence[float]]) -> tuple[int, float, float, float] | None:
     """(kernels, ovsim MAPE, naive MAPE, bar) of pooled (measured, predicted, isolated) durations
-    of a held-out replay row (:func:`_held_out_bar`); None without kernels."""
+    of a held-out replay row (:func:`held_out_bar`); None without kernels."""
     import numpy as np
 
     from ovsim.replay_score import mape_pct
@@ -84,7 +84,7 @@ def _replay_row(pooled: Sequence[Sequence[float]]) -> tuple[int, float, float, f
     if not len(meas):
         return None
     naive = mape_pct(iso, meas)
-    return len(meas), mape_pct(pred, meas), naive, _held_out_bar(naive)
+    return len(meas), mape_pct(pred, meas), naive, held_out_bar(naive)
 
 
 def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
@@ -118,19 +118,19 @@ def measured_checks(folder: Path = MEASURED_DATA, workers: int = 1,
         if on_stage is not None:
             on_stage(f"{len(victims)} folds, one victim kernel left out of each")
         folds = run(_measured_fold, victims, itertools.repeat(base), itertools.repeat(prepared))
-        rows += [(sets[0], v, pooled, f"fitted on {len(victims) - 1} other victim kernels' experiments, not this one's")
-                 for v, pooled in zip(victims, folds, strict=True)]
+        rows += [(sets[0], v, pool_v, f"fitted on {len(victims) - 1} other victim kernels' experiments, not this one's")
+                 for v, pool_v in zip(victims, folds, strict=True)]
         if len(sets) > 1:
             every = _fitted(base, prepared, None)
             for s, trs in zip(sets[1:], inputs[1:], strict=True):
                 names = sorted({_victim(tr.label) for tr in trs})
-                pooled = run(_pooled, [[tr for tr in trs if _victim(tr.label) == v] for v in names],
+                pools = run(pooled, [[tr for tr in trs if _victim(tr.label) == v] for v in names],
                              itertools.repeat(every))
                 rows += [(s, v, x, f"fitted on every experiment of calibration/data/{sets[0][1]}")
-                         for v, x in zip(names, pooled, strict=True)]
+                         for v, x in zip(names, pools, strict=True)]
     checks: list[Check] = []
     for (gpu, rel), victim, series, note in rows:
-        row = _replay_row(series)
+        row = replay_row(series)
         if row is None:
             continue
         n, mape, naive, bar = row

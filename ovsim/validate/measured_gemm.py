@@ -20,7 +20,7 @@ from ovsim.validate.check import Check
 from ovsim.validate.datasets import experiments, one_experiment, sets
 from ovsim.validate.measured import MEASURED_DATA
 from ovsim.validate.measured_memory import harness_power_log
-from ovsim.validate.traces import _MAMF_BY_PRECISION, MEMORY_TOLERANCE_PCT, _split_at_10us
+from ovsim.validate.traces import MAMF_BY_PRECISION, MEMORY_TOLERANCE_PCT, split_at_10us
 
 # Data sets of the harness's gemm part (cuBLAS GEMMs alone, 10 repeats each after 3 warm-ups).
 MEASURED_GEMM = sets("gemm", "set", "gpu")
@@ -56,7 +56,7 @@ def _mamf_roofline_note(problems: list[tuple[int, int, int, int, float]], precis
     with no time per wave, where MAMF has a figure for the precision."""
     from ovsim.calibrate import library_gemm_mape
 
-    mamf = _MAMF_BY_PRECISION.get(precision)
+    mamf = MAMF_BY_PRECISION.get(precision)
     if mamf is None:
         return ""
     at_mamf = params.merged({"gemm_efficiency": {precision: mamf}, "gemm_tile_overhead_s": {precision: 0.0}})
@@ -176,7 +176,7 @@ def measured_shape_checks(folder: Path = MEASURED_DATA) -> list[Check]:
             if not pts:
                 continue
             err = library_gemm_errors(pts, prec, gpu, params)
-            split = _split_at_10us(pts, err)
+            split = split_at_10us(pts, err)
             naive = _mamf_roofline_note(pts, prec, gpu, params)
             checks.append(Check(
                 f"{rel}: {experiment} GEMM time MAPE ({len(pts)} shapes at the top clock)", MEASURED_SHAPES_GROUP,

@@ -60,7 +60,7 @@ _SIZE = 8192  # every phase's GEMM is 8192^3
 def _wmma_op(tile: tuple[int, int], kernel: pd.Series) -> dict[str, Any]:
     """The scenario op of one of the harness's FP16 WMMA GEMMs: ``tile`` and the launch ``kernel``
     (a kernel-table row) gave it."""
-    from ovsim.shaping_checks import GEMM_STAGES
+    from ovsim.validate.shaping import GEMM_STAGES
 
     return {"kind": "gemm", "m": _SIZE, "n": _SIZE, "k": _SIZE, "precision": "fp16", "tile": [*tile, 32],
             "threads": int(kernel["block_x"]), "registers_per_thread": int(kernel["registers_per_thread"]),
@@ -70,7 +70,7 @@ def _wmma_op(tile: tuple[int, int], kernel: pd.Series) -> dict[str, Any]:
 def own_phase_op(label: str, experiment: dict[str, Any], kernels: pd.DataFrame) -> tuple[dict[str, Any], int]:
     """The scenario op a clock_own or own_tiles phase repeats, and the shaping padding its launches
     carried."""
-    from ovsim.shaping_checks import GEMM, GEMM_NATURAL_SMEM_BYTES, GEMM_TILE
+    from ovsim.validate.shaping import GEMM, GEMM_NATURAL_SMEM_BYTES, GEMM_TILE
 
     if "tile" in experiment:  # the own_tiles part: the template at a tile of its own
         bm, bn, _ = experiment["tile"]

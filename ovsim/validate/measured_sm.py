@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 from ovsim.validate.check import Check
 from ovsim.validate.datasets import experiments, fitted, read_experiment, sets
-from ovsim.validate.measured import HARNESS_SM_FRACTION, MEASURED_DATA, _replay_row
+from ovsim.validate.measured import HARNESS_SM_FRACTION, MEASURED_DATA, replay_row
 from ovsim.validate.measured_memory import harness_experiments
 
 # Data sets whose smloss part the SM-loss checks replay, and their GPU spec: cuBLAS's GEMMs beside a
@@ -93,7 +93,7 @@ def measured_smloss_checks(folder: Path = MEASURED_DATA, workers: int = 1) -> li
             a.extend(xs)
     checks: list[Check] = []
     for (rel, gpu, victim, whole), pooled in rows.items():
-        row = _replay_row(pooled)
+        row = replay_row(pooled)
         if row is None:
             continue
         n, mape, naive, bar = row

@@ -8,8 +8,8 @@ from typing import Any
 from ovsim.hw.calib import Parameters, shipped_parameters
 from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models import gemm_library
-from ovsim.network_checks import busbw_gb_s
 from ovsim.validate.check import GIB, Check
+from ovsim.validate.network import busbw_gb_s
 
 
 def _busbw(op: str, size: float, system: str, algorithm: str | None = None) -> float:

@@ -38,7 +38,7 @@ TRACE_CASES: tuple[tuple[str, str | None], ...] = (
 )
 
 
-def _held_out_bar(naive_pct: float) -> float:
+def held_out_bar(naive_pct: float) -> float:
     """The most a held-out replay's overlapped-kernel MAPE may be: 10%, and a third of naive."""
     return min(10.0, naive_pct / 3)
 
@@ -95,7 +95,7 @@ def trace_checks(folder: Path, on_trace: Callable[[str], None] | None = None, wo
         held_out.append(Check(f"{name}: span", HELD_OUT, held["measured_span_s"] * 1e3,
                          held["predicted_span_s"] * 1e3, "ms", 5.0, rel, note=f"contention fitted on {fitted_on}"))
         held_out.append(Check(f"{name}: overlapped-kernel MAPE ({held['scored_kernels']} kernels)", HELD_OUT,
-                         _held_out_bar(naive),
+                         held_out_bar(naive),
                          float(held["mape_pct"]), "% MAPE", 0.0, rel, rule="at_most",
                          note=f"naive {naive:.1f}%; passes at or below 10% and a third of naive; contention "
                               f"fitted on {fitted_on}"))
@@ -325,7 +325,7 @@ def gemm_checks(folder: Path, on_trace: Callable[[str], None] | None = None) -> 
     return checks
 
 
-def _split_at_10us(problems: Sequence[tuple[int, int, int, int, float]], err: Any) -> str:
+def split_at_10us(problems: Sequence[tuple[int, int, int, int, float]], err: Any) -> str:
     """A note's split of GEMM errors (fractions, one per problem) at 10 us of measured time, or
     nothing when every GEMM is on one side."""
     import numpy as np
@@ -355,7 +355,7 @@ def _scenario_gemm_checks(gpu_name: str, present: Sequence[str], inputs: Sequenc
             if not aligned:
                 continue
             err = library_gemm_errors(aligned, prec, gpu, params)
-            split = _split_at_10us(aligned, err)
+            split = split_at_10us(aligned, err)
             checks.append(Check(
                 f"{Path(rel).name}: {prec} GEMM time MAPE as a scenario ({len(aligned)} aligned GEMMs, "
                 f"{len({r[:4] for r in aligned})} shapes)", SCENARIO_GEMM, MEMORY_TOLERANCE_PCT,
@@ -367,7 +367,7 @@ def _scenario_gemm_checks(gpu_name: str, present: Sequence[str], inputs: Sequenc
 
 # MAMF's best-shape efficiencies on the H100 by precision (published_checks' source): BF16 794.5 of
 # 989 TFLOPS, FP8 1,402.6 of 1,979; FP16 runs the same tensor cores as BF16. No figure for TF32.
-_MAMF_BY_PRECISION = {"bf16": 0.803, "fp16": 0.803, "fp8": 0.709}
+MAMF_BY_PRECISION = {"bf16": 0.803, "fp16": 0.803, "fp8": 0.709}
 # What the shipped BF16 GEMM efficiency was before any fit: MAMF's, the baseline of gemm_checks'
 # notes and of bench/gemm_square_sweep.py.
-MAMF_EFFICIENCY = {"h100-sxm5-80gb": _MAMF_BY_PRECISION["bf16"]}
+MAMF_EFFICIENCY = {"h100-sxm5-80gb": MAMF_BY_PRECISION["bf16"]}

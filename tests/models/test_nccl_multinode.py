@@ -236,12 +236,12 @@ def test_several_nodes_need_a_network() -> None:
 
 
 def test_published_multi_node_bus_bandwidths() -> None:
-    """ovsim validate's rows across nodes (sources in ovsim/network_checks.py). The 2-node 470 GB/s
+    """ovsim validate's rows across nodes (sources in ovsim/validate/network.py). The 2-node 470 GB/s
     run is the one NVLS-tree's fill is fitted on, and the ring's time was decided on the #119 rows;
     the others are held out. The closest are the 3-node A100 sweep of nccl-tests #119 at and below
     128 MiB, where NCCL's model latency (207 us for this ring without the plateau factor its choice
     adds, 290 with it) holds the busbw at 125 MiB to 89 GB/s (86 with it); the run reached 96.45."""
-    from ovsim.network_checks import network_checks
+    from ovsim.validate.network import network_checks
 
     checks = network_checks()
     rows = [c for c in checks if c.unit == "GB/s"]
@@ -260,7 +260,7 @@ def test_published_multi_node_sweeps() -> None:
     GiB under NVLS-tree on the two held-out sweeps too, where NCCL's model alone was 17-33% fast;
     the forced ring, which the fill
     does not touch, stays off by up to half at 1-8 MiB."""
-    from ovsim.network_checks import SWEEPS, network_checks
+    from ovsim.validate.network import SWEEPS, network_checks
 
     for sw in SWEEPS:
         assert abs(sw.errors()[-1][1]) < 0.05, (sw.name, sw.errors()[-1])

@@ -1,6 +1,6 @@
 """Collectives within one node priced with a GPU's measured costs (rings and NVLS).
 
-Golden figures are published nccl-tests sweeps of 8-GPU A100 and H100 nodes (ovsim/node_checks.py
+Golden figures are published nccl-tests sweeps of 8-GPU A100 and H100 nodes (ovsim/validate/node.py
 names each source); each family's fit is on one all-reduce sweep and the others, all-gather and
 reduce-scatter and an H200 node among them, are held out.
 """
@@ -17,8 +17,8 @@ from ovsim.calibrate.collectives import fit_node_sweep
 from ovsim.hw.calib import Parameters, shipped_parameters
 from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models import nccl
-from ovsim.node_checks import SWEEPS
 from ovsim.scenario import Scenario
+from ovsim.validate.node import SWEEPS
 
 MIB = 2**20
 ADDED = {"simple": 50e-6, "ll128": 30e-6}
@@ -77,7 +77,7 @@ FAMILIES = {"a100-sxm4-40gb": ("a100-sxm4-40gb", "a100-sxm4-80gb"), "h100-sxm5-8
 def test_the_shipped_costs_are_the_fit_on_their_sweep(sweep: object) -> None:
     """Each family's files hold what the fit gives on the sweep marked as its source (a consistency
     check of calibration/nccl/fit_published_sweeps.py's output, not a validation)."""
-    from ovsim.node_checks import NodeSweep
+    from ovsim.validate.node import NodeSweep
 
     assert isinstance(sweep, NodeSweep)
     values, record = fit_node_sweep(sweep.scored(), sweep.plan)
@@ -118,7 +118,7 @@ def test_held_out_sweeps_come_within_ten_percent(sweep: object) -> None:
     """Other nodes' published sweeps (other NCCL versions, both A100 memory sizes, all-gather and
     reduce-scatter beside all-reduce, an H200 node on the H100's fit), none fitted: within the 10%
     MAPE bar, and closer than NCCL's model alone."""
-    from ovsim.node_checks import NodeSweep
+    from ovsim.validate.node import NodeSweep
 
     assert isinstance(sweep, NodeSweep)
     params = shipped_parameters(sweep.gpu)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fit_copy_engine import DATA, warp_rate
 
-from ovsim.framework_checks import COPY_FIT_SET
+from ovsim.validate.framework import COPY_FIT_SET
 
 
 def test_the_warps_rate_comes_from_the_latency_bound_kernels_only() -> None:

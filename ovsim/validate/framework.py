@@ -30,7 +30,7 @@ from ovsim.validate.datasets import experiments, fitted, sets
 from ovsim.workers import worker_pool
 
 if TYPE_CHECKING:
-    from ovsim.validate import Check
+    from ovsim.validate.check import Check
 
 # Data sets of the framework part, and their GPU spec.
 FRAMEWORK_SETS = sets("framework", "set", "gpu")
@@ -56,7 +56,8 @@ def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], N
     """One row per framework kernel and GPU: its overlapped instances over the GPU's data sets of
     ``FRAMEWORK_SETS``, replayed held out (see the module docstring)."""
     from ovsim.calibrate import TraceInput
-    from ovsim.validate import Check, _pooled, _replay_row
+    from ovsim.validate.check import Check
+    from ovsim.validate.measured import pooled, replay_row
 
     by_victim: dict[str, list[TraceInput]] = {}
     sources: dict[str, list[str]] = {}
@@ -75,10 +76,10 @@ def framework_checks(folder: Path, workers: int = 1, on_stage: Callable[[str], N
     pool = worker_pool(jobs)
     with pool or nullcontext():
         run = pool.map if pool is not None else map
-        pooled = list(run(_pooled, [by_victim[v] for v in names], itertools.repeat({})))
+        pools = list(run(pooled, [by_victim[v] for v in names], itertools.repeat({})))
     checks = []
-    for victim, series in zip(names, pooled, strict=True):
-        row = _replay_row(series)
+    for victim, series in zip(names, pools, strict=True):
+        row = replay_row(series)
         if row is None:
             continue
         n, mape, naive, bar = row
@@ -160,7 +161,8 @@ def copy_checks(folder: Path) -> list[Check]:
     """Per data set of ``COPY_SETS``: the kernels' slowdowns beside copies, predicted from their time
     alone with the shipped calibration, against the measured ones (MAPE; the held-out bar)."""
     from ovsim.replay_score import mape_pct
-    from ovsim.validate import Check, _held_out_bar
+    from ovsim.validate.check import Check
+    from ovsim.validate.traces import held_out_bar
 
     checks = []
     for rel, gpu in COPY_SETS:
@@ -179,7 +181,7 @@ def copy_checks(folder: Path) -> list[Check]:
         what = ("the copy engines' weight fitted here (a consistency check)" if fitted else
                 f"held out: the copy engines' weight fitted on calibration/data/{COPY_FIT_SET}")
         checks.append(Check(f"{gpu} {rel.rsplit('/', 1)[-1]}: slowdowns beside copies ({len(s)} kernels)",
-                            COPY_FIT_GROUP if fitted else COPY_GROUP, _held_out_bar(naive), mape, "% MAPE", 0.0,
+                            COPY_FIT_GROUP if fitted else COPY_GROUP, held_out_bar(naive), mape, "% MAPE", 0.0,
                             f"calibration/data/{rel}", rule="at_most",
                             note=f"naive (no slowdown) {naive:.1f}%; copies sharing HBM fairly (the model before) "
                                  f"{fair_pct:.1f}%; {what}"))

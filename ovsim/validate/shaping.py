@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ovsim.validate.datasets import sets
 
 if TYPE_CHECKING:
-    from ovsim.validate import Check
+    from ovsim.validate.check import Check
 
 # Data sets of the shaping part: GPU spec, a system holding it, and the data set whose comm part
 # timed the 16-channel copy alone (the repeat run has no comm part: its first run's).
@@ -45,7 +45,7 @@ TOLERANCE_PCT = 10.0
 
 def copy_pace_bytes_per_s(folder: Path) -> float:
     """Bytes a second the data set's 16-channel, 512-thread copy moves alone (comm part, median)."""
-    from ovsim.validate import HARNESS_CHANNEL_PASS_BYTES, channel_pass_s
+    from ovsim.validate.measured_memory import HARNESS_CHANNEL_PASS_BYTES, channel_pass_s
 
     return HARNESS_CHANNEL_PASS_BYTES / channel_pass_s(folder, threads=512)[("copy", 16)]
 
@@ -54,8 +54,8 @@ def shaping_points(folder: Path, pace_bytes_per_s: float) -> list[dict[str, Any]
     """One row per experiment of the GEMM beside the copy loop: its launch shapes, the GEMM's
     measured time alone (its two launches before) and beside, the loop's delay after the GEMM's
     start and what it is given alone."""
-    from ovsim.validate import harness_experiments
     from ovsim.validate.datasets import experiments
+    from ovsim.validate.measured_memory import harness_experiments
 
     rows = []
     tables = experiments(folder, "shaping")
@@ -103,7 +103,7 @@ def shaping_scenario(row: dict[str, Any], system: str) -> Any:
 def shaping_checks(folder: Path) -> list[Check]:
     """Per data set and experiment: the GEMM's slowdown beside the loop, within 10%."""
     from ovsim.api import predict
-    from ovsim.validate import Check
+    from ovsim.validate.check import Check
 
     checks: list[Check] = []
     for rel, _gpu, system, comm_rel in SHAPING_SETS:

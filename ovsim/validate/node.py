@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 from ovsim.hw.calib import Parameters, shipped_parameters
 from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models import nccl
-from ovsim.network_checks import doubling, sweep_check
+from ovsim.validate.network import doubling, sweep_check
 
 if TYPE_CHECKING:
-    from ovsim.validate import Check
+    from ovsim.validate.check import Check
 
 NODE_GROUP = "published (one node, not fitted)"
 NODE_FIT_GROUP = "published (one node, calibration source)"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ovsim.validate import Check
+    from ovsim.validate.check import Check
 
 TRAINING_GROUP = "published (training layer and iteration times, A100; not fitted)"
 SOURCE = "Korthikanti et al., arXiv 2205.05198"
@@ -92,7 +92,7 @@ def layer_times_s(ops: pd.DataFrame, layer: int, rank: int = 0, micro_batch: int
 
 def training_checks() -> list[Check]:
     from ovsim.api import predict
-    from ovsim.validate import Check
+    from ovsim.validate.check import Check
 
     combined: dict[str, float] = {}
     iteration: dict[str, float] = {}

@@ -20,7 +20,7 @@ from ovsim.models import nccl
 
 if TYPE_CHECKING:
     from ovsim.hw.calib import Parameters
-    from ovsim.validate import Check
+    from ovsim.validate.check import Check
 
 NETWORK_GROUP = "published (across nodes, not fitted)"
 # Rows the model was shaped on: the run NVLS-tree's pipeline fill (NetParams.nvls_tree_fill_stages)
@@ -167,7 +167,7 @@ SWEEPS: tuple[_Sweep, ...] = (
 def sweep_check(name: str, group: str, source: str, errors: list[tuple[float, float]], note: str = "") -> Check:
     """A sweep's row: the MAPE of (size, predicted over measured - 1) ``errors``, passing at or
     below 10%, with its signed mean and extremes (and ``note``) in the row's note."""
-    from ovsim.validate import Check
+    from ovsim.validate.check import Check
 
     rel = [e for _, e in errors]
     mape = sum(abs(e) for e in rel) / len(rel) * 100
@@ -180,7 +180,7 @@ def sweep_check(name: str, group: str, source: str, errors: list[tuple[float, fl
 
 
 def network_checks() -> list[Check]:
-    from ovsim.validate import Check
+    from ovsim.validate.check import Check
 
     rows = [Check(r.name, NETWORK_FIT_GROUP if r.fitted else NETWORK_GROUP, r.reference_gb_s, r.predicted_gb_s(),
                   "GB/s", 10.0, r.source) for r in ROWS]
