@@ -318,7 +318,9 @@ def _shorter_than(length_s: float, workload: Workload, cfg: PowerConfig, plan: P
     that does not settle it, :func:`_lowest_clock` (which reads every op)."""
     hi = cfg.max_clock_fraction
     span = max(plan.times(_stretched(cfg, np.full(len(terms.isolated_s), hi), terms))[2], default=0.0)
-    if span >= length_s:  # the loop's clocks are at most the top one
+    # The loop sets no clock above the top one (but the minimum under a clock locked below it,
+    # where this answer is only cautious).
+    if span >= length_s:
         return False
 
     def stretched_s(floor: float) -> float:
