@@ -1,4 +1,4 @@
-"""The Echo-slowdown validation group (ovsim.echo)."""
+"""The Echo-slowdown validation group (ovsim.validate.echo)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ovsim import echo
-from ovsim.echo import ECHO_GROUP, echo_checks
 from ovsim.errors import OvsimError
 from ovsim.replay import replay
+from ovsim.validate import echo
+from ovsim.validate.echo import ECHO_GROUP, echo_checks
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 

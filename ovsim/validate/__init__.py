@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ovsim.errors import OvsimError
 from ovsim.validate.check import GB, GIB, Check
+from ovsim.validate.echo import echo_checks
 from ovsim.validate.framework import copy_checks, framework_checks
 from ovsim.validate.measured import (
     HARNESS_SM_FRACTION,
@@ -248,9 +249,6 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
     ``measured`` the calibration harness's kernels beside communication (:func:`measured_checks`),
     and with ``traces`` the shared traces replayed (their folds, the measured folds and the studies'
     configurations in ``workers`` processes when more than 1; 0: one per CPU core)."""
-    # ovsim/echo.py builds on this package's Check: imported here, not at the top.
-    from ovsim.echo import echo_checks
-
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
     workers = workers or os.cpu_count() or 1

@@ -27,15 +27,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from ovsim.errors import OvsimError
-
-if TYPE_CHECKING:
-    from ovsim.validate import Check
+from ovsim.validate.check import Check
 
 ECHO_FILE = "echo-slowdown/merged_features.csv"
 ECHO_GPU = "a100-sxm4-40gb"
@@ -154,11 +151,9 @@ ECHO_GROUP = "peer data set: Echo's kernel slowdowns under NCCL on 2x A100 (held
 
 
 def echo_checks(folder: Path) -> list[Check]:
-    """The overlapped kernels of Echo's data set (``ovsim.echo``) predicted by replay: the share
+    """The overlapped kernels of Echo's data set (this module) predicted by replay: the share
     within 5% of the measured 2-GPU duration (target: at least 60%) and the summed duration's error
     (target: within 3%), beside the naive prediction and Echo's own in-sample figures."""
-    from ovsim.validate import Check
-
     path = folder / ECHO_FILE
     if not path.is_file():
         return []
