@@ -18,6 +18,7 @@ def fit_set(fit: str) -> dict[str, str]:
     return {gpu: str(e["set"]) for gpu, e in fit_sets(fit).items()}
 
 
-def fit_pair(fit: str) -> dict[str, tuple[str, Any]]:
-    """GPU -> (the data set ``fit`` reads, the second one it reads or None)."""
-    return {gpu: (str(e["set"]), e.get("with")) for gpu, e in fit_sets(fit).items()}
+def fit_pair(fit: str, second: str = "with") -> dict[str, tuple[str, Any]]:
+    """GPU -> (the data set ``fit`` reads, the entry's ``second`` data set or None: ``with``, the
+    second one it reads, or ``held_out``, the repeat it scores itself on)."""
+    return {gpu: (str(e["set"]), e.get(second)) for gpu, e in fit_sets(fit).items()}

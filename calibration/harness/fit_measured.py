@@ -90,7 +90,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from fit_common import COMMAND, DATA, fit_set
+from fit_common import COMMAND, DATA, fit_pair, fit_set
 from fit_power_clock import (
     CLOCK,
     POWER,
@@ -128,12 +128,12 @@ from ovsim.validate import (
     smloss_bundle,
     smloss_scored,
 )
-from ovsim.validate.datasets import fit_sets, table_input, table_paths
+from ovsim.validate.datasets import table_input, table_paths
 
 # The data sets each GPU's fits read (folders under calibration/data/; registry.yaml's fits).
 SMLOSS = fit_set("memory_sm_headroom")
 # (fitted on, held out or None)
-SHAPING = {gpu: (str(e["set"]), e.get("held_out")) for gpu, e in fit_sets("block_issue_share_per_warp").items()}
+SHAPING = fit_pair("block_issue_share_per_warp", "held_out")
 HEADROOM_BOUNDS = (1.0, 16.0)
 # gemm_load_share: searched on this grid, then refined between the best point's neighbours.
 LOAD_SHARE_GRID = tuple(round(0.05 * i, 2) for i in range(13))
