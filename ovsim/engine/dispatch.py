@@ -169,12 +169,17 @@ def _give(gpu: GpuState, k: KernelState, e: BlockEntry, wave: int, waves: int) -
         k.batched += waves * wave
         gpu.batched = True
 
-def unbatch(gpu: GpuState) -> None:
-    """Give fast-forwarded waves not yet begun back to their kernels (see :func:`batch`)."""
+def unbatch(gpu: GpuState, eps: float = 0.0) -> None:
+    """Give fast-forwarded waves not yet begun back to their kernels (see :func:`batch`). A wave
+    that ends within ``eps`` seconds of now (at its rate) has ended, as :func:`retire` would find
+    it: the next begins now, whole, as the dispatcher would place it."""
     for g in gpu.groups:
         for e in g.entries:
             if e.extra:
                 k = e.kernel
+                whole = round(e.remaining)
+                if whole >= 1 and abs(e.remaining - whole) <= e.rate * eps:
+                    e.remaining = float(whole)
                 # Each wave is one unit of work, the current one last to have begun.
                 left = min(e.extra, max(0, math.ceil(e.remaining) - 1))
                 e.remaining -= left
@@ -262,12 +267,15 @@ def place(gpu: GpuState, k: KernelState, now: float, partitions: tuple[str, ...]
         best.regs -= layers * kr
         best.smem -= layers * ks
         best.blocks -= layers
+        # Blocks of k that have done no work yet on these SMs (placed now, or a wave of k's that
+        # begins now, fast-forwarded or not) are one entry with these: the group's layout, which
+        # decides where later blocks go, is then the same however the waves were stepped.
         for e in best.entries:
-            if e.kernel is k and e.born == now and e.remaining == 1.0:
+            if e.kernel is k and e.remaining == 1.0:
                 e.per_sm += layers
                 break
         else:
-            best.entries.append(BlockEntry(k, layers, 1.0 if k.flow is None else INF, now))
+            best.entries.append(BlockEntry(k, layers, 1.0 if k.flow is None else INF))
         k.undispatched -= layers * best.n_sms
         k.resident += layers * best.n_sms
         if k.start_s == INF:

@@ -360,7 +360,7 @@ class Engine:
         gpu = self.gpus[rank]
         progress.advance(gpu, self.now)
         if gpu.batched:
-            dispatch.unbatch(gpu)
+            dispatch.unbatch(gpu, self.eps)
 
     def _resolve(self, _: object) -> None:
         self.resolve_pending = False

@@ -169,14 +169,13 @@ class BlockEntry:
     A fast-forwarded entry also holds its kernel's next ``extra`` waves on the same SMs:
     ``remaining`` then counts their work too (one unit per wave)."""
 
-    __slots__ = ("born", "extra", "kernel", "per_sm", "rate", "remaining", "share")
+    __slots__ = ("extra", "kernel", "per_sm", "rate", "remaining", "share")
 
-    def __init__(self, kernel: KernelState, per_sm: int, remaining: float, born: float) -> None:
+    def __init__(self, kernel: KernelState, per_sm: int, remaining: float) -> None:
         self.kernel = kernel
         self.per_sm = per_sm
         self.remaining = remaining  # fraction of one block's work (plus ``extra`` whole blocks)
         self.extra = 0
-        self.born = born
         self.rate = 0.0  # block fractions per second
         self.share = 1.0  # issue share granted / issue share asked
 
@@ -199,7 +198,7 @@ class SmGroup:
         g = SmGroup(n_sms, self.part, self.threads, self.regs, self.smem, self.blocks)
         entries = g.entries
         for src in self.entries:
-            dst = BlockEntry(src.kernel, src.per_sm, src.remaining, src.born)
+            dst = BlockEntry(src.kernel, src.per_sm, src.remaining)
             dst.rate, dst.share = src.rate, src.share
             entries.append(dst)
         return g

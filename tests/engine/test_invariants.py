@@ -207,3 +207,39 @@ def test_a_kernel_behind_a_fast_forwarded_one_dispatches_when_the_last_blocks_do
     fast, slow = simulate(wl), simulate(wl, fast_forward=False)
     for col in ("start_s", "end_s"):
         assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), rel=1e-9, abs=1e-15), col
+
+
+def test_a_wave_that_ends_at_an_event_leaves_the_layout_stepping_leaves() -> None:
+    """Found by the local-solve property (test_coupled_local.py), reduced to one GPU: k8's waves,
+    fast-forwarded, kept the entry of a wave that began at the event where k5's blocks left, so
+    the blocks placed in k5's room became an entry of their own; stepped, they join the wave's
+    blocks, and the SM groups merge. The groups' sizes decide where k8's last wave goes, and with
+    it whether x (one 544-thread block with 82 KB of shared memory) finds an SM when k6 leaves:
+    fast-forwarded it waited 14 us for k8's end. It must start when stepped, with k6's end."""
+    def kd(blocks: int, threads: int, block_s: float, issue: float, iso_s: float,
+           regs: int = 32, smem: int = 0, hbm_bytes: float = 0.0) -> KernelDemand:
+        return KernelDemand(blocks=blocks, block=BlockShape(threads, regs, smem), block_time_s=block_s,
+                            issue_fraction=issue, hbm_bytes=hbm_bytes, flops=0.0, isolated_s=iso_s,
+                            clock_sensitive=False)
+
+    # The drawn example's times (a 1-block k6 of 24.0 us, 1,188-block k5 and k8 of 38.0 us a wave).
+    def big() -> KernelDemand:
+        return kd(1188, 512, 3.8045607641376125e-05, 0.025, 7.609121528275225e-05)
+
+    ks = {"k0": ("a", kd(524, 128, 2.297987754162614e-05, 0.00625, 2.297987754162614e-05)),
+          "c1": ("c", kd(10, 544, 3.9e-4, 1.0, 3.9e-4, 96, 82240)),
+          # (As drawn, with a trace of HBM traffic.)
+          "k3": ("b", kd(564, 128, 1.3914956454593353e-05, 0.00625, 1.3914956454593353e-05, hbm_bytes=3e-200)),
+          "k5": ("a", big()), "k6": ("a", kd(1, 128, 2.399855326848475e-05, 0.00625, 2.399855326848475e-05)),
+          "k8": ("b", big()),
+          "x": ("a", kd(1, 544, 1e-5, 1.0, 1e-5, 96, 82240))}
+    wl = Workload(ops=tuple(Op(n, n, "generic", 0, s, kernel=k) for n, (s, k) in ks.items()),
+                  streams=tuple(StreamSpec(0, s) for s in "abc"), n_ranks=1)
+    # One GPU of a switched node of four, as the example drew it.
+    node = SystemSpec.model_validate({"schema": "ovsim.system/1", "name": "t", "gpu": "h100-sxm5-80gb",
+                                      "gpu_count": 4, "topology": "nvswitch", "sources": {"t": "test"}})
+    machine = build_machine(node, GPU, PARAMS, n_ranks=1)
+    fast, slow = (Engine(wl, machine, EngineOptions(check_invariants=True, fast_forward=ff)).run().ops
+                  for ff in (True, False))
+    for col in ("start_s", "end_s"):
+        assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), rel=1e-9, abs=1e-15), col
