@@ -34,6 +34,7 @@ from ovsim.api import predict
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import read_yaml
 from ovsim.limits import MAX_COMBINATIONS
+from ovsim.models.build_memo import reusing_builds
 from ovsim.models.training import reusing_training_ops
 from ovsim.scenario import Mode, Scenario, scenario_error, scenario_from_mapping
 from ovsim.sweep_journal import Journal, fingerprint
@@ -175,8 +176,9 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
         progress(len(summaries), n)
     jobs = workers or os.cpu_count() or 1
     pool = executor(min(jobs, len(todo)), scheduler) if todo else None
-    # In process, points that differ only in knobs build one training iteration's op specs once.
-    with pool or reusing_training_ops():
+    # In process, points that differ only in knobs build one training iteration's op specs once,
+    # and share their kernels' prices and collectives' plans.
+    with pool or reusing_training_ops(), reusing_builds():
         # The pool's map starts every prediction at once; the built-in one predicts each as it is
         # asked for. Either gives results in the grid's order.
         found = (pool.map if pool is not None else map)(_predict_summary, [grid[i][1] for i in todo],

@@ -58,6 +58,7 @@ import pandas as pd
 
 from ovsim.api import build
 from ovsim.errors import OvsimError
+from ovsim.models.build_memo import reusing_builds
 from ovsim.models.training import reusing_training_ops
 from ovsim.scenario import Scenario
 from ovsim.sweep import base_mapping, edited, scenario_at
@@ -438,6 +439,18 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
     started = time.monotonic()
     run = _Run(objective, tolerance=float(tolerance),
                deadline=started + budget_s if budget_s is not None else math.inf, progress=progress)
+    # The candidates' builds share their kernels' prices and collectives' plans (in this process).
+    with reusing_builds():
+        return _search(scenario, space, run, top=top, workers=workers, confirm_max=confirm_max, max_grid=max_grid,
+                       seed=seed, space_source=space_source, scheduler=scheduler, budget_s=budget_s,
+                       started=started)
+
+
+def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] | None, run: _Run, *, top: int,
+            workers: int, confirm_max: int, max_grid: int, seed: int, space_source: str, scheduler: str | None,
+            budget_s: float | None, started: float) -> TuneResult:
+    """:func:`tune`'s steps once its arguments are checked."""
+    objective = run.objective
     base = base_mapping(scenario)
     data, path, source = base
     given_sc = scenario if isinstance(scenario, Scenario) else scenario_at(data, path, source)

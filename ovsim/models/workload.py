@@ -19,6 +19,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models import cost, gemm_library, nccl
+from ovsim.models.build_memo import shared_demands, shared_plans
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 
 # The specs and knobs live in op_specs; importers that name them here keep working.
@@ -333,8 +334,9 @@ def build_workload(
     ops: list[Op] = []
     used_streams: set[tuple[int, str]] = set()
     # A training iteration repeats each layer's kernels: price each distinct kernel once.
-    demands: dict[tuple[object, ...], KernelDemand] = {}
-    plans: dict[tuple[object, ...], nccl.CollectivePlan] = {}
+    # Within reusing_builds() (a schedule search), those of the builds before it too.
+    demands = shared_demands(gpu, params, knobs)
+    plans = shared_plans(gpu, system)
     # A collective's members' parts by what they depend on (spec and members), their flow's group unnamed.
     parts_made: dict[tuple[object, ...], _Parts] = {}
     infos: dict[tuple[object, ...], dict[str, object]] = {}
