@@ -227,12 +227,19 @@ def _ranks_rows(workload: Workload) -> dict[int, np.ndarray]:
     return {r: np.array(rows, dtype=np.int64) for r, rows in sorted(by_rank.items())}
 
 
-def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan: Plan) -> np.ndarray:
+# The analytic plan's times of a workload (Plan.times).
+PlanTimes = tuple[list[float], list[float], list[float], list[float], dict[int, tuple[float, float, float, float]]]
+
+
+def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan: Plan,
+                     top_times: PlanTimes | None = None) -> tuple[np.ndarray, PlanTimes | None]:
     """Each op's clock under the windowed power-limit loop, the workload repeated back to back (or,
     with the settings' ``start`` "idle", after idleness): the loop sets each rank's clock every
     control period from the rank's activity over the window before (wrapping round to the previous
     repeat), and an op takes the average clock over its span. The timeline depends on the clocks,
-    so the two are iterated from the top clock."""
+    so the two are iterated from the top clock. Also the plan's times at the clocks returned where
+    the loop settled (None where it stopped at its most passes); ``top_times``: the plan's times at
+    the top clock, where the caller has them (the first pass's)."""
     m = cfg.model
     hi, cap = cfg.max_clock_fraction, cfg.cap_w
     period, window = m.control_period_s, m.control_window_s
@@ -241,8 +248,10 @@ def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan:
     by_rank = _ranks_rows(workload)
     every = np.concatenate(list(by_rank.values())) if by_rank else np.zeros(0, dtype=np.int64)
     idle = cfg.settings.start == "idle"
-    for _ in range(_ANALYTIC_LOOP_PASSES):
-        _, start_list, end_list, _, _ = plan.times(_stretched(cfg, clocks, terms))
+    settled = False
+    for i in range(_ANALYTIC_LOOP_PASSES):
+        at = top_times if i == 0 and top_times is not None else plan.times(_stretched(cfg, clocks, terms))
+        _, start_list, end_list, _, _ = at
         start_all, end_all = np.array(start_list, dtype=float), np.array(end_list, dtype=float)
         span = float(end_all[every].max()) if every.size else 0.0
         # A repeat of more control periods than _MAX_TICKS (a GEMM of hours) sets its clocks at
@@ -268,9 +277,10 @@ def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan:
             lasting = d > 0
             new[rows] = np.where(lasting, (at1 - at0) / np.where(lasting, d, 1.0), c[idx])
         if np.all(np.abs(new[every] - clocks[every]) <= 1e-12):
+            settled = True
             break
         clocks = new
-    return clocks
+    return clocks, at if settled else None
 
 
 def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan: Plan | None = None,
@@ -284,7 +294,7 @@ def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan
     m = cfg.model
     terms = terms if terms is not None else OpTerms.of(workload, gpu, m)
     if m.control_window_s > 0:
-        clocks = _windowed_clocks(workload, terms, cfg, plan if plan is not None else Plan.of(workload))
+        clocks, _ = _windowed_clocks(workload, terms, cfg, plan if plan is not None else Plan.of(workload))
     else:
         alone = np.array([m.solve_clock(cfg.cap_w, x[0], x[1], x[2], x[3], cfg.max_clock_fraction,
                                         hbm_saturating=x[4]) for x in terms.inputs], dtype=float)
@@ -310,14 +320,21 @@ def _lowest_clock(workload: Workload, cfg: PowerConfig, terms: OpTerms) -> float
     return float(clocks.min())
 
 
-def _shorter_than(length_s: float, workload: Workload, cfg: PowerConfig, plan: Plan, terms: OpTerms) -> bool:
+def _top_times(cfg: PowerConfig, plan: Plan, terms: OpTerms) -> PlanTimes:
+    """The plan's times with every op at the top clock: the analytic loop's first pass."""
+    return plan.times(_stretched(cfg, np.full(len(terms.isolated_s), cfg.max_clock_fraction), terms))
+
+
+def _shorter_than(length_s: float, workload: Workload, cfg: PowerConfig, top_times: PlanTimes,
+                  terms: OpTerms) -> bool:
     """Whether the analytic loop's run of ``workload`` is certainly shorter than ``length_s``,
-    decided cheaply: its length at the top clock (one pass of the plan, where the loop takes
-    several), stretched as far as the slowest rate class slows at a clock at or below every one
-    the loop sets. That clock is first the lowest the board's hardware slowdown reaches, then, where
-    that does not settle it, :func:`_lowest_clock` (which reads every op)."""
+    decided cheaply: its length at the top clock (``top_times``, :func:`_top_times`: one pass of
+    the plan, where the loop takes several), stretched as far as the slowest rate class slows at a
+    clock at or below every one the loop sets. That clock is first the lowest the board's hardware
+    slowdown reaches, then, where that does not settle it, :func:`_lowest_clock` (which reads
+    every op)."""
     hi = cfg.max_clock_fraction
-    span = max(plan.times(_stretched(cfg, np.full(len(terms.isolated_s), hi), terms))[2], default=0.0)
+    span = max(top_times[2], default=0.0)
     # The loop sets no clock above the top one (but the minimum under a clock locked below it,
     # where this answer is only cautious).
     if span >= length_s:
@@ -353,10 +370,15 @@ def steady_window(workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
         return None
     plan = Plan.of(workload)
     terms = OpTerms.of(workload, gpu, m)
-    if _shorter_than(min_windows * window, workload, cfg, plan, terms):
+    top = _top_times(cfg, plan, terms)
+    if _shorter_than(min_windows * window, workload, cfg, top, terms):
         return None
-    durations, _ = throttled_durations(workload, gpu, cfg, plan, terms)
-    _, start_list, end_list, _, _ = plan.times(durations)
+    # The loop's first pass is the one just made, and where it settles, its last pass gives the
+    # times at its clocks.
+    clocks, at = _windowed_clocks(workload, terms, cfg, plan, top_times=top)
+    if at is None:
+        at = plan.times(_stretched(cfg, clocks, terms))
+    _, start_list, end_list, _, _ = at
     start_all, end_all = np.array(start_list, dtype=float), np.array(end_list, dtype=float)
     by_rank = _ranks_rows(workload)
     # The engine's run, and so the window it leaves, ends with its last op, a host gap included.
