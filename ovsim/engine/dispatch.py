@@ -171,14 +171,15 @@ def _give(gpu: GpuState, k: KernelState, e: BlockEntry, wave: int, waves: int) -
 
 def unbatch(gpu: GpuState, eps: float = 0.0) -> None:
     """Give fast-forwarded waves not yet begun back to their kernels (see :func:`batch`). A wave
-    that ends within ``eps`` seconds of now (at its rate) has ended, as :func:`retire` would find
-    it: the next begins now, whole, as the dispatcher would place it."""
+    that began within ``eps`` seconds before now (at its rate) begins now, whole, as a wave
+    stepped to this event would. (One that ends within ``eps`` after now keeps that bit of work:
+    :func:`retire` ends it at this event and the dispatcher hands its room out, by priority.)"""
     for g in gpu.groups:
         for e in g.entries:
             if e.extra:
                 k = e.kernel
-                whole = round(e.remaining)
-                if whole >= 1 and abs(e.remaining - whole) <= e.rate * eps:
+                whole = math.ceil(e.remaining)
+                if whole - e.remaining <= e.rate * eps:
                     e.remaining = float(whole)
                 # Each wave is one unit of work, the current one last to have begun.
                 left = min(e.extra, max(0, math.ceil(e.remaining) - 1))

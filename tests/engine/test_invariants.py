@@ -243,3 +243,22 @@ def test_a_wave_that_ends_at_an_event_leaves_the_layout_stepping_leaves() -> Non
                   for ff in (True, False))
     for col in ("start_s", "end_s"):
         assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), rel=1e-9, abs=1e-15), col
+
+
+@pytest.mark.parametrize("before_s", [1e-13, 5e-13, 9e-13])
+def test_a_kernel_launched_just_before_a_wave_ends_gets_its_room_first(before_s: float) -> None:
+    """The other side of the rule above: a fast-forwarded wave that ends a hair after an event
+    (within the completion tolerance) ends at it, and a kernel of higher priority launched then
+    takes the room its blocks leave, as stepped; it must not wait a whole wave (10 us) for it."""
+    def kd(blocks: int, block_s: float) -> KernelDemand:
+        return KernelDemand(blocks=blocks, block=BlockShape(1024, 32, 0), block_time_s=block_s, issue_fraction=0.01,
+                            hbm_bytes=0.0, flops=0.0, isolated_s=block_s, clock_sensitive=False)
+
+    wave_s = 1e-5
+    for waves in (3, 5):
+        wl = Workload(ops=(Op("k", "k", "generic", 0, "a", kernel=kd(132 * 2 * 10, wave_s)),
+                           Op("K", "K", "generic", 0, "h", kernel=kd(1, 2e-6), delay_s=waves * wave_s - before_s)),
+                      streams=(StreamSpec(0, "a", 0), StreamSpec(0, "h", -1)), n_ranks=1)
+        fast, slow = simulate(wl), simulate(wl, fast_forward=False)
+        for col in ("start_s", "end_s"):
+            assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), rel=1e-9, abs=1e-15), col
