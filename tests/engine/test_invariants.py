@@ -92,6 +92,12 @@ def simulate(wl: Workload, fast_forward: bool = True, keep_coupled: bool = True)
                                              keep_coupled=keep_coupled)).run().ops
 
 
+def kd(blocks: int, threads: int, regs: int, smem: int, block_s: float, issue: float, iso_s: float) -> KernelDemand:
+    """A kernel of ``blocks`` blocks of the shape given, each ``block_s`` alone, moving no HBM."""
+    return KernelDemand(blocks=blocks, block=BlockShape(threads, regs, smem), block_time_s=block_s,
+                        issue_fraction=issue, hbm_bytes=0.0, flops=0.0, isolated_s=iso_s, clock_sensitive=True)
+
+
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -194,10 +200,6 @@ def test_a_kernel_behind_a_fast_forwarded_one_dispatches_when_the_last_blocks_do
     nothing happened at the moment it had none left waiting, and k1 (same priority, launched later,
     held back by the leftover policy) started one wave late. It must start then, as without
     fast-forwarding."""
-    def kd(blocks: int, threads: int, regs: int, smem: int, block_s: float, issue: float, iso_s: float) -> KernelDemand:
-        return KernelDemand(blocks=blocks, block=BlockShape(threads, regs, smem), block_time_s=block_s,
-                            issue_fraction=issue, hbm_bytes=0.0, flops=0.0, isolated_s=iso_s, clock_sensitive=True)
-
     ks = {"k0": ("a", kd(1, 64, 16, 0, 2.0**-14, 1 / 32, 2.0**-14)),
           "k1": ("a", kd(1, 64, 16, 0, 1e-6, 1 / 32, 1e-6)),
           "k2": ("c", kd(419, 64, 16, 200_000, 2.0935e-05, 1.0, 8.374e-05)),
@@ -216,31 +218,16 @@ def test_a_wave_that_ends_at_an_event_leaves_the_layout_stepping_leaves() -> Non
     blocks, and the SM groups merge. The groups' sizes decide where k8's last wave goes, and with
     it whether x (one 544-thread block with 82 KB of shared memory) finds an SM when k6 leaves:
     fast-forwarded it waited 14 us for k8's end. It must start when stepped, with k6's end."""
-    def kd(blocks: int, threads: int, block_s: float, issue: float, iso_s: float,
-           regs: int = 32, smem: int = 0, hbm_bytes: float = 0.0) -> KernelDemand:
-        return KernelDemand(blocks=blocks, block=BlockShape(threads, regs, smem), block_time_s=block_s,
-                            issue_fraction=issue, hbm_bytes=hbm_bytes, flops=0.0, isolated_s=iso_s,
-                            clock_sensitive=False)
-
     # The drawn example's times (a 1-block k6 of 24.0 us, 1,188-block k5 and k8 of 38.0 us a wave).
-    def big() -> KernelDemand:
-        return kd(1188, 512, 3.8045607641376125e-05, 0.025, 7.609121528275225e-05)
-
-    ks = {"k0": ("a", kd(524, 128, 2.297987754162614e-05, 0.00625, 2.297987754162614e-05)),
-          "c1": ("c", kd(10, 544, 3.9e-4, 1.0, 3.9e-4, 96, 82240)),
-          # (As drawn, with a trace of HBM traffic.)
-          "k3": ("b", kd(564, 128, 1.3914956454593353e-05, 0.00625, 1.3914956454593353e-05, hbm_bytes=3e-200)),
-          "k5": ("a", big()), "k6": ("a", kd(1, 128, 2.399855326848475e-05, 0.00625, 2.399855326848475e-05)),
-          "k8": ("b", big()),
-          "x": ("a", kd(1, 544, 1e-5, 1.0, 1e-5, 96, 82240))}
+    big = kd(1188, 512, 32, 0, 3.8045607641376125e-05, 0.025, 7.609121528275225e-05)
+    ks = {"k0": ("a", kd(524, 128, 32, 0, 2.297987754162614e-05, 0.00625, 2.297987754162614e-05)),
+          "c1": ("c", kd(10, 544, 96, 82240, 3.9e-4, 1.0, 3.9e-4)),
+          "k3": ("b", kd(564, 128, 32, 0, 1.3914956454593353e-05, 0.00625, 1.3914956454593353e-05)),
+          "k5": ("a", big), "k6": ("a", kd(1, 128, 32, 0, 2.399855326848475e-05, 0.00625, 2.399855326848475e-05)),
+          "k8": ("b", big), "x": ("a", kd(1, 544, 96, 82240, 1e-5, 1.0, 1e-5))}
     wl = Workload(ops=tuple(Op(n, n, "generic", 0, s, kernel=k) for n, (s, k) in ks.items()),
                   streams=tuple(StreamSpec(0, s) for s in "abc"), n_ranks=1)
-    # One GPU of a switched node of four, as the example drew it.
-    node = SystemSpec.model_validate({"schema": "ovsim.system/1", "name": "t", "gpu": "h100-sxm5-80gb",
-                                      "gpu_count": 4, "topology": "nvswitch", "sources": {"t": "test"}})
-    machine = build_machine(node, GPU, PARAMS, n_ranks=1)
-    fast, slow = (Engine(wl, machine, EngineOptions(check_invariants=True, fast_forward=ff)).run().ops
-                  for ff in (True, False))
+    fast, slow = simulate(wl), simulate(wl, fast_forward=False)
     for col in ("start_s", "end_s"):
         assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), rel=1e-9, abs=1e-15), col
 
@@ -250,14 +237,11 @@ def test_a_kernel_launched_just_before_a_wave_ends_gets_its_room_first(before_s:
     """The other side of the rule above: a fast-forwarded wave that ends a hair after an event
     (within the completion tolerance) ends at it, and a kernel of higher priority launched then
     takes the room its blocks leave, as stepped; it must not wait a whole wave (10 us) for it."""
-    def kd(blocks: int, block_s: float) -> KernelDemand:
-        return KernelDemand(blocks=blocks, block=BlockShape(1024, 32, 0), block_time_s=block_s, issue_fraction=0.01,
-                            hbm_bytes=0.0, flops=0.0, isolated_s=block_s, clock_sensitive=False)
-
     wave_s = 1e-5
     for waves in (3, 5):
-        wl = Workload(ops=(Op("k", "k", "generic", 0, "a", kernel=kd(132 * 2 * 10, wave_s)),
-                           Op("K", "K", "generic", 0, "h", kernel=kd(1, 2e-6), delay_s=waves * wave_s - before_s)),
+        wl = Workload(ops=(Op("k", "k", "generic", 0, "a", kernel=kd(132 * 2 * 10, 1024, 32, 0, wave_s, 0.01, wave_s)),
+                           Op("K", "K", "generic", 0, "h", kernel=kd(1, 1024, 32, 0, 2e-6, 0.01, 2e-6),
+                              delay_s=waves * wave_s - before_s)),
                       streams=(StreamSpec(0, "a", 0), StreamSpec(0, "h", -1)), n_ranks=1)
         fast, slow = simulate(wl), simulate(wl, fast_forward=False)
         for col in ("start_s", "end_s"):
