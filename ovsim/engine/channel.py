@@ -48,11 +48,12 @@ def max_min_rates(
     # Fast path: when every channel can carry every activity at its cap, nobody is constrained.
     # (The engine solves every event with counters on, mostly here: plain loops, no generators.)
     load = [0.0] * len(capacity)
-    for use, cap in zip(usage, caps, strict=True):
-        for r, c in use:
+    for a in range(n):
+        cap = caps[a]
+        for r, c in usage[a]:
             load[r] += c * cap
-    for used, cap in zip(load, capacity, strict=True):
-        if not used <= cap * (1 + 1e-9):
+    for r in range(len(load)):
+        if not load[r] <= capacity[r] * (1 + 1e-9):
             break
     else:
         return Allocation(rates=list(caps), bottleneck=[CAP] * n)
@@ -132,7 +133,9 @@ def one_channel_rate(caps: Sequence[float], weights: Sequence[float], capacity: 
 def water_fill(demands: Sequence[float], counts: Sequence[int], capacity: float) -> list[float]:
     """Share of one SM's issue throughput per block: each block of entry e asks demands[e], there are
     counts[e] of them; max-min fair with the demands as caps."""
-    total = sum(d * c for d, c in zip(demands, counts, strict=True))
+    total = 0.0
+    for e in range(len(demands)):
+        total += demands[e] * counts[e]
     if total <= capacity:
         return list(demands)
     order = sorted(range(len(demands)), key=lambda e: demands[e])

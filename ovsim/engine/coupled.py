@@ -105,7 +105,9 @@ def solve_local(solver: RateSolver, fresh: dict[int, None]) -> tuple[bool, Chann
                 if s == largest:
                     f.slow_at_largest += 1
     for one in shared:
-        for (cap, _, k), x in zip(one.users, one.rates, strict=True):
+        for i in range(len(one.users)):
+            cap, _, k = one.users[i]
+            x = one.rates[i]
             if k is not None:
                 full = asked_alone.get(k, cap)
                 k.hbm_pace_share = (x / full if full > 0 else 1.0) * k.hbm_pace_share_alone

@@ -158,8 +158,9 @@ def batch(gpu: GpuState) -> None:
             continue
         waves = interleave([g.n_sms * e.per_sm for g, e in where], [e.remaining / e.rate for _, e in where],
                             [1.0 / e.rate for _, e in where], spare, keep_last=behind)
-        for (g, e), n in zip(where, waves, strict=True):
-            _give(gpu, k, e, g.n_sms * e.per_sm, n)
+        for i in range(len(where)):
+            g, e = where[i]
+            _give(gpu, k, e, g.n_sms * e.per_sm, waves[i])
 
 def _give(gpu: GpuState, k: KernelState, e: BlockEntry, wave: int, waves: int) -> None:
     if waves > 0:

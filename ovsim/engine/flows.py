@@ -17,7 +17,7 @@ from ovsim.engine import dispatch
 from ovsim.engine.machine import MachineModel
 from ovsim.engine.record import Results
 from ovsim.engine.routing import RANK_KEYED, flow_usage
-from ovsim.engine.state import FlowMember, FlowState, GpuState, KernelState
+from ovsim.engine.state import FlowMember, FlowState, GpuState, KernelState, StreamState
 from ovsim.errors import OvsimError
 from ovsim.models.ir import FlowDemand, Op
 
@@ -26,14 +26,14 @@ class Flows:
     """The unfinished flows of a run, by group, with counts the event loop reads: ``waiting`` for
     members, ``moving`` data."""
 
-    def __init__(self, machine: MachineModel, gpus: list[GpuState], results: Results, order: dict[str, int],
-                 touch: Callable[[int], None], op_done: Callable[[Op], None], to_dispatch: set[int]) -> None:
+    def __init__(self, machine: MachineModel, gpus: list[GpuState], results: Results,
+                 touch: Callable[[int], None], op_done: Callable[[StreamState, str], None],
+                 to_dispatch: set[int]) -> None:
         self.machine = machine
         self.gpus = gpus
         self.results = results
-        self.order = order  # each op's index in the workload, its row in results
         self.touch = touch  # bring a GPU up to now and into this resolve
-        self.op_done = op_done  # an op its stream launched has finished
+        self.op_done = op_done  # the op a stream launched last (its id) has finished
         self.to_dispatch = to_dispatch  # GPUs whose dispatcher must run (the engine's set)
         self.live: dict[str, FlowState] = {}
         self.created = 0
@@ -45,14 +45,15 @@ class Flows:
     def detach(self) -> None:
         """Drop the engine's callbacks (the run is over): no reference cycle outlives the run."""
         self.touch = _detached
-        self.op_done = _detached
+        self.op_done = _detached_done
 
-    def join(self, op: Op, kernel: KernelState | None, now: float) -> None:
-        """``op`` (with a flow) launched on its rank: it becomes a member of its flow, holding
-        ``kernel``'s blocks where it runs on SMs, else queueing for a copy engine where it needs one."""
+    def join(self, op: Op, kernel: KernelState | None, now: float, index: int, stream: StreamState) -> None:
+        """``op`` (with a flow; the workload's op ``index``) launched on its rank by ``stream``: it
+        becomes a member of its flow, holding ``kernel``'s blocks where it runs on SMs, else
+        queueing for a copy engine where it needs one."""
         assert op.flow is not None
         flow = self._flow(op.flow, now)
-        member = FlowMember(op=op, rank=op.rank, kernel=kernel, launch_s=now)
+        member = FlowMember(op=op, rank=op.rank, kernel=kernel, launch_s=now, index=index, stream=stream)
         if op.rank in flow.members or op.flow.group in self.results.flows:
             raise OvsimError(f"rank {op.rank} joins collective '{op.flow.group}' twice", field="group")
         flow.members[op.rank] = member
@@ -162,11 +163,14 @@ class Flows:
             m.share_sm_s += f.share_sm_s
             m.share_hbm_s += f.share_hbm_s
             m.share_link_s += f.share_link_s
-            self.results.member(self.order[m.op.id], m)
+            self.results.member(m.index, m)
         self.results.flow(f.seq, f)
         del self.live[f.demand.group]
         for m in f.members.values():
-            self.op_done(m.op)
+            self.op_done(m.stream, m.op.id)
+        # Its kernels point to it (KernelState.flow): without its members it makes no reference
+        # cycle, so reference counting frees it and them at once, not the cyclic collector later.
+        f.members.clear()
 
     def waiting_groups(self) -> list[str]:
         """Groups of the flows still waiting for members (a stuck run's error names them)."""
@@ -175,6 +179,10 @@ class Flows:
 
 def _detached(_: object) -> None:
     raise RuntimeError("the run is over: its flows no longer drive the engine")
+
+
+def _detached_done(_: object, __: object) -> None:
+    _detached(None)
 
 
 def _release_ce(gpu: GpuState) -> None:

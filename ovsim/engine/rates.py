@@ -48,9 +48,11 @@ def slowed(users: Sequence[tuple[object, float, float]], demand: dict[KernelStat
         return []
     slow, _ = latency_slowdowns([x for _, x, _ in users], [w for _, _, w in users], capacity, exponent)
     flows: list[tuple[FlowState, float]] = []
-    for (owner, _, _), s in zip(users, slow, strict=True):
+    for i in range(len(users)):
+        s = slow[i]
         if s <= 1.0:
             continue
+        owner = users[i][0]
         if isinstance(owner, KernelState):
             before[owner] = demand[owner]
             demand[owner] = demand[owner] / s
@@ -260,9 +262,10 @@ class RateSolver:
                     e.share = 1.0
             else:
                 shares = water_fill([e.kernel.issue_share_cap for e in entries], [e.per_sm for e in entries], 1.0)
-                for e, got in zip(entries, shares, strict=True):
+                for i in range(len(entries)):
+                    e = entries[i]
                     ask = e.kernel.issue_share_asked
-                    e.share = got / ask if ask > 0 else 1.0
+                    e.share = shares[i] / ask if ask > 0 else 1.0
             n = g.n_sms
             for e in entries:
                 k = e.kernel
@@ -416,10 +419,22 @@ class RateSolver:
         latency law slowed, before it did."""
         for r, demand in demands:
             cap = self.gpus[r].model.hbm_bytes_per_s
+            total = 0.0
+            for d in demand.values():
+                total += d
+            if total <= cap * (1 + 1e-9):
+                if not asked_alone:
+                    continue  # every kernel gets what it asks, as alone
+                for k, d in demand.items():
+                    full = asked_alone.get(k, d)
+                    if full != d:
+                        k.hbm_pace_share = (d / full if full > 0 else 1.0) * k.hbm_pace_share_alone
+                continue
             ks = list(demand)
             asked = list(demand.values())
-            got = asked if sum(asked) <= cap * (1 + 1e-9) else water_fill(asked, [1] * len(ks), cap)
-            for k, d, x in zip(ks, asked, got, strict=True):
+            got = water_fill(asked, [1] * len(ks), cap)
+            for i in range(len(ks)):
+                k, d, x = ks[i], asked[i], got[i]
                 full = asked_alone.get(k, d)
                 if full != d or x != d:
                     k.hbm_pace_share = (x / full if full > 0 else 1.0) * k.hbm_pace_share_alone

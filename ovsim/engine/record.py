@@ -31,8 +31,9 @@ class Counters:
         """Record the SM, HBM, clock and link counters of the GPUs in ``ranks`` at ``now``."""
         channel, capacity, rates, usage = loads.channel, loads.capacity, loads.rates, loads.usage
         load = [0.0] * len(capacity)
-        for x, use in zip(rates, usage, strict=True):
-            for r, c in use:
+        for a in range(len(rates)):
+            x = rates[a]
+            for r, c in usage[a]:
                 load[r] += x * c
         link_out = dict.fromkeys(ranks, 0.0)
         for key, i in channel.items():
@@ -70,8 +71,15 @@ class Results:
 
     def kernel(self, i: int, k: KernelState) -> None:
         """Op ``i`` ran as kernel ``k``, now finished."""
-        self.values[_N * i:_N * (i + 1)] = array("d", (
-            k.launch_s, k.start_s, k.end_s, k.wait_sm_s, k.share_sm_s, k.share_hbm_s, 0.0, 0.0, k.clock_s))
+        # Field by field: no array or tuple built per kernel (the row's other fields stay 0).
+        v, at = self.values, _N * i
+        v[at] = k.launch_s
+        v[at + 1] = k.start_s
+        v[at + 2] = k.end_s
+        v[at + 3] = k.wait_sm_s
+        v[at + 4] = k.share_sm_s
+        v[at + 5] = k.share_hbm_s
+        v[at + 8] = k.clock_s
 
     def member(self, i: int, m: FlowMember) -> None:
         """Op ``i`` was member ``m`` of a collective or transfer, now finished."""

@@ -66,9 +66,10 @@ from ovsim.engine.state import (
     INF,
     TIME_EPS,
     GpuState,
+    KernelSpec,
     KernelState,
     StreamState,
-    block_shape,
+    spec_key,
 )
 from ovsim.engine.timeline import Timeline
 from ovsim.errors import OvsimError
@@ -114,15 +115,14 @@ class Engine:
         for s in workload.streams:
             self.priority.setdefault((s.rank, s.name), s.priority)
         self.finished: set[str] = set()
-        self.order = {op.id: i for i, op in enumerate(workload.ops)}
         self.waiters: dict[str, list[StreamState]] = {}
         self.streams: dict[tuple[int, str], StreamState] = {}
         self.released: list[StreamState] = []  # streams to move on once this instant's dispatching is done
         # What finished ops and flows came to; a finished kernel's or flow's state is dropped.
         self.results = Results(len(workload.ops))
-        # Block shapes by (id of the kernel demand, id of the GPU model, main partition only); the
-        # workload and the machine keep both alive, so the ids are not reused during the run.
-        self.shapes: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {}
+        # What every launch of a kernel demand shares (state.spec_key); the workload and the
+        # machine keep the demands and GPU models alive, so their ids are not reused during the run.
+        self.specs: dict[tuple[int, int, str, bool, str, str | None], KernelSpec] = {}
         self.seq = 0
         self.resolves = 0  # events the engine handled (a figure for benchmarks)
         self.resolve_pending = False
@@ -140,7 +140,7 @@ class Engine:
         self.to_dispatch: set[int] = set()
         self.counters = Counters()
         self.nccl_issue = machine.nccl_issue_fraction
-        self.flows = Flows(machine, self.gpus, self.results, self.order, self._touch, self._stream_op_done,
+        self.flows = Flows(machine, self.gpus, self.results, self._touch, self._stream_op_done,
                            self.to_dispatch)
         self.power = self.opts.power
         self.loop = PowerLoop(self.power, self.gpus, self.counters, self.opts.counters) \
@@ -203,7 +203,6 @@ class Engine:
         self._simulate()
         # The run's indexes over every op (about 200 bytes an op) go before the timeline is built
         # beside the results: they would otherwise set the peak of memory.
-        self.order.clear()  # shared with self.flows
         self.finished.clear()
         self.streams.clear()
         return timeline_of(self.workload, self.results, self.counters)
@@ -216,19 +215,16 @@ class Engine:
             if self.power_history is None and self.power.settings.start == "steady":
                 self.loop.start_clocks(self._steady_history())
             self.env.schedule(self.power.model.control_period_s, self._tick)
-        by_stream: dict[tuple[int, str], list[Op]] = {}
-        for op in self.workload.ops:
-            by_stream.setdefault((op.rank, op.stream), []).append(op)
-        self.streams = {key: StreamState(key, ops, self.priority.get(key, 0)) for key, ops in by_stream.items()}
-        self.woken = list(self.streams.values())
-        if self.loop is not None:
-            for gpu in self.gpus:
-                self.loop.record(gpu, 0.0, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ()))
-        self._request_resolve()
-        # The engine's objects (kernels, entries, flows, scheduled events) form no garbage cycles:
-        # reference counting frees them, and the cyclic collector's passes over the growing heap
-        # of a long run only cost time (about 5% of it).
+        # The engine's objects (streams, kernels, entries, flows, scheduled events) form no garbage
+        # cycles: reference counting frees them, and the cyclic collector's passes over the growing
+        # heap of a long run only cost time (about 5% of it).
         with paused_gc():
+            self.streams = self._streams()
+            self.woken = list(self.streams.values())
+            if self.loop is not None:
+                for gpu in self.gpus:
+                    self.loop.record(gpu, 0.0, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ()))
+            self._request_resolve()
             try:
                 self.env.run()
             finally:
@@ -240,6 +236,23 @@ class Engine:
             for gpu in self.gpus:
                 assert gpu.clock_window is not None
                 gpu.clock_window.close(self.now)
+        if len(self.finished) < len(self.workload.ops):
+            self._report_unfinished()
+
+    def _streams(self) -> dict[tuple[int, str], StreamState]:
+        """Each stream's ops, with their indexes in the workload (an op's row in the results)."""
+        by_stream: dict[tuple[int, str], tuple[list[Op], list[int]]] = {}
+        for i, op in enumerate(self.workload.ops):
+            key = (op.rank, op.stream)
+            lists = by_stream.get(key)
+            if lists is None:
+                lists = by_stream[key] = ([], [])
+            lists[0].append(op)
+            lists[1].append(i)
+        return {key: StreamState(key, ops, indexes, self.priority.get(key, 0))
+                for key, (ops, indexes) in by_stream.items()}
+
+    def _report_unfinished(self) -> None:
         unfinished = [op.id for op in self.workload.ops if op.id not in self.finished]
         if unfinished:
             waiting = self.flows.waiting_groups()
@@ -265,10 +278,10 @@ class Engine:
                 self._op_done(op.id)
                 continue
             s.busy = True
-            self._launch(op, s.priority)
+            self._launch(op, s)
 
     def _next_order(self, s: StreamState) -> int:
-        return self.order[s.ops[s.idx].id] if s.idx < len(s.ops) else -1
+        return s.indexes[s.idx] if s.idx < len(s.ops) else -1
 
     def _on_wake(self, s: StreamState) -> Callable[[object], None]:
         def wake(_: object) -> None:
@@ -282,17 +295,16 @@ class Engine:
         self.finished.add(op_id)
         self.released.extend(self.waiters.pop(op_id, ()))
 
-    def _stream_op_done(self, op: Op) -> None:
-        """An op launched by its stream finished: the stream moves on, then whoever waited for it.
+    def _stream_op_done(self, s: StreamState, op_id: str) -> None:
+        """The op stream ``s`` launched last finished: the stream moves on, then whoever waited for it.
 
         They launch only after the dispatcher has handed out what the finish freed: a launch takes
         microseconds on a real GPU, and the hardware scheduler places already-queued blocks first."""
-        s = self.streams[(op.rank, op.stream)]
         s.busy = False
         s.idx += 1
-        self.finished.add(op.id)
+        self.finished.add(op_id)
         self.released.append(s)
-        self.released.extend(self.waiters.pop(op.id, ()))
+        self.released.extend(self.waiters.pop(op_id, ()))
 
     def set_clock_factor(self, rank: int, factor: float) -> None:
         """Scale rank's SM clock (compute-bound work slows, memory-bound work does not) from now on.
@@ -307,22 +319,25 @@ class Engine:
 
     # -- launching -----------------------------------------------------------------------------
 
-    def _launch(self, op: Op, priority: int) -> None:
+    def _launch(self, op: Op, s: StreamState) -> None:
+        """Launch ``op``, the op at stream ``s``'s position."""
         self._touch(op.rank)
+        priority = s.priority
+        index = s.indexes[s.idx]
         now = self.now
         gpu = self.gpus[op.rank]
         kernel: KernelState | None = None
         if op.kernel is not None:
             self.seq += 1
-            # Ops of a repeated layer share their demand: its block shape is worked out once.
-            main_only = op.partition == "compute"
-            key = (id(op.kernel), id(gpu.model), main_only)
-            shape = self.shapes.get(key)
-            if shape is None:
-                shape = self.shapes[key] = block_shape(op.kernel, gpu.model, main_only)
-            kernel = KernelState(op, gpu, priority, self.seq, now, self.nccl_issue, shape, self.power)
-            if self.solver.latency_law:
-                kernel.memory_wait_share = self.solver.memory_wait(op)
+            # Ops of a repeated layer share their demand: what it asks is worked out once.
+            key = spec_key(op, gpu.model, self.power)
+            spec = self.specs.get(key)
+            if spec is None:
+                wait = self.solver.memory_wait(op) if self.solver.latency_law else 0.0
+                spec = self.specs[key] = KernelSpec(op, gpu.model, self.nccl_issue, self.power, wait)
+            kernel = KernelState(op, gpu, priority, self.seq, now, spec)
+            kernel.index = index
+            kernel.stream = s
             pending = gpu.pending
             # Launch order is seq order: a kernel of no higher priority than the last goes last.
             if not pending or pending[-1].priority <= priority:
@@ -333,7 +348,7 @@ class Engine:
             if op.flow is None:
                 gpu.running.append(kernel)
         if op.flow is not None:
-            self.flows.join(op, kernel, now)
+            self.flows.join(op, kernel, now, index, s)
 
     # -- the event loop ------------------------------------------------------------------------
 
@@ -510,9 +525,10 @@ class Engine:
             self.to_dispatch.add(gpu.rank)
             for k in done:
                 k.end_s = now
-                self.results.kernel(self.order[k.op.id], k)
+                self.results.kernel(k.index, k)
                 if self.solver.resources:
                     self.solver.forget(k)
-                self._stream_op_done(k.op)
+                assert k.stream is not None
+                self._stream_op_done(k.stream, k.op.id)
         if gpu.flows:
             self.flows.complete(gpu, now, eps)

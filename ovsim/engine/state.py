@@ -56,18 +56,21 @@ class KernelState:
     __slots__ = (
         "batched", "block_time_s", "blocks", "blocks_per_sm_alone", "busy_sms_per_block", "bytes_per_block",
         "clock_cls", "clock_s", "clock_sensitive", "cluster", "ctas", "end_s", "flow", "full_issue_blocks", "gpu",
-        "hbm_cap_bytes_per_s", "hbm_pace_share", "hbm_pace_share_alone", "id", "issue_fraction", "issue_share_asked",
-        "issue_share_cap", "late_blocks", "launch_s", "load_share", "max_resident", "memory_wait_share",
-        "on_tensor_cores", "op", "paired", "partitions", "priority", "rank", "regs", "resident", "seq", "share_hbm_s",
-        "share_link_s", "share_sm_s", "sm_weight_w", "smem", "start_s", "threads", "undispatched", "wait_peers_s",
-        "wait_sm_s",
+        "hbm_cap_bytes_per_s", "hbm_pace_share", "hbm_pace_share_alone", "id", "index", "issue_fraction",
+        "issue_share_asked", "issue_share_cap", "late_blocks", "launch_s", "load_share", "max_resident",
+        "memory_wait_share", "on_tensor_cores", "op", "paired", "partitions", "priority", "rank", "regs", "resident",
+        "seq", "share_hbm_s", "share_link_s", "share_sm_s", "sm_weight_w", "smem", "start_s", "stream", "threads",
+        "undispatched", "wait_peers_s", "wait_sm_s",
     )
 
-    def __init__(self, op: Op, gpu: GpuState, priority: int, seq: int, now: float, nccl_issue: float,
-                 shape: tuple[int, int, int, int, int], power: PowerConfig | None = None) -> None:
+    def __init__(self, op: Op, gpu: GpuState, priority: int, seq: int, now: float, spec: KernelSpec) -> None:
         self.op = op
         self.id = op.id
         self.rank = op.rank
+        # The op's index in the workload (its row in the results) and the stream that launched it,
+        # set by the engine at launch.
+        self.index = -1
+        self.stream: StreamState | None = None
         self.gpu = gpu
         self.priority = priority
         self.seq = seq
@@ -84,23 +87,72 @@ class KernelState:
         self.full_issue_blocks = 0.0
         self.wait_sm_s = self.share_sm_s = self.share_hbm_s = self.share_link_s = self.wait_peers_s = 0.0
         self.clock_s = 0.0
-        k = op.kernel
-        assert k is not None
-        self.blocks = k.blocks
-        self.undispatched = k.blocks
+        self.blocks = spec.blocks
+        self.undispatched = spec.blocks
         self.resident = 0
         self.batched = 0  # blocks of later waves held by a fast-forwarded entry (dispatch.batch)
-        # A persistent kernel's CTAs, and the first tiles of those that have found no SM, held back
-        # until the rest are done (dispatch.place): ctas - late_blocks have found one.
-        self.ctas = k.persistent_ctas if 0 < k.persistent_ctas < k.blocks else 0
+        self.ctas = spec.ctas
         self.late_blocks = 0
-        # CTAs per cluster, where the GPU's placement units are known and its SMs one partition.
-        self.cluster = k.cluster_ctas if k.cluster_ctas > 1 and gpu.model.unit_sms and not gpu.model.comm_reserved_sms \
-            else 1
+        self.cluster = spec.cluster
         # Whether its blocks took SMs beside a running cluster kernel or as one left, SMs its
         # clusters free two of a unit at a time, rather than an idle GPU's, which it fills as a
         # plain launch does (dispatch.cluster_room).
         self.paired = False
+        self.threads = spec.threads
+        self.regs = spec.regs
+        self.smem = spec.smem
+        self.blocks_per_sm_alone = spec.blocks_per_sm_alone
+        self.max_resident = spec.max_resident
+        self.load_share = spec.load_share
+        self.block_time_s = spec.block_time_s
+        self.issue_fraction = spec.issue_fraction
+        self.issue_share_asked = spec.issue_share_asked
+        self.issue_share_cap = spec.issue_share_cap
+        self.clock_sensitive = spec.clock_sensitive
+        self.bytes_per_block = spec.bytes_per_block
+        self.hbm_cap_bytes_per_s = spec.hbm_cap_bytes_per_s
+        self.memory_wait_share = spec.memory_wait_share
+        self.partitions = spec.partitions
+        self.clock_cls = spec.clock_cls
+        self.on_tensor_cores = spec.on_tensor_cores
+        self.sm_weight_w = spec.sm_weight_w
+        self.busy_sms_per_block = spec.busy_sms_per_block
+
+    def sort_key(self) -> tuple[int, int]:
+        return (self.priority, self.seq)
+
+
+MAIN = ("main",)
+BOTH = ("main", "reserved")
+
+
+class KernelSpec:
+    """What every launch of one kernel demand shares on one GPU model, as one op kind and
+    precision on one partition: the fields of :class:`KernelState` that do not change while it
+    runs. The engine works one out per such launch and copies it at each (Engine._spec): reading
+    the models' records field by field at every launch cost the compiled engine about 6% of a run.
+
+    ``memory_wait_share`` is given (RateSolver.memory_wait, 0 without the latency law)."""
+
+    __slots__ = (
+        "block_time_s", "blocks", "blocks_per_sm_alone", "busy_sms_per_block", "bytes_per_block", "clock_cls",
+        "clock_sensitive", "cluster", "ctas", "hbm_cap_bytes_per_s", "issue_fraction", "issue_share_asked",
+        "issue_share_cap", "load_share", "max_resident", "memory_wait_share", "on_tensor_cores", "partitions",
+        "regs", "sm_weight_w", "smem", "threads",
+    )
+
+    def __init__(self, op: Op, model: GpuModel, nccl_issue: float, power: PowerConfig | None,
+                 memory_wait_share: float) -> None:
+        k = op.kernel
+        assert k is not None
+        self.blocks = k.blocks
+        # A persistent kernel's CTAs (dispatch.place holds the first tiles of those that find no
+        # SM back until the rest are done).
+        self.ctas = k.persistent_ctas if 0 < k.persistent_ctas < k.blocks else 0
+        # CTAs per cluster, where the GPU's placement units are known and its SMs one partition.
+        self.cluster = k.cluster_ctas if k.cluster_ctas > 1 and model.unit_sms and not model.comm_reserved_sms \
+            else 1
+        shape = block_shape(k, model, op.partition == "compute")
         self.threads, self.regs, self.smem, self.blocks_per_sm_alone, self.max_resident = shape
         # Its blocks' count is then the SMs they keep busy (KernelDemand.load_share).
         self.load_share = kept_load_share(k.load_share, self.blocks_per_sm_alone) if op.flow is None else 0.0
@@ -115,7 +167,7 @@ class KernelState:
         self.clock_sensitive = k.clock_sensitive
         self.bytes_per_block = k.hbm_bytes / k.blocks
         self.hbm_cap_bytes_per_s = k.hbm_cap_bytes_per_s
-        self.memory_wait_share = 0.0  # share of its time alone waiting on memory (RateSolver.memory_wait)
+        self.memory_wait_share = memory_wait_share
         self.partitions = MAIN if op.partition == "compute" else BOTH
         # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 and up tensor
         # cores (one class per saturation clock), then memory-bound kernels part of whose time
@@ -132,12 +184,14 @@ class KernelState:
             # idle); memory-bound blocks and NCCL's copy loops by the block slots they hold.
             self.busy_sms_per_block = 1.0 / self.blocks_per_sm_alone if cls == MEMORY else self.issue_fraction
 
-    def sort_key(self) -> tuple[int, int]:
-        return (self.priority, self.seq)
 
-
-MAIN = ("main",)
-BOTH = ("main", "reserved")
+def spec_key(op: Op, model: GpuModel, power: PowerConfig | None) -> tuple[int, int, str, bool, str, str | None]:
+    """What a :class:`KernelSpec` depends on besides the run's own settings: the kernel demand and
+    GPU model (by identity: the workload and the machine keep them alive through a run), the
+    partition, whether the op is a collective's, its kind, and with power its precision."""
+    precision = op.info.get("precision") if power is not None else None
+    return (id(op.kernel), id(model), op.partition, op.flow is None, op.kind,
+            precision if isinstance(precision, str) else None)
 
 
 def block_shape(k: KernelDemand, m: GpuModel, main_only: bool) -> tuple[int, int, int, int, int]:
@@ -212,7 +266,9 @@ class SmGroup:
         if (self.part != o.part or self.threads != o.threads or self.regs != o.regs or self.smem != o.smem
                 or self.blocks != o.blocks or len(self.entries) != len(o.entries)):
             return False
-        for a, b in zip(self.entries, o.entries, strict=True):
+        mine, theirs = self.entries, o.entries
+        for i in range(len(mine)):
+            a, b = mine[i], theirs[i]
             if a.kernel is not b.kernel or a.per_sm != b.per_sm or a.remaining != b.remaining:
                 return False
         return True
@@ -269,6 +325,8 @@ class FlowMember:
     rank: int
     kernel: KernelState | None  # SM-based collectives hold blocks; copy-engine flows do not
     launch_s: float
+    index: int  # the op's index in the workload, its row in the results
+    stream: StreamState  # the stream that launched it
     arrived: bool = False
     has_ce: bool = False
     start_s: float = INF
@@ -319,11 +377,15 @@ class FlowState:
 
 
 class StreamState:
-    __slots__ = ("busy", "idx", "key", "ops", "priority", "slept")
+    """A stream's ops in launch order, each op's index in the workload (its row in the results),
+    and where the stream is."""
 
-    def __init__(self, key: tuple[int, str], ops: list[Op], priority: int) -> None:
+    __slots__ = ("busy", "idx", "indexes", "key", "ops", "priority", "slept")
+
+    def __init__(self, key: tuple[int, str], ops: list[Op], indexes: list[int], priority: int) -> None:
         self.key = key
         self.ops = ops
+        self.indexes = indexes
         self.priority = priority
         self.idx = 0
         self.busy = False  # an op of the stream is launched or sleeping its host delay

@@ -111,6 +111,24 @@ def test_a_finished_engine_is_freed_without_the_cyclic_collector() -> None:
         gc.enable()
 
 
+@pytest.mark.parametrize("power", [False, True])
+def test_a_run_leaves_no_garbage_for_the_cyclic_collector(power: bool) -> None:
+    """Whatever an engine made (kernels, flows, their members, events) is freed by reference
+    counting as it finishes: nothing is left in reference cycles for the cyclic collector, whose
+    pass over them cost about 8% of a run once the run paused it (bench/engine_bench.py: 65,000
+    objects of 5,000 collectives). Found by profiling: a finished flow's members held its kernels,
+    which held the flow."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        run(keep=True, power=power)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
 def test_flows_through_one_nic_port_share_it_under_rank_symmetry() -> None:
     """Two transfers between nodes, on different simulated GPUs that share a NIC (4 NICs for 8
     GPUs a node), run through one port whose number (8) is not a simulated rank's (4 are

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ovsim.engine import dispatch
 from ovsim.engine.machine import build_machine
-from ovsim.engine.state import GpuState, KernelState, block_shape, check_sms
+from ovsim.engine.state import GpuState, KernelSpec, KernelState, check_sms
 from ovsim.hw.calib import Calibration
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.models.ir import BlockShape, KernelDemand, Op
@@ -24,7 +24,7 @@ def _kernel(g: GpuState, name: str, blocks: int, threads: int, seq: int, priorit
                                                           shared_mem_bytes=0),
                           block_time_s=1e-3, issue_fraction=0.25, hbm_bytes=0.0, flops=1.0, isolated_s=1e-3)
     op = Op(name, name, "generic", 0, "s", kernel=demand)
-    k = KernelState(op, g, priority, seq, 0.0, 1.0, block_shape(demand, g.model, False))
+    k = KernelState(op, g, priority, seq, 0.0, KernelSpec(op, g.model, 1.0, None, 0.0))
     g.pending.append(k)
     g.running.append(k)
     return k
