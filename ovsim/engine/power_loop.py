@@ -46,6 +46,18 @@ class PowerLoop:
         self.clock_moved = True
         # A warm-up run (Engine._steady_history) only needs the window it leaves: no power counters.
         self.records_power = True
+        # The power model's figures that record() reads at every event, read from the model once:
+        # the model is Python (ovsim.hw.power), and reading it from compiled code is a generic
+        # attribute lookup each time. Dynamic-power scales by clock fraction, which sits on the
+        # clock grid.
+        self.idle_static_w = m.idle_static_w
+        self.idle_clock_w = m.idle_clock_w
+        self.hbm_w = m.hbm_w
+        self.link_w = m.link_w
+        self.hbm_peak_bytes_per_s = m.hbm_peak_bytes_per_s
+        self.link_peak_bytes_per_s = m.link_peak_bytes_per_s
+        self.compute_clock_hz = m.compute_clock_hz
+        self.scales: dict[float, float] = {}
 
     def idle_history(self) -> dict[int, tuple[Period, ...]]:
         """A window of idleness on every GPU."""
@@ -200,32 +212,42 @@ class PowerLoop:
             a = acts[r] if r in acts else self.activity(gpu)
             self.record(gpu, now, a)
 
+    def _scale(self, c: float) -> float:
+        """The power model's dynamic_scale(c), remembered."""
+        s = self.scales.get(c)
+        if s is None:
+            s = self.scales[c] = self.power.model.dynamic_scale(c)
+        return s
+
     def record(self, gpu: GpuState, now: float, a: Activity) -> None:
-        model = self.power.model
         if self.managed:
             c = c_tensor = gpu.clock_frac
-            s_tensor = s_other = model.dynamic_scale(c)
+            s_tensor = s_other = self._scale(c)
         else:
             # Without power management each kernel runs as calibrated: tensor work at the clock
             # its efficiency was measured at, the rest at the compute clock (times any manual factor).
             c = gpu.clock_factor
-            c_tensor = c * model.tensor_reference_clock_fraction
+            c_tensor = c * self.power.model.tensor_reference_clock_fraction
             if c == 1.0:
                 s_tensor, s_other = self.s_calibrated
             else:
-                s_tensor, s_other = model.dynamic_scale(c_tensor), model.dynamic_scale(c)
+                s_tensor, s_other = self._scale(c_tensor), self._scale(c)
         tensor, other, fixed, follow, link = a[0], a[1], a[2], a[3], a[4]
-        follow += sum(b * min(gpu.clock_frac, sat) / sat for b, sat in a[8])
-        hbm = (fixed + follow) / model.hbm_peak_bytes_per_s
-        lp = model.link_peak_bytes_per_s
+        if a[8]:
+            saturating = 0.0
+            for b, sat in a[8]:
+                saturating += b * min(gpu.clock_frac, sat) / sat
+            follow += saturating
+        hbm = (fixed + follow) / self.hbm_peak_bytes_per_s
+        lp = self.link_peak_bytes_per_s
         lk = link / lp if lp > 0 else 0.0
         # Idle power follows the board's clock: the tensor work's where there is any (as recorded).
         s_idle = s_tensor if tensor > 0 else s_other
-        p = (model.idle_static_w + model.idle_clock_w * s_idle + s_tensor * tensor + s_other * other
-             + model.hbm_w * (hbm if hbm < 1.0 else 1.0) + model.link_w * (lk if lk < 1.0 else 1.0))
+        p = (self.idle_static_w + self.idle_clock_w * s_idle + s_tensor * tensor + s_other * other
+             + self.hbm_w * (hbm if hbm < 1.0 else 1.0) + self.link_w * (lk if lk < 1.0 else 1.0))
         r = gpu.rank
         self.counters.add(now, r, POWER_COUNTER, p)
-        self.counters.add(now, r, CLOCK_COUNTER, (c_tensor if tensor > 0 else c) * model.compute_clock_hz)
+        self.counters.add(now, r, CLOCK_COUNTER, (c_tensor if tensor > 0 else c) * self.compute_clock_hz)
         if self.detail:
             self.counters.add(now, r, "sm_tensor_fraction", a[5])
             self.counters.add(now, r, "sm_fp32_fraction", a[6])
