@@ -498,3 +498,34 @@ def test_latency_law_slows_who_waits_on_memory_and_spares_who_moves_none(
     k_law, k_off = moving.loc["k", "duration_s"], off.loc["k", "duration_s"]  # type: ignore[attr-defined]
     assert kernel.isolated_s * 1.01 < k_law < k_off
     assert moving.loc["c", "duration_s"] > 1.2 * off.loc["c", "duration_s"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("differ", ["kind", "precision"])
+def test_ops_sharing_a_demand_keep_what_their_kind_and_precision_make_them(
+        differ: str, h100: GpuSpec, h100_calib: Calibration, h100_node: SystemSpec) -> None:
+    """The engine works out what a kernel demand asks once and shares it among the ops launching
+    that demand (state.KernelSpec), but an op's kind and precision also decide its rate and power
+    class: under a locked clock of 1.2 GHz a layer norm's time partly follows the clock where a
+    streaming add's does not, and an FP32 GEMM runs on the CUDA cores where a BF16 one saturates
+    on the tensor cores. Two ops of one demand, in one run, each take what it takes alone."""
+    from ovsim.engine.power import PowerConfig
+    from ovsim.hw.power import PowerSettings, power_model
+
+    if differ == "kind":
+        demand = cost.memory_bound(4e9, h100, h100_calib.params)
+        kinds, infos = ("norm", "elementwise"), ({}, {})
+    else:
+        demand = cost.gemm(4096, 4096, 4096, "bf16", h100, h100_calib.params)
+        kinds, infos = ("gemm", "gemm"), ({"precision": "bf16"}, {"precision": "fp32"})
+    ops = [Op(f"o{i}", f"o{i}", kinds[i], 0, "s", kernel=demand, info=infos[i]) for i in range(2)]
+    machine = build_machine(h100_node, h100, h100_calib.params, n_ranks=1)
+    power = PowerConfig(model=power_model(h100, h100_calib.params), settings=PowerSettings(sm_clock_hz=1.2e9))
+
+    def durations(run_ops: list[Op]) -> list[float]:
+        wl = Workload(ops=tuple(run_ops), streams=(StreamSpec(0, "s"),), n_ranks=1)
+        tl = Engine(wl, machine, EngineOptions(power=power)).run().ops.set_index("id")
+        return [float(tl.loc[op.id, "duration_s"]) for op in run_ops]
+
+    alone = [durations([op])[0] for op in ops]
+    assert alone[0] != pytest.approx(alone[1], rel=1e-3)  # the two ops differ at all
+    assert durations(ops) == pytest.approx(alone, rel=1e-12)
