@@ -42,6 +42,8 @@ def max_min_rates(
 ) -> Allocation:
     """Weighted max-min fair rates. ``usage[a]`` lists (channel, bytes per unit of a's rate)."""
     n = len(caps)
+    if len(weights) != n or len(usage) != n:
+        raise ValueError(f"{n} caps, {len(weights)} weights and {len(usage)} usages: one each per activity")
     for w in weights:
         if not (0 < w < _INF):
             raise ValueError("activity weights must be positive and finite")
@@ -133,6 +135,8 @@ def one_channel_rate(caps: Sequence[float], weights: Sequence[float], capacity: 
 def water_fill(demands: Sequence[float], counts: Sequence[int], capacity: float) -> list[float]:
     """Share of one SM's issue throughput per block: each block of entry e asks demands[e], there are
     counts[e] of them; max-min fair with the demands as caps."""
+    if len(counts) != len(demands):
+        raise ValueError(f"{len(demands)} demands and {len(counts)} counts: one each per entry")
     total = 0.0
     for e in range(len(demands)):
         total += demands[e] * counts[e]

@@ -335,9 +335,7 @@ class Engine:
             if spec is None:
                 wait = self.solver.memory_wait(op) if self.solver.latency_law else 0.0
                 spec = self.specs[key] = KernelSpec(op, gpu.model, self.nccl_issue, self.power, wait)
-            kernel = KernelState(op, gpu, priority, self.seq, now, spec)
-            kernel.index = index
-            kernel.stream = s
+            kernel = KernelState(op, gpu, priority, self.seq, now, spec, index, s)
             pending = gpu.pending
             # Launch order is seq order: a kernel of no higher priority than the last goes last.
             if not pending or pending[-1].priority <= priority:

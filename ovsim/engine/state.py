@@ -63,14 +63,15 @@ class KernelState:
         "undispatched", "wait_peers_s", "wait_sm_s",
     )
 
-    def __init__(self, op: Op, gpu: GpuState, priority: int, seq: int, now: float, spec: KernelSpec) -> None:
+    def __init__(self, op: Op, gpu: GpuState, priority: int, seq: int, now: float, spec: KernelSpec, index: int,
+                 stream: StreamState | None) -> None:
         self.op = op
         self.id = op.id
         self.rank = op.rank
-        # The op's index in the workload (its row in the results) and the stream that launched it,
-        # set by the engine at launch.
-        self.index = -1
-        self.stream: StreamState | None = None
+        # The op's index in the workload (its row in the results) and the stream that launched it
+        # (None only where no engine runs it: the dispatcher's tests).
+        self.index = index
+        self.stream = stream
         self.gpu = gpu
         self.priority = priority
         self.seq = seq
@@ -129,7 +130,7 @@ BOTH = ("main", "reserved")
 class KernelSpec:
     """What every launch of one kernel demand shares on one GPU model, as one op kind and
     precision on one partition: the fields of :class:`KernelState` that do not change while it
-    runs. The engine works one out per such launch and copies it at each (Engine._spec): reading
+    runs. The engine works one out per such launch and copies it at each (Engine._launch): reading
     the models' records field by field at every launch cost the compiled engine about 6% of a run.
 
     ``memory_wait_share`` is given (RateSolver.memory_wait, 0 without the latency law)."""

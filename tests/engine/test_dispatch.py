@@ -24,7 +24,7 @@ def _kernel(g: GpuState, name: str, blocks: int, threads: int, seq: int, priorit
                                                           shared_mem_bytes=0),
                           block_time_s=1e-3, issue_fraction=0.25, hbm_bytes=0.0, flops=1.0, isolated_s=1e-3)
     op = Op(name, name, "generic", 0, "s", kernel=demand)
-    k = KernelState(op, g, priority, seq, 0.0, KernelSpec(op, g.model, 1.0, None, 0.0))
+    k = KernelState(op, g, priority, seq, 0.0, KernelSpec(op, g.model, 1.0, None, 0.0), 0, None)
     g.pending.append(k)
     g.running.append(k)
     return k
