@@ -13,9 +13,11 @@ file names, each with its legal values; every combination is a candidate. The me
 2. Every candidate is predicted with the analytic fidelity, where each op takes its isolated
    time; its objective there is the candidate's ``estimate`` (for time, without the power loop:
    :func:`analyze`), and its ops' isolated times, each sped up as much as the top SM clock speeds
-   that op (:func:`time_bound_s`), give its time ``bound``. Candidates that differ only in
-   knobs the analytic prediction does not see (stream priority; for time, power settings too)
-   share one prediction.
+   that op, and each kernel's wait for the SMs the dispatcher cannot give it yet
+   (:func:`time_bound_s`), give its time ``bound``. Candidates that differ only in knobs the
+   analytic prediction does not see (stream priority; for time, power settings too) share one
+   prediction, made at the least urgent priority; the others take the bound without the wait,
+   which holds at any priority.
    Contention (shared SMs, HBM, links) only adds time to ops, and with precedence the only
    constraint the longest path only grows with its ops' times, so no engine prediction of a
    candidate is faster than its bound (checked on every one the engine makes; a violation is
@@ -248,20 +250,28 @@ def _analyze(cands: Sequence[Candidate], run: _Run) -> int:
     for c in cands:
         groups.setdefault(_point_key(c, lambda k: k not in blind), []).append(c)
     for group in groups.values():  # one already analysed (the scenario as given) stands for its group
-        analysed = next((c.analytic for c in group if c.analytic), None)
-        if analysed is not None:
+        done = next((c for c in group if c.analytic), None)
+        if done is not None:
             for c in group:
-                _analyzed(c, analysed, run.objective)
+                _analyzed(c, done.analytic, run.objective, _same_priority(c, done))
     # Candidates of one training iteration analysed one after another reuse its op specs
-    # (reusing_training_ops holds the last); the order of analyses changes nothing else.
-    todo = sorted((g for g in groups.values() if not g[0].analytic),
-                  key=lambda g: _point_key(g[0], lambda k: k.startswith("training.")))
-    results = _mapped(analyze, [g[0] for g in todo], run.pool, run.objective)
-    for i, (group, s) in enumerate(zip(todo, results, strict=True), 1):
+    # (reusing_training_ops holds the last); the order of analyses changes nothing else. The
+    # least urgent priority stands for a group: its bound sees the SMs its collectives wait for.
+    todo = sorted(((min(g, key=lambda c: c.point.get("knobs.comm_priority") == "high"), g)
+                   for g in groups.values() if not g[0].analytic),
+                  key=lambda rg: _point_key(rg[0], lambda k: k.startswith("training.")))
+    results = _mapped(analyze, [rep for rep, _ in todo], run.pool, run.objective)
+    for i, ((rep, group), s) in enumerate(zip(todo, results, strict=True), 1):
         for c in group:
-            _analyzed(c, s, run.objective)
+            _analyzed(c, s, run.objective, _same_priority(c, rep))
         run.tell("analysing", i, len(todo))
     return len(todo)
+
+
+def _same_priority(c: Candidate, analysed: Candidate) -> bool:
+    """Whether ``c`` runs its collectives at the priority of the candidate whose analysis it
+    shares: the time bound (tune_predictions.dispatch_release_s) holds only at that priority."""
+    return all(c.point.get(k) == analysed.point.get(k) for k in ANALYTIC_BLIND)
 
 
 def _point_key(c: Candidate, keep: Callable[[str], bool]) -> str:
@@ -269,9 +279,11 @@ def _point_key(c: Candidate, keep: Callable[[str], bool]) -> str:
     return repr(sorted((k, repr(v)) for k, v in c.point.items() if keep(k)))
 
 
-def _analyzed(c: Candidate, s: dict[str, Any], objective: Objective) -> None:
+def _analyzed(c: Candidate, s: dict[str, Any], objective: Objective, same_priority: bool = True) -> None:
+    """``s``: the analysis ``c`` takes; ``same_priority``: made at ``c``'s stream priorities
+    (else its bound is the one that holds at any priority)."""
     c.analytic, c.estimate = s, objective_value(s, objective)
-    c.bound_s = float(s.get("bound_s", math.inf))
+    c.bound_s = float(s.get("bound_s" if same_priority else "bound_any_priority_s", math.inf))
 
 
 def _engine(cands: Sequence[Candidate], pool: Any) -> None:
@@ -376,7 +388,7 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given_point: Mappin
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     keys = list(space)
     seen: dict[tuple[int, ...], Candidate | None] = {}
-    analyses: dict[tuple[int, ...], dict[str, Any]] = {}
+    analyses: dict[tuple[int, ...], tuple[Candidate, dict[str, Any]]] = {}  # the analysed, its analysis
     blind = run.blind()
     dropped: dict[str, Any] = {"invalid": 0, "redundant": 0, "invalid_example": ""}
     ran: list[tuple[int, ...]] = []
@@ -392,8 +404,9 @@ def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given_point: Mappin
             if found:
                 seeing = tuple(j for k, j in zip(keys, ix, strict=True) if k not in blind)
                 if seeing not in analyses:
-                    analyses[seeing] = analyze(found[0].scenario, run.objective)
-                _analyzed(found[0], analyses[seeing], run.objective)
+                    analyses[seeing] = (found[0], analyze(found[0].scenario, run.objective))
+                rep, s = analyses[seeing]
+                _analyzed(found[0], s, run.objective, _same_priority(found[0], rep))
         ran.append(ix)
         run.tell("sampling", len(ran), _trials_due(len(ran), trials, time.monotonic() - t0, timeout_s))
         c = seen[ix]

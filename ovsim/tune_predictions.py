@@ -7,14 +7,16 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from ovsim.api import Result, build, power_config, predict
 from ovsim.engine.analytic import Plan
+from ovsim.engine.machine import GpuModel, build_machine
 from ovsim.engine.power import PowerConfig, op_power_class, rate_class
+from ovsim.engine.state import BOTH, MAIN, block_shape
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
 from ovsim.hw.power import PowerSettings
@@ -47,6 +49,7 @@ def summarize(sc: Scenario, mode: Mode, power: bool = True) -> dict[str, Any]:
         # No resource is shared there: nothing is lost to contention, and the why-lines read the
         # engine's summaries only.
         out["bound_s"] = time_bound_s(result)
+        out["bound_any_priority_s"] = _bound_s(result.workload, result.power_config, Plan.of(result.workload))
         out["workload"] = workload_digest(result)
         return out
     # From the timeline's columns: no frame is made for a candidate.
@@ -71,14 +74,18 @@ def analyze(sc: Scenario, objective: Objective = "time") -> dict[str, Any]:
     if objective != "time":
         return summarize(sc, "analytic")
     try:
-        wl, _, gpu, calib = build(sc.model_copy(update={"power": None}), sc.name)
+        wl, system, gpu, calib = build(sc.model_copy(update={"power": None}), sc.name)
+        gpus = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout,
+                             job_ranks=wl.job_ranks).gpus
     except OvsimError as e:
         return {"error": e.message}
     with paused_gc():  # as predict's analytic fidelity: plain lists over the ops, no cycles
         plan = Plan.of(wl)
+        pc = power_config(wl, gpu, calib, PowerSettings(managed=False))
         out: dict[str, Any] = {
             "makespan_s": plan.makespan_s([op.isolated_s for op in wl.ops]),
-            "bound_s": _bound_s(wl, power_config(wl, gpu, calib, PowerSettings(managed=False)), plan),
+            "bound_s": _bound_s(wl, pc, plan, gpus),
+            "bound_any_priority_s": _bound_s(wl, pc, plan),
             "workload": _digest(wl)}
     if sc.training is not None:
         from ovsim.models.memory import memory_estimate
@@ -106,27 +113,101 @@ def time_bound_s(result: Result) -> float:
     none for flows, delays and work that does not follow the clock; a tensor kernel only up to
     its saturation clock). Contention only adds time, and the clock is the only thing that speeds
     an op up. Tighter than one factor for all (the most the clock speeds any op): a GEMM that
-    saturates below the top clock gains nothing from it."""
+    saturates below the top clock gains nothing from it. Kernels wait for the SMs the engine's
+    dispatcher cannot give them yet (:func:`dispatch_release_s`)."""
     wl = result.workload
-    return _bound_s(wl, result.power_config, Plan.of(wl))
+    machine = build_machine(result.system, result.gpu, result.calibration.params, n_ranks=wl.n_ranks,
+                            sm_carveout=result.scenario.knobs.sm_carveout, job_ranks=wl.job_ranks)
+    return _bound_s(wl, result.power_config, Plan.of(wl), machine.gpus)
 
 
-def _bound_s(wl: Workload, pc: PowerConfig | None, plan: Plan) -> float:
-    """:func:`time_bound_s` of ``wl`` under ``pc``, on its analytic ``plan``."""
+def _bound_s(wl: Workload, pc: PowerConfig | None, plan: Plan, gpus: Sequence[GpuModel] | None = None) -> float:
+    """:func:`time_bound_s` of ``wl`` under ``pc``, on its analytic ``plan``; with the engine's
+    GPU models of its ranks (``gpus``), kernels wait for the SMs as :func:`dispatch_release_s` says."""
     if pc is None:
         return plan.makespan_s([op.isolated_s for op in wl.ops])
     top = pc.multipliers(pc.model.max_clock_fraction)
     memo: dict[int, float] = {}
 
-    def fastest(op: Op) -> float:
+    def speedup(op: Op) -> float:
+        """The most the top clock speeds ``op`` (a kernel of its own, not a collective's)."""
         k = op.kernel
-        if k is None or op.flow is not None:
-            return op.isolated_s
+        assert k is not None
         if id(k) not in memo:
             memo[id(k)] = max(1.0, top[rate_class(op, pc.model, op_power_class(op, pc.model)[0])])
-        return op.isolated_s / memo[id(k)]
+        return memo[id(k)]
 
-    return plan.makespan_s([fastest(op) for op in wl.ops])
+    dur = [op.isolated_s if op.kernel is None or op.flow is not None else op.isolated_s / speedup(op)
+           for op in wl.ops]
+    if gpus is None:
+        return plan.makespan_s(dur)
+    _, start, _, _, _ = plan.times(dur)
+    release = dispatch_release_s(wl, gpus, start, speedup)
+    return plan.makespan_s(dur, release if any(release) else None)
+
+
+def dispatch_release_s(wl: Workload, gpus: Sequence[GpuModel], start_s: Sequence[float],
+                       speedup: Callable[[Op], float]) -> list[float]:
+    """For each op, a time before which the engine's block dispatcher cannot give it an SM.
+
+    The dispatcher places a kernel's blocks only on SM partitions where no kernel before it (in
+    stream priority, then launch order) still has blocks waiting (docs/design.md). A kernel A that
+    launches at 0 (the first op of its stream, with no dependency and no delay: launches at one
+    instant go in workload order) and needs W waves of R blocks (all its GPU holds of them at once)
+    keeps blocks waiting until its last wave starts: its blocks can free a slot no faster than its
+    fastest block (``block_time_s`` at its most issue share, at the top clock), so at t at most R
+    floor(t / fastest) have finished, and the last wave cannot start before (W - 1) times the
+    fastest block. A kernel B of the same rank, on another stream, of no higher priority, that
+    surely launches after A (its stream's first op comes after A in the workload, or even its
+    bound starts it after 0, ``start_s``) and whose SMs all lie in A's partitions, waits for that.
+
+    Only kernels whose blocks run at most at their own pace are taken for A: not a collective's
+    (its blocks end with its flow), nor persistent CTAs, clusters, or blocks that speed up on
+    fewer SMs (``load_share``). Without this the bound took a normal-priority all-reduce beside a
+    GEMM of 16 waves as overlapping it, where the engine runs it after the GEMM's blocks drain
+    (docs/tune.md)."""
+    ops = wl.ops
+    release = [0.0] * len(ops)
+    priority = {(st.rank, st.name): st.priority for st in wl.streams}
+    first: dict[tuple[int, str], int] = {}
+    for i, op in enumerate(ops):
+        first.setdefault((op.rank, op.stream), i)
+    for a, op in enumerate(ops):
+        k = op.kernel
+        if (k is None or op.flow is not None or op.deps or op.delay_s > 0 or op.kind == "delay"
+                or first[(op.rank, op.stream)] != a or k.load_share > 0
+                or 0 < k.persistent_ctas < k.blocks):
+            continue
+        model = gpus[op.rank]
+        if k.cluster_ctas > 1 and model.unit_sms and not model.comm_reserved_sms:
+            continue
+        main_only = op.partition == "compute"
+        held = block_shape(k, model, main_only)[4]
+        if held <= 0 or k.blocks <= held or k.issue_fraction <= 0:
+            continue
+        ask = k.issue_fraction
+        cap = ask if k.issue_cap is None else max(ask, k.issue_cap)
+        block_s = k.block_time_s / speedup(op)
+        # Blocks one after another in each of the `held` slots, none faster than at its most
+        # issue share; and no SM issuing more than all of its slots for them.
+        sms = model.sm_count - (model.comm_reserved_sms if main_only else 0)
+        drained = max((-(-k.blocks // held) - 1) * block_s * ask / cap, (k.blocks - held) * ask * block_s / sms)
+        a_parts = _partitions(op)
+        a_priority = priority.get((op.rank, op.stream), 0)
+        for b, other in enumerate(ops):
+            if (other.rank != op.rank or other.kernel is None or other.stream == op.stream
+                    or priority.get((other.rank, other.stream), 0) < a_priority
+                    or not (first[(other.rank, other.stream)] > a or start_s[b] > 0)):
+                continue
+            usable = [p for p in _partitions(other) if p == "main" or model.comm_reserved_sms > 0]
+            if all(p in a_parts for p in usable) and drained > release[b]:
+                release[b] = drained
+    return release
+
+
+def _partitions(op: Op) -> tuple[str, ...]:
+    """The SM partitions the engine lets an op's blocks use (engine.state.KernelSpec)."""
+    return MAIN if op.partition == "compute" else BOTH
 
 
 def objective_value(summary: Mapping[str, Any], objective: Objective) -> float:

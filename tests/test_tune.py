@@ -217,7 +217,9 @@ def test_json_knob_values_keep_their_type(tmp_path: Path, capsys: pytest.Capture
     import json
 
     space = tmp_path / "space.yaml"
-    space.write_text("knobs.nccl_channels: [null, 4, 16]\n")
+    # At high priority no candidate's collective waits for the GEMM's SMs, so its bound is low
+    # enough that 16 channels and NCCL's own count are both predicted.
+    space.write_text("knobs.nccl_channels: [null, 4, 16]\nknobs.comm_priority: [high]\n")
     assert main(["tune", str(EXAMPLES / "gemm-allreduce-h100x4-overlapped.yaml"), "--space", str(space), "--json"]) == 0
     values = [s["knobs.nccl_channels"] for s in json.loads(capsys.readouterr().out)["schedules"]]
     # Schedules the bound ruled out are not in the table; NCCL's own count and 16 are.
@@ -431,3 +433,36 @@ def test_a_tolerance_is_for_time_only() -> None:
     # Energy searches prune on a heuristic margin, with no bound a tolerance could be held to.
     with pytest.raises(OvsimError, match="time only"):
         tune(A100, space=SMALL, objective="energy", tolerance=0.05)
+
+
+@pytest.mark.parametrize("second_priority", [0, -1], ids=["same-priority", "higher-priority"])
+def test_a_kernel_waits_in_the_bound_for_the_sms_an_earlier_kernel_holds(second_priority: int) -> None:
+    """A GEMM of many waves and a streaming kernel on another stream launch together on one H100.
+    At the same priority the dispatcher gives the second kernel no SM until the GEMM's last wave
+    has its SMs, and the bound says so (tune_predictions.dispatch_release_s): the engine starts it
+    no earlier than the bound's release, which is most of the GEMM's time (more than all of it
+    less two waves). At a higher priority it takes SMs as the first wave frees them, and the bound
+    releases it at once."""
+    from ovsim.engine.machine import build_machine
+    from ovsim.engine.sim import Engine
+    from ovsim.hw.calib import load_calibration
+    from ovsim.hw.spec import load_gpu, load_system
+    from ovsim.models import cost
+    from ovsim.models.ir import Op, StreamSpec, Workload
+    from ovsim.tune_predictions import dispatch_release_s
+
+    gpu = load_gpu("h100-sxm5-80gb")
+    params = load_calibration(gpu, "h100-sxm5-80gb").params
+    gemm = cost.gemm(8192, 8192, 8192, "bf16", gpu, params)
+    ops = (Op("g", "g", "gemm", 0, "a", kernel=gemm), Op("e", "e", "elementwise", 0, "b",
+                                                         kernel=cost.memory_bound(1e8, gpu, params)))
+    wl = Workload(ops=ops, streams=(StreamSpec(0, "a"), StreamSpec(0, "b", second_priority)), n_ranks=1)
+    machine = build_machine(load_system("hgx-h100"), gpu, params, n_ranks=1)
+    release = dispatch_release_s(wl, machine.gpus, [0.0, 0.0], lambda op: 1.0)
+    tl = Engine(wl, machine).run().ops.set_index("id")
+    assert release[0] == 0.0
+    if second_priority == 0:
+        wave_s = gemm.block_time_s
+        assert tl.loc["g", "duration_s"] - 2 * wave_s < release[1] <= tl.loc["e", "start_s"]
+    else:
+        assert release[1] == 0.0 and tl.loc["e", "start_s"] < 0.5 * tl.loc["g", "duration_s"]

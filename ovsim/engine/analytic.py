@@ -75,11 +75,14 @@ class Plan:
         return Plan(workload, order, group_of, members, preds, [op.delay_s for op in ops],
                     [op.kind == "delay" for op in ops])
 
-    def times(self, dur: list[float]) -> tuple[list[float], list[float], list[float], list[float],
-                                                dict[int, tuple[float, float, float, float]]]:
+    def times(self, dur: list[float], release_s: list[float] | None = None) -> tuple[
+            list[float], list[float], list[float], list[float], dict[int, tuple[float, float, float, float]]]:
         """Per op: launch, start and end times and time waiting for peers; per collective (by
-        index): its flow's launch, start, end and duration. ``dur``: each op's duration."""
+        index): its flow's launch, start, end and duration. ``dur``: each op's duration;
+        ``release_s``: a time before which each op may not start (a schedule search's bound,
+        ovsim.tune_predictions.dispatch_release_s), none if not given."""
         n = len(self.workload.ops)
+        rel = release_s if release_s is not None else [0.0] * n
         launch = [0.0] * n
         start = [0.0] * n
         end = [0.0] * n
@@ -96,6 +99,8 @@ class Plan:
                     t = end[p]
             launch[i] = t
             t += delay_s[i]
+            if rel[i] > t:
+                t = rel[i]
             start[i] = t
             seen[i] = True
             if is_gap[i]:  # a host gap: it ends once served
@@ -107,7 +112,7 @@ class Plan:
                 continue
             if g not in flows:
                 ms = self.members[g]
-                starts = [start[m] if seen[m] else self._ready(m, end) + delay_s[m] for m in ms]
+                starts = [start[m] if seen[m] else max(self._ready(m, end) + delay_s[m], rel[m]) for m in ms]
                 # The members' durations are one flow's, so equal; the longest, should a caller's
                 # differ, so that the span does not depend on which member the order reaches first.
                 d = max(dur[m] for m in ms)
@@ -123,10 +128,11 @@ class Plan:
                 t = end[p]
         return t
 
-    def makespan_s(self, dur: list[float]) -> float:
+    def makespan_s(self, dur: list[float], release_s: list[float] | None = None) -> float:
         """The makespan of :meth:`timeline` (``Timeline.makespan_s``: the last end over the ops
-        with rows, from the first launch where that is before 0), without building it."""
-        launch, _, end, _, _ = self.times(dur)
+        with rows, from the first launch where that is before 0), without building it;
+        ``release_s`` as :meth:`times` takes it."""
+        launch, _, end, _, _ = self.times(dur, release_s)
         rows = [i for i, op in enumerate(self.workload.ops) if op.kind != "delay"]
         if not rows:
             return 0.0
