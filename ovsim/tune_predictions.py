@@ -142,67 +142,84 @@ def _bound_s(wl: Workload, pc: PowerConfig | None, plan: Plan, gpus: Sequence[Gp
     if gpus is None:
         return plan.makespan_s(dur)
     _, start, _, _, _ = plan.times(dur)
-    release = dispatch_release_s(wl, gpus, start, speedup)
-    return plan.makespan_s(dur, release if any(release) else None)
+    release, slowed = dispatch_release_s(wl, gpus, start, speedup)
+    if not any(release) and not slowed:
+        return plan.makespan_s(dur)
+    return plan.makespan_s(dur, release, slowed)
 
 
 def dispatch_release_s(wl: Workload, gpus: Sequence[GpuModel], start_s: Sequence[float],
-                       speedup: Callable[[Op], float]) -> list[float]:
-    """For each op, a time before which the engine's block dispatcher cannot give it an SM.
+                       speedup: Callable[[Op], float]) -> tuple[list[float], dict[int, list[tuple[float, float]]]]:
+    """What the engine's block dispatcher surely withholds from each op: a time before which it
+    gets no SM (one per op), and for a collective's kernel that gets some SMs before then, that
+    time with the share of its blocks it can hold until it (by op index; a collective moves data
+    no faster than that share of its rate, engine.rates.sm_factor).
 
     The dispatcher places a kernel's blocks only on SM partitions where no kernel before it (in
     stream priority, then launch order) still has blocks waiting (docs/design.md). A kernel A that
     launches at 0 (the first op of its stream, with no dependency and no delay: launches at one
-    instant go in workload order) and needs W waves of R blocks (all its GPU holds of them at once)
-    keeps blocks waiting until its last wave starts: its blocks can free a slot no faster than its
-    fastest block (``block_time_s`` at its most issue share, at the top clock), so at t at most R
-    floor(t / fastest) have finished, and the last wave cannot start before (W - 1) times the
-    fastest block. A kernel B of the same rank, on another stream, of no higher priority, that
-    surely launches after A (its stream's first op comes after A in the workload, or even its
-    bound starts it after 0, ``start_s``) and whose SMs all lie in A's partitions, waits for that.
+    instant go in workload order) keeps blocks waiting until its last wave has SMs
+    (:func:`_drained_s`). A kernel B of the same rank, on another stream, of no higher priority,
+    that surely launches after A (its stream's first op comes after A in the workload, or even its
+    bound starts it after 0, ``start_s``) gets no SM of A's partitions before then: none at all
+    where its SMs all lie in them, else only those a carve-out reserves.
 
-    Only kernels whose blocks run at most at their own pace are taken for A: not a collective's
-    (its blocks end with its flow), nor persistent CTAs, clusters, or blocks that speed up on
-    fewer SMs (``load_share``). Without this the bound took a normal-priority all-reduce beside a
-    GEMM of 16 waves as overlapping it, where the engine runs it after the GEMM's blocks drain
-    (docs/tune.md)."""
+    Without this the bound took a normal-priority all-reduce beside a GEMM of 16 waves as
+    overlapping it, where the engine runs it after the GEMM's blocks drain (docs/tune.md)."""
     ops = wl.ops
     release = [0.0] * len(ops)
+    slowed: dict[int, list[tuple[float, float]]] = {}
     priority = {(st.rank, st.name): st.priority for st in wl.streams}
     first: dict[tuple[int, str], int] = {}
     for i, op in enumerate(ops):
         first.setdefault((op.rank, op.stream), i)
     for a, op in enumerate(ops):
-        k = op.kernel
-        if (k is None or op.flow is not None or op.deps or op.delay_s > 0 or op.kind == "delay"
-                or first[(op.rank, op.stream)] != a or k.load_share > 0
-                or 0 < k.persistent_ctas < k.blocks):
+        if op.kernel is None or op.flow is not None or op.deps or op.delay_s > 0 or first[(op.rank, op.stream)] != a:
             continue
         model = gpus[op.rank]
-        if k.cluster_ctas > 1 and model.unit_sms and not model.comm_reserved_sms:
+        drained = _drained_s(op, model, speedup(op))
+        if drained <= 0:
             continue
-        main_only = op.partition == "compute"
-        held = block_shape(k, model, main_only)[4]
-        if held <= 0 or k.blocks <= held or k.issue_fraction <= 0:
-            continue
-        ask = k.issue_fraction
-        cap = ask if k.issue_cap is None else max(ask, k.issue_cap)
-        block_s = k.block_time_s / speedup(op)
-        # Blocks one after another in each of the `held` slots, none faster than at its most
-        # issue share; and no SM issuing more than all of its slots for them.
-        sms = model.sm_count - (model.comm_reserved_sms if main_only else 0)
-        drained = max((-(-k.blocks // held) - 1) * block_s * ask / cap, (k.blocks - held) * ask * block_s / sms)
         a_parts = _partitions(op)
         a_priority = priority.get((op.rank, op.stream), 0)
         for b, other in enumerate(ops):
-            if (other.rank != op.rank or other.kernel is None or other.stream == op.stream
+            k = other.kernel
+            if (other.rank != op.rank or k is None or other.stream == op.stream
                     or priority.get((other.rank, other.stream), 0) < a_priority
                     or not (first[(other.rank, other.stream)] > a or start_s[b] > 0)):
                 continue
-            usable = [p for p in _partitions(other) if p == "main" or model.comm_reserved_sms > 0]
-            if all(p in a_parts for p in usable) and drained > release[b]:
-                release[b] = drained
-    return release
+            free = [p for p in _partitions(other) if p not in a_parts and (p == "main" or model.comm_reserved_sms)]
+            if not free:
+                release[b] = max(release[b], drained)
+            elif free == ["reserved"] and other.flow is not None and not other.flow.uses_copy_engine:
+                held = model.comm_reserved_sms * block_shape(k, model, False)[3]
+                if held < k.blocks:
+                    slowed.setdefault(b, []).append((drained, held / k.blocks))
+    return release, slowed
+
+
+def _drained_s(op: Op, model: GpuModel, speedup: float) -> float:
+    """When kernel ``op``, launched at 0 on ``model``, can have placed its last blocks at the
+    earliest (0: not known, or at once). Its blocks run one after another in each of the slots it
+    holds, none faster than at its most issue share, and no SM issues more for them than all of
+    its slots: so no sooner than (waves - 1) fastest blocks, nor than (blocks - those resident at
+    once) x issue share x block time / SMs, at the top clock (``speedup``). Not known for kernels
+    whose blocks can run faster than that: a collective's (they end with its flow), persistent
+    CTAs, clusters, and tiles whose pace grows on fewer SMs (``load_share``)."""
+    k = op.kernel
+    assert k is not None
+    if (k.load_share > 0 or 0 < k.persistent_ctas < k.blocks or k.issue_fraction <= 0
+            or (k.cluster_ctas > 1 and model.unit_sms and not model.comm_reserved_sms)):
+        return 0.0
+    main_only = op.partition == "compute"
+    held = block_shape(k, model, main_only)[4]
+    if held <= 0 or k.blocks <= held:
+        return 0.0
+    ask = k.issue_fraction
+    cap = ask if k.issue_cap is None else max(ask, k.issue_cap)
+    block_s = k.block_time_s / speedup
+    sms = model.sm_count - (model.comm_reserved_sms if main_only else 0)
+    return max((-(-k.blocks // held) - 1) * block_s * ask / cap, (k.blocks - held) * ask * block_s / sms)
 
 
 def _partitions(op: Op) -> tuple[str, ...]:

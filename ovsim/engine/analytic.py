@@ -7,7 +7,7 @@ ready. No resource is shared, so with nothing overlapping this agrees with the e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ovsim.engine.timeline import Timeline, op_columns, timeline_from_rows
@@ -75,12 +75,14 @@ class Plan:
         return Plan(workload, order, group_of, members, preds, [op.delay_s for op in ops],
                     [op.kind == "delay" for op in ops])
 
-    def times(self, dur: list[float], release_s: list[float] | None = None) -> tuple[
+    def times(self, dur: list[float], release_s: list[float] | None = None,
+              slowed: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> tuple[
             list[float], list[float], list[float], list[float], dict[int, tuple[float, float, float, float]]]:
         """Per op: launch, start and end times and time waiting for peers; per collective (by
-        index): its flow's launch, start, end and duration. ``dur``: each op's duration;
-        ``release_s``: a time before which each op may not start (a schedule search's bound,
-        ovsim.tune_predictions.dispatch_release_s), none if not given."""
+        index): its flow's launch, start, end and duration. ``dur``: each op's duration. For a
+        schedule search's bound (ovsim.tune_predictions.dispatch_release_s): ``release_s``, a time
+        before which each op may not start; ``slowed``, for members of collectives, times until
+        which their flow moves data at no more than a share of its rate, as (time, share)."""
         n = len(self.workload.ops)
         rel = release_s if release_s is not None else [0.0] * n
         launch = [0.0] * n
@@ -116,10 +118,20 @@ class Plan:
                 # The members' durations are one flow's, so equal; the longest, should a caller's
                 # differ, so that the span does not depend on which member the order reaches first.
                 d = max(dur[m] for m in ms)
-                flows[g] = (min(starts), max(starts), max(starts) + d, d)
+                begin = max(starts)
+                done = begin + d
+                if slowed:
+                    for m in ms:
+                        for until_s, share in slowed.get(m, ()):
+                            done = max(done, _slowed_end(begin, d, self._latency_s(m), until_s, share))
+                flows[g] = (min(starts), begin, done, d)
             end[i] = flows[g][2]
             wait[i] = max(0.0, end[i] - t - dur[i])
         return launch, start, end, wait, flows
+
+    def _latency_s(self, i: int) -> float:
+        f = self.workload.ops[i].flow
+        return f.latency_s if f is not None else 0.0
 
     def _ready(self, i: int, end: list[float]) -> float:
         t = 0.0
@@ -128,11 +140,12 @@ class Plan:
                 t = end[p]
         return t
 
-    def makespan_s(self, dur: list[float], release_s: list[float] | None = None) -> float:
+    def makespan_s(self, dur: list[float], release_s: list[float] | None = None,
+                   slowed: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> float:
         """The makespan of :meth:`timeline` (``Timeline.makespan_s``: the last end over the ops
         with rows, from the first launch where that is before 0), without building it;
-        ``release_s`` as :meth:`times` takes it."""
-        launch, _, end, _, _ = self.times(dur, release_s)
+        ``release_s`` and ``slowed`` as :meth:`times` takes them."""
+        launch, _, end, _, _ = self.times(dur, release_s, slowed)
         rows = [i for i, op in enumerate(self.workload.ops) if op.kind != "delay"]
         if not rows:
             return 0.0
@@ -161,6 +174,19 @@ class Plan:
             "wait_peers_s": [wait[i] for i in rows] + [0.0] * len(order),
         })
         return timeline_from_rows(cols, [])
+
+
+def _slowed_end(begin_s: float, dur_s: float, latency_s: float, until_s: float, share: float) -> float:
+    """When a flow that begins at ``begin_s`` and takes ``dur_s`` (its latency, then its data at
+    its rate) ends at the earliest if it moves data at no more than ``share`` of its rate until
+    ``until_s``."""
+    data_s = dur_s - latency_s
+    slow_s = until_s - begin_s - latency_s  # time its data moves at the share
+    if slow_s <= 0:
+        return begin_s + dur_s
+    if share > 0 and slow_s * share >= data_s:
+        return begin_s + latency_s + data_s / share
+    return until_s + data_s - slow_s * share
 
 
 def _order(preds: list[list[int]], members: list[list[int]]) -> list[int]:
