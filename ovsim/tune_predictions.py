@@ -14,12 +14,14 @@ import numpy as np
 
 from ovsim.api import Result, build, power_config, predict
 from ovsim.engine.analytic import Plan
-from ovsim.engine.machine import GpuModel, build_machine
+from ovsim.engine.machine import GpuModel, gpu_model
 from ovsim.engine.power import PowerConfig, op_power_class, rate_class
 from ovsim.engine.state import BOTH, MAIN, block_shape
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
+from ovsim.hw.calib import Parameters
 from ovsim.hw.power import PowerSettings
+from ovsim.hw.spec import GpuSpec
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE
 from ovsim.models.ir import Op, Workload
 from ovsim.scenario import Mode, Scenario
@@ -48,8 +50,9 @@ def summarize(sc: Scenario, mode: Mode, power: bool = True) -> dict[str, Any]:
     if mode == "analytic":
         # No resource is shared there: nothing is lost to contention, and the why-lines read the
         # engine's summaries only.
-        out["bound_s"] = time_bound_s(result)
-        out["bound_any_priority_s"] = _bound_s(result.workload, result.power_config, Plan.of(result.workload))
+        model = gpu_model(result.gpu, result.calibration.params, result.scenario.knobs.sm_carveout)
+        out["bound_any_priority_s"], out["bound_s"] = _bounds_s(result.workload, result.power_config,
+                                                                Plan.of(result.workload), model)
         out["workload"] = workload_digest(result)
         return out
     # From the timeline's columns: no frame is made for a candidate.
@@ -74,19 +77,15 @@ def analyze(sc: Scenario, objective: Objective = "time") -> dict[str, Any]:
     if objective != "time":
         return summarize(sc, "analytic")
     try:
-        wl, system, gpu, calib = build(sc.model_copy(update={"power": None}), sc.name)
-        gpus = build_machine(system, gpu, calib.params, n_ranks=wl.n_ranks, sm_carveout=sc.knobs.sm_carveout,
-                             job_ranks=wl.job_ranks).gpus
+        wl, _, gpu, calib = build(sc.model_copy(update={"power": None}), sc.name)
+        model = _gpu_model(gpu, calib.params, sc.knobs.sm_carveout)
     except OvsimError as e:
         return {"error": e.message}
     with paused_gc():  # as predict's analytic fidelity: plain lists over the ops, no cycles
         plan = Plan.of(wl)
-        pc = power_config(wl, gpu, calib, PowerSettings(managed=False))
-        out: dict[str, Any] = {
-            "makespan_s": plan.makespan_s([op.isolated_s for op in wl.ops]),
-            "bound_s": _bound_s(wl, pc, plan, gpus),
-            "bound_any_priority_s": _bound_s(wl, pc, plan),
-            "workload": _digest(wl)}
+        free, waiting = _bounds_s(wl, power_config(wl, gpu, calib, PowerSettings(managed=False)), plan, model)
+        out: dict[str, Any] = {"makespan_s": plan.makespan_s([op.isolated_s for op in wl.ops]),
+                               "bound_s": waiting, "bound_any_priority_s": free, "workload": _digest(wl)}
     if sc.training is not None:
         from ovsim.models.memory import memory_estimate
 
@@ -115,17 +114,16 @@ def time_bound_s(result: Result) -> float:
     an op up. Tighter than one factor for all (the most the clock speeds any op): a GEMM that
     saturates below the top clock gains nothing from it. Kernels wait for the SMs the engine's
     dispatcher cannot give them yet (:func:`dispatch_release_s`)."""
-    wl = result.workload
-    machine = build_machine(result.system, result.gpu, result.calibration.params, n_ranks=wl.n_ranks,
-                            sm_carveout=result.scenario.knobs.sm_carveout, job_ranks=wl.job_ranks)
-    return _bound_s(wl, result.power_config, Plan.of(wl), machine.gpus)
+    model = gpu_model(result.gpu, result.calibration.params, result.scenario.knobs.sm_carveout)
+    return _bounds_s(result.workload, result.power_config, Plan.of(result.workload), model)[1]
 
 
-def _bound_s(wl: Workload, pc: PowerConfig | None, plan: Plan, gpus: Sequence[GpuModel] | None = None) -> float:
-    """:func:`time_bound_s` of ``wl`` under ``pc``, on its analytic ``plan``; with the engine's
-    GPU models of its ranks (``gpus``), kernels wait for the SMs as :func:`dispatch_release_s` says."""
+def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel) -> tuple[float, float]:
+    """:func:`time_bound_s` of ``wl`` under ``pc``, on its analytic ``plan`` and ``model`` (every
+    rank's GPU): without the waits for SMs (a bound at any stream priority) and with them."""
     if pc is None:
-        return plan.makespan_s([op.isolated_s for op in wl.ops])
+        free = plan.makespan_s([op.isolated_s for op in wl.ops])
+        return free, free
     top = pc.multipliers(pc.model.max_clock_fraction)
     memo: dict[int, float] = {}
 
@@ -139,21 +137,34 @@ def _bound_s(wl: Workload, pc: PowerConfig | None, plan: Plan, gpus: Sequence[Gp
 
     dur = [op.isolated_s if op.kernel is None or op.flow is not None else op.isolated_s / speedup(op)
            for op in wl.ops]
-    if gpus is None:
-        return plan.makespan_s(dur)
-    _, start, _, _, _ = plan.times(dur)
-    release, slowed = dispatch_release_s(wl, gpus, start, speedup)
+    launch, start, end, _, _ = plan.times(dur)
+    free = plan.span(launch, end)
+    release, slowed = dispatch_release_s(wl, model, start, speedup)
     if not any(release) and not slowed:
-        return plan.makespan_s(dur)
-    return plan.makespan_s(dur, release, slowed)
+        return free, free
+    return free, plan.makespan_s(dur, release, slowed)
 
 
-def dispatch_release_s(wl: Workload, gpus: Sequence[GpuModel], start_s: Sequence[float],
+# GPU models by the identities of the GPU and the parameters (held beside them) and the carve-out:
+# a search analyses hundreds of candidates on one GPU.
+_MODELS: dict[tuple[int, int, int], tuple[GpuSpec, Parameters, GpuModel]] = {}
+
+
+def _gpu_model(gpu: GpuSpec, params: Parameters, sm_carveout: int) -> GpuModel:
+    key = (id(gpu), id(params), sm_carveout)
+    if key not in _MODELS:
+        if len(_MODELS) >= 64:
+            _MODELS.clear()
+        _MODELS[key] = (gpu, params, gpu_model(gpu, params, sm_carveout))
+    return _MODELS[key][2]
+
+
+def dispatch_release_s(wl: Workload, model: GpuModel, start_s: Sequence[float],
                        speedup: Callable[[Op], float]) -> tuple[list[float], dict[int, list[tuple[float, float]]]]:
     """What the engine's block dispatcher surely withholds from each op: a time before which it
     gets no SM (one per op), and for a collective's kernel that gets some SMs before then, that
     time with the share of its blocks it can hold until it (by op index; a collective moves data
-    no faster than that share of its rate, engine.rates.sm_factor).
+    no faster than that share of its rate, engine.rates.sm_factor). ``model``: every rank's GPU.
 
     The dispatcher places a kernel's blocks only on SM partitions where no kernel before it (in
     stream priority, then launch order) still has blocks waiting (docs/design.md). A kernel A that
@@ -176,7 +187,6 @@ def dispatch_release_s(wl: Workload, gpus: Sequence[GpuModel], start_s: Sequence
     for a, op in enumerate(ops):
         if op.kernel is None or op.flow is not None or op.deps or op.delay_s > 0 or first[(op.rank, op.stream)] != a:
             continue
-        model = gpus[op.rank]
         drained = _drained_s(op, model, speedup(op))
         if drained <= 0:
             continue

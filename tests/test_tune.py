@@ -458,7 +458,7 @@ def test_a_kernel_waits_in_the_bound_for_the_sms_an_earlier_kernel_holds(second_
                                                          kernel=cost.memory_bound(1e8, gpu, params)))
     wl = Workload(ops=ops, streams=(StreamSpec(0, "a"), StreamSpec(0, "b", second_priority)), n_ranks=1)
     machine = build_machine(load_system("hgx-h100"), gpu, params, n_ranks=1)
-    release, slowed = dispatch_release_s(wl, machine.gpus, [0.0, 0.0], lambda op: 1.0)
+    release, slowed = dispatch_release_s(wl, machine.gpus[0], [0.0, 0.0], lambda op: 1.0)
     assert not slowed
     tl = Engine(wl, machine).run().ops.set_index("id")
     assert release[0] == 0.0

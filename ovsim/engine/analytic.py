@@ -146,6 +146,10 @@ class Plan:
         with rows, from the first launch where that is before 0), without building it;
         ``release_s`` and ``slowed`` as :meth:`times` takes them."""
         launch, _, end, _, _ = self.times(dur, release_s, slowed)
+        return self.span(launch, end)
+
+    def span(self, launch: list[float], end: list[float]) -> float:
+        """The makespan of the ops' times from :meth:`times`, as :meth:`makespan_s` gives it."""
         rows = [i for i, op in enumerate(self.workload.ops) if op.kind != "delay"]
         if not rows:
             return 0.0

@@ -97,21 +97,12 @@ class MachineModel:
         return len(self.gpus)
 
 
-def build_machine(
-    system: SystemSpec, gpu: GpuSpec, params: Parameters, *, n_ranks: int | None = None, sm_carveout: int = 0,
-    job_ranks: tuple[int, ...] = (),
-) -> MachineModel:
-    """The machine of ranks 0..n_ranks-1; ``job_ranks``: the system's GPU each one is (rank
-    symmetry simulates some of a job's ranks; empty: the same number)."""
-    ranks = n_ranks if n_ranks is not None else system.total_gpus
-    if not 1 <= ranks <= system.total_gpus:
-        raise OvsimError(f"{ranks} ranks on a {system.total_gpus}-GPU system", field="ranks")
-    where = job_ranks or tuple(range(ranks))
-    if len(where) != ranks or not all(0 <= r < system.total_gpus for r in where):
-        raise OvsimError(f"{ranks} ranks placed off the {system.total_gpus}-GPU system", field="ranks")
+def gpu_model(gpu: GpuSpec, params: Parameters, sm_carveout: int = 0) -> GpuModel:
+    """The model of one GPU of ``gpu``'s kind under ``params``, with ``sm_carveout`` SMs reserved
+    for communication (every rank of a machine has it)."""
     if not 0 <= sm_carveout < gpu.sm.count:
         raise OvsimError(f"carve-out of {sm_carveout} SMs on a {gpu.sm.count}-SM GPU", field="sm_carveout")
-    g = GpuModel(
+    return GpuModel(
         sm_count=gpu.sm.count,
         threads_per_sm=gpu.sm.max_threads_per_sm,
         registers_per_sm=gpu.sm.registers_per_sm,
@@ -127,6 +118,21 @@ def build_machine(
         unit_sms=gpu.sm.placement.unit_sms() if gpu.sm.placement else (),
         fill_units=gpu.sm.placement.plain_fill() if gpu.sm.placement else (),
     )
+
+
+def build_machine(
+    system: SystemSpec, gpu: GpuSpec, params: Parameters, *, n_ranks: int | None = None, sm_carveout: int = 0,
+    job_ranks: tuple[int, ...] = (),
+) -> MachineModel:
+    """The machine of ranks 0..n_ranks-1; ``job_ranks``: the system's GPU each one is (rank
+    symmetry simulates some of a job's ranks; empty: the same number)."""
+    ranks = n_ranks if n_ranks is not None else system.total_gpus
+    if not 1 <= ranks <= system.total_gpus:
+        raise OvsimError(f"{ranks} ranks on a {system.total_gpus}-GPU system", field="ranks")
+    where = job_ranks or tuple(range(ranks))
+    if len(where) != ranks or not all(0 <= r < system.total_gpus for r in where):
+        raise OvsimError(f"{ranks} ranks placed off the {system.total_gpus}-GPU system", field="ranks")
+    g = gpu_model(gpu, params, sm_carveout)
     links: dict[LinkKey, float] = {}
     pcie = gpu.pcie.bandwidth_bytes_per_s
     nic = system.nic_port_bytes_per_s
