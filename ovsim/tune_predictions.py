@@ -125,15 +125,18 @@ def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel)
         free = plan.makespan_s([op.isolated_s for op in wl.ops])
         return free, free
     top = pc.multipliers(pc.model.max_clock_fraction)
-    memo: dict[int, float] = {}
+    memo: dict[tuple[int, str, str | None], float] = {}
 
     def speedup(op: Op) -> float:
-        """The most the top clock speeds ``op`` (a kernel of its own, not a collective's)."""
+        """The most the top clock speeds ``op`` (a kernel of its own, not a collective's): by its
+        demand, kind and precision, as the engine's rate class (engine.state.spec_key)."""
         k = op.kernel
         assert k is not None
-        if id(k) not in memo:
-            memo[id(k)] = max(1.0, top[rate_class(op, pc.model, op_power_class(op, pc.model)[0])])
-        return memo[id(k)]
+        precision = op.info.get("precision")
+        key = (id(k), op.kind, precision if isinstance(precision, str) else None)
+        if key not in memo:
+            memo[key] = max(1.0, top[rate_class(op, pc.model, op_power_class(op, pc.model)[0])])
+        return memo[key]
 
     dur = [op.isolated_s if op.kernel is None or op.flow is not None else op.isolated_s / speedup(op)
            for op in wl.ops]
@@ -142,7 +145,34 @@ def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel)
     release, slowed = dispatch_release_s(wl, model, start, speedup)
     if not any(release) and not slowed:
         return free, free
-    return free, plan.makespan_s(dur, release, slowed)
+    # With the waits, each kernel takes the least time the volume of its work allows
+    # (_least_s), not its isolated time: one that starts beside another's last wave can beat
+    # that by a little in the engine, which the bound without the waits has room for. The larger
+    # of the two bounds holds.
+    least = [_least_s(op, model, speedup(op)) if op.kernel is not None and op.flow is None and op.kind != "delay"
+             else d for op, d in zip(wl.ops, dur, strict=True)]
+    return free, max(free, plan.makespan_s(least, release, slowed))
+
+
+def _least_s(op: Op, model: GpuModel, speedup: float) -> float:
+    """The least time kernel ``op`` takes in the engine from its start on ``model``, at
+    ``speedup`` (the top clock's): its HBM traffic at its own bandwidth cap; and where its blocks'
+    pace does not grow on fewer SMs (``load_share``), its blocks' issue volume spread over every SM
+    it may use, and its blocks one after another in the slots it holds, none faster than at its
+    most issue share."""
+    k = op.kernel
+    assert k is not None
+    least = k.hbm_bytes / (k.hbm_cap_bytes_per_s * speedup) if 0 < k.hbm_cap_bytes_per_s < math.inf else 0.0
+    if k.load_share > 0 or k.issue_fraction <= 0:
+        return least
+    main_only = op.partition == "compute"
+    held = block_shape(k, model, main_only)[4]
+    ask = k.issue_fraction
+    cap = ask if k.issue_cap is None else max(ask, k.issue_cap)
+    block_s = k.block_time_s / speedup
+    sms = model.sm_count - (model.comm_reserved_sms if main_only else 0)
+    rounds = -(-k.blocks // held) if held > 0 else 0
+    return max(least, rounds * block_s * ask / cap, k.blocks * ask * block_s / sms)
 
 
 # GPU models by the identities of the GPU and the parameters (held beside them) and the carve-out:
@@ -180,12 +210,15 @@ def dispatch_release_s(wl: Workload, model: GpuModel, start_s: Sequence[float],
     ops = wl.ops
     release = [0.0] * len(ops)
     slowed: dict[int, list[tuple[float, float]]] = {}
-    priority = {(st.rank, st.name): st.priority for st in wl.streams}
+    priority: dict[tuple[int, str], int] = {}
+    for st in wl.streams:  # the first declaration of a stream holds, as in the engine
+        priority.setdefault((st.rank, st.name), st.priority)
     first: dict[tuple[int, str], int] = {}
     for i, op in enumerate(ops):
         first.setdefault((op.rank, op.stream), i)
     for a, op in enumerate(ops):
-        if op.kernel is None or op.flow is not None or op.deps or op.delay_s > 0 or first[(op.rank, op.stream)] != a:
+        if (op.kernel is None or op.flow is not None or op.deps or op.delay_s > 0 or op.kind == "delay"
+                or first[(op.rank, op.stream)] != a):
             continue
         drained = _drained_s(op, model, speedup(op))
         if drained <= 0:
@@ -194,7 +227,7 @@ def dispatch_release_s(wl: Workload, model: GpuModel, start_s: Sequence[float],
         a_priority = priority.get((op.rank, op.stream), 0)
         for b, other in enumerate(ops):
             k = other.kernel
-            if (other.rank != op.rank or k is None or other.stream == op.stream
+            if (other.rank != op.rank or k is None or other.kind == "delay" or other.stream == op.stream
                     or priority.get((other.rank, other.stream), 0) < a_priority
                     or not (first[(other.rank, other.stream)] > a or start_s[b] > 0)):
                 continue

@@ -483,3 +483,22 @@ def test_an_all_reduce_behind_a_gemm_is_bound_by_the_sms_it_can_hold(carveout: i
     engine = predict(sc, mode="simulate", counters=False).timeline.makespan_s
     free = a["bound_any_priority_s"]
     assert free + 0.8 * (engine - free) < a["bound_s"] <= engine * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "elementwise", "norm"])
+def test_a_kernel_released_beside_a_last_wave_is_bound_by_its_volume(kind: str) -> None:
+    """Found by review: a bandwidth-bound kernel that the dispatcher releases beside another
+    kernel's last wave can end sooner than its isolated time in the engine (its waves fall
+    differently), so with the waits for SMs the bound takes each kernel's least time from the
+    volume of its work (tune_predictions._least_s) rather than its isolated time. A kernel of 500
+    one-per-SM blocks (4 waves) and a 100 MB memory-bound kernel on another stream, one H100."""
+    from ovsim.scenario import Scenario
+
+    sc = Scenario.model_validate({
+        "schema": "ovsim.scenario/1", "name": "tail", "system": "hgx-h100", "ranks": 1, "schedule": "overlapped",
+        "streams": {"compute": 0, "aux": 0},
+        "ops": [{"name": "k", "kind": "kernel", "grid": 500, "threads": 128, "registers_per_thread": 128,
+                 "shared_mem_bytes": 200000, "duration_s": 1.0e-4, "stream": "compute"},
+                {"name": "m", "kind": kind, "bytes": 1.0e8, "stream": "aux"}]})
+    a = analyze(sc)
+    assert a["bound_any_priority_s"] < a["bound_s"] <= predict(sc, mode="simulate").timeline.makespan_s * (1 + 1e-9)
