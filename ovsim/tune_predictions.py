@@ -214,8 +214,11 @@ def dispatch_release_s(wl: Workload, model: GpuModel, start_s: Sequence[float],
     for st in wl.streams:  # the first declaration of a stream holds, as in the engine
         priority.setdefault((st.rank, st.name), st.priority)
     first: dict[tuple[int, str], int] = {}
+    on_rank: dict[int, list[int]] = {}
     for i, op in enumerate(ops):
         first.setdefault((op.rank, op.stream), i)
+        if op.kernel is not None and op.kind != "delay":
+            on_rank.setdefault(op.rank, []).append(i)
     for a, op in enumerate(ops):
         if (op.kernel is None or op.flow is not None or op.deps or op.delay_s > 0 or op.kind == "delay"
                 or first[(op.rank, op.stream)] != a):
@@ -225,10 +228,11 @@ def dispatch_release_s(wl: Workload, model: GpuModel, start_s: Sequence[float],
             continue
         a_parts = _partitions(op)
         a_priority = priority.get((op.rank, op.stream), 0)
-        for b, other in enumerate(ops):
+        for b in on_rank[op.rank]:
+            other = ops[b]
             k = other.kernel
-            if (other.rank != op.rank or k is None or other.kind == "delay" or other.stream == op.stream
-                    or priority.get((other.rank, other.stream), 0) < a_priority
+            assert k is not None
+            if (other.stream == op.stream or priority.get((other.rank, other.stream), 0) < a_priority
                     or not (first[(other.rank, other.stream)] > a or start_s[b] > 0)):
                 continue
             free = [p for p in _partitions(other) if p not in a_parts and (p == "main" or model.comm_reserved_sms)]
