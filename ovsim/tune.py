@@ -21,9 +21,9 @@ file names, each with its legal values; every combination is a candidate. The me
    Contention (shared SMs, HBM, links) only adds time to ops, and with precedence the only
    constraint the longest path only grows with its ops' times, so no engine prediction of a
    candidate is faster than its bound (checked on every one the engine makes; a violation is
-   counted). The estimate is not a bound: with the power loop, contention spreads a
-   kernel's power and raises the clock (an H100 GEMM beside an all-reduce holding SMs: 9.70 ms
-   with the engine, 10.09 ms analytic).
+   counted; docs/tune.md gives the one exception known, by at most 0.11%). The estimate is not
+   a bound: with the power loop, contention spreads a kernel's power and raises the clock (an
+   H100 GEMM beside an all-reduce holding SMs: 9.70 ms with the engine, 10.09 ms analytic).
 3. Candidates in order of their estimate are predicted with the engine, ``workers`` at a time,
    skipping those that cannot win: for time, a bound no better than the best the engine has found
    (exact pruning), or with a ``tolerance`` no better than the best less that share of the bound
