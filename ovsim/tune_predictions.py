@@ -16,7 +16,7 @@ from ovsim.api import Result, build, power_config, predict
 from ovsim.engine.analytic import Plan
 from ovsim.engine.machine import GpuModel, gpu_model
 from ovsim.engine.power import PowerConfig, op_power_class, rate_class
-from ovsim.engine.state import BOTH, MAIN, block_shape
+from ovsim.engine.state import block_shape, partitions
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
 from ovsim.hw.calib import Parameters
@@ -165,12 +165,7 @@ def _least_s(op: Op, model: GpuModel, speedup: float) -> float:
     least = k.hbm_bytes / (k.hbm_cap_bytes_per_s * speedup) if 0 < k.hbm_cap_bytes_per_s < math.inf else 0.0
     if k.load_share > 0 or k.issue_fraction <= 0:
         return least
-    main_only = op.partition == "compute"
-    held = block_shape(k, model, main_only)[4]
-    ask = k.issue_fraction
-    cap = ask if k.issue_cap is None else max(ask, k.issue_cap)
-    block_s = k.block_time_s / speedup
-    sms = model.sm_count - (model.comm_reserved_sms if main_only else 0)
+    held, block_s, ask, cap, sms = _pace(op, model, speedup)
     rounds = -(-k.blocks // held) if held > 0 else 0
     return max(least, rounds * block_s * ask / cap, k.blocks * ask * block_s / sms)
 
@@ -226,7 +221,7 @@ def dispatch_release_s(wl: Workload, model: GpuModel, start_s: Sequence[float],
         drained = _drained_s(op, model, speedup(op))
         if drained <= 0:
             continue
-        a_parts = _partitions(op)
+        a_parts = partitions(op)
         a_priority = priority.get((op.rank, op.stream), 0)
         for b in on_rank[op.rank]:
             other = ops[b]
@@ -235,7 +230,7 @@ def dispatch_release_s(wl: Workload, model: GpuModel, start_s: Sequence[float],
             if (other.stream == op.stream or priority.get((other.rank, other.stream), 0) < a_priority
                     or not (first[(other.rank, other.stream)] > a or start_s[b] > 0)):
                 continue
-            free = [p for p in _partitions(other) if p not in a_parts and (p == "main" or model.comm_reserved_sms)]
+            free = [p for p in partitions(other) if p not in a_parts and (p == "main" or model.comm_reserved_sms)]
             if not free:
                 release[b] = max(release[b], drained)
             elif free == ["reserved"] and other.flow is not None and not other.flow.uses_copy_engine:
@@ -258,20 +253,23 @@ def _drained_s(op: Op, model: GpuModel, speedup: float) -> float:
     if (k.load_share > 0 or 0 < k.persistent_ctas < k.blocks or k.issue_fraction <= 0
             or (k.cluster_ctas > 1 and model.unit_sms and not model.comm_reserved_sms)):
         return 0.0
-    main_only = op.partition == "compute"
-    held = block_shape(k, model, main_only)[4]
+    held, block_s, ask, cap, sms = _pace(op, model, speedup)
     if held <= 0 or k.blocks <= held:
         return 0.0
+    return max((-(-k.blocks // held) - 1) * block_s * ask / cap, (k.blocks - held) * ask * block_s / sms)
+
+
+def _pace(op: Op, model: GpuModel, speedup: float) -> tuple[int, float, float, float, int]:
+    """Kernel ``op``'s blocks on ``model`` at ``speedup``: how many it holds at once alone, a
+    block's time, the issue share it asks and the most it can use, and the SMs it may use."""
+    k = op.kernel
+    assert k is not None
+    main_only = op.partition == "compute"
     ask = k.issue_fraction
     cap = ask if k.issue_cap is None else max(ask, k.issue_cap)
     block_s = k.block_time_s / speedup
     sms = model.sm_count - (model.comm_reserved_sms if main_only else 0)
-    return max((-(-k.blocks // held) - 1) * block_s * ask / cap, (k.blocks - held) * ask * block_s / sms)
-
-
-def _partitions(op: Op) -> tuple[str, ...]:
-    """The SM partitions the engine lets an op's blocks use (engine.state.KernelSpec)."""
-    return MAIN if op.partition == "compute" else BOTH
+    return block_shape(k, model, main_only)[4], block_s, ask, cap, sms
 
 
 def objective_value(summary: Mapping[str, Any], objective: Objective) -> float:

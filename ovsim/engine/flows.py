@@ -45,7 +45,7 @@ class Flows:
     def detach(self) -> None:
         """Drop the engine's callbacks (the run is over): no reference cycle outlives the run."""
         self.touch = _detached
-        self.op_done = _detached_done
+        self.op_done = _detached
 
     def join(self, op: Op, kernel: KernelState | None, now: float, index: int, stream: StreamState) -> None:
         """``op`` (with a flow; the workload's op ``index``) launched on its rank by ``stream``: it
@@ -177,12 +177,8 @@ class Flows:
         return [f.demand.group for f in self.live.values() if f.phase == "waiting"]
 
 
-def _detached(_: object) -> None:
+def _detached(*_: object) -> None:
     raise RuntimeError("the run is over: its flows no longer drive the engine")
-
-
-def _detached_done(_: object, __: object) -> None:
-    _detached(None)
 
 
 def _release_ce(gpu: GpuState) -> None:

@@ -127,6 +127,11 @@ MAIN = ("main",)
 BOTH = ("main", "reserved")
 
 
+def partitions(op: Op) -> tuple[str, ...]:
+    """The SM partitions the engine lets an op's blocks use: a compute op's the main SMs only."""
+    return MAIN if op.partition == "compute" else BOTH
+
+
 class KernelSpec:
     """What every launch of one kernel demand shares on one GPU model, as one op kind and
     precision on one partition: the fields of :class:`KernelState` that do not change while it
@@ -169,7 +174,7 @@ class KernelSpec:
         self.bytes_per_block = k.hbm_bytes / k.blocks
         self.hbm_cap_bytes_per_s = k.hbm_cap_bytes_per_s
         self.memory_wait_share = memory_wait_share
-        self.partitions = MAIN if op.partition == "compute" else BOTH
+        self.partitions = partitions(op)
         # Index into the GPU's rate multipliers: 0 not clock-bound, 1 CUDA cores, 2 and up tensor
         # cores (one class per saturation clock), then memory-bound kernels part of whose time
         # follows the clock (engine.power.rate_class).
