@@ -46,11 +46,10 @@ The scenario as given is always predicted with the engine: the gains are over it
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,15 +57,16 @@ from typing import Any
 
 import pandas as pd
 
-from ovsim.api import build
 from ovsim.errors import OvsimError
 from ovsim.models.build_memo import reusing_builds
 from ovsim.models.training import reusing_training_ops
 from ovsim.scenario import Scenario
-from ovsim.sweep import base_mapping, edited, scenario_at
+from ovsim.sweep import base_mapping, scenario_at
 
-# The predictions live in tune_predictions, the space in tune_space and the why-lines in
-# tune_explain; the functions named in __all__ can still be imported from here.
+# The candidates live in tune_candidates, the search's steps in tune_steps, the predictions in
+# tune_predictions, the space in tune_space and the why-lines in tune_explain; the functions named
+# in __all__ can still be imported from here.
+from ovsim.tune_candidates import Candidate, candidates, check_space, point_text, take_analysis, validated_candidates
 from ovsim.tune_explain import given_problem, knob_value, why_line
 from ovsim.tune_predictions import (
     OBJECTIVE_FIELDS,
@@ -78,60 +78,22 @@ from ovsim.tune_predictions import (
     workload_digest,
 )
 from ovsim.tune_space import default_space, read_space, value_at
+from ovsim.tune_steps import Progress, Run, analyze_all, confirm, predict_engine, sample
 from ovsim.workers import executor
 
 __all__ = ["OBJECTIVE_FIELDS", "Objective", "TuneResult", "analyze", "candidates", "default_space", "explain",
            "knob_value", "objective_value", "read_space", "scenario_yaml", "summarize", "time_bound_s", "tune",
            "value_at", "workload_digest"]
 
-# A knob that matters only while another has one of some values: a combination that sets it
-# elsewhere, other than to its first value, repeats another candidate and is not searched.
-CONDITIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "training.parallel.tp_chunks": ("training.parallel.tp_overlap", ("chunked", "copy_engine")),
-    "knobs.comm_priority": ("schedule", ("overlapped",)),
-    "training.parallel.bucket_bytes": ("training.parallel.overlap_grad_reduce", (True,)),
-}
 # An engine time below its bound by more than this share is a violation.
 BOUND_TOLERANCE = 1e-6
-# Knobs the analytic fidelity does not see (it shares no resource, so stream priority changes
-# nothing): candidates that differ only in them share one analysis.
-ANALYTIC_BLIND = ("knobs.comm_priority",)
-# The power settings, which a time search's analytic prediction leaves out (analyze).
-POWER_KNOBS = ("power.cap_w", "power.sm_clock_hz")
 # Time, by default: the pick is the best schedule in the space (``tolerance`` lets it be up to a share
 # above, so that a candidate whose bound is within that share of the best found is not confirmed).
 TIME_TOLERANCE = 0.0
-# Energy objectives: a candidate whose estimate is this much above the best found is not confirmed.
-ESTIMATE_MARGIN = 0.05
 MAX_GRID = 2000
 # Under a time budget, the share of it that analysing (or sampling) the space may take; the rest
 # is for the engine's confirmations.
 SAMPLING_SHARE = 0.5
-# progress(what, done, total): how far a step of the search has got.
-Progress = Callable[[str, int, int], None]
-
-
-@dataclass
-class Candidate:
-    """One schedule: its knob values, its scenario mapping and scenario, the analytic summary
-    (``analytic``; its objective ``estimate``, and the time ``bound_s``) and the engine's."""
-
-    point: dict[str, Any]
-    mapping: dict[str, Any]
-    scenario: Scenario
-    estimate: float = math.nan
-    bound_s: float = math.nan
-    analytic: dict[str, Any] = field(default_factory=dict)
-    engine: dict[str, Any] = field(default_factory=dict)
-
-    def could_win(self, best: float, objective: Objective, tolerance: float = 0.0) -> bool:
-        """Whether the engine could find this candidate better than ``best`` by more than
-        ``tolerance`` (a share of the candidate's own time; time only)."""
-        if not math.isfinite(self.estimate):
-            return False
-        if objective == "time":
-            return self.bound_s * (1.0 + tolerance) < best
-        return self.estimate < best * (1.0 + ESTIMATE_MARGIN)
 
 
 @dataclass
@@ -146,286 +108,6 @@ class TuneResult:
     leaders: list[Candidate] = field(repr=False)
     given: Candidate = field(repr=False)
 
-
-# -- candidates ------------------------------------------------------------------------------------
-
-def _redundant(point: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> bool:
-    return any(knob in point and point[knob] != space[knob][0] and point.get(on, values[0]) not in values
-               for knob, (on, values) in CONDITIONS.items())
-
-
-# A scenario's mapping as read, its file (None: given in Python) and its name for messages
-# (sweep.base_mapping): read once per search, not once per candidate.
-Base = tuple[dict[str, Any], Path | None, str]
-
-
-def candidates(scenario: Scenario | str | Path, space: Mapping[str, Sequence[Any]],
-               points: Sequence[dict[str, Any]] | None = None) -> tuple[list[Candidate], dict[str, Any]]:
-    """The space's combinations (or ``points``) as validated candidates, and the counts of those
-    dropped: ``invalid`` (the scenario does not validate; ``invalid_example`` says why for one) and
-    ``redundant`` (a knob set where it does not matter)."""
-    return _candidates(base_mapping(scenario), space, points)
-
-
-def _candidates(base: Base, space: Mapping[str, Sequence[Any]],
-                points: Sequence[dict[str, Any]] | None = None) -> tuple[list[Candidate], dict[str, Any]]:
-    data, path, source = base
-    out: list[Candidate] = []
-    dropped: dict[str, Any] = {"invalid": 0, "redundant": 0, "invalid_example": ""}
-    combos = points if points is not None else (dict(zip(space, c, strict=True))
-                                                for c in itertools.product(*space.values()))
-    for point in combos:
-        if _redundant(point, space):
-            dropped["redundant"] += 1
-            continue
-        try:
-            mapping = edited(data, point)
-            out.append(Candidate(point=dict(point), mapping=mapping, scenario=scenario_at(mapping, path, source)))
-        except (OvsimError, ValueError) as e:
-            dropped["invalid"] += 1
-            dropped["invalid_example"] = dropped["invalid_example"] or f"{_point_text(point)}: {_message(e)}"
-    return out, dropped
-
-
-def _message(e: Exception) -> str:
-    return e.one_line() if isinstance(e, OvsimError) else str(e)
-
-
-def _point_text(point: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in point.items())
-
-
-def check_space(base: Base, space: Mapping[str, Sequence[Any]], source: str) -> None:
-    """Refuse a space a user wrote with a knob path the scenario has no place for, or a value that
-    is illegal on its own (the scenario as given with only that knob changed does not validate or
-    does not build): a one-line error naming the space's file and the knob. Values legal alone but
-    not together are dropped from the search and counted."""
-    data, path, name = base
-    for knob, values in space.items():
-        for value in values:
-            try:
-                sc = scenario_at(edited(data, {knob: value}), path, name)
-                build(sc, name)
-            except (OvsimError, ValueError) as e:
-                reason = e.message if isinstance(e, OvsimError) else str(e)
-                raise OvsimError(f"{value!r}: {reason}", source=source, field=knob) from None
-
-
-# -- predictions -----------------------------------------------------------------------------------
-
-@dataclass
-class _Run:
-    """What the steps of one search share: the objective, where predictions run and how many at
-    once, when its time budget ends (``time.monotonic`` seconds; infinite: no budget) and whom to
-    tell how far it has got."""
-
-    objective: Objective
-    tolerance: float = 0.0
-    pool: Any = None
-    jobs: int = 1
-    deadline: float = math.inf
-    progress: Progress | None = None
-    engine_s: float = 0.0  # what the engine took on the scenario as given
-
-    def tell(self, what: str, done: int, total: int) -> None:
-        if self.progress is not None:
-            self.progress(what, done, total)
-
-    def blind(self) -> tuple[str, ...]:
-        """The knobs an analysis does not see: candidates differing only in them share one."""
-        return ANALYTIC_BLIND + (POWER_KNOBS if self.objective == "time" else ())
-
-
-def _mapped(fn: Any, cands: Sequence[Candidate], pool: Any, *args: Any) -> Iterator[dict[str, Any]]:
-    """``fn`` of each candidate's scenario, in order, as each comes."""
-    scenarios = [c.scenario for c in cands]
-    return iter((pool.map if pool is not None else map)(fn, scenarios, *(itertools.repeat(a) for a in args)))
-
-
-def _analyze(cands: Sequence[Candidate], run: _Run) -> int:
-    """Analyse the candidates: one of each group that differs only in knobs the analytic fidelity
-    does not see (``ANALYTIC_BLIND``) stands for the group; returns the analyses made."""
-    blind = run.blind()
-    groups: dict[str, list[Candidate]] = {}
-    for c in cands:
-        groups.setdefault(_point_key(c, lambda k: k not in blind), []).append(c)
-    for group in groups.values():  # one already analysed (the scenario as given) stands for its group
-        done = next((c for c in group if c.analytic), None)
-        if done is not None:
-            for c in group:
-                _analyzed(c, done.analytic, run.objective, _same_priority(c, done))
-    # Candidates of one training iteration analysed one after another reuse its op specs
-    # (reusing_training_ops holds the last); the order of analyses changes nothing else. The
-    # least urgent priority stands for a group: its bound sees the SMs its collectives wait for.
-    todo = sorted(((min(g, key=lambda c: c.point.get("knobs.comm_priority") == "high"), g)
-                   for g in groups.values() if not g[0].analytic),
-                  key=lambda rg: _point_key(rg[0], lambda k: k.startswith("training.")))
-    results = _mapped(analyze, [rep for rep, _ in todo], run.pool, run.objective)
-    for i, ((rep, group), s) in enumerate(zip(todo, results, strict=True), 1):
-        for c in group:
-            _analyzed(c, s, run.objective, _same_priority(c, rep))
-        run.tell("analysing", i, len(todo))
-    return len(todo)
-
-
-def _same_priority(c: Candidate, analysed: Candidate) -> bool:
-    """Whether ``c`` runs its collectives at the priority of the candidate whose analysis it
-    shares: the time bound (tune_predictions.dispatch_release_s) holds only at that priority."""
-    return all(c.point.get(k) == analysed.point.get(k) for k in ANALYTIC_BLIND)
-
-
-def _point_key(c: Candidate, keep: Callable[[str], bool]) -> str:
-    """The candidate's values of the knobs ``keep`` selects, as a key."""
-    return repr(sorted((k, repr(v)) for k, v in c.point.items() if keep(k)))
-
-
-def _analyzed(c: Candidate, s: dict[str, Any], objective: Objective, same_priority: bool = True) -> None:
-    """``s``: the analysis ``c`` takes; ``same_priority``: made at ``c``'s stream priorities
-    (else its bound is the one that holds at any priority)."""
-    c.analytic, c.estimate = s, objective_value(s, objective)
-    c.bound_s = float(s.get("bound_s" if same_priority else "bound_any_priority_s", math.inf))
-
-
-def _engine(cands: Sequence[Candidate], pool: Any) -> None:
-    for c, s in zip(cands, _mapped(summarize, cands, pool, "simulate"), strict=True):
-        c.engine = s
-
-
-def _engine_key(c: Candidate) -> tuple[object, ...] | None:
-    """What the engine predicts a candidate from: its workload (:func:`workload_digest`, from its
-    analysis), the knobs an analysis does not see, its carve-out (the machine's) and its power
-    settings. Candidates with one key have one engine prediction. None: not analysed."""
-    digest = c.analytic.get("workload")
-    if digest is None:
-        return None
-    blind = tuple(repr(c.point.get(k)) for k in (*ANALYTIC_BLIND, *POWER_KNOBS))
-    return digest, blind, c.scenario.knobs.sm_carveout, repr(c.scenario.power)
-
-
-def _confirm(cands: Sequence[Candidate], run: _Run, confirm_max: int) -> dict[str, Any]:
-    """Predict with the engine, in order of their estimate and ``run.jobs`` at a time, the
-    candidates that could still beat the best found (step 3); a candidate whose workload and
-    settings another has been predicted with takes that prediction. Returns how many it predicted,
-    how many took another's, whether it stopped before the end (``stop``: at ``confirm_max`` or at
-    the time budget), and how many that could have won it left."""
-    objective, jobs = run.objective, run.jobs
-    ranked = sorted((c for c in cands if math.isfinite(c.estimate) and not c.engine), key=lambda c: c.estimate)
-    best = min((objective_value(c.engine, objective) for c in cands if c.engine), default=math.inf)
-    seen: dict[tuple[object, ...], Candidate] = {}
-    for c in cands:
-        if c.engine and (key := _engine_key(c)) is not None:
-            seen.setdefault(key, c)
-    done = shared = 0
-    stop = ""
-    while True:
-        if done >= confirm_max:
-            stop = "confirm_max"
-            break
-        batch: list[Candidate] = []
-        keys: set[tuple[object, ...]] = set()
-        for c in ranked:
-            if c.engine or not c.could_win(best, objective, run.tolerance):
-                continue
-            key = _engine_key(c)
-            if key is not None and key in seen:
-                c.engine = dict(seen[key].engine)
-                shared += 1
-                best = min(best, objective_value(c.engine, objective))
-            elif (key is None or key not in keys) and len(batch) < min(jobs, confirm_max - done):
-                batch.append(c)
-                if key is not None:
-                    keys.add(key)
-        if not batch:
-            break
-        # A batch that would end past the deadline (at the given's pace) is not started; the
-        # predictions other candidates already had are taken all the same.
-        if time.monotonic() + run.engine_s >= run.deadline:
-            stop = "budget_s"
-            break
-        _engine(batch, run.pool)
-        for c in batch:
-            if (key := _engine_key(c)) is not None:
-                seen.setdefault(key, c)
-        done += len(batch)
-        best = min([best, *(objective_value(c.engine, objective) for c in batch)])
-        run.tell("predicting with the engine", done,
-                 min(confirm_max, done + _could_win(ranked, best, objective, run.tolerance)))
-    left = _could_win(ranked, best, objective, run.tolerance)
-    return {"engine_predictions": done, "engine_shared": shared, "stop": stop if left > 0 else "",
-            "could_still_win": left}
-
-
-def _could_win(ranked: Sequence[Candidate], best: float, objective: Objective, tolerance: float) -> int:
-    return sum(1 for c in ranked if not c.engine and c.could_win(best, objective, tolerance))
-
-
-def _trials_due(done: int, trials: int, elapsed_s: float, timeout_s: float | None) -> int:
-    """The trials sampling will have run when it stops: all, or under a timeout as many as fit
-    at the pace so far (the progress bar's total, so that its time left is the budget's)."""
-    if timeout_s is None or done == 0 or elapsed_s <= 0:
-        return trials
-    return max(done, min(trials, int(done * timeout_s / elapsed_s)))
-
-
-def _sampled(base: Base, space: Mapping[str, Sequence[Any]], given_point: Mapping[str, Any], run: _Run,
-             trials: int, seed: int, timeout_s: float | None
-             ) -> tuple[list[Candidate], dict[str, Any], dict[str, Any]]:
-    """Up to ``trials`` distinct candidates of a space too large to enumerate (or to analyse within
-    the time budget), chosen by Optuna's TPE sampler on the estimate within ``timeout_s``; the
-    counts of the combinations it drew that were dropped (as :func:`candidates` counts them); and
-    the trials run, the analyses made and whether the timeout stopped it. The first trials are
-    the scenario as given (its knob values ``given_point``; a knob's first value where the space
-    lacks the given one) and each change of one knob from it, so that a search cut short has
-    tried those before it samples. A trial may repeat a combination; combinations that differ
-    only in knobs an analysis does not see share one analysis."""
-    try:
-        import optuna  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        n = math.prod(len(v) for v in space.values())
-        raise OvsimError(f"{n:,} combinations, over --max-grid {trials:,}: sampling them needs Optuna (pip install "
-                         "-e \".[tune]\"); or raise --max-grid to search them all, or give a smaller --space",
-                         field="space") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    keys = list(space)
-    seen: dict[tuple[int, ...], Candidate | None] = {}
-    analyses: dict[tuple[int, ...], tuple[Candidate, dict[str, Any]]] = {}  # the analysed, its analysis
-    blind = run.blind()
-    dropped: dict[str, Any] = {"invalid": 0, "redundant": 0, "invalid_example": ""}
-    ran: list[tuple[int, ...]] = []
-
-    def value(trial: Any) -> float:
-        ix = tuple(trial.suggest_categorical(k, list(range(len(space[k])))) for k in keys)
-        if ix not in seen:
-            found, lost = _candidates(base, space, [{k: space[k][j] for k, j in zip(keys, ix, strict=True)}])
-            dropped["invalid"] += lost["invalid"]
-            dropped["redundant"] += lost["redundant"]
-            dropped["invalid_example"] = dropped["invalid_example"] or lost["invalid_example"]
-            seen[ix] = found[0] if found else None
-            if found:
-                seeing = tuple(j for k, j in zip(keys, ix, strict=True) if k not in blind)
-                if seeing not in analyses:
-                    analyses[seeing] = (found[0], analyze(found[0].scenario, run.objective))
-                rep, s = analyses[seeing]
-                _analyzed(found[0], s, run.objective, _same_priority(found[0], rep))
-        ran.append(ix)
-        run.tell("sampling", len(ran), _trials_due(len(ran), trials, time.monotonic() - t0, timeout_s))
-        c = seen[ix]
-        return c.estimate if c is not None else math.inf
-
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
-    start = {k: next((j for j, v in enumerate(space[k]) if v == given_point.get(k)), 0) for k in keys}
-    study.enqueue_trial(start)
-    for k in keys:
-        for j in range(len(space[k])):
-            if j != start[k]:
-                study.enqueue_trial({**start, k: j})
-    t0 = time.monotonic()
-    study.optimize(value, n_trials=trials, timeout=timeout_s)
-    counts = {"trials": len(ran), "analyses": len(analyses), "sampling_stopped": len(ran) < trials}
-    return [c for c in seen.values() if c is not None], dropped, counts
-
-
-# -- the search ------------------------------------------------------------------------------------
 
 def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] | None = None,
          objective: Objective = "time", top: int = 5, workers: int = 1, confirm_max: int = 50,
@@ -450,7 +132,7 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
         # Energy has no bound to hold a tolerance to: its pruning is ESTIMATE_MARGIN's heuristic.
         raise OvsimError(f"applies to --objective time only (got {objective})", field="tolerance")
     started = time.monotonic()
-    run = _Run(objective, tolerance=float(tolerance),
+    run = Run(objective, tolerance=float(tolerance),
                deadline=started + budget_s if budget_s is not None else math.inf, progress=progress)
     # The candidates' builds share their kernels' prices and collectives' plans (in this process).
     with reusing_builds():
@@ -459,7 +141,7 @@ def tune(scenario: str | Path | Scenario, *, space: Mapping[str, Sequence[Any]] 
                        started=started)
 
 
-def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] | None, run: _Run, *, top: int,
+def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] | None, run: Run, *, top: int,
             workers: int, confirm_max: int, max_grid: int, seed: int, space_source: str, scheduler: str | None,
             budget_s: float | None, started: float) -> TuneResult:
     """:func:`tune`'s steps once its arguments are checked."""
@@ -484,13 +166,13 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
         if sampled:
             left_s = run.deadline - time.monotonic()
             given_point = {k: value_at(given_sc, k) for k in space}
-            cands, dropped, counts = _sampled(base, space, given_point, run, min(max_grid, n_grid), seed,
+            cands, dropped, counts = sample(base, space, given_point, run, min(max_grid, n_grid), seed,
                                               max(0.0, SAMPLING_SHARE * left_s) if math.isfinite(left_s) else None)
         else:
-            cands, dropped = _candidates(base, space)
+            cands, dropped = validated_candidates(base, space)
         given = _given(cands, data, given_sc, space)
         if given_analysis is not None and not given.analytic:
-            _analyzed(given, given_analysis, objective)
+            take_analysis(given, given_analysis, objective)
     run.jobs = min(workers, max(1, len(cands)))
     run.pool = executor(run.jobs, scheduler)
     with run.pool or nullcontext():
@@ -498,12 +180,12 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
         # of a pool make their own, and none is held through the engine's predictions.
         t0 = time.monotonic()
         with reusing_training_ops() if run.pool is None else nullcontext():
-            n_analytic = counts.pop("analyses") + (given_analysis is not None) + _analyze(cands, run)
+            n_analytic = counts.pop("analyses") + (given_analysis is not None) + analyze_all(cands, run)
         analysis_s = time.monotonic() - t0
         t0 = time.monotonic()
-        _engine([given], run.pool)
+        predict_engine([given], run.pool)
         run.engine_s = time.monotonic() - t0
-        confirmed = _confirm(cands, run, confirm_max)
+        confirmed = confirm(cands, run, confirm_max)
     confirmed["engine_predictions"] += 1
     stats = {"objective": objective, "tolerance": run.tolerance, "space": {k: list(v) for k, v in space.items()},
              "grid": n_grid,
@@ -511,7 +193,7 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
              **dropped,
              "unfit": sum(1 for c in cands if c.analytic.get("fits_memory") is False),
              "failed": sum(1 for c in cands if "error" in c.analytic or "error" in c.engine),
-             "failed_example": next((f"{_point_text(c.point)}: {c.analytic.get('error') or c.engine['error']}"
+             "failed_example": next((f"{point_text(c.point)}: {c.analytic.get('error') or c.engine['error']}"
                                      for c in cands if "error" in c.analytic or "error" in c.engine), ""),
              "analytic_predictions": n_analytic, **confirmed, "budget_s": budget_s,
              "elapsed_s": time.monotonic() - started,
@@ -521,7 +203,7 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
     return _result(cands, given, space, objective, top, stats)
 
 
-def _grid_too_slow(sc: Scenario, space: Mapping[str, Sequence[Any]], run: _Run, n_grid: int,
+def _grid_too_slow(sc: Scenario, space: Mapping[str, Sequence[Any]], run: Run, n_grid: int,
                    workers: int) -> tuple[bool, dict[str, Any]]:
     """Whether analysing the whole grid, ``workers`` at a time, would take more than
     ``SAMPLING_SHARE`` of the time budget at what the analysis of the scenario as given takes;

@@ -287,15 +287,17 @@ def test_progress_counts_each_step_to_its_end() -> None:
 def _analysed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int | None]]:
     """Record the knobs (priority, carve-out, channels) of every scenario tune analyses."""
     import ovsim.tune as tune_module
+    import ovsim.tune_steps as steps_module
 
     seen: list[tuple[str, int, int | None]] = []
-    real = tune_module.analyze
+    real = steps_module.analyze
 
     def recording(sc: Any, objective: Any = "time") -> dict[str, Any]:
         seen.append((sc.knobs.comm_priority, sc.knobs.sm_carveout, sc.knobs.nccl_channels))
         return real(sc, objective)
 
-    monkeypatch.setattr(tune_module, "analyze", recording)
+    monkeypatch.setattr(tune_module, "analyze", recording)  # the given's, under a budget
+    monkeypatch.setattr(steps_module, "analyze", recording)
     return seen
 
 
@@ -328,15 +330,15 @@ def _slow_engine(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Every engine prediction takes at least ``seconds``: a budget then runs out deterministically."""
     import time
 
-    import ovsim.tune as tune_module
+    import ovsim.tune_steps as steps_module
 
-    real = tune_module.summarize
+    real = steps_module.summarize
 
     def slow(sc: Any, mode: Any, power: bool = True) -> dict[str, Any]:
         time.sleep(seconds)
         return real(sc, mode, power)
 
-    monkeypatch.setattr(tune_module, "summarize", slow)
+    monkeypatch.setattr(steps_module, "summarize", slow)
 
 
 def test_the_engine_stops_confirming_when_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -393,10 +395,10 @@ def test_the_commands_budget_counts_from_its_start(tmp_path: Path, capsys: pytes
 def test_a_budget_stop_during_sampling_paces_the_bar_to_the_budget() -> None:
     """Under a timeout the bar's total is the trials that fit at the pace so far (its time left is
     then the budget's); without one it is every trial."""
-    from ovsim.tune import _trials_due
+    from ovsim.tune_steps import trials_due
 
-    assert _trials_due(10, 2000, 1.0, 3.0) == 30 and _trials_due(10, 2000, 1.0, None) == 2000
-    assert _trials_due(10, 20, 1.0, 3.0) == 20 and _trials_due(0, 2000, 0.0, 3.0) == 2000
+    assert trials_due(10, 2000, 1.0, 3.0) == 30 and trials_due(10, 2000, 1.0, None) == 2000
+    assert trials_due(10, 20, 1.0, 3.0) == 20 and trials_due(0, 2000, 0.0, 3.0) == 2000
 
 
 def test_the_scenario_as_given_is_said_to_be_added_when_the_space_lacks_it() -> None:
