@@ -89,13 +89,16 @@ def predict_engine(cands: Sequence[Candidate], pool: Any) -> None:
 
 
 def confirm(cands: Sequence[Candidate], run: Run, confirm_max: int) -> dict[str, Any]:
-    """Predict with the engine, in order of their estimate and ``run.jobs`` at a time, the
-    candidates that could still beat the best found (step 3); a candidate whose workload and
-    settings another has been predicted with takes that prediction. Returns how many it predicted,
-    how many took another's, whether it stopped before the end (``stop``: at ``confirm_max`` or at
-    the time budget), and how many that could have won it left."""
+    """Predict with the engine, ``run.jobs`` at a time, the candidates that could still beat the
+    best found (step 3): for time in order of their bound (which sees the SMs kernels wait for,
+    where the estimate does not), else of their estimate. A candidate whose workload and settings
+    another has been predicted with takes that prediction. Returns how many it predicted, how many
+    took another's, whether it stopped before the end (``stop``: at ``confirm_max`` or at the time
+    budget), how many that could have won it left and, for time, by how much at most
+    (``gap_pct``: the best found over the least bound left, less 1; 0 when none is left)."""
     objective, jobs = run.objective, run.jobs
-    ranked = sorted((c for c in cands if math.isfinite(c.estimate) and not c.engine), key=lambda c: c.estimate)
+    order = (lambda c: (c.bound_s, c.estimate)) if objective == "time" else (lambda c: (c.estimate, 0.0))
+    ranked = sorted((c for c in cands if math.isfinite(c.estimate) and not c.engine), key=order)
     best = min((objective_value(c.engine, objective) for c in cands if c.engine), default=math.inf)
     seen: dict[tuple[object, ...], Candidate] = {}
     for c in cands:
@@ -136,9 +139,25 @@ def confirm(cands: Sequence[Candidate], run: Run, confirm_max: int) -> dict[str,
         best = min([best, *(objective_value(c.engine, objective) for c in batch)])
         run.tell("predicting with the engine", done,
                  min(confirm_max, done + count_could_win(ranked, best, objective, run.tolerance)))
+    # Those left that share a prediction made take it before they are counted.
+    for c in ranked:
+        if not c.engine and (key := engine_key(c)) is not None and key in seen:
+            c.engine = dict(seen[key].engine)
+            shared += 1
+            best = min(best, objective_value(c.engine, objective))
     left = count_could_win(ranked, best, objective, run.tolerance)
     return {"engine_predictions": done, "engine_shared": shared, "stop": stop if left > 0 else "",
-            "could_still_win": left}
+            "could_still_win": left, "gap_pct": gap_pct(ranked, best, objective)}
+
+
+def gap_pct(ranked: Sequence[Candidate], best: float, objective: Objective) -> float:
+    """For time, how far above the best schedule in the space ``best`` may be: no candidate the
+    engine has not predicted is faster than its bound (0: none is left below ``best``; NaN for
+    energy, which has no bound)."""
+    if objective != "time":
+        return math.nan
+    least = min((c.bound_s for c in ranked if not c.engine and math.isfinite(c.estimate)), default=math.inf)
+    return max(0.0, 100.0 * (best / least - 1.0)) if least > 0 else math.inf
 
 
 def count_could_win(ranked: Sequence[Candidate], best: float, objective: Objective, tolerance: float) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any
 
@@ -56,11 +57,14 @@ def tune_text(result: Any, scenario: str, rows: int) -> str:
     pruned = (f"{other} time bound could beat the best{within}" if st["objective"] == "time" else
               f"{other} estimate came within 5% of the best")
     stop = pruned
+    # How much better those left could be: the best found over their least bound (time only).
+    gap = st.get("gap_pct", math.nan)
+    by = f", by at most {gap:.1f}% (their least bound)" if math.isfinite(gap) else ""
     if st["stop"] == "confirm_max":
-        stop = (f"stopped at --confirm-max: {st['could_still_win']} more could have won (--confirm-max "
+        stop = (f"stopped at --confirm-max: {st['could_still_win']} more could have won{by} (--confirm-max "
                 f"{st['engine_predictions'] - 1 + st['could_still_win']} would finish it)")
     elif st["stop"] == "budget_s":
-        stop = f"stopped at --budget-s {st['budget_s']:g}: {st['could_still_win']} more could have won"
+        stop = f"stopped at --budget-s {st['budget_s']:g}: {st['could_still_win']} more could have won{by}"
     bound = ("" if not st["bound_violations"] else
              f"; the time bound failed on {st['bound_violations']} of them: pruning may have missed a better one")
     lines = [f"scenario   {scenario}  (objective: {st['objective']})", f"space      {search}",
