@@ -23,6 +23,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.power import PowerSettings
 from ovsim.hw.spec import GpuSpec
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE
+from ovsim.models.cost import kept_load_share
 from ovsim.models.ir import Op, Workload
 from ovsim.scenario import Mode, Scenario
 
@@ -156,14 +157,13 @@ def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel)
 
 def _least_s(op: Op, model: GpuModel, speedup: float) -> float:
     """The least time kernel ``op`` takes in the engine from its start on ``model``, at
-    ``speedup`` (the top clock's): its HBM traffic at its own bandwidth cap; and where its blocks'
-    pace does not grow on fewer SMs (``load_share``), its blocks' issue volume spread over every SM
-    it may use, and its blocks one after another in the slots it holds, none faster than at its
-    most issue share."""
+    ``speedup`` (the top clock's): its HBM traffic at its own bandwidth cap, its blocks' issue
+    volume spread over every SM it may use, and its blocks one after another in the slots it
+    holds, none faster than at its most issue share and on the fewest busy SMs (:func:`_pace`)."""
     k = op.kernel
     assert k is not None
     least = k.hbm_bytes / (k.hbm_cap_bytes_per_s * speedup) if 0 < k.hbm_cap_bytes_per_s < math.inf else 0.0
-    if k.load_share > 0 or k.issue_fraction <= 0:
+    if k.issue_fraction <= 0:
         return least
     held, block_s, ask, cap, sms = _pace(op, model, speedup)
     rounds = -(-k.blocks // held) if held > 0 else 0
@@ -243,15 +243,15 @@ def dispatch_release_s(wl: Workload, model: GpuModel, start_s: Sequence[float],
 def _drained_s(op: Op, model: GpuModel, speedup: float) -> float:
     """When kernel ``op``, launched at 0 on ``model``, can have placed its last blocks at the
     earliest (0: not known, or at once). Its blocks run one after another in each of the slots it
-    holds, none faster than at its most issue share, and no SM issues more for them than all of
-    its slots: so no sooner than (waves - 1) fastest blocks, nor than (blocks - those resident at
-    once) x issue share x block time / SMs, at the top clock (``speedup``). Not known for kernels
-    whose blocks can run faster than that: a collective's (they end with its flow), persistent
-    CTAs, clusters, and tiles whose pace grows on fewer SMs (``load_share``)."""
+    holds, none faster than its fastest block (:func:`_pace`), and no SM issues more for them than
+    all of its slots: so no sooner than (waves - 1) fastest blocks, nor than (blocks - those
+    resident at once) x issue share x fastest block / SMs. A persistent kernel's tiles are its
+    blocks here, as in the engine (a CTA that finds no SM holds its first tile back, which only
+    delays it); a cluster kernel holds no more blocks at once than alone. Not known for a
+    collective's kernel, whose blocks end with its flow."""
     k = op.kernel
     assert k is not None
-    if (k.load_share > 0 or 0 < k.persistent_ctas < k.blocks or k.issue_fraction <= 0
-            or (k.cluster_ctas > 1 and model.unit_sms and not model.comm_reserved_sms)):
+    if k.issue_fraction <= 0:
         return 0.0
     held, block_s, ask, cap, sms = _pace(op, model, speedup)
     if held <= 0 or k.blocks <= held:
@@ -260,16 +260,20 @@ def _drained_s(op: Op, model: GpuModel, speedup: float) -> float:
 
 
 def _pace(op: Op, model: GpuModel, speedup: float) -> tuple[int, float, float, float, int]:
-    """Kernel ``op``'s blocks on ``model`` at ``speedup``: how many it holds at once alone, a
-    block's time, the issue share it asks and the most it can use, and the SMs it may use."""
+    """Kernel ``op``'s blocks on ``model`` at ``speedup``: how many it holds at once alone, its
+    shortest block time at its asked issue share, the issue share it asks and the most it can
+    use, and the SMs it may use. Blocks whose pace grows on fewer busy SMs (GEMM tiles,
+    ``load_share``) run at most 1 / (1 - load share) times their calibrated pace (all SMs idle but
+    theirs: engine.rates)."""
     k = op.kernel
     assert k is not None
     main_only = op.partition == "compute"
     ask = k.issue_fraction
     cap = ask if k.issue_cap is None else max(ask, k.issue_cap)
-    block_s = k.block_time_s / speedup
+    shape = block_shape(k, model, main_only)
+    block_s = k.block_time_s * (1.0 - kept_load_share(k.load_share, shape[3])) / speedup
     sms = model.sm_count - (model.comm_reserved_sms if main_only else 0)
-    return block_shape(k, model, main_only)[4], block_s, ask, cap, sms
+    return shape[4], block_s, ask, cap, sms
 
 
 def objective_value(summary: Mapping[str, Any], objective: Objective) -> float:
