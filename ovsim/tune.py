@@ -150,8 +150,12 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
     base = base_mapping(scenario)
     data, path, source = base
     given_sc = scenario if isinstance(scenario, Scenario) else scenario_at(data, path, source)
-    if space is not None:
-        check_space(base, space, space_source)
+    # A space written by hand is checked value by value: each must validate now, and where a
+    # candidate's analysis fails, each must build (below; building them all first took 14% of a
+    # small search's time).
+    written = dict(space) if space is not None else None
+    if written is not None:
+        check_space(base, written, space_source, builds=False)
     # Candidates that differ only in knobs build the same training iteration's op specs: made once.
     with reusing_training_ops():
         space = dict(space) if space is not None else default_space(given_sc, objective)
@@ -183,6 +187,8 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
         with reusing_training_ops() if run.pool is None else nullcontext():
             n_analytic = counts.pop("analyses") + (given_analysis is not None) + analyze_all(cands, run)
         analysis_s = time.monotonic() - t0
+        if written is not None and any("error" in c.analytic for c in cands):
+            check_space(base, written, space_source)
         t0 = time.monotonic()
         predict_engine([given], run.pool)
         run.engine_s = time.monotonic() - t0

@@ -102,17 +102,18 @@ def point_text(point: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in point.items())
 
 
-def check_space(base: Base, space: Mapping[str, Sequence[Any]], source: str) -> None:
+def check_space(base: Base, space: Mapping[str, Sequence[Any]], source: str, builds: bool = True) -> None:
     """Refuse a space a user wrote with a knob path the scenario has no place for, or a value that
-    is illegal on its own (the scenario as given with only that knob changed does not validate or
-    does not build): a one-line error naming the space's file and the knob. Values legal alone but
-    not together are dropped from the search and counted."""
+    is illegal on its own (the scenario as given with only that knob changed does not validate or,
+    with ``builds``, does not build): a one-line error naming the space's file and the knob. Values
+    legal alone but not together are dropped from the search and counted."""
     data, path, name = base
     for knob, values in space.items():
         for value in values:
             try:
                 sc = scenario_at(edited(data, {knob: value}), path, name)
-                build(sc, name)
+                if builds:
+                    build(sc, name)
             except (OvsimError, ValueError) as e:
                 reason = e.message if isinstance(e, OvsimError) else str(e)
                 raise OvsimError(f"{value!r}: {reason}", source=source, field=knob) from None
