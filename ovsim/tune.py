@@ -29,9 +29,9 @@ file names, each with its legal values; every combination is a candidate. The me
    better than the best the engine has found (exact pruning), or with a ``tolerance`` no better
    than the best less that share of the bound (the pick is then within that share of the best);
    for energy and energy x delay, which have no such bound, an estimate more than
-   ``ESTIMATE_MARGIN`` above it (a heuristic). The search stops
-   when none is left or after ``confirm_max`` engine predictions; ``stats`` says which, how
-   many could still have won and, for time, by how much at most (``gap_pct``).
+   ``ESTIMATE_MARGIN`` above it (a heuristic). The search stops when none is left or after
+   ``confirm_max`` engine predictions; ``stats`` says which, how many could still have won and,
+   for time, by how much at most (``gap_pct``).
    A candidate that builds the same workload as one already predicted, with the same priority,
    carve-out and power settings, takes that prediction (:func:`workload_digest`).
 4. A space of more than ``max_grid`` combinations is not enumerated: Optuna's TPE sampler picks
