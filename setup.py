@@ -1,6 +1,6 @@
 """ovsim's build. Everything is in pyproject.toml except one optional step: with OVSIM_COMPILE=1
 the discrete-event engine's modules are compiled to C extensions with mypyc (part of mypy), which
-runs the same type-checked code 3.5-4x faster (docs/design.md, "A compiled engine"):
+runs the same type-checked code about 5x faster (docs/design.md, "A compiled engine"):
 
     pip install -e ".[compile]"
     OVSIM_COMPILE=1 python setup.py build_ext --inplace

@@ -115,6 +115,11 @@ def read_space(path: str | Path) -> dict[str, list[Any]]:
     if not isinstance(data, dict) or not data:
         raise OvsimError("expected a mapping of knob paths to lists of values", source=str(path))
     for key, values in data.items():
+        if isinstance(values, dict):
+            # A nested mapping (knobs: {nccl_channels: [...]}) where a dotted path is wanted.
+            first = next(iter(values), "name")
+            raise OvsimError(f"expected a non-empty list of values; a space names each knob by its dotted path, "
+                             f"e.g. {key}.{first}: [...]", source=str(path), field=str(key))
         if not isinstance(values, list) or not values:
             raise OvsimError("expected a non-empty list of values", source=str(path), field=str(key))
     return {str(k): list(v) for k, v in data.items()}

@@ -186,6 +186,7 @@ def test_calibration_paths_are_rewritten_relative_to_the_new_file(tmp_path: Path
 
 @pytest.mark.parametrize(("content", "message"), [
     ("[1, 2]", "expected a mapping"), ("knobs.sm_carveout: 4", "non-empty list"),
+    ("knobs: {nccl_channels: [4, 8]}", "by its dotted path, e.g. knobs.nccl_channels"),
     ("training.parallel.tp: [2]", "training.parallel.tp: 2: the scenario has no training iteration")])
 def test_a_bad_space_file_is_one_line_and_status_2(tmp_path: Path, content: str, message: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:

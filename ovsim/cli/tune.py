@@ -33,8 +33,9 @@ def tune_table(result: Any, rows: int) -> str:
     columns = [(c, h or est_head, fmt, est_scale if c == "estimate" else f) for c, h, fmt, f in _COLUMNS]
     heads = ["#", *(k.rsplit(".", 1)[-1] for k in knobs), *(h for _, h, _, _ in columns)]
     cells = []
+    pad = " " if df["as_given"].any() else ""  # ranks stay aligned beside a marked one
     for rec in df.to_dict(orient="records"):
-        mark = "*" if rec["as_given"] else ""
+        mark = "*" if rec["as_given"] else pad
         cells.append([f"{rec['rank']}{mark}", *(knob_value(k, rec[k]) for k in knobs),
                       *(fmt.format(rec[c] * f) if rec[c] == rec[c] else "-" for c, _, fmt, f in columns)])
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(heads)]
@@ -77,7 +78,8 @@ def tune_text(result: Any, scenario: str, rows: int) -> str:
              _given_line(result), "", tune_table(result, rows),
              # The mark is explained where a row shown carries it; the 'as given' line gives its rank.
              "(" + ("* the scenario as given; " if result.table.head(rows)["as_given"].any() else "")
-             + "bound: its time with no contention at the top clock; est.: the analytic fidelity's objective; "
+             + "bound: a time the engine cannot beat (no contention but the waits for SMs, at the top clock); "
+             "est.: the analytic fidelity's objective (no contention, no waits); "
              "vs given: the objective's change against the scenario as given)", "", "why"]
     lines += [f"{i}. {w}" for i, w in enumerate(result.why, 1)]
     return "\n".join(lines)
