@@ -153,7 +153,7 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
     # A space written by hand is checked value by value: each must validate now, and where a
     # candidate's analysis fails, each must build (below; building them all first took 14% of a
     # small search's time).
-    written = dict(space) if space is not None else None
+    written = space
     if written is not None:
         check_space(base, written, space_source, builds=False)
     # Candidates that differ only in knobs build the same training iteration's op specs: made once.

@@ -116,8 +116,7 @@ def confirm(cands: Sequence[Candidate], run: Run, confirm_max: int) -> dict[str,
             if c.engine or not c.could_win(best, objective, run.tolerance):
                 continue
             key = engine_key(c)
-            if key is not None and key in seen:
-                c.engine = dict(seen[key].engine)
+            if _took_shared(c, key, seen):
                 shared += 1
                 best = min(best, objective_value(c.engine, objective))
             elif (key is None or key not in keys) and len(batch) < min(jobs, confirm_max - done):
@@ -141,8 +140,7 @@ def confirm(cands: Sequence[Candidate], run: Run, confirm_max: int) -> dict[str,
                  min(confirm_max, done + count_could_win(ranked, best, objective, run.tolerance)))
     # Those left that share a prediction made take it before they are counted.
     for c in ranked:
-        if not c.engine and (key := engine_key(c)) is not None and key in seen:
-            c.engine = dict(seen[key].engine)
+        if not c.engine and _took_shared(c, engine_key(c), seen):
             shared += 1
             best = min(best, objective_value(c.engine, objective))
     left = count_could_win(ranked, best, objective, run.tolerance)
@@ -150,13 +148,22 @@ def confirm(cands: Sequence[Candidate], run: Run, confirm_max: int) -> dict[str,
             "could_still_win": left, "gap_pct": gap_pct(ranked, best, objective)}
 
 
+def _took_shared(c: Candidate, key: tuple[object, ...] | None, seen: dict[tuple[object, ...], Candidate]) -> bool:
+    """Whether ``c`` took the engine prediction already made of a candidate with its key
+    (:func:`engine_key`)."""
+    if key is None or key not in seen:
+        return False
+    c.engine = dict(seen[key].engine)
+    return True
+
+
 def gap_pct(ranked: Sequence[Candidate], best: float, objective: Objective) -> float:
-    """For time, how far above the best schedule in the space ``best`` may be: no candidate the
-    engine has not predicted is faster than its bound (0: none is left below ``best``; NaN for
-    energy, which has no bound)."""
+    """For time, how far above the best schedule in the space ``best`` may be: no candidate of
+    ``ranked`` (those with an analysis) the engine has not predicted is faster than its bound (0:
+    none is left below ``best``; NaN for energy, which has no bound)."""
     if objective != "time":
         return math.nan
-    least = min((c.bound_s for c in ranked if not c.engine and math.isfinite(c.estimate)), default=math.inf)
+    least = min((c.bound_s for c in ranked if not c.engine), default=math.inf)
     return max(0.0, 100.0 * (best / least - 1.0)) if least > 0 else math.inf
 
 

@@ -59,7 +59,7 @@ def tune_text(result: Any, scenario: str, rows: int) -> str:
               f"{other} estimate came within 5% of the best")
     stop = pruned
     # How much better those left could be: the best found over their least bound (time only).
-    gap = st.get("gap_pct", math.nan)
+    gap = st["gap_pct"]
     by = f", by at most {gap:.1f}% (their least bound)" if math.isfinite(gap) else ""
     if st["stop"] == "confirm_max":
         stop = (f"stopped at --confirm-max: {st['could_still_win']} more could have won{by} (--confirm-max "
