@@ -19,7 +19,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models import cost, gemm_library, nccl
-from ovsim.models.build_memo import shared_demands, shared_plans
+from ovsim.models.build_memo import keep_expansion, shared_demands, shared_expansions, shared_plans
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 
 # The specs and knobs live in op_specs; importers that name them here keep working.
@@ -342,19 +342,30 @@ def build_workload(
     infos: dict[tuple[object, ...], dict[str, object]] = {}
     rank_sets: _RankSets = {}
     checked: dict[int, _Placed] = {}
-    for spec in specs:
+    # Within reusing_builds(), the ops the build before made of the same specs.
+    expansions = shared_expansions(tuple(specs), (gpu, system, params, n_ranks, schedule == "sequential",
+                                                  None if simulated is None else tuple(simulated)))
+    for i, spec in enumerate(specs):
+        key = (i, _knobs_read(spec, knobs))
+        made = expansions.get(key) if expansions is not None else None
+        if made is not None:
+            ops.extend(made)
+            continue
         for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
             for dep in deps:
                 if dep not in by_name:
                     raise OvsimError(f"op '{spec.name}' follows unknown op '{dep}'", source=source,
                                      field=field_name)
         try:
-            ranks, simulated = _ranks(spec, n_ranks, sim, checked)
-            ops.extend(_expand(spec, ranks, simulated, by_name, gpu=gpu, system=system, params=params, knobs=knobs,
-                               n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands, sim=sim,
-                               rank_sets=rank_sets, plans=plans, parts_made=parts_made, infos=infos))
+            ranks, simulated_ranks = _ranks(spec, n_ranks, sim, checked)
+            made = _expand(spec, ranks, simulated_ranks, by_name, gpu=gpu, system=system, params=params,
+                           knobs=knobs, n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands,
+                           sim=sim, rank_sets=rank_sets, plans=plans, parts_made=parts_made, infos=infos)
         except OvsimError as e:
             raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
+        ops.extend(made)
+        if expansions is not None:
+            keep_expansion(expansions, key, made)
     for op in ops:
         used_streams.add((op.rank, op.stream))
     stream_specs = tuple(StreamSpec(rank=r, name=s, priority=priorities.get(s, 0)) for r, s in sorted(used_streams))
@@ -363,6 +374,16 @@ def build_workload(
                   stand_offsets=tuple(stand_offsets) if sim is not None else ())
     wl.validate(source)
     return wl
+
+
+def _knobs_read(spec: OpSpec, knobs: Knobs) -> tuple[object, ...]:
+    """The knobs :func:`_expand` reads for ``spec``'s ops: a kernel's demand and partition, a
+    collective's plan and engine (the key of build_memo's expansions)."""
+    if spec.kind in COMPUTE_KINDS:
+        return knobs.sm_carveout, knobs.occupancy_shaping_smem_bytes
+    if isinstance(spec, CollectiveOpSpec | SendRecvOp):
+        return knobs.nccl_channels, knobs.ce_offload
+    return ()
 
 
 def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name: dict[str, OpSpec], *,

@@ -11,18 +11,21 @@ import pytest
 from ovsim.api import build
 from ovsim.models import build_memo
 from ovsim.models.build_memo import reusing_builds
+from ovsim.models.training import reusing_training_ops
 from ovsim.scenario import Scenario, load_scenario
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gemm-allreduce-h100x4-overlapped.yaml"
 TRAINING = Path(__file__).resolve().parents[2] / "examples" / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"
 
 
-def _variants(sc: Scenario, pads: tuple[int, ...] = (0, 65536)) -> list[Scenario]:
-    """The scenario with each combination of the knobs a demand or a plan depends on."""
+def _variants(sc: Scenario, pads: tuple[int, ...] = (0, 65536), priorities: tuple[str, ...] = ("normal",),
+              offloads: tuple[bool, ...] = (False,)) -> list[Scenario]:
+    """The scenario with each combination of the knobs a demand, a plan or an op depends on."""
     out = []
-    for carve, pad, channels in itertools.product((0, 16), pads, (None, 4)):
+    for carve, pad, channels, priority, offload in itertools.product((0, 16), pads, (None, 4), priorities, offloads):
         knobs = sc.knobs.model_copy(update={"sm_carveout": carve, "occupancy_shaping_smem_bytes": pad,
-                                            "nccl_channels": channels})
+                                            "nccl_channels": channels, "comm_priority": priority,
+                                            "ce_offload": offload})
         out.append(sc.model_copy(update={"knobs": knobs}))
     return out
 
@@ -30,13 +33,48 @@ def _variants(sc: Scenario, pads: tuple[int, ...] = (0, 65536)) -> list[Scenario
 # The FSDP example's attention kernel fills the A100's shared memory: no padding fits beside it.
 @pytest.mark.parametrize(("path", "pads"), [(EXAMPLE, (0, 65536)), (TRAINING, (0,))], ids=["gemm-allreduce", "fsdp"])
 def test_memo_builds_what_each_build_makes_alone(path: Path, pads: tuple[int, ...]) -> None:
-    variants = _variants(load_scenario(path), pads)
+    variants = _variants(load_scenario(path), pads, ("normal", "high"), (False, True))
     alone = [build(v)[0] for v in variants]
-    with reusing_builds():
+    # Each variant after each other (the same specs, other knobs), and the training iteration's
+    # specs made once for all of them, as a schedule search builds them.
+    with reusing_training_ops(), reusing_builds():
         shared = [build(v)[0] for v in variants] + [build(v)[0] for v in reversed(variants)]
     for a, b in zip(alone + alone[::-1], shared, strict=True):
-        assert [(op.id, op.kernel, op.flow) for op in a.ops] == [(op.id, op.kernel, op.flow) for op in b.ops]
+        assert a.ops == b.ops  # every field the engine reads (ids, dependencies, streams, demands)
+        assert [op.info for op in a.ops] == [op.info for op in b.ops]
         assert a.streams == b.streams
+
+
+def test_a_build_of_the_same_specs_takes_the_ops_its_knobs_leave_alone() -> None:
+    sc = load_scenario(EXAMPLE)
+
+    def knobs(**update: object) -> Scenario:
+        return sc.model_copy(update={"knobs": sc.knobs.model_copy(update={"nccl_channels": None, **update})})
+
+    with reusing_builds():
+        first = build(knobs())[0]
+        # The scenario read again: equal specs, other objects.
+        again = build(load_scenario(EXAMPLE).model_copy(update={"knobs": knobs().knobs}))[0]
+        by_channels, by_priority = build(knobs(nccl_channels=4))[0], build(knobs(comm_priority="high"))[0]
+    comm = {op.id for op in first.ops if op.kind == "collective"}
+    assert comm and len(comm) < len(first.ops)
+    assert all(a is b for a, b in zip(first.ops, again.ops, strict=True))
+    # Four channels change the collectives' plans and nothing else: the rest are the same ops.
+    assert all((a is b) == (a.id not in comm) for a, b in zip(first.ops, by_channels.ops, strict=True))
+    assert [op.flow for op in by_channels.ops if op.id in comm] != [op.flow for op in first.ops if op.id in comm]
+    # A stream priority changes no op, only the streams.
+    assert all(a is b for a, b in zip(first.ops, by_priority.ops, strict=True))
+    assert by_priority.streams != first.streams
+    # Outside the memo every build makes its own.
+    assert not any(a is b for a, b in zip(build(knobs())[0].ops, first.ops, strict=True))
+
+
+def test_expansions_past_their_size_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build_memo, "EXPANSIONS_MAX_OPS", 0)
+    sc = load_scenario(EXAMPLE)
+    with reusing_builds():
+        first, again = build(sc)[0], build(sc)[0]
+    assert first.ops == again.ops and not any(a is b for a, b in zip(first.ops, again.ops, strict=True))
 
 
 def test_memo_shares_a_demand_between_builds_with_the_same_knobs_only() -> None:
