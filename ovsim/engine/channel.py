@@ -181,6 +181,11 @@ def latency_slowdowns(utilization: Sequence[float], waiting: Sequence[float], ca
     return list(slow), u
 
 
+def clear_solutions() -> None:
+    """Forget the latencies solved so far (a benchmark starts each search from none)."""
+    _latency_solved.cache_clear()
+
+
 @functools.lru_cache(maxsize=8192)
 def _latency_solved(utilization: tuple[float, ...], waiting: tuple[float, ...], capacity: float,
                     exponent: float) -> tuple[tuple[float, ...], float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
@@ -63,9 +64,31 @@ def check_block(block: BlockShape, gpu: GpuSpec) -> None:
                          f"{sm.registers_per_sm}", field="registers_per_thread")
 
 
+# Occupancies worked out, by the block and the SM spec's identity (each entry holds its spec, so
+# that the identity stays its own): choosing a library GEMM asks for hundreds.
+_OCCUPANCY: dict[tuple[BlockShape, int], tuple[object, int]] = {}
+_OCCUPANCY_MAX = 4096
+
+
+def clear_occupancies() -> None:
+    """Forget the occupancies worked out so far (a benchmark starts each search from none)."""
+    _OCCUPANCY.clear()
+
+
 def blocks_per_sm(block: BlockShape, gpu: GpuSpec) -> int:
     """Occupancy: how many blocks of one kernel fit on an empty SM (CUDA occupancy calculator)."""
+    sm = gpu.sm
+    hit = _OCCUPANCY.get((block, id(sm)))
+    if hit is not None and hit[0] is sm:
+        return hit[1]
     check_block(block, gpu)
+    if len(_OCCUPANCY) >= _OCCUPANCY_MAX:
+        _OCCUPANCY.clear()
+    occ = _OCCUPANCY[(block, id(sm))] = (sm, _blocks_per_sm(block, gpu))
+    return occ[1]
+
+
+def _blocks_per_sm(block: BlockShape, gpu: GpuSpec) -> int:
     sm = gpu.sm
     warps = math.ceil(block.threads / sm.warp_size)
     by_threads = sm.max_threads_per_sm // (warps * sm.warp_size)
@@ -287,6 +310,52 @@ def gemm(
     loop (a kernel of one's own: ``own_gemm_l2_bytes_per_s``); ``l2_sm_bytes_per_s``: each SM's own
     path for them, in series with it (``own_gemm_l2_sm_bytes_per_s``).
     """
+    t = gemm_time(m, n, k, precision, gpu, params, tile=tile, threads=threads,
+                  registers_per_thread=registers_per_thread, stages=stages,
+                  extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split_k, sm_count=sm_count,
+                  efficiency=efficiency, l2_bytes_per_s=l2_bytes_per_s, l2_sm_bytes_per_s=l2_sm_bytes_per_s)
+    return gemm_demand(t, gpu, params, persistent=persistent, cluster_ctas=cluster_ctas)
+
+
+class GemmTime(NamedTuple):
+    """What :func:`gemm` works out before its demand: enough to choose among kernels by their
+    time alone (:mod:`ovsim.models.gemm_library`) and to make the chosen one's demand
+    (:func:`gemm_demand`)."""
+
+    isolated_s: float
+    blocks: int
+    block: BlockShape
+    occ: int  # blocks per SM, with any padding
+    sms: int
+    ask: float  # a block's share of its SM at natural occupancy
+    most: float  # issue_cap's
+    flops: float
+    hbm_bytes: float
+    memory_wait: float | None
+    saturation: float | None
+
+
+def gemm_time(
+    m: int,
+    n: int,
+    k: int,
+    precision: str,
+    gpu: GpuSpec,
+    params: Parameters,
+    *,
+    tile: tuple[int, int, int] = (128, 128, 32),
+    threads: int = 256,
+    registers_per_thread: int = 128,
+    stages: int = 3,
+    extra_shared_mem_bytes: int = 0,
+    batch: int = 1,
+    split_k: int = 1,
+    sm_count: int | None = None,
+    efficiency: float | None = None,
+    l2_bytes_per_s: float | None = None,
+    l2_sm_bytes_per_s: float | None = None,
+) -> GemmTime:
+    """:func:`gemm`'s time alone and what its demand is made from (its arguments: :func:`gemm`)."""
     for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch), ("split_k", split_k)):
         if not isinstance(v, int) or v < 1:
             raise OvsimError(f"must be a positive integer, got {v}", field=name)
@@ -372,12 +441,21 @@ def gemm(
         # What fewer warps an SM no longer hide is latency, most of it memory's: the time the
         # shaping added waits on memory, and stretches with HBM's loaded latency (the latency law).
         memory_wait = added_s / isolated
-    d = demand_from_time(blocks=blocks, block=block, isolated_s=isolated, flops=flops, hbm_bytes=hbm_bytes,
-                         gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=sms,
-                         issue_fraction=ask, cap=most, load_share=params.gemm_load_share)
-    ctas = sms * occ
-    return replace(d, persistent_ctas=ctas if persistent and blocks > ctas else 0, cluster_ctas=cluster_ctas,
-                   memory_wait=memory_wait, saturation_clock_fraction=saturation)
+    return GemmTime(isolated, blocks, block, occ, sms, ask, most, flops, hbm_bytes, memory_wait, saturation)
+
+
+def gemm_demand(t: GemmTime, gpu: GpuSpec, params: Parameters, *, persistent: bool = False,
+                cluster_ctas: int = 1) -> KernelDemand:
+    """The demand of a GEMM of time ``t`` (:func:`gemm_time`), launched ``persistent`` or not, in
+    clusters of ``cluster_ctas``."""
+    d = demand_from_time(blocks=t.blocks, block=t.block, isolated_s=t.isolated_s, flops=t.flops,
+                         hbm_bytes=t.hbm_bytes, gpu=gpu, issue_intensity=1.0, clock_sensitive=True, sm_count=t.sms,
+                         issue_fraction=t.ask, cap=t.most, load_share=params.gemm_load_share)
+    ctas = t.sms * t.occ
+    return replace(d, persistent_ctas=ctas if persistent and t.blocks > ctas else 0, cluster_ctas=cluster_ctas,
+                   memory_wait=t.memory_wait, saturation_clock_fraction=t.saturation)
+
+
 
 
 def memory_bound(

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec
-from ovsim.models.cost import element_bytes, gemm
+from ovsim.models.cost import GemmTime, element_bytes, gemm_demand, gemm_time
 from ovsim.models.ir import KernelDemand
 
 
@@ -93,6 +93,12 @@ def _fingerprint(model: GpuSpec | Parameters) -> str:
     return hit[1]
 
 
+def clear_choices() -> None:
+    """Forget the GEMMs chosen so far (a benchmark starts each search from none)."""
+    _BEST_GEMMS.clear()
+    _FINGERPRINTS.clear()
+
+
 def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters, *,
               extra_shared_mem_bytes: int = 0, batch: int = 1, split_k: int | None = None,
               sm_count: int | None = None) -> KernelDemand:
@@ -114,7 +120,8 @@ def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Para
 
 def _best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters,
                extra_shared_mem_bytes: int, batch: int, split_k: int | None, sm_count: int | None) -> KernelDemand:
-    best: KernelDemand | None = None
+    # Chosen by their time alone; only the fastest's demand is made.
+    best: tuple[GemmTime, GemmKernel] | None = None
     refusal: OvsimError | None = None
     splits = LIBRARY_SPLITS_K if split_k is None else (split_k,)
     for kern in library_gemm_kernels(gpu, precision):
@@ -127,18 +134,19 @@ def _best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Par
             if split_k is None and split > 1 and k < split * kern.tile[2]:
                 continue
             try:
-                d = gemm(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
-                         registers_per_thread=kern.registers_per_thread, stages=kern.stages,
-                         extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split,
-                         sm_count=sm_count, persistent=kern.persistent, cluster_ctas=kern.cluster)
+                t = gemm_time(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
+                              registers_per_thread=kern.registers_per_thread, stages=kern.stages,
+                              extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split,
+                              sm_count=sm_count)
             except OvsimError as e:
                 if e.field not in _DOES_NOT_LAUNCH:
                     raise
                 refusal = refusal or e
                 break
-            if best is None or d.isolated_s < best.isolated_s:
-                best = d
+            if best is None or t.isolated_s < best[0].isolated_s:
+                best = (t, kern)
     if best is None:
         assert refusal is not None
         raise refusal
-    return best
+    t, kern = best
+    return gemm_demand(t, gpu, params, persistent=kern.persistent, cluster_ctas=kern.cluster)

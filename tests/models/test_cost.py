@@ -271,3 +271,30 @@ def test_best_gemm_answers_by_the_content_of_its_inputs() -> None:
     assert again == first == _best_gemm(4096, 3584, 8192, "bf16", h100, p, 0, 1, None, None)
     slower = p.merged({"gemm_efficiency": {k: v / 2 for k, v in p.gemm_efficiency.items()}})
     assert best_gemm(4096, 3584, 8192, "bf16", h100, slower).isolated_s > first.isolated_s
+
+
+@pytest.mark.parametrize(("gpu", "shape"), [
+    ("h100-sxm5-80gb", (4096, 4096, 4096)), ("h100-sxm5-80gb", (16, 8192, 8192)),
+    ("h100-sxm5-80gb", (512, 512, 65536)), ("a100-sxm4-80gb", (8192, 1024, 4096)),
+    ("a100-sxm4-80gb", (256, 256, 32768))])
+def test_best_gemm_is_the_demand_gemm_makes_of_its_kernel(gpu: str, shape: tuple[int, int, int]) -> None:
+    """The library's choice is made on the kernels' times alone; the demand it returns is the one
+    cost.gemm makes of the chosen kernel, persistence, clusters and K split included."""
+    spec = load_gpu(gpu)
+    p = load_calibration(spec, gpu).params
+    m, n, k = shape
+    d = best_gemm(m, n, k, "bf16", spec, p)
+    made = [gemm(m, n, k, "bf16", spec, p, tile=kern.tile, threads=kern.threads,
+                 registers_per_thread=kern.registers_per_thread, stages=kern.stages, split_k=split,
+                 persistent=kern.persistent, cluster_ctas=kern.cluster)
+            for kern in library_gemm_kernels(spec, "bf16") for split in (1, 2, 4, 8, 16) if k >= split * kern.tile[2]]
+    assert d in made
+
+
+def test_an_occupancy_asked_again_is_refused_again() -> None:
+    h100 = load_gpu("h100-sxm5-80gb")
+    bad = BlockShape(2048, 32, 0)  # more threads than a block may have
+    for _ in range(2):
+        with pytest.raises(OvsimError, match="threads per block"):
+            blocks_per_sm(bad, h100)
+    assert blocks_per_sm(BlockShape(128, 32, 100_000), h100) == blocks_per_sm(BlockShape(128, 32, 100_000), h100) == 2
