@@ -52,13 +52,14 @@ def test_a_build_of_the_same_specs_takes_the_ops_its_knobs_leave_alone() -> None
         return sc.model_copy(update={"knobs": sc.knobs.model_copy(update={"nccl_channels": None, **update})})
 
     with reusing_builds():
-        first = build(knobs())[0]
-        # The scenario read again: equal specs, other objects.
-        again = build(load_scenario(EXAMPLE).model_copy(update={"knobs": knobs().knobs}))[0]
+        first, again = build(knobs())[0], build(knobs())[0]
         by_channels, by_priority = build(knobs(nccl_channels=4))[0], build(knobs(comm_priority="high"))[0]
+        # The scenario read again: equal specs, other objects, made again.
+        reread = build(load_scenario(EXAMPLE).model_copy(update={"knobs": knobs().knobs}))[0]
     comm = {op.id for op in first.ops if op.kind == "collective"}
     assert comm and len(comm) < len(first.ops)
     assert all(a is b for a, b in zip(first.ops, again.ops, strict=True))
+    assert reread.ops == first.ops and not any(a is b for a, b in zip(first.ops, reread.ops, strict=True))
     # Four channels change the collectives' plans and nothing else: the rest are the same ops.
     assert all((a is b) == (a.id not in comm) for a, b in zip(first.ops, by_channels.ops, strict=True))
     assert [op.flow for op in by_channels.ops if op.id in comm] != [op.flow for op in first.ops if op.id in comm]
