@@ -41,7 +41,8 @@ from ovsim.hw.power import PowerSettings, power_model
 from ovsim.hw.spec import GpuSpec, SystemSpec, load_gpu, load_system
 from ovsim.models import cost
 from ovsim.models.ir import FlowDemand, KernelDemand, KernelKind, Op, StreamSpec, Workload
-from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
+from ovsim.models.op_prices import collective_parts
+from ovsim.models.workload import CollectiveOpSpec, Knobs
 
 GPU_NAME = "h100-sxm5-80gb"
 # The rank sweep's largest run: 8 nodes of 8.
@@ -120,7 +121,7 @@ def allreduce_parts(n_ranks: int, gpu: GpuSpec, system: SystemSpec,
                     params: Parameters) -> tuple[KernelDemand | None, FlowDemand]:
     """The NCCL kernel and flow of one bucket all-reduce, from the same code path scenarios use."""
     spec = CollectiveOpSpec(name="grad_allreduce", kind="all_reduce", size_bytes=BUCKET_BYTES)
-    parts = _collective_ops(spec, "template", list(range(n_ranks)), gpu, system, params, Knobs())
+    parts = collective_parts(spec, "template", list(range(n_ranks)), gpu, system, params, Knobs())
     kernel, flow, _ = parts[0]
     return kernel, flow
 

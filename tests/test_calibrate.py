@@ -42,7 +42,8 @@ from ovsim.errors import OvsimError
 from ovsim.hw.calib import CALIB_DIR, Parameters, load_calibration, newest_file, read_calib_file
 from ovsim.hw.spec import SystemSpec, load_gpu
 from ovsim.models import cost, nccl
-from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
+from ovsim.models.op_prices import collective_parts
+from ovsim.models.workload import CollectiveOpSpec, Knobs
 from ovsim.replay import replay
 from ovsim.traces.load import write_table
 from ovsim.traces.table import TraceBundle, make_table
@@ -132,10 +133,10 @@ def test_a_fitted_collective_replaces_nccls_own_model(h100_node: SystemSpec) -> 
     params = load_calibration(gpu, GPU).params.merged(
         {"nccl_fitted": {key: {"latency_s": 1e-3, "bus_bandwidth_bytes_per_s": 1e10}}})
     spec = CollectiveOpSpec.model_validate({"name": "ar", "kind": "all_reduce", "size_bytes": 64 << 20})
-    _, flow, _ = _collective_ops(spec, "g", list(range(8)), gpu, h100_node, params, Knobs())[0]
+    _, flow, _ = collective_parts(spec, "g", list(range(8)), gpu, h100_node, params, Knobs())[0]
     assert flow.latency_s == 1e-3 and flow.rate_cap_bytes_per_s == 1e10
     # Another rank count is another collective: NCCL's model stays.
-    _, flow4, _ = _collective_ops(spec, "g", list(range(4)), gpu, h100_node, params, Knobs())[0]
+    _, flow4, _ = collective_parts(spec, "g", list(range(4)), gpu, h100_node, params, Knobs())[0]
     assert flow4.rate_cap_bytes_per_s != 1e10
 
 

@@ -17,7 +17,8 @@ from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu, load_system
 from ovsim.models import cost
 from ovsim.models.ir import Op, StreamSpec, Workload
-from ovsim.models.workload import CollectiveOpSpec, Knobs, _collective_ops
+from ovsim.models.op_prices import collective_parts
+from ovsim.models.workload import CollectiveOpSpec, Knobs
 from ovsim.replay import _collective_groups, _dependencies, replay
 from ovsim.replay_kernels import KernelColumns, isolated_durations, overlap_flags
 from ovsim.replay_score import comm_summary, summarize
@@ -104,7 +105,7 @@ def _simulated_run() -> pd.DataFrame:
         for i in range(9):
             ops.append(Op(f"g{i}@{r}", "gemm_4096", "gemm", r, "compute", kernel=gemm, delay_s=2e-6))
         for j, after in enumerate((2, 5)):
-            kernel, flow, _ = _collective_ops(spec, f"ar{j}", [0, 1], gpu, system, params, Knobs())[0]
+            kernel, flow, _ = collective_parts(spec, f"ar{j}", [0, 1], gpu, system, params, Knobs())[0]
             ops.append(Op(f"ar{j}@{r}", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "collective", r, "comm",
                           deps=(f"g{after}@{r}",), kernel=kernel, flow=flow))
     wl = Workload(ops=tuple(ops), streams=tuple(StreamSpec(r, s) for r in range(2) for s in ("compute", "comm")),

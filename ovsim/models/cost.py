@@ -456,8 +456,6 @@ def gemm_demand(t: GemmTime, gpu: GpuSpec, params: Parameters, *, persistent: bo
                    memory_wait=t.memory_wait, saturation_clock_fraction=t.saturation)
 
 
-
-
 def memory_bound(
     bytes_moved: float,
     gpu: GpuSpec,

@@ -7,7 +7,6 @@ so that both fidelities see the same workload.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -18,9 +17,10 @@ from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
-from ovsim.models import cost, gemm_library, nccl
+from ovsim.models import nccl
 from ovsim.models.build_memo import keep_expansion, shared_demands, shared_expansions, shared_plans
-from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
+from ovsim.models.ir import FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
+from ovsim.models.op_prices import Parts, collective_parts, copy_flow, kernel_demand
 
 # The specs and knobs live in op_specs; importers that name them here keep working.
 from ovsim.models.op_specs import (
@@ -42,9 +42,6 @@ from ovsim.models.op_specs import (
     SendRecvOp,
     _OpBase,
 )
-
-# Each member's kernel (None on copy engines), the collective's shared flow and the op kind, by member.
-_Parts = dict[int, tuple[KernelDemand | None, FlowDemand, str]]
 
 __all__ = ["COMPUTE_KINDS", "GEMM_BLOCK_FIELDS", "GEMM_TILE_FIELDS", "AttentionOp", "CollectiveKind",
            "CollectiveOpSpec", "CopyOp", "DelayOp", "GemmOp", "KernelOp", "Knobs", "MemoryOp", "OpSpec", "Schedule",
@@ -110,172 +107,6 @@ def _is_comm(spec: _OpBase) -> bool:
     return spec.kind not in COMPUTE_KINDS and spec.kind != "delay"  # type: ignore[attr-defined]
 
 
-def _kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs) -> KernelDemand:
-    extra = knobs.occupancy_shaping_smem_bytes
-    sms = gpu.sm.count - knobs.sm_carveout
-    if isinstance(spec, GemmOp):
-        if spec.tile is None:
-            return gemm_library.best_gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params,
-                                          extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k,
-                                          sm_count=sms)
-        # The block fields not given take cost.gemm's defaults.
-        given = {f: getattr(spec, f) for f in GEMM_BLOCK_FIELDS if getattr(spec, f) is not None}
-        # A kernel of one's own: its efficiency (a measured rate, whatever bound it), else a plain
-        # WMMA kernel's, held to its tiles' L2 reads as well; a library kernel of this tile: the
-        # library's.
-        aligned = cost.gemm_aligned(spec.n, spec.k, spec.precision)
-        l2 = l2_sm = None
-        if spec.efficiency == "library":
-            eff = params.gemm_eff(spec.precision, aligned)
-        elif spec.efficiency is None:
-            eff = params.own_gemm_eff(spec.precision, aligned)
-            l2, l2_sm = params.own_gemm_l2_bytes_per_s, params.own_gemm_l2_sm_bytes_per_s
-        else:
-            eff = spec.efficiency
-        return cost.gemm(spec.m, spec.n, spec.k, spec.precision, gpu, params, tile=spec.tile,
-                         extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k or 1, sm_count=sms,
-                         efficiency=eff, l2_bytes_per_s=l2, l2_sm_bytes_per_s=l2_sm, **given)
-    if isinstance(spec, AttentionOp):
-        base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
-                              causal=spec.causal, backward=spec.backward,
-                              efficiency=params.attention_eff(spec.implementation, gpu.name))
-    elif isinstance(spec, MemoryOp):
-        blocks = spec.blocks
-        if spec.grid_stride:
-            if blocks is not None:
-                raise OvsimError("give blocks or grid_stride, not both", field="grid_stride")
-            blocks = (gpu.sm.count - knobs.sm_carveout) * cost.blocks_per_sm(BlockShape(spec.threads, 32, 0), gpu)
-        base = cost.memory_bound(spec.bytes, gpu, params, flops=spec.flops, threads=spec.threads, blocks=blocks,
-                                 kind=spec.kind)
-    else:
-        assert isinstance(spec, KernelOp)
-        block = BlockShape(spec.threads, spec.registers_per_thread, spec.shared_mem_bytes)
-        base = cost.generic(spec.grid, block, gpu, params, flops=spec.flops, hbm_bytes=spec.hbm_bytes,
-                            precision=spec.precision, duration_s=spec.duration_s)
-        if spec.memory_wait is not None:
-            base = dataclasses.replace(base, memory_wait=spec.memory_wait)
-        # A kernel described by its launch keeps its shared memory as given: the shaping knob pads
-        # the kernels ovsim prices (give a described kernel's padding in its shared_mem_bytes).
-        extra = 0
-    if not extra and sms == gpu.sm.count:
-        return base
-    shaped = BlockShape(base.block.threads, base.block.registers_per_thread, base.block.shared_mem_bytes + extra)
-    return _reshape(base, shaped, gpu, sms)
-
-
-def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> KernelDemand:
-    """The same kernel with a padded block or an SM budget: each block does the same work at the same
-    pace at its share of an SM; the waves follow the new residency, and a block with room on its SM
-    runs up to the kernel's issue cap."""
-    occ_new = cost.blocks_per_sm(block, gpu)
-    if occ_new == 0:
-        raise OvsimError("occupancy shaping leaves no room for one block", field="occupancy_shaping_smem_bytes")
-    if math.isfinite(base.hbm_cap_bytes_per_s):
-        # A bandwidth-bound kernel: its blocks keep their pace and its cap, fewer SMs cost it only
-        # what its pace on them can no longer move.
-        return dataclasses.replace(base, block=block, isolated_s=cost.alone_time_s(base, sms * occ_new))
-    ask = base.issue_fraction
-    most = base.issue_cap if base.issue_cap is not None else ask
-    isolated = (cost.alone_block_times(base.blocks, occ_new, sms, ask, most, base.load_share, gpu.sm.count)
-                * base.block_time_s)
-    return cost.demand_from_time(blocks=base.blocks, block=block, isolated_s=isolated, flops=base.flops,
-                                 hbm_bytes=base.hbm_bytes, gpu=gpu, issue_intensity=1.0,
-                                 clock_sensitive=base.clock_sensitive, sm_count=sms, issue_fraction=ask, cap=most,
-                                 load_share=base.load_share)
-
-
-def _collective_ops(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: Sequence[int], gpu: GpuSpec,
-                    system: SystemSpec, params: Parameters, knobs: Knobs,
-                    plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None) -> _Parts:
-    """Each member's kernel (None on copy engines), the shared flow and the op kind; ``plans``:
-    NCCL plans made so far in this build (nccl.plan_collective's ``memo``)."""
-    channels = spec.channels or knobs.nccl_channels
-    if isinstance(spec, SendRecvOp):
-        plan = nccl.plan_collective("send_recv", spec.size_bytes, 2, gpu, system, channels=channels,
-                                    ranks=(spec.src, spec.dst), memo=plans)
-        flow = FlowDemand(group=group, ranks=(spec.src, spec.dst), bytes=plan.bus_bytes,
-                          latency_s=plan.latency_s, rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s,
-                          link_coeff=plan.link_bytes_per_bus_byte, hbm_coeff=plan.hbm_bytes_per_bus_byte,
-                          hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0), pattern="p2p",
-                          endpoints=(spec.src, spec.dst), protocol=plan.protocol,
-                          net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
-        k = _nccl_kernel(plan)
-        return {spec.src: (k, flow, "collective"), spec.dst: (k, flow, "collective")}
-    # The knob offloads what copy engines can move (within a node); an explicit engine is checked.
-    spans_nodes = len({system.node_of(r) for r in ranks}) > 1
-    offload = spec.engine == "copy_engine" or (
-        knobs.ce_offload and spec.kind in ("all_gather", "all_to_all") and not spans_nodes)
-    if offload:
-        if spec.kind not in ("all_gather", "all_to_all"):
-            raise OvsimError(f"copy engines cannot run {spec.kind} (no reductions); only all_gather and "
-                             "all_to_all", field="engine")
-        if spans_nodes:
-            raise OvsimError("copy engines move data within a node; this collective spans nodes (run it on "
-                             "NCCL's kernels)", field="engine")
-        n = len(ranks)
-        bus = spec.size_bytes * (n - 1) / n
-        link_bw = _peer_bandwidth(gpu, system) * params.ce_link_efficiency
-        flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=bus, latency_s=params.ce_latency_s,
-                          rate_cap_bytes_per_s=link_bw, link_coeff=1.0, hbm_coeff=2.0,
-                          pattern="all_pairs", uses_copy_engine=True, protocol="ce")
-        # A collective on the copy engines is still communication (metrics.COMM_KINDS); a CopyOp
-        # and a trace's memcpy are copies ("transfer"), which HTA counts as neither.
-        return {r: (None, flow, "collective") for r in ranks}
-    plan = nccl.plan_collective(spec.kind, spec.size_bytes, len(ranks), gpu, system, algorithm=spec.algorithm,
-                                protocol=spec.protocol, channels=channels, ranks=ranks, memo=plans)
-    # What the calibration measured within a node replaces or corrects NCCL's model.
-    plan = nccl.calibrated_plan(plan, params)
-    pattern: Literal["ring", "all_pairs"] = "all_pairs" if spec.kind == "all_to_all" else "ring"
-    flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=plan.bus_bytes, latency_s=plan.latency_s,
-                      rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,
-                      hbm_coeff=plan.hbm_bytes_per_bus_byte,
-                      hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0), pattern=pattern,
-                      protocol=plan.protocol, net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
-    k = _nccl_kernel(plan)
-    return {r: (k, flow, "collective") for r in ranks}
-
-
-def _nccl_kernel(plan: nccl.CollectivePlan) -> KernelDemand:
-    # The blocks only hold SMs; their progress is the flow's.
-    return KernelDemand(blocks=plan.channels,
-                        block=BlockShape(plan.threads_per_block, plan.registers_per_thread,
-                                         plan.shared_mem_per_block_bytes),
-                        block_time_s=plan.isolated_s, issue_fraction=1.0, hbm_bytes=0.0, flops=0.0,
-                        isolated_s=plan.isolated_s, clock_sensitive=False)
-
-
-def _peer_bandwidth(gpu: GpuSpec, system: SystemSpec) -> float:
-    if system.topology == "nvswitch":
-        return gpu.links.bandwidth_bytes_per_s
-    if system.topology == "mesh":
-        return system.links_per_pair * gpu.links.bandwidth_per_link_bytes_per_s
-    return gpu.pcie.bandwidth_bytes_per_s
-
-
-def _copy_flow(spec: CopyOp, group: str, rank: int, gpu: GpuSpec, system: SystemSpec, n_ranks: int,
-               params: Parameters) -> FlowDemand:
-    hbm = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
-    if spec.direction == "d2d":
-        return FlowDemand(group=group, ranks=(rank,), bytes=spec.size_bytes, latency_s=params.kernel_overhead_s,
-                          rate_cap_bytes_per_s=hbm * params.ce_local_efficiency / 2, link_coeff=0.0,
-                          hbm_coeff=2.0, pattern="local", uses_copy_engine=True, protocol="ce")
-    if spec.direction in ("h2d", "d2h"):
-        ends = (-1, rank) if spec.direction == "h2d" else (rank, -1)
-        return FlowDemand(group=group, ranks=(rank,), bytes=spec.size_bytes, latency_s=params.kernel_overhead_s,
-                          rate_cap_bytes_per_s=gpu.pcie.bandwidth_bytes_per_s * params.host_link_efficiency,
-                          link_coeff=1.0, hbm_coeff=1.0, pattern="host", endpoints=ends, uses_copy_engine=True,
-                          protocol="ce")
-    if spec.peer is None or spec.peer >= n_ranks or spec.peer == rank:
-        raise OvsimError(f"copy '{spec.name}' needs a peer rank other than {rank} below {n_ranks}", field="peer")
-    if system.node_of(spec.peer) != system.node_of(rank):
-        raise OvsimError(f"copy '{spec.name}': rank {spec.peer} is on another node; a peer copy runs within one "
-                         "(use a send_recv)", field="peer")
-    return FlowDemand(group=group, ranks=(rank,), bytes=spec.size_bytes, latency_s=params.kernel_overhead_s,
-                      rate_cap_bytes_per_s=_peer_bandwidth(gpu, system) * params.ce_link_efficiency,
-                      link_coeff=1.0, hbm_coeff=1.0, pattern="p2p", endpoints=(rank, spec.peer),
-                      uses_copy_engine=True, protocol="ce")
-
-
 def build_workload(
     specs: list[OpSpec],
     *,
@@ -338,7 +169,7 @@ def build_workload(
     demands = shared_demands(gpu, params, knobs)
     plans = shared_plans(gpu, system)
     # A collective's members' parts by what they depend on (spec and members), their flow's group unnamed.
-    parts_made: dict[tuple[object, ...], _Parts] = {}
+    parts_made: dict[tuple[object, ...], Parts] = {}
     infos: dict[tuple[object, ...], dict[str, object]] = {}
     rank_sets: _RankSets = {}
     checked: dict[int, _Placed] = {}
@@ -390,7 +221,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
             gpu: GpuSpec, system: SystemSpec, params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
             demands: dict[tuple[object, ...], KernelDemand], sim: dict[int, int] | None, rank_sets: _RankSets,
             plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
-            parts_made: dict[tuple[object, ...], _Parts] | None = None,
+            parts_made: dict[tuple[object, ...], Parts] | None = None,
             infos: dict[tuple[object, ...], dict[str, object]] | None = None) -> list[Op]:
     """The ops of ``spec`` on ``ranks``, those of its ``members`` that ``sim`` numbers (all of
     them, as they are, without rank symmetry); their ids name the job's ranks."""
@@ -405,7 +236,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
     if spec.kind in COMPUTE_KINDS:
         kernel = demands.get(key)
         if kernel is None:
-            kernel = demands[key] = _kernel_demand(spec, gpu, params, knobs)
+            kernel = demands[key] = kernel_demand(spec, gpu, params, knobs)
     on = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else members
     # ``members`` is one sequence for all specs of a ranks list (_ranks), so its set is made once.
     on_set = (frozenset(on) if isinstance(spec, SendRecvOp) else _rank_set(members, rank_sets)) if spec.after_any \
@@ -439,7 +270,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
             made_key = (key, members if isinstance(members, range) else tuple(members))
             made = parts_made.get(made_key) if parts_made is not None else None
             if made is None:
-                made = _collective_ops(spec, "", members, gpu, system, params, knobs, plans)
+                made = collective_parts(spec, "", members, gpu, system, params, knobs, plans)
                 if sim is not None:
                     made = _simulated_parts(made, sim, spec.name)
                 if parts_made is not None:
@@ -452,7 +283,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
             assert isinstance(spec, CopyOp)
             for r in ranks:
                 group = f"{name}@r{r}"
-                flow = _copy_flow(spec, group, r, gpu, system, n_ranks, params)
+                flow = copy_flow(spec, group, r, gpu, system, n_ranks, params)
                 if sim is not None:
                     flow = _renumbered(flow, sim, spec.name)
                 out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=at(r), stream=stream,
@@ -460,7 +291,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
     return out
 
 
-def _named(parts: _Parts, group: str) -> _Parts:
+def _named(parts: Parts, group: str) -> Parts:
     """``parts`` with their shared flow named ``group``."""
     if not parts:
         return parts
@@ -468,7 +299,7 @@ def _named(parts: _Parts, group: str) -> _Parts:
     return {r: (kd, flow, kind) for r, (kd, _, kind) in parts.items()}
 
 
-def _simulated_parts(parts: _Parts, sim: dict[int, int], name: str) -> _Parts:
+def _simulated_parts(parts: Parts, sim: dict[int, int], name: str) -> Parts:
     """A collective's members among the simulated ranks (by job rank), its flow on their simulated
     numbers and still priced for its whole group (``group_size``)."""
     kept = {r: part for r, part in parts.items() if r in sim}

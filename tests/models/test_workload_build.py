@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu, load_system
+from ovsim.models.op_prices import collective_parts
 from ovsim.models.op_specs import (
     AttentionOp,
     CollectiveOpSpec,
@@ -23,7 +24,7 @@ from ovsim.models.op_specs import (
     SendRecvOp,
     generated,
 )
-from ovsim.models.workload import _collective_ops, _shared_info, build_workload
+from ovsim.models.workload import _shared_info, build_workload
 from ovsim.scenario import Scenario
 
 GPU = load_gpu("h100-sxm5-80gb")
@@ -66,7 +67,7 @@ def test_collectives_alike_but_for_name_share_parts_with_their_own_flow() -> Non
     for op in wl.ops:
         spec = by_spec[op.name.split("#")[0]]
         members = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else list(spec.ranks)  # type: ignore[arg-type]
-        kernel, flow, kind = _collective_ops(spec, op.name, members, GPU, SYSTEM, PARAMS, Knobs())[op.rank]
+        kernel, flow, kind = collective_parts(spec, op.name, members, GPU, SYSTEM, PARAMS, Knobs())[op.rank]
         assert (op.kernel, op.flow, op.kind) == (kernel, flow, kind)
     groups = {op.name: op.flow.group for op in wl.ops if op.flow is not None}
     names = [n for n in by_spec if n != "rep"] + ["rep#0", "rep#1"]
@@ -116,7 +117,8 @@ def test_made_once_parts_follow_rank_symmetry_and_the_nodes_their_members_span()
         spec = by_spec[op.name]
         assert isinstance(spec, CollectiveOpSpec) and isinstance(spec.ranks, list)
         members = list(spec.ranks)
-        plain = _simulated_parts(_collective_ops(spec, op.name, members, gpu, two_nodes, params, knobs), sim, spec.name)
+        parts = collective_parts(spec, op.name, members, gpu, two_nodes, params, knobs)
+        plain = _simulated_parts(parts, sim, spec.name)
         assert (op.kernel, op.flow, op.kind) == plain[next(r for r in plain if sim[r] == op.rank)]
     flows = {op.name: op.flow for op in wl.ops}
     assert flows["in0"].uses_copy_engine and flows["in1"].uses_copy_engine  # type: ignore[union-attr]
