@@ -39,6 +39,15 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "makespan" in out and "allreduce" in out and "slowed by" in out
 
 
+def test_the_system_line_says_how_many_of_its_gpus_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", str(EXAMPLE)]) == 0
+    assert "system     H100x4: 4 x H100-SXM5-80GB\n" in capsys.readouterr().out
+    two = tmp_path / "two.yaml"
+    two.write_text(GOOD + "ranks: 2\n")
+    assert main(["predict", str(two)]) == 0
+    assert "system     H100x4: 2 of its 4 H100-SXM5-80GB\n" in capsys.readouterr().out
+
+
 def test_json_is_one_object(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["predict", str(EXAMPLE), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -23,11 +23,16 @@ from ovsim.cli.common import (
 from ovsim.errors import OvsimError
 
 
+def _gpus(ranks: int, total: int, gpu: str) -> str:
+    """The GPUs a run uses: "8 x GPU", or on a system of more "2 of its 4 GPU"."""
+    return f"{ranks} x {gpu}" if ranks >= total else f"{ranks} of its {total} {gpu}"
+
+
 def _table(result: Any, max_rows: int) -> str:
     s = result.summary()
     lines = [
         f"scenario   {s['scenario']}  ({s['mode']}, {s['schedule']})",
-        f"system     {s['system']}: {s['ranks']} x {s['gpu']}"
+        f"system     {s['system']}: {_gpus(s['ranks'], result.system.total_gpus, s['gpu'])}"
         + (f" ({s['simulated_ranks']} simulated, standing for all by rank symmetry; the rows below are "
            "theirs)" if s["simulated_ranks"] < s["ranks"] else ""),
         f"makespan   {fmt_s(s['makespan_s'])} ms",
