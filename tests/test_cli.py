@@ -212,6 +212,14 @@ def test_replay_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert again["summary"]["mape_pct"] == pytest.approx(data["summary"]["mape_pct"])
 
 
+def test_replay_says_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = Path(__file__).parent.parent / "examples" / "traces" / "h100-gemm-beside-16-channels.json.gz"
+    timeline = tmp_path / "replay.json"
+    assert main(["replay", str(trace), "--timeline", str(timeline)]) == 0
+    assert capsys.readouterr().out.endswith(f"\ntimeline written to {timeline}\n")
+    assert json.loads(timeline.read_text())["traceEvents"]
+
+
 @pytest.mark.parametrize("args", [["replay", "nope.json"], ["import", "nope.json", "-o", "x.parquet"],
                                   ["replay", "trace.unknownext"]])
 def test_replay_bad_input_is_one_line(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -156,6 +156,12 @@ def check_plot(path: str | None) -> None:
         check_path(path)
 
 
+def written_text(timeline: str | None, plot: str | None) -> str:
+    """The line a command prints after its table for the files it wrote ("" for none)."""
+    written = [f"{what} written to {path}" for what, path in (("timeline", timeline), ("plot", plot)) if path]
+    return "\n" + "; ".join(written) if written else ""
+
+
 def save_plot(fig: Any, path: str) -> None:
     from ovsim.plot import save
 

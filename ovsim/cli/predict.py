@@ -19,6 +19,7 @@ from ovsim.cli.common import (
     save_plot,
     signed_pct,
     split_slowdown,
+    written_text,
 )
 from ovsim.errors import OvsimError
 
@@ -175,10 +176,9 @@ def run_predict(args: argparse.Namespace) -> int:
         print(json_text(result.to_json(all_ranks=args.all_ranks)))
     elif not args.quiet:
         print(_table(result, args.rows))
-        written = [f"{what} written to {path}" for what, path in (("timeline", args.timeline), ("plot", args.plot))
-                   if path]
+        written = written_text(args.timeline, args.plot)
         if written:
-            print("\n" + "; ".join(written))
+            print(written)
     return 0
 
 

@@ -16,6 +16,7 @@ from ovsim.cli.common import (
     pct_text,
     save_plot,
     skipped_text,
+    written_text,
 )
 from ovsim.errors import OvsimError
 
@@ -102,6 +103,9 @@ def run_replay(args: argparse.Namespace) -> int:
         print(json_text(result.to_json()))
     elif not args.quiet:
         print(_replay_table(result, args.rows))
+        written = written_text(args.timeline, args.plot)
+        if written:
+            print(written)
     return 0
 
 
