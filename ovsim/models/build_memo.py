@@ -122,6 +122,12 @@ def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...]) -> 
     memo = _MEMO.get()
     if memo is None:
         return None
+    if len(specs) > EXPANSIONS_MAX_OPS:
+        # Too many to keep their ops: neither is the list held (a scenario's own specs would stay
+        # alive through the next build, about a kilobyte each).
+        memo.expanded_from, memo.expanded_for = (), ()
+        memo.expansions, memo.expanded_ops = {}, 0
+        return None
     # By identity: comparing equal specs of two lists by value walks a shared prefix at a few
     # microseconds a spec (0.2 s of a 3.7 s build of the 145.6B row whose lists differ at the end).
     held = memo.expanded_from

@@ -98,3 +98,13 @@ def test_memo_is_emptied_past_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
         again = build(sc)[0]
     assert first.ops[0].kernel is not again.ops[0].kernel
     assert first.ops[0].kernel == again.ops[0].kernel
+
+
+def test_a_list_of_more_specs_than_expansions_hold_is_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = load_scenario(EXAMPLE)
+    monkeypatch.setattr(build_memo, "EXPANSIONS_MAX_OPS", len(sc.ops) - 1)
+    with reusing_builds():
+        first, again = build(sc)[0], build(sc)[0]
+        memo = build_memo._MEMO.get()
+        assert memo is not None and memo.expanded_from == () and not memo.expansions
+    assert first.ops == again.ops and not any(a is b for a, b in zip(first.ops, again.ops, strict=True))
