@@ -81,8 +81,10 @@ EXPANSIONS_MAX_OPS = 200_000
 
 @contextlib.contextmanager
 def reusing_builds() -> Iterator[None]:
-    """Within it, builds share kernel demands and NCCL plans (module docstring); released on
-    leaving. Nested, the outer memo serves."""
+    """Within it, builds share kernel demands, NCCL plans and the ops of an op list built again
+    (module docstring); released on leaving. Nested, the outer memo serves. Within it no op spec
+    may be changed in place, its lists (``ranks``, ``after``) included, which pydantic's frozen
+    models do not freeze: a list built again is recognised by its specs' identities."""
     if _MEMO.get() is not None:
         yield
         return
