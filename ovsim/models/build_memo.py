@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -37,8 +37,25 @@ from ovsim.models.op_specs import Knobs
 # Demands by the spec's key (workload._shared_info), plans by nccl.plan_collective's key.
 Demands = dict[tuple[object, ...], KernelDemand]
 Plans = dict[tuple[object, ...], CollectivePlan]
-# The ops a spec expanded to, by the spec's place in its list and the knobs its ops read.
-Expansions = dict[tuple[int, tuple[object, ...]], list[Op]]
+# The ops each spec of a list expanded to (None: not yet), by the spec's place in the list.
+Table = list[list[Op] | None]
+
+
+@dataclass
+class Expansions:
+    """The ops the specs of one op list expanded to, one table for each class of spec and value
+    of the knobs that class's ops read (``workload._knob_classes``)."""
+
+    classes: list[int]  # each spec's class, by its place in the list
+    tables: dict[tuple[int, tuple[object, ...]], Table] = field(default_factory=dict)
+    ops: int = 0  # the ops the tables hold
+
+    def table(self, cls: int, knobs: tuple[object, ...]) -> Table:
+        """The table of the specs of class ``cls`` under these values of the knobs they read."""
+        t = self.tables.get((cls, knobs))
+        if t is None:
+            t = self.tables[(cls, knobs)] = [None] * len(self.classes)
+        return t
 
 
 @dataclass
@@ -47,12 +64,13 @@ class _Memo:
     held: dict[int, object] = field(default_factory=dict)
     demands: dict[tuple[object, ...], Demands] = field(default_factory=dict)
     plans: dict[tuple[int, int], Plans] = field(default_factory=dict)
-    # The op list and the build's other inputs the expansions below were made for, the
-    # expansions, and how many ops they hold.
+    # The op list and the build's other inputs the expansions below were made for.
     expanded_from: tuple[object, ...] = ()
     expanded_for: tuple[object, ...] = ()
-    expansions: Expansions = field(default_factory=dict)
-    expanded_ops: int = 0
+    expansions: Expansions | None = None
+
+    def drop_expansions(self) -> None:
+        self.expanded_from, self.expanded_for, self.expansions = (), (), None
 
     def trimmed(self) -> _Memo:
         """This memo, emptied first where it holds more than ``MEMO_MAX_ENTRIES``."""
@@ -61,7 +79,7 @@ class _Memo:
             self.held.clear()
             self.demands.clear()
             self.plans.clear()
-            self.expansions, self.expanded_ops = {}, 0
+            self.drop_expansions()
         return self
 
     def hold(self, *objs: object) -> tuple[int, ...]:
@@ -74,8 +92,8 @@ _MEMO: ContextVar[_Memo | None] = ContextVar("_MEMO", default=None)
 # A memo holding more demands and plans than this is emptied before the next build takes from it:
 # a sweep over kernel shapes adds new ones with every build (about a kilobyte each).
 MEMO_MAX_ENTRIES = 200_000
-# Expansions holding more ops than this take no more (an op is a few hundred bytes; a build of
-# more ops than this takes seconds, against which the expansion saved is little).
+# Expansions holding more ops than this are let go, and a list of more specs is not held (an op
+# is a few hundred bytes; a build of more ops than this takes seconds).
 EXPANSIONS_MAX_OPS = 200_000
 
 
@@ -116,35 +134,43 @@ def shared_plans(gpu: GpuSpec, system: SystemSpec) -> Plans:
     return memo.plans.setdefault((gpu_id, system_id), {})
 
 
-def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...]) -> Expansions | None:
+def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
+                      classes: Callable[[tuple[object, ...]], list[int]]) -> Expansions | None:
     """The ops the build before this one expanded ``specs`` to, if it built the same list (the
     same objects in the same order, held here) from equal other ``inputs`` (the GPU, system,
-    calibration, ranks and schedule, as the caller names them); an empty dict to fill otherwise.
-    None outside :func:`reusing_builds`."""
+    calibration, ranks and schedule, as the caller names them); else empty tables for them, each
+    spec of the class ``classes`` gives it. None outside :func:`reusing_builds`, and for a list
+    too long to keep."""
     memo = _MEMO.get()
     if memo is None:
         return None
     if len(specs) > EXPANSIONS_MAX_OPS:
         # Too many to keep their ops: neither is the list held (a scenario's own specs would stay
         # alive through the next build, about a kilobyte each).
-        memo.expanded_from, memo.expanded_for = (), ()
-        memo.expansions, memo.expanded_ops = {}, 0
+        memo.drop_expansions()
         return None
     # By identity: comparing equal specs of two lists by value walks a shared prefix at a few
     # microseconds a spec (0.2 s of a 3.7 s build of the 145.6B row whose lists differ at the end).
     held = memo.expanded_from
     same = len(held) == len(specs) and all(map(operator.is_, held, specs))
-    if not same or memo.expanded_for != inputs:
+    if not same or memo.expansions is None or memo.expanded_for != inputs:
+        memo.drop_expansions()  # the ops of the list before go before the next are made
         memo.expanded_from, memo.expanded_for = specs, inputs
-        memo.expansions, memo.expanded_ops = {}, 0
+        memo.expansions = Expansions(classes(specs))
     return memo.expansions
 
 
-def keep_expansion(expansions: Expansions, key: tuple[int, tuple[object, ...]], ops: list[Op]) -> None:
-    """Keep a spec's ops for the next build (:func:`shared_expansions`), while the memo holds
-    fewer than ``EXPANSIONS_MAX_OPS``."""
+def kept(expansions: Expansions, added_ops: int) -> None:
+    """Count the ops a build added to ``expansions``; past ``EXPANSIONS_MAX_OPS`` all are let go."""
+    expansions.ops += added_ops
     memo = _MEMO.get()
-    if memo is None or memo.expansions is not expansions or memo.expanded_ops + len(ops) > EXPANSIONS_MAX_OPS:
-        return
-    expansions[key] = ops
-    memo.expanded_ops += len(ops)
+    if memo is not None and memo.expansions is expansions and expansions.ops > EXPANSIONS_MAX_OPS:
+        memo.drop_expansions()
+
+
+def drop_expansions() -> None:
+    """Let the expansions kept go (the op list they are of is gone: ``training.reusing_training_ops``
+    makes another), so that its ops are freed before the next list's are made."""
+    memo = _MEMO.get()
+    if memo is not None:
+        memo.drop_expansions()

@@ -62,6 +62,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
+from ovsim.models.build_memo import drop_expansions
 from ovsim.models.ir import StreamSpec, Workload
 from ovsim.models.op_specs import SIXTEEN_BIT, CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp, generated
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
@@ -125,6 +126,7 @@ def _training_ops_reused(spec: TrainingSpec, n_ranks: int, replicas_made: int | 
     if held and held[0][0] == key:
         return held[0][1]
     held.clear()  # the previous set goes before the next is made: one set at most, not two
+    drop_expansions()  # and the ops a build made of it (build_memo), before the next build's
     gen = training_ops(spec, n_ranks, replicas_made=replicas_made, tp_made=tp_made)
     if len(gen.ops) <= REUSE_MAX_SPECS:
         held.append((key, gen))

@@ -18,7 +18,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models import nccl
-from ovsim.models.build_memo import keep_expansion, shared_demands, shared_expansions, shared_plans
+from ovsim.models.build_memo import Table, kept, shared_demands, shared_expansions, shared_plans
 from ovsim.models.ir import FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 from ovsim.models.op_prices import Parts, collective_parts, copy_flow, kernel_demand
 
@@ -173,12 +173,20 @@ def build_workload(
     infos: dict[tuple[object, ...], dict[str, object]] = {}
     rank_sets: _RankSets = {}
     checked: dict[int, _Placed] = {}
-    # Within reusing_builds(), the ops the build before made of the same specs.
+    # Within reusing_builds(), the ops the build before made of the same specs: a table for each
+    # class of spec under the values of the knobs its ops read (_knob_classes).
     expansions = shared_expansions(tuple(specs), (gpu, system, params, n_ranks, schedule == "sequential",
-                                                  None if simulated is None else tuple(simulated)))
+                                                  None if simulated is None else tuple(simulated)), _knob_classes)
+    tables: list[Table] = []
+    classes: list[int] = []
+    if expansions is not None:
+        tables = [expansions.table(0, (knobs.sm_carveout, knobs.occupancy_shaping_smem_bytes)),
+                  expansions.table(1, (knobs.nccl_channels, knobs.ce_offload)), expansions.table(2, ())]
+        classes = expansions.classes
+    added = 0
     for i, spec in enumerate(specs):
-        key = (i, _knobs_read(spec, knobs))
-        made = expansions.get(key) if expansions is not None else None
+        table = tables[classes[i]] if tables else None
+        made = table[i] if table is not None else None
         if made is not None:
             ops.extend(made)
             continue
@@ -195,8 +203,11 @@ def build_workload(
         except OvsimError as e:
             raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
         ops.extend(made)
-        if expansions is not None:
-            keep_expansion(expansions, key, made)
+        if table is not None:
+            table[i] = made
+            added += len(made)
+    if expansions is not None:
+        kept(expansions, added)
     for op in ops:
         used_streams.add((op.rank, op.stream))
     stream_specs = tuple(StreamSpec(rank=r, name=s, priority=priorities.get(s, 0)) for r, s in sorted(used_streams))
@@ -207,14 +218,12 @@ def build_workload(
     return wl
 
 
-def _knobs_read(spec: OpSpec, knobs: Knobs) -> tuple[object, ...]:
-    """The knobs :func:`_expand` reads for ``spec``'s ops: a kernel's demand and partition, a
-    collective's plan and engine (the key of build_memo's expansions)."""
-    if spec.kind in COMPUTE_KINDS:
-        return knobs.sm_carveout, knobs.occupancy_shaping_smem_bytes
-    if isinstance(spec, CollectiveOpSpec | SendRecvOp):
-        return knobs.nccl_channels, knobs.ce_offload
-    return ()
+def _knob_classes(specs: Sequence[object]) -> list[int]:
+    """Each spec's class by the knobs :func:`_expand` reads for its ops (build_memo's tables): 0, a
+    kernel's carve-out and occupancy padding (its demand and partition); 1, a collective's channel
+    count and copy-engine offload (its plan and engine); 2, none."""
+    return [0 if getattr(s, "kind", None) in COMPUTE_KINDS else 1 if isinstance(s, CollectiveOpSpec | SendRecvOp)
+            else 2 for s in specs]
 
 
 def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name: dict[str, OpSpec], *,
