@@ -15,7 +15,7 @@ objects a memo was made for are held while it lives, so that their identities st
 A build of the same op list as the build before it (the same spec objects in the same order: a
 training iteration's, which ``training.reusing_training_ops`` hands to each candidate of a
 search) also takes the ops each spec expanded to there, where the knobs those ops read
-(``workload._knobs_read``) are the same. In a search over stream priorities and channel
+(``workload._knob_classes``) are the same. In a search over stream priorities and channel
 counts most specs are compute, whose ops neither changes. Ops are frozen, so two workloads can
 hold the same ones.
 """
@@ -50,10 +50,12 @@ class Expansions:
     tables: dict[tuple[int, tuple[object, ...]], Table] = field(default_factory=dict)
     ops: int = 0  # the ops the tables hold
 
-    def table(self, cls: int, knobs: tuple[object, ...]) -> Table:
-        """The table of the specs of class ``cls`` under these values of the knobs they read."""
+    def table(self, cls: int, knobs: tuple[object, ...]) -> Table | None:
+        """The table of the specs of class ``cls`` under these values of the knobs they read; a
+        new one only while the tables hold fewer than ``EXPANSIONS_MAX_OPS`` ops (None past it:
+        those specs' ops are made and not kept, and the tables there stay)."""
         t = self.tables.get((cls, knobs))
-        if t is None:
+        if t is None and self.ops < EXPANSIONS_MAX_OPS:
             t = self.tables[(cls, knobs)] = [None] * len(self.classes)
         return t
 
@@ -92,8 +94,8 @@ _MEMO: ContextVar[_Memo | None] = ContextVar("_MEMO", default=None)
 # A memo holding more demands and plans than this is emptied before the next build takes from it:
 # a sweep over kernel shapes adds new ones with every build (about a kilobyte each).
 MEMO_MAX_ENTRIES = 200_000
-# Expansions holding more ops than this are let go, and a list of more specs is not held (an op
-# is a few hundred bytes; a build of more ops than this takes seconds).
+# Expansions holding this many ops start no new table, and a list of more specs is not held (an
+# op is a few hundred bytes; a build of more ops than this takes seconds).
 EXPANSIONS_MAX_OPS = 200_000
 
 
@@ -161,11 +163,9 @@ def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
 
 
 def kept(expansions: Expansions, added_ops: int) -> None:
-    """Count the ops a build added to ``expansions``; past ``EXPANSIONS_MAX_OPS`` all are let go."""
+    """Count the ops a build added to ``expansions`` (a build past ``EXPANSIONS_MAX_OPS`` starts
+    no table, so they hold at most one build's ops more)."""
     expansions.ops += added_ops
-    memo = _MEMO.get()
-    if memo is not None and memo.expansions is expansions and expansions.ops > EXPANSIONS_MAX_OPS:
-        memo.drop_expansions()
 
 
 def drop_expansions() -> None:

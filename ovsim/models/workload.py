@@ -177,7 +177,7 @@ def build_workload(
     # class of spec under the values of the knobs its ops read (_knob_classes).
     expansions = shared_expansions(tuple(specs), (gpu, system, params, n_ranks, schedule == "sequential",
                                                   None if simulated is None else tuple(simulated)), _knob_classes)
-    tables: list[Table] = []
+    tables: list[Table | None] = []
     classes: list[int] = []
     if expansions is not None:
         tables = [expansions.table(0, (knobs.sm_carveout, knobs.occupancy_shaping_smem_bytes)),

@@ -70,15 +70,6 @@ def test_a_build_of_the_same_specs_takes_the_ops_its_knobs_leave_alone() -> None
     assert not any(a is b for a, b in zip(build(knobs())[0].ops, first.ops, strict=True))
 
 
-def test_expansions_past_their_size_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    sc = load_scenario(EXAMPLE)
-    # As many ops as the list has specs: the list is held, its ops (a spec's on every rank) are not.
-    monkeypatch.setattr(build_memo, "EXPANSIONS_MAX_OPS", len(sc.ops))
-    with reusing_builds():
-        first, again = build(sc)[0], build(sc)[0]
-    assert first.ops == again.ops and not any(a is b for a, b in zip(first.ops, again.ops, strict=True))
-
-
 def test_memo_shares_a_demand_between_builds_with_the_same_knobs_only() -> None:
     sc = load_scenario(EXAMPLE)
     plain, carved = _variants(sc)[0], _variants(sc)[4]
@@ -99,6 +90,23 @@ def test_memo_is_emptied_past_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
         again = build(sc)[0]
     assert first.ops[0].kernel is not again.ops[0].kernel
     assert first.ops[0].kernel == again.ops[0].kernel
+
+
+def test_expansions_past_their_size_start_no_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = load_scenario(EXAMPLE)
+    channels = sc.model_copy(update={"knobs": sc.knobs.model_copy(update={"nccl_channels": 4})})
+    # As many ops as the list has specs: the first build's tables are kept (none is full before
+    # it), and past them no new one starts.
+    monkeypatch.setattr(build_memo, "EXPANSIONS_MAX_OPS", len(sc.ops))
+    with reusing_builds():
+        first, again = build(sc)[0], build(sc)[0]
+        other, other_again = build(channels)[0], build(channels)[0]
+    assert first.ops == again.ops and all(a is b for a, b in zip(first.ops, again.ops, strict=True))
+    comm = {op.id for op in first.ops if op.kind == "collective"}
+    # Four channels: the kernels' ops are the kept ones, the collectives' are made every time.
+    assert all((a is b) == (a.id not in comm) for a, b in zip(first.ops, other.ops, strict=True))
+    assert not any(a is b for a, b in zip(other.ops, other_again.ops, strict=True) if a.id in comm)
+    assert other.ops == other_again.ops
 
 
 def test_a_list_of_more_specs_than_expansions_hold_is_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
