@@ -48,7 +48,9 @@ class Expansions:
 
     classes: list[int]  # each spec's class, by its place in the list
     tables: dict[tuple[int, tuple[object, ...]], Table] = field(default_factory=dict)
-    ops: int = 0  # the ops the tables hold
+    # The ops the tables hold, counted by the builds that fill them (past EXPANSIONS_MAX_OPS no
+    # table starts, so they hold at most one build's ops more).
+    ops: int = 0
 
     def table(self, cls: int, knobs: tuple[object, ...]) -> Table | None:
         """The table of the specs of class ``cls`` under these values of the knobs they read; a
@@ -160,12 +162,6 @@ def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
         memo.expanded_from, memo.expanded_for = specs, inputs
         memo.expansions = Expansions(classes(specs))
     return memo.expansions
-
-
-def kept(expansions: Expansions, added_ops: int) -> None:
-    """Count the ops a build added to ``expansions`` (a build past ``EXPANSIONS_MAX_OPS`` starts
-    no table, so they hold at most one build's ops more)."""
-    expansions.ops += added_ops
 
 
 def drop_expansions() -> None:

@@ -18,7 +18,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models import nccl
-from ovsim.models.build_memo import Table, kept, shared_demands, shared_expansions, shared_plans
+from ovsim.models.build_memo import Table, shared_demands, shared_expansions, shared_plans
 from ovsim.models.ir import FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 from ovsim.models.op_prices import Parts, collective_parts, copy_flow, kernel_demand
 
@@ -180,8 +180,7 @@ def build_workload(
     tables: list[Table | None] = []
     classes: list[int] = []
     if expansions is not None:
-        tables = [expansions.table(0, (knobs.sm_carveout, knobs.occupancy_shaping_smem_bytes)),
-                  expansions.table(1, (knobs.nccl_channels, knobs.ce_offload)), expansions.table(2, ())]
+        tables = [expansions.table(cls, read) for cls, read in enumerate(_knobs_read(knobs))]
         classes = expansions.classes
     added = 0
     for i, spec in enumerate(specs):
@@ -207,7 +206,7 @@ def build_workload(
             table[i] = made
             added += len(made)
     if expansions is not None:
-        kept(expansions, added)
+        expansions.ops += added
     for op in ops:
         used_streams.add((op.rank, op.stream))
     stream_specs = tuple(StreamSpec(rank=r, name=s, priority=priorities.get(s, 0)) for r, s in sorted(used_streams))
@@ -219,11 +218,17 @@ def build_workload(
 
 
 def _knob_classes(specs: Sequence[object]) -> list[int]:
-    """Each spec's class by the knobs :func:`_expand` reads for its ops (build_memo's tables): 0, a
-    kernel's carve-out and occupancy padding (its demand and partition); 1, a collective's channel
-    count and copy-engine offload (its plan and engine); 2, none."""
+    """Each spec's class by the knobs :func:`_expand` reads for its ops (build_memo's tables; the
+    values :func:`_knobs_read` gives, in the same order): 0, a kernel's; 1, a collective's; 2, none."""
     return [0 if getattr(s, "kind", None) in COMPUTE_KINDS else 1 if isinstance(s, CollectiveOpSpec | SendRecvOp)
             else 2 for s in specs]
+
+
+def _knobs_read(knobs: Knobs) -> tuple[tuple[object, ...], ...]:
+    """The values of the knobs each class of :func:`_knob_classes` reads: a kernel's carve-out and
+    occupancy padding (its demand and partition), a collective's channel count and copy-engine
+    offload (its plan and engine), none."""
+    return (knobs.sm_carveout, knobs.occupancy_shaping_smem_bytes), (knobs.nccl_channels, knobs.ce_offload), ()
 
 
 def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name: dict[str, OpSpec], *,
