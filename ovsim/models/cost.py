@@ -373,7 +373,6 @@ def gemm_time(
     natural = BlockShape(threads=threads, registers_per_thread=registers_per_thread, shared_mem_bytes=smem)
     block = BlockShape(threads=threads, registers_per_thread=registers_per_thread,
                        shared_mem_bytes=smem + extra_shared_mem_bytes)
-    blocks = gemm_blocks(m, n, tm, tn, batch, split_k)
     occ_natural = blocks_per_sm(natural, gpu)
     occ = blocks_per_sm(block, gpu)
     if occ_natural == 0:
@@ -383,18 +382,9 @@ def gemm_time(
         raise OvsimError(f"{extra_shared_mem_bytes} B of extra shared memory leaves no room for one block",
                          field="extra_shared_mem_bytes")
     sms = sm_count if sm_count is not None else gpu.sm.count
-    k_per_block = math.ceil(k / split_k)
-    flops_tile = 2.0 * tm * tn * k_per_block
-    eff = efficiency if efficiency is not None else params.gemm_eff(precision, gemm_aligned(n, k, precision))
-    if not 0.0 < eff <= 1.0:
-        raise OvsimError(f"must be in (0, 1], got {eff}", field="efficiency")
-    per_sm_rate = gpu.peak_flops_per_s(precision) / gpu.sm.count * eff
-    # Co-resident tiles share the SM's tensor throughput: at its natural occupancy a block takes
-    # `occ_natural` tile-times and uses 1/occ_natural of the SM. The fill and epilogue of a wave's
-    # tiles add a fixed time (calibrated; co-resident tiles overlap theirs).
-    t_issue = occ_natural * flops_tile / per_sm_rate
-    waves = math.ceil(blocks / (sms * occ_natural))
-    compute_s = waves * (t_issue + params.gemm_tile_s(precision))
+    per_sm_rate, tile_s = gemm_rate(n, k, precision, gpu, params, efficiency)
+    blocks, k_per_block, t_issue, waves, compute_s = gemm_main_loop(m, n, k, tile, occ_natural, batch, split_k, sms,
+                                                                    per_sm_rate, tile_s)
     saturation: float | None = None
     if l2_bytes_per_s is not None:
         # The operand tiles every block reads from L2: a small tile reads each byte for few FLOPs.
@@ -403,7 +393,7 @@ def gemm_time(
         l2_s = blocks * k_per_block * (tm + tn) * eb * (
             1.0 / l2_bytes_per_s + (1.0 / (sms * l2_sm_bytes_per_s) if l2_sm_bytes_per_s is not None else 0.0))
         saturation = params.power_tensor_reference_clock_fraction * waves * t_issue / l2_s
-        compute_s = max(waves * t_issue, l2_s) + waves * params.gemm_tile_s(precision)
+        compute_s = max(waves * t_issue, l2_s) + waves * tile_s
     ask = 1.0 / occ_natural
     most = issue_cap(block, gpu, params, ask)
     memory_wait: float | None = None
@@ -419,14 +409,53 @@ def gemm_time(
         added_s = compute_s * (stretch - 1.0)
         compute_s *= stretch
     flops = 2.0 * m * n * k * batch
+    isolated, hbm_bytes, compute_bound = gemm_isolated_s(m, n, k, tile, batch, split_k, eb, compute_s, gpu, params)
+    if added_s > 0 and compute_bound:
+        # What fewer warps an SM no longer hide is latency, most of it memory's: the time the
+        # shaping added waits on memory, and stretches with HBM's loaded latency (the latency law).
+        memory_wait = added_s / isolated
+    return GemmTime(isolated, blocks, block, occ, sms, ask, most, flops, hbm_bytes, memory_wait, saturation)
+
+
+def gemm_rate(n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters,
+              efficiency: float | None) -> tuple[float, float]:
+    """A GEMM main loop's tensor rate per SM (FLOP/s) and the fixed time of a wave of its tiles
+    (:func:`gemm`'s arguments)."""
+    eff = efficiency if efficiency is not None else params.gemm_eff(precision, gemm_aligned(n, k, precision))
+    if not 0.0 < eff <= 1.0:
+        raise OvsimError(f"must be in (0, 1], got {eff}", field="efficiency")
+    return gpu.peak_flops_per_s(precision) / gpu.sm.count * eff, params.gemm_tile_s(precision)
+
+
+def gemm_main_loop(m: int, n: int, k: int, tile: tuple[int, int, int], occ_natural: int, batch: int, split_k: int,
+                   sms: int, per_sm_rate: float, tile_s: float) -> tuple[int, int, float, int, float]:
+    """A GEMM's blocks, K elements per block, a tile's issue time at natural occupancy
+    ``occ_natural`` (blocks per SM), waves on ``sms`` SMs and main-loop time, at
+    :func:`gemm_rate`'s rate and time per wave. Co-resident tiles share the SM's tensor
+    throughput: at its natural occupancy a block takes ``occ_natural`` tile-times and uses
+    1/occ_natural of the SM. The fill and epilogue of a wave's tiles add a fixed time (calibrated;
+    co-resident tiles overlap theirs)."""
+    tm, tn, _ = tile
+    blocks = gemm_blocks(m, n, tm, tn, batch, split_k)
+    k_per_block = math.ceil(k / split_k)
+    t_issue = occ_natural * (2.0 * tm * tn * k_per_block) / per_sm_rate
+    waves = math.ceil(blocks / (sms * occ_natural))
+    return blocks, k_per_block, t_issue, waves, waves * (t_issue + tile_s)
+
+
+def gemm_isolated_s(m: int, n: int, k: int, tile: tuple[int, int, int], batch: int, split_k: int,
+                    element_size: int, compute_s: float, gpu: GpuSpec, params: Parameters) -> tuple[float, float, bool]:
+    """A GEMM's time alone from its main loop's ``compute_s``, the HBM bytes it moves, and whether
+    its main loop outlasts its traffic."""
     # Each row panel of A is read by every column tile and each column panel of B by every row
     # tile; past the first two readers the re-reads hit L2 (an assumption for GEMMs of several
     # tiles each way, where it only matters when HBM is contended). A skinny GEMM, m within one
     # tile, reads its weight once: a BF16 1x32768x8192 product moves 537 MB in 175 us on an H100,
     # 92% of the peak (calibration/data/h100-sxm5-80gb/2026-11-26-f), which reading it twice
     # would price at twice that. C is written once.
+    tm, tn, _ = tile
     reads_a, reads_b = min(math.ceil(n / tn), 2), min(math.ceil(m / tm), 2)
-    hbm_bytes = float(batch * eb * (reads_a * m * k + reads_b * k * n + m * n))
+    hbm_bytes = float(batch * element_size * (reads_a * m * k + reads_b * k * n + m * n))
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     isolated = max(compute_s, hbm_bytes / bw) + params.kernel_overhead_s
     compute_bound = compute_s > hbm_bytes / bw
@@ -437,11 +466,7 @@ def gemm_time(
         partial_bytes = float(2 * split_k * batch * m * n * _ACCUMULATOR_BYTES)
         hbm_bytes += partial_bytes
         isolated += partial_bytes / bw + params.kernel_overhead_s
-    if added_s > 0 and compute_bound:
-        # What fewer warps an SM no longer hide is latency, most of it memory's: the time the
-        # shaping added waits on memory, and stretches with HBM's loaded latency (the latency law).
-        memory_wait = added_s / isolated
-    return GemmTime(isolated, blocks, block, occ, sms, ask, most, flops, hbm_bytes, memory_wait, saturation)
+    return isolated, hbm_bytes, compute_bound
 
 
 def gemm_demand(t: GemmTime, gpu: GpuSpec, params: Parameters, *, persistent: bool = False,

@@ -3,14 +3,16 @@ cost's alignment rule and wave form."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from ovsim.errors import OvsimError
-from ovsim.hw.calib import load_calibration
-from ovsim.hw.spec import load_gpu
+from ovsim.hw.calib import Parameters, load_calibration
+from ovsim.hw.spec import GpuSpec, load_gpu
 from ovsim.models.cost import blocks_per_sm, gemm, gemm_aligned
 from ovsim.models.gemm_library import best_gemm, library_gemm_kernels
-from ovsim.models.ir import BlockShape
+from ovsim.models.ir import BlockShape, KernelDemand
 
 
 @pytest.mark.parametrize(("gpu", "block", "expected"), [
@@ -298,3 +300,45 @@ def test_an_occupancy_asked_again_is_refused_again() -> None:
         with pytest.raises(OvsimError, match="threads per block"):
             blocks_per_sm(bad, h100)
     assert blocks_per_sm(BlockShape(128, 32, 100_000), h100) == blocks_per_sm(BlockShape(128, 32, 100_000), h100) == 2
+
+
+def _every_kernel_priced(m: int, n: int, k: int, spec: GpuSpec, p: Parameters, extra: int,
+                         sm_count: int | None) -> KernelDemand:
+    """The choice made by pricing every library kernel and split in the listed order, the first of
+    the least time kept (best_gemm prices only those that can win)."""
+    best = None
+    for kern in library_gemm_kernels(spec, "bf16"):
+        tm, tn, tk = kern.tile
+        if (tm < 64 and m > tm) or (tn < 64 and n > tn):
+            continue
+        for split in (1, 2, 4, 8, 16):
+            if split > 1 and k < split * tk:
+                continue
+            try:
+                d = gemm(m, n, k, "bf16", spec, p, tile=kern.tile, threads=kern.threads,
+                         registers_per_thread=kern.registers_per_thread, stages=kern.stages, split_k=split,
+                         extra_shared_mem_bytes=extra, sm_count=sm_count, persistent=kern.persistent,
+                         cluster_ctas=kern.cluster)
+            except OvsimError:
+                break
+            if best is None or d.isolated_s < best.isolated_s:
+                best = d
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm5-80gb", "a100-sxm4-80gb"])
+def test_best_gemm_prices_only_what_can_win_and_chooses_as_pricing_all_would(gpu: str) -> None:
+    """Over shapes from one row to many waves, skinny and deep, padded (which can leave kernels
+    fewer blocks an SM, or none) and planned for fewer SMs, the kernel best_gemm picks is the one
+    pricing every kernel and split would pick, ties to the first listed."""
+    from ovsim.models.gemm_library import _best_gemm
+
+    spec = load_gpu(gpu)
+    p = load_calibration(spec, gpu).params
+    dims = (1, 17, 64, 128, 1000, 4096, 12288)
+    for i, (m, n, k) in enumerate(itertools.product(dims, dims, (64, 4096, 65536))):
+        extra = (0, 0, 40_000, 60_000)[i % 4]
+        sm_count = (None, None, None, 100)[i // 4 % 4]
+        assert _best_gemm(m, n, k, "bf16", spec, p, extra, 1, None, sm_count) == _every_kernel_priced(
+            m, n, k, spec, p, extra, sm_count), (m, n, k, extra, sm_count)
