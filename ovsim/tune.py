@@ -42,7 +42,9 @@ file names, each with its legal values; every combination is a candidate. The me
    (``stats["sampling_stopped"]``) and the engine's confirmations when the budget is spent
    (``stats["stop"]``: "budget_s", or "confirm_max" at that count).
 
-The scenario as given is always predicted with the engine: the gains are over it.
+The scenario as given is always predicted with the engine: the gains are over it. In this
+process that is done right after the analyses of its training iteration, which come first, so that
+its build takes their op specs and ops.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ from ovsim.tune_predictions import (
     workload_digest,
 )
 from ovsim.tune_space import default_space, read_space, value_at
-from ovsim.tune_steps import Progress, Run, analyze_all, confirm, predict_engine, sample
+from ovsim.tune_steps import Progress, Run, analyze_all, confirm, predict_given, sample
 from ovsim.workers import executor
 
 __all__ = ["OBJECTIVE_FIELDS", "Objective", "TuneResult", "analyze", "candidates", "default_space", "explain",
@@ -185,13 +187,13 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
         # of a pool make their own, and none is held through the engine's predictions.
         t0 = time.monotonic()
         with reusing_training_ops() if run.pool is None else nullcontext():
-            n_analytic = counts.pop("analyses") + (given_analysis is not None) + analyze_all(cands, run)
-        analysis_s = time.monotonic() - t0
+            n_analytic = counts.pop("analyses") + (given_analysis is not None) + analyze_all(
+                cands, run, given if run.pool is None else None)
+        analysis_s = time.monotonic() - t0 - run.engine_s
         if written is not None and any("error" in c.analytic for c in cands):
             check_space(base, written, space_source)
-        t0 = time.monotonic()
-        predict_engine([given], run.pool)
-        run.engine_s = time.monotonic() - t0
+        if not given.engine:
+            predict_given(given, run)
         confirmed = confirm(cands, run, confirm_max)
     confirmed["engine_predictions"] += 1
     stats = {"objective": objective, "tolerance": run.tolerance, "space": {k: list(v) for k, v in space.items()},

@@ -57,9 +57,13 @@ def mapped(fn: Any, cands: Sequence[Candidate], pool: Any, *args: Any) -> Iterat
     return iter((pool.map if pool is not None else map)(fn, scenarios, *(itertools.repeat(a) for a in args)))
 
 
-def analyze_all(cands: Sequence[Candidate], run: Run) -> int:
+def analyze_all(cands: Sequence[Candidate], run: Run, given: Candidate | None = None) -> int:
     """Analyse the candidates: one of each group that differs only in knobs the analytic fidelity
-    does not see (``ANALYTIC_BLIND``) stands for the group; returns the analyses made."""
+    does not see (``ANALYTIC_BLIND``) stands for the group; returns the analyses made. With
+    ``given`` (the scenario as given; in this process), its training iteration is analysed first
+    and it is predicted by the engine right after (:func:`predict_given`), while its build can
+    take that iteration's op specs and ops (a fresh build was 8% of an engine prediction over
+    the benchmark)."""
     blind = run.blind()
     groups: dict[str, list[Candidate]] = {}
     for c in cands:
@@ -72,15 +76,28 @@ def analyze_all(cands: Sequence[Candidate], run: Run) -> int:
     # Candidates of one training iteration analysed one after another reuse its op specs
     # (reusing_training_ops holds the last); the order of analyses changes nothing else. The
     # least urgent priority stands for a group: its bound sees the SMs its collectives wait for.
+    def training(c: Candidate) -> str:
+        return point_key(c, lambda k: k.startswith("training."))
+
+    first = training(given) if given is not None else None
     todo = sorted(((min(g, key=lambda c: c.point.get("knobs.comm_priority") == "high"), g)
                    for g in groups.values() if not g[0].analytic),
-                  key=lambda rg: point_key(rg[0], lambda k: k.startswith("training.")))
+                  key=lambda rg: (training(rg[0]) != first, training(rg[0])))
     results = mapped(analyze, [rep for rep, _ in todo], run.pool, run.objective)
     for i, ((rep, group), s) in enumerate(zip(todo, results, strict=True), 1):
         for c in group:
             take_analysis(c, s, run.objective, same_priority(c, rep))
         run.tell("analysing", i, len(todo))
+        if given is not None and any(c is given for c in group):
+            predict_given(given, run)
     return len(todo)
+
+
+def predict_given(given: Candidate, run: Run) -> None:
+    """Predict the scenario as given with the engine, ``run.engine_s`` the time that takes."""
+    t0 = time.monotonic()
+    predict_engine([given], run.pool)
+    run.engine_s = time.monotonic() - t0
 
 
 def predict_engine(cands: Sequence[Candidate], pool: Any) -> None:

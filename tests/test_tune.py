@@ -580,3 +580,24 @@ def test_a_written_space_is_built_value_by_value_only_when_an_analysis_fails(mon
     with pytest.raises(OvsimError, match="500 SMs"):
         tune(A100, space={"knobs.sm_carveout": [0, 500]})
     assert built
+
+
+def test_the_scenario_as_given_is_built_from_its_analyses_op_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scenario as given is predicted by the engine right after its training iteration's
+    analyses, so its build takes their op specs rather than making them again: one set of specs
+    for each iteration the space holds, and one more only for the engine's other predictions."""
+    import ovsim.models.training as training_module
+
+    made: list[int] = []
+    real = training_module.training_ops
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training_module, "training_ops", counting)
+    fsdp = EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"
+    space = {"training.parallel.fsdp_prefetch": [0, 1], "knobs.nccl_channels": [None, 8]}
+    res = tune(fsdp, space=space, confirm_max=0)
+    assert res.stats["engine_predictions"] == 1
+    assert len(made) == 2
