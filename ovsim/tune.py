@@ -62,7 +62,7 @@ import pandas as pd
 
 from ovsim.errors import OvsimError
 from ovsim.models.build_memo import reusing_builds
-from ovsim.models.training import reusing_training_ops
+from ovsim.models.training import release_training_build, reusing_training_ops
 from ovsim.scenario import Scenario
 from ovsim.sweep import base_mapping, scenario_at
 
@@ -182,14 +182,15 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
             take_analysis(given, given_analysis, objective)
     run.jobs = min(workers, max(1, len(cands)))
     run.pool = executor(run.jobs, scheduler)
-    with run.pool or nullcontext():
-        # In process, the candidates' analyses reuse one training iteration's op specs; processes
-        # of a pool make their own, and none is held through the engine's predictions.
+    # In process, the candidates' analyses reuse one training iteration's op specs, and that of
+    # the candidate to confirm first is kept for its engine prediction (the one analysed last goes
+    # before the engine's predictions); processes of a pool make their own.
+    with run.pool or nullcontext(), reusing_training_ops() if run.pool is None else nullcontext():
         t0 = time.monotonic()
-        with reusing_training_ops() if run.pool is None else nullcontext():
-            n_analytic = counts.pop("analyses") + (given_analysis is not None) + analyze_all(
-                cands, run, given if run.pool is None else None)
+        n_analytic = counts.pop("analyses") + (given_analysis is not None) + analyze_all(
+            cands, run, given if run.pool is None else None)
         analysis_s = time.monotonic() - t0 - run.engine_s
+        release_training_build()
         if written is not None and any("error" in c.analytic for c in cands):
             check_space(base, written, space_source)
         if not given.engine:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovsim.errors import OvsimError
+from ovsim.gcpause import paused_gc
+from ovsim.models.training import keep_training_build
 from ovsim.tune_candidates import (
     ANALYTIC_BLIND,
     POWER_KNOBS,
@@ -60,37 +62,69 @@ def mapped(fn: Any, cands: Sequence[Candidate], pool: Any, *args: Any) -> Iterat
 def analyze_all(cands: Sequence[Candidate], run: Run, given: Candidate | None = None) -> int:
     """Analyse the candidates: one of each group that differs only in knobs the analytic fidelity
     does not see (``ANALYTIC_BLIND``) stands for the group; returns the analyses made. With
-    ``given`` (the scenario as given; in this process), its training iteration is analysed first
-    and it is predicted by the engine right after (:func:`predict_given`), while its build can
-    take that iteration's op specs and ops (a fresh build was 8% of an engine prediction over
-    the benchmark)."""
-    blind = run.blind()
-    groups: dict[str, list[Candidate]] = {}
-    for c in cands:
-        groups.setdefault(point_key(c, lambda k: k not in blind), []).append(c)
-    for group in groups.values():  # one already analysed (the scenario as given) stands for its group
-        done = next((c for c in group if c.analytic), None)
-        if done is not None:
-            for c in group:
-                take_analysis(c, done.analytic, run.objective, same_priority(c, done))
+    ``given`` (the scenario as given; in this process, within ``reusing_training_ops``), its
+    training iteration is analysed first and it is predicted by the engine right after
+    (:func:`predict_given`), while its build can take that iteration's op specs and ops; and the
+    iteration of the candidate the engine will confirm first so far is kept
+    (``keep_training_build``) for that prediction's build. A fresh build was 8% of an engine
+    prediction over the benchmark."""
+    groups = _analysis_groups(cands, run)
+    first = _training(given) if given is not None else None
     # Candidates of one training iteration analysed one after another reuse its op specs
     # (reusing_training_ops holds the last); the order of analyses changes nothing else. The
     # least urgent priority stands for a group: its bound sees the SMs its collectives wait for.
-    def training(c: Candidate) -> str:
-        return point_key(c, lambda k: k.startswith("training."))
-
-    first = training(given) if given is not None else None
     todo = sorted(((min(g, key=lambda c: c.point.get("knobs.comm_priority") == "high"), g)
-                   for g in groups.values() if not g[0].analytic),
-                  key=lambda rg: (training(rg[0]) != first, training(rg[0])))
+                   for g in groups if not g[0].analytic),
+                  key=lambda rg: (_training(rg[0]) != first, _training(rg[0])))
+    # Analyses make no garbage cycles (as a build), while the ops and specs they keep grow: the
+    # cyclic collector's passes between them cost 3-5% of a search.
+    with paused_gc():
+        _analyze_in_order(todo, run, given)
+    return len(todo)
+
+
+def _analyze_in_order(todo: list[tuple[Candidate, list[Candidate]]], run: Run, given: Candidate | None) -> None:
     results = mapped(analyze, [rep for rep, _ in todo], run.pool, run.objective)
+    order, leader = confirm_order(run.objective), None
     for i, ((rep, group), s) in enumerate(zip(todo, results, strict=True), 1):
         for c in group:
             take_analysis(c, s, run.objective, same_priority(c, rep))
         run.tell("analysing", i, len(todo))
-        if given is not None and any(c is given for c in group):
+        if given is None:
+            continue
+        if any(c is given for c in group):
             predict_given(given, run)
-    return len(todo)
+        lead = min((c for c in group if c is not given and math.isfinite(c.estimate)), key=order, default=None)
+        if lead is not None and (leader is None or order(lead) < order(leader)):
+            leader = lead
+            keep_training_build()
+
+
+def _analysis_groups(cands: Sequence[Candidate], run: Run) -> list[list[Candidate]]:
+    """The candidates in groups that differ only in knobs an analysis does not see; a group one of
+    which was analysed already (the scenario as given) takes its analysis."""
+    blind = run.blind()
+    groups: dict[str, list[Candidate]] = {}
+    for c in cands:
+        groups.setdefault(point_key(c, lambda k: k not in blind), []).append(c)
+    for group in groups.values():
+        done = next((c for c in group if c.analytic), None)
+        if done is not None:
+            for c in group:
+                take_analysis(c, done.analytic, run.objective, same_priority(c, done))
+    return list(groups.values())
+
+
+def _training(c: Candidate) -> str:
+    return point_key(c, lambda k: k.startswith("training."))
+
+
+def confirm_order(objective: Objective) -> Callable[[Candidate], tuple[float, float]]:
+    """The order in which :func:`confirm` predicts candidates: for time by their bound, then
+    estimate; else by their estimate."""
+    if objective == "time":
+        return lambda c: (c.bound_s, c.estimate)
+    return lambda c: (c.estimate, 0.0)
 
 
 def predict_given(given: Candidate, run: Run) -> None:
@@ -114,8 +148,7 @@ def confirm(cands: Sequence[Candidate], run: Run, confirm_max: int) -> dict[str,
     budget), how many that could have won it left and, for time, by how much at most
     (``gap_pct``: the best found over the least bound left, less 1; 0 when none is left)."""
     objective, jobs = run.objective, run.jobs
-    order = (lambda c: (c.bound_s, c.estimate)) if objective == "time" else (lambda c: (c.estimate, 0.0))
-    ranked = sorted((c for c in cands if math.isfinite(c.estimate) and not c.engine), key=order)
+    ranked = sorted((c for c in cands if math.isfinite(c.estimate) and not c.engine), key=confirm_order(objective))
     best = min((objective_value(c.engine, objective) for c in cands if c.engine), default=math.inf)
     seen: dict[tuple[object, ...], Candidate] = {}
     for c in cands:

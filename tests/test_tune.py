@@ -582,10 +582,12 @@ def test_a_written_space_is_built_value_by_value_only_when_an_analysis_fails(mon
     assert built
 
 
-def test_the_scenario_as_given_is_built_from_its_analyses_op_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engine_builds_the_given_and_the_first_confirmed_from_the_analyses_op_specs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The scenario as given is predicted by the engine right after its training iteration's
-    analyses, so its build takes their op specs rather than making them again: one set of specs
-    for each iteration the space holds, and one more only for the engine's other predictions."""
+    analyses, and the iteration of the candidate to confirm first is kept through the rest, so
+    neither engine prediction makes its op specs again: one set for each iteration the space
+    holds (5 before, when each engine prediction made its own)."""
     import ovsim.models.training as training_module
 
     made: list[int] = []
@@ -597,7 +599,7 @@ def test_the_scenario_as_given_is_built_from_its_analyses_op_specs(monkeypatch: 
 
     monkeypatch.setattr(training_module, "training_ops", counting)
     fsdp = EXAMPLES / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"
-    space = {"training.parallel.fsdp_prefetch": [0, 1], "knobs.nccl_channels": [None, 8]}
-    res = tune(fsdp, space=space, confirm_max=0)
-    assert res.stats["engine_predictions"] == 1
-    assert len(made) == 2
+    space = {"training.parallel.fsdp_prefetch": [0, 1, 2], "knobs.nccl_channels": [None, 8]}
+    res = tune(fsdp, space=space, confirm_max=1)
+    assert res.stats["engine_predictions"] == 2
+    assert len(made) == 3

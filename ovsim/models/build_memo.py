@@ -48,16 +48,18 @@ class Expansions:
 
     classes: list[int]  # each spec's class, by its place in the list
     tables: dict[tuple[int, tuple[object, ...]], Table] = field(default_factory=dict)
-    # The ops the tables hold, counted by the builds that fill them (past EXPANSIONS_MAX_OPS no
-    # table starts, so they hold at most one build's ops more).
+    # The ops the tables hold, counted by the builds that fill them (past ``cap`` no table starts,
+    # so they hold at most one build's ops more).
     ops: int = 0
+    # EXPANSIONS_MAX_OPS, halved while a list's expansions are kept beside the last's.
+    cap: int = field(default_factory=lambda: EXPANSIONS_MAX_OPS)
 
     def table(self, cls: int, knobs: tuple[object, ...]) -> Table | None:
         """The table of the specs of class ``cls`` under these values of the knobs they read; a
-        new one only while the tables hold fewer than ``EXPANSIONS_MAX_OPS`` ops (None past it:
-        those specs' ops are made and not kept, and the tables there stay)."""
+        new one only while the tables hold fewer than ``cap`` ops (None past it: those specs' ops
+        are made and not kept, and the tables there stay)."""
         t = self.tables.get((cls, knobs))
-        if t is None and self.ops < EXPANSIONS_MAX_OPS:
+        if t is None and self.ops < self.cap:
             t = self.tables[(cls, knobs)] = [None] * len(self.classes)
         return t
 
@@ -72,6 +74,8 @@ class _Memo:
     expanded_from: tuple[object, ...] = ()
     expanded_for: tuple[object, ...] = ()
     expansions: Expansions | None = None
+    # The same of a list kept beside the last (keep_expansions).
+    kept: tuple[tuple[object, ...], tuple[object, ...], Expansions] | None = None
 
     def drop_expansions(self) -> None:
         self.expanded_from, self.expanded_for, self.expansions = (), (), None
@@ -84,6 +88,7 @@ class _Memo:
             self.demands.clear()
             self.plans.clear()
             self.drop_expansions()
+            self.kept = None
         return self
 
     def hold(self, *objs: object) -> tuple[int, ...]:
@@ -153,20 +158,41 @@ def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
         # alive through the next build, about a kilobyte each).
         memo.drop_expansions()
         return None
-    # By identity: comparing equal specs of two lists by value walks a shared prefix at a few
-    # microseconds a spec (0.2 s of a 3.7 s build of the 145.6B row whose lists differ at the end).
-    held = memo.expanded_from
-    same = len(held) == len(specs) and all(map(operator.is_, held, specs))
-    if not same or memo.expansions is None or memo.expanded_for != inputs:
-        memo.drop_expansions()  # the ops of the list before go before the next are made
-        memo.expanded_from, memo.expanded_for = specs, inputs
-        memo.expansions = Expansions(classes(specs))
+    if memo.expansions is not None and _same(memo.expanded_from, specs) and memo.expanded_for == inputs:
+        return memo.expansions
+    if memo.kept is not None and _same(memo.kept[0], specs) and memo.kept[1] == inputs:
+        memo.expanded_from, memo.expanded_for, memo.expansions = memo.kept
+        return memo.expansions
+    memo.drop_expansions()  # the ops of the list before go before the next are made
+    memo.expanded_from, memo.expanded_for = specs, inputs
+    memo.expansions = Expansions(classes(specs), cap=EXPANSIONS_MAX_OPS // (2 if memo.kept is not None else 1))
     return memo.expansions
 
 
+def _same(held: tuple[object, ...], specs: tuple[object, ...]) -> bool:
+    # By identity: comparing equal specs of two lists by value walks a shared prefix at a few
+    # microseconds a spec (0.2 s of a 3.7 s build of the 145.6B row whose lists differ at the end).
+    return len(held) == len(specs) and all(map(operator.is_, held, specs))
+
+
+def keep_expansions(keep: bool = True) -> None:
+    """Keep the expansions of the last list built beside those of the lists built after it (until
+    asked again; ``keep`` False: keep none), if they hold at most half of ``EXPANSIONS_MAX_OPS``
+    ops; while kept, each list's tables hold at most half (so the two stay within it)."""
+    memo = _MEMO.get()
+    if memo is None:
+        return
+    e = memo.expansions
+    memo.kept = None
+    if keep and e is not None and e.ops <= EXPANSIONS_MAX_OPS // 2:
+        e.cap = EXPANSIONS_MAX_OPS // 2
+        memo.kept = (memo.expanded_from, memo.expanded_for, e)
+
+
 def drop_expansions() -> None:
-    """Let the expansions kept go (the op list they are of is gone: ``training.reusing_training_ops``
-    makes another), so that its ops are freed before the next list's are made."""
+    """Let the last list's expansions go (the op list they are of is gone: ``training.reusing_training_ops``
+    makes another), so that its ops are freed before the next list's are made; those kept
+    (:func:`keep_expansions`) stay."""
     memo = _MEMO.get()
     if memo is not None:
         memo.drop_expansions()

@@ -62,7 +62,7 @@ from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
-from ovsim.models.build_memo import drop_expansions
+from ovsim.models.build_memo import drop_expansions, keep_expansions
 from ovsim.models.ir import StreamSpec, Workload
 from ovsim.models.op_specs import SIXTEEN_BIT, CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp, generated
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
@@ -100,7 +100,16 @@ class TrainingOps:
 # specs than this is not held: it would keep gigabytes through what follows the build (about 0.8
 # KB a spec: 149 MiB on Megatron-LM's 145.6B row, about 2.6 GB on its 1T row).
 REUSE_MAX_SPECS = 500_000
-_REUSED: ContextVar[list[tuple[str, TrainingOps]] | None] = ContextVar("_REUSED", default=None)
+
+
+@dataclass
+class _Held:
+    # (what made them, the specs): the last made, and one set kept beside it (keep_training_build).
+    last: tuple[str, TrainingOps] | None = None
+    kept: tuple[str, TrainingOps] | None = None
+
+
+_REUSED: ContextVar[_Held | None] = ContextVar("_REUSED", default=None)
 
 
 @contextlib.contextmanager
@@ -109,12 +118,34 @@ def reusing_training_ops() -> Iterator[None]:
     before takes that one's op specs instead of making them again: a schedule search or a sweep
     builds many workloads that differ only in knobs, and making the specs is 40% of a build (the
     specs are frozen and nothing edits the lists). One set is held (of at most ``REUSE_MAX_SPECS``
-    specs), released on leaving."""
-    token = _REUSED.set([])
+    specs), and one that :func:`keep_training_build` kept; released on leaving."""
+    token = _REUSED.set(_Held())
     try:
         yield
     finally:
         _REUSED.reset(token)
+
+
+def keep_training_build() -> None:
+    """Keep the op specs made last within :func:`reusing_training_ops`, and the ops built of them
+    (``build_memo.keep_expansions``), beside those of the lists made after, until this is asked
+    again: a schedule search keeps the iteration of the candidate it will predict first with the
+    engine. Together they stay within ``REUSE_MAX_SPECS`` specs (else none is kept)."""
+    held = _REUSED.get()
+    if held is None or held.last is None or held.last is held.kept:
+        return
+    kept = held.last if len(held.last[1].ops) * 2 <= REUSE_MAX_SPECS else None
+    held.kept = kept
+    keep_expansions(kept is not None)
+
+
+def release_training_build() -> None:
+    """Let the op specs made last within :func:`reusing_training_ops`, and the ops built of them,
+    go, but those kept (:func:`keep_training_build`)."""
+    held = _REUSED.get()
+    if held is not None and held.last is not held.kept:
+        held.last = None
+        drop_expansions()
 
 
 def _training_ops_reused(spec: TrainingSpec, n_ranks: int, replicas_made: int | None,
@@ -123,13 +154,17 @@ def _training_ops_reused(spec: TrainingSpec, n_ranks: int, replicas_made: int | 
     if held is None:
         return training_ops(spec, n_ranks, replicas_made=replicas_made, tp_made=tp_made)
     key = f"{n_ranks}|{replicas_made}|{tp_made}|{spec.model_dump_json()}"
-    if held and held[0][0] == key:
-        return held[0][1]
-    held.clear()  # the previous set goes before the next is made: one set at most, not two
-    drop_expansions()  # and the ops a build made of it (build_memo), before the next build's
+    for entry in (held.last, held.kept):
+        if entry is not None and entry[0] == key:
+            held.last = entry
+            return entry[1]
+    # The previous set goes before the next is made (one set at most, not two, but the one kept),
+    # and so do the ops a build made of it (build_memo), before the next build's.
+    held.last = None
+    drop_expansions()
     gen = training_ops(spec, n_ranks, replicas_made=replicas_made, tp_made=tp_made)
     if len(gen.ops) <= REUSE_MAX_SPECS:
-        held.append((key, gen))
+        held.last = (key, gen)
     return gen
 
 

@@ -11,7 +11,7 @@ import pytest
 from ovsim.api import build
 from ovsim.models import build_memo
 from ovsim.models.build_memo import reusing_builds
-from ovsim.models.training import reusing_training_ops
+from ovsim.models.training import keep_training_build, release_training_build, reusing_training_ops
 from ovsim.scenario import Scenario, load_scenario
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gemm-allreduce-h100x4-overlapped.yaml"
@@ -117,3 +117,46 @@ def test_a_list_of_more_specs_than_expansions_hold_is_not_held(monkeypatch: pyte
         memo = build_memo._MEMO.get()
         assert memo is not None and memo.expanded_from == () and not memo.expansions
     assert first.ops == again.ops and not any(a is b for a, b in zip(first.ops, again.ops, strict=True))
+
+
+def _prefetch(sc: Scenario, depth: int) -> Scenario:
+    assert sc.training is not None
+    parallel = sc.training.parallel.model_copy(update={"fsdp_prefetch": depth})
+    return sc.model_copy(update={"training": sc.training.model_copy(update={"parallel": parallel})})
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_kept_iteration_is_built_from_its_ops_after_others(keep: bool) -> None:
+    """keep_training_build keeps the last iteration's op specs and ops beside those of the
+    iterations built after it: built again, it takes them (the same objects) and builds what it
+    builds alone. Not kept, it is made again; release_training_build lets the last go, not it."""
+    sc = load_scenario(TRAINING)
+    alone = build(sc)[0]
+    with reusing_training_ops(), reusing_builds():
+        first = build(sc)[0]
+        if keep:
+            keep_training_build()
+        build(_prefetch(sc, 0))
+        last = build(_prefetch(sc, 2))[0]
+        again = build(sc)[0]
+        build(_prefetch(sc, 2))
+        release_training_build()
+        after_release = build(_prefetch(sc, 2))[0]
+        kept_still = build(sc)[0]
+    assert again.ops == alone.ops and again.streams == alone.streams
+    assert all(a is b for a, b in zip(first.ops, again.ops, strict=True)) == keep
+    assert not any(a is b for a, b in zip(last.ops, after_release.ops, strict=True))
+    assert all(a is b for a, b in zip(first.ops, kept_still.ops, strict=True)) == keep
+
+
+def test_an_iteration_of_more_than_half_the_ops_expansions_hold_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept, a list's ops share the expansions' size with the last list's: one of more than half
+    of it is not kept (its specs are, and its ops are made again)."""
+    sc = load_scenario(TRAINING)
+    with reusing_training_ops(), reusing_builds():
+        first = build(sc)[0]
+        monkeypatch.setattr(build_memo, "EXPANSIONS_MAX_OPS", 2 * len(first.ops) - 1)
+        keep_training_build()
+        build(_prefetch(sc, 0))
+        again = build(sc)[0]
+    assert again.ops == first.ops and not any(a is b for a, b in zip(first.ops, again.ops, strict=True))
