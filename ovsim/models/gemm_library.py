@@ -184,6 +184,8 @@ def _least_s(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precis
     one block's load share can make a speed-up) and where the problem or the kernel is refused
     (gemm_time says why)."""
     sms = sm_count if sm_count is not None else gpu.sm.count
+    if not all(isinstance(v, int) and v >= 1 for v in (m, n, k, batch)):
+        return [0.0] * len(pairs)  # gemm_time refuses the problem
     try:
         rate = gemm_rate(n, k, precision, gpu, params, None)
     except OvsimError:
@@ -195,7 +197,7 @@ def _least_s(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precis
         occ = occupancies.get(kern)
         if occ is None:
             occ = occupancies[kern] = _natural_occupancy(kern, gpu, eb, extra_shared_mem_bytes)
-        if occ == 0 or min(m, n, k, batch) < 1:
+        if occ == 0:
             out.append(0.0)
             continue
         compute_s = gemm_main_loop(m, n, k, kern.tile, occ, batch, split, sms, *rate)[4]

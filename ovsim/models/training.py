@@ -130,7 +130,8 @@ def keep_training_build() -> None:
     """Keep the op specs made last within :func:`reusing_training_ops`, and the ops built of them
     (``build_memo.keep_expansions``), beside those of the lists made after, until this is asked
     again: a schedule search keeps the iteration of the candidate it will predict first with the
-    engine. Together they stay within ``REUSE_MAX_SPECS`` specs (else none is kept)."""
+    engine. A set of more than half of ``REUSE_MAX_SPECS`` specs is not kept, and while one is kept
+    the last is held only within what it leaves of ``REUSE_MAX_SPECS``."""
     held = _REUSED.get()
     if held is None or held.last is None or held.last is held.kept:
         return
@@ -163,7 +164,7 @@ def _training_ops_reused(spec: TrainingSpec, n_ranks: int, replicas_made: int | 
     held.last = None
     drop_expansions()
     gen = training_ops(spec, n_ranks, replicas_made=replicas_made, tp_made=tp_made)
-    if len(gen.ops) <= REUSE_MAX_SPECS:
+    if len(gen.ops) <= REUSE_MAX_SPECS - (len(held.kept[1].ops) if held.kept is not None else 0):
         held.last = (key, gen)
     return gen
 

@@ -160,3 +160,28 @@ def test_an_iteration_of_more_than_half_the_ops_expansions_hold_is_not_kept(monk
         build(_prefetch(sc, 0))
         again = build(sc)[0]
     assert again.ops == first.ops and not any(a is b for a, b in zip(first.ops, again.ops, strict=True))
+
+
+def test_while_an_iteration_is_kept_the_last_is_held_within_what_it_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept set and the last stay within REUSE_MAX_SPECS specs: with one micro-batch's
+    iteration kept, a two micro-batches' one of more specs than the limit leaves is made and not
+    held (and, kept no longer, it is)."""
+    import ovsim.models.training as training_module
+
+    sc = load_scenario(TRAINING)
+    assert sc.training is not None
+    one, two = (sc.model_copy(update={"training": sc.training.model_copy(update={"micro_batches": n})}) for n in (1, 2))
+    with reusing_training_ops(), reusing_builds():
+        first = build(one)[0]
+        held = training_module._REUSED.get()
+        assert held is not None and held.last is not None
+        small = len(held.last[1].ops)  # specs
+        monkeypatch.setattr(training_module, "REUSE_MAX_SPECS", 2 * small)
+        keep_training_build()
+        build(two)
+        assert held.kept is not None and held.last is None
+        assert build(one)[0].ops == first.ops and held.last is held.kept  # the kept one is taken
+    with reusing_training_ops(), reusing_builds():
+        build(two)
+        held = training_module._REUSED.get()
+        assert held is not None and held.last is not None
