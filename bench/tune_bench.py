@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ovsim.engine import channel
-from ovsim.models import cost, gemm_library
+from ovsim.models import gemm_library, occupancy
 from ovsim.models.build_memo import reusing_builds
 from ovsim.models.training import reusing_training_ops
 from ovsim.scenario import load_scenario
@@ -43,7 +43,7 @@ def cold() -> None:
     each shape runs, blocks' occupancies, the links' solved latencies), so that each search pays
     for its own as it would run alone. Files read stay read: any search reads them once."""
     gemm_library.clear_choices()
-    cost.clear_occupancies()
+    occupancy.clear_occupancies()
     channel.clear_solutions()
 
 

@@ -28,7 +28,7 @@ import pandas as pd
 
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec
-from ovsim.models import cost
+from ovsim.models import cost, occupancy
 from ovsim.models.ir import BlockShape, KernelDemand, KernelKind
 from ovsim.traces.aten import gemm_problem
 from ovsim.traces.table import gemm_cluster, gemm_tile
@@ -219,10 +219,10 @@ def kernel_launch(c: KernelColumns, i: int, gpu: GpuSpec) -> tuple[int, BlockSha
     # A launch this GPU cannot hold (a trace from a bigger GPU, or bad metadata): keep the grid,
     # drop what does not fit so the kernel still runs one block per SM.
     shape = BlockShape(threads=threads, registers_per_thread=regs, shared_mem_bytes=smem)
-    while regs > 0 and cost.registers_per_block(shape, gpu) > sm.registers_per_sm:
+    while regs > 0 and occupancy.registers_per_block(shape, gpu) > sm.registers_per_sm:
         regs -= 1
         shape = BlockShape(threads=threads, registers_per_thread=regs, shared_mem_bytes=smem)
-    if cost.blocks_per_sm(shape, gpu) == 0:
+    if occupancy.blocks_per_sm(shape, gpu) == 0:
         shape = BlockShape(threads=threads, registers_per_thread=regs, shared_mem_bytes=0)
     return grid, shape
 
@@ -243,7 +243,7 @@ def persistent_tiles(c: KernelColumns, i: int, grid: int, shape: BlockShape, gpu
     work: held alone, they would make every block that finds its SM taken a second wave (x2.0),
     where the resident blocks in fact share the tiles (measured on an H100 with 8 to 66 SMs held,
     calibration/data/README.md)."""
-    if c.kind[i] != "gemm" or grid != gpu.sm.count * cost.blocks_per_sm(shape, gpu):
+    if c.kind[i] != "gemm" or grid != gpu.sm.count * occupancy.blocks_per_sm(shape, gpu):
         return None
     problem, tile = gemm_problem(c.host_op[i]), gemm_tile(c.name[i])
     if problem is None or tile is None:
@@ -268,7 +268,7 @@ def kernel_demand(c: KernelColumns, i: int, iso_s: float, gpu: GpuSpec, params: 
     rate = bw * fraction
     if memory and params.memory_warp_bytes_per_s > 0:
         # Little's law: a kernel of few warps cannot keep enough bytes in flight to reach HBM's rate.
-        rate = min(rate, cost.resident_warps(grid, shape, gpu) * params.memory_warp_bytes_per_s)
+        rate = min(rate, occupancy.resident_warps(grid, shape, gpu) * params.memory_warp_bytes_per_s)
     # A persistent GEMM replays as its tiles, one block each on the kernel's footprint: alone it
     # takes the rounds of tiles it was measured in, and with SMs taken the rounds its resident
     # blocks need.
@@ -276,8 +276,8 @@ def kernel_demand(c: KernelColumns, i: int, iso_s: float, gpu: GpuSpec, params: 
     d = cost.demand_from_time(blocks=tiles or grid, block=shape, isolated_s=iso_s, flops=0.0,
                               hbm_bytes=data_moving_s(iso_s, params) * rate, gpu=gpu, sm_count=sms,
                               issue_intensity=params.memory_issue_floor if memory else 1.0, clock_sensitive=not memory,
-                              cap=None if memory else cost.issue_cap(shape, gpu, params,
-                                                                     1.0 / cost.blocks_per_sm(shape, gpu)),
+                              cap=None if memory else occupancy.issue_cap(shape, gpu, params,
+                                                                     1.0 / occupancy.blocks_per_sm(shape, gpu)),
                               load_share=params.gemm_load_share if c.kind[i] == "gemm" else 0.0)
     d = replace(d, persistent_ctas=grid if tiles else 0,
                 cluster_ctas=gemm_cluster(c.name[i]) if c.kind[i] == "gemm" else 1)
@@ -296,6 +296,6 @@ def _within_rate(d: KernelDemand, rate_bytes_per_s: float, gpu: GpuSpec, sm_coun
     kernel ran 15% over its own measured time alone (the Adam step of a real A100 trace)."""
     if d.hbm_bytes <= 0 or rate_bytes_per_s <= 0:
         return d
-    resident = min(d.blocks, sm_count * cost.blocks_per_sm(d.block, gpu))
+    resident = min(d.blocks, sm_count * occupancy.blocks_per_sm(d.block, gpu))
     peak = d.hbm_bytes / d.blocks * resident / d.block_time_s
     return replace(d, hbm_bytes=d.hbm_bytes * rate_bytes_per_s / peak) if peak > rate_bytes_per_s else d

@@ -23,8 +23,8 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.power import PowerSettings
 from ovsim.hw.spec import GpuSpec
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE
-from ovsim.models.cost import kept_load_share
 from ovsim.models.ir import Op, Workload
+from ovsim.models.occupancy import kept_load_share
 from ovsim.scenario import Mode, Scenario
 
 Objective = Literal["time", "energy", "edp"]

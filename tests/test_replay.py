@@ -15,7 +15,7 @@ from ovsim.engine.sim import Engine
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import load_gpu, load_system
-from ovsim.models import cost
+from ovsim.models import cost, occupancy
 from ovsim.models.ir import Op, StreamSpec, Workload
 from ovsim.models.op_prices import collective_parts
 from ovsim.models.workload import CollectiveOpSpec, Knobs
@@ -418,7 +418,7 @@ def test_a_memory_bound_kernel_of_few_warps_moves_at_most_its_warps_rate(threads
     table = make_table({"rank": [0], "stream": [7], "name": ["vectorized_elementwise_kernel<4, AddFunctor>"],
                         "start_s": [0.0], "duration_s": [20e-6], "grid_x": [blocks], "block_x": [threads]})
     d = kernel_demand(KernelColumns.of(table), 0, 20e-6, gpu, params)
-    resident = min(blocks, 132 * cost.blocks_per_sm(cost.BlockShape(threads, 32, 0), gpu))
+    resident = min(blocks, 132 * occupancy.blocks_per_sm(cost.BlockShape(threads, 32, 0), gpu))
     warps = resident * threads // 32
     hbm = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction * params.memory_kernel_efficiency
     assert d.hbm_bytes == pytest.approx(data_moving_s(20e-6, params) * min(hbm, warps * 5e8), rel=1e-12)

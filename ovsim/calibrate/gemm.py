@@ -123,13 +123,13 @@ def gemm_points(traces: Sequence[TraceInput]) -> dict[str, list[tuple[float, flo
     were half the BF16 GEMMs, and the fit error with them 22.4% against 5.0% without, at nearly
     the same efficiency. Unaligned GEMMs all stay: their own efficiency is what the narrow-load
     kernels achieve, memory or not."""
-    from ovsim.models import cost
+    from ovsim.models import cost, occupancy
     from ovsim.replay_kernels import kernel_launch
 
     work: dict[str, list[tuple[float, float, float, float, bool]]] = {}
     for gpu, c, i, prob, prec in _clean_gemms(traces):
         grid, shape = kernel_launch(c, i, gpu)
-        occ = max(1, cost.blocks_per_sm(shape, gpu))
+        occ = max(1, occupancy.blocks_per_sm(shape, gpu))
         m, n, k, batch = prob
         flops = 2.0 * m * n * k * batch
         waves = math.ceil(grid / (gpu.sm.count * occ))

@@ -31,8 +31,8 @@ from ovsim.engine.power import (
 from ovsim.engine.timeline import Timeline, timeline_from_rows
 from ovsim.hw.power import HW_SLOWDOWN_FLOOR, MEMORY, TENSOR, PowerModel, voltage_fractions
 from ovsim.hw.spec import GpuSpec
-from ovsim.models.cost import blocks_per_sm
 from ovsim.models.ir import FlowDemand, Op, Workload
+from ovsim.models.occupancy import blocks_per_sm
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any
 from ovsim.engine.machine import GpuModel
 from ovsim.engine.power import ClockWindow, PowerConfig, op_power_class, rate_class
 from ovsim.hw.power import MEMORY, TENSOR
-from ovsim.models.cost import allocated_registers, kept_load_share
 from ovsim.models.ir import FlowDemand, KernelDemand, Op
+from ovsim.models.occupancy import allocated_registers, kept_load_share
 
 INF = float("inf")
 # Room without a limit, in blocks (an int: block counts stay integers).

@@ -12,7 +12,6 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec
 from ovsim.models.cost import (
     GemmTime,
-    blocks_per_sm,
     element_bytes,
     gemm_demand,
     gemm_isolated_s,
@@ -21,6 +20,7 @@ from ovsim.models.cost import (
     gemm_time,
 )
 from ovsim.models.ir import BlockShape, KernelDemand
+from ovsim.models.occupancy import blocks_per_sm
 
 
 class GemmKernel(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Literal
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
-from ovsim.models import cost, gemm_library, nccl
+from ovsim.models import cost, gemm_library, nccl, occupancy
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand
 from ovsim.models.op_specs import (
     GEMM_BLOCK_FIELDS,
@@ -69,7 +69,7 @@ def kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs)
         if spec.grid_stride:
             if blocks is not None:
                 raise OvsimError("give blocks or grid_stride, not both", field="grid_stride")
-            blocks = (gpu.sm.count - knobs.sm_carveout) * cost.blocks_per_sm(BlockShape(spec.threads, 32, 0), gpu)
+            blocks = (gpu.sm.count - knobs.sm_carveout) * occupancy.blocks_per_sm(BlockShape(spec.threads, 32, 0), gpu)
         base = cost.memory_bound(spec.bytes, gpu, params, flops=spec.flops, threads=spec.threads, blocks=blocks,
                                  kind=spec.kind)
     else:
@@ -92,7 +92,7 @@ def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> K
     """The same kernel with a padded block or an SM budget: each block does the same work at the same
     pace at its share of an SM; the waves follow the new residency, and a block with room on its SM
     runs up to the kernel's issue cap."""
-    occ_new = cost.blocks_per_sm(block, gpu)
+    occ_new = occupancy.blocks_per_sm(block, gpu)
     if occ_new == 0:
         raise OvsimError("occupancy shaping leaves no room for one block", field="occupancy_shaping_smem_bytes")
     if math.isfinite(base.hbm_cap_bytes_per_s):
@@ -101,7 +101,7 @@ def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> K
         return dataclasses.replace(base, block=block, isolated_s=cost.alone_time_s(base, sms * occ_new))
     ask = base.issue_fraction
     most = base.issue_cap if base.issue_cap is not None else ask
-    isolated = (cost.alone_block_times(base.blocks, occ_new, sms, ask, most, base.load_share, gpu.sm.count)
+    isolated = (occupancy.alone_block_times(base.blocks, occ_new, sms, ask, most, base.load_share, gpu.sm.count)
                 * base.block_time_s)
     return cost.demand_from_time(blocks=base.blocks, block=block, isolated_s=isolated, flops=base.flops,
                                  hbm_bytes=base.hbm_bytes, gpu=gpu, issue_intensity=1.0,

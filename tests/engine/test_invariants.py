@@ -18,8 +18,8 @@ from ovsim.engine.machine import build_machine
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.hw.calib import load_calibration
 from ovsim.hw.spec import SystemSpec, load_gpu
-from ovsim.models.cost import alone_block_times
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, StreamSpec, Workload
+from ovsim.models.occupancy import alone_block_times
 
 GPU = load_gpu("h100-sxm5-80gb")
 PARAMS = load_calibration(GPU, "h100-sxm5-80gb").params

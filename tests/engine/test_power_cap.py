@@ -21,7 +21,7 @@ import yaml
 
 from ovsim.api import Result, predict
 from ovsim.engine.power import POWER_COUNTER
-from ovsim.models.cost import blocks_per_sm
+from ovsim.models.occupancy import blocks_per_sm
 from ovsim.scenario import Scenario, load_scenario
 
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"

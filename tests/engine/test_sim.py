@@ -16,7 +16,7 @@ from ovsim.engine.machine import build_machine
 from ovsim.engine.sim import Engine, EngineOptions
 from ovsim.hw.calib import Calibration
 from ovsim.hw.spec import GpuSpec, SystemSpec
-from ovsim.models import cost
+from ovsim.models import cost, occupancy
 from ovsim.models.ir import BlockShape, FlowDemand, KernelDemand, Op, StreamSpec, Workload
 
 NCCL_BLOCK = BlockShape(threads=544, registers_per_thread=96, shared_mem_bytes=104_768)
@@ -118,8 +118,8 @@ def test_occupancy_shaping_lets_blocks_coreside_and_the_gemm_pays(h100: GpuSpec,
     kw = {"tile": (64, 64, 32), "threads": 128, "registers_per_thread": 96}
     plain = cost.gemm(4096, 4096, 4096, "fp16", h100, p, **kw)  # type: ignore[arg-type]
     shaped = cost.gemm(4096, 4096, 4096, "fp16", h100, p, extra_shared_mem_bytes=92_160, **kw)  # type: ignore[arg-type]
-    assert cost.blocks_per_sm(plain.block, h100) == 5
-    assert cost.blocks_per_sm(shaped.block, h100) == 1
+    assert occupancy.blocks_per_sm(plain.block, h100) == 5
+    assert occupancy.blocks_per_sm(shaped.block, h100) == 1
     flow = FlowDemand(group="c", ranks=(0,), bytes=1e8, latency_s=0.0, rate_cap_bytes_per_s=1e11,
                       link_coeff=0.0, hbm_coeff=0.0)
     streams = [StreamSpec(0, "compute", 0), StreamSpec(0, "comm", -1)]
@@ -420,7 +420,7 @@ def test_a_streaming_kernel_just_faster_than_the_achievable_bandwidth_keeps_its_
                         clock_sensitive=False)
     took = []
     base = cost.memory_bound(nbytes, h100, p, threads=128, blocks=262144)
-    waves = math.ceil(base.blocks / (h100.sm.count * cost.blocks_per_sm(base.block, h100)))
+    waves = math.ceil(base.blocks / (h100.sm.count * occupancy.blocks_per_sm(base.block, h100)))
     for ask in (0.999, 1.001):
         # As a traced kernel arrives: its measured time, its blocks paced by it, no cap yet.
         iso = nbytes / (ask * rate)
@@ -448,7 +448,7 @@ def test_a_shaped_gemm_block_with_room_on_its_sm_runs_up_to_its_issue_cap(
     natural = cost.gemm(64 * 99, 64 * 80, 4096, "bf16", h100, p, **shape)  # type: ignore[arg-type]
     one = cost.gemm(64 * 99, 64 * 80, 4096, "bf16", h100, p, extra_shared_mem_bytes=120_000,
                     **shape)  # type: ignore[arg-type]
-    assert (cost.blocks_per_sm(natural.block, h100), cost.blocks_per_sm(one.block, h100)) == (6, 1)
+    assert (occupancy.blocks_per_sm(natural.block, h100), occupancy.blocks_per_sm(one.block, h100)) == (6, 1)
     ovh = p.kernel_overhead_s
     assert (one.isolated_s - ovh) / (natural.isolated_s - ovh) == pytest.approx(ratio, rel=1e-9)
     for d in (natural, one):

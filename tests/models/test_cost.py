@@ -10,9 +10,10 @@ import pytest
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.spec import GpuSpec, load_gpu
-from ovsim.models.cost import blocks_per_sm, gemm, gemm_aligned
+from ovsim.models.cost import gemm, gemm_aligned
 from ovsim.models.gemm_library import best_gemm, library_gemm_kernels
 from ovsim.models.ir import BlockShape, KernelDemand
+from ovsim.models.occupancy import blocks_per_sm
 
 
 @pytest.mark.parametrize(("gpu", "block", "expected"), [
@@ -208,7 +209,7 @@ def test_alone_block_times_counts_the_faster_tiles_on_fewer_sms(blocks: int, per
                                                                expected: float) -> None:
     """Closed form of the load share (KernelDemand.load_share, s = 0.2): a wave with blocks on b of
     the GPU's SMs takes 1 - s * (1 - b / total) block times."""
-    from ovsim.models.cost import alone_block_times
+    from ovsim.models.occupancy import alone_block_times
 
     assert alone_block_times(blocks, per_sm, sms, 1.0, 1.0, 0.2, total) == pytest.approx(expected)
 
@@ -217,7 +218,7 @@ def test_alone_block_times_runs_a_last_wave_on_fewer_sms_once_its_lighter_sms_fi
     """150 blocks of 2 per SM on 100 SMs, each block at half its SM (cap 1): 50 SMs hold 2 blocks
     (1 block time) and 50 hold 1, which runs at the whole SM and finishes in half that. Then 50 of
     100 SMs are busy: the second half runs 1 - 0.2 * 0.5 as long. 0.5 + 0.45 block times."""
-    from ovsim.models.cost import alone_block_times
+    from ovsim.models.occupancy import alone_block_times
 
     assert alone_block_times(150, 2, 100, 0.5, 1.0, 0.2, 100) == pytest.approx(0.5 + 0.45)
     assert alone_block_times(150, 2, 100, 0.5, 1.0) == pytest.approx(1.0)

@@ -24,8 +24,8 @@ from harness_common import (
 from run import Harness, _fractions, _gemm_shapes
 
 from ovsim.hw.spec import load_gpu
-from ovsim.models.cost import blocks_per_sm
 from ovsim.models.ir import BlockShape
+from ovsim.models.occupancy import blocks_per_sm
 from ovsim.traces.power import read_power_samples
 
 # ovsim_gemm_tile64 as nvcc 13.0 builds it for sm_80 and sm_90 (--resource-usage): 80 registers,
