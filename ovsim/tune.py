@@ -43,8 +43,9 @@ file names, each with its legal values; every combination is a candidate. The me
    (``stats["stop"]``: "budget_s", or "confirm_max" at that count).
 
 The scenario as given is always predicted with the engine: the gains are over it. In this
-process that is done right after the analyses of its training iteration, which come first, so that
-its build takes their op specs and ops.
+process, where it is analysed among the rest (not where sampling or a budget's check analysed it
+before), its training iteration is analysed first and it is predicted right after, so that its
+build takes their op specs and ops; else after the analyses.
 """
 
 from __future__ import annotations

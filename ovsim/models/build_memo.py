@@ -17,7 +17,8 @@ training iteration's, which ``training.reusing_training_ops`` hands to each cand
 search) also takes the ops each spec expanded to there, where the knobs those ops read
 (``workload._knob_classes``) are the same. In a search over stream priorities and channel
 counts most specs are compute, whose ops neither changes. Ops are frozen, so two workloads can
-hold the same ones.
+hold the same ones. Beside the last list, one list :func:`keep_expansions` kept is held too (a
+search keeps the one it will predict first with the engine).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
                       classes: Callable[[tuple[object, ...]], list[int]]) -> Expansions | None:
     """The ops the build before this one expanded ``specs`` to, if it built the same list (the
     same objects in the same order, held here) from equal other ``inputs`` (the GPU, system,
-    calibration, ranks and schedule, as the caller names them); else empty tables for them, each
+    calibration, ranks and schedule, as the caller names them), or those of the list kept
+    (:func:`keep_expansions`) if it is that one; else empty tables for them, each
     spec of the class ``classes`` gives it. None outside :func:`reusing_builds`, and for a list
     too long to keep."""
     memo = _MEMO.get()
@@ -187,6 +189,8 @@ def keep_expansions(keep: bool = True) -> None:
     if keep and e is not None and e.ops <= EXPANSIONS_MAX_OPS // 2:
         e.cap = EXPANSIONS_MAX_OPS // 2
         memo.kept = (memo.expanded_from, memo.expanded_for, e)
+    elif e is not None:
+        e.cap = EXPANSIONS_MAX_OPS
 
 
 def drop_expansions() -> None:

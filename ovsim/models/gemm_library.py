@@ -132,7 +132,14 @@ def _best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Par
     # Chosen by their time alone; only the fastest's demand is made. Each kernel and split is
     # priced in order of the least time it can take (_least_s), and none whose least is above the
     # best time found: the choice is the one pricing them all in the listed order would make
-    # (ties to the first listed), at a fraction of the pricing (a GEMM's choice priced about 70).
+    # (ties to the first listed), at a fraction of the pricing (about 70 kernels and splits a GEMM).
+    if not all(isinstance(v, int) and v >= 1 for v in (m, n, k, batch, 1 if split_k is None else split_k)):
+        # A problem every kernel refuses: gemm_time says why, as the first kernel priced did.
+        kern = library_gemm_kernels(gpu, precision)[0]
+        gemm_time(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
+                  registers_per_thread=kern.registers_per_thread, stages=kern.stages,
+                  extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=1 if split_k is None else split_k,
+                  sm_count=sm_count)
     pairs = _pairs(m, n, k, gpu, precision, split_k)
     least = _least_s(pairs, m, n, k, precision, gpu, params, extra_shared_mem_bytes, batch, sm_count)
     best: tuple[GemmTime, GemmKernel] | None = None
@@ -184,8 +191,6 @@ def _least_s(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precis
     one block's load share can make a speed-up) and where the problem or the kernel is refused
     (gemm_time says why)."""
     sms = sm_count if sm_count is not None else gpu.sm.count
-    if not all(isinstance(v, int) and v >= 1 for v in (m, n, k, batch)):
-        return [0.0] * len(pairs)  # gemm_time refuses the problem
     try:
         rate = gemm_rate(n, k, precision, gpu, params, None)
     except OvsimError:
@@ -196,7 +201,7 @@ def _least_s(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precis
     for kern, split in pairs:
         occ = occupancies.get(kern)
         if occ is None:
-            occ = occupancies[kern] = _natural_occupancy(kern, gpu, eb, extra_shared_mem_bytes)
+            occ = occupancies[kern] = _occupancy_unpadded(kern, gpu, eb, extra_shared_mem_bytes)
         if occ == 0:
             out.append(0.0)
             continue
@@ -205,9 +210,9 @@ def _least_s(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precis
     return out
 
 
-def _natural_occupancy(kern: GemmKernel, gpu: GpuSpec, element_size: int, extra_shared_mem_bytes: int) -> int:
-    """Blocks of ``kern`` an SM holds, if padding leaves that many; 0 if it does not launch or padding
-    leaves fewer."""
+def _occupancy_unpadded(kern: GemmKernel, gpu: GpuSpec, element_size: int, extra_shared_mem_bytes: int) -> int:
+    """Blocks of ``kern`` an SM holds unpadded, where the padding leaves it as many; 0 where it
+    leaves fewer, or the kernel does not launch (its least time is then unknown)."""
     tm, tn, tk = kern.tile
     smem = kern.stages * (tm * tk + tn * tk) * element_size
     natural = BlockShape(threads=kern.threads, registers_per_thread=kern.registers_per_thread,

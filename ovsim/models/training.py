@@ -118,12 +118,16 @@ def reusing_training_ops() -> Iterator[None]:
     before takes that one's op specs instead of making them again: a schedule search or a sweep
     builds many workloads that differ only in knobs, and making the specs is 40% of a build (the
     specs are frozen and nothing edits the lists). One set is held (of at most ``REUSE_MAX_SPECS``
-    specs), and one that :func:`keep_training_build` kept; released on leaving."""
-    token = _REUSED.set(_Held())
+    specs), and one that :func:`keep_training_build` kept; released on leaving (with the ops the
+    build memo kept of it, should an outer ``reusing_builds`` outlive this)."""
+    held = _Held()
+    token = _REUSED.set(held)
     try:
         yield
     finally:
         _REUSED.reset(token)
+        if held.kept is not None:
+            keep_expansions(False)
 
 
 def keep_training_build() -> None:
@@ -133,10 +137,10 @@ def keep_training_build() -> None:
     engine. A set of more than half of ``REUSE_MAX_SPECS`` specs is not kept, and while one is kept
     the last is held only within what it leaves of ``REUSE_MAX_SPECS``."""
     held = _REUSED.get()
-    if held is None or held.last is None or held.last is held.kept:
+    if held is None or (held.last is not None and held.last is held.kept):
         return
-    kept = held.last if len(held.last[1].ops) * 2 <= REUSE_MAX_SPECS else None
-    held.kept = kept
+    kept = held.last if held.last is not None and len(held.last[1].ops) * 2 <= REUSE_MAX_SPECS else None
+    held.kept = kept  # none where the last was not held: the one kept before goes
     keep_expansions(kept is not None)
 
 

@@ -181,7 +181,26 @@ def test_while_an_iteration_is_kept_the_last_is_held_within_what_it_leaves(monke
         build(two)
         assert held.kept is not None and held.last is None
         assert build(one)[0].ops == first.ops and held.last is held.kept  # the kept one is taken
+        build(two)
+        keep_training_build()  # the last is not held: nothing is kept, not the one kept before
+        memo = build_memo._MEMO.get()
+        assert held.kept is None and memo is not None and memo.kept is None
     with reusing_training_ops(), reusing_builds():
         build(two)
         held = training_module._REUSED.get()
         assert held is not None and held.last is not None
+
+
+def test_leaving_the_specs_context_lets_the_kept_ops_go() -> None:
+    """An outer reusing_builds() outlives a reusing_training_ops() that kept a list: the memo's
+    kept ops go with it, and the lists after get the whole size again."""
+    sc = load_scenario(TRAINING)
+    with reusing_builds():
+        with reusing_training_ops():
+            build(sc)
+            keep_training_build()
+            memo = build_memo._MEMO.get()
+            assert memo is not None and memo.kept is not None
+        assert memo.kept is None
+        build(_prefetch(sc, 0))
+        assert memo.expansions is not None and memo.expansions.cap == build_memo.EXPANSIONS_MAX_OPS

@@ -107,6 +107,11 @@ def test_best_gemm_is_the_fastest_library_kernel_that_launches() -> None:
     assert padded.block.shared_mem_bytes + 1024 <= h100.sm.shared_mem_per_sm_bytes
     with pytest.raises(OvsimError, match="shared memory"):
         best_gemm(1024, 1024, 1024, "bf16", h100, p, extra_shared_mem_bytes=230_000)
+    # A problem every kernel refuses is named, before any kernel is priced.
+    for kwargs, field in (({"split_k": 0}, "split_k"), ({"batch": 0}, "batch")):
+        with pytest.raises(OvsimError) as e:
+            best_gemm(1024, 1024, 1024, "bf16", h100, p, **kwargs)
+        assert e.value.field == field
 
 
 def test_split_k_pays_for_its_partial_sums() -> None:
