@@ -185,7 +185,7 @@ def _search(scenario: str | Path | Scenario, space: Mapping[str, Sequence[Any]] 
     run.pool = executor(run.jobs, scheduler)
     # In process, the candidates' analyses reuse one training iteration's op specs, and that of
     # the candidate to confirm first is kept for its engine prediction (the one analysed last goes
-    # before the engine's predictions); processes of a pool make their own.
+    # before the engine's confirmations); processes of a pool make their own.
     with run.pool or nullcontext(), reusing_training_ops() if run.pool is None else nullcontext():
         t0 = time.monotonic()
         n_analytic = counts.pop("analyses") + (given_analysis is not None) + analyze_all(
