@@ -77,7 +77,7 @@ def analyze_all(cands: Sequence[Candidate], run: Run, given: Candidate | None = 
                    for g in groups if not g[0].analytic),
                   key=lambda rg: (_training(rg[0]) != first, _training(rg[0])))
     # Analyses make no garbage cycles (as a build), while the ops and specs they keep grow: the
-    # cyclic collector's passes between them cost 3-5% of a search.
+    # cyclic collector's passes between them cost 2-6% of a search.
     with paused_gc():
         _analyze_in_order(todo, run, given)
     return len(todo)
