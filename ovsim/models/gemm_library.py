@@ -5,6 +5,8 @@ efficiency and time per wave shipped for Hopper were fitted through this very ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 from ovsim.errors import OvsimError
@@ -133,13 +135,10 @@ def _best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Par
     # priced in order of the least time it can take (_least_s), and none whose least is above the
     # best time found: the choice is the one pricing them all in the listed order would make
     # (ties to the first listed), at a fraction of the pricing (about 70 kernels and splits a GEMM).
+    price = partial(_priced, m, n, k, precision, gpu, params, extra_shared_mem_bytes, batch, sm_count)
     if not all(isinstance(v, int) and v >= 1 for v in (m, n, k, batch, 1 if split_k is None else split_k)):
         # A problem every kernel refuses: gemm_time says why, as the first kernel priced did.
-        kern = library_gemm_kernels(gpu, precision)[0]
-        gemm_time(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
-                  registers_per_thread=kern.registers_per_thread, stages=kern.stages,
-                  extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=1 if split_k is None else split_k,
-                  sm_count=sm_count)
+        raise _refusal([(library_gemm_kernels(gpu, precision)[0], 1 if split_k is None else split_k)], price)
     pairs = _pairs(m, n, k, gpu, precision, split_k)
     least = _least_s(pairs, m, n, k, precision, gpu, params, extra_shared_mem_bytes, batch, sm_count)
     best: tuple[GemmTime, GemmKernel] | None = None
@@ -152,10 +151,7 @@ def _best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Par
         if kern in refused:
             continue
         try:
-            t = gemm_time(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
-                          registers_per_thread=kern.registers_per_thread, stages=kern.stages,
-                          extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split,
-                          sm_count=sm_count)
+            t = price(kern, split)
         except OvsimError as e:
             if e.field not in _DOES_NOT_LAUNCH:
                 raise
@@ -164,7 +160,7 @@ def _best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Par
         if best is None or (t.isolated_s, i) < (best[0].isolated_s, best_at):
             best, best_at = (t, kern), i
     if best is None:
-        raise _refusal(pairs, m, n, k, precision, gpu, params, extra_shared_mem_bytes, batch, sm_count)
+        raise _refusal(pairs, price)
     t, kern = best
     return gemm_demand(t, gpu, params, persistent=kern.persistent, cluster_ctas=kern.cluster)
 
@@ -226,14 +222,20 @@ def _occupancy_unpadded(kern: GemmKernel, gpu: GpuSpec, element_size: int, extra
         return 0
 
 
-def _refusal(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precision: str, gpu: GpuSpec,
-             params: Parameters, extra_shared_mem_bytes: int, batch: int, sm_count: int | None) -> OvsimError:
-    """Why no kernel launches: the first kernel's refusal, in the listed order."""
+def _priced(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters, extra_shared_mem_bytes: int,
+            batch: int, sm_count: int | None, kern: GemmKernel, split: int) -> GemmTime:
+    """The GEMM's time on library kernel ``kern`` at K split ``split`` (:func:`gemm_time`)."""
+    return gemm_time(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
+                     registers_per_thread=kern.registers_per_thread, stages=kern.stages,
+                     extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split, sm_count=sm_count)
+
+
+def _refusal(pairs: list[tuple[GemmKernel, int]], price: Callable[[GemmKernel, int], GemmTime]) -> OvsimError:
+    """Why no kernel launches: the first kernel's refusal, in the listed order (``price``:
+    :func:`_priced` of the GEMM)."""
     for kern, split in pairs:
         try:
-            gemm_time(m, n, k, precision, gpu, params, tile=kern.tile, threads=kern.threads,
-                      registers_per_thread=kern.registers_per_thread, stages=kern.stages,
-                      extra_shared_mem_bytes=extra_shared_mem_bytes, batch=batch, split_k=split, sm_count=sm_count)
+            price(kern, split)
         except OvsimError as e:
             return e
     return OvsimError("no library kernel for this GEMM", field="tile")
