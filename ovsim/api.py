@@ -238,8 +238,23 @@ def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str
         if system.network is None:
             raise OvsimError(f"{sc.nodes} nodes of {system.name}, which has no network to join them "
                              "(use a system with a network)", source=source, field="nodes")
-        system = system.model_copy(update={"nodes": sc.nodes})
+        system = _with_nodes(system, sc.nodes)
     return system, gpu, gpu_file(system.gpu).stem
+
+
+# A system at another node count, one copy each: builds on it then share the NCCL plans and
+# collectives' parts made for it (build_memo keys them by the system's identity).
+_RESIZED: dict[tuple[int, int], tuple[SystemSpec, SystemSpec]] = {}
+
+
+def _with_nodes(system: SystemSpec, nodes: int) -> SystemSpec:
+    key = (id(system), nodes)
+    hit = _RESIZED.get(key)
+    if hit is None:
+        if len(_RESIZED) >= 64:
+            _RESIZED.clear()
+        hit = _RESIZED[key] = (system, system.model_copy(update={"nodes": nodes}))
+    return hit[1]
 
 
 def build(sc: Scenario, source: str = "", max_ops: int | None = None) -> tuple[Workload, SystemSpec, GpuSpec,

@@ -18,7 +18,11 @@ search) also takes the ops each spec expanded to there, where the knobs those op
 (``workload._knob_classes``) are the same. In a search over stream priorities and channel
 counts most specs are compute, whose ops neither changes. Ops are frozen, so two workloads can
 hold the same ones. Beside the last list, one list :func:`keep_expansions` kept is held too (a
-search keeps the one it will predict first with the engine).
+search keeps the one it will predict first with the engine). A build of another list takes the
+ops of the specs it shares with the last (``workload._carried`` says which: another bucket size
+or chunk count remakes a training iteration's specs, most of them equal); collectives' parts are
+shared between builds (:func:`shared_parts`) so that those carried hold the objects the ops made
+beside them hold, as in a build made alone.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.models.ir import KernelDemand, Op
 from ovsim.models.nccl import CollectivePlan
+from ovsim.models.op_prices import Parts
 from ovsim.models.op_specs import Knobs
 
 # Demands by the spec's key (workload._shared_info), plans by nccl.plan_collective's key.
@@ -40,6 +45,9 @@ Demands = dict[tuple[object, ...], KernelDemand]
 Plans = dict[tuple[object, ...], CollectivePlan]
 # The ops each spec of a list expanded to (None: not yet), by the spec's place in the list.
 Table = list[list[Op] | None]
+# A collective's members' parts (op_prices.collective_parts, its flow's group unnamed) by what
+# they depend on (workload._expand's key: the spec's values and its members).
+PartsMade = dict[tuple[object, ...], Parts]
 
 
 @dataclass
@@ -54,6 +62,21 @@ class Expansions:
     ops: int = 0
     # EXPANSIONS_MAX_OPS, halved while a list's expansions are kept beside the last's.
     cap: int = field(default_factory=lambda: EXPANSIONS_MAX_OPS)
+
+    def carry(self, prev: Expansions, at: list[int]) -> None:
+        """Take the ops ``prev`` (another list's) holds of the specs ``at`` maps there (each spec's
+        place in that list, -1: none), for every value of the knobs ``prev`` has them under."""
+        pairs = [(i, j) for i, j in enumerate(at) if j >= 0]
+        for (cls, knobs), old in prev.tables.items():
+            if self.ops >= self.cap:
+                return
+            table: Table = [None] * len(self.classes)
+            for i, j in pairs:
+                made = old[j]
+                if made is not None and self.classes[i] == cls:
+                    table[i] = made
+                    self.ops += len(made)
+            self.tables[(cls, knobs)] = table
 
     def table(self, cls: int, knobs: tuple[object, ...]) -> Table | None:
         """The table of the specs of class ``cls`` under these values of the knobs they read; a
@@ -71,6 +94,7 @@ class _Memo:
     held: dict[int, object] = field(default_factory=dict)
     demands: dict[tuple[object, ...], Demands] = field(default_factory=dict)
     plans: dict[tuple[int, int], Plans] = field(default_factory=dict)
+    parts: dict[tuple[object, ...], PartsMade] = field(default_factory=dict)
     # The op list and the build's other inputs the expansions below were made for.
     expanded_from: tuple[object, ...] = ()
     expanded_for: tuple[object, ...] = ()
@@ -81,13 +105,23 @@ class _Memo:
     def drop_expansions(self) -> None:
         self.expanded_from, self.expanded_for, self.expansions = (), (), None
 
+    def carried_from(self, inputs: tuple[object, ...]) -> tuple[tuple[object, ...], Expansions] | None:
+        """The list (and its expansions) a new list takes ops from: the last built, else the one
+        kept, where built from equal other ``inputs``."""
+        if self.expansions is not None and _same_inputs(self.expanded_for, inputs):
+            return self.expanded_from, self.expansions
+        if self.kept is not None and _same_inputs(self.kept[1], inputs):
+            return self.kept[0], self.kept[2]
+        return None
+
     def trimmed(self) -> _Memo:
         """This memo, emptied first where it holds more than ``MEMO_MAX_ENTRIES``."""
-        n = sum(map(len, self.demands.values())) + sum(map(len, self.plans.values()))
+        n = sum(sum(map(len, d.values())) for d in (self.demands, self.plans, self.parts))
         if n > MEMO_MAX_ENTRIES:
             self.held.clear()
             self.demands.clear()
             self.plans.clear()
+            self.parts.clear()
             self.drop_expansions()
             self.kept = None
         return self
@@ -144,14 +178,31 @@ def shared_plans(gpu: GpuSpec, system: SystemSpec) -> Plans:
     return memo.plans.setdefault((gpu_id, system_id), {})
 
 
+def shared_parts(gpu: GpuSpec, system: SystemSpec, params: Parameters, knobs: Knobs,
+                 simulated: tuple[int, ...] | None) -> PartsMade:
+    """The collectives' parts earlier builds made on this GPU, system and calibration, with these
+    channels and copy-engine offload and these simulated ranks (what ``collective_parts`` and
+    the narrowing to simulated ranks read beside the spec and its members; a new dict outside
+    :func:`reusing_builds`). Ops carried from another list's build (:meth:`Expansions.carry`)
+    hold these parts, so the ops made beside them share them as a build's own would."""
+    memo = _MEMO.get()
+    if memo is None:
+        return {}
+    key = (*memo.hold(gpu, system, params), knobs.nccl_channels, knobs.ce_offload, simulated)
+    return memo.parts.setdefault(key, {})
+
+
 def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
-                      classes: Callable[[tuple[object, ...]], list[int]]) -> Expansions | None:
+                      classes: Callable[[tuple[object, ...]], list[int]],
+                      carry: Callable[[tuple[object, ...], tuple[object, ...]], list[int]] | None = None
+                      ) -> Expansions | None:
     """The ops the build before this one expanded ``specs`` to, if it built the same list (the
     same objects in the same order, held here) from equal other ``inputs`` (the GPU, system,
     calibration, ranks and schedule, as the caller names them), or those of the list kept
-    (:func:`keep_expansions`) if it is that one; else empty tables for them, each
-    spec of the class ``classes`` gives it. None outside :func:`reusing_builds`, and for a list
-    too long to keep."""
+    (:func:`keep_expansions`) if it is that one; else tables for them, each spec of the class
+    ``classes`` gives it, holding what ``carry(old, specs)`` says the last list built (or else the
+    kept one) from equal ``inputs`` made of the same specs: each spec's place in ``old`` (-1:
+    none). None outside :func:`reusing_builds`, and for a list too long to keep."""
     memo = _MEMO.get()
     if memo is None:
         return None
@@ -165,10 +216,22 @@ def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
     if memo.kept is not None and _same(memo.kept[0], specs) and memo.kept[1] == inputs:
         memo.expanded_from, memo.expanded_for, memo.expansions = memo.kept
         return memo.expansions
+    prev = memo.carried_from(inputs) if carry is not None else None
     memo.drop_expansions()  # the ops of the list before go before the next are made
     memo.expanded_from, memo.expanded_for = specs, inputs
     memo.expansions = Expansions(classes(specs), cap=EXPANSIONS_MAX_OPS // (2 if memo.kept is not None else 1))
+    if prev is not None:
+        assert carry is not None
+        memo.expansions.carry(prev[1], carry(prev[0], specs))
     return memo.expansions
+
+
+def _same_inputs(held: tuple[object, ...], inputs: tuple[object, ...]) -> bool:
+    """Whether two builds' other inputs are the same: plain values equal, objects (the GPU, system,
+    calibration) the very same, as the memos of demands, plans and parts key them. Ops carried
+    from another list then hold the parts the ops made beside them take, as one build's would."""
+    return len(held) == len(inputs) and all(
+        a is b or (isinstance(a, int | float | str | tuple) and a == b) for a, b in zip(held, inputs, strict=True))
 
 
 def _same(held: tuple[object, ...], specs: tuple[object, ...]) -> bool:

@@ -163,10 +163,10 @@ def _training_ops_reused(spec: TrainingSpec, n_ranks: int, replicas_made: int | 
         if entry is not None and entry[0] == key:
             held.last = entry
             return entry[1]
-    # The previous set goes before the next is made (one set at most, not two, but the one kept),
-    # and so do the ops a build made of it (build_memo), before the next build's.
+    # The previous set goes before the next is made (one set at most, not two, but the one kept).
+    # The ops a build made of it stay until the next build has taken those of specs the two sets
+    # share (build_memo.shared_expansions).
     held.last = None
-    drop_expansions()
     gen = training_ops(spec, n_ranks, replicas_made=replicas_made, tp_made=tp_made)
     if len(gen.ops) <= REUSE_MAX_SPECS - (len(held.kept[1].ops) if held.kept is not None else 0):
         held.last = (key, gen)

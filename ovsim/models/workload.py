@@ -11,14 +11,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 from operator import itemgetter
-from typing import Literal
+from typing import Literal, cast
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models import nccl
-from ovsim.models.build_memo import Table, shared_demands, shared_expansions, shared_plans
+from ovsim.models.build_memo import Table, shared_demands, shared_expansions, shared_parts, shared_plans
 from ovsim.models.ir import FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
 from ovsim.models.op_prices import Parts, collective_parts, copy_flow, kernel_demand
 
@@ -168,15 +168,17 @@ def build_workload(
     # Within reusing_builds() (a schedule search), those of the builds before it too.
     demands = shared_demands(gpu, params, knobs)
     plans = shared_plans(gpu, system)
-    # A collective's members' parts by what they depend on (spec and members), their flow's group unnamed.
-    parts_made: dict[tuple[object, ...], Parts] = {}
+    # A collective's members' parts by what they depend on (spec and members), their flow's group
+    # unnamed; within reusing_builds(), those of the builds before it with the same knobs too.
+    parts_made = shared_parts(gpu, system, params, knobs, None if simulated is None else tuple(simulated))
     infos: dict[tuple[object, ...], dict[str, object]] = {}
     rank_sets: _RankSets = {}
     checked: dict[int, _Placed] = {}
     # Within reusing_builds(), the ops the build before made of the same specs: a table for each
     # class of spec under the values of the knobs its ops read (_knob_classes).
     expansions = shared_expansions(tuple(specs), (gpu, system, params, n_ranks, schedule == "sequential",
-                                                  None if simulated is None else tuple(simulated)), _knob_classes)
+                                                  None if simulated is None else tuple(simulated)), _knob_classes,
+                                   _carried)
     tables: list[Table | None] = []
     classes: list[int] = []
     if expansions is not None:
@@ -215,6 +217,42 @@ def build_workload(
                   stand_offsets=tuple(stand_offsets) if sim is not None else ())
     wl.validate(source)
     return wl
+
+
+def _carried(old_specs: Sequence[object], new_specs: Sequence[object]) -> list[int]:
+    """For each spec of ``new_specs``, the place in ``old_specs`` of one :func:`_expand` makes the
+    same ops of (-1: none): equal in value, and each op it follows alike in what an expansion
+    reads of that op (its class, repeats and ranks). A training iteration made again with another
+    bucket size or chunk count keeps most of its specs; a scenario's candidates all of theirs."""
+    old = cast(Sequence[_OpBase], old_specs)
+    at = {s.name: j for j, s in enumerate(old)}
+    new = cast(Sequence[_OpBase], new_specs)
+    by_name = {s.name: s for s in new}
+    out: list[int] = []
+    for s in new:
+        j = at.get(s.name, -1)
+        if j >= 0:
+            o = old[j]
+            # The very spec too: what it follows may have changed around it.
+            if (o is not s and (type(o) is not type(s) or o.__dict__ != s.__dict__)) \
+                    or not _follows_alike(s, old, at, by_name):
+                j = -1
+        out.append(j)
+    return out
+
+
+def _follows_alike(spec: _OpBase, old: Sequence[_OpBase], at: dict[str, int], by_name: dict[str, _OpBase]) -> bool:
+    for d in (*spec.after, *spec.after_any):
+        j, mine = at.get(d, -1), by_name.get(d)
+        if j < 0 or mine is None or _placement(mine) != _placement(old[j]):
+            return False
+    return True
+
+
+def _placement(spec: _OpBase) -> tuple[object, ...]:
+    """What an op's expansion reads of an op it follows (_deps_of, _runs_on, _runs_on_any)."""
+    return (type(spec), spec.repeat, getattr(spec, "ranks", None), getattr(spec, "src", None),
+            getattr(spec, "dst", None))
 
 
 def _knob_classes(specs: Sequence[object]) -> list[int]:

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+import ovsim.models.training as training_module
 from ovsim.api import build
 from ovsim.models import build_memo
 from ovsim.models.build_memo import reusing_builds
 from ovsim.models.training import keep_training_build, release_training_build, reusing_training_ops
 from ovsim.scenario import Scenario, load_scenario
+from ovsim.tune_predictions import _digest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gemm-allreduce-h100x4-overlapped.yaml"
 TRAINING = Path(__file__).resolve().parents[2] / "examples" / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"
@@ -54,12 +56,12 @@ def test_a_build_of_the_same_specs_takes_the_ops_its_knobs_leave_alone() -> None
     with reusing_builds():
         first, again = build(knobs())[0], build(knobs())[0]
         by_channels, by_priority = build(knobs(nccl_channels=4))[0], build(knobs(comm_priority="high"))[0]
-        # The scenario read again: equal specs, other objects, made again.
+        # The scenario read again: equal specs, other objects, whose ops the list before made.
         reread = build(load_scenario(EXAMPLE).model_copy(update={"knobs": knobs().knobs}))[0]
     comm = {op.id for op in first.ops if op.kind == "collective"}
     assert comm and len(comm) < len(first.ops)
     assert all(a is b for a, b in zip(first.ops, again.ops, strict=True))
-    assert reread.ops == first.ops and not any(a is b for a, b in zip(first.ops, reread.ops, strict=True))
+    assert all(a is b for a, b in zip(first.ops, reread.ops, strict=True))
     # Four channels change the collectives' plans and nothing else: the rest are the same ops.
     assert all((a is b) == (a.id not in comm) for a, b in zip(first.ops, by_channels.ops, strict=True))
     assert [op.flow for op in by_channels.ops if op.id in comm] != [op.flow for op in first.ops if op.id in comm]
@@ -141,11 +143,13 @@ def test_a_kept_iteration_is_built_from_its_ops_after_others(keep: bool) -> None
         again = build(sc)[0]
         build(_prefetch(sc, 2))
         release_training_build()
+        memo, held = build_memo._MEMO.get(), training_module._REUSED.get()
+        assert memo is not None and memo.expansions is None and held is not None and held.last is None
         after_release = build(_prefetch(sc, 2))[0]
         kept_still = build(sc)[0]
     assert again.ops == alone.ops and again.streams == alone.streams
     assert all(a is b for a, b in zip(first.ops, again.ops, strict=True)) == keep
-    assert not any(a is b for a, b in zip(last.ops, after_release.ops, strict=True))
+    assert after_release.ops == last.ops
     assert all(a is b for a, b in zip(first.ops, kept_still.ops, strict=True)) == keep
 
 
@@ -157,17 +161,17 @@ def test_an_iteration_of_more_than_half_the_ops_expansions_hold_is_not_kept(monk
         first = build(sc)[0]
         monkeypatch.setattr(build_memo, "EXPANSIONS_MAX_OPS", 2 * len(first.ops) - 1)
         keep_training_build()
+        memo = build_memo._MEMO.get()
+        assert memo is not None and memo.kept is None
         build(_prefetch(sc, 0))
         again = build(sc)[0]
-    assert again.ops == first.ops and not any(a is b for a, b in zip(first.ops, again.ops, strict=True))
+    assert again.ops == first.ops
 
 
 def test_while_an_iteration_is_kept_the_last_is_held_within_what_it_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kept set and the last stay within REUSE_MAX_SPECS specs: with one micro-batch's
     iteration kept, a two micro-batches' one of more specs than the limit leaves is made and not
     held (and, kept no longer, it is)."""
-    import ovsim.models.training as training_module
-
     sc = load_scenario(TRAINING)
     assert sc.training is not None
     one, two = (sc.model_copy(update={"training": sc.training.model_copy(update={"micro_batches": n})}) for n in (1, 2))
@@ -204,3 +208,57 @@ def test_leaving_the_specs_context_lets_the_kept_ops_go() -> None:
         assert memo.kept is None
         build(_prefetch(sc, 0))
         assert memo.expansions is not None and memo.expansions.cap == build_memo.EXPANSIONS_MAX_OPS
+
+
+NODES = Path(__file__).resolve().parents[2] / "examples" / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml"
+
+
+def _parallel(sc: Scenario, **update: object) -> Scenario:
+    assert sc.training is not None
+    parallel = sc.training.parallel.model_copy(update=update)
+    return sc.model_copy(update={"training": sc.training.model_copy(update={"parallel": parallel})})
+
+
+def test_an_iteration_made_again_takes_the_ops_of_the_specs_it_shares_with_the_last() -> None:
+    """Another bucket size or chunk count makes another list of specs, most of them equal to the
+    last list's: a build of it takes their ops (the same objects) and builds what it builds
+    alone, with the workload digest of that build (the schedule search's shared predictions),
+    on a system at another node count too."""
+    sc = load_scenario(NODES)
+    variants = [_parallel(sc, bucket_bytes=b, tp_overlap=o) for o in ("none", "chunked")
+                for b in (5 * 2**20, 25 * 2**20, 100 * 2**20)]
+    variants += [v.model_copy(update={"knobs": v.knobs.model_copy(update={"nccl_channels": 8})}) for v in variants]
+    alone = [build(v)[0] for v in variants]
+    with reusing_training_ops(), reusing_builds():
+        shared = [build(v)[0] for v in variants[::-1]][::-1]
+    taken = 0
+    for i, (a, b) in enumerate(zip(alone, shared, strict=True)):
+        assert a.ops == b.ops and [op.info for op in a.ops] == [op.info for op in b.ops]
+        assert _digest(a) == _digest(b)
+        after = shared[i - 1] if i > 0 else None  # built just before it
+        if after is not None and variants[i].knobs == variants[i - 1].knobs:
+            taken += sum(op is other for op, other in zip(b.ops, after.ops, strict=False))
+    assert taken > 0
+
+
+def test_an_op_whose_predecessor_repeats_or_runs_elsewhere_is_made_again() -> None:
+    """An op equal in value to the last list's is made again where an op it follows repeats
+    another number of times or runs on other ranks: its dependencies name other ops."""
+    sc = load_scenario(EXAMPLE)
+    gemm, allreduce = sc.ops
+    follows = [gemm.model_copy(update={"repeat": 2}), allreduce.model_copy(update={"repeat": 2, "after": ["gemm"]})]
+    before_ops = follows
+    lists = [[follows[0].model_copy(update={"repeat": 3}), follows[1]],
+             [follows[0].model_copy(update={"ranks": [0, 1]}), follows[1].model_copy(update={"after": [],
+                                                                                              "after_any": ["gemm"]})],
+             [follows[0].model_copy(update={"ranks": [0]}), follows[1].model_copy(update={"after": [],
+                                                                                           "after_any": ["gemm"]})]]
+    with reusing_builds():
+        before = build(sc.model_copy(update={"ops": before_ops}))[0]
+        built = [build(sc.model_copy(update={"ops": ops}))[0] for ops in lists]
+    alone = [build(sc.model_copy(update={"ops": ops}))[0] for ops in lists]
+    assert [wl.ops for wl in built] == [wl.ops for wl in alone]
+    # The all-reduce's ops of the first two lists follow other GEMM ops than those before them.
+    for wl, prev in ((built[0], before), (built[2], built[1])):
+        assert {op.id for op in wl.ops if op.name.startswith("allreduce")}
+        assert not any(op is b for op in wl.ops if op.name.startswith("allreduce") for b in prev.ops)
