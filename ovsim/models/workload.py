@@ -250,9 +250,10 @@ def _follows_alike(spec: _OpBase, old: Sequence[_OpBase], at: dict[str, int], by
 
 
 def _placement(spec: _OpBase) -> tuple[object, ...]:
-    """What an op's expansion reads of an op it follows (_deps_of, _runs_on, _runs_on_any)."""
-    return (type(spec), spec.repeat, getattr(spec, "ranks", None), getattr(spec, "src", None),
-            getattr(spec, "dst", None))
+    """What an op's expansion reads of an op it follows (_deps_of, _runs_on, _runs_on_any). From
+    its fields' dict: pydantic answers a missing attribute slowly."""
+    fields = spec.__dict__
+    return type(spec), fields["repeat"], fields.get("ranks"), fields.get("src"), fields.get("dst")
 
 
 def _knob_classes(specs: Sequence[object]) -> list[int]:
