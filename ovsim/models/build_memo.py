@@ -45,6 +45,8 @@ Demands = dict[tuple[object, ...], KernelDemand]
 Plans = dict[tuple[object, ...], CollectivePlan]
 # The ops each spec of a list expanded to (None: not yet), by the spec's place in the list.
 Table = list[list[Op] | None]
+# Which spec of an old list each spec of a new one takes the ops of, by place (workload._carried).
+Carry = Callable[[tuple[object, ...], tuple[object, ...], "dict[str, int] | None"], tuple[list[int], dict[str, int]]]
 # A collective's members' parts (op_prices.collective_parts, its flow's group unnamed) by what
 # they depend on (workload._expand's key: the spec's values and its members).
 PartsMade = dict[tuple[object, ...], Parts]
@@ -62,18 +64,23 @@ class Expansions:
     ops: int = 0
     # EXPANSIONS_MAX_OPS, halved while a list's expansions are kept beside the last's.
     cap: int = field(default_factory=lambda: EXPANSIONS_MAX_OPS)
+    # Each spec's place by its name, where a carry made it (the next list's carry reads it).
+    places: dict[str, int] | None = None
 
     def carry(self, prev: Expansions, at: list[int]) -> None:
         """Take the ops ``prev`` (another list's) holds of the specs ``at`` maps there (each spec's
         place in that list, -1: none), for every value of the knobs ``prev`` has them under."""
-        pairs = [(i, j) for i, j in enumerate(at) if j >= 0]
+        pairs: dict[int, list[tuple[int, int]]] = {}  # by the spec's class
+        for i, j in enumerate(at):
+            if j >= 0:
+                pairs.setdefault(self.classes[i], []).append((i, j))
         for (cls, knobs), old in prev.tables.items():
             if self.ops >= self.cap:
                 return
             table: Table = [None] * len(self.classes)
-            for i, j in pairs:
+            for i, j in pairs.get(cls, ()):
                 made = old[j]
-                if made is not None and self.classes[i] == cls:
+                if made is not None:
                     table[i] = made
                     self.ops += len(made)
             self.tables[(cls, knobs)] = table
@@ -194,15 +201,15 @@ def shared_parts(gpu: GpuSpec, system: SystemSpec, params: Parameters, knobs: Kn
 
 def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
                       classes: Callable[[tuple[object, ...]], list[int]],
-                      carry: Callable[[tuple[object, ...], tuple[object, ...]], list[int]] | None = None
-                      ) -> Expansions | None:
+                      carry: Carry | None = None) -> Expansions | None:
     """The ops the build before this one expanded ``specs`` to, if it built the same list (the
     same objects in the same order, held here) from equal other ``inputs`` (the GPU, system,
     calibration, ranks and schedule, as the caller names them), or those of the list kept
     (:func:`keep_expansions`) if it is that one; else tables for them, each spec of the class
-    ``classes`` gives it, holding what ``carry(old, specs)`` says the last list built (or else the
-    kept one) from equal ``inputs`` made of the same specs: each spec's place in ``old`` (-1:
-    none). None outside :func:`reusing_builds`, and for a list too long to keep."""
+    ``classes`` gives it, holding what ``carry(old, specs, places)`` says the last list built (or
+    else the kept one) from equal ``inputs`` made of the same specs: each spec's place in ``old``
+    (-1: none), with each spec's place by name in ``specs`` (``places``: the same of ``old``, if
+    known). None outside :func:`reusing_builds`, and for a list too long to keep."""
     memo = _MEMO.get()
     if memo is None:
         return None
@@ -222,7 +229,8 @@ def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
     memo.expansions = Expansions(classes(specs), cap=EXPANSIONS_MAX_OPS // (2 if memo.kept is not None else 1))
     if prev is not None:
         assert carry is not None
-        memo.expansions.carry(prev[1], carry(prev[0], specs))
+        at, memo.expansions.places = carry(prev[0], specs, prev[1].places)
+        memo.expansions.carry(prev[1], at)
     return memo.expansions
 
 
