@@ -220,7 +220,7 @@ class Result:
 
 def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str]:
     try:
-        system = sc.system.to_spec() if isinstance(sc.system, InlineSystem) else load_system(sc.system)
+        system = _inline_spec(sc.system) if isinstance(sc.system, InlineSystem) else load_system(sc.system)
         gpu = load_gpu(system.gpu)
         check_domain(system, gpu)
     except ValidationError as e:
@@ -242,9 +242,20 @@ def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str
     return system, gpu, gpu_file(system.gpu).stem
 
 
-# A system at another node count, one copy each: builds on it then share the NCCL plans and
-# collectives' parts made for it (build_memo keys them by the system's identity).
+# A system at another node count, one copy each, and an inline system's spec, one for each (its
+# scenario's copies share it): builds on it then share the NCCL plans, collectives' parts and
+# ops made for it (build_memo keys them by the system's identity).
 _RESIZED: dict[tuple[int, int], tuple[SystemSpec, SystemSpec]] = {}
+_INLINE: dict[int, tuple[InlineSystem, SystemSpec]] = {}
+
+
+def _inline_spec(inline: InlineSystem) -> SystemSpec:
+    hit = _INLINE.get(id(inline))
+    if hit is None:
+        if len(_INLINE) >= 64:
+            _INLINE.clear()
+        hit = _INLINE[id(inline)] = (inline, inline.to_spec())
+    return hit[1]
 
 
 def _with_nodes(system: SystemSpec, nodes: int) -> SystemSpec:

@@ -218,9 +218,9 @@ def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
         # alive through the next build, about a kilobyte each).
         memo.drop_expansions()
         return None
-    if memo.expansions is not None and _same(memo.expanded_from, specs) and memo.expanded_for == inputs:
+    if memo.expansions is not None and _same(memo.expanded_from, specs) and _same_inputs(memo.expanded_for, inputs):
         return memo.expansions
-    if memo.kept is not None and _same(memo.kept[0], specs) and memo.kept[1] == inputs:
+    if memo.kept is not None and _same(memo.kept[0], specs) and _same_inputs(memo.kept[1], inputs):
         memo.expanded_from, memo.expanded_for, memo.expansions = memo.kept
         return memo.expansions
     prev = memo.carried_from(inputs) if carry is not None else None

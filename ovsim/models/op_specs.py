@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     ConfigDict,
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -25,6 +25,9 @@ from ovsim.models import nccl_params
 
 # A stream's name; "" would be a stream no table can show.
 StreamName = Annotated[str, Field(min_length=1)]
+# A negative zero is zero: equal specs then make ops equal bit for bit (a workload's digest pickles
+# the floats an op copies from its spec, and -0.0 == 0.0 let a build take one for the other).
+NonNegativeFloat = Annotated[float, Field(ge=0), AfterValidator(lambda v: v + 0.0)]
 # The streams FSDP's copies run on beside the compute stream: its post-backward work (PyTorch FSDP's
 # post-backward stream, DeepSpeed's reduce-and-partition stream), whose kernels wait for the backward
 # that made the gradients rather than for the all-gathers queued before them; and

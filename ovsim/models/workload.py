@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -286,7 +287,10 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
     them, as they are, without rank symmetry); their ids name the job's ranks."""
     out: list[Op] = []
     at = sim.__getitem__ if sim is not None else int
-    stream = "main" if sequential else spec.stream
+    # Interned: a workload's digest pickles the ops, and pickle writes a string once per object,
+    # so equal streams must be one object whether an op was made here or carried from a build
+    # of another list (build_memo.Expansions.carry).
+    stream = "main" if sequential else sys.intern(spec.stream)
     partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
     # Nothing changes an op's info after the build, so its ranks and repeats share one, and ops
     # made from alike specs (a layer's GEMM in every layer and micro-batch) share one too.
@@ -451,7 +455,7 @@ def _op_id(name: str, rank: int) -> str:
 
 
 def _kind(kind: str) -> Literal["gemm", "attention", "elementwise", "norm", "softmax", "generic"]:
-    return "generic" if kind == "kernel" else kind  # type: ignore[return-value]
+    return "generic" if kind == "kernel" else sys.intern(kind)  # type: ignore[return-value]
 
 
 _NOT_INFO = frozenset({"name", "stream", "ranks", "after", "after_any", "delay_s", "repeat"})

@@ -262,3 +262,55 @@ def test_an_op_whose_predecessor_repeats_or_runs_elsewhere_is_made_again() -> No
     for wl, prev in ((built[0], before), (built[2], built[1])):
         assert {op.id for op in wl.ops if op.name.startswith("allreduce")}
         assert not any(op is b for op in wl.ops if op.name.startswith("allreduce") for b in prev.ops)
+
+
+def _ops_variants() -> list[Scenario]:
+    """Op lists whose ops a build takes from the list before: a negative zero delay (equal to zero
+    in value), and a GEMM copied from another (one stream string object for both) beside specs
+    read again from the file (other string objects)."""
+    out = []
+    for m in (4096, 2048):
+        sc = load_scenario(EXAMPLE)
+        gemm, allreduce = sc.ops
+        copy = gemm.model_copy(update={"name": "gemm2", "m": m})
+        out.append(sc.model_copy(update={"ops": [gemm, allreduce, copy]}))
+    sc = load_scenario(EXAMPLE)
+    gemm, allreduce = sc.ops
+    out.append(sc.model_copy(update={"ops": [type(gemm).model_validate({**gemm.model_dump(), "delay_s": -0.0}),
+                                             allreduce]}))
+    return out
+
+
+def test_ops_taken_from_another_list_keep_the_digest_of_the_build_alone() -> None:
+    """A workload's digest pickles its ops, so it sees which ops share an object and the sign of
+    a zero: ops taken from the list before, beside ops made anew, must share what a build alone
+    shares (streams interned, a negative zero made zero, the same system object)."""
+    variants = _ops_variants()
+    with reusing_builds():
+        shared = [build(v)[0] for v in variants]
+    for v, wl in zip(variants, shared, strict=True):
+        alone = build(v)[0]
+        assert wl.ops == alone.ops and _digest(wl) == _digest(alone)
+    assert variants[2].ops[0].delay_s == 0.0 and str(variants[2].ops[0].delay_s) == "0.0"
+
+
+def test_a_system_copied_again_is_not_mixed_with_its_earlier_copy() -> None:
+    """Collectives' parts are shared by the system's identity: a list built again on an equal copy
+    of its system (its node count's copy made again) neither takes the tables made on the first
+    copy nor carries from them, so its digest is that of the build alone."""
+    import ovsim.api as api
+
+    sc = load_scenario(NODES)
+
+    def variant(bucket_mib: int, channels: int | None) -> Scenario:
+        scn = _parallel(sc, bucket_bytes=bucket_mib * 2**20)
+        return scn.model_copy(update={"knobs": scn.knobs.model_copy(update={"nccl_channels": channels})})
+
+    with reusing_training_ops(), reusing_builds():
+        build(variant(25, 8))
+        build(variant(25, None))
+        build(variant(5, None))
+        api._RESIZED.clear()  # as when more systems and node counts than it holds came between
+        shared = build(variant(5, 8))[0]
+    alone = build(variant(5, 8))[0]
+    assert shared.ops == alone.ops and _digest(shared) == _digest(alone)
