@@ -114,7 +114,7 @@ class _Memo:
 
     def carried_from(self, inputs: tuple[object, ...]) -> tuple[tuple[object, ...], Expansions] | None:
         """The list (and its expansions) a new list takes ops from: the last built, else the one
-        kept, where built from equal other ``inputs``."""
+        kept, where built from the same other ``inputs`` (:func:`_same_inputs`)."""
         if self.expansions is not None and _same_inputs(self.expanded_for, inputs):
             return self.expanded_from, self.expansions
         if self.kept is not None and _same_inputs(self.kept[1], inputs):
