@@ -224,7 +224,7 @@ def shared_expansions(specs: tuple[object, ...], inputs: tuple[object, ...],
         memo.expanded_from, memo.expanded_for, memo.expansions = memo.kept
         return memo.expansions
     prev = memo.carried_from(inputs) if carry is not None else None
-    memo.drop_expansions()  # the ops of the list before go before the next are made
+    memo.drop_expansions()  # the list before goes, but for the ops the new list takes of it below
     memo.expanded_from, memo.expanded_for = specs, inputs
     memo.expansions = Expansions(classes(specs), cap=EXPANSIONS_MAX_OPS // (2 if memo.kept is not None else 1))
     if prev is not None:
@@ -265,9 +265,8 @@ def keep_expansions(keep: bool = True) -> None:
 
 
 def drop_expansions() -> None:
-    """Let the last list's expansions go (the op list they are of is gone: ``training.reusing_training_ops``
-    makes another), so that its ops are freed before the next list's are made; those kept
-    (:func:`keep_expansions`) stay."""
+    """Let the last list's expansions go (``training.release_training_build``: a search lets its
+    last list go before the engine's confirmations), those kept (:func:`keep_expansions`) stay."""
     memo = _MEMO.get()
     if memo is not None:
         memo.drop_expansions()
