@@ -220,7 +220,7 @@ class Result:
 
 def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str]:
     try:
-        system = _inline_spec(sc.system) if isinstance(sc.system, InlineSystem) else load_system(sc.system)
+        system = _system_once(sc.system) if isinstance(sc.system, InlineSystem) else load_system(sc.system)
         gpu = load_gpu(system.gpu)
         check_domain(system, gpu)
     except ValidationError as e:
@@ -238,33 +238,25 @@ def _resolve_system(sc: Scenario, source: str) -> tuple[SystemSpec, GpuSpec, str
         if system.network is None:
             raise OvsimError(f"{sc.nodes} nodes of {system.name}, which has no network to join them "
                              "(use a system with a network)", source=source, field="nodes")
-        system = _with_nodes(system, sc.nodes)
+        system = _system_once(system, sc.nodes)
     return system, gpu, gpu_file(system.gpu).stem
 
 
-# A system at another node count, one copy each, and an inline system's spec, one for each (its
-# scenario's copies share it): builds on it then share the NCCL plans, collectives' parts and
-# ops made for it (build_memo keys them by the system's identity).
-_RESIZED: dict[tuple[int, int], tuple[SystemSpec, SystemSpec]] = {}
-_INLINE: dict[int, tuple[InlineSystem, SystemSpec]] = {}
+# One spec for each inline system, and one copy of each system at another node count (its
+# source held beside it, so that the identity keying it stays its own): builds on it then share
+# the NCCL plans, collectives' parts and ops made for it (build_memo keys them by the system's
+# identity), where each build made its own.
+_SYSTEMS: dict[tuple[int, int | None], tuple[InlineSystem | SystemSpec, SystemSpec]] = {}
 
 
-def _inline_spec(inline: InlineSystem) -> SystemSpec:
-    hit = _INLINE.get(id(inline))
+def _system_once(source: InlineSystem | SystemSpec, nodes: int | None = None) -> SystemSpec:
+    key = (id(source), nodes)
+    hit = _SYSTEMS.get(key)
     if hit is None:
-        if len(_INLINE) >= 64:
-            _INLINE.clear()
-        hit = _INLINE[id(inline)] = (inline, inline.to_spec())
-    return hit[1]
-
-
-def _with_nodes(system: SystemSpec, nodes: int) -> SystemSpec:
-    key = (id(system), nodes)
-    hit = _RESIZED.get(key)
-    if hit is None:
-        if len(_RESIZED) >= 64:
-            _RESIZED.clear()
-        hit = _RESIZED[key] = (system, system.model_copy(update={"nodes": nodes}))
+        if len(_SYSTEMS) >= 64:
+            _SYSTEMS.clear()
+        made = source.to_spec() if isinstance(source, InlineSystem) else source.model_copy(update={"nodes": nodes})
+        hit = _SYSTEMS[key] = (source, made)
     return hit[1]
 
 

@@ -121,10 +121,14 @@ def test_a_list_of_more_specs_than_expansions_hold_is_not_held(monkeypatch: pyte
     assert first.ops == again.ops and not any(a is b for a, b in zip(first.ops, again.ops, strict=True))
 
 
-def _prefetch(sc: Scenario, depth: int) -> Scenario:
+def _parallel(sc: Scenario, **update: object) -> Scenario:
     assert sc.training is not None
-    parallel = sc.training.parallel.model_copy(update={"fsdp_prefetch": depth})
+    parallel = sc.training.parallel.model_copy(update=update)
     return sc.model_copy(update={"training": sc.training.model_copy(update={"parallel": parallel})})
+
+
+def _prefetch(sc: Scenario, depth: int) -> Scenario:
+    return _parallel(sc, fsdp_prefetch=depth)
 
 
 @pytest.mark.parametrize("keep", [True, False])
@@ -211,12 +215,6 @@ def test_leaving_the_specs_context_lets_the_kept_ops_go() -> None:
 
 
 NODES = Path(__file__).resolve().parents[2] / "examples" / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml"
-
-
-def _parallel(sc: Scenario, **update: object) -> Scenario:
-    assert sc.training is not None
-    parallel = sc.training.parallel.model_copy(update=update)
-    return sc.model_copy(update={"training": sc.training.model_copy(update={"parallel": parallel})})
 
 
 def test_an_iteration_made_again_takes_the_ops_of_the_specs_it_shares_with_the_last() -> None:
@@ -310,7 +308,7 @@ def test_a_system_copied_again_is_not_mixed_with_its_earlier_copy() -> None:
         build(variant(25, 8))
         build(variant(25, None))
         build(variant(5, None))
-        api._RESIZED.clear()  # as when more systems and node counts than it holds came between
+        api._SYSTEMS.clear()  # as when more systems and node counts than it holds came between
         shared = build(variant(5, 8))[0]
     alone = build(variant(5, 8))[0]
     assert shared.ops == alone.ops and _digest(shared) == _digest(alone)
