@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ovsim.engine.timeline import Timeline, op_columns, timeline_from_rows
 from ovsim.errors import OvsimError
@@ -31,6 +32,18 @@ def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = 
         return plan.timeline(dur)
 
 
+class _Order(NamedTuple):
+    """A :class:`Plan`'s fields but its workload, as its structure keeps them (read, never
+    changed)."""
+
+    order: list[int]
+    group_of: list[int]
+    members: list[list[int]]
+    preds: list[list[int]]
+    delay_s: list[float]
+    is_gap: list[bool]
+
+
 @dataclass
 class Plan:
     """What the analytic fidelity needs of a workload's order, worked out once for any durations:
@@ -49,6 +62,18 @@ class Plan:
 
     @staticmethod
     def of(workload: Workload) -> Plan:
+        """The plan of ``workload``: what another workload of its structure worked out
+        (``Workload.structure``: another build of its op list with other knobs), or made now."""
+        known = workload.structure
+        if known is not None and isinstance(known.plan, _Order):
+            return Plan(workload, *known.plan)
+        plan = Plan._made(workload)
+        if known is not None:
+            known.plan = _Order(plan.order, plan.group_of, plan.members, plan.preds, plan.delay_s, plan.is_gap)
+        return plan
+
+    @staticmethod
+    def _made(workload: Workload) -> Plan:
         ops = workload.ops
         groups: dict[str, list[Op]] = {}
         for op in ops:

@@ -158,6 +158,22 @@ class StreamSpec:
     priority: int = 0
 
 
+class Structure:
+    """A token that workloads built of one op list share whatever the knobs (within
+    ``build_memo.reusing_builds``): their ops' ids, dependencies, ranks, streams, launch delays and
+    kinds of delay, and their collectives' members, are the same, in the same order. What the
+    analytic fidelity works out of that order (``engine.analytic.Plan``) is kept here (``plan``)
+    for the next of them. Not carried to another process."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self) -> None:
+        self.plan: object = None
+
+    def __reduce__(self) -> tuple[type[Structure], tuple[()]]:
+        return Structure, ()
+
+
 @dataclass(frozen=True)
 class Workload:
     """Ops of every rank, in launch order per stream, with their streams."""
@@ -171,6 +187,9 @@ class Workload:
     # (empty: itself alone). Op ids name the job's rank (``name@r{job rank}``).
     job_ranks: tuple[int, ...] = ()
     stand_offsets: tuple[int, ...] = ()
+    # Shared with the workloads of the same structure (:class:`Structure`); None: none known. A
+    # copy with other ops (``dataclasses.replace``) must leave it None.
+    structure: Structure | None = field(default=None, compare=False, repr=False)
 
     @property
     def replicas(self) -> int:

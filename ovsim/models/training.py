@@ -382,7 +382,7 @@ def build_training_workload(
         for dst, src in mapping.items():
             extra.setdefault(f"{name}@r{dst}", []).append(f"{dep}@r{src}")
     ops = tuple(replace(op, deps=op.deps + tuple(extra[op.id])) if op.id in extra else op for op in wl.ops)
-    out = replace(wl, ops=ops)
+    out = replace(wl, ops=ops, structure=None)
     out.validate(source)
     return out
 
@@ -517,6 +517,6 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
         if (op.rank, op.stream) not in streams:
             streams[(op.rank, op.stream)] = StreamSpec(rank=op.rank, name=op.stream,
                                                        priority=priorities.get(specs_stream.get(op.stream, ""), 0))
-    out = replace(wl, ops=tuple(ops), streams=tuple(streams[k] for k in sorted(streams)))
+    out = replace(wl, ops=tuple(ops), streams=tuple(streams[k] for k in sorted(streams)), structure=None)
     out.validate(source)
     return out

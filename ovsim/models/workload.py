@@ -82,10 +82,9 @@ def _ranks(spec: _OpBase, n_ranks: int, sim: dict[int, int] | None,
     return ranks, simulated
 
 
-def _check_size(specs: Sequence[_OpBase], n_ranks: int, sim: dict[int, int] | None, max_ops: int,
-                source: str) -> None:
-    """Refuse a scenario that expands to more than ``max_ops`` ops on the simulated ranks (``sim``'s
-    job ranks; None: all ``n_ranks``)."""
+def _count_ops(specs: Sequence[_OpBase], n_ranks: int, sim: dict[int, int] | None) -> int:
+    """The ops ``specs`` expand to on the simulated ranks (``sim``'s job ranks; None: all
+    ``n_ranks``)."""
     total = 0
     # A training iteration names the same ranks lists over and over (by identity): counted once each.
     counted: dict[int, int] = {}
@@ -99,6 +98,11 @@ def _check_size(specs: Sequence[_OpBase], n_ranks: int, sim: dict[int, int] | No
             if on < 0:
                 on = counted[id(spec.ranks)] = sum(1 for r in spec.ranks if r < n_ranks and (sim is None or r in sim))
         total += on * spec.repeat
+    return total
+
+
+def _check_size(total: int, max_ops: int, source: str) -> None:
+    """Refuse a scenario that expands to more than ``max_ops`` ops (``total``)."""
     if total > max_ops:
         raise OvsimError(f"the scenario expands to {total:,} ops (ranks x repeat), over the limit of {max_ops:,}; "
                          f"to run it anyway, pass --max-ops {total} (Python: max_ops={total})",
@@ -148,7 +152,24 @@ def build_workload(
     if len(by_name) < len(specs):  # a name given twice: counted only then
         dup = sorted(n for n, count in Counter(s.name for s in specs).items() if count > 1)
         raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
-    _check_size(specs, n_ranks, sim, MAX_OPS if max_ops is None else max_ops, source)
+    # A training iteration repeats each layer's kernels: price each distinct kernel once.
+    # Within reusing_builds() (a schedule search), those of the builds before it too.
+    demands = shared_demands(gpu, params, knobs)
+    plans = shared_plans(gpu, system)
+    # A collective's members' parts by what they depend on (spec and members), their flow's group
+    # unnamed; within reusing_builds(), those of the builds before it with the same knobs too.
+    parts_made = shared_parts(gpu, system, params, knobs, None if simulated is None else tuple(simulated))
+    # Within reusing_builds(), the ops the build before made of the same specs: a table for each
+    # class of spec under the values of the knobs its ops read (_knob_classes). Taken after the
+    # memos above, which empty the expansions too when they pass their size (the ops carried then
+    # hold the very demands and parts the ops made here do).
+    expansions = shared_expansions(tuple(specs), (gpu, system, params, n_ranks, schedule == "sequential",
+                                                  None if simulated is None else tuple(simulated)), _knob_classes,
+                                   _carried)
+    n_ops = expansions.n_ops if expansions is not None and expansions.n_ops >= 0 else _count_ops(specs, n_ranks, sim)
+    _check_size(n_ops, MAX_OPS if max_ops is None else max_ops, source)
+    if expansions is not None:
+        expansions.n_ops = n_ops
     # A priority for a stream no op runs on, beside ops on a stream given none, is a typo: it would
     # silently leave the ops' stream at priority 0. (A declared stream may go unused: one streams
     # section serves several variants of a scenario.)
@@ -165,22 +186,9 @@ def build_workload(
         for st in comm_streams:
             priorities[st] = min(priorities.get(st, 0), top - 1)
     ops: list[Op] = []
-    used_streams: set[tuple[int, str]] = set()
-    # A training iteration repeats each layer's kernels: price each distinct kernel once.
-    # Within reusing_builds() (a schedule search), those of the builds before it too.
-    demands = shared_demands(gpu, params, knobs)
-    plans = shared_plans(gpu, system)
-    # A collective's members' parts by what they depend on (spec and members), their flow's group
-    # unnamed; within reusing_builds(), those of the builds before it with the same knobs too.
-    parts_made = shared_parts(gpu, system, params, knobs, None if simulated is None else tuple(simulated))
     infos: dict[tuple[object, ...], dict[str, object]] = {}
     rank_sets: _RankSets = {}
     checked: dict[int, _Placed] = {}
-    # Within reusing_builds(), the ops the build before made of the same specs: a table for each
-    # class of spec under the values of the knobs its ops read (_knob_classes).
-    expansions = shared_expansions(tuple(specs), (gpu, system, params, n_ranks, schedule == "sequential",
-                                                  None if simulated is None else tuple(simulated)), _knob_classes,
-                                   _carried)
     tables: list[Table | None] = []
     classes: list[int] = []
     if expansions is not None:
@@ -211,13 +219,19 @@ def build_workload(
             added += len(made)
     if expansions is not None:
         expansions.ops += added
-    for op in ops:
-        used_streams.add((op.rank, op.stream))
-    stream_specs = tuple(StreamSpec(rank=r, name=s, priority=priorities.get(s, 0)) for r, s in sorted(used_streams))
+    # Another build of the list validated ops with the same ids, dependencies, ranks, streams and
+    # collectives' members: no knob a table is kept under changes them.
+    known = expansions.streams if expansions is not None else None
+    pairs = known if known is not None else sorted({(op.rank, op.stream) for op in ops})
+    stream_specs = tuple(StreamSpec(rank=r, name=s, priority=priorities.get(s, 0)) for r, s in pairs)
     wl = Workload(ops=tuple(ops), streams=stream_specs, n_ranks=len(sim) if sim is not None else n_ranks,
                   job_ranks=tuple(sim) if sim is not None and list(sim) != list(range(len(sim))) else (),
-                  stand_offsets=tuple(stand_offsets) if sim is not None else ())
-    wl.validate(source)
+                  stand_offsets=tuple(stand_offsets) if sim is not None else (),
+                  structure=expansions.structure if expansions is not None else None)
+    if known is None:
+        wl.validate(source)
+        if expansions is not None:
+            expansions.streams = pairs
     return wl
 
 

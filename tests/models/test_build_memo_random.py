@@ -1,8 +1,9 @@
 """Random op lists built one after another within reusing_builds(), each edited from the one before
 (a predecessor's repeats or ranks, a dependency, a class under the same name, a spec dropped or
 added, a stream or a delay), every build compared with the same scenario built alone: the same
-ops, infos and streams, the same workload digest, or the same error. The memo carries ops from
-list to list (build_memo.Expansions.carry); the reference is each build made outside it."""
+ops, infos and streams, the same workload digest and analytic plan, or the same error. The memo
+carries ops (and, for a list equal to the last, its structure: ir.Structure) from list to list
+(build_memo.Expansions.carry); the reference is each build made outside it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from ovsim.api import build
+from ovsim.engine.analytic import Plan
 from ovsim.errors import OvsimError
 from ovsim.models import build_memo
 from ovsim.models.build_memo import reusing_builds
@@ -81,7 +83,9 @@ def _outcome(sc: Scenario) -> tuple[object, ...]:
         wl = build(sc)[0]
     except OvsimError as e:
         return ("error", e.message, e.field)
-    return ("built", wl.ops, [op.info for op in wl.ops], wl.streams, _digest(wl))
+    plan = Plan.of(wl)  # within the memo, the order another build of the list worked out (ir.Structure)
+    return ("built", wl.ops, [op.info for op in wl.ops], wl.streams, _digest(wl),
+            (plan.order, plan.group_of, plan.members, plan.preds, plan.delay_s, plan.is_gap))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
