@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -135,3 +136,32 @@ def test_ctrl_c_ends_the_sweep_and_its_workers(tmp_path: Path) -> None:
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("ctrl_c", [True, False])
+def test_workers_gone_at_a_ctrl_c_read_as_interrupted(ctrl_c: bool, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C ends a pool's workers at once, and the pool can report them gone (BrokenProcessPool)
+    before the command has taken its own interrupt: the command still exits 130 with one line. A
+    pool broken with no Ctrl-C stays an internal error."""
+    import threading
+    from concurrent.futures.process import BrokenProcessPool
+
+    cli_main = importlib.import_module("ovsim.cli.main")  # the package's `main` is the function
+
+    def broken(_args: object) -> None:
+        if ctrl_c:  # the interrupt arrives just after the pool's report
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+    monkeypatch.setattr(cli_main, "_refuse_clobber", broken)
+    try:
+        code = main(["predict", str(EXAMPLE), "--quiet"])
+        time.sleep(0.2)  # a Ctrl-C the command did not take arrives here
+    except KeyboardInterrupt:
+        code = -1
+    err = capsys.readouterr().err.strip().splitlines()
+    if ctrl_c:
+        assert code == 130 and err == ["ovsim: interrupted"]
+    else:
+        assert code == 3 and len(err) == 1 and err[0].startswith("ovsim: internal error: BrokenProcessPool")

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from importlib import import_module
 
 from ovsim.cli.common import (
@@ -279,11 +280,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ovsim: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # never a traceback for a user; the env var shows it to developers
+        if isinstance(e, BrokenProcessPool) and _interrupted_meanwhile():
+            print("ovsim: interrupted", file=sys.stderr)
+            return 130
         if os.environ.get("OVSIM_DEBUG"):
             raise
         print(f"ovsim: internal error: {type(e).__name__}: {' '.join(str(e).split())} "
               "(set OVSIM_DEBUG=1 for the traceback)", file=sys.stderr)
         return 3
+
+
+def _interrupted_meanwhile(wait_s: float = 0.5) -> bool:
+    """Whether a Ctrl-C reaches this process within ``wait_s``. Ctrl-C interrupts the whole
+    process group: a pool's workers end at once (workers._watch_parent), and the pool can report
+    them gone before this process has taken its own interrupt."""
+    try:
+        time.sleep(wait_s)
+    except KeyboardInterrupt:
+        return True
+    return False
 
 
 def console() -> None:
