@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_traces import TRACES
 
 from ovsim.api import predict
 from ovsim.cli import main
@@ -190,7 +191,6 @@ def test_the_command_writes_all_it_says_before_it_exits(tmp_path: Path) -> None:
     assert sum(1 for e in events if e.get("ph") == "X") >= len(printed["ops"])
 
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 DLRM = TRACES / "param" / "et_replay" / "tests" / "inputs" / "dlrm_kineto.tar.gz"
 
 

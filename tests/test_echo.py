@@ -7,13 +7,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from shared_traces import TRACES
 
 from ovsim.errors import OvsimError
 from ovsim.replay import replay
 from ovsim.validate import echo
 from ovsim.validate.echo import ECHO_GROUP, echo_checks
-
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 HEADER = "id,kShortName,kDemangledName,ground_truth,duration,overlap_ratio\n"
 

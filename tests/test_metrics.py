@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from shared_traces import TRACES
 
 from ovsim.api import predict
 from ovsim.metrics import rank_overlap, stream_busy, union_intervals
@@ -18,7 +19,6 @@ from ovsim.scenario import Scenario
 from ovsim.traces.kineto import load_kineto
 from ovsim.traces.table import make_table
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 NCCL_TRACES = [
     "HolisticTraceAnalysis/tests/data/nccl_parser_config/nccl_data.json.gz",
     "HolisticTraceAnalysis/tests/data/negative_queue_length_values_check/rank0.json.gz",

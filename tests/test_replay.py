@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
+from shared_traces import TRACES
 
 from ovsim.engine.machine import build_machine
 from ovsim.engine.sim import Engine
@@ -247,7 +247,6 @@ def test_a_launch_this_gpu_cannot_hold_still_replays() -> None:
     np.testing.assert_allclose(out["predicted_duration_s"], out["measured_duration_s"], rtol=1e-9)
 
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 
 @pytest.mark.parametrize("rel", ["param/et_replay/tests/inputs/dlrm_kineto.tar.gz",

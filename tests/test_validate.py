@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from shared_traces import TRACES
 
 from ovsim import validate
 from ovsim.cli import main
 from ovsim.errors import OvsimError
 from ovsim.validate import Check
 from ovsim.validate import traces as validate_traces
-
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 
 def test_rules() -> None:

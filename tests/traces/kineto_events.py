@@ -8,18 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
+from shared_traces import TRACES, real
 
-# The repository sits beside shared/ (…/main and …/shared); the traces are read in place, never copied.
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+__all__ = ["HTA", "TRACES", "doc", "kernel", "launch", "real", "write"]
+
 HTA = "HolisticTraceAnalysis/tests/data"
-
-
-def real(rel: str) -> Path:
-    p = TRACES / rel
-    if not p.exists():
-        pytest.skip(f"shared trace {rel} not present at {TRACES} (a copy of its upstream repository's file)")
-    return p
 
 
 GEMM = "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nt_align4>(cutlass::Params)"
