@@ -372,8 +372,14 @@ def compare_figure(df: pd.DataFrame, *, title: str = "") -> Figure:
                                (idle, "idle / other", "#c7c7c7")):
         ax.bar(x, part * scale, bottom=bottom * scale, color=color, label=label, width=0.6)
         bottom = bottom + part
+    # One number of decimals for every bar (4 significant digits on the longest), and room above
+    # the longest for its label.
+    top = float(np.nanmax(makespan)) * scale if len(makespan) and np.isfinite(makespan).any() else 0.0
+    decimals = max(0, 3 - math.floor(math.log10(top))) if top > 0 else 0
     for xi, m in zip(x, makespan, strict=True):
-        ax.annotate(f"{m * scale:.4g}", (xi, m * scale), ha="center", va="bottom", fontsize="small")
+        ax.annotate(f"{m * scale:.{decimals}f}", (xi, m * scale), ha="center", va="bottom", fontsize="small")
+    if top > 0:
+        ax.set_ylim(0, top * 1.1)
     ax.set_xticks(x, names, rotation=20, ha="right")
     ax.set_ylabel(f"per rank ({unit})")
     ax.set_title("makespan", loc="left")
@@ -392,8 +398,11 @@ def compare_figure(df: pd.DataFrame, *, title: str = "") -> Figure:
         pax.set_title("power per GPU (energy per iteration, all GPUs, above the bars)", loc="left")
         for xi, e, p in zip(x, df["energy_j"].to_numpy(float), peak, strict=True):
             if math.isfinite(e):
-                pax.annotate(f"{e:.3g} J", (xi, p), ha="center", va="bottom", fontsize="small")
-        pax.legend(fontsize="small")
+                pax.annotate(f"{e:,.0f} J" if e >= 100 else f"{e:.3g} J", (xi, p), ha="center", va="bottom",
+                             fontsize="small")
+        if np.isfinite(peak).any() and np.nanmax(peak) > 0:
+            pax.set_ylim(0, float(np.nanmax(peak)) * 1.1)
+        pax.legend(fontsize="small", loc="lower left")
         pax.grid(axis="y", alpha=0.3)
     if title:
         fig.suptitle(title, x=0.01, ha="left")

@@ -139,7 +139,7 @@ def load_kineto(path: str | Path) -> TraceBundle:
     """Read a Kineto trace file, folder of rank files, or archive of them (see the module docstring)."""
     p = Path(path)
     if not p.exists():
-        raise OvsimError("no such file or folder", source=str(p), field="path")
+        raise OvsimError("no such file or folder", source=str(p))
     files: list[FileData] = []
     with paused_gc():
         for item in trace_inputs(p):

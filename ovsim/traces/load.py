@@ -33,7 +33,7 @@ def detect_format(path: Path) -> str:
 
 def _load_one(path: Path, fmt: str) -> TraceBundle:
     if not path.exists():
-        raise OvsimError("no such file or folder", source=str(path), field="path")
+        raise OvsimError("no such file or folder", source=str(path))
     kind = detect_format(path) if fmt == "auto" else fmt
     if kind == "kineto":
         from ovsim.traces.kineto import load_kineto

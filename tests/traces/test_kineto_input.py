@@ -35,7 +35,8 @@ def raises(path: Path, field: str) -> OvsimError:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    raises(tmp_path / "nope.json", "path")
+    # Said as a scenario file not found is: the file, and no field of it.
+    assert raises(tmp_path / "nope.json", "").message == "no such file or folder"
 
 
 def test_truncated_and_corrupt_gzip(tmp_path: Path) -> None:
