@@ -82,7 +82,7 @@ class Expansions:
                 pairs.setdefault(self.classes[i], []).append((i, j))
         if len(at) == len(prev.classes) and all(i == j for i, j in enumerate(at)):
             # Every spec equal to the one in its place there: the same list in value (a scenario's
-            # ``ops:`` read again for each candidate), so the same count and streams.
+            # ``ops:`` read again for each candidate), so the same count, streams and structure.
             self.n_ops, self.streams, self.structure = prev.n_ops, prev.streams, prev.structure
         for (cls, knobs), old in prev.tables.items():
             if self.ops >= self.cap:
