@@ -372,14 +372,19 @@ def compare_figure(df: pd.DataFrame, *, title: str = "") -> Figure:
                                (idle, "idle / other", "#c7c7c7")):
         ax.bar(x, part * scale, bottom=bottom * scale, color=color, label=label, width=0.6)
         bottom = bottom + part
-    # One number of decimals for every bar (4 significant digits on the longest), and room above
-    # the longest for its label.
-    top = float(np.nanmax(makespan)) * scale if len(makespan) and np.isfinite(makespan).any() else 0.0
-    decimals = max(0, 3 - math.floor(math.log10(top))) if top > 0 else 0
+    # One number of decimals for every bar (4 significant digits on the longest, at least 2 on the
+    # shortest), and room above the highest stack for its label: compute on several streams at
+    # once stacks above the makespan.
+    shown = makespan[np.isfinite(makespan) & (makespan > 0)] * scale
+    decimals = 0
+    if shown.size:
+        decimals = max(0, 3 - math.floor(math.log10(float(shown.max()))),
+                       min(6, 1 - math.floor(math.log10(float(shown.min())))))
     for xi, m in zip(x, makespan, strict=True):
         ax.annotate(f"{m * scale:.{decimals}f}", (xi, m * scale), ha="center", va="bottom", fontsize="small")
-    if top > 0:
-        ax.set_ylim(0, top * 1.1)
+    highest = np.fmax(bottom, makespan) * scale
+    if np.isfinite(highest).any() and np.nanmax(highest) > 0:
+        ax.set_ylim(0, float(np.nanmax(highest)) * 1.1)
     ax.set_xticks(x, names, rotation=20, ha="right")
     ax.set_ylabel(f"per rank ({unit})")
     ax.set_title("makespan", loc="left")
@@ -400,9 +405,10 @@ def compare_figure(df: pd.DataFrame, *, title: str = "") -> Figure:
             if math.isfinite(e):
                 pax.annotate(f"{e:,.0f} J" if e >= 100 else f"{e:.3g} J", (xi, p), ha="center", va="bottom",
                              fontsize="small")
+        # Room above the bars for their labels and, above those, the legend.
         if np.isfinite(peak).any() and np.nanmax(peak) > 0:
-            pax.set_ylim(0, float(np.nanmax(peak)) * 1.1)
-        pax.legend(fontsize="small", loc="lower left")
+            pax.set_ylim(0, float(np.nanmax(peak)) * 1.25)
+        pax.legend(fontsize="small", loc="upper right", ncol=2)
         pax.grid(axis="y", alpha=0.3)
     if title:
         fig.suptitle(title, x=0.01, ha="left")

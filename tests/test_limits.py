@@ -149,15 +149,19 @@ def test_workers_gone_at_a_ctrl_c_read_as_interrupted(ctrl_c: bool, monkeypatch:
 
     cli_main = importlib.import_module("ovsim.cli.main")  # the package's `main` is the function
 
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+
     def broken(_args: object) -> None:
         if ctrl_c:  # the interrupt arrives just after the pool's report
-            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+            timer.start()
         raise BrokenProcessPool("A process in the process pool was terminated abruptly")
 
     monkeypatch.setattr(cli_main, "_refuse_clobber", broken)
     try:
         code = main(["predict", str(EXAMPLE), "--quiet"])
-        time.sleep(0.2)  # a Ctrl-C the command did not take arrives here
+        if ctrl_c:  # a Ctrl-C the command did not take, however late, is taken here
+            timer.join()
+            time.sleep(0.1)
     except KeyboardInterrupt:
         code = -1
     err = capsys.readouterr().err.strip().splitlines()

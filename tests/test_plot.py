@@ -158,6 +158,21 @@ def test_compare_bars_stack_to_the_makespan() -> None:
         compare_figure(df.iloc[:0])
 
 
+def test_compare_shows_every_stack_and_labels_alike() -> None:
+    """Compute on two streams at once stacks above the makespan (kernel time summed over streams):
+    the axis holds the stack. Every makespan has the decimals of the longest's 4 significant
+    digits, at least 2 on the shortest ("11" beside "7.869" before)."""
+    df = pd.DataFrame({"scenario": ["a", "b", "c"], "makespan_s": [11e-3, 7.869e-3, 3e-3],
+                       "compute_s": [1e-3, 1e-3, 14e-3], "compute_isolated_s": [1e-3, 1e-3, 14e-3],
+                       "exposed_comm_s": [0.0, 0.0, 0.0]})
+    ax = compare_figure(df).axes[0]
+    assert ax.get_ylim()[1] >= max(p.get_y() + p.get_height() for p in ax.patches) == pytest.approx(14.0)  # ms
+    assert [t.get_text() for t in ax.texts] == ["11.00", "7.87", "3.00"]
+    small = df.assign(makespan_s=[11e-3, 7.869e-3, 0.041e-3], compute_s=[1e-3, 1e-3, 0.04e-3],
+                      compute_isolated_s=[1e-3, 1e-3, 0.04e-3])
+    assert [t.get_text() for t in compare_figure(small).axes[0].texts] == ["11.000", "7.869", "0.041"]
+
+
 def test_compare_power_panel_draws_what_a_board_reports() -> None:
     """Average and the highest 100 ms average, never the instantaneous peak (892 W drawn for a 700 W
     board), with each scenario's energy above its bars."""
