@@ -391,28 +391,32 @@ def compare_figure(df: pd.DataFrame, *, title: str = "") -> Figure:
     ax.legend(fontsize="small")
     ax.grid(axis="y", alpha=0.3)
     if power:
-        pax = axes[1]
-        w = 0.35
-        pax.bar(x - w / 2, df["avg_power_w"].to_numpy(float), width=w, label="average", color="#9467bd")
-        # The board's figure (highest 100 ms average), not the engine's instantaneous peak, which can
-        # sit far above the power limit within a control window.
-        peak = df["peak_100ms_power_w"].to_numpy(float)
-        pax.bar(x + w / 2, peak, width=w, label="peak (100 ms)", color="#c5b0d5")
-        pax.set_xticks(x, names, rotation=20, ha="right")
-        pax.set_ylabel("W per GPU")
-        pax.set_title("power per GPU (energy per iteration, all GPUs, above the bars)", loc="left")
-        for xi, e, p in zip(x, df["energy_j"].to_numpy(float), peak, strict=True):
-            if math.isfinite(e):
-                pax.annotate(f"{e:,.0f} J" if e >= 100 else f"{e:.3g} J", (xi, p), ha="center", va="bottom",
-                             fontsize="small")
-        # Room above the bars for their labels and, above those, the legend.
-        if np.isfinite(peak).any() and np.nanmax(peak) > 0:
-            pax.set_ylim(0, float(np.nanmax(peak)) * 1.25)
-        pax.legend(fontsize="small", loc="upper right", ncol=2)
-        pax.grid(axis="y", alpha=0.3)
+        _power_panel(axes[1], df, x, names)
     if title:
         fig.suptitle(title, x=0.01, ha="left")
     return fig
+
+
+def _power_panel(pax: Axes, df: pd.DataFrame, x: np.ndarray, names: list[str]) -> None:
+    """compare_figure's second panel: average and peak power per GPU, energy above the bars."""
+    w = 0.35
+    pax.bar(x - w / 2, df["avg_power_w"].to_numpy(float), width=w, label="average", color="#9467bd")
+    # The board's figure (highest 100 ms average), not the engine's instantaneous peak, which can
+    # sit far above the power limit within a control window.
+    peak = df["peak_100ms_power_w"].to_numpy(float)
+    pax.bar(x + w / 2, peak, width=w, label="peak (100 ms)", color="#c5b0d5")
+    pax.set_xticks(x, names, rotation=20, ha="right")
+    pax.set_ylabel("W per GPU")
+    pax.set_title("power per GPU (energy per iteration, all GPUs, above the bars)", loc="left")
+    for xi, e, p in zip(x, df["energy_j"].to_numpy(float), peak, strict=True):
+        if math.isfinite(e):
+            pax.annotate(f"{e:,.0f} J" if e >= 100 else f"{e:.3g} J", (xi, p), ha="center", va="bottom",
+                         fontsize="small")
+    # Room above the bars for their labels and, above those, the legend.
+    if np.isfinite(peak).any() and np.nanmax(peak) > 0:
+        pax.set_ylim(0, float(np.nanmax(peak)) * 1.25)
+    pax.legend(fontsize="small", loc="upper right", ncol=2)
+    pax.grid(axis="y", alpha=0.3)
 
 
 def validate_figure(checks: Sequence[Check], *, title: str = "") -> Figure:
