@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shared_traces import TRACES
+from shared_traces import real
 
 from ovsim.api import predict
 from ovsim.cli import main
@@ -191,21 +191,20 @@ def test_the_command_writes_all_it_says_before_it_exits(tmp_path: Path) -> None:
     assert sum(1 for e in events if e.get("ph") == "X") >= len(printed["ops"])
 
 
-DLRM = TRACES / "param" / "et_replay" / "tests" / "inputs" / "dlrm_kineto.tar.gz"
+DLRM = "param/et_replay/tests/inputs/dlrm_kineto.tar.gz"
 
 
 def test_replay_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if not DLRM.exists():
-        pytest.skip(f"shared traces not found at {TRACES}")
+    dlrm = real(DLRM)
     timeline = tmp_path / "replay.json"
-    assert main(["replay", str(DLRM), "--json", "--timeline", str(timeline)]) == 0
+    assert main(["replay", str(dlrm), "--json", "--timeline", str(timeline)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["summary"]["ranks"] == 8 and data["summary"]["collective_kernels"] == 64
     assert {"measured_start_s", "predicted_duration_s", "overlapped", "isolated_source"} <= set(data["kernels"][0])
     procs = {e["args"]["name"] for e in json.loads(timeline.read_text())["traceEvents"] if e["name"] == "process_name"}
     assert {"rank 0 measured", "rank 0 predicted", "rank 7 predicted"} <= procs
     table = tmp_path / "k.parquet"
-    assert main(["import", str(DLRM), "-o", str(table), "--quiet"]) == 0
+    assert main(["import", str(dlrm), "-o", str(table), "--quiet"]) == 0
     assert main(["replay", str(table), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["summary"]["kernels"] == data["summary"]["kernels"]

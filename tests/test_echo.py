@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from shared_traces import TRACES
+from shared_traces import TRACES, real
 
 from ovsim.errors import OvsimError
 from ovsim.replay import replay
@@ -76,9 +76,7 @@ def test_no_echo_file_no_rows(tmp_path: Path) -> None:
 
 
 def test_echo_group_on_the_real_file() -> None:
-    path = TRACES / echo.ECHO_FILE
-    if not path.is_file():
-        pytest.skip(f"shared traces not found at {TRACES}")
+    path = real(echo.ECHO_FILE)
     checks = echo_checks(TRACES)
     assert [c.group for c in checks] == [ECHO_GROUP] * 2
     # The data set's README: 404 of its 619 rows overlapped an NCCL kernel.

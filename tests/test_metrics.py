@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from shared_traces import TRACES
+from shared_traces import real
 
 from ovsim.api import predict
 from ovsim.metrics import rank_overlap, stream_busy, union_intervals
@@ -71,9 +71,7 @@ def _hta_overlap(path: Path, tmp: Path) -> float:
 
 @pytest.mark.parametrize("rel", NCCL_TRACES)
 def test_overlap_agrees_with_hta(rel: str, tmp_path: Path) -> None:
-    path = TRACES / rel
-    if not path.exists():
-        pytest.skip(f"shared traces not found at {TRACES}")
+    path = real(rel)
     reference = _hta_overlap(path, tmp_path)
     kernels = load_kineto(path).kernels
     last = _last_step_start_us(path)

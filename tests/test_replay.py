@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from shared_traces import TRACES
+from shared_traces import real
 
 from ovsim.engine.machine import build_machine
 from ovsim.engine.sim import Engine
@@ -253,9 +253,7 @@ def test_a_launch_this_gpu_cannot_hold_still_replays() -> None:
                                  "HolisticTraceAnalysis/tests/data/nccl_parser_config/nccl_data.json.gz"])
 def test_replayed_span_of_a_real_run_is_within_5_percent(rel: str) -> None:
     """The measured span is the reference (ovsim's target: span error at most 5%)."""
-    path = TRACES / rel
-    if not path.exists():
-        pytest.skip(f"shared traces not found at {TRACES}")
+    path = real(rel)
     res = replay(load_trace(path), counters=False)
     assert abs(res.summary["span_error_pct"]) <= 5.0
     k = res.kernels

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from shared_traces import TRACES
+from shared_traces import TRACES, traces
 
 from ovsim import validate
 from ovsim.cli import main
@@ -69,8 +69,7 @@ def _cases(monkeypatch: pytest.MonkeyPatch, name: str, value: object) -> None:
 @pytest.mark.slow
 def test_validate_command_holds_each_trace_out(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    if not TRACES.exists():
-        pytest.skip(f"shared traces not found at {TRACES}")
+    traces()
     _cases(monkeypatch, "TRACE_CASES", (
         ("param/et_replay/tests/inputs/dlrm_kineto.tar.gz", None),
         ("HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz", "a100-sxm4-80gb")))
@@ -166,8 +165,7 @@ def test_validate_rejects_a_folder_without_the_shared_traces(tmp_path: Path,
 
 @pytest.mark.slow
 def test_held_out_folds_in_processes_give_the_same_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not TRACES.exists():
-        pytest.skip(f"shared traces not found at {TRACES}")
+    traces()
     _cases(monkeypatch, "TRACE_CASES", (
         ("HolisticTraceAnalysis/tests/data/negative_queue_length_values_check/rank0.json.gz", None),
         ("HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz", "a100-sxm4-80gb")))

@@ -15,6 +15,7 @@ import orjson
 import pandas as pd
 import pytest
 from kineto_events import HTA, NCCL_AR, TRACES, doc, kernel, launch, real, write
+from shared_traces import traces
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import known_gpus
@@ -462,8 +463,7 @@ def _device_names() -> Iterator[str]:
 
 
 def test_every_nvidia_or_instinct_name_in_the_shared_traces_has_a_spec() -> None:
-    if not TRACES.exists():
-        pytest.skip(f"shared traces not present at {TRACES}")
+    traces()
     names = set(_device_names())
     assert names >= {"NVIDIA A100-PG509-200", "NVIDIA B200", "AMD Instinct MI300X"}
     for name in names - {"AMD Radeon Graphics"}:
