@@ -66,11 +66,8 @@ class Expansions:
     cap: int = field(default_factory=lambda: EXPANSIONS_MAX_OPS)
     # Each spec's place by its name, where a carry made it (the next list's carry reads it).
     places: dict[str, int] | None = None
-    # What no knob the tables are kept under changes, once a build of the list found it: the ops
-    # it counted (-1: not yet) and, once its workload validated, its ops' (rank, stream) pairs.
-    # Later builds of the list take them instead of counting and validating again.
-    n_ops: int = -1
-    streams: list[tuple[int, str]] | None = None
+    # What no knob the tables are kept under changes (its op count, streams, analytic plan), once
+    # a build of the list found it; later builds of the list take it.
     structure: Structure = field(default_factory=Structure)
 
     def carry(self, prev: Expansions, at: list[int]) -> None:
@@ -82,8 +79,8 @@ class Expansions:
                 pairs.setdefault(self.classes[i], []).append((i, j))
         if len(at) == len(prev.classes) and all(i == j for i, j in enumerate(at)):
             # Every spec equal to the one in its place there: the same list in value (a scenario's
-            # ``ops:`` read again for each candidate), so the same count, streams and structure.
-            self.n_ops, self.streams, self.structure = prev.n_ops, prev.streams, prev.structure
+            # ``ops:`` read again for each candidate), so the same structure.
+            self.structure = prev.structure
         for (cls, knobs), old in prev.tables.items():
             if self.ops >= self.cap:
                 return

@@ -159,15 +159,19 @@ class StreamSpec:
 
 
 class Structure:
-    """A token that workloads built of one op list share whatever the knobs (within
+    """What workloads built of one op list share whatever the knobs (within
     ``build_memo.reusing_builds``): their ops' ids, dependencies, ranks, streams, launch delays and
     kinds of delay, and their collectives' members, are the same, in the same order. What the
-    analytic fidelity works out of that order (``engine.analytic.Plan``) is kept here (``plan``)
-    for the next of them. Not carried to another process."""
+    first of them found is kept for the next: the ops the list expands to (``n_ops``, -1: not
+    counted yet), once a workload validated its ops' (rank, stream) pairs (``stream_pairs``), and
+    what the analytic fidelity works out of the order (``plan``, ``engine.analytic.Plan``'s). Not
+    carried to another process."""
 
-    __slots__ = ("plan",)
+    __slots__ = ("n_ops", "plan", "stream_pairs")
 
     def __init__(self) -> None:
+        self.n_ops = -1
+        self.stream_pairs: list[tuple[int, str]] | None = None
         self.plan: object = None
 
     def __reduce__(self) -> tuple[type[Structure], tuple[()]]:

@@ -166,10 +166,11 @@ def build_workload(
     expansions = shared_expansions(tuple(specs), (gpu, system, params, n_ranks, schedule == "sequential",
                                                   None if simulated is None else tuple(simulated)), _knob_classes,
                                    _carried)
-    n_ops = expansions.n_ops if expansions is not None and expansions.n_ops >= 0 else _count_ops(specs, n_ranks, sim)
+    structure = expansions.structure if expansions is not None else None
+    n_ops = structure.n_ops if structure is not None and structure.n_ops >= 0 else _count_ops(specs, n_ranks, sim)
     _check_size(n_ops, MAX_OPS if max_ops is None else max_ops, source)
-    if expansions is not None:
-        expansions.n_ops = n_ops
+    if structure is not None:
+        structure.n_ops = n_ops
     # A priority for a stream no op runs on, beside ops on a stream given none, is a typo: it would
     # silently leave the ops' stream at priority 0. (A declared stream may go unused: one streams
     # section serves several variants of a scenario.)
@@ -221,17 +222,17 @@ def build_workload(
         expansions.ops += added
     # Another build of the list validated ops with the same ids, dependencies, ranks, streams and
     # collectives' members: no knob a table is kept under changes them.
-    known = expansions.streams if expansions is not None else None
+    known = structure.stream_pairs if structure is not None else None
     pairs = known if known is not None else sorted({(op.rank, op.stream) for op in ops})
     stream_specs = tuple(StreamSpec(rank=r, name=s, priority=priorities.get(s, 0)) for r, s in pairs)
     wl = Workload(ops=tuple(ops), streams=stream_specs, n_ranks=len(sim) if sim is not None else n_ranks,
                   job_ranks=tuple(sim) if sim is not None and list(sim) != list(range(len(sim))) else (),
                   stand_offsets=tuple(stand_offsets) if sim is not None else (),
-                  structure=expansions.structure if expansions is not None else None)
+                  structure=structure)
     if known is None:
         wl.validate(source)
-        if expansions is not None:
-            expansions.streams = pairs
+        if structure is not None:
+            structure.stream_pairs = pairs
     return wl
 
 
