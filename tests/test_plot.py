@@ -14,17 +14,8 @@ import pytest
 from ovsim.cli import main
 from ovsim.engine.timeline import REASONS, Timeline, timeline_from_rows
 from ovsim.errors import OvsimError
-from ovsim.plot import (
-    REASON_COLORS,
-    calibration_figure,
-    check_path,
-    compare_figure,
-    replay_figure,
-    save,
-    sweep_figure,
-    timeline_figure,
-    validate_figure,
-)
+from ovsim.plot import REASON_COLORS, check_path, replay_figure, save, timeline_figure
+from ovsim.plot_tables import calibration_figure, compare_figure, sweep_figure, validate_figure
 from ovsim.replay import replay
 from ovsim.traces.table import TraceBundle, make_table
 from ovsim.validate import Check

@@ -87,7 +87,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     finally:
         bar.done()
     if args.plot and report.points is not None:
-        from ovsim.plot import calibration_figure
+        from ovsim.plot_tables import calibration_figure
 
         save_plot(calibration_figure(report.points, title=f"{path.name}: fitted against measured (fit error, on the "
                                                            "points fitted)"), args.plot)
@@ -163,7 +163,7 @@ def run_validate(args: argparse.Namespace) -> int:
     finally:
         bar.done()
     if args.plot:
-        from ovsim.plot import validate_figure
+        from ovsim.plot_tables import validate_figure
 
         save_plot(validate_figure(checks), args.plot)
     passed = sum(c.passed for c in checks)

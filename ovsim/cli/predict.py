@@ -207,7 +207,7 @@ def run_compare(args: argparse.Namespace) -> int:
     finally:
         bar.done()
     if args.plot:
-        from ovsim.plot import compare_figure
+        from ovsim.plot_tables import compare_figure
 
         save_plot(compare_figure(df), args.plot)
     if args.json:

@@ -86,7 +86,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         except OSError as e:
             raise OvsimError(f"cannot write: {e.strerror}", source=args.csv, field="--csv") from None
     if args.plot:
-        from ovsim.plot import sweep_figure
+        from ovsim.plot_tables import sweep_figure
 
         save_plot(sweep_figure(df, list(axes), title=str(args.scenario)), args.plot)
     kept = df.attrs.get("results_kept")
