@@ -150,6 +150,31 @@ class Op:
         return self.kernel.isolated_s
 
 
+_new_object = object.__new__
+_set_slot = object.__setattr__
+
+
+def new_op(id: str, name: str, kind: KernelKind, rank: int, stream: str, deps: tuple[str, ...], delay_s: float,
+           kernel: KernelDemand | None, flow: FlowDemand | None, partition: Partition,
+           info: dict[str, object]) -> Op:
+    """``Op(...)`` with every field given, made without the frozen dataclass's ``__init__`` (which
+    sets each field through a checked call): the same op at about half the cost, for a build that
+    makes 100,000s of them."""
+    op = _new_object(Op)
+    _set_slot(op, "id", id)
+    _set_slot(op, "name", name)
+    _set_slot(op, "kind", kind)
+    _set_slot(op, "rank", rank)
+    _set_slot(op, "stream", stream)
+    _set_slot(op, "deps", deps)
+    _set_slot(op, "delay_s", delay_s)
+    _set_slot(op, "kernel", kernel)
+    _set_slot(op, "flow", flow)
+    _set_slot(op, "partition", partition)
+    _set_slot(op, "info", info)
+    return op
+
+
 @dataclass(frozen=True)
 class StreamSpec:
     rank: int

@@ -6,6 +6,7 @@ a :class:`TrainingSpec` into ops."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
@@ -267,10 +268,22 @@ class Layout:
         return [self.rank(d, 0, i) for d in dps for i in tps]
 
     def tp_groups(self, s: int) -> list[list[int]]:
-        return [[self.rank(d, s, i) for i in range(self.tp)] for d in range(self.replicas_made)]
+        """Stage ``s``'s tensor-parallel groups (of the replicas made), one list for every call:
+        a training iteration asks 100,000s of times. Not to be changed."""
+        return self._tp_groups[s]
 
     def dp_groups(self, s: int) -> list[list[int]]:
-        return [[self.rank(d, s, i) for d in range(self.dp)] for i in range(self.tp_made)]
+        """Stage ``s``'s data-parallel groups (of the tensor-parallel ranks made), as :meth:`tp_groups`."""
+        return self._dp_groups[s]
+
+    @cached_property
+    def _tp_groups(self) -> list[list[list[int]]]:
+        return [[[self.rank(d, s, i) for i in range(self.tp)] for d in range(self.replicas_made)]
+                for s in range(self.pp)]
+
+    @cached_property
+    def _dp_groups(self) -> list[list[list[int]]]:
+        return [[[self.rank(d, s, i) for d in range(self.dp)] for i in range(self.tp_made)] for s in range(self.pp)]
 
 
 def layout(spec: TrainingSpec, n_ranks: int) -> Layout:

@@ -21,7 +21,7 @@ from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models import nccl
 from ovsim.models.build_memo import Table, shared_demands, shared_expansions, shared_parts, shared_plans
-from ovsim.models.ir import FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload
+from ovsim.models.ir import FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload, new_op
 from ovsim.models.op_prices import Parts, collective_parts, copy_flow, kernel_demand
 
 # The specs and knobs live in op_specs; importers that name them here keep working.
@@ -327,17 +327,19 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
         return out  # an op of ranks the simulated ones stand for
     for i in range(spec.repeat):
         suffix = f"#{i}" if spec.repeat > 1 else ""
-        dep_ids = partial(_dep_ids, spec.name, _deps_of(spec, i, by_name), n_ranks, rank_sets)
+        deps = _deps_of(spec, i, by_name)
+        # Most ops of a training iteration follow others; those that follow none skip the call.
+        dep_ids = partial(_dep_ids, spec.name, deps, n_ranks, rank_sets) if deps else _no_deps
         name = spec.name + suffix
         if isinstance(spec, DelayOp):
             for r in ranks:
                 out.append(Op(id=_op_id(name, r), name=name, kind="delay", rank=at(r), stream=stream,
                               deps=dep_ids(r), delay_s=spec.duration_s))
         elif kernel is not None:
+            op_kind = _kind(spec.kind)
             for r in ranks:
-                out.append(Op(id=_op_id(name, r), name=name, kind=_kind(spec.kind), rank=at(r), stream=stream,
-                              deps=dep_ids(r), delay_s=spec.delay_s, kernel=kernel, partition=partition,
-                              info=info))
+                out.append(new_op(f"{name}@r{r}", name, op_kind, at(r), stream, dep_ids(r), spec.delay_s, kernel,
+                                  None, partition, info))
         elif isinstance(spec, CollectiveOpSpec | SendRecvOp):
             if isinstance(spec, SendRecvOp):
                 for end in (spec.src, spec.dst):
@@ -355,8 +357,8 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
                     parts_made[made_key] = made
             parts = _named(made, name)
             for r, (kd, flow, kind) in parts.items():
-                out.append(Op(id=_op_id(name, r), name=name, kind=kind, rank=at(r), stream=stream,  # type: ignore[arg-type]
-                              deps=dep_ids(r), delay_s=spec.delay_s, kernel=kd, flow=flow, info=info))
+                out.append(new_op(f"{name}@r{r}", name, kind, at(r), stream, dep_ids(r),  # type: ignore[arg-type]
+                                  spec.delay_s, kd, flow, "any", info))
         else:
             assert isinstance(spec, CopyOp)
             for r in ranks:
@@ -466,7 +468,11 @@ def _rank_set(ranks: Sequence[int], rank_sets: _RankSets) -> frozenset[int]:
 
 
 def _op_id(name: str, rank: int) -> str:
-    return f"{name}@r{rank}"
+    return f"{name}@r{rank}"  # as _expand writes it inline
+
+
+def _no_deps(rank: int) -> tuple[str, ...]:
+    return ()
 
 
 def _kind(kind: str) -> Literal["gemm", "attention", "elementwise", "norm", "softmax", "generic"]:
