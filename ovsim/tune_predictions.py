@@ -102,9 +102,20 @@ def workload_digest(result: Result) -> str:
 
 
 def _digest(wl: Workload) -> str:
-    body = (tuple((op.id, op.kind, op.rank, op.stream, op.deps, op.delay_s, op.kernel, op.flow, op.partition)
-                  for op in wl.ops), wl.streams, wl.n_ranks, wl.job_ranks, wl.stand_offsets)
-    return hashlib.blake2b(pickle.dumps(body, protocol=5), digest_size=16).hexdigest()
+    # What every workload of one structure shares (ids, ranks, streams, dependencies, delays:
+    # most of the bytes) is digested once for all of them (ir.Structure).
+    known = wl.structure
+    shared = known.digest if known is not None else b""
+    if not shared:
+        shared = _hash(tuple((op.id, op.rank, op.stream, op.deps, op.delay_s) for op in wl.ops)).digest()
+        if known is not None:
+            known.digest = shared
+    return _hash((shared, tuple((op.kind, op.kernel, op.flow, op.partition) for op in wl.ops), wl.streams,
+                  wl.n_ranks, wl.job_ranks, wl.stand_offsets)).hexdigest()
+
+
+def _hash(body: object) -> hashlib.blake2b:
+    return hashlib.blake2b(pickle.dumps(body, protocol=5), digest_size=16)
 
 
 def time_bound_s(result: Result) -> float:

@@ -189,15 +189,17 @@ class Structure:
     kinds of delay, and their collectives' members, are the same, in the same order. What the
     first of them found is kept for the next: the ops the list expands to (``n_ops``, -1: not
     counted yet), once a workload validated its ops' (rank, stream) pairs (``stream_pairs``), and
-    what the analytic fidelity works out of the order (``plan``, ``engine.analytic.Plan``'s). Not
-    carried to another process."""
+    what the analytic fidelity works out of the order (``plan``, ``engine.analytic.Plan``'s), and
+    a digest of what the ops share (``digest``, ``tune_predictions``'). Not carried to another
+    process."""
 
-    __slots__ = ("n_ops", "plan", "stream_pairs")
+    __slots__ = ("digest", "n_ops", "plan", "stream_pairs")
 
     def __init__(self) -> None:
         self.n_ops = -1
         self.stream_pairs: list[tuple[int, str]] | None = None
         self.plan: object = None
+        self.digest = b""
 
     def __reduce__(self) -> tuple[type[Structure], tuple[()]]:
         return Structure, ()

@@ -15,6 +15,7 @@ from ovsim.errors import OvsimError
 from ovsim.models.build_memo import reusing_builds
 from ovsim.models.training import reusing_training_ops
 from ovsim.scenario import Scenario, load_scenario
+from ovsim.tune_predictions import _digest
 
 ROOT = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = ROOT / "gemm-allreduce-h100x4-overlapped.yaml"
@@ -105,3 +106,27 @@ def test_a_structure_goes_to_another_process_without_its_plan() -> None:
     copy = pickle.loads(pickle.dumps(wl))
     assert copy.structure is not None and copy.structure.plan is None
     assert copy == wl
+
+
+def test_a_workload_digest_is_that_of_the_workload_built_alone() -> None:
+    """A digest reuses what its structure's workloads share; each still equals the digest of the
+    same workload built alone, and two lists that differ in one dependency digest differently."""
+    sc = load_scenario(TRAINING)
+    variants = [_knobs(sc, nccl_channels=c) for c in (None, 4)]
+    alone = [_digest(build(v)[0]) for v in variants]
+    with reusing_training_ops(), reusing_builds():
+        shared = [build(v)[0] for v in variants]
+        digests = [_digest(wl) for wl in shared]
+    assert shared[0].structure is not None and shared[0].structure.digest
+    assert digests == alone and digests[0] != digests[1]
+    ops = load_scenario(EXAMPLE)
+    data = ops.model_dump(mode="json", exclude_unset=True)
+    # The same ops, the all-reduce after the GEMM: one dependency more.
+    after = {**data, "ops": [{**op, "after": ["gemm"]} if op["name"] == "allreduce" else op for op in data["ops"]]}
+    with reusing_builds():
+        first = build(ops)[0]
+        _digest(first)
+        second = build(Scenario.model_validate(after))[0]
+        assert first.structure is not second.structure
+        assert _digest(second) != _digest(first)
+    assert _digest(second) == _digest(build(Scenario.model_validate(after))[0])
