@@ -187,9 +187,12 @@ def build_workload(
         for st in comm_streams:
             priorities[st] = min(priorities.get(st, 0), top - 1)
     ops: list[Op] = []
-    infos: dict[tuple[object, ...], dict[str, object]] = {}
     rank_sets: _RankSets = {}
     checked: dict[int, _Placed] = {}
+    ctx = _Context(by_name=by_name, gpu=gpu, system=system, params=params, knobs=knobs, n_ranks=n_ranks,
+                   sequential=schedule == "sequential", demands=demands, sim=sim, rank_sets=rank_sets,
+                   plans=plans, parts_made=parts_made, infos={},
+                   at=sim.__getitem__ if sim is not None else int, carved=knobs.sm_carveout != 0)
     tables: list[Table | None] = []
     classes: list[int] = []
     if expansions is not None:
@@ -209,9 +212,7 @@ def build_workload(
                                      field=field_name)
         try:
             ranks, simulated_ranks = _ranks(spec, n_ranks, sim, checked)
-            made = _expand(spec, ranks, simulated_ranks, by_name, gpu=gpu, system=system, params=params,
-                           knobs=knobs, n_ranks=n_ranks, sequential=schedule == "sequential", demands=demands,
-                           sim=sim, rank_sets=rank_sets, plans=plans, parts_made=parts_made, infos=infos)
+            made = _expand(spec, ranks, simulated_ranks, ctx)
         except OvsimError as e:
             raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
         ops.extend(made)
@@ -292,38 +293,60 @@ def _knobs_read(knobs: Knobs) -> tuple[tuple[object, ...], ...]:
     return (knobs.sm_carveout, knobs.occupancy_shaping_smem_bytes), (knobs.nccl_channels, knobs.ce_offload), ()
 
 
-def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name: dict[str, OpSpec], *,
-            gpu: GpuSpec, system: SystemSpec, params: Parameters, knobs: Knobs, n_ranks: int, sequential: bool,
-            demands: dict[tuple[object, ...], KernelDemand], sim: dict[int, int] | None, rank_sets: _RankSets,
-            plans: dict[tuple[object, ...], nccl.CollectivePlan] | None = None,
-            parts_made: dict[tuple[object, ...], Parts] | None = None,
-            infos: dict[tuple[object, ...], dict[str, object]] | None = None) -> list[Op]:
-    """The ops of ``spec`` on ``ranks``, those of its ``members`` that ``sim`` numbers (all of
+@dataclasses.dataclass(slots=True)
+class _Context:
+    """What every spec's expansion in one build reads: the build's inputs and memos, each spec by
+    name, the simulated ranks' numbers (``sim``; ``at`` maps a job rank to its number) and whether
+    a carve-out splits the SMs (``carved``). One object, not 15 arguments a spec: a training
+    iteration expands 100,000s."""
+
+    by_name: dict[str, OpSpec]
+    gpu: GpuSpec
+    system: SystemSpec
+    params: Parameters
+    knobs: Knobs
+    n_ranks: int
+    sequential: bool
+    demands: dict[tuple[object, ...], KernelDemand]
+    sim: dict[int, int] | None
+    rank_sets: _RankSets
+    plans: dict[tuple[object, ...], nccl.CollectivePlan]
+    parts_made: dict[tuple[object, ...], Parts]
+    infos: dict[tuple[object, ...], dict[str, object]]
+    at: Callable[[int], int]
+    carved: bool
+
+
+def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], ctx: _Context) -> list[Op]:
+    """The ops of ``spec`` on ``ranks``, those of its ``members`` that ``ctx.sim`` numbers (all of
     them, as they are, without rank symmetry); their ids name the job's ranks."""
     out: list[Op] = []
-    at = sim.__getitem__ if sim is not None else int
+    by_name, n_ranks, rank_sets, sim, at = ctx.by_name, ctx.n_ranks, ctx.rank_sets, ctx.sim, ctx.at
     # Interned: a workload's digest pickles the ops, and pickle writes a string once per object,
     # so equal streams must be one object whether an op was made here or carried from a build
     # of another list (build_memo.Expansions.carry).
-    stream = "main" if sequential else sys.intern(spec.stream)
-    partition: Partition = "compute" if spec.kind in COMPUTE_KINDS and knobs.sm_carveout else "any"
+    stream = "main" if ctx.sequential else sys.intern(spec.stream)
+    compute = spec.kind in COMPUTE_KINDS
+    partition: Partition = "compute" if compute and ctx.carved else "any"
     # Nothing changes an op's info after the build, so its ranks and repeats share one, and ops
     # made from alike specs (a layer's GEMM in every layer and micro-batch) share one too.
-    info, key = _shared_info(spec, infos if infos is not None else {})
+    info, key = _shared_info(spec, ctx.infos)
     kernel = None
-    if spec.kind in COMPUTE_KINDS:
-        kernel = demands.get(key)
+    if compute:
+        kernel = ctx.demands.get(key)
         if kernel is None:
-            kernel = demands[key] = kernel_demand(spec, gpu, params, knobs)
-    on = [spec.src, spec.dst] if isinstance(spec, SendRecvOp) else members
-    # ``members`` is one sequence for all specs of a ranks list (_ranks), so its set is made once.
-    on_set = (frozenset(on) if isinstance(spec, SendRecvOp) else _rank_set(members, rank_sets)) if spec.after_any \
-        else frozenset()
-    for d in spec.after_any:
-        if not _runs_on_any(by_name[d], on_set, n_ranks, rank_sets):
-            raise OvsimError(f"op '{spec.name}' follows '{d}', which runs on none of its ranks", field="after_any")
+            kernel = ctx.demands[key] = kernel_demand(spec, ctx.gpu, ctx.params, ctx.knobs)
+    send_recv = isinstance(spec, SendRecvOp)
+    on = [spec.src, spec.dst] if send_recv else members  # type: ignore[union-attr]
+    if spec.after_any:
+        # ``members`` is one sequence for all specs of a ranks list (_ranks), so its set is made once.
+        on_set = frozenset(on) if send_recv else _rank_set(members, rank_sets)
+        for d in spec.after_any:
+            if not _runs_on_any(by_name[d], on_set, n_ranks, rank_sets):
+                raise OvsimError(f"op '{spec.name}' follows '{d}', which runs on none of its ranks",
+                                 field="after_any")
     # ``ranks`` holds the simulated members already; a send/recv's are its two ends.
-    if sim is not None and not (any(r in sim for r in on) if isinstance(spec, SendRecvOp) else ranks):
+    if sim is not None and not (any(r in sim for r in on) if send_recv else ranks):
         return out  # an op of ranks the simulated ones stand for
     for i in range(spec.repeat):
         suffix = f"#{i}" if spec.repeat > 1 else ""
@@ -348,13 +371,12 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
                 if spec.src == spec.dst:
                     raise OvsimError("send and receive ranks must differ", field="dst")
             made_key = (key, members if isinstance(members, range) else tuple(members))
-            made = parts_made.get(made_key) if parts_made is not None else None
+            made = ctx.parts_made.get(made_key)
             if made is None:
-                made = collective_parts(spec, "", members, gpu, system, params, knobs, plans)
+                made = collective_parts(spec, "", members, ctx.gpu, ctx.system, ctx.params, ctx.knobs, ctx.plans)
                 if sim is not None:
                     made = _simulated_parts(made, sim, spec.name)
-                if parts_made is not None:
-                    parts_made[made_key] = made
+                ctx.parts_made[made_key] = made
             parts = _named(made, name)
             for r, (kd, flow, kind) in parts.items():
                 out.append(new_op(f"{name}@r{r}", name, kind, at(r), stream, dep_ids(r),  # type: ignore[arg-type]
@@ -363,7 +385,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], by_name:
             assert isinstance(spec, CopyOp)
             for r in ranks:
                 group = f"{name}@r{r}"
-                flow = copy_flow(spec, group, r, gpu, system, n_ranks, params)
+                flow = copy_flow(spec, group, r, ctx.gpu, ctx.system, n_ranks, ctx.params)
                 if sim is not None:
                     flow = _renumbered(flow, sim, spec.name)
                 out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=at(r), stream=stream,
