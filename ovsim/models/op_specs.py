@@ -101,17 +101,18 @@ def made(templates: Templates, cls: type[_Spec], name: str, deps: dict[str, list
         spec = generated(cls(name=name, ranks=ranks, **deps, **fields))
         templates[key] = spec
         return spec
-    values = dict(template.__dict__)
-    values["name"] = name
-    values.update(deps)
-    spec = cls.__new__(cls)
+    spec = _new_object(cls)
     # What pydantic's model_construct sets, without its pass over the fields' defaults (the
     # template's values hold them).
-    object.__setattr__(spec, "__dict__", values)
-    object.__setattr__(spec, "__pydantic_fields_set__", template.__pydantic_fields_set__)
-    object.__setattr__(spec, "__pydantic_extra__", None)
-    object.__setattr__(spec, "__pydantic_private__", None)
+    _set_slot(spec, "__dict__", {**template.__dict__, "name": name, **deps})
+    _set_slot(spec, "__pydantic_fields_set__", template.__pydantic_fields_set__)
+    _set_slot(spec, "__pydantic_extra__", None)
+    _set_slot(spec, "__pydantic_private__", None)
     return spec
+
+
+_new_object = object.__new__
+_set_slot = object.__setattr__
 
 # A GemmOp's fields that describe its kernel's block (cost.gemm's arguments), and all the fields
 # given only with a tile.

@@ -181,10 +181,9 @@ def build_workload(
         raise OvsimError(f"stream '{unused[0]}' has a priority but no op runs on it, while ops run on "
                          f"'{undeclared[0]}', which has none", source=source, field=f"streams.{unused[0]}")
     priorities: dict[str, int] = dict(streams or {})
-    comm_streams = {s.stream for s in specs if _is_comm(s)}
     if knobs.comm_priority == "high":
         top = min(priorities.values(), default=0)
-        for st in comm_streams:
+        for st in {s.stream for s in specs if _is_comm(s)}:
             priorities[st] = min(priorities.get(st, 0), top - 1)
     ops: list[Op] = []
     rank_sets: _RankSets = {}
