@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ovsim.errors import OvsimError
@@ -47,3 +49,25 @@ def test_a_renamed_flow_is_the_same_flow_under_another_name() -> None:
     assert flow.group == "ar" and renamed.group == "ar#2"
     with pytest.raises(dataclasses.FrozenInstanceError):
         renamed.group = "x"  # type: ignore[misc]
+
+
+def test_an_op_made_without_init_is_the_op_init_makes() -> None:
+    """new_op sets each field itself: a field added to Op, or a __post_init__, must be added to it
+    too, which this fails to remind."""
+    import dataclasses
+    import pickle
+
+    from ovsim.models.ir import new_op
+
+    assert [f.name for f in dataclasses.fields(Op)] == ["id", "name", "kind", "rank", "stream", "deps", "delay_s",
+                                                        "kernel", "flow", "partition", "info"]
+    assert not hasattr(Op, "__post_init__")
+    flow = FlowDemand(group="ar", ranks=(0, 1), bytes=1e6, latency_s=0.0, rate_cap_bytes_per_s=1e9,
+                      link_coeff=1.0, hbm_coeff=1.0)
+    info: dict[str, object] = {"m": 8}
+    args: tuple[Any, ...] = ("ar@r0", "ar", "collective", 0, "comm", ("x@r0",), 1e-6, K, flow, "any", info)
+    made, init = new_op(*args), Op(*args)
+    assert made == init and hash(made) == hash(init) and repr(made) == repr(init)
+    assert pickle.loads(pickle.dumps(made)) == init
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.rank = 1  # type: ignore[misc]
