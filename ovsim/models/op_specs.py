@@ -81,6 +81,9 @@ def generated(spec: _Spec) -> _Spec:
 # template of the specs made like it (a training iteration repeats each layer's ops over layers
 # and micro-batches). One generator's, for as long as it makes specs.
 Templates = dict[tuple[object, ...], "_OpBase"]
+# Bound once: made() sets four slots on each of a training iteration's 100,000s of specs.
+_new_object = object.__new__
+_set_slot = object.__setattr__
 
 
 def made(templates: Templates, cls: type[_Spec], name: str, deps: dict[str, list[str]], ranks: list[int],
@@ -110,9 +113,6 @@ def made(templates: Templates, cls: type[_Spec], name: str, deps: dict[str, list
     _set_slot(spec, "__pydantic_private__", None)
     return spec
 
-
-_new_object = object.__new__
-_set_slot = object.__setattr__
 
 # A GemmOp's fields that describe its kernel's block (cost.gemm's arguments), and all the fields
 # given only with a tile.
