@@ -360,7 +360,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], ctx: _Co
         elif kernel is not None:
             op_kind = _kind(spec.kind)
             for r in ranks:
-                out.append(new_op(f"{name}@r{r}", name, op_kind, at(r), stream, dep_ids(r), spec.delay_s, kernel,
+                out.append(new_op(_op_id(name, r), name, op_kind, at(r), stream, dep_ids(r), spec.delay_s, kernel,
                                   None, partition, info))
         elif isinstance(spec, CollectiveOpSpec | SendRecvOp):
             if isinstance(spec, SendRecvOp):
@@ -378,7 +378,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], ctx: _Co
                 ctx.parts_made[made_key] = made
             parts = _named(made, name)
             for r, (kd, flow, kind) in parts.items():
-                out.append(new_op(f"{name}@r{r}", name, kind, at(r), stream, dep_ids(r),  # type: ignore[arg-type]
+                out.append(new_op(_op_id(name, r), name, kind, at(r), stream, dep_ids(r),  # type: ignore[arg-type]
                                   spec.delay_s, kd, flow, "any", info))
         else:
             assert isinstance(spec, CopyOp)
@@ -489,7 +489,7 @@ def _rank_set(ranks: Sequence[int], rank_sets: _RankSets) -> frozenset[int]:
 
 
 def _op_id(name: str, rank: int) -> str:
-    return f"{name}@r{rank}"  # as _expand writes it inline
+    return f"{name}@r{rank}"
 
 
 def _no_deps(rank: int) -> tuple[str, ...]:
