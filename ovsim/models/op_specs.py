@@ -114,6 +114,19 @@ def made(templates: Templates, cls: type[_Spec], name: str, deps: dict[str, list
     return spec
 
 
+def renamed(spec: _Spec, name: str, after: list[str], after_any: list[str]) -> _Spec:
+    """A copy of the generated ``spec`` named ``name`` following ``after`` and ``after_any``, as
+    :func:`made` makes it from the same fields (the copy is what made() sets, from ``spec``'s
+    validated fields instead of a template's): a training iteration's layer blocks repeated over
+    layers and micro-batches are copied whole (:mod:`ovsim.models.training_blocks`)."""
+    copy = _new_object(type(spec))
+    _set_slot(copy, "__dict__", {**spec.__dict__, "name": name, "after": after, "after_any": after_any})
+    _set_slot(copy, "__pydantic_fields_set__", spec.__pydantic_fields_set__)
+    _set_slot(copy, "__pydantic_extra__", None)
+    _set_slot(copy, "__pydantic_private__", None)
+    return copy
+
+
 # A GemmOp's fields that describe its kernel's block (cost.gemm's arguments), and all the fields
 # given only with a tile.
 GEMM_BLOCK_FIELDS = ("threads", "registers_per_thread", "stages")

@@ -94,6 +94,8 @@ class TrainingOps:
     p2p_items: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     stage_lasts: list[list[str]] = field(default_factory=list)  # each stage's items' last ops
     stage_steps: list[list[int]] = field(default_factory=list)  # each item's exchange step
+    # Blocks of ``ops`` copied from an earlier one: (first spec's index, its source's, spec count).
+    copies: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 # Within reusing_training_ops(): the last iteration's op specs, by what made them. A set of more
@@ -174,12 +176,13 @@ def _training_ops_reused(spec: TrainingSpec, n_ranks: int, replicas_made: int | 
 
 
 def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None = None,
-                 tp_made: int | None = None) -> TrainingOps:
+                 tp_made: int | None = None, copy_blocks: bool = True) -> TrainingOps:
     """The op specs of one training iteration on ``n_ranks`` ranks; with ``replicas_made`` and
     ``tp_made``, only the first replicas' and the first tensor-parallel ranks' own ops (their
-    collectives still list every member)."""
+    collectives still list every member). ``copy_blocks``: layer blocks copied from the first of
+    their kind (:mod:`ovsim.models.training_blocks`), the same specs, else each emitted."""
     lay = replace(layout(spec, n_ranks), made_dp=replicas_made, made_tp=tp_made)
-    g = LayerEmitter(spec, lay)
+    g = LayerEmitter(spec, lay, copy_blocks=copy_blocks)
     m = g.m
     p, v, mbs = lay.pp, lay.v, spec.micro_batches
     chunk_sizes = chunk_layers(m.layers, p * v)
@@ -310,7 +313,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             st.pending += st.buckets + st.rs
     return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,
                        stage_lasts=[[item_last[(ph, mb, c * p + s)] for ph, mb, c in orders[s]] for s in range(p)],
-                       stage_steps=steps)
+                       stage_steps=steps, copies=g.blocks.copies if g.blocks is not None else [])
 
 
 def _before_step(steps: list[int], k: int) -> int | None:
@@ -370,7 +373,7 @@ def build_training_workload(
     wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
                         knobs=knobs, streams=streams, source=source, max_ops=max_ops,
                         simulated=made if symmetric else None,
-                        stand_offsets=lay.stand_offsets() if symmetric else ())
+                        stand_offsets=lay.stand_offsets() if symmetric else (), copies=gen.copies)
     if schedule == "sequential" and gen.p2p_items:
         wl = _blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved")
     if not gen.peer_deps:

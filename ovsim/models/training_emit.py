@@ -19,6 +19,7 @@ from ovsim.models.op_specs import (
     Templates,
     made,
 )
+from ovsim.models.training_blocks import BlockCopies
 from ovsim.models.training_spec import (
     Layout,
     TrainingSpec,
@@ -110,7 +111,7 @@ class LayerEmitter:
     """Emits the op specs of a training iteration's parts (layers forward and backward, embedding,
     head, gradient buckets) stage by stage; :func:`ovsim.models.training.training_ops` orders them."""
 
-    def __init__(self, spec: TrainingSpec, lay: Layout) -> None:
+    def __init__(self, spec: TrainingSpec, lay: Layout, copy_blocks: bool = True) -> None:
         self.spec = spec
         self.m = spec.shape()
         self.lay = lay
@@ -128,6 +129,8 @@ class LayerEmitter:
         self.grad_b = gradient_element_bytes(spec)
         self.tokens = spec.micro_batch_size * self.m.seq_len
         self.chunks = self.p.tp_chunks or self.p.tp
+        # Layer blocks copied from the first of their kind (None: each emitted).
+        self.blocks = BlockCopies() if copy_blocks else None
 
     # basic emitters
 
@@ -218,9 +221,13 @@ class LayerEmitter:
 
     # data parallelism
 
+    def _buckets_filled(self) -> bool:
+        """Whether the last micro-batch's gradients fill DDP's buckets."""
+        return self.p.dp_mode == "ddp" and self.lay.dp > 1 and self.comm
+
     def grad_ready(self, st: StageState, s: int, nbytes: float, last_mb: bool) -> None:
         """DDP: a gradient tensor is ready after the stage's last op; close a bucket when full."""
-        if self.p.dp_mode != "ddp" or self.lay.dp == 1 or not self.comm or not last_mb:
+        if not (last_mb and self._buckets_filled()):
             return
         st.bucket_bytes += nbytes
         cap = self.p.first_bucket_bytes if st.bucket_index == 0 else self.p.bucket_bytes
@@ -243,6 +250,13 @@ class LayerEmitter:
     # a layer
 
     def layer_forward(self, st: StageState, s: int, pre: str) -> None:
+        """One layer's forward (``pre``: ``F{mb}.L{layer}``, or ``R{mb}.L{layer}`` recomputed)."""
+        if self.blocks is None:
+            self._layer_forward(st, s, pre)
+        else:
+            self.blocks.emit(self.ops, ("F", s), st, pre, lambda: self._layer_forward(st, s, pre))
+
+    def _layer_forward(self, st: StageState, s: int, pre: str) -> None:
         m, t = self.m, self.lay.tp
         T = self.tokens
         sp = self.p.sequence_parallel
@@ -273,6 +287,14 @@ class LayerEmitter:
         """One layer's backward (``pre``: ``B{mb}.L{layer}``); with ``recompute_attention`` the core
         attention's forward runs again (as ``R{mb}.L{layer}.attn``) where autograd reaches it, after
         the projection's gradients (selective recomputation)."""
+        # Where its gradients fill DDP's buckets the block also closes some: emitted each time.
+        if self.blocks is None or (last_mb and self._buckets_filled()):
+            self._layer_backward(st, s, pre, last_mb, recompute_attention)
+        else:
+            self.blocks.emit(self.ops, ("B", s, recompute_attention), st, pre,
+                             lambda: self._layer_backward(st, s, pre, last_mb, recompute_attention))
+
+    def _layer_backward(self, st: StageState, s: int, pre: str, last_mb: bool, recompute_attention: bool) -> None:
         m, t = self.m, self.lay.tp
         T = self.tokens
         sp = self.p.sequence_parallel and self.comm

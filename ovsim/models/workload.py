@@ -44,6 +44,9 @@ from ovsim.models.op_specs import (
     SendRecvOp,
     _OpBase,
 )
+from ovsim.models.workload_copies import copied_ops as _copied_ops
+from ovsim.models.workload_copies import copy_sources as _copy_sources
+from ovsim.models.workload_copies import placement as _placement
 
 __all__ = ["COMPUTE_KINDS", "GEMM_BLOCK_FIELDS", "GEMM_TILE_FIELDS", "AttentionOp", "CollectiveKind",
            "CollectiveOpSpec", "CopyOp", "DelayOp", "GemmOp", "KernelOp", "Knobs", "MemoryOp", "OpSpec", "Schedule",
@@ -127,6 +130,7 @@ def build_workload(
     max_ops: int | None = None,
     simulated: Sequence[int] | None = None,
     stand_offsets: Sequence[int] = (),
+    copies: Sequence[tuple[int, int, int]] = (),
 ) -> Workload:
     """Expand op specs over ranks and repeats, price them, and apply the schedule and knobs.
 
@@ -134,7 +138,10 @@ def build_workload(
     op of a rank runs on one stream in the order listed. ``simulated``: ops only for these ranks
     (ascending), numbered 0.. in the workload, each standing for itself plus each of
     ``stand_offsets`` (rank symmetry, docs/design.md); collectives are still planned over their
-    whole groups.
+    whole groups. ``copies``: blocks of specs that copy an earlier block but for their names and
+    dependencies, each (first spec's index, its source's, spec count): a copied spec's ops are
+    made from its source's where the two agree in every other field and in where what they
+    follow runs (:func:`_copied_ops`), else as any spec's.
     """
     if simulated is not None and (list(simulated) != sorted(set(simulated)) or not all(0 <= r < n_ranks
                                                                                        for r in simulated)):
@@ -198,24 +205,20 @@ def build_workload(
         tables = [expansions.table(cls, read) for cls, read in enumerate(_knobs_read(knobs))]
         classes = expansions.classes
     added = 0
+    source_of, kept, copied_from = _copy_sources(copies, len(specs))
     for i, spec in enumerate(specs):
         table = tables[classes[i]] if tables else None
         made = table[i] if table is not None else None
-        if made is not None:
-            ops.extend(made)
-            continue
-        for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
-            for dep in deps:
-                if dep not in by_name:
-                    raise OvsimError(f"op '{spec.name}' follows unknown op '{dep}'", source=source,
-                                     field=field_name)
-        try:
-            ranks, simulated_ranks = _ranks(spec, n_ranks, sim, checked)
-            made = _expand(spec, ranks, simulated_ranks, ctx)
-        except OvsimError as e:
-            raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
+        fresh = made is None
+        j = source_of[i] if source_of and fresh else -1
+        if j >= 0 and (source_ops := kept[j]) is not None:
+            made = _copied_ops(spec, specs[j], source_ops, by_name, copied_from)
+        if made is None:
+            made = _expanded(spec, n_ranks, sim, checked, ctx, source)
         ops.extend(made)
-        if table is not None:
+        if i in kept:
+            kept[i] = made
+        if fresh and table is not None:
             table[i] = made
             added += len(made)
     if expansions is not None:
@@ -234,6 +237,21 @@ def build_workload(
         if structure is not None:
             structure.stream_pairs = pairs
     return wl
+
+
+def _expanded(spec: OpSpec, n_ranks: int, sim: dict[int, int] | None, checked: dict[int, _Placed], ctx: _Context,
+              source: str) -> list[Op]:
+    """The ops of ``spec`` (:func:`_expand`), its dependencies checked first; errors under the
+    spec's field of ``source``."""
+    for field_name, deps in (("after", spec.after), ("after_any", spec.after_any)):
+        for dep in deps:
+            if dep not in ctx.by_name:
+                raise OvsimError(f"op '{spec.name}' follows unknown op '{dep}'", source=source, field=field_name)
+    try:
+        ranks, simulated_ranks = _ranks(spec, n_ranks, sim, checked)
+        return _expand(spec, ranks, simulated_ranks, ctx)
+    except OvsimError as e:
+        raise OvsimError(e.message, source=source, field=f"ops.{spec.name}.{e.field}".rstrip(".")) from None
 
 
 def _carried(old_specs: Sequence[object], new_specs: Sequence[object],
@@ -269,13 +287,6 @@ def _carried(old_specs: Sequence[object], new_specs: Sequence[object],
     return [j if j < 0 or not (s.after or s.after_any)
             or all(map(placed_alike, itertools.chain(s.after, s.after_any))) else -1
             for s, j in zip(new, equal, strict=True)], new_at
-
-
-def _placement(spec: _OpBase) -> tuple[object, ...]:
-    """What an op's expansion reads of an op it follows (_deps_of, _runs_on, _runs_on_any). From
-    its fields' dict: pydantic answers a missing attribute slowly."""
-    fields = spec.__dict__
-    return type(spec), fields["repeat"], fields.get("ranks"), fields.get("src"), fields.get("dst")
 
 
 def _knob_classes(specs: Sequence[object]) -> list[int]:

@@ -1,0 +1,157 @@
+"""A training iteration's layer blocks copied from the first of their kind
+(ovsim.models.training_blocks) and their ops made from their source's (ovsim.models.workload_copies).
+
+The golden result is the iteration emitted and built spec by spec, as before copies existed: every
+spec and every op must come out the same, object for object as pickle sees them (a schedule
+search digests the pickled ops)."""
+
+from __future__ import annotations
+
+import pickle
+from functools import cache, partial
+from typing import Any
+
+import pytest
+
+from ovsim import api
+from ovsim.errors import OvsimError
+from ovsim.models import training, workload
+from ovsim.models.workload import CollectiveOpSpec, GemmOp, MemoryOp, build_workload
+from ovsim.scenario import Scenario, load_scenario
+
+SMALL = {"model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16"}
+
+JOBS: dict[str, dict[str, Any]] = {
+    "fsdp": {"system": "a100x4", "training": {**SMALL, "parallel": {"dp_mode": "fsdp", "fsdp_prefetch": 1}}},
+    "zero3": {"system": "a100x4", "training": {**SMALL, "parallel": {"dp_mode": "fsdp", "fsdp_impl": "zero3"}}},
+    "ddp-buckets": {"system": "a100x4", "training": {**SMALL, "parallel": {"bucket_bytes": 4e6}}},
+    "ddp-after-backward": {"system": "a100x4", "training": {**SMALL, "parallel": {"overlap_grad_reduce": False}}},
+    "distributed-optimizer": {"system": "a100x4", "training": {
+        **SMALL, "optimizer": "megatron", "loss": "megatron",
+        "parallel": {"distributed_optimizer": True}}},
+    "tp-sp-pp-1f1b": {"system": "hgx-h100", "training": {
+        **SMALL, "parallel": {"tp": 2, "pp": 2, "sequence_parallel": True, "pipeline": "1f1b"}}},
+    "interleaved-full-recompute": {"system": "hgx-h100", "training": {
+        **SMALL, "layers": 8, "recompute": "full",
+        "parallel": {"tp": 2, "pp": 2, "pipeline": "interleaved", "virtual_stages": 2}}},
+    "gpipe-selective-unfused": {"system": "hgx-h100", "training": {
+        **SMALL, "recompute": "selective", "attention": "unfused", "parallel": {"tp": 2, "pp": 2,
+                                                                                     "pipeline": "gpipe"}}},
+    "chunked-fp8": {"system": "hgx-h100", "training": {
+        **SMALL, "precision": "fp8", "parallel": {"tp": 4, "sequence_parallel": True, "tp_overlap": "chunked",
+                                                  "tp_chunks": 2}}},
+    "copy-engine-tp": {"system": "hgx-h100", "training": {
+        **SMALL, "parallel": {"tp": 4, "sequence_parallel": True, "tp_overlap": "copy_engine", "tp_chunks": 2}}},
+    "every-rank": {"system": "hgx-h100", "knobs": {"rank_symmetry": False}, "training": {
+        **SMALL, "parallel": {"tp": 2, "pp": 2, "pipeline": "1f1b"}}},
+    "sequential": {"system": "hgx-h100", "schedule": "sequential", "training": {
+        **SMALL, "parallel": {"tp": 2, "pp": 2, "pipeline": "interleaved", "virtual_stages": 2}}},
+    "no-communication": {"system": "hgx-h100", "training": {
+        **SMALL, "communication": False, "parallel": {"tp": 2, "pp": 2, "pipeline": "1f1b"}}},
+    "two-nodes": {"system": "hgx-h100-ndr", "nodes": 2, "training": {
+        **SMALL, "parallel": {"tp": 8, "pp": 2, "sequence_parallel": True}}},
+}
+
+
+def _built(sc: Scenario, monkeypatch: pytest.MonkeyPatch, copy_blocks: bool) -> tuple[training.TrainingOps, Any]:
+    """The scenario's generated specs and workload, with layer blocks copied or each emitted."""
+    made: list[training.TrainingOps] = []
+    real = training.training_ops
+
+    def spy(*args: Any, **kw: Any) -> training.TrainingOps:
+        made.append(real(*args, **{**kw, "copy_blocks": copy_blocks}))
+        return made[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(training, "training_ops", spy)
+        wl = api.build(sc, sc.name)[0]
+    return made[-1], wl
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_copied_blocks_make_the_specs_and_ops_emitted_ones_do(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = Scenario.model_validate({"name": name, **JOBS[name]})
+    gen, wl = _built(sc, monkeypatch, copy_blocks=True)
+    plain, wl_plain = _built(sc, monkeypatch, copy_blocks=False)
+    assert gen.copies and not plain.copies
+    assert len(gen.ops) == len(plain.ops)
+    for copied, emitted in zip(gen.ops, plain.ops, strict=True):
+        assert type(copied) is type(emitted)
+        assert copied.__dict__ == emitted.__dict__
+        assert copied.__pydantic_fields_set__ == emitted.__pydantic_fields_set__
+    assert wl.ops == wl_plain.ops
+    assert pickle.dumps(wl) == pickle.dumps(wl_plain)
+
+
+def test_the_examples_come_out_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    for path in ("examples/training-gpt3-13b-pp4-1f1b-h100x4.yaml",
+                 "examples/training-llama2-70b-tp8-chunked-hgx-h100.yaml"):
+        sc = load_scenario(path)
+        gen, wl = _built(sc, monkeypatch, copy_blocks=True)
+        _, wl_plain = _built(sc, monkeypatch, copy_blocks=False)
+        assert gen.copies, path
+        assert pickle.dumps(wl) == pickle.dumps(wl_plain), path
+
+
+# A small op list: b0 and b1 are alike but for their names and what they follow.
+def _specs(size_b1: float = 1e6, ranks_x1: list[int] | None = None) -> list[Any]:
+    return [
+        MemoryOp(name="x0", kind="elementwise", bytes=1e6, ranks=[0, 1]),
+        MemoryOp(name="x1", kind="elementwise", bytes=1e6, ranks=ranks_x1 or [0, 1]),
+        GemmOp(name="b0.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after=["x0"]),
+        CollectiveOpSpec(name="b0.ar", kind="all_reduce", size_bytes=1e6, ranks=[0, 1], after=["b0.g"], stream="tp"),
+        GemmOp(name="b1.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after=["x1"]),
+        CollectiveOpSpec(name="b1.ar", kind="all_reduce", size_bytes=size_b1, ranks=[0, 1], after=["b1.g"],
+                         stream="tp"),
+    ]
+
+
+@cache
+def _machine() -> tuple[Any, Any, Any]:
+    sc = Scenario.model_validate({"name": "t", "system": "h100x4", "ranks": 2,
+                                  "ops": [{"name": "x", "kind": "elementwise", "bytes": 1e6}]})
+    _, system, gpu, calib = api.build(sc, sc.name)
+    return system, gpu, calib.params
+
+
+def _build(specs: list[Any], copies: list[tuple[int, int, int]]) -> Any:
+    system, gpu, params = _machine()
+    return build_workload(specs, gpu=gpu, system=system, params=params, n_ranks=2, copies=copies)
+
+
+# Each variant's specs expanded (not copied): x0, x1, b0's two, and b1's the copy cannot take.
+EXPANDED = {"exact": 4, "another size": 5, "follows an op elsewhere": 5}
+
+
+@pytest.mark.parametrize("variant", sorted(EXPANDED))
+def test_a_copy_is_taken_only_where_it_is_exact(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ops come out as built spec by spec whatever the copies claim; where the claim holds, they
+    are made from the source's (ids, dependencies and the collective's flow renamed)."""
+    specs = {"exact": partial(_specs), "another size": partial(_specs, size_b1=2e6),
+             "follows an op elsewhere": partial(_specs, ranks_x1=[1])}[variant]()
+    if variant == "follows an op elsewhere":  # b1.g then follows x1 on rank 1 alone
+        specs[2] = GemmOp(name="b0.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x0"])
+        specs[4] = GemmOp(name="b1.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x1"])
+    plain = _build(specs, [])
+    expanded: list[str] = []
+    real = workload._expand
+    monkeypatch.setattr(workload, "_expand", lambda spec, *a: expanded.append(spec.name) or real(spec, *a))
+    copied = _build(specs, [(4, 2, 2)])
+    assert len(expanded) == EXPANDED[variant], expanded
+    assert pickle.dumps(copied) == pickle.dumps(plain)
+    ar = [op for op in copied.ops if op.name == "b1.ar"]
+    assert [op.id for op in ar] == ["b1.ar@r0", "b1.ar@r1"]
+    assert ar[0].flow is ar[1].flow and ar[0].flow.group == "b1.ar"
+    assert [op.deps for op in ar] == [("b1.g@r0",), ("b1.g@r1",)]
+
+
+def test_a_copy_must_follow_its_source() -> None:
+    with pytest.raises(ValueError, match="does not follow"):
+        _build(_specs(), [(2, 4, 2)])
+
+
+def test_a_copy_of_an_unknown_dependency_is_refused_as_any_spec() -> None:
+    specs = _specs()
+    specs[4] = GemmOp(name="b1.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["nowhere"])
+    with pytest.raises(OvsimError, match="unknown op 'nowhere'"):
+        _build(specs, [(4, 2, 2)])
