@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ovsim.models.op_specs import OpSpec, renamed
 
@@ -37,9 +37,14 @@ class _Stage(Protocol):
 _Ref = int
 
 
-# A spec of a block as first emitted: the spec, whether it is named under the recomputation prefix
-# ("R..."), its name's rest after the prefix, and its ``after`` and ``after_any`` as places.
-_Part = tuple[OpSpec, bool, str, list[_Ref], list[_Ref]]
+class _Part(NamedTuple):
+    """A spec of a block as first emitted."""
+
+    spec: OpSpec
+    recomputed: bool  # named under the recomputation prefix ("R...")
+    rest: str  # the name after the prefix
+    after: list[_Ref]
+    after_any: list[_Ref]
 
 
 @dataclass(slots=True)
@@ -55,6 +60,9 @@ class _Block:
 
 class _NotABlock(Exception):
     """A block names something neither its own nor the stage's at entry: never copied."""
+
+
+_UNSEEN = object()  # a kind of block not seen yet
 
 
 @dataclass
@@ -88,19 +96,16 @@ class BlockCopies:
         recompute = "R" + prefix[1:]
         # Every name a place can hold: the block's own, then the entry's from its end (place -1
         # is the entry's first name, so at index len(names) + len(entry) - 1).
-        names = [(recompute if r else prefix) + rest for _, r, rest, _, _ in block.parts]
+        names = [(recompute if part.recomputed else prefix) + part.rest for part in block.parts]
         names += reversed(entry)
         first = len(ops)
         for src, _, _, after, after_any in block.parts:
-            # An empty list stays the source's object, as the emitter shares its template's.
+            # An empty list may stay the source's object: no spec's list is changed after it is made.
             ops.append(renamed(src, names[len(ops) - first], [names[r] for r in after] if after else src.after,
                                [names[r] for r in after_any] if after_any else src.after_any))
         st.last = names[block.last] if block.last is not None else None
         st.pending = [names[r] for r in block.pending]
         self.copies.append((first, block.start, len(block.parts)))
-
-
-_UNSEEN = object()  # a kind of block not seen yet
 
 
 def _record(ops: list[OpSpec], start: int, prefix: str, entry: list[str], st: _Stage) -> _Block:
@@ -126,6 +131,7 @@ def _record(ops: list[OpSpec], start: int, prefix: str, entry: list[str], st: _S
         except KeyError:
             raise _NotABlock from None
 
-    parts = [(s, r, rest, refs(s.after), refs(s.after_any)) for s, (r, rest) in zip(ops[start:], rests, strict=True)]
+    parts = [_Part(s, r, rest, refs(s.after), refs(s.after_any))
+             for s, (r, rest) in zip(ops[start:], rests, strict=True)]
     return _Block(start=start, parts=parts, last=refs([st.last])[0] if st.last is not None else None,
                   pending=refs(st.pending))

@@ -249,6 +249,12 @@ class LayerEmitter:
 
     # a layer
 
+    # A layer block (its forward or backward) is copied from the first of its kind
+    # (training_blocks): what it emits may depend on the stage, on names made from ``pre``, and on
+    # the stage's ``last`` and ``pending`` at entry, and it may change nothing but those two
+    # (DDP's buckets, which a backward fills on the last micro-batch, excepted: that block is
+    # emitted each time). Anything else that varies by layer or micro-batch goes into the key.
+
     def layer_forward(self, st: StageState, s: int, pre: str) -> None:
         """One layer's forward (``pre``: ``F{mb}.L{layer}``, or ``R{mb}.L{layer}`` recomputed)."""
         if self.blocks is None:

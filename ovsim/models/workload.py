@@ -46,6 +46,7 @@ from ovsim.models.op_specs import (
 )
 from ovsim.models.workload_copies import copied_ops as _copied_ops
 from ovsim.models.workload_copies import copy_sources as _copy_sources
+from ovsim.models.workload_copies import op_id as _op_id
 from ovsim.models.workload_copies import placement as _placement
 
 __all__ = ["COMPUTE_KINDS", "GEMM_BLOCK_FIELDS", "GEMM_TILE_FIELDS", "AttentionOp", "CollectiveKind",
@@ -205,7 +206,8 @@ def build_workload(
         tables = [expansions.table(cls, read) for cls, read in enumerate(_knobs_read(knobs))]
         classes = expansions.classes
     added = 0
-    source_of, kept, copied_from = _copy_sources(copies, len(specs))
+    source_of, kept = _copy_sources(copies, len(specs))
+    copied_from: dict[str, str] = {}  # the copies made (copied_ops), each by name: its source's
     for i, spec in enumerate(specs):
         table = tables[classes[i]] if tables else None
         made = table[i] if table is not None else None
@@ -496,11 +498,6 @@ def _rank_set(ranks: Sequence[int], rank_sets: _RankSets) -> frozenset[int]:
     if known is None:
         known = rank_sets[id(ranks)] = (ranks, frozenset(ranks))
     return known[1]
-
-
-
-def _op_id(name: str, rank: int) -> str:
-    return f"{name}@r{rank}"
 
 
 def _no_deps(rank: int) -> tuple[str, ...]:

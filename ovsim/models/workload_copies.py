@@ -12,26 +12,38 @@ from collections.abc import Mapping, Sequence
 from ovsim.models.ir import FlowDemand, Op, new_op
 from ovsim.models.op_specs import AttentionOp, CollectiveOpSpec, GemmOp, KernelOp, MemoryOp, _OpBase
 
+# An op's id: its name and its job rank after this mark. A dependency's id is the op it follows on
+# the same rank, so a copy renames both by the name and keeps the rank's part.
+RANK_MARK = "@r"
+
+
+def op_id(name: str, rank: int) -> str:
+    """The id of op ``name`` on job rank ``rank``."""
+    return f"{name}{RANK_MARK}{rank}"
+
+
 # The specs whose ops copy: one op a rank, named after the spec, its flow (a collective's) named so
 # too. A copy's (per-rank flow names) and a send/recv's (two ends) would need more than a rename.
 _COPYABLE = frozenset({GemmOp, MemoryOp, AttentionOp, KernelOp, CollectiveOpSpec})
 
 
 def copy_sources(copies: Sequence[tuple[int, int, int]], n_specs: int
-                 ) -> tuple[list[int], dict[int, list[Op] | None], dict[str, str]]:
-    """From ``copies`` (each block's first spec's index, its source's, spec count): each spec's
-    source (-1: none; an empty list without copies), the sources whose ops are to be kept, and an
-    empty record of the copies made (a copy's name: its source's)."""
+                 ) -> tuple[list[int], dict[int, list[Op] | None]]:
+    """From ``copies`` (each block's first spec's index, its source's, spec count; a later block
+    over the same specs overrides an earlier): each spec's source (-1: none; an empty list without
+    copies), and the sources whose ops are to be kept. A block that does not follow its source
+    within the ``n_specs`` is a caller's error (ovsim's generator makes none)."""
     if not copies:
-        return [], {}, {}
+        return [], {}
     source_of = [-1] * n_specs
     kept: dict[int, list[Op] | None] = {}
     for first, source, count in copies:
-        if not (0 <= source < first and first + count <= n_specs):
-            raise ValueError(f"a copy of specs {source}.. at {first}.. does not follow them within {n_specs} specs")
+        if not (0 <= source < first and count > 0 and first + count <= n_specs):
+            raise ValueError(f"a copy of {count} specs from {source} at {first} does not follow them within "
+                             f"{n_specs} specs")
         source_of[first:first + count] = range(source, source + count)
         kept.update(dict.fromkeys(range(source, source + count)))
-    return source_of, kept, {}
+    return source_of, kept
 
 
 def placement(spec: _OpBase) -> tuple[object, ...]:
@@ -62,12 +74,14 @@ def copied_ops(spec: _OpBase, source: _OpBase, source_ops: Sequence[Op], by_name
             return None
         names = found
     name = new["name"]
-    copied_from[name] = old["name"]
     cut = len(old["name"])
+    if source_ops and not source_ops[0].id.startswith(RANK_MARK, cut):
+        return None  # ids made otherwise than op_id: nothing to rename by
+    copied_from[name] = old["name"]
     flows: dict[int, FlowDemand] = {}
     out: list[Op] = []
     for op in source_ops:
-        tail = op.id[cut:]  # "@r" and the job rank, as its dependencies' ids end
+        tail = op.id[cut:]  # RANK_MARK and the job rank, as its dependencies' ids end
         deps = op.deps
         if deps:
             k = len(tail)

@@ -2,8 +2,10 @@
 (ovsim.models.training_blocks) and their ops made from their source's (ovsim.models.workload_copies).
 
 The golden result is the iteration emitted and built spec by spec, as before copies existed: every
-spec and every op must come out the same, object for object as pickle sees them (a schedule
-search digests the pickled ops)."""
+spec and every op must come out the same, and a build alone object for object as pickle sees it
+(a schedule search digests pickled ops). Within the build memos, where ops of an earlier build are
+taken and an op's description may be an earlier build's equal dict, the ops and their digests must
+be the same."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ import pytest
 from ovsim import api
 from ovsim.errors import OvsimError
 from ovsim.models import training, workload
+from ovsim.models.build_memo import reusing_builds
 from ovsim.models.workload import CollectiveOpSpec, GemmOp, MemoryOp, build_workload
 from ovsim.scenario import Scenario, load_scenario
+from ovsim.tune_predictions import _digest
 
 SMALL = {"model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16"}
 
@@ -91,6 +95,22 @@ def test_the_examples_come_out_the_same(monkeypatch: pytest.MonkeyPatch) -> None
         _, wl_plain = _built(sc, monkeypatch, copy_blocks=False)
         assert gen.copies, path
         assert pickle.dumps(wl) == pickle.dumps(wl_plain), path
+
+
+def test_builds_within_the_memos_come_out_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search's builds one after another: another micro-batch count (another list, whose specs
+    the last list's ops partly serve) and other knobs (the same list)."""
+    job = JOBS["tp-sp-pp-1f1b"]
+    variants = [{**job, "training": {**job["training"], "micro_batches": mbs}, "knobs": knobs}
+                for mbs in (2, 3) for knobs in ({}, {"nccl_channels": 4}, {"sm_carveout": 8})]
+    scenarios = [Scenario.model_validate({"name": "v", **v}) for v in variants]
+    digests: dict[bool, list[tuple[Any, str]]] = {}
+    for copy_blocks in (True, False):
+        with monkeypatch.context() as m, training.reusing_training_ops(), reusing_builds():
+            m.setattr(training, "training_ops", partial(training.training_ops, copy_blocks=copy_blocks))
+            built = [api.build(sc, sc.name)[0] for sc in scenarios]
+        digests[copy_blocks] = [(wl.ops, _digest(wl)) for wl in built]
+    assert digests[True] == digests[False]
 
 
 # A small op list: b0 and b1 are alike but for their names and what they follow.
