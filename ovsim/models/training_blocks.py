@@ -7,8 +7,8 @@ first block of each kind is emitted and recorded, and the others copy it: each s
 they are, its name under the new prefix and its dependencies mapped, inside the block by place and
 outside it to what the stage holds when the new block starts. A copy is the list the emitter would
 have made, spec for spec (tests/models/test_training_blocks.py builds both); it costs a dict copy
-a spec where emitting one priced its fields through the generator's helpers (the GPT-3 145.6B
-row's 188,000 specs: 2.1 s emitted, a quarter of it copied).
+a spec where emitting one went through the generator's helpers (docs/design.md, "Building a
+workload", says what it saves).
 
 Each copy is also listed (:attr:`BlockCopies.copies`) so that the build can make a copied spec's
 ops from its source's (:func:`ovsim.models.workload.build_workload`'s ``copies``), which it does
