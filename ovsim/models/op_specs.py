@@ -81,7 +81,7 @@ def generated(spec: _Spec) -> _Spec:
 # template of the specs made like it (a training iteration repeats each layer's ops over layers
 # and micro-batches). One generator's, for as long as it makes specs.
 Templates = dict[tuple[object, ...], "_OpBase"]
-# Bound once: made() sets four slots on each of a training iteration's 100,000s of specs.
+# Bound once: _copied() sets four slots on each of a training iteration's 100,000s of specs.
 _new_object = object.__new__
 _set_slot = object.__setattr__
 
@@ -104,27 +104,28 @@ def made(templates: Templates, cls: type[_Spec], name: str, deps: dict[str, list
         spec = generated(cls(name=name, ranks=ranks, **deps, **fields))
         templates[key] = spec
         return spec
-    spec = _new_object(cls)
-    # What pydantic's model_construct sets, without its pass over the fields' defaults (the
-    # template's values hold them).
-    _set_slot(spec, "__dict__", {**template.__dict__, "name": name, **deps})
-    _set_slot(spec, "__pydantic_fields_set__", template.__pydantic_fields_set__)
-    _set_slot(spec, "__pydantic_extra__", None)
-    _set_slot(spec, "__pydantic_private__", None)
-    return spec
+    return _copied(cls, template, {**template.__dict__, "name": name, **deps})
 
 
 def renamed(spec: _Spec, name: str, after: list[str], after_any: list[str]) -> _Spec:
     """A copy of the generated ``spec`` named ``name`` following ``after`` and ``after_any``, as
-    :func:`made` makes it from the same fields (the copy is what made() sets, from ``spec``'s
-    validated fields instead of a template's): a training iteration's layer blocks repeated over
-    layers and micro-batches are copied whole (:mod:`ovsim.models.training_blocks`)."""
-    copy = _new_object(type(spec))
-    _set_slot(copy, "__dict__", {**spec.__dict__, "name": name, "after": after, "after_any": after_any})
-    _set_slot(copy, "__pydantic_fields_set__", spec.__pydantic_fields_set__)
-    _set_slot(copy, "__pydantic_extra__", None)
-    _set_slot(copy, "__pydantic_private__", None)
-    return copy
+    :func:`made` makes it from the same fields (from ``spec``'s validated fields instead of a
+    template's): a training iteration's layer blocks repeated over layers and micro-batches are
+    copied whole (:mod:`ovsim.models.training_blocks`)."""
+    return _copied(type(spec), spec, {**spec.__dict__, "name": name, "after": after, "after_any": after_any})
+
+
+def _copied(cls: type[_Spec], source: _OpBase, fields: dict[str, Any]) -> _Spec:
+    """A spec of ``cls`` (``source``'s class) holding ``fields``, validated ones (``source``'s, a
+    name and dependencies changed): what pydantic's model_construct sets, without its pass over
+    the fields' defaults (``source``'s values hold them), and ``source``'s record of the fields
+    given."""
+    spec = _new_object(cls)
+    _set_slot(spec, "__dict__", fields)
+    _set_slot(spec, "__pydantic_fields_set__", source.__pydantic_fields_set__)
+    _set_slot(spec, "__pydantic_extra__", None)
+    _set_slot(spec, "__pydantic_private__", None)
+    return spec
 
 
 # A GemmOp's fields that describe its kernel's block (cost.gemm's arguments), and all the fields

@@ -81,6 +81,7 @@ from ovsim.models.training_spec import (
 )
 from ovsim.models.training_spec import ModelShape as ModelShape
 from ovsim.models.workload import build_workload
+from ovsim.models.workload_copies import op_id
 
 
 @dataclass(frozen=True)
@@ -383,7 +384,7 @@ def build_training_workload(
     extra: dict[str, list[str]] = {}
     for name, dep, mapping in gen.peer_deps:
         for dst, src in mapping.items():
-            extra.setdefault(f"{name}@r{dst}", []).append(f"{dep}@r{src}")
+            extra.setdefault(op_id(name, dst), []).append(op_id(dep, src))
     ops = tuple(replace(op, deps=op.deps + tuple(extra[op.id])) if op.id in extra else op for op in wl.ops)
     out = replace(wl, ops=ops, structure=None)
     out.validate(source)
@@ -491,17 +492,17 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
     for name, (at_src, at_dst) in after.items():
         o = specs[name]
         for rank, at in ((o.src, at_src), (o.dst, at_dst)):
-            nxt = after_in_main[f"{at}@r{rank}"] if at is not None else None
+            nxt = after_in_main[op_id(at, rank)] if at is not None else None
             if nxt is not None:
-                extra.setdefault(nxt, []).append(f"{name}@r{rank}")
+                extra.setdefault(nxt, []).append(op_id(name, rank))
         if at_src is not None:
             sent.setdefault((at_src, o.src), []).append(o)
     if not interleaved:
         for name, (_, at_dst) in after.items():
             o = specs[name]
             if at_dst is not None:
-                extra.setdefault(f"{name}@r{o.dst}", []).extend(
-                    f"{x.name}@r{o.dst}" for x in sent.get((at_dst, o.dst), []) if x.dst != o.src)
+                extra.setdefault(op_id(name, o.dst), []).extend(
+                    op_id(x.name, o.dst) for x in sent.get((at_dst, o.dst), []) if x.dst != o.src)
     ops = []
     for op in wl.ops:
         if op.name in gen.p2p_items:
@@ -510,7 +511,7 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
             rank = wl.job_rank(op.rank)
             at = after[op.name][0 if rank == specs[op.name].src else 1]
             op = replace(op, stream=f"p2p{specs[op.name].src}>{specs[op.name].dst}",
-                         deps=(f"{at}@r{rank}",) if at is not None else ())
+                         deps=(op_id(at, rank),) if at is not None else ())
         if op.id in extra:
             op = replace(op, deps=op.deps + tuple(extra[op.id]))
         ops.append(op)

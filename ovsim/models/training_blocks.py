@@ -81,14 +81,17 @@ class BlockCopies:
         entry = [st.last, *st.pending] if st.last is not None else list(st.pending)
         full_key = (key, st.last is None, len(st.pending))
         block = self.blocks.get(full_key, _UNSEEN)
-        if isinstance(block, _Block) and len(set(entry)) == len(entry):
+        # An entry naming one op twice would map two places to one name: emitted (and, first of
+        # its kind, never copied).
+        distinct = len(set(entry)) == len(entry)
+        if isinstance(block, _Block) and distinct:
             self._copy(ops, block, st, prefix, entry)
             return
         start = len(ops)
         body()
         if block is _UNSEEN:
             try:
-                self.blocks[full_key] = _record(ops, start, prefix, entry, st)
+                self.blocks[full_key] = _record(ops, start, prefix, entry, st) if distinct else None
             except _NotABlock:
                 self.blocks[full_key] = None
 
@@ -110,9 +113,7 @@ class BlockCopies:
 
 def _record(ops: list[OpSpec], start: int, prefix: str, entry: list[str], st: _Stage) -> _Block:
     """The block of ``ops[start:]``, emitted under ``prefix`` from a stage that held ``entry``
-    and now holds ``st``."""
-    if len(set(entry)) != len(entry):
-        raise _NotABlock
+    (each op once) and now holds ``st``."""
     recompute = "R" + prefix[1:]
     places: dict[str, _Ref] = {n: -1 - i for i, n in enumerate(entry)}
     rests: list[tuple[bool, str]] = []
