@@ -369,13 +369,13 @@ def _analytic(wl: Workload, gpu: GpuSpec, power: PowerConfig) -> Timeline:
     """The analytic fidelity's timeline of ``wl``, its clocks under ``power``'s policy, with power
     counters."""
     from ovsim.engine.analytic import Plan, analytic_timeline
-    from ovsim.engine.power_analytic import OpTerms, analytic_power, restore_isolated, throttled_durations
+    from ovsim.engine.power_analytic import OpTerms, analytic_power, throttled_durations
 
     plan = Plan.of(wl)
     terms = OpTerms.of(wl, gpu, power.model)
     if power.managed:
         durations, clocks = throttled_durations(wl, gpu, power, plan, terms)
-        timeline = restore_isolated(analytic_timeline(wl, durations, plan), wl)
+        timeline = analytic_timeline(wl, durations, plan, clocked=True)
     else:
         clocks = None
         timeline = analytic_timeline(wl, plan=plan)

@@ -8,8 +8,10 @@ ready. No resource is shared, so with nothing overlapping this agrees with the e
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from ovsim.engine.timeline import Timeline, op_columns, timeline_from_rows
 from ovsim.errors import OvsimError
@@ -18,10 +20,12 @@ from ovsim.models.ir import Op, Workload, topological_order
 
 
 def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = None,
-                      plan: Plan | None = None) -> Timeline:
+                      plan: Plan | None = None, *, clocked: bool = False) -> Timeline:
     """The workload's timeline with every op taking its isolated time, or ``durations_s`` (one per
     op of ``workload.ops``, as the power loop's clocks stretch them). ``plan``: the workload's
-    :class:`Plan`, where the caller has it already."""
+    :class:`Plan`, where the caller has it already. ``clocked``: ``durations_s`` are the ops'
+    isolated times at their clocks; each op reports its cost-model time as its isolated time and
+    the rest of its span as lost to the clock."""
     # Lists and dicts per op, none in a cycle: the cyclic collector's passes only cost time.
     with paused_gc():
         if plan is None:
@@ -29,7 +33,7 @@ def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = 
         dur = [op.isolated_s for op in workload.ops] if durations_s is None else list(durations_s)
         if len(dur) != len(workload.ops):
             raise OvsimError(f"{len(dur)} durations for {len(workload.ops)} ops", field="durations_s")
-        return plan.timeline(dur)
+        return plan.timeline(dur, isolated=clocked)
 
 
 class _Order(NamedTuple):
@@ -59,6 +63,7 @@ class Plan:
     preds: list[list[int]]
     delay_s: list[float]
     is_gap: list[bool]
+    _code: list[int] | None = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def of(workload: Workload) -> Plan:
@@ -108,6 +113,8 @@ class Plan:
         schedule search's bound (ovsim.tune_predictions.dispatch_release_s): ``release_s``, a time
         before which each op may not start; ``slowed``, for members of collectives, times until
         which their flow moves data at no more than a share of its rate, as (time, share)."""
+        if release_s is None and not slowed:
+            return self._times_plain(dur)
         n = len(self.workload.ops)
         rel = release_s if release_s is not None else [0.0] * n
         launch = [0.0] * n
@@ -154,6 +161,56 @@ class Plan:
             wait[i] = max(0.0, end[i] - t - dur[i])
         return launch, start, end, wait, flows
 
+    def _times_plain(self, dur: list[float]) -> tuple[
+            list[float], list[float], list[float], list[float], dict[int, tuple[float, float, float, float]]]:
+        """:meth:`times` with no release times and nothing slowed: the same values, by a pass that
+        skips what those need (the power loop's passes and most bounds run this way)."""
+        n = len(self.workload.ops)
+        launch = [0.0] * n
+        start = [0.0] * n
+        end = [0.0] * n
+        wait = [0.0] * n
+        seen = [False] * n  # read for collectives' members only
+        flows: dict[int, tuple[float, float, float, float]] = {}
+        code, preds, delay_s = self._codes(), self.preds, self.delay_s
+        for i in self.order:
+            t = 0.0
+            for p in preds[i]:
+                if end[p] > t:
+                    t = end[p]
+            launch[i] = t
+            d = delay_s[i]
+            if d:
+                t += d
+            start[i] = t
+            g = code[i]
+            if g == -1:
+                end[i] = t + dur[i]
+                continue
+            if g == -2:  # a host gap: it ends once served
+                end[i] = t
+                continue
+            seen[i] = True
+            f = flows.get(g)
+            if f is None:
+                ms = self.members[g]
+                starts = [start[m] if seen[m] else self._ready(m, end) + delay_s[m] for m in ms]
+                longest = max(dur[m] for m in ms)
+                begin = max(starts)
+                f = flows[g] = (min(starts), begin, begin + longest, longest)
+            end[i] = f[2]
+            w = f[2] - t - dur[i]
+            if w > 0.0:
+                wait[i] = w
+        return launch, start, end, wait, flows
+
+    def _codes(self) -> list[int]:
+        """Per op: its collective (index into members), -1 for a kernel of its own, -2 for a host
+        gap."""
+        if self._code is None:
+            self._code = [-2 if gap else g for g, gap in zip(self.group_of, self.is_gap, strict=True)]
+        return self._code
+
     def _latency_s(self, i: int) -> float:
         f = self.workload.ops[i].flow
         return f.latency_s if f is not None else 0.0
@@ -180,7 +237,11 @@ class Plan:
             return 0.0
         return max(end[i] for i in rows) - min(0.0, min(launch[i] for i in rows))
 
-    def timeline(self, dur: list[float]) -> Timeline:
+    def timeline(self, dur: list[float], *, isolated: bool = False) -> Timeline:
+        """The timeline of the ops taking ``dur``. ``isolated``: report each op's cost-model time
+        (``Op.isolated_s``) as its isolated time where ``dur`` stretched or shrank it (the power
+        loop's clocks), the difference as time lost to the clock (``clock_s``; negative where
+        gained)."""
         launch, start, end, wait, flows = self.times(dur)
         ops = self.workload.ops
         rows = [i for i, op in enumerate(ops) if op.kind != "delay"]
@@ -202,7 +263,21 @@ class Plan:
             "wait_sm_s": zeros, "share_sm_s": zeros, "share_hbm_s": zeros, "share_link_s": zeros,
             "wait_peers_s": [wait[i] for i in rows] + [0.0] * len(order),
         })
+        if isolated:
+            cols.update(_clock_columns([ops[i].isolated_s for i in rows], cols, len(order)))
         return timeline_from_rows(cols, [])
+
+
+def _clock_columns(isolated_s: list[float], cols: dict[str, Any], n_flows: int) -> dict[str, np.ndarray]:
+    """``isolated_s`` and ``clock_s`` of a timeline's columns ``cols`` (ops' rows, then
+    ``n_flows`` flows') with the ops' cost-model times ``isolated_s`` in place of the durations
+    they ran: an op whose time differs lost the difference of its span to the clock."""
+    mine = np.array(isolated_s + [0.0] * n_flows, dtype=float)
+    had = np.array(cols["isolated_s"], dtype=float)
+    span = np.array(cols["end_s"], dtype=float) - np.array(cols["start_s"], dtype=float)
+    is_op = np.arange(len(mine)) < len(isolated_s)
+    stretched = is_op & (mine != had)
+    return {"isolated_s": np.where(is_op, mine, had), "clock_s": np.where(stretched, span - mine, 0.0)}
 
 
 def _slowed_end(begin_s: float, dur_s: float, latency_s: float, until_s: float, share: float) -> float:

@@ -28,7 +28,7 @@ from ovsim.engine.power import (
     rate_class,
     tensor_clock_class,
 )
-from ovsim.engine.timeline import Timeline, timeline_from_rows
+from ovsim.engine.timeline import Timeline
 from ovsim.hw.power import HW_SLOWDOWN_FLOOR, MEMORY, TENSOR, PowerModel, voltage_fractions
 from ovsim.hw.spec import GpuSpec
 from ovsim.models.ir import FlowDemand, Op, Workload
@@ -395,21 +395,6 @@ def steady_window(workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
                         tuple((sat, float(b)) for sat, b in zip(terms.saturations, x[4:], strict=True) if b > 0))
                        for x in per)
     return out
-
-
-def restore_isolated(timeline: Timeline, workload: Workload) -> Timeline:
-    """Report the cost model's isolated times again; the difference is time lost to the clock."""
-    iso = {op.id: op.isolated_s for op in workload.ops}
-    data = timeline.op_data()
-    mine = np.fromiter((iso.get(x, np.nan) for x in data["id"]), dtype=float, count=len(data["id"]))
-    known = ~np.isnan(mine)
-    had = data["isolated_s"].astype(float)
-    # Lost to a clock below the calibration's, or gained (negative) above it.
-    stretched = known & (mine != had)
-    data["clock_s"] = np.where(stretched, data["duration_s"].astype(float) - mine,
-                               np.where(known, 0.0, data["clock_s"].astype(float)))
-    data["isolated_s"] = np.where(known, mine, had)
-    return timeline_from_rows(data, timeline.counter_data(), shared=True)
 
 
 def _lanes(streams: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np.ndarray]:
