@@ -14,6 +14,8 @@ import math
 from dataclasses import replace
 from typing import NamedTuple
 
+import numpy as np
+
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec
@@ -347,6 +349,29 @@ def gemm_isolated_s(m: int, n: int, k: int, tile: tuple[int, int, int], batch: i
         hbm_bytes += partial_bytes
         isolated += partial_bytes / bw + params.kernel_overhead_s
     return isolated, hbm_bytes, compute_bound
+
+
+def gemm_isolated_times(m: int, n: int, k: int, tiles: np.ndarray, occ_natural: np.ndarray, batch: int,
+                        splits: np.ndarray, sms: int, per_sm_rate: float, tile_s: float, element_size: int,
+                        gpu: GpuSpec, params: Parameters) -> np.ndarray:
+    """:func:`gemm_isolated_s` of :func:`gemm_main_loop`'s time for each of several kernels at once:
+    ``tiles`` (one (m, n) row each), ``occ_natural`` and ``splits`` per kernel, the same operations
+    in the same order on arrays, so the same numbers (a library's choice prices some 70 kernels
+    and splits a GEMM)."""
+    tm, tn = tiles[:, 0], tiles[:, 1]
+    row_tiles, col_tiles = np.ceil(m / tm).astype(np.int64), np.ceil(n / tn).astype(np.int64)
+    blocks = row_tiles * col_tiles * batch * splits
+    k_per_block = np.ceil(k / splits).astype(np.int64)
+    t_issue = occ_natural * (2.0 * tm * tn * k_per_block) / per_sm_rate
+    waves = np.ceil(blocks / (sms * occ_natural)).astype(np.int64)
+    compute_s = waves * (t_issue + tile_s)
+    reads_a, reads_b = np.minimum(col_tiles, 2), np.minimum(row_tiles, 2)
+    hbm_bytes = (batch * element_size * (reads_a * m * k + reads_b * k * n + m * n)).astype(float)
+    bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
+    isolated = np.maximum(compute_s, hbm_bytes / bw) + params.kernel_overhead_s
+    partial_bytes = (2 * splits * batch * m * n * _ACCUMULATOR_BYTES).astype(float)
+    out: np.ndarray = np.where(splits > 1, isolated + (partial_bytes / bw + params.kernel_overhead_s), isolated)
+    return out
 
 
 def gemm_demand(t: GemmTime, gpu: GpuSpec, params: Parameters, *, persistent: bool = False,

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
+import numpy as np
+
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec
@@ -17,6 +19,7 @@ from ovsim.models.cost import (
     element_bytes,
     gemm_demand,
     gemm_isolated_s,
+    gemm_isolated_times,
     gemm_main_loop,
     gemm_rate,
     gemm_time,
@@ -82,6 +85,8 @@ _DOES_NOT_LAUNCH = ("tile", "extra_shared_mem_bytes", "shared_mem_bytes", "threa
 
 # The K splits a library chooses among for a GEMM whose tiles leave SMs idle.
 LIBRARY_SPLITS_K = (1, 2, 4, 8, 16)
+# _least_s's products on arrays (bytes moved, partial sums') stay exact in int64 below this.
+_EXACT_INT64 = 2**62
 
 
 # best_gemm's answers, by its arguments and the content of the GPU spec and parameters: a sweep or
@@ -193,16 +198,19 @@ def _least_s(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precis
         return [0.0] * len(pairs)
     eb = element_bytes(precision)
     occupancies: dict[GemmKernel, int] = {}
-    out: list[float] = []
-    for kern, split in pairs:
-        occ = occupancies.get(kern)
-        if occ is None:
-            occ = occupancies[kern] = _occupancy_unpadded(kern, gpu, eb, extra_shared_mem_bytes)
-        if occ == 0:
-            out.append(0.0)
-            continue
-        compute_s = gemm_main_loop(m, n, k, kern.tile, occ, batch, split, sms, *rate)[4]
-        out.append(gemm_isolated_s(m, n, k, kern.tile, batch, split, eb, compute_s, gpu, params)[0])
+    for kern, _ in pairs:
+        if kern not in occupancies:
+            occupancies[kern] = _occupancy_unpadded(kern, gpu, eb, extra_shared_mem_bytes)
+    occ = np.array([occupancies[kern] for kern, _ in pairs], dtype=np.int64)
+    if batch * (m * k + k * n + m * n) * max(eb, 8) * 2 * max((split for _, split in pairs), default=1) >= _EXACT_INT64:
+        # Beyond whole numbers int64 holds: each pair as gemm_isolated_s prices it, in Python's.
+        return [0.0 if o == 0 else gemm_isolated_s(
+            m, n, k, kern.tile, batch, split, eb, gemm_main_loop(m, n, k, kern.tile, o, batch, split, sms, *rate)[4],
+            gpu, params)[0] for (kern, split), o in zip(pairs, occ.tolist(), strict=True)]
+    tiles = np.array([kern.tile[:2] for kern, _ in pairs], dtype=np.int64).reshape(-1, 2)
+    splits = np.array([split for _, split in pairs], dtype=np.int64)
+    least = gemm_isolated_times(m, n, k, tiles, np.maximum(occ, 1), batch, splits, sms, *rate, eb, gpu, params)
+    out: list[float] = np.where(occ == 0, 0.0, least).tolist()
     return out
 
 

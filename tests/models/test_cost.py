@@ -348,3 +348,34 @@ def test_best_gemm_prices_only_what_can_win_and_chooses_as_pricing_all_would(gpu
         sm_count = (None, None, None, 100)[i // 4 % 4]
         assert _best_gemm(m, n, k, "bf16", spec, p, extra, 1, None, sm_count) == _every_kernel_priced(
             m, n, k, spec, p, extra, sm_count), (m, n, k, extra, sm_count)
+
+
+@pytest.mark.parametrize("gpu_name", ["a100-sxm4-80gb", "h100-sxm5-80gb"])
+def test_the_library_bounds_on_arrays_are_the_scalar_formulas_to_the_bit(gpu_name: str) -> None:
+    """The lower bounds a library choice prices every kernel and split with, worked out on arrays
+    (gemm_isolated_times), are gemm_isolated_s of gemm_main_loop, pair by pair, bit for bit: the
+    choice must not depend on which of the two ran. Shapes: powers of two, odd sizes, one row,
+    batches, extra shared memory and a carve-out's fewer SMs."""
+    from ovsim.models import gemm_library as gl
+    from ovsim.models.cost import element_bytes, gemm_isolated_s, gemm_main_loop, gemm_rate
+
+    gpu = load_gpu(gpu_name)
+    params = load_calibration(gpu, gpu_name).params
+    shapes = [(4096, 4096, 4096), (1, 32768, 8192), (8192, 1280, 5120), (77, 1000, 333), (16384, 6144, 768),
+              (96, 96, 65536), (3, 7, 11)]
+    checked = 0
+    for (m, n, k), precision, batch, extra, sms in itertools.product(
+            shapes, ["bf16", "fp32", "fp8"] if gpu_name.startswith("h100") else ["bf16", "fp32"],
+            [1, 3], [0, 40_000], [None, 100]):
+        pairs = gl._pairs(m, n, k, gpu, precision, None)
+        got = gl._least_s(pairs, m, n, k, precision, gpu, params, extra, batch, sms)
+        rate = gemm_rate(n, k, precision, gpu, params, None)
+        eb = element_bytes(precision)
+        for (kern, split), least in zip(pairs, got, strict=True):
+            occ = gl._occupancy_unpadded(kern, gpu, eb, extra)
+            want = 0.0 if occ == 0 else gemm_isolated_s(
+                m, n, k, kern.tile, batch, split, eb,
+                gemm_main_loop(m, n, k, kern.tile, occ, batch, split, sms or gpu.sm.count, *rate)[4], gpu, params)[0]
+            assert least == want, (m, n, k, precision, kern, split)
+            checked += 1
+    assert checked > 1000
