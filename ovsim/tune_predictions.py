@@ -150,8 +150,15 @@ def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel)
             memo[key] = max(1.0, top[rate_class(op, pc.model, op_power_class(op, pc.model)[0])])
         return memo[key]
 
-    dur = [op.isolated_s if op.kernel is None or op.flow is not None else op.isolated_s / speedup(op)
-           for op in wl.ops]
+    dur = []
+    for op in wl.ops:  # speedup's memo read inline: a bound's pass over every op
+        k = op.kernel
+        if k is None or op.flow is not None:
+            dur.append(op.isolated_s)
+            continue
+        precision = op.info.get("precision")
+        gain = memo.get((id(k), op.kind, precision if isinstance(precision, str) else None))
+        dur.append(op.isolated_s / (gain if gain is not None else speedup(op)))
     launch, start, end, _, _ = plan.times(dur)
     free = plan.span(launch, end)
     release, slowed = dispatch_release_s(wl, model, start, speedup)

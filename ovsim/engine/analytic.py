@@ -232,7 +232,9 @@ class Plan:
 
     def span(self, launch: list[float], end: list[float]) -> float:
         """The makespan of the ops' times from :meth:`times`, as :meth:`makespan_s` gives it."""
-        rows = [i for i, op in enumerate(self.workload.ops) if op.kind != "delay"]
+        if not any(self.is_gap):  # the ops have rows all (host gaps have none)
+            return max(end) - min(0.0, min(launch)) if end else 0.0
+        rows = [i for i, gap in enumerate(self.is_gap) if not gap]
         if not rows:
             return 0.0
         return max(end[i] for i in rows) - min(0.0, min(launch[i] for i in rows))
