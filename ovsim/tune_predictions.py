@@ -52,8 +52,8 @@ def summarize(sc: Scenario, mode: Mode, power: bool = True) -> dict[str, Any]:
         # No resource is shared there: nothing is lost to contention, and the why-lines read the
         # engine's summaries only.
         model = gpu_model(result.gpu, result.calibration.params, result.scenario.knobs.sm_carveout)
-        out["bound_any_priority_s"], out["bound_s"] = _bounds_s(result.workload, result.power_config,
-                                                                Plan.of(result.workload), model)
+        out["bound_any_priority_s"], out["bound_s"], _ = _bounds_s(result.workload, result.power_config,
+                                                                   Plan.of(result.workload), model)
         out["workload"] = workload_digest(result)
         return out
     # From the timeline's columns: no frame is made for a candidate.
@@ -84,8 +84,10 @@ def analyze(sc: Scenario, objective: Objective = "time") -> dict[str, Any]:
         return {"error": e.message}
     with paused_gc():  # as predict's analytic fidelity: plain lists over the ops, no cycles
         plan = Plan.of(wl)
-        free, waiting = _bounds_s(wl, power_config(wl, gpu, calib, PowerSettings(managed=False)), plan, model)
-        out: dict[str, Any] = {"makespan_s": plan.makespan_s([op.isolated_s for op in wl.ops]),
+        iso = [op.isolated_s for op in wl.ops]
+        free, waiting, unhurried = _bounds_s(wl, power_config(wl, gpu, calib, PowerSettings(managed=False)), plan,
+                                             model, iso)
+        out: dict[str, Any] = {"makespan_s": free if unhurried else plan.makespan_s(iso),
                                "bound_s": waiting, "bound_any_priority_s": free, "workload": _digest(wl)}
     if sc.training is not None:
         from ovsim.models.memory import memory_estimate
@@ -130,12 +132,16 @@ def time_bound_s(result: Result) -> float:
     return _bounds_s(result.workload, result.power_config, Plan.of(result.workload), model)[1]
 
 
-def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel) -> tuple[float, float]:
+def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel,
+              isolated_s: list[float] | None = None) -> tuple[float, float, bool]:
     """:func:`time_bound_s` of ``wl`` under ``pc``, on its analytic ``plan`` and ``model`` (every
-    rank's GPU): without the waits for SMs (a bound at any stream priority) and with them."""
+    rank's GPU): without the waits for SMs (a bound at any stream priority) and with them; and
+    whether the first is the plan's makespan at ``isolated_s`` (the ops' isolated times, where the
+    caller has them: no op was sped up)."""
+    iso = isolated_s if isolated_s is not None else [op.isolated_s for op in wl.ops]
     if pc is None:
-        free = plan.makespan_s([op.isolated_s for op in wl.ops])
-        return free, free
+        free = plan.makespan_s(iso)
+        return free, free, True
     top = pc.multipliers(pc.model.max_clock_fraction)
     memo: dict[tuple[int, str, str | None], float] = {}
 
@@ -161,16 +167,17 @@ def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel)
         dur.append(op.isolated_s / (gain if gain is not None else speedup(op)))
     launch, start, end, _, _ = plan.times(dur)
     free = plan.span(launch, end)
+    same = dur == iso
     release, slowed = dispatch_release_s(wl, model, start, speedup)
     if not any(release) and not slowed:
-        return free, free
+        return free, free, same
     # With the waits, each kernel takes the least time the volume of its work allows
     # (_least_s), not its isolated time: one that starts beside another's last wave can beat
     # that by a little in the engine, which the bound without the waits has room for. The larger
     # of the two bounds holds.
     least = [_least_s(op, model, speedup(op)) if op.kernel is not None and op.flow is None and op.kind != "delay"
              else d for op, d in zip(wl.ops, dur, strict=True)]
-    return free, max(free, plan.makespan_s(least, release, slowed))
+    return free, max(free, plan.makespan_s(least, release, slowed)), same
 
 
 def _least_s(op: Op, model: GpuModel, speedup: float) -> float:

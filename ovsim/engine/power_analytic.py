@@ -420,6 +420,19 @@ def _lanes(streams: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np
     return lanes
 
 
+def _op_positions(ids: np.ndarray, workload: Workload) -> np.ndarray:
+    """Each timeline row's op (its index in ``workload.ops``; -1: none, a flow's row). A timeline
+    the analytic fidelity made lists the ops with rows first, in the workload's order (host gaps
+    have none): only the rows after them are looked up by id."""
+    ops = workload.ops
+    rows = [i for i, op in enumerate(ops) if op.kind != "delay"]
+    listed = ids.tolist()
+    head = len(rows) if listed[:len(rows)] == [ops[i].id for i in rows] else 0
+    index = {op.id: i for i, op in enumerate(ops)}
+    tail = [index.get(str(x), -1) for x in listed[head:]]
+    return np.array(rows[:head] + tail, dtype=np.int64)
+
+
 def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
                    clocks: np.ndarray | None = None, terms: OpTerms | None = None) -> dict[str, np.ndarray]:
     """``power_w`` and ``sm_clock_hz`` counters (columns of COUNTER_COLUMNS) for an analytic timeline: each
@@ -427,9 +440,7 @@ def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: Po
     (``clocks``: per op of the workload, as :func:`throttled_durations` gives them)."""
     m = cfg.model
     terms = terms if terms is not None else OpTerms.of(workload, gpu, m)
-    index = {op.id: i for i, op in enumerate(workload.ops)}
-    ids = timeline.op_column("id")
-    pos = np.fromiter((index.get(str(x), -1) for x in ids), dtype=np.int64, count=len(ids))
+    pos = _op_positions(timeline.op_column("id"), workload)
     rank_all = timeline.op_column("rank")
     keep = (rank_all >= 0) & (pos >= 0)
     ranks = rank_all[keep]

@@ -94,6 +94,9 @@ _EXACT_INT64 = 2**62
 # of its time choosing among the library's kernels), and both inputs are frozen models.
 _BEST_GEMMS: dict[tuple[object, ...], KernelDemand] = {}
 _BEST_GEMMS_MAX = 4096
+# _least_s's unpadded occupancy of each kernel, by kernel, element size, padding and the GPU spec's
+# fingerprint: a library choice asks for some 20 kernels', at a tenth of a millisecond the choice.
+_OCCUPANCIES: dict[tuple[GemmKernel, int, int, str], int] = {}
 # Fingerprints of the specs and parameters seen, by id; each keeps its object alive so that the id
 # is not reused while its entry lives.
 _FINGERPRINTS: dict[int, tuple[object, str]] = {}
@@ -113,6 +116,7 @@ def clear_choices() -> None:
     """Forget the GEMMs chosen so far (a benchmark starts each search from none)."""
     _BEST_GEMMS.clear()
     _FINGERPRINTS.clear()
+    _OCCUPANCIES.clear()
 
 
 def best_gemm(m: int, n: int, k: int, precision: str, gpu: GpuSpec, params: Parameters, *,
@@ -197,11 +201,12 @@ def _least_s(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precis
     except OvsimError:
         return [0.0] * len(pairs)
     eb = element_bytes(precision)
-    occupancies: dict[GemmKernel, int] = {}
+    fingerprint = _fingerprint(gpu)
+    mine: dict[GemmKernel, int] = {}
     for kern, _ in pairs:
-        if kern not in occupancies:
-            occupancies[kern] = _occupancy_unpadded(kern, gpu, eb, extra_shared_mem_bytes)
-    occ = np.array([occupancies[kern] for kern, _ in pairs], dtype=np.int64)
+        if kern not in mine:
+            mine[kern] = _occupancy(kern, gpu, fingerprint, eb, extra_shared_mem_bytes)
+    occ = np.array([mine[kern] for kern, _ in pairs], dtype=np.int64)
     if batch * (m * k + k * n + m * n) * max(eb, 8) * 2 * max((split for _, split in pairs), default=1) >= _EXACT_INT64:
         # Beyond whole numbers int64 holds: each pair as gemm_isolated_s prices it, in Python's.
         return [0.0 if o == 0 else gemm_isolated_s(
@@ -212,6 +217,18 @@ def _least_s(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precis
     least = gemm_isolated_times(m, n, k, tiles, np.maximum(occ, 1), batch, splits, sms, *rate, eb, gpu, params)
     out: list[float] = np.where(occ == 0, 0.0, least).tolist()
     return out
+
+
+def _occupancy(kern: GemmKernel, gpu: GpuSpec, fingerprint: str, element_size: int, extra_shared_mem_bytes: int) -> int:
+    """:func:`_occupancy_unpadded`, each kernel's worked out once for a GPU (``fingerprint``: its
+    spec's)."""
+    key = (kern, element_size, extra_shared_mem_bytes, fingerprint)
+    hit = _OCCUPANCIES.get(key)
+    if hit is None:
+        if len(_OCCUPANCIES) >= _BEST_GEMMS_MAX:
+            _OCCUPANCIES.clear()
+        hit = _OCCUPANCIES[key] = _occupancy_unpadded(kern, gpu, element_size, extra_shared_mem_bytes)
+    return hit
 
 
 def _occupancy_unpadded(kern: GemmKernel, gpu: GpuSpec, element_size: int, extra_shared_mem_bytes: int) -> int:
