@@ -91,8 +91,13 @@ class Plan:
         for i, op in enumerate(ops):
             key = (op.rank, op.stream)
             p = last.get(key)
-            preds.append(([] if p is None else [p]) + [index[d] for d in op.deps])
             last[key] = i
+            if not op.deps:  # most ops: the stream's order alone
+                preds.append([] if p is None else [p])
+                continue
+            ps = [] if p is None else [p]
+            ps.extend([index[d] for d in op.deps])
+            preds.append(ps)
         members = [[index[m.id] for m in ms] for ms in groups.values()]
         order = _order(preds, members)
         group_of = [-1] * len(ops)
