@@ -33,7 +33,7 @@ def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = 
         dur = [op.isolated_s for op in workload.ops] if durations_s is None else list(durations_s)
         if len(dur) != len(workload.ops):
             raise OvsimError(f"{len(dur)} durations for {len(workload.ops)} ops", field="durations_s")
-        return plan.timeline(dur, isolated=clocked)
+        return plan.timeline(dur, clocked=clocked)
 
 
 class _Order(NamedTuple):
@@ -244,8 +244,8 @@ class Plan:
             return 0.0
         return max(end[i] for i in rows) - min(0.0, min(launch[i] for i in rows))
 
-    def timeline(self, dur: list[float], *, isolated: bool = False) -> Timeline:
-        """The timeline of the ops taking ``dur``. ``isolated``: report each op's cost-model time
+    def timeline(self, dur: list[float], *, clocked: bool = False) -> Timeline:
+        """The timeline of the ops taking ``dur``. ``clocked``: report each op's cost-model time
         (``Op.isolated_s``) as its isolated time where ``dur`` stretched or shrank it (the power
         loop's clocks), the difference as time lost to the clock (``clock_s``; negative where
         gained)."""
@@ -270,7 +270,7 @@ class Plan:
             "wait_sm_s": zeros, "share_sm_s": zeros, "share_hbm_s": zeros, "share_link_s": zeros,
             "wait_peers_s": [wait[i] for i in rows] + [0.0] * len(order),
         })
-        if isolated:
+        if clocked:
             cols.update(_clock_columns([ops[i].isolated_s for i in rows], cols, len(order)))
         return timeline_from_rows(cols, [])
 

@@ -3,6 +3,8 @@ dependencies and collectives, each op taking its isolated time."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ovsim.engine.analytic import analytic_timeline
@@ -122,3 +124,45 @@ def test_ops_listed_before_what_they_wait_for_are_ordered_as_listed_after() -> N
     backward = analytic_timeline(_workload([d, c])).ops.set_index("id")
     assert backward.loc["d", "end_s"] == forward.loc["d", "end_s"] == pytest.approx(3.0)
     assert backward.loc["c", "end_s"] == forward.loc["c", "end_s"] == pytest.approx(2.0)
+
+
+def test_clocked_durations_report_the_cost_models_time_and_the_clocks_share() -> None:
+    """A power loop's clocks stretch a 1 s kernel to 1.25 s and shrink a 2 s one to 1.5 s: each
+    reports its cost model's time as isolated and the difference as the clock's (0.25 s lost,
+    0.5 s gained); the all-reduce after them keeps its own time and reports nothing lost to the
+    clock, though rank 0's member waited 0.25 s for its peer."""
+    ops = [Op("c0", "c0", "gemm", 0, "s", kernel=_kernel(1.0)),
+           Op("c1", "c1", "gemm", 1, "s", kernel=_kernel(2.0)),
+           _member("a0", "ar", 0, "s", 2.0), _member("a1", "ar", 1, "s", 2.0)]
+    out = analytic_timeline(_workload(ops), [1.25, 1.5, 2.0, 2.0], clocked=True).ops.set_index("id")
+    assert out.loc["c0", "isolated_s"] == 1.0 and out.loc["c0", "duration_s"] == 1.25
+    assert out.loc["c0", "clock_s"] == pytest.approx(0.25)
+    assert out.loc["c1", "isolated_s"] == 2.0 and out.loc["c1", "clock_s"] == pytest.approx(-0.5)
+    assert out.loc["a0", "isolated_s"] == 2.0 and out.loc["a0", "clock_s"] == 0.0
+    assert out.loc["a0", "wait_peers_s"] == pytest.approx(0.25)
+    assert out.loc["a0", "end_s"] == out.loc["a1", "end_s"] == pytest.approx(3.5)
+
+
+def test_the_plain_pass_gives_the_general_passs_times() -> None:
+    """Plan.times without release times or slowed flows runs a pass of its own: its times, flows
+    included, are the general pass's with every release at 0, to the bit, on ops with host gaps,
+    launch delays, members on other streams and ops listed out of order, and on built workloads
+    (two examples: a training iteration's collectives, and a GEMM beside an all-reduce)."""
+    from ovsim.api import build
+    from ovsim.engine.analytic import Plan
+    from ovsim.scenario import load_scenario
+
+    hand = [Op("c0", "c0", "gemm", 0, "s", kernel=_kernel(1.0), delay_s=0.5),
+            Op("gap", "gap", "delay", 1, "s", delay_s=3.0),
+            Op("c1", "c1", "gemm", 1, "s", kernel=_kernel(3.0)),
+            _member("a0", "ar", 0, "t", 2.0, deps=("c0",)), _member("a1", "ar", 1, "s", 2.0),
+            Op("d1", "d1", "gemm", 1, "u", deps=("e0",), kernel=_kernel(0.25)),
+            Op("e0", "e0", "gemm", 0, "s", kernel=_kernel(1.0))]
+    workloads = [_workload(hand)]
+    for name in ("training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", "gemm-allreduce-h100x4-overlapped.yaml"):
+        path = Path(__file__).resolve().parents[2] / "examples" / name
+        workloads.append(build(load_scenario(path), str(path))[0])
+    for wl in workloads:
+        plan = Plan.of(wl)
+        dur = [op.isolated_s * (1.0 + 0.1 * (i % 3)) for i, op in enumerate(wl.ops)]
+        assert plan.times(dur) == plan.times(dur, [0.0] * len(dur))
