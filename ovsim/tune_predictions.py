@@ -85,9 +85,9 @@ def analyze(sc: Scenario, objective: Objective = "time") -> dict[str, Any]:
     with paused_gc():  # as predict's analytic fidelity: plain lists over the ops, no cycles
         plan = Plan.of(wl)
         iso = [op.isolated_s for op in wl.ops]
-        free, waiting, unhurried = _bounds_s(wl, power_config(wl, gpu, calib, PowerSettings(managed=False)), plan,
+        free, waiting, at_isolated = _bounds_s(wl, power_config(wl, gpu, calib, PowerSettings(managed=False)), plan,
                                              model, iso)
-        out: dict[str, Any] = {"makespan_s": free if unhurried else plan.makespan_s(iso),
+        out: dict[str, Any] = {"makespan_s": free if at_isolated else plan.makespan_s(iso),
                                "bound_s": waiting, "bound_any_priority_s": free, "workload": _digest(wl)}
     if sc.training is not None:
         from ovsim.models.memory import memory_estimate
@@ -136,8 +136,8 @@ def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel,
               isolated_s: list[float] | None = None) -> tuple[float, float, bool]:
     """:func:`time_bound_s` of ``wl`` under ``pc``, on its analytic ``plan`` and ``model`` (every
     rank's GPU): without the waits for SMs (a bound at any stream priority) and with them; and
-    whether the first is the plan's makespan at ``isolated_s`` (the ops' isolated times, where the
-    caller has them: no op was sped up)."""
+    whether the first is also the plan's makespan at the ops' isolated times (no op was sped up).
+    ``isolated_s``: those times, where the caller has them already."""
     iso = isolated_s if isolated_s is not None else [op.isolated_s for op in wl.ops]
     if pc is None:
         free = plan.makespan_s(iso)
@@ -157,7 +157,7 @@ def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel,
         return memo[key]
 
     dur = []
-    for op in wl.ops:  # speedup's memo read inline: a bound's pass over every op
+    for op in wl.ops:  # speedup's memo read inline, under speedup's key: a pass over every op
         k = op.kernel
         if k is None or op.flow is not None:
             dur.append(op.isolated_s)
@@ -167,17 +167,17 @@ def _bounds_s(wl: Workload, pc: PowerConfig | None, plan: Plan, model: GpuModel,
         dur.append(op.isolated_s / (gain if gain is not None else speedup(op)))
     launch, start, end, _, _ = plan.times(dur)
     free = plan.span(launch, end)
-    same = dur == iso
+    at_isolated = dur == iso
     release, slowed = dispatch_release_s(wl, model, start, speedup)
     if not any(release) and not slowed:
-        return free, free, same
+        return free, free, at_isolated
     # With the waits, each kernel takes the least time the volume of its work allows
     # (_least_s), not its isolated time: one that starts beside another's last wave can beat
     # that by a little in the engine, which the bound without the waits has room for. The larger
     # of the two bounds holds.
     least = [_least_s(op, model, speedup(op)) if op.kernel is not None and op.flow is None and op.kind != "delay"
              else d for op, d in zip(wl.ops, dur, strict=True)]
-    return free, max(free, plan.makespan_s(least, release, slowed)), same
+    return free, max(free, plan.makespan_s(least, release, slowed)), at_isolated
 
 
 def _least_s(op: Op, model: GpuModel, speedup: float) -> float:

@@ -63,7 +63,9 @@ class Plan:
     preds: list[list[int]]
     delay_s: list[float]
     is_gap: list[bool]
-    _code: list[int] | None = field(default=None, repr=False, compare=False)
+    # Made from group_of and is_gap on first use (_codes): not an argument, so that a copy
+    # (dataclasses.replace) makes its own.
+    _code: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @staticmethod
     def of(workload: Workload) -> Plan:
@@ -187,6 +189,8 @@ class Plan:
             d = delay_s[i]
             if d:
                 t += d
+                if t < 0.0:  # a negative delay starts nothing before 0, as a release at 0
+                    t = 0.0
             start[i] = t
             g = code[i]
             if g == -1:
@@ -199,7 +203,7 @@ class Plan:
             f = flows.get(g)
             if f is None:
                 ms = self.members[g]
-                starts = [start[m] if seen[m] else self._ready(m, end) + delay_s[m] for m in ms]
+                starts = [start[m] if seen[m] else max(self._ready(m, end) + delay_s[m], 0.0) for m in ms]
                 longest = max(dur[m] for m in ms)
                 begin = max(starts)
                 f = flows[g] = (min(starts), begin, begin + longest, longest)
@@ -245,10 +249,10 @@ class Plan:
         return max(end[i] for i in rows) - min(0.0, min(launch[i] for i in rows))
 
     def timeline(self, dur: list[float], *, clocked: bool = False) -> Timeline:
-        """The timeline of the ops taking ``dur``. ``clocked``: report each op's cost-model time
-        (``Op.isolated_s``) as its isolated time where ``dur`` stretched or shrank it (the power
-        loop's clocks), the difference as time lost to the clock (``clock_s``; negative where
-        gained)."""
+        """The timeline of the ops taking ``dur``. ``clocked``: ``dur`` are the ops' times at the
+        power loop's clocks; each op reports its cost-model time (``Op.isolated_s``, where known:
+        not NaN) as its isolated time, and where ``dur`` stretched or shrank it the rest of its
+        span as time lost to the clock (``clock_s``; negative where gained)."""
         launch, start, end, wait, flows = self.times(dur)
         ops = self.workload.ops
         rows = [i for i, op in enumerate(ops) if op.kind != "delay"]
@@ -282,9 +286,9 @@ def _clock_columns(isolated_s: list[float], cols: dict[str, Any], n_flows: int) 
     mine = np.array(isolated_s + [0.0] * n_flows, dtype=float)
     had = np.array(cols["isolated_s"], dtype=float)
     span = np.array(cols["end_s"], dtype=float) - np.array(cols["start_s"], dtype=float)
-    is_op = np.arange(len(mine)) < len(isolated_s)
-    stretched = is_op & (mine != had)
-    return {"isolated_s": np.where(is_op, mine, had), "clock_s": np.where(stretched, span - mine, 0.0)}
+    known = (np.arange(len(mine)) < len(isolated_s)) & ~np.isnan(mine)
+    stretched = known & (mine != had)
+    return {"isolated_s": np.where(known, mine, had), "clock_s": np.where(stretched, span - mine, 0.0)}
 
 
 def _slowed_end(begin_s: float, dur_s: float, latency_s: float, until_s: float, share: float) -> float:

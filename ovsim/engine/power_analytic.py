@@ -119,7 +119,6 @@ class OpTerms:
     @staticmethod
     def of(workload: Workload, gpu: GpuSpec, model: PowerModel) -> OpTerms:
         ops = workload.ops
-        n = len(ops)
         # Ops of one kind, kernel demand, flow demand and precision share all of it: the ops of a
         # repeated layer share their demands (the workload keeps them alive, so ids are not reused),
         # and a collective repeated with its layer has a flow of its own per repeat, alike but for its
@@ -135,7 +134,7 @@ class OpTerms:
                 j = kinds[key] = len(first)
                 first.append(op)
             at.append(j)
-        index = np.array(at, dtype=np.int64).reshape(n)
+        index = np.array(at, dtype=np.int64)
         acts = [isolated_activity(op, gpu, model) for op in first]
         inputs = [_solver_inputs(op, a, model) for op, a in zip(first, acts, strict=True)]
         sats = tuple(sorted({x for v in inputs for _, x in v[4]}))

@@ -85,8 +85,10 @@ _DOES_NOT_LAUNCH = ("tile", "extra_shared_mem_bytes", "shared_mem_bytes", "threa
 
 # The K splits a library chooses among for a GEMM whose tiles leave SMs idle.
 LIBRARY_SPLITS_K = (1, 2, 4, 8, 16)
-# _least_s's products on arrays (bytes moved, partial sums') stay exact in int64 below this.
-_EXACT_INT64 = 2**62
+# _least_s works on arrays only where every whole number it divides or multiplies (sizes, blocks,
+# bytes moved, partial sums') stays below this: float64 holds them exactly there, so a quotient
+# is Python's correctly rounded int / int.
+_EXACT_FLOAT = 2**53
 
 
 # best_gemm's answers, by its arguments and the content of the GPU spec and parameters: a sweep or
@@ -207,8 +209,11 @@ def _least_s(pairs: list[tuple[GemmKernel, int]], m: int, n: int, k: int, precis
         if kern not in mine:
             mine[kern] = _occupancy(kern, gpu, fingerprint, eb, extra_shared_mem_bytes)
     occ = np.array([mine[kern] for kern, _ in pairs], dtype=np.int64)
-    if batch * (m * k + k * n + m * n) * max(eb, 8) * 2 * max((split for _, split in pairs), default=1) >= _EXACT_INT64:
-        # Beyond whole numbers int64 holds: each pair as gemm_isolated_s prices it, in Python's.
+    # Above every product: two reads of each operand plus C at the element size, or the FP32
+    # partial sums (8 bytes a split and an element, written and read back).
+    largest = batch * (m * k + k * n + m * n) * max(eb, 8) * 2 * max((split for _, split in pairs), default=1)
+    if largest >= _EXACT_FLOAT:
+        # Each pair as gemm_isolated_s prices it, in Python's whole numbers.
         return [0.0 if o == 0 else gemm_isolated_s(
             m, n, k, kern.tile, batch, split, eb, gemm_main_loop(m, n, k, kern.tile, o, batch, split, sms, *rate)[4],
             gpu, params)[0] for (kern, split), o in zip(pairs, occ.tolist(), strict=True)]

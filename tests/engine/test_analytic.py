@@ -147,7 +147,8 @@ def test_the_plain_pass_gives_the_general_passs_times() -> None:
     """Plan.times without release times or slowed flows runs a pass of its own: its times, flows
     included, are the general pass's with every release at 0, to the bit, on ops with host gaps,
     launch delays, members on other streams and ops listed out of order, and on built workloads
-    (two examples: a training iteration's collectives, and a GEMM beside an all-reduce)."""
+    (two examples: a training iteration's collectives, and a GEMM beside an all-reduce); a negative
+    launch delay starts nothing before 0 in either."""
     from ovsim.api import build
     from ovsim.engine.analytic import Plan
     from ovsim.scenario import load_scenario
@@ -157,8 +158,13 @@ def test_the_plain_pass_gives_the_general_passs_times() -> None:
             Op("c1", "c1", "gemm", 1, "s", kernel=_kernel(3.0)),
             _member("a0", "ar", 0, "t", 2.0, deps=("c0",)), _member("a1", "ar", 1, "s", 2.0),
             Op("d1", "d1", "gemm", 1, "u", deps=("e0",), kernel=_kernel(0.25)),
-            Op("e0", "e0", "gemm", 0, "s", kernel=_kernel(1.0))]
-    workloads = [_workload(hand)]
+            Op("e0", "e0", "gemm", 0, "s", kernel=_kernel(1.0)),
+            Op("n2", "n2", "gemm", 2, "s", kernel=_kernel(1.0), delay_s=-0.5),  # starts at 0 all the same
+            *(Op(f"b{r}", "br", "collective", r, "t", delay_s=-0.25 * r, flow=FlowDemand(
+                group="br", ranks=(1, 2), bytes=1.0, latency_s=1.0, rate_cap_bytes_per_s=1e30, link_coeff=1.0,
+                hbm_coeff=0.0)) for r in (2, 1))]
+    workloads = [Workload(ops=tuple(hand), streams=tuple(StreamSpec(r, s) for r, s in sorted(
+        {(op.rank, op.stream) for op in hand})), n_ranks=3)]
     for name in ("training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", "gemm-allreduce-h100x4-overlapped.yaml"):
         path = Path(__file__).resolve().parents[2] / "examples" / name
         workloads.append(build(load_scenario(path), str(path))[0])
@@ -166,3 +172,4 @@ def test_the_plain_pass_gives_the_general_passs_times() -> None:
         plan = Plan.of(wl)
         dur = [op.isolated_s * (1.0 + 0.1 * (i % 3)) for i, op in enumerate(wl.ops)]
         assert plan.times(dur) == plan.times(dur, [0.0] * len(dur))
+        assert min(plan.times(dur)[1]) >= 0.0

@@ -355,19 +355,20 @@ def test_the_library_bounds_on_arrays_are_the_scalar_formulas_to_the_bit(gpu_nam
     """The lower bounds a library choice prices every kernel and split with, worked out on arrays
     (gemm_isolated_times), are gemm_isolated_s of gemm_main_loop, pair by pair, bit for bit: the
     choice must not depend on which of the two ran. Shapes: powers of two, odd sizes, one row,
-    batches, extra shared memory and a carve-out's fewer SMs."""
+    batches, splits of K the library chooses or is given, extra shared memory and a carve-out's
+    fewer SMs; and a K past 2**53, where float64 quotients are not Python's."""
     from ovsim.models import gemm_library as gl
     from ovsim.models.cost import element_bytes, gemm_isolated_s, gemm_main_loop, gemm_rate
 
     gpu = load_gpu(gpu_name)
     params = load_calibration(gpu, gpu_name).params
     shapes = [(4096, 4096, 4096), (1, 32768, 8192), (8192, 1280, 5120), (77, 1000, 333), (16384, 6144, 768),
-              (96, 96, 65536), (3, 7, 11)]
+              (96, 96, 65536), (3, 7, 11), (1, 1, 24747656999474707)]
     checked = 0
-    for (m, n, k), precision, batch, extra, sms in itertools.product(
+    for (m, n, k), precision, batch, extra, sms, split_k in itertools.product(
             shapes, ["bf16", "fp32", "fp8"] if gpu_name.startswith("h100") else ["bf16", "fp32"],
-            [1, 3], [0, 40_000], [None, 100]):
-        pairs = gl._pairs(m, n, k, gpu, precision, None)
+            [1, 3], [0, 40_000], [None, 100], [None, 3]):
+        pairs = gl._pairs(m, n, k, gpu, precision, split_k)
         got = gl._least_s(pairs, m, n, k, precision, gpu, params, extra, batch, sms)
         rate = gemm_rate(n, k, precision, gpu, params, None)
         eb = element_bytes(precision)
