@@ -8,7 +8,7 @@ ready. No resource is shared, so with nothing overlapping this agrees with the e
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -46,6 +46,7 @@ class _Order(NamedTuple):
     preds: list[list[int]]
     delay_s: list[float]
     is_gap: list[bool]
+    code: list[int]
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Plan:
     ops in an order that respects stream order, dependencies and collectives, each collective's
     members, and per op (the power loop's passes read them several times) what it waits for by
     index (its stream predecessor, then its dependencies), its launch delay and whether it is a
-    host gap."""
+    host gap, and both in one code for the plain pass (``code``)."""
 
     workload: Workload
     order: list[int]
@@ -63,9 +64,7 @@ class Plan:
     preds: list[list[int]]
     delay_s: list[float]
     is_gap: list[bool]
-    # Made from group_of and is_gap on first use (_codes): not an argument, so that a copy
-    # (dataclasses.replace) makes its own.
-    _code: list[int] | None = field(default=None, init=False, repr=False, compare=False)
+    code: list[int]  # the op's collective as group_of, but -2 for a host gap
 
     @staticmethod
     def of(workload: Workload) -> Plan:
@@ -76,7 +75,8 @@ class Plan:
             return Plan(workload, *known.plan)
         plan = Plan._made(workload)
         if known is not None:
-            known.plan = _Order(plan.order, plan.group_of, plan.members, plan.preds, plan.delay_s, plan.is_gap)
+            known.plan = _Order(plan.order, plan.group_of, plan.members, plan.preds, plan.delay_s, plan.is_gap,
+                                plan.code)
         return plan
 
     @staticmethod
@@ -109,8 +109,9 @@ class Plan:
                 raise OvsimError(f"collective '{name}' is never joined by rank(s) {sorted(missing)}", field="ranks")
             for m in members[g]:
                 group_of[m] = g
-        return Plan(workload, order, group_of, members, preds, [op.delay_s for op in ops],
-                    [op.kind == "delay" for op in ops])
+        is_gap = [op.kind == "delay" for op in ops]
+        code = [-2 if gap else g for g, gap in zip(group_of, is_gap, strict=True)]
+        return Plan(workload, order, group_of, members, preds, [op.delay_s for op in ops], is_gap, code)
 
     def times(self, dur: list[float], release_s: list[float] | None = None,
               slowed: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> tuple[
@@ -130,14 +131,11 @@ class Plan:
         wait = [0.0] * n
         seen = [False] * n
         flows: dict[int, tuple[float, float, float, float]] = {}
-        group_of, preds, delay_s, is_gap = self.group_of, self.preds, self.delay_s, self.is_gap
-        # One pass over a million ops: the ready time (the latest end of what an op waits for, and
-        # not before 0) is inlined rather than a call.
+        group_of, delay_s, is_gap = self.group_of, self.delay_s, self.is_gap
+        # With release times or slowed flows (a schedule search's bound); the power loop's passes
+        # over a million ops run _times_plain, which inlines the ready time.
         for i in self.order:
-            t = 0.0
-            for p in preds[i]:
-                if end[p] > t:
-                    t = end[p]
+            t = self._ready(i, end)
             launch[i] = t
             t += delay_s[i]
             if rel[i] > t:
@@ -179,7 +177,7 @@ class Plan:
         wait = [0.0] * n
         seen = [False] * n  # read for collectives' members only
         flows: dict[int, tuple[float, float, float, float]] = {}
-        code, preds, delay_s = self._codes(), self.preds, self.delay_s
+        code, preds, delay_s = self.code, self.preds, self.delay_s
         for i in self.order:
             t = 0.0
             for p in preds[i]:
@@ -212,13 +210,6 @@ class Plan:
             if w > 0.0:
                 wait[i] = w
         return launch, start, end, wait, flows
-
-    def _codes(self) -> list[int]:
-        """Per op: its collective (index into members), -1 for a kernel of its own, -2 for a host
-        gap."""
-        if self._code is None:
-            self._code = [-2 if gap else g for g, gap in zip(self.group_of, self.is_gap, strict=True)]
-        return self._code
 
     def _latency_s(self, i: int) -> float:
         f = self.workload.ops[i].flow
@@ -255,7 +246,7 @@ class Plan:
         span as time lost to the clock (``clock_s``; negative where gained)."""
         launch, start, end, wait, flows = self.times(dur)
         ops = self.workload.ops
-        rows = [i for i, op in enumerate(ops) if op.kind != "delay"]
+        rows = [i for i, gap in enumerate(self.is_gap) if not gap]  # a host gap has no row
         # Flows in the order of their first member.
         order = sorted(flows, key=lambda g: self.members[g][0])
         named: list[tuple[str, float]] = []
