@@ -30,6 +30,7 @@ from ovsim.hw.validation import validation_error
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy, stream_busy_rows
 from ovsim.models.ir import Workload
 from ovsim.models.workload import build_workload
+from ovsim.models.workload_copies import RANK_MARK, op_id
 from ovsim.scenario import InlineSystem, Mode, Scenario, load_scenario
 
 if TYPE_CHECKING:
@@ -201,7 +202,8 @@ class Result:
             copy = per_rank.copy()
             copy["rank"] = copy["rank"] + offset
             if ids:
-                copy["id"] = [f"{i.rsplit('@r', 1)[0]}@r{r}" for i, r in zip(copy["id"], copy["rank"], strict=True)]
+                names = (i.rsplit(RANK_MARK, 1)[0] for i in copy["id"])
+                copy["id"] = [op_id(name, r) for name, r in zip(names, copy["rank"], strict=True)]
             parts.append(copy)
         return pd.concat(parts, ignore_index=True)
 

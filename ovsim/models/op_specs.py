@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
+    BaseModel,
     ConfigDict,
     Field,
     NonNegativeInt,
@@ -81,9 +82,13 @@ def generated(spec: _Spec) -> _Spec:
 # template of the specs made like it (a training iteration repeats each layer's ops over layers
 # and micro-batches). One generator's, for as long as it makes specs.
 Templates = dict[tuple[object, ...], "_OpBase"]
-# Bound once: _copied() sets four slots on each of a training iteration's 100,000s of specs.
+# Bound once: _copied() sets four slots on each of a training iteration's 100,000s of specs, each
+# through its own descriptor (object.__setattr__ would look each up by name: a third of the cost).
 _new_object = object.__new__
-_set_slot = object.__setattr__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def made(templates: Templates, cls: type[_Spec], name: str, deps: dict[str, list[str]], ranks: list[int],
@@ -121,10 +126,10 @@ def _copied(cls: type[_Spec], source: _OpBase, fields: dict[str, Any]) -> _Spec:
     the fields' defaults (``source``'s values hold them), and ``source``'s record of the fields
     given."""
     spec = _new_object(cls)
-    _set_slot(spec, "__dict__", fields)
-    _set_slot(spec, "__pydantic_fields_set__", source.__pydantic_fields_set__)
-    _set_slot(spec, "__pydantic_extra__", None)
-    _set_slot(spec, "__pydantic_private__", None)
+    _set_dict(spec, fields)
+    _set_fields_set(spec, source.__pydantic_fields_set__)
+    _set_extra(spec, None)
+    _set_private(spec, None)
     return spec
 
 

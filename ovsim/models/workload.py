@@ -44,7 +44,7 @@ from ovsim.models.op_specs import (
     SendRecvOp,
     _OpBase,
 )
-from ovsim.models.workload_copies import copied_ops as _copied_ops
+from ovsim.models.workload_copies import OpCopier
 from ovsim.models.workload_copies import copy_sources as _copy_sources
 from ovsim.models.workload_copies import op_id as _op_id
 from ovsim.models.workload_copies import placement as _placement
@@ -142,7 +142,7 @@ def build_workload(
     whole groups. ``copies``: blocks of specs that copy an earlier block but for their names and
     dependencies, each (first spec's index, its source's, spec count): a copied spec's ops are
     made from its source's where the two agree in every other field and in where what they
-    follow runs (:func:`_copied_ops`), else as any spec's.
+    follow runs (:class:`OpCopier`), else as any spec's.
     """
     if simulated is not None and (list(simulated) != sorted(set(simulated)) or not all(0 <= r < n_ranks
                                                                                        for r in simulated)):
@@ -207,14 +207,14 @@ def build_workload(
         classes = expansions.classes
     added = 0
     source_of, kept = _copy_sources(copies, len(specs))
-    copied_from: dict[str, str] = {}  # the copies made (copied_ops), each by name: its source's
+    copier = OpCopier(by_name)
     for i, spec in enumerate(specs):
         table = tables[classes[i]] if tables else None
         made = table[i] if table is not None else None
         fresh = made is None
         j = source_of[i] if source_of and fresh else -1
         if j >= 0 and (source_ops := kept[j]) is not None:
-            made = _copied_ops(spec, specs[j], source_ops, by_name, copied_from)
+            made = copier.copied(spec, specs[j], source_ops)
         if made is None:
             made = _expanded(spec, n_ranks, sim, checked, ctx, source)
         ops.extend(made)

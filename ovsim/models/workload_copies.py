@@ -6,15 +6,18 @@ other's does (so each rank keeps the same dependencies), else the spec is expand
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
+from typing import Any
 
-from ovsim.models.ir import FlowDemand, Op, new_op
+from ovsim.models.ir import FlowDemand, Op
 from ovsim.models.op_specs import AttentionOp, CollectiveOpSpec, GemmOp, KernelOp, MemoryOp, _OpBase
 
 # An op's id: its name and its job rank after this mark. A dependency's id is the op it follows on
 # the same rank, so a copy renames both by the name and keeps the rank's part.
 RANK_MARK = "@r"
+
+_new_tuple = tuple.__new__  # an Op made as ir.new_op makes it, without the call
 
 
 def op_id(name: str, rank: int) -> str:
@@ -53,57 +56,95 @@ def placement(spec: _OpBase) -> tuple[object, ...]:
     return type(spec), fields["repeat"], fields.get("ranks"), fields.get("src"), fields.get("dst")
 
 
-def copied_ops(spec: _OpBase, source: _OpBase, source_ops: Sequence[Op], by_name: Mapping[str, _OpBase],
-               copied_from: dict[str, str]) -> list[Op] | None:
-    """The ops of ``spec`` made from ``source``'s (``source_ops``), or None where ``spec`` is not
-    an exact copy of it but for its name and dependencies (:data:`_COPYABLE` only, neither
-    repeated). ``copied_from`` holds the copies made so far and takes this one."""
-    new, old = spec.__dict__, source.__dict__
-    cls = type(spec)
-    if cls is not type(source) or cls not in _COPYABLE or old["repeat"] != 1:
-        return None
-    was_after, was_any, now_after, now_any = old["after"], old["after_any"], new["after"], new["after_any"]
-    if {**new, "name": old["name"], "after": was_after, "after_any": was_any} != old:
-        return None
-    names: dict[str, str] = {}  # the source's dependencies' names: the copy's
-    if was_after or was_any or now_after or now_any:
-        if len(now_after) != len(was_after) or len(now_any) != len(was_any):
-            return None
-        found = _renames(was_after, was_any, now_after, now_any, by_name, copied_from)
-        if found is None:
-            return None
-        names = found
-    name = new["name"]
-    cut = len(old["name"])
-    if source_ops and not source_ops[0].id.startswith(RANK_MARK, cut):
-        return None  # ids made otherwise than op_id: nothing to rename by
-    copied_from[name] = old["name"]
-    flows: dict[int, FlowDemand] = {}
-    out: list[Op] = []
-    for op in source_ops:
-        tail = op.id[cut:]  # RANK_MARK and the job rank, as its dependencies' ids end
-        deps = op.deps
-        if deps:
-            k = len(tail)
-            deps = tuple([names[d[:-k]] + tail for d in deps])
-        flow = op.flow
-        if flow is not None:
-            flow = flows.get(id(flow)) or flows.setdefault(id(flow), flow.renamed(name))
-        out.append(new_op(name + tail, name, op.kind, op.rank, op.stream, deps, op.delay_s, op.kernel, flow,
-                          op.partition, op.info))
-    return out
+# A spec's fields besides its name and dependencies, by class: what a copy agrees in with its source.
+_NOT_COPIED = frozenset({"name", "after", "after_any"})
+_KEPT_FIELDS: dict[type, itemgetter[Any]] = {}
 
 
-def _renames(was_after: list[str], was_any: list[str], now_after: list[str], now_any: list[str],
-             by_name: Mapping[str, _OpBase], copied_from: dict[str, str]) -> dict[str, str] | None:
-    """The names a source follows, each the copy's in its place, or None where one of the copy's
-    runs elsewhere than the source's (or repeats: it would be named with its repeat's suffix)."""
+class OpCopier:
+    """Makes a copied spec's ops from its source's (:meth:`copied`) within one build, keeping
+    the copies made so far (``copied_from``: each by name, its source's) and, by source spec,
+    what a copy is checked against."""
+
+    def __init__(self, by_name: Mapping[str, _OpBase]) -> None:
+        self.by_name = by_name
+        self.copied_from: dict[str, str] = {}
+        # By source spec's id (the build's specs outlive the copier): its fields but the name and
+        # dependencies, and the getter of them; None where its ops are not copied.
+        self._sources: dict[int, tuple[tuple[object, ...], itemgetter[Any]] | None] = {}
+
+    def copied(self, spec: _OpBase, source: _OpBase, source_ops: Sequence[Op]) -> list[Op] | None:
+        """The ops of ``spec`` made from ``source``'s (``source_ops``), or None where ``spec`` is
+        not an exact copy of it but for its name and dependencies (:data:`_COPYABLE` only, neither
+        repeated)."""
+        try:
+            entry = self._sources[id(source)]
+        except KeyError:
+            entry = self._sources[id(source)] = _source_entry(source, source_ops)
+        if entry is None or type(spec) is not type(source):
+            return None
+        values, kept = entry
+        new, old = spec.__dict__, source.__dict__
+        if kept(new) != values:  # specs of one class hold the same fields: pydantic keeps each in the dict
+            return None
+        was_after, was_any, now_after, now_any = old["after"], old["after_any"], new["after"], new["after_any"]
+        names: dict[str, str] = {}  # the source's dependencies' names: the copy's
+        if was_after or was_any or now_after or now_any:
+            if len(now_after) != len(was_after) or len(now_any) != len(was_any):
+                return None
+            found = _renames(was_after + was_any, now_after + now_any, self.by_name, self.copied_from)
+            if found is None:
+                return None
+            names = found
+        name, old_name = new["name"], old["name"]
+        cut = len(old_name)
+        self.copied_from[name] = old_name
+        flows: dict[int, FlowDemand] | None = None
+        out: list[Op] = []
+        for op in source_ops:
+            tail = op.id[cut:]  # RANK_MARK and the job rank, as its dependencies' ids end
+            deps = op.deps
+            if deps:
+                k = len(tail)
+                deps = tuple([names[d[:-k]] + tail for d in deps])
+            flow = op.flow
+            if flow is not None:
+                if flows is None:
+                    flows = {}
+                flow = flows.get(id(flow)) or flows.setdefault(id(flow), flow.renamed(name))
+            out.append(_new_tuple(Op, (name + tail, name, op.kind, op.rank, op.stream, deps, op.delay_s, op.kernel,
+                                       flow, op.partition, op.info)))
+        return out
+
+
+def _source_entry(source: _OpBase, source_ops: Sequence[Op]) -> tuple[tuple[object, ...], itemgetter[Any]] | None:
+    """What a copy of ``source`` is checked against (:attr:`OpCopier._sources`), or None where
+    its ops cannot be copied: a class not :data:`_COPYABLE`, a repeat, or ids made otherwise
+    than :func:`op_id` (nothing to rename by)."""
+    old = source.__dict__
+    cls = type(source)
+    if cls not in _COPYABLE or old["repeat"] != 1:
+        return None
+    if source_ops and not source_ops[0].id.startswith(RANK_MARK, len(old["name"])):
+        return None
+    kept = _KEPT_FIELDS.get(cls)
+    if kept is None:
+        kept = _KEPT_FIELDS[cls] = itemgetter(*[k for k in old if k not in _NOT_COPIED])
+    return kept(old), kept
+
+
+def _renames(was: list[str], now: list[str], by_name: Mapping[str, _OpBase], copied_from: dict[str, str]
+             ) -> dict[str, str] | None:
+    """The names a source follows (``was``), each the copy's in its place (``now``, as long), or
+    None where one of the copy's runs elsewhere than the source's (or repeats: it would be named
+    with its repeat's suffix)."""
     names: dict[str, str] = {}
-    for was, now in zip(itertools.chain(was_after, was_any), itertools.chain(now_after, now_any), strict=True):
-        if copied_from.get(now) != was:
-            a, b = by_name.get(now), by_name.get(was)
+    for was_name, now_name in zip(was, now, strict=True):
+        if copied_from.get(now_name) != was_name:
+            a, b = by_name.get(now_name), by_name.get(was_name)
             if a is None or b is None or b.repeat != 1 or placement(a) != placement(b):
                 return None
-        if names.setdefault(was, now) != now:
+        if names.setdefault(was_name, now_name) != now_name:
             return None
     return names
+

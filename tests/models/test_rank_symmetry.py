@@ -92,6 +92,11 @@ def test_one_replica_expanded_is_the_full_simulation(name: str) -> None:
     a, b = _rows(sym.expanded_ops()), _rows(full.timeline.ops)
     assert len(a) == len(b)
     assert (a["rank"] == b["rank"]).all() and (a["stream"] == b["stream"]).all()
+    # A replica's op is its source's renamed to its own rank (names keep the source's group and
+    # replica indices, as expanded_ops says): one id a row, each ending in its row's rank.
+    rows = sym.expanded_ops().query("rank >= 0")
+    assert rows["id"].is_unique
+    assert all(i.endswith(f"@r{r}") for i, r in zip(rows["id"], rows["rank"], strict=True))
     assert a["start_s"].to_numpy() == pytest.approx(b["start_s"].to_numpy(), rel=1e-9, abs=1e-12)
     assert a["end_s"].to_numpy() == pytest.approx(b["end_s"].to_numpy(), rel=1e-9, abs=1e-12)
     sa, sb = sym.summary(), full.summary()

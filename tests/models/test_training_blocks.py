@@ -140,7 +140,7 @@ def _build(specs: list[Any], copies: list[tuple[int, int, int]]) -> Any:
 
 
 # Each variant's specs expanded (not copied): x0, x1, b0's two, and b1's the copy cannot take.
-EXPANDED = {"exact": 4, "another size": 5, "follows an op elsewhere": 5}
+EXPANDED = {"exact": 4, "another size": 5, "follows an op elsewhere": 5, "another class": 6}
 
 
 @pytest.mark.parametrize("variant", sorted(EXPANDED))
@@ -148,7 +148,9 @@ def test_a_copy_is_taken_only_where_it_is_exact(variant: str, monkeypatch: pytes
     """The ops come out as built spec by spec whatever the copies claim; where the claim holds, they
     are made from the source's (ids, dependencies and the collective's flow renamed)."""
     specs = {"exact": partial(_specs), "another size": partial(_specs, size_b1=2e6),
-             "follows an op elsewhere": partial(_specs, ranks_x1=[1])}[variant]()
+             "follows an op elsewhere": partial(_specs, ranks_x1=[1]), "another class": partial(_specs)}[variant]()
+    if variant == "another class":  # b1.g, and so b1.ar that follows it, cannot be b0's
+        specs[4] = MemoryOp(name="b1.g", kind="elementwise", bytes=1e6, ranks=[0, 1], after=["x1"])
     if variant == "follows an op elsewhere":  # b1.g then follows x1 on rank 1 alone
         specs[2] = GemmOp(name="b0.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x0"])
         specs[4] = GemmOp(name="b1.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x1"])
