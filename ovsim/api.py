@@ -377,7 +377,7 @@ def _analytic(wl: Workload, gpu: GpuSpec, power: PowerConfig) -> Timeline:
     terms = OpTerms.of(wl, gpu, power.model)
     if power.managed:
         durations, clocks = throttled_durations(wl, gpu, power, plan, terms)
-        timeline = analytic_timeline(wl, durations, plan, clocked=True)
+        timeline = analytic_timeline(wl, durations, plan, isolated_s=terms.isolated_s)
     else:
         clocks = None
         timeline = analytic_timeline(wl, plan=plan)

@@ -20,20 +20,23 @@ from ovsim.models.ir import Op, Workload, topological_order
 
 
 def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = None,
-                      plan: Plan | None = None, *, clocked: bool = False) -> Timeline:
+                      plan: Plan | None = None, *, isolated_s: np.ndarray | Sequence[float] | None = None
+                      ) -> Timeline:
     """The workload's timeline with every op taking its isolated time, or ``durations_s`` (one per
     op of ``workload.ops``, as the power loop's clocks stretch them). ``plan``: the workload's
-    :class:`Plan`, where the caller has it already. ``clocked``: ``durations_s`` are the ops'
-    isolated times at their clocks; each op reports its cost-model time as its isolated time and
-    the rest of its span as lost to the clock."""
+    :class:`Plan`, where the caller has it already. ``isolated_s``: each op's cost-model time
+    (``Op.isolated_s``, as ``power_analytic.OpTerms`` holds them), where ``durations_s`` are its
+    times at its clock; each op reports it as its isolated time and the rest of its span as lost
+    to the clock."""
     # Lists and dicts per op, none in a cycle: the cyclic collector's passes only cost time.
     with paused_gc():
         if plan is None:
             plan = Plan.of(workload)
         dur = [op.isolated_s for op in workload.ops] if durations_s is None else list(durations_s)
-        if len(dur) != len(workload.ops):
-            raise OvsimError(f"{len(dur)} durations for {len(workload.ops)} ops", field="durations_s")
-        return plan.timeline(dur, clocked=clocked)
+        for given, what, field in ((dur, "durations", "durations_s"), (isolated_s, "isolated times", "isolated_s")):
+            if given is not None and len(given) != len(workload.ops):
+                raise OvsimError(f"{len(given)} {what} for {len(workload.ops)} ops", field=field)
+        return plan.timeline(dur, isolated_s=isolated_s)
 
 
 class _Order(NamedTuple):
@@ -239,11 +242,11 @@ class Plan:
             return 0.0
         return max(end[i] for i in rows) - min(0.0, min(launch[i] for i in rows))
 
-    def timeline(self, dur: list[float], *, clocked: bool = False) -> Timeline:
-        """The timeline of the ops taking ``dur``. ``clocked``: ``dur`` are the ops' times at the
-        power loop's clocks; each op reports its cost-model time (``Op.isolated_s``, where known:
-        not NaN) as its isolated time, and where ``dur`` stretched or shrank it the rest of its
-        span as time lost to the clock (``clock_s``; negative where gained)."""
+    def timeline(self, dur: list[float], *, isolated_s: np.ndarray | Sequence[float] | None = None) -> Timeline:
+        """The timeline of the ops taking ``dur``. ``isolated_s``: each op's cost-model time, where
+        ``dur`` are the ops' times at the power loop's clocks; each op reports it (where known: not
+        NaN) as its isolated time, and where ``dur`` stretched or shrank it the rest of its span as
+        time lost to the clock (``clock_s``; negative where gained)."""
         launch, start, end, wait, flows = self.times(dur)
         ops = self.workload.ops
         rows = [i for i, gap in enumerate(self.is_gap) if not gap]  # a host gap has no row
@@ -265,16 +268,16 @@ class Plan:
             "wait_sm_s": zeros, "share_sm_s": zeros, "share_hbm_s": zeros, "share_link_s": zeros,
             "wait_peers_s": [wait[i] for i in rows] + [0.0] * len(order),
         })
-        if clocked:
-            cols.update(_clock_columns([ops[i].isolated_s for i in rows], cols, len(order)))
+        if isolated_s is not None:
+            cols.update(_clock_columns(np.asarray(isolated_s, dtype=float)[rows], cols, len(order)))
         return timeline_from_rows(cols, [])
 
 
-def _clock_columns(isolated_s: list[float], cols: dict[str, Any], n_flows: int) -> dict[str, np.ndarray]:
+def _clock_columns(isolated_s: np.ndarray, cols: dict[str, Any], n_flows: int) -> dict[str, np.ndarray]:
     """``isolated_s`` and ``clock_s`` of a timeline's columns ``cols`` (ops' rows, then
     ``n_flows`` flows') with the ops' cost-model times ``isolated_s`` in place of the durations
     they ran: an op whose time differs lost the difference of its span to the clock."""
-    mine = np.array(isolated_s + [0.0] * n_flows, dtype=float)
+    mine = np.concatenate([isolated_s, np.zeros(n_flows)])
     had = np.array(cols["isolated_s"], dtype=float)
     span = np.array(cols["end_s"], dtype=float) - np.array(cols["start_s"], dtype=float)
     known = (np.arange(len(mine)) < len(isolated_s)) & ~np.isnan(mine)

@@ -127,14 +127,22 @@ class OpTerms:
         kinds: dict[tuple[str, int, object, object], int] = {}
         first: list[Op] = []
         at: list[int] = []  # each op's kind, in a list: an array's item assignment costs 5x
-        for op in ops:
-            key = (op.kind, id(op.kernel), _flow_key(op.flow), op.info.get("precision"))
+        gaps: list[int] = []  # the host gaps, whose isolated time is each one's own
+        for i, op in enumerate(ops):
+            kind = op.kind
+            key = (kind, id(op.kernel), _flow_key(op.flow), op.info.get("precision"))
             j = kinds.get(key)
             if j is None:
                 j = kinds[key] = len(first)
                 first.append(op)
             at.append(j)
+            if kind == "delay":
+                gaps.append(i)
         index = np.array(at, dtype=np.int64)
+        # An op's isolated time follows from its kind's key (its kernel's, or its flow's terms), but
+        # a host gap's: from the first of each kind, the gaps' own.
+        isolated_s = np.array([op.isolated_s for op in first], dtype=float)[index]
+        isolated_s[gaps] = [ops[i].delay_s for i in gaps]
         acts = [isolated_activity(op, gpu, model) for op in first]
         inputs = [_solver_inputs(op, a, model) for op, a in zip(first, acts, strict=True)]
         sats = tuple(sorted({x for v in inputs for _, x in v[4]}))
@@ -146,7 +154,7 @@ class OpTerms:
                        tensor=np.array([a.cls == TENSOR for a in acts], dtype=bool)[index],
                        rate_cls=np.array(rate, dtype=np.int64)[index],
                        kernel_s=np.array(kernel_s, dtype=float)[index],
-                       isolated_s=np.array([op.isolated_s for op in ops], dtype=float),
+                       isolated_s=isolated_s,
                        inputs=inputs, index=index)
 
     def hbm_at(self, rows: np.ndarray, c: np.ndarray) -> np.ndarray:

@@ -83,6 +83,9 @@ def test_durations_must_cover_every_op() -> None:
     ops = [Op("k0", "k0", "gemm", 0, "s", kernel=_kernel(1.0)), Op("k1", "k1", "gemm", 0, "s", kernel=_kernel(1.0))]
     with pytest.raises(OvsimError, match="1 durations for 2 ops"):
         analytic_timeline(_workload(ops), [2.0])
+    with pytest.raises(OvsimError, match="3 isolated times for 2 ops") as e:
+        analytic_timeline(_workload(ops), [2.0, 2.0], isolated_s=[1.0, 1.0, 1.0])
+    assert e.value.field == "isolated_s"
 
 
 def test_the_plans_makespan_is_the_timelines_without_it() -> None:
@@ -134,7 +137,7 @@ def test_clocked_durations_report_the_cost_models_time_and_the_clocks_share() ->
     ops = [Op("c0", "c0", "gemm", 0, "s", kernel=_kernel(1.0)),
            Op("c1", "c1", "gemm", 1, "s", kernel=_kernel(2.0)),
            _member("a0", "ar", 0, "s", 2.0), _member("a1", "ar", 1, "s", 2.0)]
-    out = analytic_timeline(_workload(ops), [1.25, 1.5, 2.0, 2.0], clocked=True).ops.set_index("id")
+    out = analytic_timeline(_workload(ops), [1.25, 1.5, 2.0, 2.0], isolated_s=[1.0, 2.0, 2.0, 2.0]).ops.set_index("id")
     assert out.loc["c0", "isolated_s"] == 1.0 and out.loc["c0", "duration_s"] == 1.25
     assert out.loc["c0", "clock_s"] == pytest.approx(0.25)
     assert out.loc["c1", "isolated_s"] == 2.0 and out.loc["c1", "clock_s"] == pytest.approx(-0.5)

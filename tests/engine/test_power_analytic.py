@@ -88,3 +88,23 @@ def test_a_stream_whose_ops_overlap_is_split_into_lanes_that_do_not() -> None:
         assert np.all(starts[lane[1:]] >= ends[lane[:-1]])
     # As few as the most ops running at once: three of "a" at 2.5 (0-3, 2-4, 2.5-5), one of "b".
     assert len(lanes) == 4
+
+
+def test_the_terms_isolated_times_are_each_ops_own() -> None:
+    """OpTerms takes an op's isolated time from the first op of its kind: equal to each op's own
+    (Op.isolated_s) for every op of a training example, and for host gaps of different lengths,
+    which share a kind."""
+    from ovsim.engine.power_analytic import OpTerms
+    from ovsim.models.ir import BlockShape, KernelDemand, Op, StreamSpec
+
+    sc = load_scenario(EXAMPLE)
+    wl, _, gpu, calib = build(sc, str(EXAMPLE), None)
+    model = power_model(gpu, calib.params)
+    terms = OpTerms.of(wl, gpu, model)
+    assert terms.isolated_s.tolist() == [op.isolated_s for op in wl.ops]
+    kernel = KernelDemand(blocks=1, block=BlockShape(128, 32, 0), block_time_s=1e-6, issue_fraction=1.0,
+                          hbm_bytes=0.0, flops=0.0, isolated_s=3e-3)
+    ops = (Op("g0", "g0", "delay", 0, "s", delay_s=1e-3), Op("k0", "k0", "gemm", 0, "s", kernel=kernel),
+           Op("g1", "g1", "delay", 0, "s", delay_s=2e-3), Op("k1", "k1", "gemm", 0, "s", kernel=kernel))
+    gaps = Workload(ops=ops, streams=(StreamSpec(0, "s"),), n_ranks=1)
+    assert OpTerms.of(gaps, gpu, model).isolated_s.tolist() == [1e-3, 3e-3, 2e-3, 3e-3]
