@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple, NoReturn
 
 from ovsim.errors import OvsimError
 
@@ -21,8 +20,24 @@ KernelKind = Literal[
     "gemm", "attention", "elementwise", "norm", "softmax", "generic", "collective", "transfer", "delay"
 ]
 Partition = Literal["any", "compute", "comm"]
-# An op's notes when it has none: one shared, read-only mapping.
-_NO_INFO: Mapping[str, object] = MappingProxyType({})
+
+
+class _NoInfo(dict[str, object]):
+    """An op's notes when it has none (:data:`NO_INFO`): an empty dict that refuses changes, one
+    instance shared by every such op, pickled and copied as itself."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("an op's info is read-only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self) -> str:
+        return "NO_INFO"
+
+
+NO_INFO: Mapping[str, object] = _NoInfo()
 
 
 @dataclass(frozen=True)
@@ -142,7 +157,7 @@ class Op(NamedTuple):
     flow: FlowDemand | None = None
     partition: Partition = "any"
     # What the op was made from (shape, size, algorithm...), for reports. Never changed after.
-    info: Mapping[str, object] = _NO_INFO
+    info: Mapping[str, object] = NO_INFO
 
     @property
     def isolated_s(self) -> float:

@@ -83,4 +83,22 @@ def test_ops_equal_but_for_their_notes_are_equal() -> None:
     plain = ("a", "a", "generic", 0, "s", (), 0.0, K, None, "any", {"m": 1})
     assert a != plain and plain != a
     assert len({a, Op("a", "a", "generic", 0, "s", kernel=K)}) == 1
-    assert Op("b", "b", "delay", 0, "s").info == {}
+
+
+def test_an_op_without_notes_pickles_copies_and_keeps_them_empty() -> None:
+    """Ops made without ``info`` share one empty dict: it pickles and copies (a workload's or a
+    result's ops travel to other processes), and refuses a change, which every such op would see."""
+    import copy
+    import json
+    import pickle
+
+    gap = Op("b", "b", "delay", 0, "s", delay_s=1e-3)
+    assert gap.info == {} and json.dumps(gap.info) == "{}"
+    assert pickle.loads(pickle.dumps(gap)) == gap and copy.deepcopy(gap) == gap
+    wl = Workload(ops=(gap,), streams=STREAMS, n_ranks=2)
+    assert pickle.loads(pickle.dumps(wl)).ops == wl.ops
+    with pytest.raises(TypeError, match="read-only"):
+        gap.info["precision"] = "fp8"  # type: ignore[index]
+    with pytest.raises(TypeError, match="read-only"):
+        gap.info.update(precision="fp8")  # type: ignore[attr-defined]
+    assert Op("c", "c", "delay", 0, "s").info == {}
