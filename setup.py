@@ -25,11 +25,7 @@ COMPILED_MODULES = (
     "sim", "clock", "rates", "dispatch", "flows", "state", "channel", "resources", "progress", "routing",
     "power_loop", "power", "record", "machine", "coupled",
 )
-# Sources outside the engine whose records the compiled modules read by position (a named tuple's
-# fields: ir.Op), so that a change to them needs a rebuild too.
-READ_BY_POSITION = (Path("ovsim") / "models" / "ir.py",)
-# Written beside the compiled modules: each source's SHA-256 (those above by their path from the
-# engine's folder), which ovsim.engine checks at import.
+# Written beside the compiled modules: each source's SHA-256, which ovsim.engine checks at import.
 MANIFEST = "compiled_sources.json"
 
 
@@ -40,8 +36,6 @@ def engine_extensions() -> list[object]:
 
     sources = [ENGINE_DIR / f"{name}.py" for name in COMPILED_MODULES]
     digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sources}
-    digests.update({os.path.relpath(p, ENGINE_DIR): hashlib.sha256(p.read_bytes()).hexdigest()
-                    for p in READ_BY_POSITION})
     (ENGINE_DIR / MANIFEST).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
     return list(mypycify([str(p) for p in sources], opt_level="3", group_name="ovsim.engine.compiled"))
 

@@ -37,13 +37,6 @@ def check_compiled(folder: Path | None = None) -> None:
         if digests.get(source.name) != hashlib.sha256(source.read_bytes()).hexdigest():
             raise ImportError(f"{source}: changed since its compiled module was built, which would run the old "
                               f"code: {REBUILD}")
-    # The sources outside the folder the build recorded (setup.py's READ_BY_POSITION): records the
-    # compiled modules read by position, a named tuple's fields (ir.Op), which a change would shift.
-    for key, digest in digests.items():
-        source = here / key
-        if "/" in key and (not source.is_file() or hashlib.sha256(source.read_bytes()).hexdigest() != digest):
-            raise ImportError(f"{source}: changed since the compiled engine modules were built, which read its "
-                              f"records by position: {REBUILD}")
 
 
 check_compiled()

@@ -385,7 +385,7 @@ def build_training_workload(
     for name, dep, mapping in gen.peer_deps:
         for dst, src in mapping.items():
             extra.setdefault(op_id(name, dst), []).append(op_id(dep, src))
-    ops = tuple(op._replace(deps=op.deps + tuple(extra[op.id])) if op.id in extra else op for op in wl.ops)
+    ops = tuple(replace(op, deps=op.deps + tuple(extra[op.id])) if op.id in extra else op for op in wl.ops)
     out = replace(wl, ops=ops, structure=None)
     out.validate(source)
     return out
@@ -510,10 +510,10 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
             # order, which the list keeps within a direction only.
             rank = wl.job_rank(op.rank)
             at = after[op.name][0 if rank == specs[op.name].src else 1]
-            op = op._replace(stream=f"p2p{specs[op.name].src}>{specs[op.name].dst}",
+            op = replace(op, stream=f"p2p{specs[op.name].src}>{specs[op.name].dst}",
                          deps=(op_id(at, rank),) if at is not None else ())
         if op.id in extra:
-            op = op._replace(deps=op.deps + tuple(extra[op.id]))
+            op = replace(op, deps=op.deps + tuple(extra[op.id]))
         ops.append(op)
     specs_stream = {f"p2p{o.src}>{o.dst}": o.stream for o in specs.values()}
     streams = {(st.rank, st.name): st for st in wl.streams}

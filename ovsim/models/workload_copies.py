@@ -10,14 +10,12 @@ from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
-from ovsim.models.ir import FlowDemand, Op
+from ovsim.models.ir import FlowDemand, Op, new_op
 from ovsim.models.op_specs import AttentionOp, CollectiveOpSpec, GemmOp, KernelOp, MemoryOp, _OpBase
 
 # An op's id: its name and its job rank after this mark. A dependency's id is the op it follows on
 # the same rank, so a copy renames both by the name and keeps the rank's part.
 RANK_MARK = "@r"
-
-_new_tuple = tuple.__new__  # an Op made as ir.new_op makes it, without the call
 
 
 def op_id(name: str, rank: int) -> str:
@@ -112,8 +110,8 @@ class OpCopier:
                 if flows is None:
                     flows = {}
                 flow = flows.get(id(flow)) or flows.setdefault(id(flow), flow.renamed(name))
-            out.append(_new_tuple(Op, (name + tail, name, op.kind, op.rank, op.stream, deps, op.delay_s, op.kernel,
-                                       flow, op.partition, op.info)))
+            out.append(new_op(name + tail, name, op.kind, op.rank, op.stream, deps, op.delay_s, op.kernel, flow,
+                              op.partition, op.info))
         return out
 
 
