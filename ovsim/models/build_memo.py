@@ -171,6 +171,11 @@ def reusing_builds() -> Iterator[None]:
         _MEMO.reset(token)
 
 
+def reusing_builds_now() -> bool:
+    """Whether a build now runs within :func:`reusing_builds`."""
+    return _MEMO.get() is not None
+
+
 def shared_demands(gpu: GpuSpec, params: Parameters, knobs: Knobs) -> Demands:
     """The demands earlier builds priced for this GPU, calibration, carve-out and padding (a new
     dict outside :func:`reusing_builds`)."""

@@ -120,6 +120,44 @@ def renamed(spec: _Spec, name: str, after: list[str], after_any: list[str]) -> _
     return _copied(type(spec), spec, {**spec.__dict__, "name": name, "after": after, "after_any": after_any})
 
 
+class SpecCopy:
+    """A spec that copies ``source`` (a generated spec) but for its ``name`` and dependencies,
+    before it is made: a training iteration's copied layer blocks hold one per spec
+    (:mod:`ovsim.models.training_blocks`), which a build turns into ops from its source's without
+    making the spec (:func:`ovsim.models.workload.build_workload`). About 200 bytes with its name,
+    where a made spec takes about 650 (its fields' dict): 2 GB of Megatron-LM's 1T row. Any other
+    field reads as its source's; :meth:`made` makes the spec :func:`renamed` would."""
+
+    __slots__ = ("after", "after_any", "name", "source")
+
+    def __init__(self, source: _OpBase, name: str, after: list[str], after_any: list[str]) -> None:
+        self.source = source
+        self.name = name
+        self.after = after
+        self.after_any = after_any
+
+    def __getattr__(self, field: str) -> Any:
+        # Only the spec's fields: a dunder (copy's __deepcopy__, pickle's) is the object's own.
+        if field.startswith("__") or field in SpecCopy.__slots__:
+            raise AttributeError(field)
+        return getattr(self.source, field)
+
+    def made(self) -> _OpBase:
+        """The spec itself, as :func:`renamed` makes it."""
+        return renamed(self.source, self.name, self.after, self.after_any)
+
+
+def spec_of(spec: _OpBase | SpecCopy) -> _OpBase:
+    """``spec`` made, where it is a :class:`SpecCopy`."""
+    return spec.made() if isinstance(spec, SpecCopy) else spec
+
+
+def base_spec(spec: _OpBase | SpecCopy) -> _OpBase:
+    """The spec whose fields ``spec`` holds but for its name and dependencies: its source, where it
+    is a :class:`SpecCopy`."""
+    return spec.source if isinstance(spec, SpecCopy) else spec
+
+
 def _copied(cls: type[_Spec], source: _OpBase, fields: dict[str, Any]) -> _Spec:
     """A spec of ``cls`` (``source``'s class) holding ``fields``, validated ones (``source``'s, a
     name and dependencies changed): what pydantic's model_construct sets, without its pass over

@@ -57,14 +57,27 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import cast
 
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
-from ovsim.models.build_memo import drop_expansions, keep_expansions
+from ovsim.models.build_memo import drop_expansions, keep_expansions, reusing_builds_now
 from ovsim.models.ir import StreamSpec, Workload
-from ovsim.models.op_specs import SIXTEEN_BIT, CollectiveOpSpec, Knobs, OpSpec, Schedule, SendRecvOp, generated
+from ovsim.models.op_specs import (
+    SIXTEEN_BIT,
+    CollectiveOpSpec,
+    Knobs,
+    OpSpec,
+    Schedule,
+    SendRecvOp,
+    SpecCopy,
+    base_spec,
+    generated,
+    spec_of,
+)
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
 from ovsim.models.training_emit import LayerEmitter, optimizer_passes
 from ovsim.models.training_fsdp import FsdpCollectives
@@ -86,7 +99,9 @@ from ovsim.models.workload_copies import op_id
 
 @dataclass(frozen=True)
 class TrainingOps:
-    ops: list[OpSpec]
+    # The iteration's specs in order, those of copied blocks as copies (SpecCopy, a build makes
+    # their ops without making them); ``ops`` makes them.
+    specs: list[OpSpec | SpecCopy]
     # (op name, name of an op on other ranks it waits for) with no transfer between them.
     peer_deps: list[tuple[str, str, dict[int, int]]]
     layout: Layout
@@ -95,13 +110,20 @@ class TrainingOps:
     p2p_items: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     stage_lasts: list[list[str]] = field(default_factory=list)  # each stage's items' last ops
     stage_steps: list[list[int]] = field(default_factory=list)  # each item's exchange step
-    # Blocks of ``ops`` copied from an earlier one: (first spec's index, its source's, spec count).
+    # Blocks of ``specs`` copied from an earlier one: (first spec's index, its source's, spec count).
     copies: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @cached_property
+    def ops(self) -> list[OpSpec]:
+        """The specs, copies made (once: a schedule search's builds compare the specs of one
+        iteration by identity, build_memo)."""
+        return [cast(OpSpec, spec_of(s)) for s in self.specs]
 
 
 # Within reusing_training_ops(): the last iteration's op specs, by what made them. A set of more
-# specs than this is not held: it would keep gigabytes through what follows the build (about 0.8
-# KB a spec: 149 MiB on Megatron-LM's 145.6B row, about 2.6 GB on its 1T row).
+# specs than this is not held: it would keep gigabytes through what follows the build (made, as a
+# search's builds take them, about 0.8 KB a spec: 149 MiB on Megatron-LM's 145.6B row, about 2.6
+# GB on its 1T row).
 REUSE_MAX_SPECS = 500_000
 
 
@@ -142,7 +164,7 @@ def keep_training_build() -> None:
     held = _REUSED.get()
     if held is None or (held.last is not None and held.last is held.kept):
         return
-    kept = held.last if held.last is not None and len(held.last[1].ops) * 2 <= REUSE_MAX_SPECS else None
+    kept = held.last if held.last is not None and len(held.last[1].specs) * 2 <= REUSE_MAX_SPECS else None
     held.kept = kept  # none where the last was not held: the one kept before goes
     keep_expansions(kept is not None)
 
@@ -171,7 +193,7 @@ def _training_ops_reused(spec: TrainingSpec, n_ranks: int, replicas_made: int | 
     # share (build_memo.shared_expansions).
     held.last = None
     gen = training_ops(spec, n_ranks, replicas_made=replicas_made, tp_made=tp_made)
-    if len(gen.ops) <= REUSE_MAX_SPECS - (len(held.kept[1].ops) if held.kept is not None else 0):
+    if len(gen.specs) <= REUSE_MAX_SPECS - (len(held.kept[1].specs) if held.kept is not None else 0):
         held.last = (key, gen)
     return gen
 
@@ -312,7 +334,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
                 g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
         elif st.buckets or st.rs:
             st.pending += st.buckets + st.rs
-    return TrainingOps(ops=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,
+    return TrainingOps(specs=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,
                        stage_lasts=[[item_last[(ph, mb, c * p + s)] for ph, mb, c in orders[s]] for s in range(p)],
                        stage_steps=steps, copies=g.blocks.copies if g.blocks is not None else [])
 
@@ -371,7 +393,9 @@ def build_training_workload(
             raise
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     symmetric = lay.made_dp is not None or lay.made_tp is not None
-    wl = build_workload(gen.ops, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
+    # A schedule search's builds compare specs (build_memo): made, once for the iteration.
+    specs = gen.ops if reusing_builds_now() else gen.specs
+    wl = build_workload(specs, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
                         knobs=knobs, streams=streams, source=source, max_ops=max_ops,
                         simulated=made if symmetric else None,
                         stand_offsets=lay.stand_offsets() if symmetric else (), copies=gen.copies)
@@ -466,7 +490,11 @@ def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], 
     # A pipeline's transfers stay within a data-parallel replica: those of replicas the simulated
     # one stands for (rank symmetry) have no ops.
     made = set(wl.ranks_in_job)
-    specs = {o.name: o for o in gen.ops if isinstance(o, SendRecvOp) and o.src in made}
+    specs: dict[str, SendRecvOp] = {}
+    for o in gen.specs:
+        held = base_spec(o)
+        if isinstance(held, SendRecvOp) and held.src in made:
+            specs[o.name] = cast(SendRecvOp, spec_of(o))
     main: dict[int, list[str]] = {}
     for op in wl.ops:
         if op.stream == "main" and op.name not in gen.p2p_items:

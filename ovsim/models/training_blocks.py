@@ -5,14 +5,15 @@ micro-batch but for their names, which start with the block's prefix (``F3.L7``)
 block's first ops follow (the stage's last op and pending communication when it starts). So the
 first block of each kind is emitted and recorded, and the others copy it: each spec's fields as
 they are, its name under the new prefix and its dependencies mapped, inside the block by place and
-outside it to what the stage holds when the new block starts. A copy is the list the emitter would
-have made, spec for spec (tests/models/test_training_blocks.py builds both); it costs a dict copy
-a spec where emitting one went through the generator's helpers (docs/design.md, "Building a
-workload", says what it saves).
+outside it to what the stage holds when the new block starts. A copied spec is held as a
+:class:`~ovsim.models.op_specs.SpecCopy` (its source, name and dependencies); made, a copy is the
+list the emitter would have made, spec for spec (tests/models/test_training_blocks.py builds
+both). It costs a small object a spec where emitting one went through the generator's helpers
+(docs/design.md, "Building a workload", says what it saves).
 
 Each copy is also listed (:attr:`BlockCopies.copies`) so that the build can make a copied spec's
-ops from its source's (:func:`ovsim.models.workload.build_workload`'s ``copies``), which it does
-only after checking that the two specs agree in every field but the name and dependencies.
+ops from its source's (:func:`ovsim.models.workload.build_workload`'s ``copies``) without making
+the spec.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from ovsim.models.op_specs import OpSpec, renamed
+from ovsim.models.op_specs import OpSpec, SpecCopy, base_spec
 
 
 class _Stage(Protocol):
@@ -40,7 +41,7 @@ _Ref = int
 class _Part(NamedTuple):
     """A spec of a block as first emitted."""
 
-    spec: OpSpec
+    spec: OpSpec | SpecCopy
     recomputed: bool  # named under the recomputation prefix ("R...")
     rest: str  # the name after the prefix
     after: list[_Ref]
@@ -73,7 +74,8 @@ class BlockCopies:
     blocks: dict[Hashable, _Block | None] = field(default_factory=dict)
     copies: list[tuple[int, int, int]] = field(default_factory=list)
 
-    def emit(self, ops: list[OpSpec], key: Hashable, st: _Stage, prefix: str, body: Callable[[], None]) -> None:
+    def emit(self, ops: list[OpSpec | SpecCopy], key: Hashable, st: _Stage, prefix: str,
+             body: Callable[[], None]) -> None:
         """Append to ``ops`` the block ``body`` emits under ``prefix`` on stage ``st``: a copy of
         the first block of ``key`` (what besides the names decides the block's specs) where there
         is one, else ``body``'s own, recorded for the next. Names made under ``R`` + the prefix's
@@ -95,7 +97,7 @@ class BlockCopies:
             except _NotABlock:
                 self.blocks[full_key] = None
 
-    def _copy(self, ops: list[OpSpec], block: _Block, st: _Stage, prefix: str, entry: list[str]) -> None:
+    def _copy(self, ops: list[OpSpec | SpecCopy], block: _Block, st: _Stage, prefix: str, entry: list[str]) -> None:
         recompute = "R" + prefix[1:]
         # Every name a place can hold: the block's own, then the entry's from its end (place -1
         # is the entry's first name, so at index len(names) + len(entry) - 1).
@@ -104,14 +106,15 @@ class BlockCopies:
         first = len(ops)
         for src, _, _, after, after_any in block.parts:
             # An empty list may stay the source's object: no spec's list is changed after it is made.
-            ops.append(renamed(src, names[len(ops) - first], [names[r] for r in after] if after else src.after,
-                               [names[r] for r in after_any] if after_any else src.after_any))
+            ops.append(SpecCopy(base_spec(src), names[len(ops) - first],
+                                [names[r] for r in after] if after else src.after,
+                                [names[r] for r in after_any] if after_any else src.after_any))
         st.last = names[block.last] if block.last is not None else None
         st.pending = [names[r] for r in block.pending]
         self.copies.append((first, block.start, len(block.parts)))
 
 
-def _record(ops: list[OpSpec], start: int, prefix: str, entry: list[str], st: _Stage) -> _Block:
+def _record(ops: list[OpSpec | SpecCopy], start: int, prefix: str, entry: list[str], st: _Stage) -> _Block:
     """The block of ``ops[start:]``, emitted under ``prefix`` from a stage that held ``entry``
     (each op once) and now holds ``st``."""
     recompute = "R" + prefix[1:]

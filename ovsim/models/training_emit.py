@@ -16,6 +16,7 @@ from ovsim.models.op_specs import (
     GemmOp,
     MemoryOp,
     OpSpec,
+    SpecCopy,
     Templates,
     made,
 )
@@ -117,7 +118,7 @@ class LayerEmitter:
         self.lay = lay
         self.p = spec.parallel
         self.comm = spec.communication
-        self.ops: list[OpSpec] = []
+        self.ops: list[OpSpec | SpecCopy] = []
         self.templates: Templates = {}
         self.peer: list[tuple[str, str, dict[int, int]]] = []
         self.p2p_items: dict[str, tuple[int, int, int, int]] = {}

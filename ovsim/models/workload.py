@@ -20,7 +20,14 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models import nccl
-from ovsim.models.build_memo import Table, shared_demands, shared_expansions, shared_parts, shared_plans
+from ovsim.models.build_memo import (
+    Table,
+    reusing_builds_now,
+    shared_demands,
+    shared_expansions,
+    shared_parts,
+    shared_plans,
+)
 from ovsim.models.ir import FlowDemand, KernelDemand, Op, Partition, StreamSpec, Workload, new_op
 from ovsim.models.op_prices import Parts, collective_parts, copy_flow, kernel_demand
 
@@ -42,7 +49,9 @@ from ovsim.models.op_specs import (
     OpSpec,
     Schedule,
     SendRecvOp,
+    SpecCopy,
     _OpBase,
+    spec_of,
 )
 from ovsim.models.workload_copies import OpCopier
 from ovsim.models.workload_copies import copy_sources as _copy_sources
@@ -118,7 +127,7 @@ def _is_comm(spec: _OpBase) -> bool:
 
 
 def build_workload(
-    specs: list[OpSpec],
+    specs: Sequence[OpSpec | SpecCopy],
     *,
     gpu: GpuSpec,
     system: SystemSpec,
@@ -142,7 +151,8 @@ def build_workload(
     whole groups. ``copies``: blocks of specs that copy an earlier block but for their names and
     dependencies, each (first spec's index, its source's, spec count): a copied spec's ops are
     made from its source's where the two agree in every other field and in where what they
-    follow runs (:class:`OpCopier`), else as any spec's.
+    follow runs (:class:`OpCopier`), else as any spec's. A copied spec may come as a
+    :class:`SpecCopy` (a training iteration's do), made only where its ops are not copied.
     """
     if simulated is not None and (list(simulated) != sorted(set(simulated)) or not all(0 <= r < n_ranks
                                                                                        for r in simulated)):
@@ -156,7 +166,11 @@ def build_workload(
     if knobs.sm_carveout >= gpu.sm.count:
         raise OvsimError(f"carve-out of {knobs.sm_carveout} SMs on a {gpu.sm.count}-SM GPU", source=source,
                          field="knobs.sm_carveout")
-    by_name = {s.name: s for s in specs}
+    if reusing_builds_now():  # the memos compare specs by their fields (build_memo)
+        specs = [cast(OpSpec, spec_of(s)) for s in specs]
+    # What each spec holds but its name and dependencies: a copy's source, whose fields it has.
+    held = cast(list[OpSpec], [s.source if type(s) is SpecCopy else s for s in specs])
+    by_name = {s.name: h for s, h in zip(specs, held, strict=True)}
     if len(by_name) < len(specs):  # a name given twice: counted only then
         dup = sorted(n for n, count in Counter(s.name for s in specs).items() if count > 1)
         raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
@@ -175,14 +189,14 @@ def build_workload(
                                                   None if simulated is None else tuple(simulated)), _knob_classes,
                                    _carried)
     structure = expansions.structure if expansions is not None else None
-    n_ops = structure.n_ops if structure is not None and structure.n_ops >= 0 else _count_ops(specs, n_ranks, sim)
+    n_ops = structure.n_ops if structure is not None and structure.n_ops >= 0 else _count_ops(held, n_ranks, sim)
     _check_size(n_ops, MAX_OPS if max_ops is None else max_ops, source)
     if structure is not None:
         structure.n_ops = n_ops
     # A priority for a stream no op runs on, beside ops on a stream given none, is a typo: it would
     # silently leave the ops' stream at priority 0. (A declared stream may go unused: one streams
     # section serves several variants of a scenario.)
-    used = sorted({s.stream for s in specs})
+    used = sorted({s.stream for s in held})
     unused = sorted(set(streams or {}) - set(used))
     undeclared = sorted(set(used) - set(streams or {}) - FRAMEWORK_STREAMS)
     if unused and undeclared and schedule != "sequential":
@@ -191,7 +205,7 @@ def build_workload(
     priorities: dict[str, int] = dict(streams or {})
     if knobs.comm_priority == "high":
         top = min(priorities.values(), default=0)
-        for st in {s.stream for s in specs if _is_comm(s)}:
+        for st in {s.stream for s in held if _is_comm(s)}:
             priorities[st] = min(priorities.get(st, 0), top - 1)
     ops: list[Op] = []
     rank_sets: _RankSets = {}
@@ -216,7 +230,7 @@ def build_workload(
         if j >= 0 and (source_ops := kept[j]) is not None:
             made = copier.copied(spec, specs[j], source_ops)
         if made is None:
-            made = _expanded(spec, n_ranks, sim, checked, ctx, source)
+            made = _expanded(cast(OpSpec, spec_of(spec)), n_ranks, sim, checked, ctx, source)
         ops.extend(made)
         if i in kept:
             kept[i] = made

@@ -11,7 +11,16 @@ from operator import itemgetter
 from typing import Any
 
 from ovsim.models.ir import FlowDemand, Op, new_op
-from ovsim.models.op_specs import AttentionOp, CollectiveOpSpec, GemmOp, KernelOp, MemoryOp, _OpBase
+from ovsim.models.op_specs import (
+    AttentionOp,
+    CollectiveOpSpec,
+    GemmOp,
+    KernelOp,
+    MemoryOp,
+    SpecCopy,
+    _OpBase,
+    base_spec,
+)
 
 # An op's id: its name and its job rank after this mark. A dependency's id is the op it follows on
 # the same rank, so a copy renames both by the name and keeps the rank's part.
@@ -71,21 +80,25 @@ class OpCopier:
         # dependencies, and the getter of them; None where its ops are not copied.
         self._sources: dict[int, tuple[tuple[object, ...], itemgetter[Any]] | None] = {}
 
-    def copied(self, spec: _OpBase, source: _OpBase, source_ops: Sequence[Op]) -> list[Op] | None:
+    def copied(self, spec: _OpBase | SpecCopy, source: _OpBase | SpecCopy, source_ops: Sequence[Op]
+               ) -> list[Op] | None:
         """The ops of ``spec`` made from ``source``'s (``source_ops``), or None where ``spec`` is
         not an exact copy of it but for its name and dependencies (:data:`_COPYABLE` only, neither
-        repeated)."""
+        repeated). Either may be a :class:`SpecCopy`: its fields are its source's."""
         try:
             entry = self._sources[id(source)]
         except KeyError:
             entry = self._sources[id(source)] = _source_entry(source, source_ops)
-        if entry is None or type(spec) is not type(source):
+        if entry is None:
             return None
         values, kept = entry
-        new, old = spec.__dict__, source.__dict__
-        if kept(new) != values:  # specs of one class hold the same fields: pydantic keeps each in the dict
+        held = spec.source if type(spec) is SpecCopy else spec
+        was_held = source.source if type(source) is SpecCopy else source
+        # Specs of one class hold the same fields: pydantic keeps each in the dict. A copy of the
+        # very spec the source holds agrees with it by construction.
+        if held is not was_held and (type(held) is not type(was_held) or kept(held.__dict__) != values):
             return None
-        was_after, was_any, now_after, now_any = old["after"], old["after_any"], new["after"], new["after_any"]
+        was_after, was_any, now_after, now_any = source.after, source.after_any, spec.after, spec.after_any
         names: dict[str, str] = {}  # the source's dependencies' names: the copy's
         if was_after or was_any or now_after or now_any:
             if len(now_after) != len(was_after) or len(now_any) != len(was_any):
@@ -94,7 +107,7 @@ class OpCopier:
             if found is None:
                 return None
             names = found
-        name, old_name = new["name"], old["name"]
+        name, old_name = spec.name, source.name
         cut = len(old_name)
         self.copied_from[name] = old_name
         flows: dict[int, FlowDemand] | None = None
@@ -115,15 +128,17 @@ class OpCopier:
         return out
 
 
-def _source_entry(source: _OpBase, source_ops: Sequence[Op]) -> tuple[tuple[object, ...], itemgetter[Any]] | None:
+def _source_entry(source: _OpBase | SpecCopy, source_ops: Sequence[Op]
+                  ) -> tuple[tuple[object, ...], itemgetter[Any]] | None:
     """What a copy of ``source`` is checked against (:attr:`OpCopier._sources`), or None where
     its ops cannot be copied: a class not :data:`_COPYABLE`, a repeat, or ids made otherwise
     than :func:`op_id` (nothing to rename by)."""
-    old = source.__dict__
-    cls = type(source)
+    held = base_spec(source)
+    old = held.__dict__
+    cls = type(held)
     if cls not in _COPYABLE or old["repeat"] != 1:
         return None
-    if source_ops and not source_ops[0].id.startswith(RANK_MARK, len(old["name"])):
+    if source_ops and not source_ops[0].id.startswith(RANK_MARK, len(source.name)):
         return None
     kept = _KEPT_FIELDS.get(cls)
     if kept is None:

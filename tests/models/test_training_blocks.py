@@ -9,6 +9,7 @@ be the same."""
 
 from __future__ import annotations
 
+import copy
 import pickle
 from functools import cache, partial
 from typing import Any
@@ -19,6 +20,7 @@ from ovsim import api
 from ovsim.errors import OvsimError
 from ovsim.models import training, workload
 from ovsim.models.build_memo import reusing_builds
+from ovsim.models.op_specs import SpecCopy
 from ovsim.models.workload import CollectiveOpSpec, GemmOp, MemoryOp, build_workload
 from ovsim.scenario import Scenario, load_scenario
 from ovsim.tune_predictions import _digest
@@ -177,3 +179,50 @@ def test_a_copy_of_an_unknown_dependency_is_refused_as_any_spec() -> None:
     specs[4] = GemmOp(name="b1.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["nowhere"])
     with pytest.raises(OvsimError, match="unknown op 'nowhere'"):
         _build(specs, [(4, 2, 2)])
+
+
+def _as_copies(specs: list[Any]) -> list[Any]:
+    """``specs`` with b1's two as copies of b0's (SpecCopy): their own names and dependencies."""
+    out = list(specs)
+    for i in (4, 5):
+        out[i] = SpecCopy(specs[i - 2], specs[i].name, specs[i].after, specs[i].after_any)
+    return out
+
+
+@pytest.mark.parametrize(("variant", "n_expanded"), [("exact", 4), ("follows an op elsewhere", 5)])
+def test_copies_held_as_copies_build_as_the_specs_they_make(variant: str, n_expanded: int,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copied spec held as a SpecCopy builds the ops its made spec does: copied from its
+    source's where the copy is exact, else expanded from the spec it makes."""
+    specs = _specs()
+    if variant == "follows an op elsewhere":  # b1.g follows x1, which runs on rank 1 alone
+        specs = _specs(ranks_x1=[1])
+        specs[2] = GemmOp(name="b0.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x0"])
+        specs[4] = GemmOp(name="b1.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x1"])
+    plain = _build(specs, [])
+    expanded: list[str] = []
+    real = workload._expand
+    monkeypatch.setattr(workload, "_expand", lambda spec, *a: expanded.append(spec.name) or real(spec, *a))
+    held = _as_copies(specs)
+    assert held[4].made() == specs[4] and held[5].made() == specs[5]
+    assert pickle.dumps(_build(held, [(4, 2, 2)])) == pickle.dumps(plain)
+    assert len(expanded) == n_expanded, expanded
+
+
+def test_a_spec_copy_reads_its_sources_fields_but_not_its_dunders() -> None:
+    source = _specs()[3]
+    held = SpecCopy(source, "b1.ar", ["b1.g"], [])
+    assert (held.name, held.after, held.size_bytes, held.stream, held.ranks) == ("b1.ar", ["b1.g"], 1e6, "tp", [0, 1])
+    twin = copy.deepcopy(held)  # a copy of the SpecCopy, not its source's __deepcopy__
+    assert isinstance(twin, SpecCopy) and twin.name == "b1.ar" and twin.made() == held.made()
+    assert pickle.loads(pickle.dumps(held)).made() == held.made()
+    with pytest.raises(AttributeError):
+        held.no_such_field  # noqa: B018
+
+
+def test_an_iteration_holds_its_copies_as_copies() -> None:
+    gen = training.training_ops(Scenario.model_validate({"name": "j", **JOBS["tp-sp-pp-1f1b"]}).training, 4)
+    held = [i for i, s in enumerate(gen.specs) if isinstance(s, SpecCopy)]
+    assert held and held == [i for first, _, count in gen.copies for i in range(first, first + count)]
+    assert gen.ops is gen.ops  # made once: a search's builds compare the specs by identity
+    assert not any(isinstance(s, SpecCopy) for s in gen.ops)
