@@ -69,13 +69,12 @@ _KEPT_FIELDS: dict[type, itemgetter[Any]] = {}
 
 
 class OpCopier:
-    """Makes a copied spec's ops from its source's (:meth:`copied`) within one build, keeping
-    the copies made so far (``copied_from``: each by name, its source's) and, by source spec,
-    what a copy is checked against."""
+    """Makes a copied spec's ops from its source's (:meth:`copied`) within one build, keeping by
+    source spec what a copy is checked against. ``by_name``: the build's specs by name, each
+    :class:`SpecCopy` as its source."""
 
     def __init__(self, by_name: Mapping[str, _OpBase]) -> None:
         self.by_name = by_name
-        self.copied_from: dict[str, str] = {}
         # By source spec's id (the build's specs outlive the copier): its fields but the name and
         # dependencies, and the getter of them; None where its ops are not copied.
         self._sources: dict[int, tuple[tuple[object, ...], itemgetter[Any]] | None] = {}
@@ -103,13 +102,12 @@ class OpCopier:
         if was_after or was_any or now_after or now_any:
             if len(now_after) != len(was_after) or len(now_any) != len(was_any):
                 return None
-            found = _renames(was_after + was_any, now_after + now_any, self.by_name, self.copied_from)
+            found = _renames(was_after + was_any, now_after + now_any, self.by_name)
             if found is None:
                 return None
             names = found
         name, old_name = spec.name, source.name
         cut = len(old_name)
-        self.copied_from[name] = old_name
         flows: dict[int, FlowDemand] | None = None
         out: list[Op] = []
         for op in source_ops:
@@ -146,18 +144,16 @@ def _source_entry(source: _OpBase | SpecCopy, source_ops: Sequence[Op]
     return kept(old), kept
 
 
-def _renames(was: list[str], now: list[str], by_name: Mapping[str, _OpBase], copied_from: dict[str, str]
-             ) -> dict[str, str] | None:
+def _renames(was: list[str], now: list[str], by_name: Mapping[str, _OpBase]) -> dict[str, str] | None:
     """The names a source follows (``was``), each the copy's in its place (``now``, as long), or
     None where one of the copy's runs elsewhere than the source's (or repeats: it would be named
-    with its repeat's suffix)."""
+    with its repeat's suffix). ``by_name`` holds a :class:`SpecCopy`'s source under its name, so a
+    copy of the spec the source follows is that very spec."""
     names: dict[str, str] = {}
     for was_name, now_name in zip(was, now, strict=True):
-        if copied_from.get(now_name) != was_name:
-            a, b = by_name.get(now_name), by_name.get(was_name)
-            if a is None or b is None or b.repeat != 1 or placement(a) != placement(b):
-                return None
+        a, b = by_name.get(now_name), by_name.get(was_name)
+        if a is None or b is None or b.repeat != 1 or (a is not b and placement(a) != placement(b)):
+            return None
         if names.setdefault(was_name, now_name) != now_name:
             return None
     return names
-
