@@ -43,7 +43,7 @@ class _Order(NamedTuple):
     """A :class:`Plan`'s fields but its workload, as its structure keeps them (read, never
     changed)."""
 
-    order: list[int]
+    order: Sequence[int]
     group_of: list[int]
     members: list[list[int]]
     preds: list[list[int]]
@@ -61,7 +61,7 @@ class Plan:
     host gap, and both in one code for the plain pass (``code``)."""
 
     workload: Workload
-    order: list[int]
+    order: Sequence[int]  # a range where the ops' own order is one (most: no int object an op)
     group_of: list[int]  # the op's collective (index into members), -1: none
     members: list[list[int]]
     preds: list[list[int]]
@@ -257,17 +257,23 @@ class Plan:
             f = ops[self.members[g][0]].flow
             assert f is not None
             named.append((f.group, f.bytes))
-        spans = [flows[g] for g in order]
-        zeros = [0.0] * (len(rows) + len(order))
-        cols = op_columns([ops[i] for i in rows], named)
+        spans = np.array([flows[g] for g in order], dtype=float).reshape(-1, 4)
+        every = len(rows) == len(ops)
+
+        def column(values: list[float], flow_part: np.ndarray) -> np.ndarray:
+            # Arrays, not lists: a list keeps a float object an op (32 bytes, five columns).
+            mine = np.array(values, dtype=float)
+            return np.concatenate([mine if every else mine[rows], flow_part])
+
+        cols = op_columns(ops if every else [ops[i] for i in rows], named)
         cols.update({
-            "launch_s": [launch[i] for i in rows] + [x[0] for x in spans],
-            "start_s": [start[i] for i in rows] + [x[1] for x in spans],
-            "end_s": [end[i] for i in rows] + [x[2] for x in spans],
-            "isolated_s": [dur[i] for i in rows] + [x[3] for x in spans],
-            "wait_sm_s": zeros, "share_sm_s": zeros, "share_hbm_s": zeros, "share_link_s": zeros,
-            "wait_peers_s": [wait[i] for i in rows] + [0.0] * len(order),
+            "launch_s": column(launch, spans[:, 0]), "start_s": column(start, spans[:, 1]),
+            "end_s": column(end, spans[:, 2]), "isolated_s": column(dur, spans[:, 3]),
+            "wait_peers_s": column(wait, np.zeros(len(order))),
         })
+        # One array each, as the engine's: a caller may change one (untouched zeros take no memory).
+        cols.update({c: np.zeros(len(rows) + len(order)) for c in ("wait_sm_s", "share_sm_s", "share_hbm_s",
+                                                                    "share_link_s")})
         if isolated_s is not None:
             cols.update(_clock_columns(np.asarray(isolated_s, dtype=float)[rows], cols, len(order)))
         return timeline_from_rows(cols, [])
@@ -298,7 +304,7 @@ def _slowed_end(begin_s: float, dur_s: float, latency_s: float, until_s: float, 
     return until_s + data_s - slow_s * share
 
 
-def _order(preds: list[list[int]], members: list[list[int]]) -> list[int]:
+def _order(preds: list[list[int]], members: list[list[int]]) -> Sequence[int]:
     """The ops' indices in an order that respects stream order, dependencies and collectives.
 
     A member of a collective may only be finished once every member is ready: each member waits
@@ -306,7 +312,7 @@ def _order(preds: list[list[int]], members: list[list[int]]) -> list[int]:
     join -> members: edges in proportion to the members, not their square)."""
     n = len(preds)
     if _listed_in_order(preds, members):
-        return list(range(n))
+        return range(n)
     succ: list[list[int]] = [[] for _ in range(n)]
     for i, ps in enumerate(preds):
         for p in ps:
