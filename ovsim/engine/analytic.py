@@ -16,7 +16,7 @@ import numpy as np
 from ovsim.engine.timeline import Timeline, op_columns, timeline_from_rows
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
-from ovsim.models.ir import Op, Workload, topological_order
+from ovsim.models.ir import Op, Workload, id_index, topological_order
 
 
 def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = None,
@@ -89,7 +89,7 @@ class Plan:
         for op in ops:
             if op.flow is not None:
                 groups.setdefault(op.flow.group, []).append(op)
-        index = {op.id: i for i, op in enumerate(ops)}
+        index = id_index(ops)
         # What each op waits for: its stream predecessor, then its dependencies.
         preds: list[list[int]] = []
         last: dict[tuple[int, str], int] = {}

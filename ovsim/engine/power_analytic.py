@@ -31,7 +31,7 @@ from ovsim.engine.power import (
 from ovsim.engine.timeline import Timeline
 from ovsim.hw.power import HW_SLOWDOWN_FLOOR, MEMORY, TENSOR, PowerModel, voltage_fractions
 from ovsim.hw.spec import GpuSpec
-from ovsim.models.ir import FlowDemand, Op, Workload
+from ovsim.models.ir import FlowDemand, Op, Workload, id_index
 from ovsim.models.occupancy import blocks_per_sm
 
 
@@ -436,7 +436,7 @@ def _op_positions(ids: np.ndarray, workload: Workload) -> np.ndarray:
     rows = [i for i, op in enumerate(ops) if op.kind != "delay"]
     listed = ids.tolist()
     head = len(rows) if listed[:len(rows)] == [ops[i].id for i in rows] else 0
-    index = {op.id: i for i, op in enumerate(ops)}
+    index = id_index(ops)
     tail = [index.get(str(x), -1) for x in listed[head:]]
     return np.array(rows[:head] + tail, dtype=np.int64)
 

@@ -7,7 +7,9 @@ frozen: schedules derive new graphs instead of editing old ones.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Literal
 
 from ovsim.errors import OvsimError
@@ -180,6 +182,15 @@ def new_op(id: str, name: str, kind: KernelKind, rank: int, stream: str, deps: t
     return op
 
 
+def id_index(ops: Sequence[Op]) -> dict[str, int]:
+    """Each op's place in ``ops`` by its id (the last, where an id repeats), made in C rather than
+    by the interpreter's loop (a build and the analytic passes make it over a million ops)."""
+    return dict(zip(map(_OP_ID, ops), range(len(ops)), strict=True))
+
+
+_OP_ID = attrgetter("id")
+
+
 @dataclass(frozen=True)
 class StreamSpec:
     rank: int
@@ -265,7 +276,7 @@ class Workload:
 
     def successors(self) -> list[list[int]]:
         """The same DAG as :meth:`graph` on op indices: each op's successors (an edge may repeat)."""
-        index = {op.id: i for i, op in enumerate(self.ops)}
+        index = id_index(self.ops)
         succ: list[list[int]] = [[] for _ in self.ops]
         last: dict[tuple[int, str], int] = {}
         for i, op in enumerate(self.ops):
@@ -280,7 +291,7 @@ class Workload:
 
     def validate(self, source: str = "") -> None:
         """Reject unknown dependencies, cycles and collectives a member rank never joins."""
-        index = {op.id: i for i, op in enumerate(self.ops)}
+        index = id_index(self.ops)
         if len(index) < len(self.ops):
             seen: set[str] = set()
             for op in self.ops:

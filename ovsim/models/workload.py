@@ -10,9 +10,9 @@ import dataclasses
 import itertools
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Literal, cast
 
 from ovsim.errors import OvsimError
@@ -63,6 +63,7 @@ __all__ = ["COMPUTE_KINDS", "GEMM_BLOCK_FIELDS", "GEMM_TILE_FIELDS", "AttentionO
            "SendRecvOp", "build_workload"]
 
 
+_NAME = attrgetter("name")  # a spec's or a SpecCopy's
 # Ranks lists as sets, by the list's identity (the list kept beside its set, so that the identity
 # stays its own while the build runs): a training iteration names the same lists over and over.
 _RankSets = dict[int, tuple[object, frozenset[int]]]
@@ -95,13 +96,13 @@ def _ranks(spec: _OpBase, n_ranks: int, sim: dict[int, int] | None,
     return ranks, simulated
 
 
-def _count_ops(specs: Sequence[_OpBase], n_ranks: int, sim: dict[int, int] | None) -> int:
-    """The ops ``specs`` expand to on the simulated ranks (``sim``'s job ranks; None: all
-    ``n_ranks``)."""
+def _count_ops(distinct: Mapping[int, _OpBase], times: Counter[int], n_ranks: int, sim: dict[int, int] | None) -> int:
+    """The ops specs expand to on the simulated ranks (``sim``'s job ranks; None: all
+    ``n_ranks``): each of ``distinct`` (by its id) as often as ``times`` counts it."""
     total = 0
     # A training iteration names the same ranks lists over and over (by identity): counted once each.
     counted: dict[int, int] = {}
-    for spec in specs:
+    for key, spec in distinct.items():
         if isinstance(spec, SendRecvOp):
             on = sum(1 for r in (spec.src, spec.dst) if r < n_ranks and (sim is None or r in sim))
         elif spec.ranks == "all":
@@ -110,7 +111,7 @@ def _count_ops(specs: Sequence[_OpBase], n_ranks: int, sim: dict[int, int] | Non
             on = counted.get(id(spec.ranks), -1)
             if on < 0:
                 on = counted[id(spec.ranks)] = sum(1 for r in spec.ranks if r < n_ranks and (sim is None or r in sim))
-        total += on * spec.repeat
+        total += on * spec.repeat * times[key]
     return total
 
 
@@ -170,7 +171,9 @@ def build_workload(
         specs = [cast(OpSpec, spec_of(s)) for s in specs]
     # What each spec holds but its name and dependencies: a copy's source, whose fields it has.
     held = cast(list[OpSpec], [s.source if type(s) is SpecCopy else s for s in specs])
-    by_name = {s.name: h for s, h in zip(specs, held, strict=True)}
+    by_name = dict(zip(map(_NAME, specs), held, strict=True))
+    # Each spec held, once (a training iteration's 188,000 specs hold a few thousand), and how often.
+    distinct = dict(zip(map(id, held), held, strict=True))
     if len(by_name) < len(specs):  # a name given twice: counted only then
         dup = sorted(n for n, count in Counter(s.name for s in specs).items() if count > 1)
         raise OvsimError(f"op name '{dup[0]}' is used twice", source=source, field="ops")
@@ -189,14 +192,15 @@ def build_workload(
                                                   None if simulated is None else tuple(simulated)), _knob_classes,
                                    _carried)
     structure = expansions.structure if expansions is not None else None
-    n_ops = structure.n_ops if structure is not None and structure.n_ops >= 0 else _count_ops(held, n_ranks, sim)
+    n_ops = (structure.n_ops if structure is not None and structure.n_ops >= 0
+             else _count_ops(distinct, Counter(map(id, held)), n_ranks, sim))
     _check_size(n_ops, MAX_OPS if max_ops is None else max_ops, source)
     if structure is not None:
         structure.n_ops = n_ops
     # A priority for a stream no op runs on, beside ops on a stream given none, is a typo: it would
     # silently leave the ops' stream at priority 0. (A declared stream may go unused: one streams
     # section serves several variants of a scenario.)
-    used = sorted({s.stream for s in held})
+    used = sorted({s.stream for s in distinct.values()})
     unused = sorted(set(streams or {}) - set(used))
     undeclared = sorted(set(used) - set(streams or {}) - FRAMEWORK_STREAMS)
     if unused and undeclared and schedule != "sequential":
@@ -205,7 +209,7 @@ def build_workload(
     priorities: dict[str, int] = dict(streams or {})
     if knobs.comm_priority == "high":
         top = min(priorities.values(), default=0)
-        for st in {s.stream for s in held if _is_comm(s)}:
+        for st in {s.stream for s in distinct.values() if _is_comm(s)}:
             priorities[st] = min(priorities.get(st, 0), top - 1)
     ops: list[Op] = []
     rank_sets: _RankSets = {}
