@@ -18,6 +18,15 @@ from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
 from ovsim.models.ir import Op, Workload, id_index, topological_order
 
+# What an op waits for, by index: the one op (most ops: their stream predecessor), or the ops (none,
+# or several). An int, not a one-item list: 64 bytes an op of Megatron-LM's 1T row's 3.35 million.
+Waits = int | Sequence[int]
+
+
+def _each(waits: Waits) -> Sequence[int]:
+    """The ops ``waits`` names, as a sequence."""
+    return (waits,) if type(waits) is int else waits  # type: ignore[return-value]
+
 
 def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = None,
                       plan: Plan | None = None, *, isolated_s: np.ndarray | Sequence[float] | None = None
@@ -46,7 +55,7 @@ class _Order(NamedTuple):
     order: Sequence[int]
     group_of: list[int]
     members: list[list[int]]
-    preds: list[list[int]]
+    preds: list[Waits]
     delay_s: list[float]
     is_gap: list[bool]
     code: list[int]
@@ -64,7 +73,7 @@ class Plan:
     order: Sequence[int]  # a range where the ops' own order is one (most: no int object an op)
     group_of: list[int]  # the op's collective (index into members), -1: none
     members: list[list[int]]
-    preds: list[list[int]]
+    preds: list[Waits]
     delay_s: list[float]
     is_gap: list[bool]
     code: list[int]  # the op's collective as group_of, but -2 for a host gap
@@ -91,18 +100,18 @@ class Plan:
                 groups.setdefault(op.flow.group, []).append(op)
         index = id_index(ops)
         # What each op waits for: its stream predecessor, then its dependencies.
-        preds: list[list[int]] = []
+        preds: list[Waits] = []
         last: dict[tuple[int, str], int] = {}
         for i, op in enumerate(ops):
             key = (op.rank, op.stream)
             p = last.get(key)
             last[key] = i
             if not op.deps:  # most ops: the stream's order alone
-                preds.append([] if p is None else [p])
+                preds.append(() if p is None else p)
                 continue
             ps = [] if p is None else [p]
             ps.extend([index[d] for d in op.deps])
-            preds.append(ps)
+            preds.append(ps[0] if len(ps) == 1 else ps)
         members = [[index[m.id] for m in ms] for ms in groups.values()]
         order = _order(preds, members)
         group_of = [-1] * len(ops)
@@ -182,10 +191,16 @@ class Plan:
         flows: dict[int, tuple[float, float, float, float]] = {}
         code, preds, delay_s = self.code, self.preds, self.delay_s
         for i in self.order:
-            t = 0.0
-            for p in preds[i]:
-                if end[p] > t:
-                    t = end[p]
+            ps = preds[i]
+            if type(ps) is int:  # most ops: one to wait for
+                t = end[ps]
+                if not t > 0.0:  # as the loop below: NaN, -0.0 and below start at 0
+                    t = 0.0
+            else:
+                t = 0.0
+                for p in ps:  # type: ignore[union-attr]
+                    if end[p] > t:
+                        t = end[p]
             launch[i] = t
             d = delay_s[i]
             if d:
@@ -220,7 +235,7 @@ class Plan:
 
     def _ready(self, i: int, end: list[float]) -> float:
         t = 0.0
-        for p in self.preds[i]:
+        for p in _each(self.preds[i]):
             if end[p] > t:
                 t = end[p]
         return t
@@ -265,12 +280,13 @@ class Plan:
             mine = np.array(values, dtype=float)
             return np.concatenate([mine if every else mine[rows], flow_part])
 
+        timed = {"launch_s": column(launch, spans[:, 0]), "start_s": column(start, spans[:, 1]),
+                 "end_s": column(end, spans[:, 2]), "isolated_s": column(dur, spans[:, 3]),
+                 "wait_peers_s": column(wait, np.zeros(len(order)))}
+        # The lists' floats go before the other columns are made (a third of a GB of the 1T row).
+        del launch, start, end, wait
         cols = op_columns(ops if every else [ops[i] for i in rows], named)
-        cols.update({
-            "launch_s": column(launch, spans[:, 0]), "start_s": column(start, spans[:, 1]),
-            "end_s": column(end, spans[:, 2]), "isolated_s": column(dur, spans[:, 3]),
-            "wait_peers_s": column(wait, np.zeros(len(order))),
-        })
+        cols.update(timed)
         # One array each, as the engine's: a caller may change one (untouched zeros take no memory).
         cols.update({c: np.zeros(len(rows) + len(order)) for c in ("wait_sm_s", "share_sm_s", "share_hbm_s",
                                                                     "share_link_s")})
@@ -304,7 +320,7 @@ def _slowed_end(begin_s: float, dur_s: float, latency_s: float, until_s: float, 
     return until_s + data_s - slow_s * share
 
 
-def _order(preds: list[list[int]], members: list[list[int]]) -> Sequence[int]:
+def _order(preds: list[Waits], members: list[list[int]]) -> Sequence[int]:
     """The ops' indices in an order that respects stream order, dependencies and collectives.
 
     A member of a collective may only be finished once every member is ready: each member waits
@@ -315,13 +331,13 @@ def _order(preds: list[list[int]], members: list[list[int]]) -> Sequence[int]:
         return range(n)
     succ: list[list[int]] = [[] for _ in range(n)]
     for i, ps in enumerate(preds):
-        for p in ps:
+        for p in _each(ps):
             succ[p].append(i)
     for j, ms in enumerate(members, start=n):
         ids = set(ms)
         succ.append(list(ids))
         for m in ids:
-            for p in preds[m]:
+            for p in _each(preds[m]):
                 if p not in ids:
                     succ[p].append(j)
     order = topological_order(succ)
@@ -330,20 +346,24 @@ def _order(preds: list[list[int]], members: list[list[int]]) -> Sequence[int]:
     return [v for v in order if v < n]
 
 
-def _listed_in_order(preds: list[list[int]], members: list[list[int]]) -> bool:
+def _listed_in_order(preds: list[Waits], members: list[list[int]]) -> bool:
     """Whether the ops' own order is one :func:`_order` could give: every op after what it waits
     for, and every member of a collective after what each other member waits for. A generator
     lists ops so (a collective's members together, after their predecessors): one pass over the
     predecessors then stands for the successor lists, join nodes and sort (0.7 s of Megatron-LM's
     145.6B row's analytic prediction, profiled)."""
     for i, ps in enumerate(preds):
-        for p in ps:
+        if type(ps) is int:
+            if ps >= i:
+                return False
+            continue
+        for p in ps:  # type: ignore[union-attr]
             if p >= i:
                 return False
     for ms in members:
         first = min(ms)
         for m in ms:
-            for p in preds[m]:
+            for p in _each(preds[m]):
                 if p >= first and p not in ms:
                     return False
     return True

@@ -3,6 +3,7 @@ dependencies and collectives, each op taking its isolated time."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,12 @@ def test_the_plain_pass_gives_the_general_passs_times() -> None:
         dur = [op.isolated_s * (1.0 + 0.1 * (i % 3)) for i, op in enumerate(wl.ops)]
         assert plan.times(dur) == plan.times(dur, [0.0] * len(dur))
         assert min(plan.times(dur)[1]) >= 0.0
+    # An op that waits for one op starts at 0 where that op ends below 0, at -0.0 or at NaN, as one
+    # that waits for several does (durations a caller gives: negative, -0.0, NaN).
+    chain = [Op(f"k{i}", f"k{i}", "gemm", 0, "s", kernel=_kernel(1.0)) for i in range(4)]
+    chain.append(Op("j", "j", "gemm", 0, "s", deps=("k1",), kernel=_kernel(1.0)))
+    plan = Plan.of(Workload(ops=tuple(chain), streams=(StreamSpec(0, "s"),), n_ranks=1))
+    for odd in (-2.0, -0.0, math.nan):
+        dur = [odd, odd, 1.0, odd, 0.5]
+        assert repr(plan.times(dur)) == repr(plan.times(dur, [0.0] * len(dur)))
+        assert plan.times(dur)[1][1] == 0.0 and repr(plan.times(dur)[1][1]) == "0.0"
