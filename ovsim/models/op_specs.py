@@ -126,7 +126,8 @@ class SpecCopy:
     (:mod:`ovsim.models.training_blocks`), which a build turns into ops from its source's without
     making the spec (:func:`ovsim.models.workload.build_workload`). About 200 bytes with its name,
     where a made spec takes about 650 (its fields' dict): 2 GB of Megatron-LM's 1T row. Any other
-    field reads as its source's; :meth:`made` makes the spec :func:`renamed` would."""
+    field reads as its source's (nothing else: no model method); :meth:`made` makes the spec
+    :func:`renamed` would."""
 
     __slots__ = ("after", "after_any", "name", "source")
 
@@ -137,8 +138,9 @@ class SpecCopy:
         self.after_any = after_any
 
     def __getattr__(self, field: str) -> Any:
-        # Only the spec's fields: a dunder (copy's __deepcopy__, pickle's) is the object's own.
-        if field.startswith("__") or field in SpecCopy.__slots__:
+        # Only the spec's fields: a method (model_dump) would answer with the source's name, and a
+        # dunder (copy's __deepcopy__, pickle's) is the object's own.
+        if field.startswith("__") or field in SpecCopy.__slots__ or field not in type(self.source).model_fields:
             raise AttributeError(field)
         return getattr(self.source, field)
 

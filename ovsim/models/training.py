@@ -115,8 +115,8 @@ class TrainingOps:
 
     @cached_property
     def ops(self) -> list[OpSpec]:
-        """The specs, copies made (once: a schedule search's builds compare the specs of one
-        iteration by identity, build_memo)."""
+        """The specs, copies made (once: a schedule search's builds compare specs by identity and
+        by their fields, build_memo)."""
         return [cast(OpSpec, spec_of(s)) for s in self.specs]
 
 
@@ -393,7 +393,7 @@ def build_training_workload(
             raise
         raise OvsimError(e.message, source=source, field=f"training.{e.field}".rstrip(".")) from None
     symmetric = lay.made_dp is not None or lay.made_tp is not None
-    # A schedule search's builds compare specs (build_memo): made, once for the iteration.
+    # A schedule search's builds compare specs by identity and fields (build_memo): made, once.
     specs = gen.ops if reusing_builds_now() else gen.specs
     wl = build_workload(specs, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
                         knobs=knobs, streams=streams, source=source, max_ops=max_ops,

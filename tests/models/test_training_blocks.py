@@ -145,10 +145,8 @@ def _build(specs: list[Any], copies: list[tuple[int, int, int]]) -> Any:
 EXPANDED = {"exact": 4, "another size": 5, "follows an op elsewhere": 5, "another class": 6}
 
 
-@pytest.mark.parametrize("variant", sorted(EXPANDED))
-def test_a_copy_is_taken_only_where_it_is_exact(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ops come out as built spec by spec whatever the copies claim; where the claim holds, they
-    are made from the source's (ids, dependencies and the collective's flow renamed)."""
+def _variant(variant: str) -> list[Any]:
+    """The small op list of a variant of :data:`EXPANDED`."""
     specs = {"exact": partial(_specs), "another size": partial(_specs, size_b1=2e6),
              "follows an op elsewhere": partial(_specs, ranks_x1=[1]), "another class": partial(_specs)}[variant]()
     if variant == "another class":  # b1.g, and so b1.ar that follows it, cannot be b0's
@@ -156,10 +154,24 @@ def test_a_copy_is_taken_only_where_it_is_exact(variant: str, monkeypatch: pytes
     if variant == "follows an op elsewhere":  # b1.g then follows x1 on rank 1 alone
         specs[2] = GemmOp(name="b0.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x0"])
         specs[4] = GemmOp(name="b1.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x1"])
-    plain = _build(specs, [])
+    return specs
+
+
+def _expansions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the specs the builds expand from here on (rather than copy), in order."""
     expanded: list[str] = []
     real = workload._expand
     monkeypatch.setattr(workload, "_expand", lambda spec, *a: expanded.append(spec.name) or real(spec, *a))
+    return expanded
+
+
+@pytest.mark.parametrize("variant", sorted(EXPANDED))
+def test_a_copy_is_taken_only_where_it_is_exact(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ops come out as built spec by spec whatever the copies claim; where the claim holds, they
+    are made from the source's (ids, dependencies and the collective's flow renamed)."""
+    specs = _variant(variant)
+    plain = _build(specs, [])
+    expanded = _expansions(monkeypatch)
     copied = _build(specs, [(4, 2, 2)])
     assert len(expanded) == EXPANDED[variant], expanded
     assert pickle.dumps(copied) == pickle.dumps(plain)
@@ -194,15 +206,9 @@ def test_copies_held_as_copies_build_as_the_specs_they_make(variant: str, n_expa
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A copied spec held as a SpecCopy builds the ops its made spec does: copied from its
     source's where the copy is exact, else expanded from the spec it makes."""
-    specs = _specs()
-    if variant == "follows an op elsewhere":  # b1.g follows x1, which runs on rank 1 alone
-        specs = _specs(ranks_x1=[1])
-        specs[2] = GemmOp(name="b0.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x0"])
-        specs[4] = GemmOp(name="b1.g", kind="gemm", m=512, n=512, k=512, ranks=[0, 1], after_any=["x1"])
+    specs = _variant(variant)
     plain = _build(specs, [])
-    expanded: list[str] = []
-    real = workload._expand
-    monkeypatch.setattr(workload, "_expand", lambda spec, *a: expanded.append(spec.name) or real(spec, *a))
+    expanded = _expansions(monkeypatch)
     held = _as_copies(specs)
     assert held[4].made() == specs[4] and held[5].made() == specs[5]
     assert pickle.dumps(_build(held, [(4, 2, 2)])) == pickle.dumps(plain)
@@ -216,8 +222,9 @@ def test_a_spec_copy_reads_its_sources_fields_but_not_its_dunders() -> None:
     twin = copy.deepcopy(held)  # a copy of the SpecCopy, not its source's __deepcopy__
     assert isinstance(twin, SpecCopy) and twin.name == "b1.ar" and twin.made() == held.made()
     assert pickle.loads(pickle.dumps(held)).made() == held.made()
-    with pytest.raises(AttributeError):
-        held.no_such_field  # noqa: B018
+    for other in ("no_such_field", "model_dump"):  # a model method would answer with the source's name
+        with pytest.raises(AttributeError):
+            getattr(held, other)
 
 
 def test_an_iteration_holds_its_copies_as_copies() -> None:
