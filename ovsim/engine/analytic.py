@@ -264,7 +264,8 @@ class Plan:
         time lost to the clock (``clock_s``; negative where gained)."""
         launch, start, end, wait, flows = self.times(dur)
         ops = self.workload.ops
-        rows = [i for i, gap in enumerate(self.is_gap) if not gap]  # a host gap has no row
+        # A host gap has no row; without gaps, a range (a list holds an int object an op).
+        rows = [i for i, gap in enumerate(self.is_gap) if not gap] if any(self.is_gap) else range(len(ops))
         # Flows in the order of their first member.
         order = sorted(flows, key=lambda g: self.members[g][0])
         named: list[tuple[str, float]] = []
@@ -291,7 +292,8 @@ class Plan:
         cols.update({c: np.zeros(len(rows) + len(order)) for c in ("wait_sm_s", "share_sm_s", "share_hbm_s",
                                                                     "share_link_s")})
         if isolated_s is not None:
-            cols.update(_clock_columns(np.asarray(isolated_s, dtype=float)[rows], cols, len(order)))
+            mine = np.asarray(isolated_s, dtype=float)
+            cols.update(_clock_columns(mine if every else mine[rows], cols, len(order)))
         return timeline_from_rows(cols, [])
 
 

@@ -433,12 +433,15 @@ def _op_positions(ids: np.ndarray, workload: Workload) -> np.ndarray:
     the analytic fidelity made lists the ops with rows first, in the workload's order (host gaps
     have none): only the rows after them are looked up by id."""
     ops = workload.ops
-    rows = [i for i, op in enumerate(ops) if op.kind != "delay"]
+    kinds = [op.kind for op in ops]
+    # Without host gaps, a range (a list holds an int object an op).
+    rows = [i for i, k in enumerate(kinds) if k != "delay"] if "delay" in kinds else range(len(ops))
     listed = ids.tolist()
     head = len(rows) if listed[:len(rows)] == [ops[i].id for i in rows] else 0
     index = id_index(ops)
     tail = [index.get(str(x), -1) for x in listed[head:]]
-    return np.array(rows[:head] + tail, dtype=np.int64)
+    first = np.arange(head, dtype=np.int64) if isinstance(rows, range) else np.array(rows[:head], dtype=np.int64)
+    return np.concatenate([first, np.array(tail, dtype=np.int64)])
 
 
 def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
