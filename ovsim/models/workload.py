@@ -167,7 +167,9 @@ def build_workload(
     if knobs.sm_carveout >= gpu.sm.count:
         raise OvsimError(f"carve-out of {knobs.sm_carveout} SMs on a {gpu.sm.count}-SM GPU", source=source,
                          field="knobs.sm_carveout")
-    if reusing_builds_now():  # the memos compare specs by identity and by their fields (build_memo)
+    # The memos compare specs by identity and by their fields (build_memo): copies made there (a
+    # training iteration's builds hand them made already, once for the iteration).
+    if reusing_builds_now() and any(type(s) is SpecCopy for s in specs):
         specs = [cast(OpSpec, spec_of(s)) for s in specs]
     # What each spec holds but its name and dependencies: a copy's source, whose fields it has.
     held = cast(list[OpSpec], [s.source if type(s) is SpecCopy else s for s in specs])
