@@ -28,24 +28,30 @@ def _each(waits: Waits) -> Sequence[int]:
     return (waits,) if type(waits) is int else waits  # type: ignore[return-value]
 
 
+# A plan's times of its ops (Plan.times): per op its launch, start and end and its time waiting for
+# peers; per collective (by index) its flow's launch, start, end and duration.
+PlanTimes = tuple[list[float], list[float], list[float], list[float], dict[int, tuple[float, float, float, float]]]
+
+
 def analytic_timeline(workload: Workload, durations_s: Sequence[float] | None = None,
-                      plan: Plan | None = None, *, isolated_s: np.ndarray | Sequence[float] | None = None
-                      ) -> Timeline:
+                      plan: Plan | None = None, *, isolated_s: np.ndarray | Sequence[float] | None = None,
+                      handed: list[PlanTimes] | None = None) -> Timeline:
     """The workload's timeline with every op taking its isolated time, or ``durations_s`` (one per
     op of ``workload.ops``, as the power loop's clocks stretch them). ``plan``: the workload's
     :class:`Plan`, where the caller has it already. ``isolated_s``: each op's cost-model time
     (``Op.isolated_s``, as ``power_analytic.OpTerms`` holds them), where ``durations_s`` are its
     times at its clock; each op reports it as its isolated time and the rest of its span as lost
-    to the clock."""
+    to the clock. ``handed``: as :meth:`Plan.timeline` takes it."""
     # Lists and dicts per op, none in a cycle: the cyclic collector's passes only cost time.
     with paused_gc():
         if plan is None:
             plan = Plan.of(workload)
-        dur = [op.isolated_s for op in workload.ops] if durations_s is None else list(durations_s)
+        dur = ([op.isolated_s for op in workload.ops] if durations_s is None
+               else durations_s if type(durations_s) is list else list(durations_s))
         for given, what, field in ((dur, "durations", "durations_s"), (isolated_s, "isolated times", "isolated_s")):
             if given is not None and len(given) != len(workload.ops):
                 raise OvsimError(f"{len(given)} {what} for {len(workload.ops)} ops", field=field)
-        return plan.timeline(dur, isolated_s=isolated_s)
+        return plan.timeline(dur, isolated_s=isolated_s, handed=handed)
 
 
 class _Order(NamedTuple):
@@ -53,11 +59,9 @@ class _Order(NamedTuple):
     changed)."""
 
     order: Sequence[int]
-    group_of: list[int]
     members: list[list[int]]
     preds: list[Waits]
     delay_s: list[float]
-    is_gap: list[bool]
     code: list[int]
 
 
@@ -66,17 +70,26 @@ class Plan:
     """What the analytic fidelity needs of a workload's order, worked out once for any durations:
     ops in an order that respects stream order, dependencies and collectives, each collective's
     members, and per op (the power loop's passes read them several times) what it waits for by
-    index (its stream predecessor, then its dependencies), its launch delay and whether it is a
-    host gap, and both in one code for the plain pass (``code``)."""
+    index (its stream predecessor, then its dependencies), its launch delay, and its collective or
+    whether it is a host gap, in one code (a list an op less than one of each, held through the
+    analytic fidelity's peak: 8 bytes an op each)."""
 
     workload: Workload
     order: Sequence[int]  # a range where the ops' own order is one (most: no int object an op)
-    group_of: list[int]  # the op's collective (index into members), -1: none
     members: list[list[int]]
     preds: list[Waits]
     delay_s: list[float]
-    is_gap: list[bool]
-    code: list[int]  # the op's collective as group_of, but -2 for a host gap
+    code: list[int]  # the op's collective (index into members); -1: none; -2: a host gap
+
+    @property
+    def group_of(self) -> list[int]:
+        """Each op's collective (index into members), -1: none (a host gap has none)."""
+        return [g if g >= 0 else -1 for g in self.code]
+
+    @property
+    def is_gap(self) -> list[bool]:
+        """Whether each op is a host gap."""
+        return [g == -2 for g in self.code]
 
     @staticmethod
     def of(workload: Workload) -> Plan:
@@ -87,8 +100,7 @@ class Plan:
             return Plan(workload, *known.plan)
         plan = Plan._made(workload)
         if known is not None:
-            known.plan = _Order(plan.order, plan.group_of, plan.members, plan.preds, plan.delay_s, plan.is_gap,
-                                plan.code)
+            known.plan = _Order(plan.order, plan.members, plan.preds, plan.delay_s, plan.code)
         return plan
 
     @staticmethod
@@ -114,16 +126,17 @@ class Plan:
             preds.append(ps[0] if len(ps) == 1 else ps)
         members = [[index[m.id] for m in ms] for ms in groups.values()]
         order = _order(preds, members)
-        group_of = [-1] * len(ops)
+        code = [-1] * len(ops)
         for g, (name, ms) in enumerate(groups.items()):
             missing = set(ms[0].flow.ranks if ms[0].flow else ()) - {m.rank for m in ms}
             if missing:
                 raise OvsimError(f"collective '{name}' is never joined by rank(s) {sorted(missing)}", field="ranks")
             for m in members[g]:
-                group_of[m] = g
-        is_gap = [op.kind == "delay" for op in ops]
-        code = [-2 if gap else g for g, gap in zip(group_of, is_gap, strict=True)]
-        return Plan(workload, order, group_of, members, preds, [op.delay_s for op in ops], is_gap, code)
+                code[m] = g
+        for i, op in enumerate(ops):
+            if op.kind == "delay":  # a host gap, whatever else it is
+                code[i] = -2
+        return Plan(workload, order, members, preds, [op.delay_s for op in ops], code)
 
     def times(self, dur: list[float], release_s: list[float] | None = None,
               slowed: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> tuple[
@@ -143,7 +156,7 @@ class Plan:
         wait = [0.0] * n
         seen = [False] * n
         flows: dict[int, tuple[float, float, float, float]] = {}
-        group_of, delay_s, is_gap = self.group_of, self.delay_s, self.is_gap
+        code, delay_s = self.code, self.delay_s
         # With release times or slowed flows (a schedule search's bound); the power loop's passes
         # over a million ops run _times_plain, which inlines the ready time.
         for i in self.order:
@@ -154,10 +167,10 @@ class Plan:
                 t = rel[i]
             start[i] = t
             seen[i] = True
-            if is_gap[i]:  # a host gap: it ends once served
+            g = code[i]
+            if g == -2:  # a host gap: it ends once served
                 end[i] = t
                 continue
-            g = group_of[i]
             if g < 0:
                 end[i] = t + dur[i]
                 continue
@@ -250,22 +263,26 @@ class Plan:
 
     def span(self, launch: list[float], end: list[float]) -> float:
         """The makespan of the ops' times from :meth:`times`, as :meth:`makespan_s` gives it."""
-        if not any(self.is_gap):  # the ops have rows all (host gaps have none)
+        if -2 not in self.code:  # the ops have rows all (host gaps have none)
             return max(end) - min(0.0, min(launch)) if end else 0.0
-        rows = [i for i, gap in enumerate(self.is_gap) if not gap]
+        rows = [i for i, g in enumerate(self.code) if g != -2]
         if not rows:
             return 0.0
         return max(end[i] for i in rows) - min(0.0, min(launch[i] for i in rows))
 
-    def timeline(self, dur: list[float], *, isolated_s: np.ndarray | Sequence[float] | None = None) -> Timeline:
+    def timeline(self, dur: list[float], *, isolated_s: np.ndarray | Sequence[float] | None = None,
+                 handed: list[PlanTimes] | None = None) -> Timeline:
         """The timeline of the ops taking ``dur``. ``isolated_s``: each op's cost-model time, where
         ``dur`` are the ops' times at the power loop's clocks; each op reports it (where known: not
         NaN) as its isolated time, and where ``dur`` stretched or shrank it the rest of its span as
-        time lost to the clock (``clock_s``; negative where gained)."""
-        launch, start, end, wait, flows = self.times(dur)
+        time lost to the clock (``clock_s``; negative where gained). ``handed``: a list holding
+        :meth:`times`'s answer for ``dur`` where the caller has it (the power loop's last pass),
+        taken out of it here, so that its lists go once read (a third of a GB at 3 million ops);
+        empty or None: worked out."""
+        launch, start, end, wait, flows = handed.pop() if handed else self.times(dur)
         ops = self.workload.ops
         # A host gap has no row; without gaps, a range (a list holds an int object an op).
-        rows = [i for i, gap in enumerate(self.is_gap) if not gap] if any(self.is_gap) else range(len(ops))
+        rows = [i for i, g in enumerate(self.code) if g != -2] if -2 in self.code else range(len(ops))
         # Flows in the order of their first member.
         order = sorted(flows, key=lambda g: self.members[g][0])
         named: list[tuple[str, float]] = []
@@ -301,12 +318,20 @@ def _clock_columns(isolated_s: np.ndarray, cols: dict[str, Any], n_flows: int) -
     """``isolated_s`` and ``clock_s`` of a timeline's columns ``cols`` (ops' rows, then
     ``n_flows`` flows') with the ops' cost-model times ``isolated_s`` in place of the durations
     they ran: an op whose time differs lost the difference of its span to the clock."""
+    # In place where it can be, and no copy of a column read: at a million ops each array an op's
+    # float is 8 MB, and this runs at the timeline's peak.
     mine = np.concatenate([isolated_s, np.zeros(n_flows)])
-    had = np.array(cols["isolated_s"], dtype=float)
-    span = np.array(cols["end_s"], dtype=float) - np.array(cols["start_s"], dtype=float)
-    known = (np.arange(len(mine)) < len(isolated_s)) & ~np.isnan(mine)
+    had = np.asarray(cols["isolated_s"], dtype=float)
+    known = ~np.isnan(mine)
+    known[len(isolated_s):] = False
     stretched = known & (mine != had)
-    return {"isolated_s": np.where(known, mine, had), "clock_s": np.where(stretched, span - mine, 0.0)}
+    clock = np.subtract(np.asarray(cols["end_s"], dtype=float), np.asarray(cols["start_s"], dtype=float))
+    clock -= mine
+    clock[~stretched] = 0.0
+    del stretched
+    unknown = ~known
+    mine[unknown] = had[unknown]
+    return {"isolated_s": mine, "clock_s": clock}
 
 
 def _slowed_end(begin_s: float, dur_s: float, latency_s: float, until_s: float, share: float) -> float:

@@ -1,5 +1,5 @@
 """Power in the analytic fidelity: it has no shared resources, so the power of ops that run at the
-same time is the sum of their isolated activities (:func:`analytic_power`). Under a windowed
+same time is the sum of their isolated activities (``power_counters.analytic_power``). Under a windowed
 power-limit loop it runs the same loop on that activity, the workload repeated
 (:func:`throttled_durations`); with no window each op runs at the clock the cap gives it alone.
 
@@ -17,10 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ovsim.engine.analytic import Plan
+from ovsim.engine.analytic import Plan, PlanTimes, analytic_timeline
 from ovsim.engine.power import (
-    CLOCK_COUNTER,
-    POWER_COUNTER,
     Period,
     PowerConfig,
     SolverInputs,
@@ -31,7 +29,7 @@ from ovsim.engine.power import (
 from ovsim.engine.timeline import Timeline
 from ovsim.hw.power import HW_SLOWDOWN_FLOOR, MEMORY, TENSOR, PowerModel, voltage_fractions
 from ovsim.hw.spec import GpuSpec
-from ovsim.models.ir import FlowDemand, Op, Workload, id_index
+from ovsim.models.ir import FlowDemand, Op, Workload
 from ovsim.models.occupancy import blocks_per_sm
 
 
@@ -100,14 +98,15 @@ def _solver_inputs(op: Op, a: _OpPower, model: PowerModel) -> SolverInputs:
 class OpTerms:
     """What the analytic power loop needs of each op of a workload, one entry per op in its order.
 
-    ``solver``: the clock solver's terms (``sm_w``, HBM bytes/s that do not follow the clock, HBM
-    bytes/s at c = 1 that do, link bytes/s, then per clock of ``saturations`` the saturating tensor
-    traffic); ``tensor``: a tensor-core kernel; ``rate_cls``: its index in
+    ``kind_solver``: per kind of op (``index``: each op's), the clock solver's terms (``sm_w``, HBM
+    bytes/s that do not follow the clock, HBM bytes/s at c = 1 that do, link bytes/s, then per
+    clock of ``saturations`` the saturating tensor traffic), each op's by :meth:`solver`: per op,
+    they would hold 40 bytes an op or more; ``tensor``: a tensor-core kernel; ``rate_cls``: its index in
     :meth:`PowerConfig.multipliers` (0: not clock-bound, or no kernel); ``kernel_s`` the kernel's
     isolated time (where it has one) and ``isolated_s`` the op's; ``inputs``: each op's solver terms
     as a tuple, shared by the ops of one kind (``index`` into it)."""
 
-    solver: np.ndarray
+    kind_solver: np.ndarray
     saturations: tuple[float, ...]
     tensor: np.ndarray
     rate_cls: np.ndarray
@@ -138,7 +137,8 @@ class OpTerms:
             at.append(j)
             if kind == "delay":
                 gaps.append(i)
-        index = np.array(at, dtype=np.int64)
+        # Narrow integers: at 3 million ops each byte an op is 3 MB, held through the prediction.
+        index = np.array(at, dtype=np.int32)
         # An op's isolated time follows from its kind's key (its kernel's, or its flow's terms), but
         # a host gap's: from the first of each kind, the gaps' own.
         isolated_s = np.array([op.isolated_s for op in first], dtype=float)[index]
@@ -150,17 +150,22 @@ class OpTerms:
                           dtype=float).reshape(len(inputs), 4 + len(sats))
         rate = [rate_class(op, model, op_power_class(op, model)[0]) if op.kernel is not None else 0 for op in first]
         kernel_s = [op.kernel.isolated_s if op.kernel is not None else math.nan for op in first]
-        return OpTerms(solver=solver[index], saturations=sats,
+        return OpTerms(kind_solver=solver, saturations=sats,
                        tensor=np.array([a.cls == TENSOR for a in acts], dtype=bool)[index],
-                       rate_cls=np.array(rate, dtype=np.int64)[index],
+                       rate_cls=np.array(rate, dtype=np.int16)[index],
                        kernel_s=np.array(kernel_s, dtype=float)[index],
                        isolated_s=isolated_s,
                        inputs=inputs, index=index)
 
+    def solver(self, rows: np.ndarray | slice) -> np.ndarray:
+        """The clock solver's terms of the ops ``rows``, one row each (:attr:`kind_solver`)."""
+        out: np.ndarray = self.kind_solver[self.index[rows]]
+        return out
+
     def hbm_at(self, rows: np.ndarray, c: np.ndarray) -> np.ndarray:
         """The HBM bytes/s of the ops ``rows`` at clock fractions ``c``: the traffic that does not
         follow the clock, that which does, and that which does up to its saturation clock."""
-        x = self.solver[rows]
+        x = self.solver(rows)
         out: np.ndarray = x[:, 1] + x[:, 2] * c
         for j, sat in enumerate(self.saturations):
             out = out + x[:, 4 + j] * np.minimum(c, sat) / sat
@@ -235,60 +240,65 @@ def _ranks_rows(workload: Workload) -> dict[int, np.ndarray]:
     return {r: np.array(rows, dtype=np.int64) for r, rows in sorted(by_rank.items())}
 
 
-# The analytic plan's times of a workload (Plan.times).
-PlanTimes = tuple[list[float], list[float], list[float], list[float], dict[int, tuple[float, float, float, float]]]
-
 
 def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan: Plan,
-                     top_times: PlanTimes | None = None) -> tuple[np.ndarray, PlanTimes | None]:
+                     top_times: PlanTimes | None = None) -> tuple[np.ndarray, list[PlanTimes]]:
     """Each op's clock under the windowed power-limit loop, the workload repeated back to back (or,
     with the settings' ``start`` "idle", after idleness): the loop sets each rank's clock every
     control period from the rank's activity over the window before (wrapping round to the previous
     repeat), and an op takes the average clock over its span. The timeline depends on the clocks,
-    so the two are iterated from the top clock. Also the plan's times at the clocks returned where
-    the loop settled (None where it stopped at its most passes); ``top_times``: the plan's times at
-    the top clock, where the caller has them (the first pass's)."""
+    so the two are iterated from the top clock. Also a list holding the plan's times at the clocks
+    returned where the loop settled (empty where it stopped at its most passes: a list, for
+    :meth:`Plan.timeline` to take them out of); ``top_times``: the plan's times at the top clock,
+    where the caller has them (the first pass's)."""
+    clocks = np.full(len(workload.ops), cfg.max_clock_fraction)
+    by_rank = _ranks_rows(workload)
+    every = np.concatenate(list(by_rank.values())) if by_rank else np.zeros(0, dtype=np.int64)
+    for i in range(_ANALYTIC_LOOP_PASSES):
+        at = top_times if i == 0 and top_times is not None else plan.times(_stretched(cfg, clocks, terms))
+        new = _pass_clocks(at, clocks, by_rank, every, terms, cfg)
+        if np.all(np.abs(new[every] - clocks[every]) <= 1e-12):
+            return clocks, [at]
+        clocks = new
+        del at  # before the next pass makes its times: two passes' lists are 160 bytes an op
+    return clocks, []
+
+
+def _pass_clocks(at: PlanTimes, clocks: np.ndarray, by_rank: dict[int, np.ndarray], every: np.ndarray,
+                 terms: OpTerms, cfg: PowerConfig) -> np.ndarray:
+    """Each op's clock the windowed loop sets from one pass's times ``at`` (:func:`_windowed_clocks`):
+    ``clocks``, the pass's own, kept for the ops on no rank's rows; ``by_rank``, each rank's rows,
+    and ``every``, all of them."""
     m = cfg.model
     hi, cap = cfg.max_clock_fraction, cfg.cap_w
     period, window = m.control_period_s, m.control_window_s
     sats = list(terms.saturations)
-    clocks = np.full(len(workload.ops), hi)
-    by_rank = _ranks_rows(workload)
-    every = np.concatenate(list(by_rank.values())) if by_rank else np.zeros(0, dtype=np.int64)
     idle = cfg.settings.start == "idle"
-    settled = False
-    for i in range(_ANALYTIC_LOOP_PASSES):
-        at = top_times if i == 0 and top_times is not None else plan.times(_stretched(cfg, clocks, terms))
-        _, start_list, end_list, _, _ = at
-        start_all, end_all = np.array(start_list, dtype=float), np.array(end_list, dtype=float)
-        span = float(end_all[every].max()) if every.size else 0.0
-        # A repeat of more control periods than _MAX_TICKS (a GEMM of hours) sets its clocks at
-        # coarser ticks, each still from the window's average before it.
-        tick = max(period, span / _MAX_TICKS)
-        new = clocks.copy()
-        for rows in by_rank.values():
-            if span <= 0:
-                new[rows] = hi
-                continue
-            start, end = start_all[rows], end_all[rows]
-            times, cum = _integrals(terms.solver[rows], start, end, span)
-            ticks = np.arange(0.0, span + tick, tick)
-            avg = (_periodic_integral(ticks, times, cum, span, idle)
-                   - _periodic_integral(ticks - window, times, cum, span, idle)) / window
-            c = m.solve_clocks(cap, avg, hi, sats)
-            # The clock's integral over time, then each op's average clock over its span.
-            edges = np.append(ticks, ticks[-1] + tick)
-            c_cum = np.concatenate([[0.0], np.cumsum(c * tick)])
-            at0, at1 = np.interp(start, edges, c_cum), np.interp(end, edges, c_cum)
-            idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, len(c) - 1)
-            d = end - start
-            lasting = d > 0
-            new[rows] = np.where(lasting, (at1 - at0) / np.where(lasting, d, 1.0), c[idx])
-        if np.all(np.abs(new[every] - clocks[every]) <= 1e-12):
-            settled = True
-            break
-        clocks = new
-    return clocks, at if settled else None
+    start_all, end_all = np.array(at[1], dtype=float), np.array(at[2], dtype=float)
+    span = float(end_all[every].max()) if every.size else 0.0
+    # A repeat of more control periods than _MAX_TICKS (a GEMM of hours) sets its clocks at
+    # coarser ticks, each still from the window's average before it.
+    tick = max(period, span / _MAX_TICKS)
+    new = clocks.copy()
+    for rows in by_rank.values():
+        if span <= 0:
+            new[rows] = hi
+            continue
+        start, end = start_all[rows], end_all[rows]
+        times, cum = _integrals(terms.solver(rows), start, end, span)
+        ticks = np.arange(0.0, span + tick, tick)
+        avg = (_periodic_integral(ticks, times, cum, span, idle)
+               - _periodic_integral(ticks - window, times, cum, span, idle)) / window
+        c = m.solve_clocks(cap, avg, hi, sats)
+        # The clock's integral over time, then each op's average clock over its span.
+        edges = np.append(ticks, ticks[-1] + tick)
+        c_cum = np.concatenate([[0.0], np.cumsum(c * tick)])
+        at0, at1 = np.interp(start, edges, c_cum), np.interp(end, edges, c_cum)
+        idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, len(c) - 1)
+        d = end - start
+        lasting = d > 0
+        new[rows] = np.where(lasting, (at1 - at0) / np.where(lasting, d, 1.0), c[idx])
+    return new
 
 
 def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan: Plan | None = None,
@@ -299,15 +309,33 @@ def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan
     the repeated workload where the op runs (:func:`_windowed_clocks`), without a window the clock
     the cap gives the op alone. ``plan`` and ``terms``: the workload's analytic plan and
     :class:`OpTerms`, where the caller has them."""
+    durations, clocks, _ = _throttled(workload, gpu, cfg, plan, terms)
+    return durations, clocks
+
+
+def throttled_timeline(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan: Plan, terms: OpTerms
+                       ) -> tuple[Timeline, np.ndarray]:
+    """The analytic timeline of ``workload`` with its ops taking :func:`throttled_durations`'
+    times, and each op's clock fraction. Where the windowed loop settled, its last pass's times
+    are the timeline's: that pass over the ops is not made again."""
+    durations, clocks, settled = _throttled(workload, gpu, cfg, plan, terms)
+    return analytic_timeline(workload, durations, plan, isolated_s=terms.isolated_s, handed=settled), clocks
+
+
+def _throttled(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan: Plan | None, terms: OpTerms | None
+               ) -> tuple[list[float], np.ndarray, list[PlanTimes]]:
+    """:func:`throttled_durations`' answer, and a list holding the plan's times at those durations
+    where the windowed loop's last pass made them (:func:`_windowed_clocks`), else empty."""
     m = cfg.model
     terms = terms if terms is not None else OpTerms.of(workload, gpu, m)
+    settled: list[PlanTimes] = []
     if m.control_window_s > 0:
-        clocks, _ = _windowed_clocks(workload, terms, cfg, plan if plan is not None else Plan.of(workload))
+        clocks, settled = _windowed_clocks(workload, terms, cfg, plan if plan is not None else Plan.of(workload))
     else:
         alone = np.array([m.solve_clock(cfg.cap_w, x[0], x[1], x[2], x[3], cfg.max_clock_fraction,
                                         hbm_saturating=x[4]) for x in terms.inputs], dtype=float)
         clocks = alone[terms.index] if terms.index.size else np.zeros(0)
-    return _stretched(cfg, clocks, terms), clocks
+    return _stretched(cfg, clocks, terms), clocks, settled
 
 
 def _lowest_clock(workload: Workload, cfg: PowerConfig, terms: OpTerms) -> float:
@@ -319,8 +347,8 @@ def _lowest_clock(workload: Workload, cfg: PowerConfig, terms: OpTerms) -> float
                             dtype=np.int64, count=len(workload.ops))
     if not keys:
         return cfg.max_clock_fraction
-    peak = np.zeros((len(keys), terms.solver.shape[1]))
-    np.maximum.at(peak, stream_of, terms.solver)
+    peak = np.zeros((len(keys), terms.kind_solver.shape[1]))
+    np.maximum.at(peak, stream_of, terms.solver(slice(None)))
     _, rank_of = np.unique(np.array([r for r, _ in keys]), return_inverse=True)
     most = np.zeros((int(rank_of.max()) + 1, peak.shape[1]))
     np.add.at(most, rank_of, peak)
@@ -383,9 +411,8 @@ def steady_window(workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
         return None
     # The loop's first pass is the one just made, and where it settles, its last pass gives the
     # times at its clocks.
-    clocks, at = _windowed_clocks(workload, terms, cfg, plan, top_times=top)
-    if at is None:
-        at = plan.times(_stretched(cfg, clocks, terms))
+    clocks, settled = _windowed_clocks(workload, terms, cfg, plan, top_times=top)
+    at = settled[0] if settled else plan.times(_stretched(cfg, clocks, terms))
     _, start_list, end_list, _, _ = at
     start_all, end_all = np.array(start_list, dtype=float), np.array(end_list, dtype=float)
     by_rank = _ranks_rows(workload)
@@ -397,142 +424,9 @@ def steady_window(workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
     edges = span - period * np.arange(n, -1, -1)
     out: dict[int, tuple[Period, ...]] = {}
     for r, rows in by_rank.items():
-        times, cum = _integrals(terms.solver[rows], start_all[rows], end_all[rows], span)
+        times, cum = _integrals(terms.solver(rows), start_all[rows], end_all[rows], span)
         per = np.diff(_periodic_integral(edges, times, cum, span), axis=0)
         out[r] = tuple((period, float(x[0]), float(x[1]), float(x[2]), float(x[3]),
                         tuple((sat, float(b)) for sat, b in zip(terms.saturations, x[4:], strict=True) if b > 0))
                        for x in per)
-    return out
-
-
-def _lanes(streams: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[np.ndarray]:
-    """Row sets of one rank, each sorted by start, whose intervals do not overlap: its streams (a
-    stream's ops follow one another), a stream split greedily where its ops overlap."""
-    lanes: list[np.ndarray] = []
-    for s in dict.fromkeys(streams.tolist()):
-        rows = np.flatnonzero(streams == s)
-        rows = rows[np.argsort(starts[rows], kind="stable")]
-        if np.all(starts[rows[1:]] >= ends[rows[:-1]]):
-            lanes.append(rows)
-            continue
-        free: list[float] = []  # each split lane's last end
-        split: list[list[int]] = []
-        for i in rows.tolist():
-            j = next((j for j, t in enumerate(free) if starts[i] >= t), len(free))
-            if j == len(free):
-                free.append(0.0)
-                split.append([])
-            free[j] = float(ends[i])
-            split[j].append(i)
-        lanes.extend(np.array(x, dtype=np.int64) for x in split)
-    return lanes
-
-
-def _op_positions(ids: np.ndarray, workload: Workload) -> np.ndarray:
-    """Each timeline row's op (its index in ``workload.ops``; -1: none, a flow's row). A timeline
-    the analytic fidelity made lists the ops with rows first, in the workload's order (host gaps
-    have none): only the rows after them are looked up by id."""
-    ops = workload.ops
-    kinds = [op.kind for op in ops]
-    # Without host gaps, a range (a list holds an int object an op).
-    rows = [i for i, k in enumerate(kinds) if k != "delay"] if "delay" in kinds else range(len(ops))
-    listed = ids.tolist()
-    head = len(rows) if listed[:len(rows)] == [ops[i].id for i in rows] else 0
-    index = id_index(ops)
-    tail = [index.get(str(x), -1) for x in listed[head:]]
-    first = np.arange(head, dtype=np.int64) if isinstance(rows, range) else np.array(rows[:head], dtype=np.int64)
-    return np.concatenate([first, np.array(tail, dtype=np.int64)])
-
-
-def analytic_power(timeline: Timeline, workload: Workload, gpu: GpuSpec, cfg: PowerConfig,
-                   clocks: np.ndarray | None = None, terms: OpTerms | None = None) -> dict[str, np.ndarray]:
-    """``power_w`` and ``sm_clock_hz`` counters (columns of COUNTER_COLUMNS) for an analytic timeline: each
-    rank's power is idle plus the isolated activity of whatever ops run, each at its own clock
-    (``clocks``: per op of the workload, as :func:`throttled_durations` gives them)."""
-    m = cfg.model
-    terms = terms if terms is not None else OpTerms.of(workload, gpu, m)
-    pos = _op_positions(timeline.op_column("id"), workload)
-    rank_all = timeline.op_column("rank")
-    keep = (rank_all >= 0) & (pos >= 0)
-    ranks = rank_all[keep]
-    pos = pos[keep]
-    starts, ends = timeline.op_column("start_s").astype(float)[keep], timeline.op_column("end_s").astype(float)[keep]
-    streams = timeline.op_column("stream").astype(str)[keep]
-    managed, top = cfg.managed, cfg.max_clock_fraction
-    if managed:
-        c = clocks[pos] if clocks is not None else np.full(pos.size, top)
-    else:
-        # Without a policy each op runs as calibrated.
-        c = np.where(terms.tensor[pos], m.tensor_reference_clock_fraction, 1.0)
-    # A compute-bound kernel moves its bytes at its own pace, as the clock solver takes it.
-    sm = dynamic_scale(m, c) * terms.solver[pos, 0]
-    hbm = terms.hbm_at(pos, c)
-    link = terms.solver[pos, 3]
-    windowed = managed and m.control_window_s > 0
-    parts: list[tuple[np.ndarray, int, np.ndarray, np.ndarray]] = []
-    for r in range(workload.n_ranks):
-        mine = np.flatnonzero((ranks == r) & (ends > starts))
-        t, power_w, clock = _rank_power(m, mine, starts, ends, streams, sm, hbm, link, c,
-                                        windowed=windowed, idle=(top if managed else 1.0))
-        parts.append((t, r, power_w, clock))
-    n = sum(2 * len(t) for t, _, _, _ in parts)
-    time_s, rank, value = np.empty(n), np.empty(n, dtype=np.int64), np.empty(n)
-    counter = np.empty(n, dtype=object)
-    at = 0
-    for t, r, power_w, clock in parts:
-        k = 2 * len(t)
-        time_s[at:at + k:2] = time_s[at + 1:at + k:2] = t
-        rank[at:at + k] = r
-        counter[at:at + k:2], counter[at + 1:at + k:2] = POWER_COUNTER, CLOCK_COUNTER
-        value[at:at + k:2], value[at + 1:at + k:2] = power_w, clock * m.compute_clock_hz
-        at += k
-    return {"time_s": time_s, "rank": rank, "counter": counter, "value": value}
-
-
-def _rank_power(m: PowerModel, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, streams: np.ndarray,
-                sm: np.ndarray, hbm: np.ndarray, link: np.ndarray, c: np.ndarray, *, windowed: bool,
-                idle: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One rank's power and clock at 0 and at every start and end of its ops ``rows`` (of positive
-    length): the board's power of the ops running then, at the lowest of their clocks. Between ops
-    a windowed loop keeps the clock it last set (the op before's; before the first op, the first
-    op's); without a window an idle GPU goes to ``idle`` (the top clock, or the calibration's)."""
-    t = np.unique(np.concatenate([starts[rows], ends[rows]]))
-    sm_sum, hbm_sum, link_sum = np.zeros(t.size), np.zeros(t.size), np.zeros(t.size)
-    lowest = np.full(t.size, np.inf)
-    running = np.zeros(t.size, dtype=bool)
-    for lane in _lanes(streams[rows], starts[rows], ends[rows]):
-        lane = rows[lane]
-        i = np.searchsorted(starts[lane], t, side="right") - 1
-        j = np.maximum(i, 0)
-        on = (i >= 0) & (t < ends[lane][j])
-        at = lane[j]
-        sm_sum += np.where(on, sm[at], 0.0)
-        hbm_sum += np.where(on, hbm[at], 0.0)
-        link_sum += np.where(on, link[at], 0.0)
-        lowest = np.where(on, np.minimum(lowest, c[at]), lowest)
-        running |= on
-    if windowed:
-        first = float(c[rows[np.argmin(starts[rows])]]) if rows.size else idle
-        # The clock of the last time anything ran, carried forward.
-        last = np.maximum.accumulate(np.where(running, np.arange(t.size), -1))
-        clock = np.where(last >= 0, lowest[np.maximum(last, 0)], first)
-    else:
-        first = idle
-        clock = np.where(running, lowest, idle)
-    t = np.concatenate([[0.0], t])
-    clock = np.concatenate([[first], clock])
-    zero = np.zeros(1)
-    power_w = _board_power(m, clock, np.concatenate([zero, hbm_sum]), np.concatenate([zero, link_sum])) \
-        + np.concatenate([zero, sm_sum])
-    return t, power_w, clock
-
-
-def _board_power(m: PowerModel, c: np.ndarray, hbm_bytes_per_s: np.ndarray, link_bytes_per_s: np.ndarray
-                 ) -> np.ndarray:
-    """:meth:`PowerModel.board_power_w` with no SM activity, at clock fractions ``c``."""
-    hbm = hbm_bytes_per_s / m.hbm_peak_bytes_per_s
-    lp = m.link_peak_bytes_per_s
-    link = link_bytes_per_s / lp if lp > 0 else np.zeros_like(c)
-    out: np.ndarray = (m.idle_static_w + m.idle_clock_w * dynamic_scale(m, c) + m.hbm_w * np.where(hbm < 1.0, hbm, 1.0)
-                       + m.link_w * np.where(link < 1.0, link, 1.0))
     return out

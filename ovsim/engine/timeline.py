@@ -31,7 +31,8 @@ holds. Power counters: ``power_w`` (board power) and ``sm_clock_hz`` (see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -202,8 +203,13 @@ def on_ranks(tl: Timeline, ranks: Sequence[int]) -> Timeline:
     lookup = np.asarray(ranks, dtype=np.int64)
 
     def renumbered(r: np.ndarray) -> np.ndarray:
-        r = r.astype(np.int64)
-        return np.where(r >= 0, lookup[np.clip(r, 0, None)], r) if len(r) else r
+        r = np.asarray(r, dtype=np.int64)
+        if not len(r):
+            return r.copy()
+        out = np.take(lookup, r, mode="clip")  # -1 (a flow) as 0, set below: no array of clipped ranks
+        below = r < 0
+        out[below] = r[below]
+        return out
 
     shared = False
     if tl._ops is not None:
@@ -230,17 +236,23 @@ def on_ranks(tl: Timeline, ranks: Sequence[int]) -> Timeline:
 def op_columns(ops: Sequence[Op], flows: Sequence[tuple[str, float]]) -> dict[str, Any]:
     """The columns the ops themselves give a Timeline (id, name, kind, rank, stream, blocks, bytes),
     as the engine and the analytic fidelity lay them out: one row per op of ``ops``, then one per
-    flow of ``flows`` (its group and bus bytes). Numbers go straight into arrays: at a million ops
-    each list of Python numbers costs tens of megabytes."""
+    flow of ``flows`` (its group and bus bytes). Every column goes straight into an array: at a
+    million ops each list of Python numbers costs tens of megabytes, and a text column kept as a
+    list is held twice once read as an array (:meth:`Timeline.op_column`)."""
     n, nf = len(ops), len(flows)
-    # By attrgetter: a field's values read in C rather than by the interpreter's loop.
+    groups = [group for group, _ in flows]
+
+    def text(field: str, flow_values: Iterable[str]) -> np.ndarray:
+        # By attrgetter: a field's values read in C rather than by the interpreter's loop.
+        return np.fromiter(chain(map(attrgetter(field), ops), flow_values), dtype=object, count=n + nf)
+
     return {
-        "id": list(map(attrgetter("id"), ops)) + [f"flow:{group}" for group, _ in flows],
-        "name": list(map(attrgetter("name"), ops)) + [group for group, _ in flows],
-        "kind": list(map(attrgetter("kind"), ops)) + ["flow"] * nf,
+        "id": text("id", (f"flow:{group}" for group in groups)),
+        "name": text("name", groups),
+        "kind": text("kind", repeat("flow", nf)),
         "rank": np.concatenate([np.fromiter(map(attrgetter("rank"), ops), dtype=np.int64, count=n),
                                 np.full(nf, -1, dtype=np.int64)]),
-        "stream": list(map(attrgetter("stream"), ops)) + [""] * nf,
+        "stream": text("stream", repeat("", nf)),
         "blocks": np.concatenate([
             np.fromiter((op.kernel.blocks if op.kernel is not None else 0 for op in ops), dtype=np.int64, count=n),
             np.zeros(nf, dtype=np.int64)]),
@@ -312,38 +324,67 @@ def _lost_time(duration: np.ndarray, iso: np.ndarray, column: Callable[[str], An
     loses a whole wave although its blocks were short of SMs only during the first one).
     Producers that never lose time to a reason may leave its column out. A clock above the
     calibration's gains time: clock_s is negative then, and kept as it integrated; the other
-    reasons split what is left of duration - isolated. One (ops, reasons) array, changed in
-    place: each copy of it is 48 bytes an op."""
+    reasons split what is left of duration - isolated. Column by column, each changed in place:
+    a reason no op lost time to is a column of zeros never written, which holds no memory until
+    read (four of the six in an analytic timeline: 32 bytes an op)."""
     n = len(duration)
     names = list(REASONS)
-    ci = names.index("clock_s")
-    reasons = np.empty((n, len(names)))
-    for j, c in enumerate(names):
-        reasons[:, j] = np.asarray(column(c), dtype=float)
-    reasons[np.isnan(reasons)] = 0.0
+    raw: dict[str, np.ndarray | None] = {}
+    for c in names:
+        given = np.asarray(column(c), dtype=float)
+        if c != "clock_s" and not given.any():  # NaN counts as lost time here, and is zeroed below
+            raw[c] = None
+            continue
+        mine = np.array(given, dtype=float)
+        mine[np.isnan(mine)] = 0.0
+        raw[c] = mine
+    clock = raw["clock_s"]
+    assert clock is not None
     net = duration - iso
-    clock = reasons[:, ci]
+    slowed = net > SLOWED_THRESHOLD * iso
     gained = np.where(clock <= 0.0, clock, 0.0)
     # A kernel further ahead than its integrated gain (wave edges, round-off): all of its lead is
     # the clock's, nothing was lost.
     gained = np.where(net >= gained, gained, net)
     gained = np.where(gained < -1e-9 * iso, gained, 0.0)  # round-off is no gain
-    reasons[reasons < 0.0] = 0.0
-    total = reasons.sum(axis=1)
-    lost = net - gained
-    lost[~(lost >= 0.0)] = 0.0
+    lost_to = [a for a in raw.values() if a is not None]
+    total = np.zeros(n)
+    for a in lost_to:  # in the reasons' order, as a row sum adds them; a zero column adds nothing
+        a[a < 0.0] = 0.0
+        total += a
+    # Each array an op's float is 8 MB at a million ops: in place, each freed once read.
+    scale = np.subtract(net, gained, out=net)
+    scale[~(scale >= 0.0)] = 0.0  # the time lost
     with np.errstate(divide="ignore", invalid="ignore"):
-        scale = lost / np.where(total > 0, total, np.nan)
+        scale /= np.where(total > 0, total, np.nan)
+    del total
     scale[np.isnan(scale)] = 0.0
-    reasons *= scale[:, None]
-    reasons[:, ci] += gained
-    slowed = net > SLOWED_THRESHOLD * iso
-    if n:
-        top = np.array([REASONS[c] for c in names], dtype=object)[reasons.argmax(axis=1)]
-        has_reason = reasons.max(axis=1) > 0
-    else:
-        top, has_reason = np.array([], dtype=object), np.array([], dtype=bool)
-    out: dict[str, Any] = {"slowed_by": np.where(slowed & has_reason, top, "")}
-    for j, c in enumerate(names):
-        out[c] = reasons[:, j]
+    for a in lost_to:
+        a *= scale
+    del scale
+    clock += gained
+    del gained
+    top, largest = _largest(names, raw, n)
+    out: dict[str, Any] = {"slowed_by": np.where(slowed & (largest > 0), top, "")}
+    for c in names:
+        split = raw[c]
+        out[c] = split if split is not None else np.zeros(n)
     return out
+
+
+def _largest(names: list[str], raw: dict[str, np.ndarray | None], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per op, the reason (by its REASONS text) that lost it the most time, the first of equals,
+    and that time (NaN where any reason's is: as an (ops, reasons) array's argmax and max give
+    them). Every reason but the clock is at least 0, so a column of zeros (None) after the first
+    never leads."""
+    first = raw[names[0]]
+    largest = first.copy() if first is not None else np.zeros(n)
+    which = np.zeros(n, dtype=np.int64)
+    for j, c in enumerate(names[1:], start=1):
+        a = raw[c]
+        if a is None:
+            continue
+        ahead = (a > largest) | (np.isnan(a) & ~np.isnan(largest))
+        which[ahead] = j
+        np.copyto(largest, a, where=ahead)
+    return np.array([REASONS[c] for c in names], dtype=object)[which], largest

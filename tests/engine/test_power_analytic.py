@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ovsim.api import build
+from ovsim.api import build, power_config
 from ovsim.engine.analytic import Plan, analytic_timeline
 from ovsim.engine.power import CLOCK_COUNTER, POWER_COUNTER, PowerConfig
-from ovsim.engine.power_analytic import _lanes, analytic_power, isolated_activity, throttled_durations
+from ovsim.engine.power_analytic import isolated_activity, throttled_durations
+from ovsim.engine.power_counters import _codes, _lanes, _op_positions, analytic_power
 from ovsim.engine.timeline import Timeline
 from ovsim.hw.power import TENSOR, PowerSettings, power_model
 from ovsim.hw.spec import GpuSpec
@@ -108,3 +109,40 @@ def test_the_terms_isolated_times_are_each_ops_own() -> None:
            Op("g1", "g1", "delay", 0, "s", delay_s=2e-3), Op("k1", "k1", "gemm", 0, "s", kernel=kernel))
     gaps = Workload(ops=ops, streams=(StreamSpec(0, "s"),), n_ranks=1)
     assert OpTerms.of(gaps, gpu, model).isolated_s.tolist() == [1e-3, 3e-3, 2e-3, 3e-3]
+
+
+@pytest.mark.parametrize("example, settles", [("gemm-allreduce-h100x4-overlapped.yaml", True),
+                                              ("training-gpt3-13b-pp4-1f1b-h100x4.yaml", False)])
+def test_the_timeline_on_the_loops_settled_times_is_the_one_worked_out_again(example: str, settles: bool) -> None:
+    """Where the windowed loop settles, the timeline takes its last pass's times rather than making
+    that pass again: the same timeline, column for column, as from the durations alone (the GEMM
+    example settles at its second pass; the pipeline runs out of passes first)."""
+    from ovsim.engine.power_analytic import OpTerms, _windowed_clocks, throttled_timeline
+
+    path = EXAMPLE.parent / example
+    wl, _, gpu, calib = build(load_scenario(path), str(path), None)
+    cfg = power_config(wl, gpu, calib, PowerSettings())
+    plan, terms = Plan.of(wl), OpTerms.of(wl, gpu, cfg.model)
+    assert bool(_windowed_clocks(wl, terms, cfg, plan)[1]) is settles
+    handed, clocks = throttled_timeline(wl, gpu, cfg, plan, terms)
+    durations, again = throttled_durations(wl, gpu, cfg, plan, terms)
+    worked_out = analytic_timeline(wl, durations, plan, isolated_s=terms.isolated_s)
+    assert np.array_equal(clocks, again)
+    pd.testing.assert_frame_equal(handed.ops, worked_out.ops)
+    times = plan.times(durations)
+    box = [times]
+    plan.timeline(durations, handed=box)
+    assert box == []  # taken out, so that its lists go once read
+
+
+def test_each_timeline_row_is_found_among_the_ops_by_id() -> None:
+    """A row after the ops' own (a flow's, or an op's listed again) is looked up by id: -1 where
+    it names no op."""
+    wl, _, _, _ = build(load_scenario(EXAMPLE), str(EXAMPLE), None)
+    ids = [op.id for op in wl.ops]
+    assert _op_positions(np.array([*ids, "flow:x"], dtype=object), wl).tolist() == [*range(len(ids)), -1]
+    again = np.array([*ids, "flow:x", ids[3]], dtype=object)
+    assert _op_positions(again, wl).tolist() == [*range(len(ids)), -1, 3]
+    shuffled = np.array([ids[2], ids[0], "flow:x"], dtype=object)
+    assert _op_positions(shuffled, wl).tolist() == [2, 0, -1]
+    assert _codes(np.array(["b", "a", "b", "c", "a"], dtype=object)).tolist() == [0, 1, 0, 2, 1]

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ovsim.engine.timeline import COUNTER_COLUMNS, OP_COLUMNS, Timeline, on_ranks, timeline_from_rows
+from ovsim.engine.timeline import COUNTER_COLUMNS, OP_COLUMNS, REASONS, Timeline, on_ranks, timeline_from_rows
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gemm-allreduce-h100x4-priority.yaml"
 
@@ -119,3 +119,55 @@ def test_frames_do_not_depend_on_what_was_read_first() -> None:
     two = {c: [ROW[c], ROW[c]] for c in ROW}
     gap = timeline_from_rows({**two, "id": ["a", "b"], "bytes": [8.0, None]}, counters)
     assert np.isnan(gap.op_column("bytes")[1]) and np.isnan(gap.ops["bytes"].iloc[1])
+
+
+def _lost_time_as_rows(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The reasons' split and ``slowed_by`` by the rule's (ops, reasons) array form: NaN as 0, the
+    clock's gain kept (but round-off, and no more than the op's lead), every other reason at least
+    0 and scaled to split the rest of the time lost, the largest reason the first of equals."""
+    names = list(REASONS)
+    raw = np.column_stack([rows[c] for c in names])
+    raw[np.isnan(raw)] = 0.0
+    iso = rows["isolated_s"]
+    net = rows["end_s"] - rows["start_s"] - iso
+    clock = raw[:, names.index("clock_s")]
+    gained = np.where(clock <= 0.0, clock, 0.0)
+    gained = np.where(net >= gained, gained, net)
+    gained = np.where(gained < -1e-9 * iso, gained, 0.0)
+    raw[raw < 0.0] = 0.0
+    total = raw.sum(axis=1)
+    lost = np.where(net - gained >= 0.0, net - gained, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = lost / np.where(total > 0, total, np.nan)
+    scale[np.isnan(scale)] = 0.0
+    raw *= scale[:, None]
+    raw[:, names.index("clock_s")] += gained
+    texts = np.array([REASONS[c] for c in names], dtype=object)
+    slowed = (net > 0.01 * iso) & (raw.max(axis=1) > 0)
+    return raw, np.where(slowed, texts[raw.argmax(axis=1)], "")
+
+
+def test_lost_time_by_column_agrees_with_the_rules_array_form() -> None:
+    """The reasons are split column by column (a column no op lost time to stays zeros never
+    written); the split and slowed_by are the (ops, reasons) array form's, bit for bit, over
+    random rows with NaN, ties, negative clocks and all-zero columns."""
+    rng = np.random.default_rng(7)
+    n = 4000
+    rows: dict[str, np.ndarray] = {c: np.zeros(n) for c in REASONS}
+    rows["wait_sm_s"] = np.where(rng.random(n) < 0.5, rng.random(n), 0.0)
+    rows["share_hbm_s"] = np.where(rng.random(n) < 0.3, rng.random(n), -rng.random(n))
+    rows["share_hbm_s"][rng.random(n) < 0.05] = np.nan
+    rows["share_hbm_s"][:50] = rows["wait_sm_s"][:50]  # ties: the first reason leads
+    rows["clock_s"] = rng.normal(0.0, 0.5, n)
+    rows["start_s"] = rng.random(n)
+    rows["end_s"] = rows["start_s"] + rng.random(n) * 2.0
+    rows["isolated_s"] = rng.random(n)
+    given = {**ROW, **rows, **{c: np.full(n, v) for c, v in ROW.items() if c not in rows}}
+    before = {c: rows[c].copy() for c in REASONS}
+    tl = timeline_from_rows(given, [])
+    expect, slowed_by = _lost_time_as_rows(rows)
+    for j, c in enumerate(REASONS):
+        assert np.array_equal(tl.op_column(c), expect[:, j], equal_nan=True), c
+        np.testing.assert_array_equal(rows[c], before[c])  # the caller's columns are not written
+    assert tl.op_column("slowed_by").tolist() == slowed_by.tolist()
+    assert not tl.op_column("share_sm_s").any() and tl.op_column("share_sm_s") is not rows["share_sm_s"]

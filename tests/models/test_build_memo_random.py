@@ -85,7 +85,7 @@ def _outcome(sc: Scenario) -> tuple[object, ...]:
         return ("error", e.message, e.field)
     plan = Plan.of(wl)  # within the memo, the order another build of the list worked out (ir.Structure)
     return ("built", wl.ops, [op.info for op in wl.ops], wl.streams, _digest(wl),
-            (plan.order, plan.group_of, plan.members, plan.preds, plan.delay_s, plan.is_gap))
+            (plan.order, plan.members, plan.preds, plan.delay_s, plan.code))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -28,7 +28,7 @@ def _knobs(sc: Scenario, **update: object) -> Scenario:
 
 
 def _plan_fields(plan: Plan) -> tuple[object, ...]:
-    return plan.order, plan.group_of, plan.members, plan.preds, plan.delay_s, plan.is_gap
+    return plan.order, plan.members, plan.preds, plan.delay_s, plan.code
 
 
 def test_builds_of_one_list_share_its_structure_and_plan() -> None:
