@@ -206,6 +206,8 @@ def on_ranks(tl: Timeline, ranks: Sequence[int]) -> Timeline:
         r = np.asarray(r, dtype=np.int64)
         if not len(r):
             return r.copy()
+        if int(r.max()) >= len(lookup):  # "clip" below would give it the last number
+            raise ValueError(f"rank {int(r.max())} is beyond the {len(lookup)} ranks given")
         out = np.take(lookup, r, mode="clip")  # -1 (a flow) as 0, set below: no array of clipped ranks
         below = r < 0
         out[below] = r[below]

@@ -71,6 +71,14 @@ def test_on_ranks_renumbers_columns_and_frames_alike(framed: bool) -> None:
     assert moved.counter_column("rank").tolist() == [5, 7]
     # A frame keeps columns of its own.
     assert ("extra" in moved.ops.columns) == framed
+    with pytest.raises(ValueError, match="rank 1 is beyond the 1 ranks given"):
+        on_ranks(tl, [5])
+
+
+def test_on_ranks_keeps_a_flows_rank() -> None:
+    rows = [ROW, {**ROW, "id": "f", "kind": "flow", "rank": -1}]
+    tl = timeline_from_rows({c: [r[c] for r in rows] for c in ROW}, [])
+    assert on_ranks(tl, [3]).op_column("rank").tolist() == [3, -1]
 
 
 def test_a_timeline_takes_ops_and_counters_once_each() -> None:
