@@ -165,10 +165,11 @@ class OpTerms:
     def hbm_at(self, rows: np.ndarray, c: np.ndarray) -> np.ndarray:
         """The HBM bytes/s of the ops ``rows`` at clock fractions ``c``: the traffic that does not
         follow the clock, that which does, and that which does up to its saturation clock."""
-        x = self.solver(rows)
-        out: np.ndarray = x[:, 1] + x[:, 2] * c
+        # Column by column from the kinds' terms: no (ops, terms) array, at the counters' peak.
+        kinds, per_kind = self.index[rows], self.kind_solver
+        out: np.ndarray = per_kind[kinds, 1] + per_kind[kinds, 2] * c
         for j, sat in enumerate(self.saturations):
-            out = out + x[:, 4 + j] * np.minimum(c, sat) / sat
+            out = out + per_kind[kinds, 4 + j] * np.minimum(c, sat) / sat
         return out
 
 
@@ -238,7 +239,6 @@ def _ranks_rows(workload: Workload) -> dict[int, np.ndarray]:
         if op.kind != "delay":
             by_rank.setdefault(op.rank, []).append(i)
     return {r: np.array(rows, dtype=np.int64) for r, rows in sorted(by_rank.items())}
-
 
 
 def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan: Plan,
