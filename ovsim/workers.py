@@ -9,36 +9,116 @@ searches can run on a Dask cluster instead (:func:`executor`).
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import context
 from typing import Any
 
 from ovsim.errors import OvsimError
 
+_HOLDS_SIGNALS = hasattr(signal, "pthread_sigmask")
+
 
 def _watch_parent(parent_pid: int) -> None:
-    """In a worker: end this process when its parent is gone (it is then re-parented), and end it
-    quietly on Ctrl-C, which reaches the whole process group: the parent says "interrupted" once,
-    and no worker prints a traceback."""
+    """In a worker: end this process when its parent is gone, and end it quietly on Ctrl-C, which
+    reaches the whole process group: the parent says "interrupted" once, and no worker prints a
+    traceback. A Ctrl-C that came before this ran was held or ignored (:class:`_HeldStart`).
+
+    A worker whose parent is gone is re-parented. Under ``forkserver`` its parent is the server,
+    which outlives a killed pool's process: there the worker watches that process itself."""
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    if _HOLDS_SIGNALS:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    born_under = os.getppid()
+    if born_under != parent_pid and not _running(parent_pid):
+        os._exit(1)  # the pool's process ended before this worker had started
 
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while os.getppid() == born_under and (born_under == parent_pid or _running(parent_pid)):
             time.sleep(0.5)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
 
 
+class _HeldStart:
+    """A worker process born deaf to Ctrl-C until :func:`_watch_parent` has put its handler in
+    place. Without this, a Ctrl-C in the moment between a worker's start and its initializer raised
+    KeyboardInterrupt there: the worker printed a traceback under the parent's one line.
+
+    A forked worker is born with Ctrl-C blocked, so one that comes meanwhile waits and then ends it;
+    the parent's own waits, pending, for the moment of the fork. A spawned worker (``spawn``,
+    ``forkserver``) starts a fresh interpreter, which keeps an ignored signal but not a blocked
+    one: the parent ignores Ctrl-C while it starts one, and a Ctrl-C in that moment may reach
+    neither. The parent then ends with the next one, and the worker with its parent."""
+
+    def start(self) -> None:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        ignore = (self._start_method != "fork"  # type: ignore[attr-defined]
+                  and threading.current_thread() is threading.main_thread()
+                  and signal.getsignal(signal.SIGINT) is not None)  # None: a handler not Python's
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
+        try:
+            super().start()  # type: ignore[misc]
+        finally:
+            if ignore:
+                signal.signal(signal.SIGINT, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+# Classes at module level: a spawned worker's process object is pickled by name.
+if _HOLDS_SIGNALS:
+    class _HeldFork(_HeldStart, context.ForkProcess):
+        pass
+
+    class _HeldSpawn(_HeldStart, context.SpawnProcess):
+        pass
+
+    class _HeldForkServer(_HeldStart, context.ForkServerProcess):
+        pass
+
+    class _HeldForkContext(context.ForkContext):
+        Process = _HeldFork
+
+    class _HeldSpawnContext(context.SpawnContext):
+        Process = _HeldSpawn
+
+    class _HeldForkServerContext(context.ForkServerContext):
+        Process = _HeldForkServer
+
+    _HELD = {"fork": _HeldForkContext, "spawn": _HeldSpawnContext, "forkserver": _HeldForkServerContext}
+
+
+def _worker_context(method: str | None = None) -> context.BaseContext:
+    """The context of start ``method`` (the default one when None), its processes started with
+    Ctrl-C held (:class:`_HeldStart`)."""
+    chosen = multiprocessing.get_context(method)
+    if not _HOLDS_SIGNALS:
+        return chosen
+    return _HELD[chosen.get_start_method()]()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def worker_pool(jobs: int) -> ProcessPoolExecutor | None:
     """A pool of ``jobs`` processes that end with this one; None for one job (run in process)."""
     if jobs <= 1:
         return None
-    return ProcessPoolExecutor(max_workers=jobs, initializer=_watch_parent, initargs=(os.getpid(),))
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=_worker_context(), initializer=_watch_parent,
+                               initargs=(os.getpid(),))
 
 
 class ClusterPool:

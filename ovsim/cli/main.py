@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ovsim: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # never a traceback for a user; the env var shows it to developers
-        if isinstance(e, BrokenProcessPool) and _interrupted_meanwhile():
+        if _while_interrupted(e) or (isinstance(e, BrokenProcessPool) and _interrupted_meanwhile()):
             print("ovsim: interrupted", file=sys.stderr)
             return 130
         if os.environ.get("OVSIM_DEBUG"):
@@ -288,6 +288,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ovsim: internal error: {type(e).__name__}: {' '.join(str(e).split())} "
               "(set OVSIM_DEBUG=1 for the traceback)", file=sys.stderr)
         return 3
+
+
+def _while_interrupted(error: BaseException) -> bool:
+    """Whether ``error`` was raised while a Ctrl-C was being handled: a pool's ``with`` cannot
+    join the thread whose start the Ctrl-C cut short, and its RuntimeError hid the interrupt."""
+    seen: BaseException | None = error.__context__
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__context__
+    return False
 
 
 def _interrupted_meanwhile(wait_s: float = 0.5) -> bool:
