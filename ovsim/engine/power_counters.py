@@ -111,8 +111,12 @@ def _rank_samples(timeline: Timeline, workload: Workload, cfg: PowerConfig, cloc
     del by_kind
     windowed = managed and m.control_window_s > 0
     parts: list[_Samples] = []
+    # Each rank's rows with a duration, ascending, grouped at once (a mask a rank cost ranks x rows).
+    lasting = np.flatnonzero(ends > starts)
+    by_rank = lasting[np.argsort(ranks[lasting], kind="stable")]
+    bounds = np.searchsorted(ranks[by_rank], np.arange(workload.n_ranks + 1))
     for r in range(workload.n_ranks):
-        mine = np.flatnonzero((ranks == r) & (ends > starts))
+        mine = by_rank[bounds[r]:bounds[r + 1]]
         t, power_w, clock = _rank_power(m, mine, starts, ends, streams, sm, hbm, link, c,
                                         windowed=windowed, idle=(top if managed else 1.0))
         parts.append((t, r, power_w, clock))
