@@ -148,10 +148,11 @@ def test_each_timeline_row_is_found_among_the_ops_by_id() -> None:
     assert _codes(np.array(["b", "a", "b", "c", "a"], dtype=object)).tolist() == [0, 1, 0, 2, 1]
 
 
-def test_the_ranks_windows_solved_together_are_each_ranks_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The windowed loop solves the window averages of many ranks in one call (at 8,192 ranks one
-    call a rank was 10 of the loop's 17 s). Each clock is its own row's: solved a rank at a time,
-    every op's clock is the same, bit for bit, and the pipeline's ranks do differ."""
+def test_the_ranks_worked_out_together_are_each_ranks_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The windowed loop works out ranks of few ops a batch at a time, their arrays padded and
+    searched together (at 8,192 ranks one at a time cost most of the loop), and ranks of many ops
+    alone. Each rank's clocks are its own: batched, alone, or in batches of one rank, every op's
+    clock is the same, bit for bit, and the pipeline's ranks do differ."""
     import ovsim.engine.power_analytic as pa
 
     sc = load_scenario(EXAMPLE)
@@ -159,10 +160,13 @@ def test_the_ranks_windows_solved_together_are_each_ranks_own(monkeypatch: pytes
     cfg = PowerConfig(model=power_model(gpu, calib.params), settings=PowerSettings(cap_w=400.0))
     plan = Plan.of(wl)
     terms = pa.OpTerms.of(wl, gpu, cfg.model)
+    monkeypatch.setattr(pa, "_ALONE_FROM", 10**9)
     together = pa._windowed_clocks(wl, terms, cfg, plan)[0]
     monkeypatch.setattr(pa, "_SOLVED_TOGETHER", 1)
+    one_a_batch = pa._windowed_clocks(wl, terms, cfg, plan)[0]
+    monkeypatch.setattr(pa, "_ALONE_FROM", 0)
     alone = pa._windowed_clocks(wl, terms, cfg, plan)[0]
-    assert np.array_equal(together, alone)
+    assert np.array_equal(together, alone) and np.array_equal(together, one_a_batch)
     by_rank = [sorted(set(together[[i for i, op in enumerate(wl.ops) if op.rank == r]].tolist()))
                for r in range(wl.n_ranks)]
     assert len({tuple(c) for c in by_rank}) == wl.n_ranks
