@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import context
+from multiprocessing import context, forkserver
 from typing import Any
 
 from ovsim.errors import OvsimError
@@ -47,20 +47,29 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 class _HeldStart:
-    """A worker process born deaf to Ctrl-C until :func:`_watch_parent` has put its handler in
-    place. Without this, a Ctrl-C in the moment between a worker's start and its initializer raised
-    KeyboardInterrupt there: the worker printed a traceback under the parent's one line.
+    """A worker process that keeps quiet about a Ctrl-C before :func:`_watch_parent` has put its
+    handler in place. Without this, a Ctrl-C in the moment between a worker's start and its
+    initializer raised KeyboardInterrupt there: the worker printed a traceback under the parent's
+    one line.
 
-    A forked worker is born with Ctrl-C blocked, so one that comes meanwhile waits and then ends it;
-    the parent's own waits, pending, for the moment of the fork. A spawned worker (``spawn``,
-    ``forkserver``) starts a fresh interpreter, which keeps an ignored signal but not a blocked
-    one: the parent ignores Ctrl-C while it starts one, and a Ctrl-C in that moment may reach
-    neither. The parent then ends with the next one, and the worker with its parent."""
+    - ``fork``: the worker is born with Ctrl-C blocked, so one that comes meanwhile waits and then
+      ends it; the parent's own waits, pending, for the moment of the fork.
+    - ``spawn``: a fresh interpreter keeps an ignored signal but not a blocked one, so the parent
+      ignores Ctrl-C while it starts the worker, and a Ctrl-C in that moment may reach neither.
+      The parent then ends with the next one, and the worker with its parent.
+    - ``forkserver``: the worker's signals are the fork server's, whoever started it. The server
+      is started outside the moment Ctrl-C is ignored (else it, and every process it forks for
+      anyone, would ignore Ctrl-C for good), and a KeyboardInterrupt in the worker's run before
+      the handler ends it quietly; one in the moment before its run (unpickling its task) still
+      prints one.
+    """
 
     def start(self) -> None:
+        method = self._start_method  # type: ignore[attr-defined]
+        if method == "forkserver":
+            forkserver.ensure_running()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        ignore = (self._start_method != "fork"  # type: ignore[attr-defined]
-                  and threading.current_thread() is threading.main_thread()
+        ignore = (method == "spawn" and threading.current_thread() is threading.main_thread()
                   and signal.getsignal(signal.SIGINT) is not None)  # None: a handler not Python's
         handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
         try:
@@ -69,6 +78,12 @@ class _HeldStart:
             if ignore:
                 signal.signal(signal.SIGINT, handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def run(self) -> None:
+        try:
+            super().run()  # type: ignore[misc]
+        except KeyboardInterrupt:
+            os._exit(130)
 
 
 # Classes at module level: a spawned worker's process object is pickled by name.
@@ -104,13 +119,20 @@ def _worker_context(method: str | None = None) -> context.BaseContext:
 
 
 def _running(pid: int) -> bool:
+    """Whether process ``pid`` is there and not a zombie (killed, not yet reaped: gone as far as
+    work goes). Only a forkserver's worker asks, on a POSIX system (on Windows, ``os.kill`` with
+    0 would send a Ctrl-C)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[-1][:1] != "Z"
+    except OSError:  # no /proc (macOS): there and, as far as can be told, running
+        return True
 
 
 def worker_pool(jobs: int) -> ProcessPoolExecutor | None:

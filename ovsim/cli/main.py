@@ -294,9 +294,11 @@ def _while_interrupted(error: BaseException) -> bool:
     """Whether ``error`` was raised while a Ctrl-C was being handled: a pool's ``with`` cannot
     join the thread whose start the Ctrl-C cut short, and its RuntimeError hid the interrupt."""
     seen: BaseException | None = error.__context__
-    while seen is not None:
+    walked: set[int] = set()  # a context set by hand can loop
+    while seen is not None and id(seen) not in walked:
         if isinstance(seen, KeyboardInterrupt):
             return True
+        walked.add(id(seen))
         seen = seen.__context__
     return False
 
