@@ -26,7 +26,7 @@ from ovsim.engine.power import (
     rate_class,
     tensor_clock_class,
 )
-from ovsim.engine.rank_steps import average_clocks, periodic_integrals, rank_steps
+from ovsim.engine.rank_clocks import average_clocks
 from ovsim.engine.timeline import Timeline
 from ovsim.hw.power import HW_SLOWDOWN_FLOOR, MEMORY, TENSOR, PowerModel, voltage_fractions
 from ovsim.hw.spec import GpuSpec
@@ -283,57 +283,56 @@ def _pass_clocks(at: PlanTimes, clocks: np.ndarray, by_rank: dict[int, np.ndarra
     # coarser ticks, each still from the window's average before it.
     tick = max(period, span / _MAX_TICKS)
     ticks = np.arange(0.0, span + tick, tick)
-    edges = np.append(ticks, ticks[-1] + tick)
-    # A rank of many ops is worked out alone. Ranks of few are worked out a batch at a time,
-    # their arrays together (rank_steps): one at a time, the numpy calls' overhead and
-    # solve_clocks' (0.3 ms a call) were most of a pass at thousands of ranks. The two give the
-    # same values, bit for bit.
-    alone = [rows for rows in by_rank.values() if len(rows) >= _ALONE_FROM]
-    for rows in alone:
-        start, end = start_all[rows], end_all[rows]
-        times, cum = _integrals(terms.solver(rows), start, end, span)
-        averages = (_periodic_integral(ticks, times, cum, span, idle)
-                    - _periodic_integral(ticks - window, times, cum, span, idle)) / window
-        c = m.solve_clocks(cfg.cap_w, averages, cfg.max_clock_fraction, list(terms.saturations))
-        new[rows] = average_clocks(c[None, :], tick, edges, np.zeros(len(rows), dtype=np.int64), start, end)
-    few = [rows for rows in by_rank.values() if len(rows) < _ALONE_FROM]
-    for batch in _batches(few, len(ticks)):
-        rows = np.concatenate(batch)
-        counts = np.array([len(r) for r in batch], dtype=np.int64)
-        start, end = start_all[rows], end_all[rows]
-        steps = rank_steps(terms.solver(rows), start, end, counts, span)
-        averages = (periodic_integrals(steps, ticks, span, idle)
-                    - periodic_integrals(steps, ticks - window, span, idle)) / window
-        del steps
-        c = m.solve_clocks(cfg.cap_w, averages.reshape(-1, averages.shape[2]), cfg.max_clock_fraction,
-                           list(terms.saturations)).reshape(len(batch), len(ticks))
-        new[rows] = average_clocks(c, tick, edges, np.repeat(np.arange(len(batch)), counts), start, end)
+    # The ranks' window averages are solved together, a batch at a time: one call a rank cost
+    # 0.3 ms, most of a pass at thousands of ranks (10 of 17 s at 8,192). Each clock is its own
+    # row's, so a batch changes none.
+    batch: list[np.ndarray] = []
+    averages: list[np.ndarray] = []
+    for rows in by_rank.values():
+        times, cum = _integrals(terms.solver(rows), start_all[rows], end_all[rows], span)
+        averages.append((_periodic_integral(ticks, times, cum, span, idle)
+                         - _periodic_integral(ticks - window, times, cum, span, idle)) / window)
+        batch.append(rows)
+        if len(batch) * len(ticks) >= _SOLVED_TOGETHER:
+            _set_clocks(new, batch, averages, start_all, end_all, ticks, tick, cfg, terms)
+            batch, averages = [], []
+    if batch:
+        _set_clocks(new, batch, averages, start_all, end_all, ticks, tick, cfg, terms)
     return new
 
 
-# A rank of this many ops or more is worked out alone in a pass of the loop (its np.interp calls
-# outrun a batch's sorts); measured on the 145.6B row's ranks of 24,000 ops and 8,192 ranks of 24.
-_ALONE_FROM = 1024
-# Rows of a batch's arrays (ranks x the longer of their step times and the control ticks), at most.
+# Window averages (a row per rank and control tick) solved in one call, at most: 16 MB of them.
 _SOLVED_TOGETHER = 1 << 18
+# A rank of fewer ops has its ops' average clocks read with other such ranks' (rank_clocks), one
+# of more with np.interp, which is the faster per op: 26 against 44 ms at 2,048 ranks of 97 ops,
+# 23 against 15 ms at 512 ranks of 390.
+_FEW_OPS = 128
 
 
-def _batches(ranks_rows: list[np.ndarray], n_ticks: int) -> list[list[np.ndarray]]:
-    """``ranks_rows`` (each rank's rows) in batches of ranks whose padded arrays hold at most
-    :data:`_SOLVED_TOGETHER` rows (one rank at least)."""
-    out: list[list[np.ndarray]] = []
-    batch: list[np.ndarray] = []
-    widest = n_ticks
-    for rows in ranks_rows:
-        wider = max(widest, 2 * len(rows) + 2)
-        if batch and (len(batch) + 1) * wider > _SOLVED_TOGETHER:
-            out.append(batch)
-            batch, wider = [], max(n_ticks, 2 * len(rows) + 2)
-        batch.append(rows)
-        widest = wider
-    if batch:
-        out.append(batch)
-    return out
+def _set_clocks(new: np.ndarray, batch: list[np.ndarray], averages: list[np.ndarray], start_all: np.ndarray,
+                end_all: np.ndarray, ticks: np.ndarray, tick: float, cfg: PowerConfig, terms: OpTerms) -> None:
+    """Into ``new``, the average clock over its span of each op of the ranks ``batch`` (each
+    rank's rows; the ops' starts and ends in ``start_all`` and ``end_all``), from the clocks the
+    loop sets at each control tick of ``ticks`` for the window ``averages`` before it (one array
+    per rank)."""
+    c = cfg.model.solve_clocks(cfg.cap_w, np.concatenate(averages), cfg.max_clock_fraction,
+                               list(terms.saturations)).reshape(len(batch), len(ticks))
+    edges = np.append(ticks, ticks[-1] + tick)
+    few = [k for k, rows in enumerate(batch) if len(rows) < _FEW_OPS]
+    if few:
+        rows = np.concatenate([batch[k] for k in few])
+        rank = np.repeat(np.arange(len(few)), [len(batch[k]) for k in few])
+        new[rows] = average_clocks(c[few], tick, edges, rank, start_all[rows], end_all[rows])
+    for k, rows in enumerate(batch):
+        if len(rows) >= _FEW_OPS:
+            start, end = start_all[rows], end_all[rows]
+            # The clock's integral over time, then each op's average clock over its span.
+            c_cum = np.concatenate([[0.0], np.cumsum(c[k] * tick)])
+            at0, at1 = np.interp(start, edges, c_cum), np.interp(end, edges, c_cum)
+            idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, len(ticks) - 1)
+            d = end - start
+            lasting = d > 0
+            new[rows] = np.where(lasting, (at1 - at0) / np.where(lasting, d, 1.0), c[k][idx])
 
 
 def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan: Plan | None = None,

@@ -4,6 +4,7 @@ plus each running op's isolated activity at its own clock."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -149,10 +150,10 @@ def test_each_timeline_row_is_found_among_the_ops_by_id() -> None:
 
 
 def test_the_ranks_worked_out_together_are_each_ranks_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The windowed loop works out ranks of few ops a batch at a time, their arrays padded and
-    searched together (at 8,192 ranks one at a time cost most of the loop), and ranks of many ops
-    alone. Each rank's clocks are its own: batched, alone, or in batches of one rank, every op's
-    clock is the same, bit for bit, and the pipeline's ranks do differ."""
+    """The windowed loop solves many ranks' window averages in one call (at 8,192 ranks one call a
+    rank was 10 of the loop's 17 s) and reads the average clocks of ranks of few ops together.
+    Each rank's clocks are its own: solved a rank at a time, read with np.interp or together,
+    every op's clock is the same, and the pipeline's ranks do differ."""
     import ovsim.engine.power_analytic as pa
 
     sc = load_scenario(EXAMPLE)
@@ -160,13 +161,18 @@ def test_the_ranks_worked_out_together_are_each_ranks_own(monkeypatch: pytest.Mo
     cfg = PowerConfig(model=power_model(gpu, calib.params), settings=PowerSettings(cap_w=400.0))
     plan = Plan.of(wl)
     terms = pa.OpTerms.of(wl, gpu, cfg.model)
-    monkeypatch.setattr(pa, "_ALONE_FROM", 10**9)
+    monkeypatch.setattr(pa, "_FEW_OPS", 10**9)
     together = pa._windowed_clocks(wl, terms, cfg, plan)[0]
     monkeypatch.setattr(pa, "_SOLVED_TOGETHER", 1)
     one_a_batch = pa._windowed_clocks(wl, terms, cfg, plan)[0]
-    monkeypatch.setattr(pa, "_ALONE_FROM", 0)
+    monkeypatch.setattr(pa, "_FEW_OPS", 0)
     alone = pa._windowed_clocks(wl, terms, cfg, plan)[0]
-    assert np.array_equal(together, alone) and np.array_equal(together, one_a_batch)
+    # Bit for bit where numpy rounds np.interp's multiply and add apart (x86-64; test_rank_clocks.py).
+    if platform.machine().lower() in {"x86_64", "amd64"}:
+        assert np.array_equal(together, alone) and np.array_equal(together, one_a_batch)
+    else:
+        np.testing.assert_allclose(together, alone, rtol=1e-12)
+        np.testing.assert_allclose(together, one_a_batch, rtol=1e-12)
     by_rank = [sorted(set(together[[i for i, op in enumerate(wl.ops) if op.rank == r]].tolist()))
                for r in range(wl.n_ranks)]
     assert len({tuple(c) for c in by_rank}) == wl.n_ranks
