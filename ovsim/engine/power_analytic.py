@@ -301,7 +301,7 @@ def _pass_clocks(at: PlanTimes, clocks: np.ndarray, by_rank: dict[int, np.ndarra
     return new
 
 
-# Window averages (a row per rank and control tick) solved in one call, at most: 16 MB of them.
+# Window averages (a row per rank and control tick) solved in one call, at most: 12 MB at 6 terms.
 _SOLVED_TOGETHER = 1 << 18
 # A rank of fewer ops has its ops' average clocks read with other such ranks' (rank_clocks), one
 # of more with np.interp, which is the faster per op: 26 against 44 ms at 2,048 ranks of 97 ops,
