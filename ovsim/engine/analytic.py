@@ -81,16 +81,6 @@ class Plan:
     delay_s: list[float]
     code: list[int]  # the op's collective (index into members); -1: none; -2: a host gap
 
-    @property
-    def group_of(self) -> list[int]:
-        """Each op's collective (index into members), -1: none (a host gap has none)."""
-        return [g if g >= 0 else -1 for g in self.code]
-
-    @property
-    def is_gap(self) -> list[bool]:
-        """Whether each op is a host gap."""
-        return [g == -2 for g in self.code]
-
     @staticmethod
     def of(workload: Workload) -> Plan:
         """The plan of ``workload``: what another workload of its structure worked out
