@@ -26,7 +26,7 @@ from ovsim.engine.power import (
     rate_class,
     tensor_clock_class,
 )
-from ovsim.engine.rank_clocks import average_clocks
+from ovsim.engine.rank_clocks import average_clocks, one_rank_clocks
 from ovsim.engine.timeline import Timeline
 from ovsim.hw.power import HW_SLOWDOWN_FLOOR, MEMORY, TENSOR, PowerModel, voltage_fractions
 from ovsim.hw.spec import GpuSpec
@@ -325,14 +325,7 @@ def _set_clocks(new: np.ndarray, batch: list[np.ndarray], averages: list[np.ndar
         new[rows] = average_clocks(c[few], tick, edges, rank, start_all[rows], end_all[rows])
     for k, rows in enumerate(batch):
         if len(rows) >= _FEW_OPS:
-            start, end = start_all[rows], end_all[rows]
-            # The clock's integral over time, then each op's average clock over its span.
-            c_cum = np.concatenate([[0.0], np.cumsum(c[k] * tick)])
-            at0, at1 = np.interp(start, edges, c_cum), np.interp(end, edges, c_cum)
-            idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, len(ticks) - 1)
-            d = end - start
-            lasting = d > 0
-            new[rows] = np.where(lasting, (at1 - at0) / np.where(lasting, d, 1.0), c[k][idx])
+            new[rows] = one_rank_clocks(c[k], tick, edges, start_all[rows], end_all[rows])
 
 
 def throttled_durations(workload: Workload, gpu: GpuSpec, cfg: PowerConfig, plan: Plan | None = None,

@@ -40,9 +40,26 @@ def average_clocks(c: np.ndarray, tick: float, edges: np.ndarray, rank: np.ndarr
     c_cum[:, 1:] = np.cumsum(c * tick, axis=1)
     at0, at1 = _on_edges(start, edges, c_cum, rank), _on_edges(end, edges, c_cum, rank)
     idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, n_ticks - 1)
+    return _over_spans(at0, at1, start, end, c[rank, idx])
+
+
+def one_rank_clocks(c: np.ndarray, tick: float, edges: np.ndarray, start: np.ndarray, end: np.ndarray
+                    ) -> np.ndarray:
+    """:func:`average_clocks` of one rank's ops, its clock ``c`` (a value a tick), by
+    ``np.interp``: the faster per op, for a rank of many."""
+    c_cum = np.concatenate([[0.0], np.cumsum(c * tick)])
+    at0, at1 = np.interp(start, edges, c_cum), np.interp(end, edges, c_cum)
+    idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, len(c) - 1)
+    return _over_spans(at0, at1, start, end, c[idx])
+
+
+def _over_spans(at0: np.ndarray, at1: np.ndarray, start: np.ndarray, end: np.ndarray, at_start: np.ndarray
+                ) -> np.ndarray:
+    """Each op's average clock from the clock's integral at its start and end (``at0``, ``at1``);
+    ``at_start``, the clock of the tick it starts in, for an op of no duration."""
     d = end - start
     lasting = d > 0
-    out: np.ndarray = np.where(lasting, (at1 - at0) / np.where(lasting, d, 1.0), c[rank, idx])
+    out: np.ndarray = np.where(lasting, (at1 - at0) / np.where(lasting, d, 1.0), at_start)
     return out
 
 
