@@ -1,0 +1,301 @@
+"""Transformer layers as PyTorch runs them, forward and backward, back to back under the power
+limit, at the shapes of published training runs: each GPU's share of an MPT layer (llm-foundry's
+FSDP runs: the whole layer), of GPT-3 175B's and a 22B model's (Megatron-LM, tensor parallel over
+8: an eighth of the heads and of the MLP) and of Llama 3 405B's (tensor parallel over 8, grouped
+queries, a gated MLP). No communication: one GPU runs what one rank computes.
+
+Writes, under ``--out``:
+
+- ``iterations.parquet``: per iteration, the forward's and the backward's milliseconds (CUDA events),
+  and whether it ran back to back (``sustained``) or after a pause (``after_pause``);
+- ``kernels.parquet``: every kernel of a few profiled iterations (PyTorch's profiler): name, start
+  and duration in microseconds, grid and block; ``annotations.parquet``: the profiler's GPU
+  ranges (an iteration, its forward, each forward op), to place each kernel;
+- ``nvml.parquet``: SM clock, power and temperature sampled through the timed iterations;
+- ``manifest.json``: GPU, driver, software, the clocks and power limit as found (never changed).
+
+    OVSIM_COMMIT=$(git rev-parse HEAD) python3 calibration/harness/layers.py --out RUN [--quick]
+
+Needs PyTorch with CUDA, pandas with pyarrow, nvidia-ml-py; not ovsim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerShape:
+    """One rank's share of a transformer layer: heads and MLP width are the rank's own."""
+
+    name: str
+    hidden: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    gated: bool
+    rms_norm: bool
+    seq: int
+    micro_batch: int
+    layers: int = 2
+
+
+SHAPES = (
+    # llm-foundry MPT (scripts/train/yamls/pretrain/mpt-*.yaml) at its H100 table's micro-batches.
+    LayerShape("mpt-1b_s2048_mb14", 2048, 16, 16, 128, 8192, False, False, 2048, 14),
+    LayerShape("mpt-7b_s2048_mb6", 4096, 32, 32, 128, 16384, False, False, 2048, 6),
+    LayerShape("mpt-13b_s2048_mb2", 5120, 40, 40, 128, 20480, False, False, 2048, 2),
+    LayerShape("mpt-30b_s2048_mb3", 7168, 56, 56, 128, 28672, False, False, 2048, 3),
+    # Megatron-LM, tensor parallel over 8: GPT-3 175B (96 heads, MLP 4h) and Korthikanti et al.'s 22B.
+    LayerShape("gpt3-175b-tp8_s2048_mb1", 12288, 12, 12, 128, 6144, False, False, 2048, 1),
+    LayerShape("gpt-22b-tp8_s2048_mb4", 6144, 8, 8, 96, 3072, False, False, 2048, 4),
+    # Llama 3 405B, tensor parallel over 8: 128 query and 8 key-value heads, SwiGLU MLP of 53,248.
+    LayerShape("llama3-405b-tp8_s8192_mb1", 16384, 16, 1, 128, 6656, True, True, 8192, 1),
+)
+QUICK = (LayerShape("tiny_s256_mb2", 512, 4, 4, 128, 2048, False, False, 256, 2),
+         LayerShape("tiny-gqa_s256_mb2", 512, 4, 1, 128, 1024, True, True, 256, 2))
+
+
+def make_layer(torch: Any, s: LayerShape, dev: Any) -> Any:
+    """A pre-norm transformer layer in BF16 (parameters too, as FSDP's pure BF16 and Megatron-LM's
+    BF16 parameters run it), without biases, with causal fused attention."""
+    nn, f = torch.nn, torch.nn.functional
+
+    class Layer(nn.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            # Made on the GPU in BF16: initialising 10^8-10^9 parameters on the CPU takes seconds.
+            on = {"device": dev, "dtype": torch.bfloat16}
+            norm = nn.RMSNorm if s.rms_norm else nn.LayerNorm
+            self.norm1, self.norm2 = norm(s.hidden, **on), norm(s.hidden, **on)
+            self.qkv = nn.Linear(s.hidden, (s.q_heads + 2 * s.kv_heads) * s.head_dim, bias=False, **on)
+            self.proj = nn.Linear(s.q_heads * s.head_dim, s.hidden, bias=False, **on)
+            self.fc1 = nn.Linear(s.hidden, s.ffn * (2 if s.gated else 1), bias=False, **on)
+            self.fc2 = nn.Linear(s.ffn, s.hidden, bias=False, **on)
+
+        def forward(self, x: Any) -> Any:
+            rf = torch.profiler.record_function
+            b, t, _ = x.shape
+            with rf("F.norm1"):
+                h = self.norm1(x)
+            with rf("F.qkv"):
+                qkv = self.qkv(h)
+            with rf("F.attn"):
+                q, k, v = qkv.split([s.q_heads * s.head_dim, s.kv_heads * s.head_dim,
+                                     s.kv_heads * s.head_dim], dim=-1)
+                q = q.view(b, t, s.q_heads, s.head_dim).transpose(1, 2)
+                k = k.view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
+                v = v.view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
+                gqa = s.kv_heads != s.q_heads
+                a = f.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                a = a.transpose(1, 2).reshape(b, t, s.q_heads * s.head_dim)
+            with rf("F.proj"):
+                x = x + self.proj(a)
+            with rf("F.norm2"):
+                h = self.norm2(x)
+            with rf("F.fc1"):
+                u = self.fc1(h)
+            with rf("F.act"):
+                if s.gated:
+                    gate, up = u.chunk(2, dim=-1)
+                    u = f.silu(gate) * up
+                else:
+                    u = f.gelu(u)
+            with rf("F.fc2"):
+                return x + self.fc2(u)
+
+    return nn.Sequential(*[Layer() for _ in range(s.layers)])
+
+
+class Sampler:
+    """NVML samples (SM clock, power, temperature) every ``period_s`` while running; read only."""
+
+    def __init__(self, period_s: float = 0.01) -> None:
+        import pynvml
+        pynvml.nvmlInit()
+        self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.period_s, self.rows, self.label = period_s, [], ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        n, h = self.nvml, self.handle
+        while not self._stop.is_set():
+            if self.label:
+                try:
+                    self.rows.append({"label": self.label, "t_s": time.time(),
+                                      "sm_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+                                      "power_w": n.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                                      "temp_c": n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)})
+                except Exception as e:  # a sample lost is not a run lost
+                    self.rows.append({"label": self.label, "t_s": time.time(), "error": str(e)})
+            time.sleep(self.period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def iteration(torch: Any, model: Any, x: Any, grad: Any, marks: list[Any] | None) -> None:
+    """One forward and backward; ``marks`` (three CUDA events) time its two halves."""
+    for p in model.parameters():
+        p.grad = None
+    if marks:
+        marks[0].record()
+    with torch.profiler.record_function("fwd"):
+        y = model(x)
+    if marks:
+        marks[1].record()
+    with torch.profiler.record_function("bwd"):
+        y.backward(grad)
+    if marks:
+        marks[2].record()
+
+
+def timed(torch: Any, model: Any, x: Any, grad: Any, seconds: float, label: str) -> list[dict[str, Any]]:
+    """Iterations back to back for about ``seconds``; the forward's and backward's milliseconds."""
+    runs, t0 = [], time.perf_counter()
+    while time.perf_counter() - t0 < seconds or len(runs) < 3:
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        iteration(torch, model, x, grad, marks)
+        runs.append(marks)
+        if len(runs) % 8 == 0:
+            marks[2].synchronize()
+    torch.cuda.synchronize()
+    return [{"condition": label, "iteration": i, "fwd_ms": m[0].elapsed_time(m[1]),
+             "bwd_ms": m[1].elapsed_time(m[2])} for i, m in enumerate(runs)]
+
+
+def profiled(torch: Any, model: Any, x: Any, grad: Any, n: int, label: str,
+             shape: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``n`` iterations under PyTorch's profiler: its kernels and GPU ranges."""
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+                                              torch.profiler.ProfilerActivity.CPU])
+    with prof:
+        for i in range(n):
+            with torch.profiler.record_function(f"it{i}"):
+                iteration(torch, model, x, grad, None)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            events = json.load(fh)["traceEvents"]
+    kernels, ranges = [], []
+    for e in events:
+        cat, args = e.get("cat", ""), e.get("args", {})
+        if cat == "kernel":
+            kernels.append({"shape": shape, "condition": label, "name": e.get("name", ""),
+                            "ts_us": float(e["ts"]), "dur_us": float(e.get("dur", 0.0)),
+                            "stream": int(args.get("stream", -1)),
+                            "grid": str(args.get("grid", "")), "block": str(args.get("block", "")),
+                            "registers": int(args.get("registers per thread", -1))})
+        elif cat == "gpu_user_annotation":
+            ranges.append({"shape": shape, "condition": label, "name": e.get("name", ""),
+                           "ts_us": float(e["ts"]), "dur_us": float(e.get("dur", 0.0))})
+    return kernels, ranges
+
+
+def measure(torch: Any, s: LayerShape, dev: Any, sampler: Sampler, warm_s: float,
+            timed_s: float) -> dict[str, list[dict[str, Any]]]:
+    torch.manual_seed(0)
+    model = make_layer(torch, s, dev)
+    x = torch.randn(s.micro_batch, s.seq, s.hidden, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn_like(x)
+    timed(torch, model, x, grad, warm_s, "warm_up")
+    sampler.label = f"{s.name}/sustained"
+    its = timed(torch, model, x, grad, timed_s, "sustained")
+    sampler.label = f"{s.name}/profiled"
+    kernels, ranges = profiled(torch, model, x, grad, 3, "sustained", s.name)
+    sampler.label = ""
+    time.sleep(2.0)
+    sampler.label = f"{s.name}/after_pause"
+    its += timed(torch, model, x, grad, 0.0, "after_pause")[:1]
+    sampler.label = ""
+    time.sleep(2.0)
+    k2, r2 = profiled(torch, model, x, grad, 1, "after_pause", s.name)
+    for row in its:
+        row["shape"] = s.name
+    del model, x, grad
+    torch.cuda.empty_cache()
+    return {"iterations": its, "kernels": kernels + k2, "annotations": ranges + r2}
+
+
+def smi(field: str) -> str:
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip()
+    except Exception as e:  # the manifest says what could not be read
+        return f"unread: {e}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true", help="two tiny layers, short phases: a check of the script")
+    ap.add_argument("--only", nargs="*", default=None, help="shape names to run (default: all)")
+    ap.add_argument("--warm-s", type=float, default=2.0)
+    ap.add_argument("--timed-s", type=float, default=2.0)
+    args = ap.parse_args()
+    import pandas as pd
+    import torch
+    dev = torch.device("cuda")
+    shapes = QUICK if args.quick else tuple(s for s in SHAPES if not args.only or s.name in args.only)
+    args.out.mkdir(parents=True, exist_ok=True)
+    fields = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,power.default_limit,temperature.gpu"
+    manifest: dict[str, Any] = {
+        "commit": os.environ.get("OVSIM_COMMIT", "unknown"), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+        "gpu": torch.cuda.get_device_name(0), "smi_before": smi(fields),
+        "shapes": [dataclasses.asdict(s) for s in shapes], "warm_s": args.warm_s, "timed_s": args.timed_s,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "errors": {}, "seconds": {}}
+    sampler = Sampler()
+    tables: dict[str, list[dict[str, Any]]] = {"iterations": [], "kernels": [], "annotations": []}
+    for s in shapes:
+        t0 = time.perf_counter()
+        try:
+            got = measure(torch, s, dev, sampler, 0.2 if args.quick else args.warm_s,
+                          0.2 if args.quick else args.timed_s)
+            for k, v in got.items():
+                tables[k] += v
+            its = [r for r in got["iterations"] if r["condition"] == "sustained"]
+            med = sorted(r["fwd_ms"] + r["bwd_ms"] for r in its)[len(its) // 2]
+            print(f"{s.name}: {len(its)} iterations, median {med:.3f} ms fwd+bwd, "
+                  f"{len(got['kernels'])} kernels profiled", flush=True)
+        except Exception:  # one shape's failure must not lose the others
+            manifest["errors"][s.name] = traceback.format_exc()
+            print(f"{s.name}: FAILED\n{traceback.format_exc()}", flush=True)
+            torch.cuda.empty_cache()
+        manifest["seconds"][s.name] = round(time.perf_counter() - t0, 2)
+    sampler.stop()
+    tables["nvml"] = sampler.rows
+    manifest["smi_after"] = smi(fields)
+    for name, rows in tables.items():
+        df = pd.DataFrame(rows)
+        try:
+            df.to_parquet(args.out / f"{name}.parquet", index=False)
+        except Exception:  # keep the data if parquet cannot be written
+            with gzip.open(args.out / f"{name}.csv.gz", "wt") as fh:
+                df.to_csv(fh, index=False)
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"wrote {sorted(p.name for p in args.out.iterdir())}; errors: {list(manifest['errors'])}")
+    return 1 if manifest["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
