@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import gzip
 import json
 import os
@@ -31,6 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,20 +66,31 @@ SHAPES = (
     # Llama 3 405B, tensor parallel over 8: 128 query and 8 key-value heads, SwiGLU MLP of 53,248.
     LayerShape("llama3-405b-tp8_s8192_mb1", 16384, 16, 1, 128, 6656, True, True, 8192, 1),
 )
+# Whole MPT models (llm-foundry's recipes: layers, width, heads; vocabulary 50,368) trained on one GPU
+# at micro-batches that fit its memory.
+VOCAB = 50_368
+STEP_SHAPES = (
+    LayerShape("mpt-125m_s2048_mb32", 768, 12, 12, 64, 3072, False, False, 2048, 32, layers=12),
+    LayerShape("mpt-350m_s2048_mb16", 1024, 16, 16, 64, 4096, False, False, 2048, 16, layers=24),
+    LayerShape("mpt-760m_s2048_mb16", 1536, 12, 12, 128, 6144, False, False, 2048, 16, layers=24),
+    LayerShape("mpt-1b_s2048_mb14", 2048, 16, 16, 128, 8192, False, False, 2048, 14, layers=24),
+    LayerShape("mpt-3b_s2048_mb5", 2560, 20, 20, 128, 10240, False, False, 2048, 5, layers=32),
+)
 QUICK = (LayerShape("tiny_s256_mb2", 512, 4, 4, 128, 2048, False, False, 256, 2),
          LayerShape("tiny-gqa_s256_mb2", 512, 4, 1, 128, 1024, True, True, 256, 2))
 
 
-def make_layer(torch: Any, s: LayerShape, dev: Any) -> Any:
-    """A pre-norm transformer layer in BF16 (parameters too, as FSDP's pure BF16 and Megatron-LM's
-    BF16 parameters run it), without biases, with causal fused attention."""
+def make_layer(torch: Any, s: LayerShape, dev: Any, dtype: Any) -> Any:
+    """``s.layers`` pre-norm transformer layers with parameters in ``dtype`` (BF16 as FSDP's pure BF16
+    and Megatron-LM's BF16 parameters run them; FP32 under autocast), without biases, with causal
+    fused attention."""
     nn, f = torch.nn, torch.nn.functional
 
     class Layer(nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             # Made on the GPU in BF16: initialising 10^8-10^9 parameters on the CPU takes seconds.
-            on = {"device": dev, "dtype": torch.bfloat16}
+            on = {"device": dev, "dtype": dtype}
             norm = nn.RMSNorm if s.rms_norm else nn.LayerNorm
             self.norm1, self.norm2 = norm(s.hidden, **on), norm(s.hidden, **on)
             self.qkv = nn.Linear(s.hidden, (s.q_heads + 2 * s.kv_heads) * s.head_dim, bias=False, **on)
@@ -119,6 +132,28 @@ def make_layer(torch: Any, s: LayerShape, dev: Any) -> Any:
     return nn.Sequential(*[Layer() for _ in range(s.layers)])
 
 
+def make_model(torch: Any, s: LayerShape, dev: Any) -> Any:
+    """An MPT-style model in FP32: token and learned position embeddings, ``s.layers`` layers, a
+    final norm and an output head tied to the token embedding."""
+    nn = torch.nn
+
+    class Model(nn.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = nn.Embedding(VOCAB, s.hidden, device=dev)
+            self.wpe = nn.Embedding(s.seq, s.hidden, device=dev)
+            self.blocks = make_layer(torch, s, dev, torch.float32)
+            self.norm = nn.LayerNorm(s.hidden, device=dev)
+
+        def forward(self, tokens: Any) -> Any:
+            with torch.profiler.record_function("F.embed"):
+                x = self.wte(tokens) + self.wpe.weight[: tokens.shape[1]]
+            x = self.blocks(x)
+            with torch.profiler.record_function("F.head"):
+                return nn.functional.linear(self.norm(x), self.wte.weight)
+    return Model()
+
+
 class Sampler:
     """NVML samples (SM clock, power, temperature) every ``period_s`` while running; read only."""
 
@@ -149,45 +184,73 @@ class Sampler:
         self._thread.join()
 
 
-def iteration(torch: Any, model: Any, x: Any, grad: Any, marks: list[Any] | None) -> None:
-    """One forward and backward; ``marks`` (three CUDA events) time its two halves."""
-    for p in model.parameters():
-        p.grad = None
+def layer_work(torch: Any, model: Any, x: Any, grad: Any) -> Callable[[list[Any] | None], None]:
+    """One forward and backward of a stack of layers; ``marks`` (three CUDA events) time its two
+    halves."""
+    def run(marks: list[Any] | None) -> None:
+        for p in model.parameters():
+            p.grad = None
+        phases = (("fwd", lambda: model(x)), ("bwd", lambda y: y.backward(grad)))
+        _phased(torch, phases, marks)
+    return run
+
+
+def step_work(torch: Any, model: Any, opt: Any, tokens: Any, targets: Any) -> Callable[[list[Any] | None], None]:
+    """One training step as PyTorch's automatic mixed precision runs it: FP32 parameters, the
+    forward and loss under BF16 autocast, the backward, a fused AdamW step; ``marks`` (four CUDA
+    events) time its three parts."""
+    f = torch.nn.functional
+
+    def forward() -> Any:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens)
+            return f.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    def run(marks: list[Any] | None) -> None:
+        opt.zero_grad(set_to_none=True)
+        phases = (("fwd", forward), ("bwd", lambda loss: loss.backward()), ("step", lambda _: opt.step()))
+        _phased(torch, phases, marks)
+    return run
+
+
+def _phased(torch: Any, phases: tuple[tuple[str, Callable[..., Any]], ...], marks: list[Any] | None) -> None:
+    """Each phase in a profiler range, fed the one before's result; an event before and after each."""
+    out = None
     if marks:
         marks[0].record()
-    with torch.profiler.record_function("fwd"):
-        y = model(x)
-    if marks:
-        marks[1].record()
-    with torch.profiler.record_function("bwd"):
-        y.backward(grad)
-    if marks:
-        marks[2].record()
+    for i, (name, fn) in enumerate(phases):
+        with torch.profiler.record_function(name):
+            out = fn() if i == 0 else fn(out)
+        if marks:
+            marks[i + 1].record()
 
 
-def timed(torch: Any, model: Any, x: Any, grad: Any, seconds: float, label: str) -> list[dict[str, Any]]:
-    """Iterations back to back for about ``seconds``; the forward's and backward's milliseconds."""
-    runs, t0 = [], time.perf_counter()
+def timed(torch: Any, work: Callable[[list[Any] | None], None], phases: tuple[str, ...], seconds: float,
+          label: str) -> list[dict[str, Any]]:
+    """``work`` back to back for about ``seconds`` (at least 3 times); each phase's milliseconds."""
+    runs: list[list[Any]] = []
+    t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds or len(runs) < 3:
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-        iteration(torch, model, x, grad, marks)
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(phases) + 1)]
+        work(marks)
         runs.append(marks)
         if len(runs) % 8 == 0:
-            marks[2].synchronize()
+            marks[-1].synchronize()
     torch.cuda.synchronize()
-    return [{"condition": label, "iteration": i, "fwd_ms": m[0].elapsed_time(m[1]),
-             "bwd_ms": m[1].elapsed_time(m[2])} for i, m in enumerate(runs)]
+    return [{"condition": label, "iteration": i,
+             **{f"{p}_ms": m[j].elapsed_time(m[j + 1]) for j, p in enumerate(phases)}}
+            for i, m in enumerate(runs)]
 
 
-def profiled(torch: Any, model: Any, x: Any, grad: Any, n: int, label: str,
+def profiled(torch: Any, work: Callable[[list[Any] | None], None], n: int, label: str,
              shape: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``n`` iterations under PyTorch's profiler: its kernels and GPU ranges."""
+    """``n`` runs of ``work`` under PyTorch's profiler: its kernels and GPU ranges."""
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
                                               torch.profiler.ProfilerActivity.CPU])
     with prof:
         for i in range(n):
             with torch.profiler.record_function(f"it{i}"):
-                iteration(torch, model, x, grad, None)
+                work(None)
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
@@ -209,29 +272,45 @@ def profiled(torch: Any, model: Any, x: Any, grad: Any, n: int, label: str,
     return kernels, ranges
 
 
-def measure(torch: Any, s: LayerShape, dev: Any, sampler: Sampler, warm_s: float,
-            timed_s: float) -> dict[str, list[dict[str, Any]]]:
+def measure(torch: Any, name: str, work: Callable[[list[Any] | None], None], phases: tuple[str, ...],
+            sampler: Sampler, warm_s: float, timed_s: float) -> dict[str, list[dict[str, Any]]]:
+    """``work`` warmed up, timed back to back and profiled, then once after a pause (timed) and once
+    after another (profiled)."""
+    timed(torch, work, phases, warm_s, "warm_up")
+    sampler.label = f"{name}/sustained"
+    its = timed(torch, work, phases, timed_s, "sustained")
+    sampler.label = f"{name}/profiled"
+    kernels, ranges = profiled(torch, work, 3, "sustained", name)
+    sampler.label = ""
+    time.sleep(2.0)
+    sampler.label = f"{name}/after_pause"
+    its += timed(torch, work, phases, 0.0, "after_pause")[:1]
+    sampler.label = ""
+    time.sleep(2.0)
+    k2, r2 = profiled(torch, work, 1, "after_pause", name)
+    for row in its:
+        row["shape"] = name
+    return {"iterations": its, "kernels": kernels + k2, "annotations": ranges + r2}
+
+
+def measure_layers(torch: Any, s: LayerShape, dev: Any, sampler: Sampler, warm_s: float,
+                   timed_s: float) -> dict[str, list[dict[str, Any]]]:
     torch.manual_seed(0)
-    model = make_layer(torch, s, dev)
+    model = make_layer(torch, s, dev, torch.bfloat16)
     x = torch.randn(s.micro_batch, s.seq, s.hidden, device=dev, dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn_like(x)
-    timed(torch, model, x, grad, warm_s, "warm_up")
-    sampler.label = f"{s.name}/sustained"
-    its = timed(torch, model, x, grad, timed_s, "sustained")
-    sampler.label = f"{s.name}/profiled"
-    kernels, ranges = profiled(torch, model, x, grad, 3, "sustained", s.name)
-    sampler.label = ""
-    time.sleep(2.0)
-    sampler.label = f"{s.name}/after_pause"
-    its += timed(torch, model, x, grad, 0.0, "after_pause")[:1]
-    sampler.label = ""
-    time.sleep(2.0)
-    k2, r2 = profiled(torch, model, x, grad, 1, "after_pause", s.name)
-    for row in its:
-        row["shape"] = s.name
-    del model, x, grad
-    torch.cuda.empty_cache()
-    return {"iterations": its, "kernels": kernels + k2, "annotations": ranges + r2}
+    return measure(torch, s.name, layer_work(torch, model, x, grad), ("fwd", "bwd"), sampler, warm_s, timed_s)
+
+
+def measure_steps(torch: Any, s: LayerShape, dev: Any, sampler: Sampler, warm_s: float,
+                  timed_s: float) -> dict[str, list[dict[str, Any]]]:
+    torch.manual_seed(0)
+    model = make_model(torch, s, dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    tokens = torch.randint(0, VOCAB, (s.micro_batch, s.seq), device=dev)
+    targets = torch.randint(0, VOCAB, (s.micro_batch, s.seq), device=dev)
+    work = step_work(torch, model, opt, tokens, targets)
+    return measure(torch, s.name, work, ("fwd", "bwd", "step"), sampler, warm_s, timed_s)
 
 
 def smi(field: str) -> str:
@@ -248,6 +327,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="two tiny layers, short phases: a check of the script")
+    ap.add_argument("--steps", action="store_true",
+                    help="whole models' training steps (STEP_SHAPES) instead of layers (SHAPES)")
     ap.add_argument("--only", nargs="*", default=None, help="shape names to run (default: all)")
     ap.add_argument("--warm-s", type=float, default=2.0)
     ap.add_argument("--timed-s", type=float, default=2.0)
@@ -255,13 +336,16 @@ def main() -> int:
     import pandas as pd
     import torch
     dev = torch.device("cuda")
-    shapes = QUICK if args.quick else tuple(s for s in SHAPES if not args.only or s.name in args.only)
+    every = STEP_SHAPES if args.steps else SHAPES
+    shapes = QUICK if args.quick else tuple(s for s in every if not args.only or s.name in args.only)
+    measure = measure_steps if args.steps else measure_layers
     args.out.mkdir(parents=True, exist_ok=True)
     fields = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,power.default_limit,temperature.gpu"
     manifest: dict[str, Any] = {
         "commit": os.environ.get("OVSIM_COMMIT", "unknown"), "torch": torch.__version__,
         "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
         "gpu": torch.cuda.get_device_name(0), "smi_before": smi(fields),
+        "what": "steps" if args.steps else "layers",
         "shapes": [dataclasses.asdict(s) for s in shapes], "warm_s": args.warm_s, "timed_s": args.timed_s,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "errors": {}, "seconds": {}}
     sampler = Sampler()
@@ -274,13 +358,15 @@ def main() -> int:
             for k, v in got.items():
                 tables[k] += v
             its = [r for r in got["iterations"] if r["condition"] == "sustained"]
-            med = sorted(r["fwd_ms"] + r["bwd_ms"] for r in its)[len(its) // 2]
-            print(f"{s.name}: {len(its)} iterations, median {med:.3f} ms fwd+bwd, "
+            med = sorted(sum(v for k, v in r.items() if k.endswith("_ms")) for r in its)[len(its) // 2]
+            print(f"{s.name}: {len(its)} iterations, median {med:.3f} ms, "
                   f"{len(got['kernels'])} kernels profiled", flush=True)
         except Exception:  # one shape's failure must not lose the others
+            sampler.label = ""
             manifest["errors"][s.name] = traceback.format_exc()
             print(f"{s.name}: FAILED\n{traceback.format_exc()}", flush=True)
-            torch.cuda.empty_cache()
+        gc.collect()  # the model, its optimizer and their closures, before the next shape's
+        torch.cuda.empty_cache()
         manifest["seconds"][s.name] = round(time.perf_counter() - t0, 2)
     sampler.stop()
     tables["nvml"] = sampler.rows
