@@ -36,6 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import megatron_attention
+
 
 @dataclasses.dataclass(frozen=True)
 class LayerShape:
@@ -52,6 +54,10 @@ class LayerShape:
     seq: int
     micro_batch: int
     layers: int = 2
+    # flash: PyTorch's fused attention, tokens [b, s, h]; unfused: Megatron-LM's core attention of
+    # 2021-22 (megatron_attention.py), tokens [s, b, h], dropout 0.1 on the probabilities.
+    attention: str = "flash"
+    dtype: str = "bf16"  # bf16 | fp16: the layer's parameters and activations
 
 
 SHAPES = (
@@ -65,7 +71,22 @@ SHAPES = (
     LayerShape("gpt-22b-tp8_s2048_mb4", 6144, 8, 8, 96, 3072, False, False, 2048, 4),
     # Llama 3 405B, tensor parallel over 8: 128 query and 8 key-value heads, SwiGLU MLP of 53,248.
     LayerShape("llama3-405b-tp8_s8192_mb1", 16384, 16, 1, 128, 6656, True, True, 8192, 1),
+    # Megatron-LM's GPT runs of Narayanan et al. (SC'21, table 1) and Korthikanti et al. (22B, table
+    # 4), FP16 and unfused attention as they ran: one rank's share of the layer at its micro-batch.
+    LayerShape("sc21-1.7b-unfused_s2048_mb16", 2304, 24, 24, 96, 9216, False, False, 2048, 16,
+               attention="unfused", dtype="fp16"),
+    LayerShape("sc21-7.5b-tp4-unfused_s2048_mb16", 4096, 8, 8, 128, 4096, False, False, 2048, 16,
+               attention="unfused", dtype="fp16"),
+    LayerShape("sc21-18b-tp8-unfused_s2048_mb8", 6144, 6, 6, 128, 3072, False, False, 2048, 8,
+               attention="unfused", dtype="fp16"),
+    LayerShape("gpt-22b-tp8-unfused_s2048_mb4", 6144, 8, 8, 96, 3072, False, False, 2048, 4,
+               attention="unfused", dtype="fp16"),
+    LayerShape("sc21-145b-tp8-unfused_s2048_mb2", 12288, 12, 12, 128, 6144, False, False, 2048, 2,
+               attention="unfused", dtype="fp16"),
+    LayerShape("sc21-1t-tp8-unfused_s2048_mb1", 25600, 20, 20, 160, 12800, False, False, 2048, 1,
+               attention="unfused", dtype="fp16"),
 )
+DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # Whole MPT models (llm-foundry's recipes: layers, width, heads; vocabulary 50,368) trained on one GPU
 # at micro-batches that fit its memory.
 VOCAB = 50_368
@@ -77,6 +98,8 @@ STEP_SHAPES = (
     LayerShape("mpt-3b_s2048_mb5", 2560, 20, 20, 128, 10240, False, False, 2048, 5, layers=32),
 )
 QUICK = (LayerShape("tiny_s256_mb2", 512, 4, 4, 128, 2048, False, False, 256, 2),
+         LayerShape("tiny-unfused_s256_mb2", 512, 4, 4, 128, 2048, False, False, 256, 2, attention="unfused",
+                    dtype="fp16"),
          LayerShape("tiny-gqa_s256_mb2", 512, 4, 1, 128, 1024, True, True, 256, 2))
 
 
@@ -98,22 +121,29 @@ def make_layer(torch: Any, s: LayerShape, dev: Any, dtype: Any) -> Any:
             self.fc1 = nn.Linear(s.hidden, s.ffn * (2 if s.gated else 1), bias=False, **on)
             self.fc2 = nn.Linear(s.ffn, s.hidden, bias=False, **on)
 
+        def flash(self, qkv: Any) -> Any:
+            """PyTorch's fused attention over ``qkv`` [b, s, (q + 2 kv heads) x head_dim]."""
+            b, t, _ = qkv.shape
+            q, k, v = qkv.split([s.q_heads * s.head_dim, s.kv_heads * s.head_dim,
+                                 s.kv_heads * s.head_dim], dim=-1)
+            q = q.view(b, t, s.q_heads, s.head_dim).transpose(1, 2)
+            k = k.view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
+            v = v.view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
+            gqa = s.kv_heads != s.q_heads
+            a = f.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            return a.transpose(1, 2).reshape(b, t, s.q_heads * s.head_dim)
+
         def forward(self, x: Any) -> Any:
             rf = torch.profiler.record_function
-            b, t, _ = x.shape
             with rf("F.norm1"):
                 h = self.norm1(x)
             with rf("F.qkv"):
                 qkv = self.qkv(h)
             with rf("F.attn"):
-                q, k, v = qkv.split([s.q_heads * s.head_dim, s.kv_heads * s.head_dim,
-                                     s.kv_heads * s.head_dim], dim=-1)
-                q = q.view(b, t, s.q_heads, s.head_dim).transpose(1, 2)
-                k = k.view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
-                v = v.view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
-                gqa = s.kv_heads != s.q_heads
-                a = f.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-                a = a.transpose(1, 2).reshape(b, t, s.q_heads * s.head_dim)
+                if s.attention == "unfused":
+                    a = megatron_attention.attention(torch, qkv, s.q_heads, s.head_dim, dropout=0.1)
+                else:
+                    a = self.flash(qkv)
             with rf("F.proj"):
                 x = x + self.proj(a)
             with rf("F.norm2"):
@@ -296,8 +326,11 @@ def measure(torch: Any, name: str, work: Callable[[list[Any] | None], None], pha
 def measure_layers(torch: Any, s: LayerShape, dev: Any, sampler: Sampler, warm_s: float,
                    timed_s: float) -> dict[str, list[dict[str, Any]]]:
     torch.manual_seed(0)
-    model = make_layer(torch, s, dev, torch.bfloat16)
-    x = torch.randn(s.micro_batch, s.seq, s.hidden, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dtype = getattr(torch, DTYPES[s.dtype])
+    model = make_layer(torch, s, dev, dtype)
+    # Megatron-LM's layers take tokens first ([s, b, h]), the others batch first.
+    dims = (s.seq, s.micro_batch) if s.attention == "unfused" else (s.micro_batch, s.seq)
+    x = torch.randn(*dims, s.hidden, device=dev, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
     return measure(torch, s.name, layer_work(torch, model, x, grad), ("fwd", "bwd"), sampler, warm_s, timed_s)
 
@@ -348,6 +381,12 @@ def main() -> int:
         "what": "steps" if args.steps else "layers",
         "shapes": [dataclasses.asdict(s) for s in shapes], "warm_s": args.warm_s, "timed_s": args.timed_s,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "errors": {}, "seconds": {}}
+    if any(s.attention == "unfused" for s in shapes):
+        try:
+            manifest["softmax_check"] = megatron_attention.check(torch, dev)
+        except Exception:  # the unfused shapes fail on their own; the others run
+            manifest["softmax_check"] = traceback.format_exc()
+        print(f"fused causal softmax against PyTorch's: {manifest['softmax_check']}", flush=True)
     sampler = Sampler()
     tables: dict[str, list[dict[str, Any]]] = {"iterations": [], "kernels": [], "annotations": []}
     for s in shapes:
