@@ -58,6 +58,7 @@ class LayerShape:
     # 2021-22 (megatron_attention.py), tokens [s, b, h], dropout 0.1 on the probabilities.
     attention: str = "flash"
     dtype: str = "bf16"  # bf16 | fp16: the layer's parameters and activations
+    tp: int = 1  # the run's tensor-parallel degree this is one rank's share of (the model: heads x tp)
 
 
 SHAPES = (
@@ -67,24 +68,24 @@ SHAPES = (
     LayerShape("mpt-13b_s2048_mb2", 5120, 40, 40, 128, 20480, False, False, 2048, 2),
     LayerShape("mpt-30b_s2048_mb3", 7168, 56, 56, 128, 28672, False, False, 2048, 3),
     # Megatron-LM, tensor parallel over 8: GPT-3 175B (96 heads, MLP 4h) and Korthikanti et al.'s 22B.
-    LayerShape("gpt3-175b-tp8_s2048_mb1", 12288, 12, 12, 128, 6144, False, False, 2048, 1),
-    LayerShape("gpt-22b-tp8_s2048_mb4", 6144, 8, 8, 96, 3072, False, False, 2048, 4),
+    LayerShape("gpt3-175b-tp8_s2048_mb1", 12288, 12, 12, 128, 6144, False, False, 2048, 1, tp=8),
+    LayerShape("gpt-22b-tp8_s2048_mb4", 6144, 8, 8, 96, 3072, False, False, 2048, 4, tp=8),
     # Llama 3 405B, tensor parallel over 8: 128 query and 8 key-value heads, SwiGLU MLP of 53,248.
-    LayerShape("llama3-405b-tp8_s8192_mb1", 16384, 16, 1, 128, 6656, True, True, 8192, 1),
+    LayerShape("llama3-405b-tp8_s8192_mb1", 16384, 16, 1, 128, 6656, True, True, 8192, 1, tp=8),
     # Megatron-LM's GPT runs of Narayanan et al. (SC'21, table 1) and Korthikanti et al. (22B, table
     # 4), FP16 and unfused attention as they ran: one rank's share of the layer at its micro-batch.
     LayerShape("sc21-1.7b-unfused_s2048_mb16", 2304, 24, 24, 96, 9216, False, False, 2048, 16,
                attention="unfused", dtype="fp16"),
     LayerShape("sc21-7.5b-tp4-unfused_s2048_mb16", 4096, 8, 8, 128, 4096, False, False, 2048, 16,
-               attention="unfused", dtype="fp16"),
+               attention="unfused", dtype="fp16", tp=4),
     LayerShape("sc21-18b-tp8-unfused_s2048_mb8", 6144, 6, 6, 128, 3072, False, False, 2048, 8,
-               attention="unfused", dtype="fp16"),
+               attention="unfused", dtype="fp16", tp=8),
     LayerShape("gpt-22b-tp8-unfused_s2048_mb4", 6144, 8, 8, 96, 3072, False, False, 2048, 4,
-               attention="unfused", dtype="fp16"),
+               attention="unfused", dtype="fp16", tp=8),
     LayerShape("sc21-145b-tp8-unfused_s2048_mb2", 12288, 12, 12, 128, 6144, False, False, 2048, 2,
-               attention="unfused", dtype="fp16"),
+               attention="unfused", dtype="fp16", tp=8),
     LayerShape("sc21-1t-tp8-unfused_s2048_mb1", 25600, 20, 20, 160, 12800, False, False, 2048, 1,
-               attention="unfused", dtype="fp16"),
+               attention="unfused", dtype="fp16", tp=8),
 )
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # Whole MPT models (llm-foundry's recipes: layers, width, heads; vocabulary 50,368) trained on one GPU

@@ -40,6 +40,7 @@ from ovsim.validate.measured_gemm import (
     measured_shape_checks,
     measured_shape_points,
 )
+from ovsim.validate.measured_layers import LAYER_SETS, LAYERS_GROUP, measured_layer_checks
 from ovsim.validate.measured_memory import (
     COPY_ASSUMED_EFFICIENCY,
     COPY_DIRECTIONS,
@@ -154,6 +155,8 @@ __all__ = [
     "HARNESS_SM_FRACTION",
     "HBM_TOLERANCE_PCT",
     "HELD_OUT",
+    "LAYERS_GROUP",
+    "LAYER_SETS",
     "MAMF_EFFICIENCY",
     "MEASURED",
     "MEASURED_CLOCK",
@@ -224,6 +227,7 @@ __all__ = [
     "measured_gemm_checks",
     "measured_gemm_points",
     "measured_hbm_checks",
+    "measured_layer_checks",
     "measured_own_power_checks",
     "measured_power_checks",
     "measured_shape_checks",
@@ -274,6 +278,7 @@ def run(traces: Path | None, on_trace: Callable[[str], None] | None = None, work
         checks += (measured_checks(MEASURED_DATA, workers, on_trace) + measured_power_checks(MEASURED_DATA)
                    + measured_clock_checks(MEASURED_DATA) + measured_clock_share_checks(MEASURED_DATA)
                    + measured_clock_mix_checks(MEASURED_DATA) + measured_own_power_checks(MEASURED_DATA)
+                   + measured_layer_checks(MEASURED_DATA)
                    + measured_gemm_checks(MEASURED_DATA) + measured_shape_checks(MEASURED_DATA)
                    + measured_copy_checks(MEASURED_DATA) + measured_dispatch_checks(MEASURED_DATA)
                    + measured_hbm_checks(MEASURED_DATA) + measured_smloss_checks(MEASURED_DATA, workers)
