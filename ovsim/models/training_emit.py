@@ -370,16 +370,19 @@ class LayerEmitter:
         def bmm(part: str, n: int, k: int) -> None:
             self.compute(st, GemmOp, name=f"{name}.{part}", kind="gemm", m=rows, n=n, k=k, precision=prec)
 
+        # Megatron-LM's fused scale-mask-softmax reads each score once and writes it once, forward
+        # and backward: a streaming pass, priced as one. The kind "softmax" is calibrated on
+        # PyTorch's eager softmax, which reads long rows several times (docs/calibration.md).
         if not backward:
             bmm("qk", s, d)
-            self.mem(st, f"{name}.softmax", 2 * eb * scores, "softmax")  # scores in, probabilities out
+            self.mem(st, f"{name}.softmax", 2 * eb * scores, "elementwise")  # scores in, probabilities out
             self.mem(st, f"{name}.dropout", (2 * eb + 1) * scores, "elementwise")  # and its byte mask
             bmm("pv", d, s)
             return
         bmm("pv.dgrad", s, d)  # the probabilities' gradient
         bmm("pv.wgrad", d, s)  # V's
         self.mem(st, f"{name}.dropout", (2 * eb + 1) * scores, "elementwise")
-        self.mem(st, f"{name}.softmax", 3 * eb * scores, "softmax")  # probabilities and gradient in, out
+        self.mem(st, f"{name}.softmax", 3 * eb * scores, "elementwise")  # probabilities and gradient in, out
         bmm("qk.dgrad", d, s)  # Q's
         bmm("qk.wgrad", d, s)  # K's
 
