@@ -62,10 +62,13 @@ def test_the_layer_checks_cover_every_measured_shape() -> None:
     assert len(checks) == shapes == 26
     assert {c.group for c in checks} == {LAYERS_GROUP}
     assert all(c.unit == "ms" and c.tolerance_pct == 10.0 for c in checks)
-    # The layers with PyTorch's fused attention, BF16, as measured twice and for a minute: ovsim's
-    # kernels at the clocks the 700 W limit leaves them come within 5% of every one.
-    flash = [c for c in checks if "unfused" not in c.name and "(steps)" not in c.name]
-    assert len(flash) == 15 and all(abs(c.error_pct) < 5 for c in flash), [c.name for c in flash]
+    # Every layer (BF16 with PyTorch's fused attention, measured twice and for a minute; FP16 with
+    # Megatron-LM's unfused attention): ovsim's kernels at the clocks the 700 W limit leaves them
+    # come within 5%. The unfused ones came 5-24% slow while their fused softmax took the eager
+    # softmax's efficiency (docs/calibration.md).
+    layers = [c for c in checks if "(steps)" not in c.name]
+    assert len(layers) == 21 and all(abs(c.error_pct) < 5 for c in layers), [
+        (c.name, round(c.error_pct, 1)) for c in layers if abs(c.error_pct) >= 5]
 
 
 def test_a_data_set_without_its_files_is_named(tmp_path: Path) -> None:
