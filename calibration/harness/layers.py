@@ -14,7 +14,8 @@ Writes, under ``--out``:
   (``sustained``) or after a pause (``after_pause``);
 - ``kernels.parquet``: every kernel of a few profiled iterations (PyTorch's profiler): name, start
   and duration in microseconds, grid and block; ``annotations.parquet``: the profiler's GPU
-  ranges (an iteration, its forward, each forward op), to place each kernel;
+  ranges, each kernel under the innermost range of the thread that launched it (the forward's ops,
+  ``F.*``; the backward's kernels launch from autograd's thread and fall under none);
 - ``nvml.parquet``: SM clock, power and temperature sampled through the timed iterations;
 - ``manifest.json``: GPU, driver, software, the clocks and power limit as found (never changed).
 
@@ -32,6 +33,7 @@ import dataclasses
 import gc
 import gzip
 import json
+import math
 import os
 import sys
 import tempfile
@@ -117,8 +119,9 @@ def make_layer(torch: Any, s: LayerShape, dev: Any, dtype: Any) -> Any:
     and Megatron-LM's BF16 parameters run them; FP32 under autocast), without biases, with causal
     attention (``s.attention``)."""
     nn, f = torch.nn, torch.nn.functional
+    module: Any = nn.Module
 
-    class Layer(nn.Module):  # type: ignore[misc]
+    class Layer(module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             # Made on the GPU: initialising 10^8-10^9 parameters on the CPU takes seconds.
@@ -175,8 +178,9 @@ def make_model(torch: Any, s: LayerShape, dev: Any) -> Any:
     """An MPT-style model in FP32: token and learned position embeddings, ``s.layers`` layers, a
     final norm and an output head tied to the token embedding."""
     nn = torch.nn
+    module: Any = nn.Module
 
-    class Model(nn.Module):  # type: ignore[misc]
+    class Model(module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.wte = nn.Embedding(VOCAB, s.hidden, device=dev)
@@ -200,7 +204,8 @@ class Sampler:
         import pynvml
         pynvml.nvmlInit()
         self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-        self.period_s, self.rows, self.label = period_s, [], ""
+        self.period_s, self.label = period_s, ""
+        self.rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -229,6 +234,7 @@ def layer_work(torch: Any, model: Any, x: Any, grad: Any) -> Callable[[list[Any]
     def run(marks: list[Any] | None) -> None:
         for p in model.parameters():
             p.grad = None
+        x.grad = None  # else every iteration adds its input's gradient to the last one's
         phases = (("fwd", lambda: model(x)), ("bwd", lambda y: y.backward(grad)))
         _phased(torch, phases, marks)
     return run
@@ -281,15 +287,16 @@ def timed(torch: Any, work: Callable[[list[Any] | None], None], phases: tuple[st
             for i, m in enumerate(runs)]
 
 
-def profiled(torch: Any, work: Callable[[list[Any] | None], None], n: int, label: str,
-             shape: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``n`` runs of ``work`` under PyTorch's profiler: its kernels and GPU ranges."""
+def profiled(torch: Any, work: Callable[[list[Any] | None], None], n: int, label: str, shape: str,
+             warm: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The kernels and GPU ranges of the last ``n`` of ``warm + n`` runs of ``work`` under PyTorch's
+    profiler. The profiler's start idles the GPU and its clock climbs back; ``warm`` runs back to
+    back first bring it down to where the timed runs held it."""
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
                                               torch.profiler.ProfilerActivity.CPU])
     with prof:
-        for i in range(n):
-            with torch.profiler.record_function(f"it{i}"):
-                work(None)
+        for _ in range(warm + n):
+            work(None)
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
@@ -308,7 +315,19 @@ def profiled(torch: Any, work: Callable[[list[Any] | None], None], n: int, label
         elif cat == "gpu_user_annotation":
             ranges.append({"shape": shape, "condition": label, "name": e.get("name", ""),
                            "ts_us": float(e["ts"]), "dur_us": float(e.get("dur", 0.0))})
-    return kernels, ranges
+    return last_runs(kernels, ranges, warm, n)
+
+
+def last_runs(kernels: list[dict[str, Any]], ranges: list[dict[str, Any]], warm: int,
+              n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The kernels of the last ``n`` of ``warm + n`` runs that each launch the same kernels, and
+    the ranges from the first of them on; all of them where the count does not divide evenly."""
+    kernels = sorted(kernels, key=lambda k: k["ts_us"])
+    per_run, extra = divmod(len(kernels), warm + n)
+    if not warm or extra or not per_run:
+        return kernels, ranges
+    kept = kernels[warm * per_run:]
+    return kept, [r for r in ranges if r["ts_us"] >= kept[0]["ts_us"]]
 
 
 def measure(torch: Any, name: str, work: Callable[[list[Any] | None], None], phases: tuple[str, ...],
@@ -319,7 +338,8 @@ def measure(torch: Any, name: str, work: Callable[[list[Any] | None], None], pha
     sampler.label = f"{name}/sustained"
     its = timed(torch, work, phases, timed_s, "sustained")
     sampler.label = f"{name}/profiled"
-    kernels, ranges = profiled(torch, work, 3, "sustained", name)
+    warm = max(2, math.ceil(1e3 / median_ms(its)))  # about a second back to back under the profiler
+    kernels, ranges = profiled(torch, work, 3, "sustained", name, warm=warm)
     sampler.label = ""
     time.sleep(2.0)
     sampler.label = f"{name}/after_pause"
@@ -384,33 +404,29 @@ def smi(field: str) -> str:
         return f"unread: {e}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--quick", action="store_true", help="three tiny shapes, short phases: a check of the script")
-    ap.add_argument("--steps", action="store_true",
-                    help="whole models' training steps (STEP_SHAPES) instead of layers (SHAPES)")
-    ap.add_argument("--only", nargs="*", default=None, help="shape names to run (default: all)")
-    ap.add_argument("--warm-s", type=float, default=2.0)
-    ap.add_argument("--timed-s", type=float, default=2.0)
-    args = ap.parse_args()
-    import pandas as pd
-    import torch
+SMI_FIELDS = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,power.default_limit,temperature.gpu"
+
+
+def median_ms(its: list[dict[str, Any]]) -> float:
+    """The median over iterations of their phases' milliseconds together."""
+    return float(sorted(sum(v for k, v in r.items() if k.endswith("_ms")) for r in its)[len(its) // 2])
+
+
+def new_manifest(torch: Any, args: argparse.Namespace, shapes: tuple[LayerShape, ...]) -> dict[str, Any]:
+    """What the run is: its command, commit, software, GPU and its state as found, and shapes."""
+    return {"argv": sys.argv, "commit": os.environ.get("OVSIM_COMMIT", "unknown"), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "gpu": torch.cuda.get_device_name(0), "smi_before": smi(SMI_FIELDS),
+            "what": "steps" if args.steps else "layers",
+            "shapes": [dataclasses.asdict(s) for s in shapes], "warm_s": args.warm_s, "timed_s": args.timed_s,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "errors": {}, "seconds": {}}
+
+
+def run_shapes(torch: Any, args: argparse.Namespace, shapes: tuple[LayerShape, ...],
+               manifest: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each shape measured in turn (a failure recorded in the manifest, the others still run)."""
     dev = torch.device("cuda")
-    every = STEP_SHAPES if args.steps else SHAPES
-    shapes = QUICK if args.quick else tuple(s for s in every if not args.only or s.name in args.only)
     measure = measure_steps if args.steps else measure_layers
-    args.out.mkdir(parents=True, exist_ok=True)
-    fields = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,power.default_limit,temperature.gpu"
-    manifest: dict[str, Any] = {
-        "commit": os.environ.get("OVSIM_COMMIT", "unknown"), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-        "gpu": torch.cuda.get_device_name(0), "smi_before": smi(fields),
-        "what": "steps" if args.steps else "layers",
-        "shapes": [dataclasses.asdict(s) for s in shapes], "warm_s": args.warm_s, "timed_s": args.timed_s,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "errors": {}, "seconds": {}}
-    if any(s.attention == "unfused" for s in shapes):
-        shapes = unfused_checked(torch, dev, shapes, manifest)
     sampler = Sampler()
     tables: dict[str, list[dict[str, Any]]] = {"iterations": [], "kernels": [], "annotations": []}
     for s in shapes:
@@ -421,8 +437,7 @@ def main() -> int:
             for k, v in got.items():
                 tables[k] += v
             its = [r for r in got["iterations"] if r["condition"] == "sustained"]
-            med = sorted(sum(v for k, v in r.items() if k.endswith("_ms")) for r in its)[len(its) // 2]
-            print(f"{s.name}: {len(its)} iterations, median {med:.3f} ms, "
+            print(f"{s.name}: {len(its)} iterations, median {median_ms(its):.3f} ms, "
                   f"{len(got['kernels'])} kernels profiled", flush=True)
         except Exception:  # one shape's failure must not lose the others
             sampler.label = ""
@@ -433,14 +448,41 @@ def main() -> int:
         manifest["seconds"][s.name] = round(time.perf_counter() - t0, 2)
     sampler.stop()
     tables["nvml"] = sampler.rows
-    manifest["smi_after"] = smi(fields)
+    return tables
+
+
+def write_tables(out: Path, tables: dict[str, list[dict[str, Any]]]) -> None:
+    import pandas as pd
+
     for name, rows in tables.items():
         df = pd.DataFrame(rows)
         try:
-            df.to_parquet(args.out / f"{name}.parquet", index=False)
+            df.to_parquet(out / f"{name}.parquet", index=False)
         except Exception:  # keep the data if parquet cannot be written
-            with gzip.open(args.out / f"{name}.csv.gz", "wt") as fh:
+            with gzip.open(out / f"{name}.csv.gz", "wt") as fh:
                 df.to_csv(fh, index=False)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true", help="three tiny shapes, short phases: a check of the script")
+    ap.add_argument("--steps", action="store_true",
+                    help="whole models' training steps (STEP_SHAPES) instead of layers (SHAPES)")
+    ap.add_argument("--only", nargs="*", default=None, help="shape names to run (default: all)")
+    ap.add_argument("--warm-s", type=float, default=2.0)
+    ap.add_argument("--timed-s", type=float, default=2.0)
+    args = ap.parse_args()
+    import torch
+
+    every = STEP_SHAPES if args.steps else SHAPES
+    shapes = QUICK if args.quick else tuple(s for s in every if not args.only or s.name in args.only)
+    args.out.mkdir(parents=True, exist_ok=True)
+    manifest = new_manifest(torch, args, shapes)
+    if any(s.attention == "unfused" for s in shapes):
+        shapes = unfused_checked(torch, torch.device("cuda"), shapes, manifest)
+    write_tables(args.out, run_shapes(torch, args, shapes, manifest))
+    manifest["smi_after"] = smi(SMI_FIELDS)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {sorted(p.name for p in args.out.iterdir())}; errors: {list(manifest['errors'])}")
     return 1 if manifest["errors"] else 0

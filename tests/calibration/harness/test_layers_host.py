@@ -38,3 +38,20 @@ def test_unfused_shapes_run_only_once_their_softmax_matches_pytorchs(
     assert unfused and ({s.name for s in got} >= unfused) == kept
     assert len(got) == len(layers.QUICK) - (0 if kept else len(unfused))
     assert (set(manifest["errors"]) == unfused) != kept
+
+
+def test_the_profiled_kernels_are_the_last_runs_ones() -> None:
+    """Of 2 warm runs and 3 recorded ones that each launch the same 4 kernels, the last 12 kernels
+    and the ranges from the first of them on; all of them where the count does not divide."""
+    kernels = [{"ts_us": float(t), "name": f"k{t % 4}"} for t in range(20)]
+    ranges = [{"ts_us": 3.0, "name": "F.qkv"}, {"ts_us": 9.0, "name": "F.qkv"}]
+    got, kept_ranges = layers.last_runs(list(reversed(kernels)), ranges, warm=2, n=3)
+    assert [k["ts_us"] for k in got] == [float(t) for t in range(8, 20)]
+    assert kept_ranges == [ranges[1]]
+    assert layers.last_runs(kernels[:19], ranges, warm=2, n=3) == (kernels[:19], ranges)
+    assert layers.last_runs(kernels, ranges, warm=0, n=1) == (kernels, ranges)
+
+
+def test_median_of_an_iterations_phases() -> None:
+    its = [{"condition": "sustained", "iteration": i, "fwd_ms": f, "bwd_ms": 2 * f} for i, f in enumerate((1, 3, 2))]
+    assert layers.median_ms(its) == 6.0
