@@ -40,7 +40,7 @@ from ovsim.validate.measured_gemm import (
     measured_shape_checks,
     measured_shape_points,
 )
-from ovsim.validate.measured_layers import LAYER_SETS, LAYERS_GROUP, measured_layer_checks
+from ovsim.validate.measured_layers import MEASURED_LAYERS, MEASURED_LAYERS_GROUP, measured_layer_checks
 from ovsim.validate.measured_memory import (
     COPY_ASSUMED_EFFICIENCY,
     COPY_DIRECTIONS,
@@ -155,8 +155,6 @@ __all__ = [
     "HARNESS_SM_FRACTION",
     "HBM_TOLERANCE_PCT",
     "HELD_OUT",
-    "LAYERS_GROUP",
-    "LAYER_SETS",
     "MAMF_EFFICIENCY",
     "MEASURED",
     "MEASURED_CLOCK",
@@ -178,6 +176,8 @@ __all__ = [
     "MEASURED_HBM",
     "MEASURED_HBM_FIT",
     "MEASURED_HBM_HELD_OUT",
+    "MEASURED_LAYERS",
+    "MEASURED_LAYERS_GROUP",
     "MEASURED_OVERLAP",
     "MEASURED_OWN_HELD",
     "MEASURED_OWN_HELD_FIT",

@@ -64,6 +64,7 @@ def test_a_folder_missing_a_table_or_an_existing_destination_is_refused(tmp_path
     (run / "nvml.parquet").unlink()
     with pytest.raises(SystemExit, match=r"nvml\.parquet: missing"):
         ingest(monkeypatch, "--dest", str(tmp_path / "set"), f"layers={run}")
+    assert not (tmp_path / "set").exists()
     with pytest.raises(SystemExit, match="exists"):
         ingest(monkeypatch, "--dest", str(tmp_path), f"layers={run}")
     with pytest.raises(SystemExit, match="PART=RUN_DIR"):
