@@ -108,11 +108,14 @@ def measured_phases_s(data: pd.DataFrame, part: str, name: str) -> tuple[dict[st
     return phases, len(it)
 
 
-def _clock_note(data: pd.DataFrame, part: str, name: str) -> str:
+def _clock_note(data: pd.DataFrame, part: str, name: str, predicted_hz: float) -> str:
+    """The board's clock and power as NVML sampled them, beside the clock ovsim's power loop gives:
+    under the limit the time follows the energy, and the clock says whether its split is right."""
     s = data[(data["part"] == part) & (data["table"] == "nvml") & (data["label"] == f"{name}/sustained")]
+    ovsim = f"; ovsim's SM clock {predicted_hz / 1e6:.0f} MHz on average"
     if not len(s) or "sm_mhz" not in s:
-        return ""
-    return f"; measured at {s['sm_mhz'].median():.0f} MHz, {s['power_w'].median():.0f} W (NVML medians)"
+        return ovsim
+    return f"; measured at {s['sm_mhz'].median():.0f} MHz, {s['power_w'].median():.0f} W (NVML medians){ovsim}"
 
 
 def measured_layer_checks(folder: Path) -> list[Check]:
@@ -139,6 +142,7 @@ def measured_layer_checks(folder: Path) -> list[Check]:
                 checks.append(Check(
                     f"{gpu} {shape['name']} ({part}): {what}", MEASURED_LAYERS_GROUP, sum(measured.values()) * 1e3,
                     sum(pred.values()) * 1e3, "ms", TOLERANCE_PCT, f"calibration/data/{rel} ({part})",
-                    note=f"{parts}; median of {n} iterations back to back{_clock_note(data, part, shape['name'])}"
+                    note=f"{parts}; median of {n} iterations back to back"
+                         + _clock_note(data, part, shape["name"], float(res.summary()["avg_sm_clock_hz"]))
                          + (UNFUSED_NOTE if shape.get("attention") == "unfused" else "")))
     return checks
