@@ -38,9 +38,11 @@ def average_clocks(c: np.ndarray, tick: float, edges: np.ndarray, rank: np.ndarr
     n_ticks = c.shape[1]
     c_cum = np.zeros((c.shape[0], n_ticks + 1))
     c_cum[:, 1:] = np.cumsum(c * tick, axis=1)
-    at0, at1 = _on_edges(start, edges, c_cum, rank), _on_edges(end, edges, c_cum, rank)
-    idx = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, n_ticks - 1)
-    return _over_spans(at0, at1, start, end, c[rank, idx])
+    # The tick each op starts in: its edge for the integral, and its clock if it lasts no time.
+    first = np.searchsorted(edges, start, side="right") - 1
+    at0 = _on_edges(start, first, edges, c_cum, rank)
+    at1 = _on_edges(end, np.searchsorted(edges, end, side="right") - 1, edges, c_cum, rank)
+    return _over_spans(at0, at1, start, end, c[rank, np.clip(first, 0, n_ticks - 1)])
 
 
 def one_rank_clocks(c: np.ndarray, tick: float, edges: np.ndarray, start: np.ndarray, end: np.ndarray
@@ -63,10 +65,10 @@ def _over_spans(at0: np.ndarray, at1: np.ndarray, start: np.ndarray, end: np.nda
     return out
 
 
-def _on_edges(x: np.ndarray, edges: np.ndarray, fp: np.ndarray, rank: np.ndarray) -> np.ndarray:
-    """``np.interp(x, edges, fp[rank])`` for each of ``x`` with its own row ``rank`` of ``fp``."""
+def _on_edges(x: np.ndarray, j: np.ndarray, edges: np.ndarray, fp: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """``np.interp(x, edges, fp[rank])`` for each of ``x`` with its own row ``rank`` of ``fp``; ``j``,
+    the edge at or left of each (``np.searchsorted(edges, x, side="right") - 1``)."""
     n = len(edges)
-    j = np.searchsorted(edges, x, side="right") - 1
     jc = np.clip(j, 0, n - 2)
     out = interpolated(x, edges[jc], edges[jc + 1], fp[rank, jc], fp[rank, jc + 1])
     out = np.where(j >= n - 1, fp[rank, n - 1], out)
