@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from typing import Any
 
 import pandas as pd
 
@@ -42,33 +43,33 @@ def rows() -> int:
     if not checks:
         print("no layers.py data sets here (a checkout's calibration/data, or OVSIM_DATA)", file=sys.stderr)
         return 1
-    print(f"{'row':<78} {'measured ms':>11} {'ovsim ms':>9} {'error':>7}  phases (ovsim against measured); clocks")
+    print(f"{'row':<78} {'measured ms':>11} {'ovsim ms':>9} {'error':>7}  "
+          "phases (ovsim against measured), iterations, clocks")
     for c in checks:
-        phases, _, rest = c.note.partition("; median")
-        clocks = rest.split("back to back", 1)[-1]
-        print(f"{c.name:<78} {c.reference:>11.2f} {c.predicted:>9.2f} {c.error_pct:>+6.1f}%  {phases}{clocks}")
+        print(f"{c.name:<78} {c.reference:>11.2f} {c.predicted:>9.2f} {c.error_pct:>+6.1f}%  {c.note}")
     failed = [c for c in checks if not c.passed]
     print(f"{len(checks) - len(failed)} of {len(checks)} within {checks[0].tolerance_pct:.0f}%")
     return 0
 
 
-def _find(shape_name: str, rel: str | None, part: str | None) -> tuple[str, str, str, dict[str, object]]:
-    """The first (set, part, system, shape) measuring ``shape_name``, within ``rel`` and ``part`` if given."""
+def _find(shape_name: str, rel: str | None, part: str | None
+          ) -> tuple[str, str, str, dict[str, object], pd.DataFrame, dict[str, Any]]:
+    """The first (set, part, system, shape) measuring ``shape_name``, within ``rel`` and ``part`` if
+    given, with the set's tables and manifests."""
     for r, _, system in MEASURED_LAYERS:
         if rel not in (None, r):
             continue
-        _, manifests = read_run(MEASURED_DATA / r)
+        data, manifests = read_run(MEASURED_DATA / r)
         for p, man in manifests.items():
             for s in man["shapes"]:
                 if s["name"] == shape_name and part in (None, p):
-                    return r, p, system, s
+                    return r, p, system, s, data, manifests
     raise SystemExit(f"no data set measured {shape_name}" + (f" in {rel}" if rel else "")
                      + (f", part {part}" if part else ""))
 
 
 def kernels(shape_name: str, rel: str | None, part: str | None) -> int:
-    rel, part, system, shape = _find(shape_name, rel, part)
-    data, manifests = read_run(MEASURED_DATA / rel)
+    rel, part, system, shape, data, manifests = _find(shape_name, rel, part)
     steps = manifests[part].get("what") == "steps"
     mine = (data["part"] == part) & (data["shape"] == shape_name) & (data["condition"] == "sustained")
     k, ranges = data[mine & (data["table"] == "kernels")], data[mine & (data["table"] == "annotations")]
