@@ -71,10 +71,12 @@ def test_the_layer_checks_cover_every_measured_shape() -> None:
     layers = [c for c in checks if "(steps" not in c.name]
     assert len(layers) == 27 and all(abs(c.error_pct) < 6 for c in layers), [
         (c.name, round(c.error_pct, 1)) for c in layers if abs(c.error_pct) >= 6]
-    # The AMP steps: ovsim is 2.6-10.5% fast on each (autocast's casts, PyTorch's cross entropy and
-    # fused AdamW's bandwidth not modeled; docs/calibration.md). Within 12% either way.
+    # The AMP steps, predicted as autocast runs them (precision amp_bf16, loss pytorch): within 6%
+    # (+0.1% to +5.2%). Priced as BF16 training with a fused loss, before autocast was modelled,
+    # they came 2.6-10.5% fast (docs/calibration.md).
     steps = [c for c in checks if "(steps" in c.name]
-    assert len(steps) == 10 and all(abs(c.error_pct) < 12 for c in steps)
+    assert len(steps) == 10 and all(abs(c.error_pct) < 6 for c in steps), [
+        (c.name, round(c.error_pct, 1)) for c in steps if abs(c.error_pct) >= 6]
 
 
 def test_a_step_scenario_is_the_whole_model_on_one_gpu() -> None:
@@ -87,7 +89,8 @@ def test_a_step_scenario_is_the_whole_model_on_one_gpu() -> None:
     assert sc.training.shape().vocab == STEP_VOCAB and sc.training.optimizer_mode == "fused_adam"
     ops = api.predict(sc, counters=False).timeline.ops
     assert set(predicted_phases_s(ops, ("fwd", "bwd", "step"), shape["name"])) == {"fwd", "bwd", "step"}
-    assert {"F0.embed", "F0.head", "F0.loss", "s0.optimizer"} <= set(ops["name"])
+    assert sc.training.precision == "amp_bf16" and sc.training.loss == "pytorch"
+    assert {"F0.embed", "F0.head", "F0.loss.log_softmax", "B0.loss.log_softmax_bwd", "s0.optimizer"} <= set(ops["name"])
     layer_ops = api.predict(shape_scenario(shape, False, "hgx-h200"), counters=False).timeline.ops
     with pytest.raises(OvsimError, match="no s0"):
         predicted_phases_s(layer_ops, ("fwd", "bwd", "step"), shape["name"])

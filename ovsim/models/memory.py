@@ -119,6 +119,18 @@ def _in_flight(pipeline: str, p: int, s: int, m: int, v: int, chunks: list[int])
     return peak, peak_layers
 
 
+def autocast_extra_bytes(m: ModelShape, tokens: int, mode: str) -> float:
+    """What a layer under autocast keeps for its backward beyond Korthikanti et al.'s 16-bit count
+    (tensor parallelism is refused with autocast): its two norms' inputs, the FP32 residual stream,
+    at 4 bytes rather than 2 (``2sbh`` each more), and the 16-bit copies of its weights autocast
+    made (2 bytes a weight); under full recomputation only its FP32 input (``2sbh`` more)."""
+    sbh = float(tokens * m.hidden)
+    if mode == "full":
+        return 2 * sbh
+    weights = layer_params(m, 1) - 4 * m.hidden  # the linears' weights; the norms stay FP32
+    return 4 * sbh + 2.0 * weights
+
+
 def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     """The peak memory of one rank of ``spec`` on ``n_ranks`` ranks: the pipeline stage that holds
     the most (see the module docstring for what is and is not counted)."""
@@ -126,7 +138,7 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     m = spec.shape()
     par = spec.parallel
     p, v, tp = lay.pp, lay.v, lay.tp
-    weight_b = 4 if spec.precision in ("fp32", "tf32") else 2
+    weight_b = 4 if spec.precision in ("fp32", "tf32") or spec.autocast else 2
     grad_b = gradient_element_bytes(spec)
     opt_b = (8 if weight_b == 4 else 12) if spec.optimizer_mode != "none" else 0
     if spec.optimizer_mode == "megatron" and grad_b == 2:
@@ -147,11 +159,15 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     unfused = spec.attention == "unfused"
     mode = spec.recompute_mode
     per_layer = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, mode, act_b, unfused)
+    if spec.autocast:
+        per_layer += autocast_extra_bytes(m, tokens, mode)
     # A layer in backward holds what was recomputed for it again for a moment: its whole activations
     # (full), or its attention's s x s matrices (selective, unfused attention).
     recomputed = 0.0
     if mode != "none":
         everything = layer_activation_bytes(m, tokens, tp, par.sequence_parallel, "none", act_b, unfused)
+        if spec.autocast:
+            everything += autocast_extra_bytes(m, tokens, "none")
         recomputed = everything - (per_layer if mode == "selective" else 0.0)
     best: MemoryEstimate | None = None
     for s in range(p):

@@ -290,6 +290,9 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             if vs == n_virtual - 1 and spec.embedding_and_head:
                 g.head(st, s, f"F{mb}", backward=False, last_mb=last_mb)
         else:
+            # Autocast's weight gradients add to the last micro-batch's from the second on (it
+            # runs without pipeline parallelism: micro-batches count from 0).
+            g.accumulating = spec.autocast and mb > 0
             if vs == n_virtual - 1 and spec.embedding_and_head:
                 g.head(st, s, f"B{mb}", backward=True, last_mb=last_mb)
             for layer in reversed(layers):

@@ -20,6 +20,7 @@ from ovsim.models.op_specs import (
     Templates,
     made,
 )
+from ovsim.models.training_amp import CAST_B, FP32_B, amp_layer_backward, amp_layer_forward, weight_grad_cast
 from ovsim.models.training_blocks import BlockCopies
 from ovsim.models.training_spec import (
     Layout,
@@ -41,6 +42,17 @@ from ovsim.models.training_spec import (
 LOSS_PASSES: dict[str, tuple[tuple[str, float], ...]] = {
     "forward": (("cast", 4.0), ("max", 4.0), ("sub", 8.0), ("exp", 8.0), ("sum", 4.0), ("div", 8.0)),
     "backward": (("mul", 8.0), ("cast_back", 4.0)),
+}
+
+# PyTorch's F.cross_entropy on 16-bit logits under autocast, as PyTorch 2.11 ran it on an H200
+# (calibration/data/h200-sxm/2026-12-04-b, steps; read off its kernels, nothing fitted): (pass,
+# bytes an element of the T x V logits besides the 16-bit ones "in16" reads or writes). Forward:
+# log-softmax from the 16-bit logits to FP32 (cunn_SoftMaxForward), a copy of the FP32 log-probs,
+# NLL (one block, left out). Backward: the gradient zeroed in FP32, NLL's scatter (left out), a cast
+# to 16 bits, log-softmax's backward from it and the FP32 log-probs to the 16-bit logits' gradient.
+PYTORCH_LOSS_PASSES: dict[str, tuple[tuple[str, float, int], ...]] = {
+    "forward": (("log_softmax", 4.0, 1), ("copy", 8.0, 0)),
+    "backward": (("fill", 4.0, 0), ("cast", 4.0, 1), ("log_softmax_bwd", 4.0, 2)),
 }
 
 
@@ -76,7 +88,8 @@ def optimizer_passes(spec: TrainingSpec, grad_b: int) -> list[tuple[str, float, 
     mode = spec.optimizer_mode
     if mode == "none":
         return []
-    mixed = spec.precision not in ("fp32", "tf32")
+    # Under autocast the parameters are FP32 themselves: no 16-bit copy to write.
+    mixed = spec.precision not in ("fp32", "tf32") and not spec.autocast
     if mode == "fused_adam":
         return [("optimizer", 24.0 + grad_b + (2.0 if mixed else 0.0), 0.0)]
     if mode == "composer":
@@ -123,7 +136,7 @@ class LayerEmitter:
         self.peer: list[tuple[str, str, dict[int, int]]] = []
         self.p2p_items: dict[str, tuple[int, int, int, int]] = {}
         self.stages = [StageState(ranks=lay.stage_ranks(s)) for s in range(lay.pp)]
-        self.gemm_precision = spec.precision
+        self.gemm_precision = spec.compute_precision
         self.act_b = activation_element_bytes(spec.precision)
         self.comm_b = wire_element_bytes(spec.precision)
         # DDP's gradients (FSDP's are at the wire's width: Megatron-LM's optimizer is refused there).
@@ -132,6 +145,9 @@ class LayerEmitter:
         self.chunks = self.p.tp_chunks or self.p.tp
         # Layer blocks copied from the first of their kind (None: each emitted).
         self.blocks = BlockCopies() if copy_blocks else None
+        # Under autocast: whether a backward accumulates into the gradients of an earlier
+        # micro-batch (set by the caller for each backward).
+        self.accumulating = False
 
     # basic emitters
 
@@ -264,6 +280,9 @@ class LayerEmitter:
             self.blocks.emit(self.ops, ("F", s), st, pre, lambda: self._layer_forward(st, s, pre))
 
     def _layer_forward(self, st: StageState, s: int, pre: str) -> None:
+        if self.spec.autocast:
+            amp_layer_forward(self, st, pre)
+            return
         m, t = self.m, self.lay.tp
         T = self.tokens
         sp = self.p.sequence_parallel
@@ -298,10 +317,13 @@ class LayerEmitter:
         if self.blocks is None or (last_mb and self._buckets_filled()):
             self._layer_backward(st, s, pre, last_mb, recompute_attention)
         else:
-            self.blocks.emit(self.ops, ("B", s, recompute_attention), st, pre,
+            self.blocks.emit(self.ops, ("B", s, recompute_attention, self.accumulating), st, pre,
                              lambda: self._layer_backward(st, s, pre, last_mb, recompute_attention))
 
     def _layer_backward(self, st: StageState, s: int, pre: str, last_mb: bool, recompute_attention: bool) -> None:
+        if self.spec.autocast:
+            amp_layer_backward(self, st, s, pre, last_mb, recompute_attention)
+            return
         m, t = self.m, self.lay.tp
         T = self.tokens
         sp = self.p.sequence_parallel and self.comm
@@ -391,7 +413,8 @@ class LayerEmitter:
     def embedding(self, st: StageState, s: int, pre: str, backward: bool, last_mb: bool) -> None:
         m, t = self.m, self.lay.tp
         T = self.tokens
-        hb = T * m.hidden * self.act_b
+        # Under autocast the embedding's output, the residual stream, is FP32.
+        hb = T * m.hidden * (FP32_B if self.spec.autocast else self.act_b)
         if not backward:
             self.mem(st, f"{pre}.embed", 2 * hb, "elementwise")
             if self.lay.tp > 1 and self.comm:
@@ -403,8 +426,13 @@ class LayerEmitter:
         self.grad_ready(st, s, m.vocab * m.hidden // t * self.grad_b, last_mb)
 
     def loss_passes(self, st: StageState, name: str, phase: str, elements: int) -> None:
-        """Megatron-LM's cross-entropy passes of ``phase`` over ``elements`` logits
-        (:data:`LOSS_PASSES`); FP32 training has its logits in FP32 already and casts nothing."""
+        """The cross-entropy passes of ``phase`` over ``elements`` logits: PyTorch's
+        (:data:`PYTORCH_LOSS_PASSES`) or Megatron-LM's (:data:`LOSS_PASSES`; FP32 training has its
+        logits in FP32 already and casts nothing)."""
+        if self.spec.loss == "pytorch":
+            for step, per_element, in16 in PYTORCH_LOSS_PASSES[phase]:
+                self.mem(st, f"{name}.{step}", (per_element + in16 * self.act_b) * elements, "elementwise")
+            return
         for step, per_element in LOSS_PASSES[phase]:
             if step in ("cast", "cast_back"):
                 if self.act_b == 4:
@@ -416,17 +444,25 @@ class LayerEmitter:
         m, t = self.m, self.lay.tp
         T = self.tokens
         vocab = m.vocab // t
+        amp = self.spec.autocast
         if not backward:
+            if amp:  # the FP32 stream and the FP32 head weight cast for the 16-bit GEMM
+                self.mem(st, f"{pre}.head.cast", CAST_B * T * m.hidden, "elementwise")
+                self.mem(st, f"{pre}.head.weight.cast", CAST_B * vocab * m.hidden, "elementwise")
             self.tp_gemm(st, s, f"{pre}.head", T, vocab, m.hidden, pre=self.p.sequence_parallel and self.comm)
             if self.spec.loss == "fused":
                 self.mem(st, f"{pre}.loss", 3 * T * vocab * self.act_b, "softmax")
             else:
                 self.loss_passes(st, f"{pre}.loss", "forward", T * vocab)
             return
-        if self.spec.loss == "megatron":
+        if self.spec.loss != "fused":
             self.loss_passes(st, f"{pre}.loss", "backward", T * vocab)
         self.gemm(st, f"{pre}.head.dgrad", T, m.hidden, vocab)
+        if amp:
+            self.mem(st, f"{pre}.head.gcast", CAST_B * T * m.hidden, "elementwise")
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
+        if amp:
+            weight_grad_cast(self, st, f"{pre}.head.wgrad", vocab * m.hidden)
         if not m.tied_embeddings:
             self.grad_ready(st, s, m.hidden * vocab * self.grad_b, last_mb)
         if self.lay.tp > 1 and self.comm:

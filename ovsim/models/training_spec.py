@@ -17,7 +17,11 @@ from ovsim.hw.spec import AttentionImplementation
 from ovsim.hw.validation import validation_error
 from ovsim.units import MIB
 
-TrainPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+TrainPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "amp_bf16", "amp_fp16"]
+# PyTorch's automatic mixed precision (torch.autocast): FP32 parameters, gradients and optimizer
+# state, each linear and the attention run in the 16-bit type named, the norms, the residual stream
+# and the loss in FP32 (docs/training.md, "PyTorch's automatic mixed precision").
+AUTOCAST = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
 
 
 class ModelShape(InputModel):
@@ -168,8 +172,9 @@ class TrainingSpec(InputModel):
     attention: Literal["flash", AttentionImplementation, "unfused"] = "flash"
     # The cross-entropy loss over the logits. fused: one kernel reads the 16-bit logits and writes
     # their gradient (a fused cross entropy). megatron: Megatron-LM's vocab-parallel cross entropy
-    # on FP32 logits, a pass each (ovsim.models.training_emit.LOSS_PASSES).
-    loss: Literal["fused", "megatron"] = "fused"
+    # on FP32 logits, a pass each (ovsim.models.training_emit.LOSS_PASSES). pytorch: PyTorch's
+    # F.cross_entropy, log-softmax to FP32 and NLL, a pass each (PYTORCH_LOSS_PASSES).
+    loss: Literal["fused", "megatron", "pytorch"] = "fused"
     # The optimizer step over this rank's parameters (memory-bound). true or "fused_adam": one fused
     # Adam pass (apex/PyTorch fused AdamW). "megatron": Megatron-LM's mixed-precision optimizer
     # around it, with its passes over the gradients and weights. "composer": Composer's
@@ -205,10 +210,22 @@ class TrainingSpec(InputModel):
         return None if a == "flash" or a == "unfused" else a
 
     @property
+    def autocast(self) -> bool:
+        """Whether the iteration runs under PyTorch's automatic mixed precision (``amp_*``)."""
+        return self.precision in AUTOCAST
+
+    @property
+    def compute_precision(self) -> Literal["fp32", "tf32", "fp16", "bf16", "fp8"]:
+        """The precision the linears' GEMMs run in: under autocast, the 16-bit type it names."""
+        p = self.precision
+        return "bf16" if p == "amp_bf16" else "fp16" if p == "amp_fp16" else p
+
+    @property
     def attention_precision(self) -> Literal["fp32", "tf32", "fp16", "bf16"]:
         """The precision the core attention runs in: FP8 recipes (Transformer Engine) keep it in 16
-        bits."""
-        return "bf16" if self.precision == "fp8" else self.precision
+        bits, and autocast runs it in its 16-bit type."""
+        p = self.compute_precision
+        return "bf16" if p == "fp8" else p
 
     def shape(self) -> ModelShape:
         if isinstance(self.model, ModelShape):
@@ -328,6 +345,7 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
                          field="parallel.dp_mode")
     if p.sequence_parallel and p.tp == 1:
         raise OvsimError("sequence_parallel needs tp > 1", field="parallel.sequence_parallel")
+    _check_autocast(spec)
     if p.tp_overlap != "none" and p.tp == 1:
         raise OvsimError(f"tp_overlap: {p.tp_overlap} needs tp > 1", field="parallel.tp_overlap")
     tokens = spec.micro_batch_size * m.seq_len
@@ -345,10 +363,31 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     return Layout(dp=dp, tp=p.tp, pp=p.pp, v=v)
 
 
+def _check_autocast(spec: TrainingSpec) -> None:
+    """Refuse what autocast is not modelled with: it is PyTorch's recipe for a model replicated by
+    DDP (or on one GPU); the tensor- and pipeline-parallel frameworks and FSDP's mixed precision
+    hold 16-bit parameters (precision bf16 or fp16)."""
+    if spec.loss == "pytorch" and not spec.autocast:
+        raise OvsimError("loss: pytorch is PyTorch's cross entropy under autocast (precision amp_bf16 or amp_fp16); "
+                         "without it use fused or megatron", field="loss")
+    if not spec.autocast:
+        return
+    p = spec.parallel
+    refused = [(p.tp > 1, "parallel.tp", "tensor parallelism"), (p.pp > 1, "parallel.pp", "pipeline parallelism"),
+               (p.dp_mode == "fsdp", "parallel.dp_mode", "FSDP"),
+               (spec.optimizer_mode == "megatron", "optimizer", "Megatron-LM's optimizer"),
+               (spec.attention == "unfused", "attention", "unfused attention")]
+    for bad, field, what in refused:
+        if bad:
+            raise OvsimError(f"{spec.precision} (PyTorch autocast) is modelled with DDP on whole replicas only, not "
+                             f"with {what}; use bf16 or fp16 there", field=field)
+
+
 def wire_element_bytes(precision: str) -> int:
     """Bytes per element of gradients and gathered parameters on the wire: fp32 for fp32/tf32
-    training, 16-bit otherwise (FP8 training keeps 16-bit weights and gradients)."""
-    return 4 if precision in ("fp32", "tf32") else 2
+    training and under autocast (FP32 parameters and gradients), 16-bit otherwise (FP8 training
+    keeps 16-bit weights and gradients)."""
+    return 4 if precision in ("fp32", "tf32") or precision in AUTOCAST else 2
 
 
 def gradient_element_bytes(spec: TrainingSpec) -> int:
@@ -361,6 +400,8 @@ def gradient_element_bytes(spec: TrainingSpec) -> int:
 
 
 def activation_element_bytes(precision: str) -> int:
+    """Bytes per element of the linears' and the attention's outputs: 16-bit under autocast too
+    (its FP32 residual stream is the emitter's, :mod:`ovsim.models.training_emit`)."""
     return 4 if precision in ("fp32", "tf32") else 2
 
 

@@ -73,8 +73,9 @@ def shape_scenario(shape: dict[str, Any], steps: bool, system: str) -> Scenario:
     training: dict[str, Any] = {"micro_batch_size": shape["micro_batch"], "micro_batches": 1,
                                 "precision": shape.get("dtype", "bf16"), "attention": shape.get("attention", "flash")}
     if steps:
-        training |= {"model": {**model, "vocab": STEP_VOCAB}, "optimizer": "fused_adam", "loss": "fused",
-                     "parallel": {"dp": 1}}
+        # The steps ran under BF16 autocast with FP32 parameters and PyTorch's cross entropy.
+        training |= {"model": {**model, "vocab": STEP_VOCAB}, "precision": "amp_bf16", "optimizer": "fused_adam",
+                     "loss": "pytorch", "parallel": {"dp": 1}}
     else:
         training |= {"model": model, "optimizer": "none", "embedding_and_head": False, "communication": False,
                      "parallel": {"tp": tp}}
