@@ -28,6 +28,10 @@ stage holds the activations of every micro-batch whose forward has run and whose
 not: counted from the schedule ovsim runs (:func:`ovsim.models.pipeline.stage_order`), not from a
 formula.
 
+Under PyTorch's autocast (``precision: amp_bf16 | amp_fp16``) the weights, gradients and moments are
+FP32 (4 + 4 + 8 bytes), the weights' 16-bit copies autocast caches are held with the weights, and
+each layer's two norm inputs, on the FP32 residual stream, take 2 bytes an element more.
+
 Not counted: the CUDA context and library workspaces (about 0.5-2 GB), allocator fragmentation,
 communication buffers, DDP's gradient buckets (views of the gradients), input data. The estimate
 is therefore a lower bound on what a framework would reserve.
@@ -38,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ovsim.models.pipeline import stage_order
+from ovsim.models.training_amp import cast_weights
 from ovsim.models.training_spec import (
     ModelShape,
     TrainingSpec,
@@ -122,13 +127,19 @@ def _in_flight(pipeline: str, p: int, s: int, m: int, v: int, chunks: list[int])
 def autocast_extra_bytes(m: ModelShape, tokens: int, mode: str) -> float:
     """What a layer under autocast keeps for its backward beyond Korthikanti et al.'s 16-bit count
     (tensor parallelism is refused with autocast): its two norms' inputs, the FP32 residual stream,
-    at 4 bytes rather than 2 (``2sbh`` each more), and the 16-bit copies of its weights autocast
-    made (2 bytes a weight); under full recomputation only its FP32 input (``2sbh`` more)."""
+    at 4 bytes rather than 2 (``2sbh`` each more); under full recomputation its FP32 input
+    (``2sbh`` more)."""
     sbh = float(tokens * m.hidden)
-    if mode == "full":
-        return 2 * sbh
-    weights = layer_params(m, 1) - 4 * m.hidden  # the linears' weights; the norms stay FP32
-    return 4 * sbh + 2.0 * weights
+    return 2 * sbh if mode == "full" else 4 * sbh
+
+
+def autocast_cache_bytes(spec: TrainingSpec, m: ModelShape) -> float:
+    """Autocast's 16-bit copies of the weights it casts (2 bytes each: the layers' linears and the
+    head), cached until the forward and loss leave its region, so held at the logits' peak
+    whatever is recomputed; 0 without autocast."""
+    if not spec.autocast:
+        return 0.0
+    return 2.0 * (m.layers * cast_weights(m) + (m.vocab * m.hidden if spec.embedding_and_head else 0))
 
 
 def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
@@ -175,7 +186,7 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
         in_flight, layers_held = _in_flight(par.pipeline, p, s, spec.micro_batches, v, chunks)
         est = MemoryEstimate(
             stage=s,
-            weights_bytes=params * weight_b / shard,
+            weights_bytes=params * weight_b / shard + autocast_cache_bytes(spec, m),
             gradients_bytes=params * grad_b / shard,
             optimizer_bytes=params * opt_b / optimizer_shard,
             gathered_bytes=((1 + par.fsdp_prefetch) * weight_b + grad_b) * layer_p + bucket_bytes if fsdp else 0.0,

@@ -230,6 +230,9 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     act_bytes = full_act_bytes / (lay.tp if spec.parallel.sequence_parallel or gather else 1)
     last_b = {(s, c): max(mb for ph, mb, cc in orders[s] if ph == "B" and cc == c) for s in range(p)
               for c in range(v)}
+    # The backward each stage's chunk runs first: later ones add to the gradients it leaves.
+    first_b = {(s, c): next(mb for ph, mb, cc in orders[s] if ph == "B" and cc == c) for s in range(p)
+               for c in range(v)}
     fsdp_state = FsdpCollectives(g, m.layers) if fsdp else None
 
     for s, (ph, mb, c) in merged:
@@ -290,9 +293,8 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             if vs == n_virtual - 1 and spec.embedding_and_head:
                 g.head(st, s, f"F{mb}", backward=False, last_mb=last_mb)
         else:
-            # Autocast's weight gradients add to the last micro-batch's from the second on (it
-            # runs without pipeline parallelism: micro-batches count from 0).
-            g.accumulating = spec.autocast and mb > 0
+            # Autocast's FP32 weight gradients add to those of the chunk's first backward.
+            g.accumulating = spec.autocast and mb != first_b[(s, c)]
             if vs == n_virtual - 1 and spec.embedding_and_head:
                 g.head(st, s, f"B{mb}", backward=True, last_mb=last_mb)
             for layer in reversed(layers):

@@ -20,11 +20,12 @@ from ovsim.models.op_specs import (
     Templates,
     made,
 )
-from ovsim.models.training_amp import CAST_B, FP32_B, amp_layer_backward, amp_layer_forward, weight_grad_cast
+from ovsim.models.training_amp import CAST_B, FP32_B, amp_layer_backward, amp_layer_forward
 from ovsim.models.training_blocks import BlockCopies
 from ovsim.models.training_spec import (
     Layout,
     TrainingSpec,
+    act_elements,
     activation_element_bytes,
     gradient_element_bytes,
     layer_matrices,
@@ -45,14 +46,15 @@ LOSS_PASSES: dict[str, tuple[tuple[str, float], ...]] = {
 }
 
 # PyTorch's F.cross_entropy on 16-bit logits under autocast, as PyTorch 2.11 ran it on an H200
-# (calibration/data/h200-sxm/2026-12-04-b, steps; read off its kernels, nothing fitted): (pass,
-# bytes an element of the T x V logits besides the 16-bit ones "in16" reads or writes). Forward:
-# log-softmax from the 16-bit logits to FP32 (cunn_SoftMaxForward), a copy of the FP32 log-probs,
-# NLL (one block, left out). Backward: the gradient zeroed in FP32, NLL's scatter (left out), a cast
-# to 16 bits, log-softmax's backward from it and the FP32 log-probs to the 16-bit logits' gradient.
+# (calibration/data/h200-sxm/2026-12-04-b, steps; read off its kernels and their types, nothing
+# fitted): (pass, FP32 bytes an element of the T x V logits, 16-bit operands an element). Forward:
+# log-softmax in 16 bits (cunn_SoftMaxForward<BFloat16, float, BFloat16>: FP32 accumulation), the
+# log-probabilities cast to FP32 for NLL (one block, left out). Backward: the FP32 gradient zeroed,
+# NLL's scatter (left out), its cast to 16 bits, log-softmax's backward (gradient and output in,
+# gradient out, in 16 bits).
 PYTORCH_LOSS_PASSES: dict[str, tuple[tuple[str, float, int], ...]] = {
-    "forward": (("log_softmax", 4.0, 1), ("copy", 8.0, 0)),
-    "backward": (("fill", 4.0, 0), ("cast", 4.0, 1), ("log_softmax_bwd", 4.0, 2)),
+    "forward": (("log_softmax", 0.0, 2), ("cast", 4.0, 1)),
+    "backward": (("fill", 4.0, 0), ("cast", 4.0, 1), ("log_softmax_bwd", 0.0, 3)),
 }
 
 
@@ -88,12 +90,15 @@ def optimizer_passes(spec: TrainingSpec, grad_b: int) -> list[tuple[str, float, 
     mode = spec.optimizer_mode
     if mode == "none":
         return []
-    # Under autocast the parameters are FP32 themselves: no 16-bit copy to write.
+    # Under autocast the parameters are FP32 themselves: no 16-bit copy to write. With FP16,
+    # GradScaler checks the gradients for infinities (``_amp_foreach_non_finite_check_and_unscale_``,
+    # read and written in place) even where the fused step takes the scale itself.
     mixed = spec.precision not in ("fp32", "tf32") and not spec.autocast
+    scaler = [("unscale", 8.0, 0.0)] if spec.precision == "amp_fp16" else []
     if mode == "fused_adam":
-        return [("optimizer", 24.0 + grad_b + (2.0 if mixed else 0.0), 0.0)]
+        return [*scaler, ("optimizer", 24.0 + grad_b + (2.0 if mixed else 0.0), 0.0)]
     if mode == "composer":
-        return [("grad_norm", 4.0, 0.0), ("grad_clip", 8.0, 0.0), ("optimizer", 80.0, 0.0)]
+        return [*scaler, ("grad_norm", 4.0, 0.0), ("grad_clip", 8.0, 0.0), ("optimizer", 80.0, 0.0)]
     passes: list[tuple[str, float, float]] = []
     if grad_b < 4:
         passes.append(("grad_copy", grad_b + 4.0, 0.0))
@@ -302,8 +307,7 @@ class LayerEmitter:
         self.mem(st, f"{pre}.norm2", 4 * hb, "norm")
         self.fp8_cast(st, f"{pre}.fc1", T * mats["fc1"][0], gathered)
         self.tp_gemm(st, s, f"{pre}.fc1", T, mats["fc1"][1], mats["fc1"][0], pre=sp, element_bytes=gather_b)
-        f_local = T * mats["fc1"][1]
-        self.mem(st, f"{pre}.act", (f_local + f_local // (2 if m.gated_mlp else 1)) * self.act_b, "elementwise")
+        self.mem(st, f"{pre}.act", act_elements(m, T, mats["fc1"][1]) * self.act_b, "elementwise")
         self.fp8_cast(st, f"{pre}.fc2", T * mats["fc2"][0])
         self.tp_gemm(st, s, f"{pre}.fc2", T, mats["fc2"][1], mats["fc2"][0], post=post)
         self.mem(st, f"{pre}.residual", 3 * hb, "elementwise")
@@ -339,9 +343,7 @@ class LayerEmitter:
         self.tp_gemm(st, s, f"{pre}.fc2.dgrad", T, mats["fc2"][0], mats["fc2"][1], pre=sp)
         self.gemm(st, f"{pre}.fc2.wgrad", mats["fc2"][0], mats["fc2"][1], T)
         self.grad_ready(st, s, mats["fc2"][0] * mats["fc2"][1] * gb, last_mb)
-        f_local = T * mats["fc1"][1]
-        self.mem(st, f"{pre}.act.bwd", 2 * (f_local + f_local // (2 if m.gated_mlp else 1)) * self.act_b,
-                 "elementwise")
+        self.mem(st, f"{pre}.act.bwd", 2 * act_elements(m, T, mats["fc1"][1]) * self.act_b, "elementwise")
         self._column_backward(st, s, f"{pre}.fc1", mats["fc1"], post, sp)
         self.grad_ready(st, s, mats["fc1"][0] * mats["fc1"][1] * gb, last_mb)
         self.mem(st, f"{pre}.norm2.bwd", 6 * hb, "norm")
@@ -422,16 +424,29 @@ class LayerEmitter:
                 st.pending += self.collective(st, f"{pre}.embed.{kind}", kind, float(hb), "tp",
                                               self.lay.tp_groups(s))
             return
+        if self.spec.autocast:
+            self._amp_table_grad(st, pre)
         self.mem(st, f"{pre}.embed.bwd", 2 * hb, "elementwise")
+        if self.spec.autocast and m.tied_embeddings:
+            # Autograd sums the table's two FP32 gradients, the head's and the embedding's.
+            self.mem(st, f"{pre}.embed.grad.sum", 3 * FP32_B * m.vocab * m.hidden, "elementwise")
+        if self.spec.autocast and self.accumulating:
+            self.mem(st, f"{pre}.embed.grad.accumulate", 3 * FP32_B * m.vocab * m.hidden, "elementwise")
         self.grad_ready(st, s, m.vocab * m.hidden // t * self.grad_b, last_mb)
+
+    def _amp_table_grad(self, st: StageState, pre: str) -> None:
+        """Under autocast the embedding is FP32 and its backward dense: the table's whole FP32
+        gradient zeroed before the tokens' rows are scattered into it (PyTorch's
+        embedding_dense_backward; its sort and scatter kernels are priced as ``embed.bwd``)."""
+        self.mem(st, f"{pre}.embed.grad.fill", FP32_B * self.m.vocab * self.m.hidden, "elementwise")
 
     def loss_passes(self, st: StageState, name: str, phase: str, elements: int) -> None:
         """The cross-entropy passes of ``phase`` over ``elements`` logits: PyTorch's
         (:data:`PYTORCH_LOSS_PASSES`) or Megatron-LM's (:data:`LOSS_PASSES`; FP32 training has its
         logits in FP32 already and casts nothing)."""
         if self.spec.loss == "pytorch":
-            for step, per_element, in16 in PYTORCH_LOSS_PASSES[phase]:
-                self.mem(st, f"{name}.{step}", (per_element + in16 * self.act_b) * elements, "elementwise")
+            for step, fp32_b, sixteen_bit_operands in PYTORCH_LOSS_PASSES[phase]:
+                self.mem(st, f"{name}.{step}", (fp32_b + sixteen_bit_operands * self.act_b) * elements, "elementwise")
             return
         for step, per_element in LOSS_PASSES[phase]:
             if step in ("cast", "cast_back"):
@@ -462,7 +477,10 @@ class LayerEmitter:
             self.mem(st, f"{pre}.head.gcast", CAST_B * T * m.hidden, "elementwise")
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
         if amp:
-            weight_grad_cast(self, st, f"{pre}.head.wgrad", vocab * m.hidden)
+            # A head tied to the embedding adds its gradient there (embedding); its own accumulates.
+            self.mem(st, f"{pre}.head.wgrad.cast", CAST_B * vocab * m.hidden, "elementwise")
+            if self.accumulating and not m.tied_embeddings:
+                self.mem(st, f"{pre}.head.wgrad.accumulate", 3 * FP32_B * vocab * m.hidden, "elementwise")
         if not m.tied_embeddings:
             self.grad_ready(st, s, m.hidden * vocab * self.grad_b, last_mb)
         if self.lay.tp > 1 and self.comm:

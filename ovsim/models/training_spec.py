@@ -376,6 +376,7 @@ def _check_autocast(spec: TrainingSpec) -> None:
     refused = [(p.tp > 1, "parallel.tp", "tensor parallelism"), (p.pp > 1, "parallel.pp", "pipeline parallelism"),
                (p.dp_mode == "fsdp", "parallel.dp_mode", "FSDP"),
                (spec.optimizer_mode == "megatron", "optimizer", "Megatron-LM's optimizer"),
+               (p.distributed_optimizer, "parallel.distributed_optimizer", "Megatron-LM's distributed optimizer"),
                (spec.attention == "unfused", "attention", "unfused attention")]
     for bad, field, what in refused:
         if bad:
@@ -403,6 +404,13 @@ def activation_element_bytes(precision: str) -> int:
     """Bytes per element of the linears' and the attention's outputs: 16-bit under autocast too
     (its FP32 residual stream is the emitter's, :mod:`ovsim.models.training_emit`)."""
     return 4 if precision in ("fp32", "tf32") else 2
+
+
+def act_elements(m: ModelShape, tokens: int, fc1_out: int) -> int:
+    """Elements the MLP's activation reads and writes: FC1's ``fc1_out``-wide output over
+    ``tokens``, and its result (half as wide where the MLP is gated)."""
+    f = tokens * fc1_out
+    return f + f // (2 if m.gated_mlp else 1)
 
 
 def layer_matrices(m: ModelShape, tp: int) -> dict[str, tuple[int, int]]:
