@@ -37,5 +37,16 @@ def test_kernels_are_classed_by_name(bench) -> None:  # type: ignore[no-untyped-
     assert bench.kernel_class("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == "attention"
     assert bench.kernel_class("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "gemm"
     assert bench.kernel_class("void at::native::cunn_SoftMaxForward<8>") == "softmax and loss"
+    assert bench.kernel_class("fwd") == bench.kernel_class("bwd") == "softmax and loss"  # the harness's Triton
+    assert bench.kernel_class("void at::native::fused_dropout_kernel_vec<c10::Half>") == "other"
+
+
+def test_ovsim_ops_are_classed_as_the_kernels_are(bench) -> None:  # type: ignore[no-untyped-def]
+    assert bench.op_class("F0.L0.qkv", "gemm") == "gemm"
+    assert bench.op_class("F0.L0.attn.softmax", "elementwise") == "softmax and loss"
+    assert bench.op_class("F0.loss", "softmax") == "softmax and loss"
+    assert bench.op_class("F0.loss.log_softmax", "elementwise") == "softmax and loss"
+    assert bench.op_class("B0.loss.cast", "elementwise") == "other"  # a copy kernel, as measured
+    assert bench.op_class("s0.optimizer", "elementwise") == "optimizer"
     assert bench.kernel_class("void at::native::vectorized_layer_norm_kernel<float>") == "norm"
     assert bench.kernel_class("void at::native::FillFunctor<float>") == "other"
