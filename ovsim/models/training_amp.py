@@ -73,12 +73,19 @@ def amp_layer_forward(g: Emitter, st: Any, pre: str) -> None:
     g.mem(st, f"{pre}.residual2", (2 * FP32_B + g.act_b) * e, "elementwise")
 
 
-def weight_grad_cast(g: Emitter, st: Any, name: str, params: int) -> None:
-    """A weight's 16-bit gradient cast to FP32, and added to the accumulated one after the first
-    micro-batch (AccumulateGrad: two FP32 tensors read, one written)."""
-    g.mem(st, f"{name}.cast", CAST_B * params, "elementwise")
+def accumulate_grad(g: Emitter, st: Any, name: str, params: int) -> None:
+    """An FP32 gradient added to the accumulated one after the chunk's first backward
+    (AccumulateGrad: two FP32 tensors read, one written); nothing in the first."""
     if g.accumulating:
         g.mem(st, f"{name}.accumulate", 3 * FP32_B * params, "elementwise")
+
+
+def weight_grad_cast(g: Emitter, st: Any, name: str, params: int, accumulates: bool = True) -> None:
+    """A weight's 16-bit gradient cast to FP32, then accumulated (:func:`accumulate_grad`) unless
+    it is summed into another's first (``accumulates`` false: a head tied to the embedding)."""
+    g.mem(st, f"{name}.cast", CAST_B * params, "elementwise")
+    if accumulates:
+        accumulate_grad(g, st, name, params)
 
 
 def amp_layer_backward(g: Emitter, st: Any, s: int, pre: str, last_mb: bool, recompute_attention: bool) -> None:

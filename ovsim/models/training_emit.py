@@ -20,7 +20,14 @@ from ovsim.models.op_specs import (
     Templates,
     made,
 )
-from ovsim.models.training_amp import CAST_B, FP32_B, amp_layer_backward, amp_layer_forward
+from ovsim.models.training_amp import (
+    CAST_B,
+    FP32_B,
+    accumulate_grad,
+    amp_layer_backward,
+    amp_layer_forward,
+    weight_grad_cast,
+)
 from ovsim.models.training_blocks import BlockCopies
 from ovsim.models.training_spec import (
     Layout,
@@ -424,21 +431,19 @@ class LayerEmitter:
                 st.pending += self.collective(st, f"{pre}.embed.{kind}", kind, float(hb), "tp",
                                               self.lay.tp_groups(s))
             return
-        if self.spec.autocast:
-            self._amp_table_grad(st, pre)
+        amp, table = self.spec.autocast, m.vocab * m.hidden
+        if amp:
+            # The FP32 embedding's backward is dense: the table's whole FP32 gradient zeroed before
+            # the tokens' rows are scattered into it (embedding_dense_backward; its sort and
+            # scatter kernels are priced as embed.bwd).
+            self.mem(st, f"{pre}.embed.grad.fill", FP32_B * table, "elementwise")
         self.mem(st, f"{pre}.embed.bwd", 2 * hb, "elementwise")
-        if self.spec.autocast and m.tied_embeddings:
-            # Autograd sums the table's two FP32 gradients, the head's and the embedding's.
-            self.mem(st, f"{pre}.embed.grad.sum", 3 * FP32_B * m.vocab * m.hidden, "elementwise")
-        if self.spec.autocast and self.accumulating:
-            self.mem(st, f"{pre}.embed.grad.accumulate", 3 * FP32_B * m.vocab * m.hidden, "elementwise")
-        self.grad_ready(st, s, m.vocab * m.hidden // t * self.grad_b, last_mb)
-
-    def _amp_table_grad(self, st: StageState, pre: str) -> None:
-        """Under autocast the embedding is FP32 and its backward dense: the table's whole FP32
-        gradient zeroed before the tokens' rows are scattered into it (PyTorch's
-        embedding_dense_backward; its sort and scatter kernels are priced as ``embed.bwd``)."""
-        self.mem(st, f"{pre}.embed.grad.fill", FP32_B * self.m.vocab * self.m.hidden, "elementwise")
+        if amp:
+            if m.tied_embeddings:
+                # Autograd sums the table's two FP32 gradients, the head's and the embedding's.
+                self.mem(st, f"{pre}.embed.grad.sum", 3 * FP32_B * table, "elementwise")
+            accumulate_grad(self, st, f"{pre}.embed.grad", table)
+        self.grad_ready(st, s, table // t * self.grad_b, last_mb)
 
     def loss_passes(self, st: StageState, name: str, phase: str, elements: int) -> None:
         """The cross-entropy passes of ``phase`` over ``elements`` logits: PyTorch's
@@ -476,11 +481,8 @@ class LayerEmitter:
         if amp:
             self.mem(st, f"{pre}.head.gcast", CAST_B * T * m.hidden, "elementwise")
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
-        if amp:
-            # A head tied to the embedding adds its gradient there (embedding); its own accumulates.
-            self.mem(st, f"{pre}.head.wgrad.cast", CAST_B * vocab * m.hidden, "elementwise")
-            if self.accumulating and not m.tied_embeddings:
-                self.mem(st, f"{pre}.head.wgrad.accumulate", 3 * FP32_B * vocab * m.hidden, "elementwise")
+        if amp:  # a head tied to the embedding has its gradient summed there (embedding) first
+            weight_grad_cast(self, st, f"{pre}.head.wgrad", vocab * m.hidden, accumulates=not m.tied_embeddings)
         if not m.tied_embeddings:
             self.grad_ready(st, s, m.hidden * vocab * self.grad_b, last_mb)
         if self.lay.tp > 1 and self.comm:

@@ -21,7 +21,7 @@ TrainPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "amp_bf16", "amp
 # PyTorch's automatic mixed precision (torch.autocast): FP32 parameters, gradients and optimizer
 # state, each linear and the attention run in the 16-bit type named, the norms, the residual stream
 # and the loss in FP32 (docs/training.md, "PyTorch's automatic mixed precision").
-AUTOCAST = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
+AUTOCAST: dict[str, Literal["bf16", "fp16"]] = {"amp_bf16": "bf16", "amp_fp16": "fp16"}
 
 
 class ModelShape(InputModel):
@@ -218,7 +218,7 @@ class TrainingSpec(InputModel):
     def compute_precision(self) -> Literal["fp32", "tf32", "fp16", "bf16", "fp8"]:
         """The precision the linears' GEMMs run in: under autocast, the 16-bit type it names."""
         p = self.precision
-        return "bf16" if p == "amp_bf16" else "fp16" if p == "amp_fp16" else p
+        return AUTOCAST[p] if p == "amp_bf16" or p == "amp_fp16" else p
 
     @property
     def attention_precision(self) -> Literal["fp32", "tf32", "fp16", "bf16"]:
