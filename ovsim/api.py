@@ -155,8 +155,9 @@ class Result:
             "hidden_comm_s": sum(r.overlapped_s for r in ranks) / n,
             "comm_hidden_fraction": (sum(r.overlapped_s for r in ranks) / sum(r.comm_busy_s for r in ranks)
                                      if any(r.comm_busy_s for r in ranks) else 0.0),
-            # Busy and idle time are sums of intervals: below 0 only by round-off.
-            "idle_s": max(0.0, sum(r.idle_s for r in ranks) / n),
+            # Busy and idle time are sums of intervals: within round-off of 0 (a part in a billion
+            # of the span, the error of summing a million ops' intervals), they are 0.
+            "idle_s": _above_round_off(sum(r.idle_s for r in ranks) / n, self.timeline.makespan_s),
             **self._power_summary(),
             **self._memory_summary(),
             "calibration_files": list(self.calibration.files),
@@ -260,6 +261,11 @@ def _system_once(source: InlineSystem | SystemSpec, nodes: int | None = None) ->
         made = source.to_spec() if isinstance(source, InlineSystem) else source.model_copy(update={"nodes": nodes})
         hit = _SYSTEMS[key] = (source, made)
     return hit[1]
+
+
+def _above_round_off(seconds: float, span_s: float) -> float:
+    """``seconds``, or 0 where it is within round-off (a billionth of ``span_s``) of 0 or below."""
+    return seconds if seconds > 1e-9 * span_s else 0.0
 
 
 def build(sc: Scenario, source: str = "", max_ops: int | None = None) -> tuple[Workload, SystemSpec, GpuSpec,

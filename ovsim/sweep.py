@@ -1,7 +1,7 @@
 """Parameter sweeps: one scenario, axes of values, every combination predicted.
 
     sweep("examples/training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml",
-          {"training.micro_batch": [1, 2, 4], "power.cap_w": [None, 250, 150]})
+          {"training.micro_batch_size": [1, 2, 4], "power.cap_w": [None, 250, 150]})
 
 gives a DataFrame with one row per combination (the first axis varies slowest): the axes' values,
 then :meth:`ovsim.api.Result.summary` of that prediction (makespan, compute slowdown, exposed

@@ -115,3 +115,16 @@ def test_compare_accounts_the_sequential_time_against_the_first_scenario() -> No
     assert df["accounted_sequential_s"].iloc[0] == pytest.approx(seq["makespan_s"], rel=1e-12)
     expected = prio["makespan_s"] - (prio["compute_s"] - seq["compute_s"]) + prio["hidden_comm_s"]
     assert df["accounted_sequential_s"].iloc[1] == pytest.approx(expected, rel=1e-12)
+
+
+def test_idle_time_is_zero_within_round_off_and_kept_above_it(tmp_path: Path) -> None:
+    # Every rank busy end to end: the intervals' sums leave about 1e-19 s, which is 0 (it read
+    # 8.67e-19 s). A host gap of 1 ms after both the GEMM and the all-reduce, before a last
+    # kernel, is that much idle time on every rank.
+    example = Path("examples/gemm-allreduce-h100x4-priority.yaml")
+    assert predict(example, mode="analytic").summary()["idle_s"] == 0.0
+    p = tmp_path / "gap.yaml"
+    p.write_text(example.read_text() + "  - name: gap\n    kind: delay\n    duration_s: 1.0e-3\n    stream: compute\n"
+                 "    after: [gemm, allreduce]\n  - name: tail\n    kind: elementwise\n    bytes: 1.0e6\n"
+                 "    stream: compute\n    after: [gap]\n")
+    assert predict(p, mode="analytic").summary()["idle_s"] == pytest.approx(1e-3, rel=1e-6)

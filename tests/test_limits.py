@@ -169,3 +169,29 @@ def test_workers_gone_at_a_ctrl_c_read_as_interrupted(ctrl_c: bool, monkeypatch:
         assert code == 130 and err == ["ovsim: interrupted"]
     else:
         assert code == 3 and len(err) == 1 and err[0].startswith("ovsim: internal error: BrokenProcessPool")
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("size_bytes: 896.0e6", "size_bytes: 1.0e27"),  # an all-reduce of 4e15 s
+    ("    m: 8192\n", "    m: 8000000000000000\n"),  # a GEMM of about 7e9 s
+])
+def test_an_op_of_years_is_refused_with_its_name(tmp_path: Path, capsys: pytest.CaptureFixture[str], old: str,
+                                                 new: str) -> None:
+    # An all-reduce of 1e27 bytes once ended in an internal error (a window of the power-limit loop
+    # rounded to 0 s beside it) and, without the loop, in a makespan of 4e21 ms.
+    text = EXAMPLE.read_text()
+    assert old in text
+    p = tmp_path / "huge.yaml"
+    p.write_text(text.replace(old, new))
+    for mode in ("simulate", "analytic"):
+        assert main(["predict", str(p), "--mode", mode, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "over the longest op" in err and str(p) in err
+        assert ("ops.allreduce" if "size_bytes" in old else "ops.gemm") in err
+
+
+def test_a_long_op_below_the_limit_runs(tmp_path: Path) -> None:
+    # 1e19 bytes on the wire: about 4e7 s at the bus bandwidth of hundreds of GB/s, under 1e9 s.
+    p = tmp_path / "long.yaml"
+    p.write_text(EXAMPLE.read_text().replace("size_bytes: 896.0e6", "size_bytes: 1.0e19"))
+    assert 1e6 < predict(p, mode="analytic").timeline.makespan_s < 1e9

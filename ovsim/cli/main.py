@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("scenario", help="scenario YAML file")
     sw.add_argument("--axis", action="append", required=True, metavar="PATH=V1,V2,...",
                     help="a field of the scenario (keys joined by dots, a list item by index or name: "
-                         "ops.gemm.m, training.micro_batch, power.cap_w, knobs.comm_priority) and its values "
+                         "ops.gemm.m, training.micro_batch_size, power.cap_w, knobs.comm_priority) and its values "
                          "(null, true/false, numbers, text, [lists]); repeat for more axes, the first varying slowest")
     sw.add_argument("--mode", choices=["simulate", "analytic"], help="override the scenario's mode")
     sw.add_argument("--workers", type=count_arg, default=1, metavar="N",

@@ -90,8 +90,8 @@ class Results:
     def flow(self, seq: int, f: FlowState) -> None:
         """Flow ``f``, the ``seq``-th created, has finished."""
         d = f.demand
-        isolated = d.latency_s + (d.bytes / d.rate_cap_bytes_per_s if d.bytes > 0 else 0.0)
-        self.flows[d.group] = (seq, min(m.launch_s for m in f.members.values()), f.start_s, f.end_s, isolated, d.bytes)
+        self.flows[d.group] = (seq, min(m.launch_s for m in f.members.values()), f.start_s, f.end_s, d.isolated_s,
+                               d.bytes)
 
 
 def timeline_of(workload: Workload, results: Results, counters: Counters) -> Timeline:

@@ -112,6 +112,11 @@ class FlowDemand:
     # Members of the whole communicator where only some are simulated (rank symmetry); 0: len(ranks).
     group_size: int = 0
 
+    @property
+    def isolated_s(self) -> float:
+        """Its time alone: the latency, then its bytes at its rate cap."""
+        return self.latency_s + (self.bytes / self.rate_cap_bytes_per_s if self.bytes > 0 else 0.0)
+
     def renamed(self, group: str) -> FlowDemand:
         """This flow under another group name. A training iteration names 100,000s of collectives
         that differ only in their names: the copy takes this one's fields as they are, at a third
@@ -146,8 +151,7 @@ class Op:
         if self.kind == "delay":
             return self.delay_s
         if self.flow is not None:
-            f = self.flow
-            return f.latency_s + (f.bytes / f.rate_cap_bytes_per_s if f.bytes > 0 else 0.0)
+            return self.flow.isolated_s
         assert self.kernel is not None
         return self.kernel.isolated_s
 

@@ -18,7 +18,7 @@ from typing import Literal, cast
 from ovsim.errors import OvsimError
 from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
-from ovsim.limits import MAX_OPS
+from ovsim.limits import MAX_OP_S, MAX_OPS
 from ovsim.models import nccl
 from ovsim.models.build_memo import (
     Table,
@@ -368,6 +368,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], ctx: _Co
         kernel = ctx.demands.get(key)
         if kernel is None:
             kernel = ctx.demands[key] = kernel_demand(spec, ctx.gpu, ctx.params, ctx.knobs)
+            _check_op_time(kernel.isolated_s)
     send_recv = isinstance(spec, SendRecvOp)
     on = [spec.src, spec.dst] if send_recv else members  # type: ignore[union-attr]
     if spec.after_any:
@@ -387,6 +388,7 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], ctx: _Co
         dep_ids = partial(_dep_ids, spec.name, deps, n_ranks, rank_sets) if deps else _no_deps
         name = spec.name + suffix
         if isinstance(spec, DelayOp):
+            _check_op_time(spec.duration_s)
             for r in ranks:
                 out.append(Op(id=_op_id(name, r), name=name, kind="delay", rank=at(r), stream=stream,
                               deps=dep_ids(r), delay_s=spec.duration_s))
@@ -406,6 +408,8 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], ctx: _Co
             made = ctx.parts_made.get(made_key)
             if made is None:
                 made = collective_parts(spec, "", members, ctx.gpu, ctx.system, ctx.params, ctx.knobs, ctx.plans)
+                for _, flow, _ in made.values():
+                    _check_op_time(flow.isolated_s)
                 if sim is not None:
                     made = _simulated_parts(made, sim, spec.name)
                 ctx.parts_made[made_key] = made
@@ -418,11 +422,20 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], ctx: _Co
             for r in ranks:
                 group = f"{name}@r{r}"
                 flow = copy_flow(spec, group, r, ctx.gpu, ctx.system, n_ranks, ctx.params)
+                _check_op_time(flow.isolated_s)
                 if sim is not None:
                     flow = _renumbered(flow, sim, spec.name)
                 out.append(Op(id=_op_id(name, r), name=name, kind="transfer", rank=at(r), stream=stream,
                               deps=dep_ids(r), delay_s=spec.delay_s, flow=flow, info=info))
     return out
+
+
+def _check_op_time(seconds: float) -> None:
+    """Refuse an op that takes longer alone than ovsim times (``limits.MAX_OP_S``): a mistyped size.
+    The caller names the op."""
+    if not seconds <= MAX_OP_S:
+        raise OvsimError(f"takes {seconds:.3g} s alone, over the longest op ovsim times ({MAX_OP_S:.0e} s); "
+                         "is a size mistyped?")
 
 
 def _named(parts: Parts, group: str) -> Parts:
