@@ -16,7 +16,7 @@ import numpy as np
 from ovsim.engine.timeline import Timeline, op_columns, timeline_from_rows
 from ovsim.errors import OvsimError
 from ovsim.gcpause import paused_gc
-from ovsim.models.ir import Op, Workload, id_index, topological_order
+from ovsim.models.ir import Workload, id_index, topological_order
 
 # What an op waits for, by index: the one op (most ops: their stream predecessor), or the ops (none,
 # or several). An int, not a one-item list: 64 bytes an op of Megatron-LM's 1T row's 3.35 million.
@@ -96,15 +96,15 @@ class Plan:
     @staticmethod
     def _made(workload: Workload) -> Plan:
         ops = workload.ops
-        groups: dict[str, list[Op]] = {}
-        for op in ops:
-            if op.flow is not None:
-                groups.setdefault(op.flow.group, []).append(op)
         index = id_index(ops)
-        # What each op waits for: its stream predecessor, then its dependencies.
+        # Each collective's members by its group, and what each op waits for: its stream
+        # predecessor, then its dependencies.
+        groups: dict[str, list[int]] = {}
         preds: list[Waits] = []
         last: dict[tuple[int, str], int] = {}
         for i, op in enumerate(ops):
+            if op.flow is not None:
+                groups.setdefault(op.flow.group, []).append(i)
             key = (op.rank, op.stream)
             p = last.get(key)
             last[key] = i
@@ -114,14 +114,15 @@ class Plan:
             ps = [] if p is None else [p]
             ps.extend([index[d] for d in op.deps])
             preds.append(ps[0] if len(ps) == 1 else ps)
-        members = [[index[m.id] for m in ms] for ms in groups.values()]
+        members = list(groups.values())
         order = _order(preds, members)
         code = [-1] * len(ops)
         for g, (name, ms) in enumerate(groups.items()):
-            missing = set(ms[0].flow.ranks if ms[0].flow else ()) - {m.rank for m in ms}
+            flow = ops[ms[0]].flow
+            missing = set(flow.ranks if flow else ()) - {ops[m].rank for m in ms}
             if missing:
                 raise OvsimError(f"collective '{name}' is never joined by rank(s) {sorted(missing)}", field="ranks")
-            for m in members[g]:
+            for m in ms:
                 code[m] = g
         for i, op in enumerate(ops):
             if op.kind == "delay":  # a host gap, whatever else it is
@@ -222,6 +223,14 @@ class Plan:
             f = flows.get(g)
             if f is None:
                 ms = self.members[g]
+                if len(ms) == 1:  # the lone member of its group on the simulated ranks (rank symmetry)
+                    d = dur[i]
+                    f = flows[g] = (t, t, t + d, d)
+                    end[i] = f[2]
+                    w = f[2] - t - d
+                    if w > 0.0:
+                        wait[i] = w
+                    continue
                 starts = [start[m] if seen[m] else max(self._ready(m, end) + delay_s[m], 0.0) for m in ms]
                 longest = max(dur[m] for m in ms)
                 begin = max(starts)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from ovsim.models.op_specs import OpSpec, SpecCopy, base_spec
+from ovsim.models.op_specs import OpSpec, SpecCopy, _OpBase, base_spec
 
 
 class _Stage(Protocol):
@@ -57,6 +57,10 @@ class _Block:
     parts: list[_Part]
     last: _Ref | None
     pending: list[_Ref]
+    held: list[_OpBase] = field(default_factory=list)  # each part's spec's fields (base_spec), made once
+
+    def __post_init__(self) -> None:
+        self.held = [base_spec(part.spec) for part in self.parts]
 
 
 class _NotABlock(Exception):
@@ -104,11 +108,10 @@ class BlockCopies:
         names = [(recompute if part.recomputed else prefix) + part.rest for part in block.parts]
         names += reversed(entry)
         first = len(ops)
-        for src, _, _, after, after_any in block.parts:
-            # An empty list may stay the source's object: no spec's list is changed after it is made.
-            ops.append(SpecCopy(base_spec(src), names[len(ops) - first],
-                                [names[r] for r in after] if after else src.after,
-                                [names[r] for r in after_any] if after_any else src.after_any))
+        # An empty list may stay the source's object: no spec's list is changed after it is made.
+        ops.extend([SpecCopy(held, name, [names[r] for r in after] if after else src.after,
+                             [names[r] for r in after_any] if after_any else src.after_any)
+                    for (src, _, _, after, after_any), held, name in zip(block.parts, block.held, names, strict=False)])
         st.last = names[block.last] if block.last is not None else None
         st.pending = [names[r] for r in block.pending]
         self.copies.append((first, block.start, len(block.parts)))

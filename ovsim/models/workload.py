@@ -227,22 +227,32 @@ def build_workload(
         classes = expansions.classes
     added = 0
     source_of, kept = _copy_sources(copies, len(specs))
-    copier = OpCopier(by_name)
-    for i, spec in enumerate(specs):
+    copier = OpCopier(by_name, specs, source_of, kept, copies)
+    i, n = 0, len(specs)
+    while i < n:
         table = tables[classes[i]] if tables else None
         made = table[i] if table is not None else None
+        if made is None and source_of and source_of[i] >= 0:
+            # Copies made from their sources' ops, as many in a row as are exact (one within a
+            # table, which keeps each spec's ops).
+            start = len(ops)
+            stop = copier.copy_from(i, n if table is None else i + 1, ops)
+            if stop > i:
+                if table is not None:
+                    table[i] = ops[start:]
+                    added += len(ops) - start
+                i = stop
+                continue
         fresh = made is None
-        j = source_of[i] if source_of and fresh else -1
-        if j >= 0 and (source_ops := kept[j]) is not None:
-            made = copier.copied(spec, specs[j], source_ops)
         if made is None:
-            made = _expanded(cast(OpSpec, spec_of(spec)), n_ranks, sim, checked, ctx, source)
+            made = _expanded(cast(OpSpec, spec_of(specs[i])), n_ranks, sim, checked, ctx, source)
         ops.extend(made)
         if i in kept:
             kept[i] = made
         if fresh and table is not None:
             table[i] = made
             added += len(made)
+        i += 1
     if expansions is not None:
         expansions.ops += added
     # Another build of the list validated ops with the same ids, dependencies, ranks, streams and

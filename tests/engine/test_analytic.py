@@ -151,7 +151,8 @@ def test_the_plain_pass_gives_the_general_passs_times() -> None:
     """Plan.times without release times or slowed flows runs a pass of its own: its times, flows
     included, are the general pass's with every release at 0, to the bit, on ops with host gaps,
     launch delays, members on other streams and ops listed out of order, and on built workloads
-    (two examples: a training iteration's collectives, and a GEMM beside an all-reduce); a negative
+    (three examples: training iterations' collectives, one with each simulated once, and a GEMM
+    beside an all-reduce); a negative
     launch delay starts nothing before 0 in either."""
     from ovsim.api import build
     from ovsim.engine.analytic import Plan
@@ -166,10 +167,15 @@ def test_the_plain_pass_gives_the_general_passs_times() -> None:
             Op("n2", "n2", "gemm", 2, "s", kernel=_kernel(1.0), delay_s=-0.5),  # starts at 0 all the same
             *(Op(f"b{r}", "br", "collective", r, "t", delay_s=-0.25 * r, flow=FlowDemand(
                 group="br", ranks=(1, 2), bytes=1.0, latency_s=1.0, rate_cap_bytes_per_s=1e30, link_coeff=1.0,
-                hbm_coeff=0.0)) for r in (2, 1))]
+                hbm_coeff=0.0)) for r in (2, 1)),
+            # The lone simulated member of its group (rank symmetry), after a launch delay.
+            Op("s0", "solo", "collective", 0, "t", deps=("e0",), delay_s=0.125, flow=FlowDemand(
+                group="solo", ranks=(0,), bytes=1.0, latency_s=0.75, rate_cap_bytes_per_s=1e30, link_coeff=1.0,
+                hbm_coeff=0.0, group_size=8))]
     workloads = [Workload(ops=tuple(hand), streams=tuple(StreamSpec(r, s) for r, s in sorted(
         {(op.rank, op.stream) for op in hand})), n_ranks=3)]
-    for name in ("training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", "gemm-allreduce-h100x4-overlapped.yaml"):
+    for name in ("training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", "gemm-allreduce-h100x4-overlapped.yaml",
+                 "training-llama2-70b-tp8-chunked-hgx-h100.yaml"):  # its tensor-parallel groups simulated once
         path = Path(__file__).resolve().parents[2] / "examples" / name
         workloads.append(build(load_scenario(path), str(path))[0])
     for wl in workloads:

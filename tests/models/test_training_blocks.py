@@ -18,7 +18,7 @@ import pytest
 
 from ovsim import api
 from ovsim.errors import OvsimError
-from ovsim.models import training, workload
+from ovsim.models import training, workload, workload_copies
 from ovsim.models.build_memo import reusing_builds
 from ovsim.models.op_specs import SpecCopy
 from ovsim.models.workload import CollectiveOpSpec, GemmOp, MemoryOp, build_workload
@@ -233,3 +233,50 @@ def test_an_iteration_holds_its_copies_as_copies() -> None:
     assert held and held == [i for first, _, count in gen.copies for i in range(first, first + count)]
     assert gen.ops is gen.ops  # made once: a search's builds compare the specs by identity
     assert not any(isinstance(s, SpecCopy) for s in gen.ops)
+
+
+@pytest.mark.parametrize(("variant", "n_expanded"), [
+    ("holds another spec", 5),  # b1.ar holds an all-reduce of another size: b1.g alone is copied
+    ("follows another inside", 5),  # b1.ar follows x1, where b0.ar follows b0.g, the block's own
+])
+def test_a_block_that_is_not_an_exact_copy_goes_spec_by_spec(variant: str, n_expanded: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block whose copy differs from its source in one spec is not made by the source block's
+    template: each spec is copied where it alone is exact, the rest expanded, as built spec by spec."""
+    specs = _specs()
+    held = _as_copies(specs)
+    if variant == "holds another spec":
+        other = CollectiveOpSpec(name="o", kind="all_reduce", size_bytes=2e6, ranks=[0, 1], stream="tp")
+        specs[5] = CollectiveOpSpec(name="b1.ar", kind="all_reduce", size_bytes=2e6, ranks=[0, 1], after=["b1.g"],
+                                    stream="tp")
+        held[5] = SpecCopy(other, "b1.ar", ["b1.g"], [])
+    else:
+        specs[5] = CollectiveOpSpec(name="b1.ar", kind="all_reduce", size_bytes=1e6, ranks=[0, 1], after=["x1"],
+                                    stream="tp")
+        held[5] = SpecCopy(specs[3], "b1.ar", ["x1"], [])
+    plain = _build(specs, [])
+    expanded = _expansions(monkeypatch)
+    assert pickle.dumps(_build(held, [(4, 2, 2)])) == pickle.dumps(plain)
+    assert len(expanded) == n_expanded and expanded[-1] == "b1.ar", expanded
+
+
+def test_an_iterations_blocks_are_made_by_their_sources_templates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every copied block of a training iteration is made whole from its source block's template
+    (a call a block, not a spec: the build's cost), none spec by spec."""
+    sc = Scenario.model_validate({"name": "j", **JOBS["interleaved-full-recompute"]})
+    blocks: list[bool] = []
+    real = workload_copies.OpCopier._block
+    monkeypatch.setattr(workload_copies.OpCopier, "_block",
+                        lambda self, *a: blocks.append(real(self, *a)) or blocks[-1])
+    spec_by_spec = _counted(monkeypatch, workload_copies, "_renamed_ops")
+    gen, _ = _built(sc, monkeypatch, copy_blocks=True)
+    assert blocks and all(blocks) and len(blocks) == len(gen.copies)
+    assert spec_by_spec == []
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[object]:
+    """The calls to ``module.name`` from here on."""
+    calls: list[object] = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(a) or real(*a))
+    return calls
