@@ -202,12 +202,12 @@ def parser() -> argparse.ArgumentParser:
     vp.add_argument("--traces", metavar="DIR", type=file_name,
                     help="folder holding the shared real traces (their layout as published)")
     vp.add_argument("--studies", action="store_true",
-                    help="also predict the published overlap studies' configurations (about eight minutes on one core)")
+                    help="also predict the published overlap studies' configurations (about two minutes on one core)")
     vp.add_argument("--measured", action="store_true",
                     help="also replay the calibration harness's kernels measured beside communication-like kernels "
                          "(calibration/data/), held out: leave one victim kernel out, and another GPU; and check its "
-                         "other measurements (power, clocks, GEMMs, copies, dispatch, HBM sharing) (about four "
-                         "minutes with --workers 2)")
+                         "other measurements (power, clocks, GEMMs, copies, dispatch, HBM sharing) (about two "
+                         "minutes)")
     vp.add_argument("--data", metavar="DIR", type=file_name,
                     help="the measured data sets for --measured (a checkout's calibration/data; default: the "
                          "checkout's, or the OVSIM_DATA environment variable's), e.g. from an installed wheel")

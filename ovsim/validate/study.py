@@ -19,7 +19,7 @@ def study_checks(workers: int = 1, on_stage: Callable[[str], None] | None = None
     """The overlap studies' headline figures (:mod:`ovsim.studies`), each against the target band
     set for it around the published value. Lee et al.'s matrix is run at full depth as its
     configurations would fit in GPU memory (the "fits" reading, at the boards' default power limits;
-    about eight minutes on one core, ``workers`` processes); configurations that fit in no way are
+    about two minutes on one core, ``workers`` processes); configurations that fit in no way are
     left out and counted."""
     from ovsim import studies
 
