@@ -4,6 +4,7 @@ passes (GPipe, 1F1B, Megatron-LM's interleaved 1F1B), and the order of their exc
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from typing import Literal
 
 from ovsim.errors import OvsimError
@@ -103,25 +104,30 @@ def merge_stages(orders: list[list[Item]], p: int, v: int, b_cost: float) -> lis
 
     queued: set[int] = set()
 
-    def enqueue() -> None:
-        for s in range(p):
+    def enqueue(stages: Iterable[int]) -> None:
+        for s in stages:
             if s not in queued:
                 t = ready(s)
                 if t is not None:
                     heapq.heappush(heap, (t, s))
                     queued.add(s)
 
-    enqueue()
+    enqueue(range(p))
     while heap:
         t, s = heapq.heappop(heap)
         queued.discard(s)
         ph, mb, c = orders[s][pos[s]]
         end = t + (1.0 if ph == "F" else b_cost)
-        done[(ph, mb, c * p + s)] = end
+        vs = c * p + s
+        done[(ph, mb, vs)] = end
         free[s] = end
         pos[s] += 1
         out.append((s, (ph, mb, c)))
-        enqueue()
+        # Only this stage (its next item) and the stages of the items that wait for this one (the
+        # next virtual stage's forward, the previous one's backward) can have become ready: a
+        # stage's readiness reads its own place and clock and the items done. (Heap entries are
+        # ordered by their values, so which are pushed first changes nothing.)
+        enqueue((s, (vs + 1) % p, (vs - 1) % p))
     if any(pos[s] < len(orders[s]) for s in range(p)):
         raise OvsimError("the pipeline schedule deadlocks", field="parallel.pipeline")
     return out
