@@ -195,3 +195,22 @@ def test_a_long_op_below_the_limit_runs(tmp_path: Path) -> None:
     p = tmp_path / "long.yaml"
     p.write_text(EXAMPLE.read_text().replace("size_bytes: 896.0e6", "size_bytes: 1.0e19"))
     assert 1e6 < predict(p, mode="analytic").timeline.makespan_s < 1e9
+
+
+def test_an_op_of_years_is_refused_in_every_build_of_a_search() -> None:
+    # A schedule search's builds share priced kernels (build_memo): the first build once kept the
+    # GEMM's price before refusing it, and the next build, with other knobs, took it unchecked.
+    from ovsim.api import build
+    from ovsim.models.build_memo import reusing_builds
+    from ovsim.scenario import Scenario
+
+    def scenario(channels: int) -> Scenario:
+        return Scenario.model_validate({"name": "big", "system": "h100x4", "knobs": {"nccl_channels": channels},
+                                        "ops": [{"name": "g", "kind": "gemm", "m": 10**9, "n": 10**9, "k": 10**9},
+                                                {"name": "ar", "kind": "all_reduce", "size_bytes": 1e6,
+                                                 "after": ["g"]}]})
+
+    with reusing_builds():
+        for channels in (2, 4):
+            with pytest.raises(OvsimError, match=r"ops\.g: takes .* over the longest op"):
+                build(scenario(channels), "big")

@@ -377,8 +377,9 @@ def _expand(spec: OpSpec, members: Sequence[int], ranks: Sequence[int], ctx: _Co
     if compute:
         kernel = ctx.demands.get(key)
         if kernel is None:
-            kernel = ctx.demands[key] = kernel_demand(spec, ctx.gpu, ctx.params, ctx.knobs)
-            _check_op_time(kernel.isolated_s)
+            kernel = kernel_demand(spec, ctx.gpu, ctx.params, ctx.knobs)
+            _check_op_time(kernel.isolated_s)  # before it is kept: a later build takes it unchecked
+            ctx.demands[key] = kernel
     send_recv = isinstance(spec, SendRecvOp)
     on = [spec.src, spec.dst] if send_recv else members  # type: ignore[union-attr]
     if spec.after_any:
