@@ -57,7 +57,7 @@ class _Block:
     parts: list[_Part]
     last: _Ref | None
     pending: list[_Ref]
-    held: list[_OpBase] = field(default_factory=list)  # each part's spec's fields (base_spec), made once
+    held: list[_OpBase] = field(init=False)  # each part's spec's fields (base_spec), made once
 
     def __post_init__(self) -> None:
         self.held = [base_spec(part.spec) for part in self.parts]

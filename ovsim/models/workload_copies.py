@@ -237,14 +237,11 @@ class _Template:
     def place(self, name: str, places: dict[str, int]) -> int:
         """The place of ``name`` in a copy's names: its spec's in the block (``places``), else
         after the block, among the names the block follows from outside (added if new)."""
-        k = places.get(name)
-        if k is not None:
-            return k
-        try:
-            return self.count + self.outside.index(name)
-        except ValueError:
+        k = self.known(name, places)
+        if k < 0:
             self.outside.append(name)
-            return self.count + len(self.outside) - 1
+            k = self.count + len(self.outside) - 1
+        return k
 
     def outside_at(self, copy: Sequence[_OpBase | SpecCopy], names: list[str], by_name: Mapping[str, _OpBase]
                    ) -> list[str] | None:
