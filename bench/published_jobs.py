@@ -66,6 +66,12 @@ kernels fused and nothing recomputed or sharded (published_rows.FlashRow):
 
     python bench/published_jobs.py --rows flash                     # every row, simulated, about 6 s
 
+MegaScale's strong-scaling table (Jiang et al., NSDI'24, arXiv 2402.15627, table 2, and table 3's
+baseline): Megatron-LM of January 2023 training a 175B GPT on 256 to 12,288 Ampere GPUs
+(megascale_rows.py names what the paper leaves unsaid):
+
+    python bench/published_jobs.py --rows megascale --mode analytic  # every row, about a minute
+
 ``--breakdown`` adds, under each row, where rank 0's time goes (its GEMMs, attention and
 memory-bound kernels on the compute stream at the clocks the power limit leaves them, its kernels
 on other streams, FSDP's post-backward copies, and the time its communication streams are busy,
@@ -80,6 +86,7 @@ import sys
 import time
 
 import yaml
+from megascale_rows import MEGASCALE_ROWS, MegaScaleRow
 from published_rows import (
     FLASH_ROWS,
     FOUNDRY_ROWS,
@@ -100,10 +107,11 @@ from ovsim.errors import OvsimError
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, stream_busy
 from ovsim.scenario import Mode
 
-AnyRow = Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow | FlashRow
+AnyRow = Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow | FlashRow | MegaScaleRow
 DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
 GROUPS = {"foundry": [r.name for r in FOUNDRY_ROWS], "nemo": [r.name for r in NEMO_ROWS],
-          "korthikanti": [r.name for r in RECOMPUTE_ROWS], "flash": [r.name for r in FLASH_ROWS]}
+          "korthikanti": [r.name for r in RECOMPUTE_ROWS], "flash": [r.name for r in FLASH_ROWS],
+          "megascale": [r.name for r in MEGASCALE_ROWS]}
 
 
 def peak_rss_gb() -> float:
@@ -162,7 +170,7 @@ def write_scenario(rows: list[AnyRow], mode: Mode, path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     every: list[AnyRow] = [
-        *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS]
+        *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS, *MEGASCALE_ROWS]
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every] + list(GROUPS),
                     metavar="ROW", help="rows (" + ", ".join(r.name for r in every) + ") or groups ("
                     + ", ".join(GROUPS) + "); default: " + " ".join(DEFAULT_ROWS))

@@ -98,3 +98,29 @@ def test_the_sequence_sweep_rows_are_the_models_and_batches_their_tables_give() 
         if row.seq == 2048:
             n = m.layers * layer_params(m, 1) + m.vocab * m.hidden + m.seq_len * m.hidden
             assert n == pytest.approx(num_params[row.model], rel=5e-3), row.name
+
+
+def test_the_megascale_rows_give_the_tables_mfu_and_tokens() -> None:
+    """Each Megatron-LM row of MegaScale's table 2 (arXiv 2402.15627), built from its iteration
+    time, gives the table's other columns: its MFU (model FLOPs of Korthikanti et al.'s equation 7
+    over 312 TFLOP/s; the table rounds to 0.1 point, and three rows differ by up to 0.17) and its
+    tokens a second, each within the table's rounding; table 3's baseline is its MFU. The model is
+    a 175B."""
+    ms = _bench("megascale_rows")
+    table = {256: (53.0, 39.3e3), 512: (49.9, 74.1e3), 768: (46.7, 103.8e3), 1024: (44.7, 132.7e3),
+             3072: (48.7, 433.6e3), 6144: (47.8, 851.6e3), 8192: (43.3, 1027.9e3), 12288: (41.2, 1466.8e3)}
+    rows = ms.MEGASCALE_ROWS  # type: ignore[attr-defined]
+    for row in rows[:-1]:
+        mfu_pct, tokens_per_s = table[row.gpus]
+        assert 100 * row.published / 312 == pytest.approx(mfu_pct, abs=0.2), row.name
+        # Within half a percent: the times are printed to 0.1 s (0.4% of 11.9 s) or 0.01 s.
+        assert row.global_batch * 2048 / row.published_iteration_s == pytest.approx(tokens_per_s, rel=5e-3), row.name
+    baseline = rows[-1]
+    assert (baseline.gpus, baseline.global_batch) == (256, 256)
+    assert 100 * baseline.published / 312 == pytest.approx(47.7)
+    sc = baseline.scenario()
+    assert sc.training is not None and not isinstance(sc.training.model, str)
+    from ovsim.models.training_spec import layer_params
+
+    m = sc.training.model
+    assert m.layers * layer_params(m, 1) + m.vocab * m.hidden == pytest.approx(175e9, rel=0.01)

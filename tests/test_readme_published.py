@@ -1,7 +1,7 @@
 """README.md's tables of published training runs ("Against published training runs") give what
 ovsim predicts now: each row cheap enough to run here (the SC'21 rows simulated by default, the
-22B pair of Korthikanti et al., llm-foundry's and NeMo's rows, the FlashAttention rows) is
-predicted and its README cells (ovsim's figure and the error against the published one) must read
+22B pair of Korthikanti et al., llm-foundry's and NeMo's rows, the FlashAttention rows,
+MegaScale's) is predicted and its README cells (ovsim's figure and the error against the published one) must read
 as the prediction prints. A model change that moves a row fails here until the README is updated
 (`python bench/published_jobs.py --rows ROW [--mode analytic]` prints the figures). The rows that
 take minutes (39B and up, 175B and up of Korthikanti et al.) are not run."""
@@ -20,6 +20,7 @@ from ovsim import api
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 try:
+    import megascale_rows as ms
     import published_rows as pr
 finally:
     sys.path.remove(str(ROOT / "bench"))
@@ -53,6 +54,7 @@ def _cases() -> Iterator[Any]:
     yield from (pytest.param(r, id=r.name) for r in pr.ROWS if r.name in ("1.7B", "3.6B", "7.5B", "18B"))
     yield from (pytest.param(r, id=r.name) for r in pr.FOUNDRY_ROWS + pr.NEMO_ROWS + pr.FLASH_ROWS)
     yield pytest.param("22B", id="k22B")
+    yield from (pytest.param(r, id=r.name) for r in ms.MEGASCALE_ROWS)
 
 
 @pytest.mark.slow
@@ -79,6 +81,11 @@ def test_the_readme_row_is_what_ovsim_predicts(row: Any) -> None:
         cells = _find(lambda c: c[0].startswith(label) and c[1] == f"{row.gpus} H100")
         per_gpu, err = _predicted(row, "analytic")
         assert (cells[3], cells[5]) == (f"{per_gpu:,.0f}", err)
+    elif isinstance(row, ms.MegaScaleRow):
+        label = f"{row.gpus:,}" + ("" if row.global_batch in (768, 6144) else ", table 3's baseline")
+        cells = _find(lambda c: c[0].startswith(label) and len(c) == 8 and c[1].startswith(f"{row.global_batch:,} ("))
+        per_gpu, err = _predicted(row, "analytic")
+        assert (cells[5], cells[6], cells[7]) == (f"{per_gpu:.1f}", f"{row.published:.1f}", err)
     else:
         cells = _find(lambda c: c[0].startswith(f"{row.model.upper()} (") and len(c) == 7)
         per_gpu, err = _predicted(row, "simulate")
