@@ -79,7 +79,7 @@ from ovsim.models.op_specs import (
     spec_of,
 )
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
-from ovsim.models.training_emit import LayerEmitter, optimizer_passes
+from ovsim.models.training_emit import LayerEmitter
 from ovsim.models.training_fsdp import FsdpCollectives
 
 # PRESETS and ModelShape (below) are re-exported: callers imported them from here before the
@@ -90,9 +90,9 @@ from ovsim.models.training_spec import (
     TrainingSpec,
     chunk_layers,
     layout,
-    params_per_rank,
 )
 from ovsim.models.training_spec import ModelShape as ModelShape
+from ovsim.models.training_step import overlapped_gathers, step_ops
 from ovsim.models.workload import build_workload
 from ovsim.models.workload_copies import op_id
 
@@ -234,6 +234,12 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     first_b = {(s, c): next(mb for ph, mb, cc in orders[s] if ph == "B" and cc == c) for s in range(p)
                for c in range(v)}
     fsdp_state = FsdpCollectives(g, m.layers) if fsdp else None
+    # The first forward of each stage's chunk, which waits for its parameters where they are gathered
+    # beside the forward pass.
+    gathers = (overlapped_gathers(g, spec, lay, chunk_starts, chunk_sizes)
+               if distributed and spec.parallel.overlap_param_gather else {})
+    first_f = {(s, c): next(mb for ph, mb, cc in orders[s] if ph == "F" and cc == c) for s in range(p)
+               for c in range(v)}
 
     for s, (ph, mb, c) in merged:
         st = g.stages[s]
@@ -282,15 +288,19 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
         layers = range(chunk_starts[vs], chunk_starts[vs] + chunk_sizes[vs])
         last_mb = mb == last_b[(s, c)]
         if ph == "F":
+            waits = gathers if mb == first_f[(s, c)] else {}
             if vs == 0 and spec.embedding_and_head:
                 if fsdp_state:
                     fsdp_state.gather_embedding(st)
+                st.pending += waits.get((s, "embed"), [])
                 g.embedding(st, s, f"F{mb}", backward=False, last_mb=last_mb)
             for layer in layers:
                 if fsdp_state:
                     fsdp_state.before_forward(st, layer, mb)
+                st.pending += waits.get((s, f"L{layer}"), [])
                 g.layer_forward(st, s, f"F{mb}.L{layer}")
             if vs == n_virtual - 1 and spec.embedding_and_head:
+                st.pending += waits.get((s, "head"), [])
                 g.head(st, s, f"F{mb}", backward=False, last_mb=last_mb)
         else:
             # Autocast's FP32 weight gradients add to those of the chunk's first backward.
@@ -317,28 +327,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             g.peer.append((first, *peer_wait))
         item_last[(ph, mb, vs)] = st.last or ""
 
-    for s, st in enumerate(g.stages):
-        g.flush_bucket(st, s)
-        passes = optimizer_passes(spec, g.grad_b)
-        if passes:
-            st.pending += st.buckets + st.rs
-            held = params_per_rank(spec, m, lay.tp, p, s)
-            shard = held / (lay.dp if fsdp or distributed else 1)
-            zero = [ps for ps in passes if ps[0] == "zero_grad"]
-            for name, shard_b, held_b in passes:
-                if name != "zero_grad":
-                    g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
-            if distributed:
-                # Each rank's updated shard is gathered back, a bucket at a time, after the step and
-                # exposed: overlapping them with the next forward (--overlap-param-gather) is not
-                # modelled. The next iteration zeroes its gradients after them.
-                for i, size in enumerate(st.bucket_sizes):
-                    gathered = g.collective(st, f"s{s}.param_gather{i}", "all_gather", size, "dp", lay.dp_groups(s))
-                    st.pending += gathered if zero else []
-            for name, shard_b, held_b in zero:
-                g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
-        elif st.buckets or st.rs:
-            st.pending += st.buckets + st.rs
+    step_ops(g, spec, lay, sharded=fsdp or distributed, gathered_early=bool(gathers))
     return TrainingOps(specs=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,
                        stage_lasts=[[item_last[(ph, mb, c * p + s)] for ph, mb, c in orders[s]] for s in range(p)],
                        stage_steps=steps, copies=g.blocks.copies if g.blocks is not None else [])

@@ -276,6 +276,15 @@ class LayerEmitter:
         st.bucket_bytes = 0.0
         st.bucket_index += 1
 
+    def start_param_gathers(self, s: int, units: list[tuple[str, int]]) -> dict[str, list[str]]:
+        """The distributed optimizer's parameter gathers of stage ``s`` from the iteration's start, in
+        forward order (``overlap_param_gather``): each unit's (a layer's, the embedding's, the head's)
+        name and parameters on a rank, gathered at the parameters' own width; by unit, the gathers
+        its first forward waits for."""
+        st, b = self.stages[s], wire_element_bytes(self.spec.precision)
+        return {unit: self.collective(st, f"s{s}.param_gather.{unit}", "all_gather", float(n * b), "dp",
+                                      self.lay.dp_groups(s), after=[]) for unit, n in units}
+
     # a layer
 
     # A layer block (its forward or backward) is copied from the first of its kind
@@ -443,7 +452,10 @@ class LayerEmitter:
                 # Autograd sums the table's two FP32 gradients, the head's and the embedding's.
                 self.mem(st, f"{pre}.embed.grad.sum", 3 * FP32_B * table, "elementwise")
             accumulate_grad(self, st, f"{pre}.embed.grad", table)
-        self.grad_ready(st, s, table // t * self.grad_b, last_mb)
+        # The table's gradient and, where the model learns positions (those with tied embeddings
+        # here: stage_embedding_params), the position table's, unsplit by tensor parallelism.
+        positions = m.seq_len * m.hidden if m.tied_embeddings else 0
+        self.grad_ready(st, s, (table // t + positions) * self.grad_b, last_mb)
 
     def loss_passes(self, st: StageState, name: str, phase: str, elements: int) -> None:
         """The cross-entropy passes of ``phase`` over ``elements`` logits: PyTorch's
@@ -483,7 +495,9 @@ class LayerEmitter:
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
         if amp:  # a head tied to the embedding has its gradient summed there (embedding) first
             weight_grad_cast(self, st, f"{pre}.head.wgrad", vocab * m.hidden, accumulates=not m.tied_embeddings)
-        if not m.tied_embeddings:
+        # An untied head's gradient, or on a last stage other than the first, a tied head's copy
+        # of the table (Megatron-LM keeps one there: stage_embedding_params).
+        if not m.tied_embeddings or self.lay.pp > 1:
             self.grad_ready(st, s, m.hidden * vocab * self.grad_b, last_mb)
         if self.lay.tp > 1 and self.comm:
             kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"

@@ -109,6 +109,11 @@ class ParallelSpec(InputModel):
     # (its default; in 2021 its "local" DDP, ``allreduce_gradients()`` after the pipeline's
     # forward and backward in ``megatron/training.py``).
     overlap_grad_reduce: bool = True
+    # With the distributed optimizer: gather the updated parameters beside the next forward pass,
+    # each layer's before its first forward, in forward order from the iteration's start
+    # (Megatron-LM's ``--overlap-param-gather``, NeMo's ``overlap_param_sync``, which Megatron-LM
+    # allows only with ``--overlap-grad-reduce``); False: after the step, exposed (its default).
+    overlap_param_gather: bool = False
     # All-gathers FSDP issues ahead of the layer computing (1 = PyTorch's forward/backward prefetch).
     fsdp_prefetch: int = Field(default=1, ge=0)
     # The copy kernels FSDP runs around its collectives (docs/training.md, "FSDP's copies"):
@@ -334,6 +339,10 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     if p.distributed_optimizer and p.dp_mode != "ddp":
         raise OvsimError("distributed_optimizer shards DDP's optimizer state; FSDP already shards it",
                          field="parallel.distributed_optimizer")
+    if p.overlap_param_gather and not (p.distributed_optimizer and p.overlap_grad_reduce):
+        raise OvsimError("overlap_param_gather gathers the distributed optimizer's parameters: it needs "
+                         "distributed_optimizer and overlap_grad_reduce (Megatron-LM's --overlap-param-gather)",
+                         field="parallel.overlap_param_gather")
     if spec.optimizer_mode == "megatron" and p.dp_mode == "fsdp":
         raise OvsimError("Megatron-LM's optimizer runs with its own DDP (dp_mode: ddp); FSDP steps with "
                          "fused_adam", field="optimizer")

@@ -109,8 +109,7 @@ def test_ddp_reduces_fp32_gradients_and_fused_adam_writes_no_16_bit_copy() -> No
     ops = training_ops(TrainingSpec.model_validate(spec), 2).ops
     params = 8 * (12 * H * H + 13 * H) + (GPT.vocab + SMALL["seq_len"]) * H
     buckets = sum(o.size_bytes for o in ops if isinstance(o, CollectiveOpSpec) and ".bucket" in o.name)
-    # As in BF16 training, the learned positions' gradient is not bucketed (test_training.py).
-    assert buckets == pytest.approx(4 * (params - SMALL["seq_len"] * H), rel=1e-9)
+    assert buckets == pytest.approx(4 * params, rel=1e-9)
     step = [o for o in ops if isinstance(o, MemoryOp) and o.name.endswith(".optimizer")]
     assert float(step[0].bytes) == pytest.approx(28 * params, rel=1e-9)
 

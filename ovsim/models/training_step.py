@@ -1,0 +1,65 @@
+"""A training iteration's end, and the distributed optimizer's parameter gathers: the last
+gradient buckets, the optimizer step's passes and the gathers of the updated parameters, after the
+step or (``overlap_param_gather``) from the next iteration's start, beside its forward pass."""
+
+from __future__ import annotations
+
+from ovsim.models.training_emit import LayerEmitter, optimizer_passes
+from ovsim.models.training_spec import Layout, TrainingSpec, layer_params, params_per_rank, wire_element_bytes
+
+
+def step_ops(g: LayerEmitter, spec: TrainingSpec, lay: Layout, *, sharded: bool, gathered_early: bool) -> None:
+    """Each stage's last bucket, then (after its buckets and reduce-scatters) the optimizer's passes:
+    over ``1/dp`` of the optimizer state where it is ``sharded`` (FSDP, the distributed optimizer);
+    with the distributed optimizer, unless its parameters were ``gathered_early``, the gathers of
+    the updated parameters, after the step and exposed."""
+    distributed = spec.parallel.distributed_optimizer and lay.dp > 1 and spec.communication
+    for s, st in enumerate(g.stages):
+        g.flush_bucket(st, s)
+        passes = optimizer_passes(spec, g.grad_b)
+        if not passes:
+            st.pending += st.buckets + st.rs
+            continue
+        st.pending += st.buckets + st.rs
+        held = params_per_rank(spec, g.m, lay.tp, lay.pp, s)
+        shard = held / (lay.dp if sharded else 1)
+        zero = [ps for ps in passes if ps[0] == "zero_grad"]
+        for name, shard_b, held_b in passes:
+            if name != "zero_grad":
+                g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
+        if distributed and not gathered_early:
+            # Each rank's updated shard is gathered back, a bucket at a time, at the parameters'
+            # width (Megatron-LM gathers them into a view of the gradient buffer in the parameters'
+            # type). The next iteration zeroes its gradients after them.
+            for i, size in enumerate(st.bucket_sizes):
+                gathered = g.collective(st, f"s{s}.param_gather{i}", "all_gather",
+                                        size * wire_element_bytes(spec.precision) / g.grad_b, "dp", lay.dp_groups(s))
+                st.pending += gathered if zero else []
+        for name, shard_b, held_b in zero:
+            g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
+
+
+def overlapped_gathers(g: LayerEmitter, spec: TrainingSpec, lay: Layout, chunk_starts: list[int],
+                       chunk_sizes: list[int]) -> dict[tuple[int, str], list[str]]:
+    """The parameter gathers of ``overlap_param_gather``, made at the iteration's start (the
+    previous step's parameters, in Megatron-LM dispatched after it): by (stage, unit), each unit's
+    (``embed``, ``L{layer}``, ``head``), in each stage's forward order over its chunks, on stream
+    ``dp`` at the parameters' width. A stage gathers what it holds (``stage_embedding_params``:
+    the embedding and learned positions on the first stage, the head or a tied head's copy on
+    the last). Megatron-LM gathers a bucket at a time, each before the first forward that uses it;
+    here a layer is the unit."""
+    m, p, t = g.m, lay.pp, lay.tp
+    table = m.vocab * m.hidden // t
+    out: dict[tuple[int, str], list[str]] = {}
+    for s in range(p):
+        units: list[tuple[str, int]] = []
+        for c in range(lay.v):
+            vs = c * p + s
+            if vs == 0 and spec.embedding_and_head:
+                units.append(("embed", table + (m.seq_len * m.hidden if m.tied_embeddings else 0)))
+            first = chunk_starts[vs]
+            units += [(f"L{layer}", layer_params(m, t)) for layer in range(first, first + chunk_sizes[vs])]
+            if vs == p * lay.v - 1 and spec.embedding_and_head and (not m.tied_embeddings or p > 1):
+                units.append(("head", table))
+        out.update({(s, unit): names for unit, names in g.start_param_gathers(s, units).items()})
+    return out
