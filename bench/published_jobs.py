@@ -72,6 +72,11 @@ baseline): Megatron-LM of January 2023 training a 175B GPT on 256 to 12,288 Ampe
 
     python bench/published_jobs.py --rows megascale --mode analytic  # every row, about a minute
 
+NVIDIA's MLPerf Training v3.1 GPT-3 175B runs (mlcommons/training_results_v3.1: 512 to 10,752 H100
+in FP8, each step's time logged; mlperf_rows.py names the configuration and what is assumed):
+
+    python bench/published_jobs.py --rows mlperf --mode analytic     # every row, about a minute, 1.1 GB
+
 ``--breakdown`` adds, under each row, where rank 0's time goes (its GEMMs, attention and
 memory-bound kernels on the compute stream at the clocks the power limit leaves them, its kernels
 on other streams, FSDP's post-backward copies, and the time its communication streams are busy,
@@ -87,6 +92,7 @@ import time
 
 import yaml
 from megascale_rows import MEGASCALE_ROWS, MegaScaleRow
+from mlperf_rows import MLPERF_ROWS, MlperfRow
 from published_rows import (
     FLASH_ROWS,
     FOUNDRY_ROWS,
@@ -107,11 +113,11 @@ from ovsim.errors import OvsimError
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, stream_busy
 from ovsim.scenario import Mode
 
-AnyRow = Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow | FlashRow | MegaScaleRow
+AnyRow = Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow | FlashRow | MegaScaleRow | MlperfRow
 DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
 GROUPS = {"foundry": [r.name for r in FOUNDRY_ROWS], "nemo": [r.name for r in NEMO_ROWS],
           "korthikanti": [r.name for r in RECOMPUTE_ROWS], "flash": [r.name for r in FLASH_ROWS],
-          "megascale": [r.name for r in MEGASCALE_ROWS]}
+          "megascale": [r.name for r in MEGASCALE_ROWS], "mlperf": [r.name for r in MLPERF_ROWS]}
 
 
 def peak_rss_gb() -> float:
@@ -170,7 +176,7 @@ def write_scenario(rows: list[AnyRow], mode: Mode, path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     every: list[AnyRow] = [
-        *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS, *MEGASCALE_ROWS]
+        *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS, *MEGASCALE_ROWS, *MLPERF_ROWS]
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every] + list(GROUPS),
                     metavar="ROW", help="rows (" + ", ".join(r.name for r in every) + ") or groups ("
                     + ", ".join(GROUPS) + "); default: " + " ".join(DEFAULT_ROWS))

@@ -15,6 +15,8 @@ throughput its source measured, with the scenario ovsim predicts it from.
   GPT-3 models of 125M to 2.7B on 8 A100 80 GB, tokens a second (per GPU here).
 - MegaScale's strong-scaling table (arXiv 2402.15627: Megatron-LM's 175B on 256 to 12,288 GPUs)
   is in megascale_rows.py, model TFLOP/s per GPU.
+- NVIDIA's MLPerf Training v3.1 GPT-3 175B runs (512 to 10,752 H100) are in mlperf_rows.py, tokens
+  a second per GPU.
 
 What each source does not say is a stated assumption in its row class, never fitted.
 """

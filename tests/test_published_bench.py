@@ -124,3 +124,20 @@ def test_the_megascale_rows_give_the_tables_mfu_and_tokens() -> None:
 
     m = sc.training.model
     assert m.layers * layer_params(m, 1) + m.vocab * m.hidden == pytest.approx(175e9, rel=0.01)
+
+
+def test_the_mlperf_rows_are_the_runs_their_files_name() -> None:
+    """Each row's nodes and sequences a replica are its configuration file's name
+    (config_DGXH100_<nodes>x8x<MINIBS>x4x8_mbs1.sh, mlcommons/training_results_v3.1; the 64-node
+    run's is not published, its log gives the batch: 2,048 in 128 micro-batches), and its global
+    batch the tokens its log's step counter advances a step over 2,048 (the helper's reading of
+    each result_0.txt: 2,048 to 4,096 sequences)."""
+    rows = _bench("mlperf_rows").MLPERF_ROWS  # type: ignore[attr-defined]
+    files = {f"config_DGXH100_{r.nodes}x8x{r.minibs}x4x{r.pp}_mbs{r.micro_batch}.sh" for r in rows if r.nodes != 64}
+    assert files == {"config_DGXH100_96x8x128x4x8_mbs1.sh", "config_DGXH100_512x8x16x4x8_mbs1.sh",
+                     "config_DGXH100_768x8x16x4x8_mbs1.sh", "config_DGXH100_1024x8x16x4x8_mbs1.sh",
+                     "config_DGXH100_1280x8x8x4x8_mbs1.sh", "config_DGXH100_1344x8x8x4x8_mbs1.sh"}
+    batches = {r.gpus: r.global_batch for r in rows}
+    assert batches == {512: 2048, 768: 3072, 4096: 2048, 6144: 3072, 8192: 4096, 10240: 2560, 10752: 2688}
+    first = next(r for r in rows if r.nodes == 64)
+    assert (first.dp, first.micro_batches) == (16, 128)

@@ -1,10 +1,11 @@
 """README.md's tables of published training runs ("Against published training runs") give what
 ovsim predicts now: each row cheap enough to run here (the SC'21 rows simulated by default, the
 22B pair of Korthikanti et al., llm-foundry's and NeMo's rows, the FlashAttention rows,
-MegaScale's) is predicted and its README cells (ovsim's figure and the error against the published one) must read
-as the prediction prints. A model change that moves a row fails here until the README is updated
-(`python bench/published_jobs.py --rows ROW [--mode analytic]` prints the figures). The rows that
-take minutes (39B and up, 175B and up of Korthikanti et al.) are not run."""
+MegaScale's and MLPerf's) is predicted and its README cells (ovsim's figure and the error against
+the published one) must read as the prediction prints. A model change that moves a row fails
+here until the README is updated (`python bench/published_jobs.py --rows ROW [--mode analytic]`
+prints the figures). The rows that take minutes (39B and up, 175B and up of Korthikanti et al.)
+are not run."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 try:
     import megascale_rows as ms
+    import mlperf_rows as ml
     import published_rows as pr
 finally:
     sys.path.remove(str(ROOT / "bench"))
@@ -46,7 +48,8 @@ def _find(match: Any) -> list[str]:
 
 def _predicted(row: Any, mode: str) -> tuple[float, str]:
     """The row's throughput per GPU and its error, as published_jobs.py prints them."""
-    per_gpu = row.throughput(api.predict(row.scenario(), mode=mode, counters=False).timeline.makespan_s)
+    per_gpu = row.throughput(api.predict(row.scenario(), mode=mode, counters=False,
+                                         max_ops=4_000_000).timeline.makespan_s)
     return per_gpu, f"{per_gpu / row.published - 1:+.1%}"
 
 
@@ -55,6 +58,7 @@ def _cases() -> Iterator[Any]:
     yield from (pytest.param(r, id=r.name) for r in pr.FOUNDRY_ROWS + pr.NEMO_ROWS + pr.FLASH_ROWS)
     yield pytest.param("22B", id="k22B")
     yield from (pytest.param(r, id=r.name) for r in ms.MEGASCALE_ROWS)
+    yield from (pytest.param(r, id=r.name) for r in ml.MLPERF_ROWS)
 
 
 @pytest.mark.slow
@@ -81,6 +85,10 @@ def test_the_readme_row_is_what_ovsim_predicts(row: Any) -> None:
         cells = _find(lambda c: c[0].startswith(label) and c[1] == f"{row.gpus} H100")
         per_gpu, err = _predicted(row, "analytic")
         assert (cells[3], cells[5]) == (f"{per_gpu:,.0f}", err)
+    elif isinstance(row, ml.MlperfRow):
+        cells = _find(lambda c: c[0] == f"{row.gpus:,}" and c[1] == f"{row.micro_batches} ({row.global_batch:,})")
+        per_gpu, err = _predicted(row, "analytic")
+        assert (cells[5], cells[6], cells[7]) == (f"{per_gpu:,.0f}", f"{row.published:,.0f}", err)
     elif isinstance(row, ms.MegaScaleRow):
         label = f"{row.gpus:,}" + ("" if row.global_batch in (768, 6144) else ", table 3's baseline")
         cells = _find(lambda c: c[0].startswith(label) and len(c) == 8 and c[1].startswith(f"{row.global_batch:,} ("))
