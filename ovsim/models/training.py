@@ -234,8 +234,8 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     first_b = {(s, c): next(mb for ph, mb, cc in orders[s] if ph == "B" and cc == c) for s in range(p)
                for c in range(v)}
     fsdp_state = FsdpCollectives(g, m.layers) if fsdp else None
-    # The first forward of each stage's chunk, which waits for its parameters where they are gathered
-    # beside the forward pass.
+    # Where the distributed optimizer gathers the parameters beside the forward pass, each chunk's
+    # first forward micro-batch waits for its layers' gathers.
     gathers = (overlapped_gathers(g, spec, lay, chunk_starts, chunk_sizes)
                if distributed and spec.parallel.overlap_param_gather else {})
     first_f = {(s, c): next(mb for ph, mb, cc in orders[s] if ph == "F" and cc == c) for s in range(p)

@@ -16,11 +16,10 @@ def step_ops(g: LayerEmitter, spec: TrainingSpec, lay: Layout, *, sharded: bool,
     distributed = spec.parallel.distributed_optimizer and lay.dp > 1 and spec.communication
     for s, st in enumerate(g.stages):
         g.flush_bucket(st, s)
+        st.pending += st.buckets + st.rs
         passes = optimizer_passes(spec, g.grad_b)
         if not passes:
-            st.pending += st.buckets + st.rs
             continue
-        st.pending += st.buckets + st.rs
         held = params_per_rank(spec, g.m, lay.tp, lay.pp, s)
         shard = held / (lay.dp if sharded else 1)
         zero = [ps for ps in passes if ps[0] == "zero_grad"]

@@ -35,6 +35,10 @@ JOBS: dict[str, dict[str, Any]] = {
     "distributed-optimizer": {"system": "a100x4", "training": {
         **SMALL, "optimizer": "megatron", "loss": "megatron",
         "parallel": {"distributed_optimizer": True}}},
+    "parameters-gathered-beside-the-forward": {"system": "hgx-h100", "training": {
+        **SMALL, "layers": 8, "optimizer": "megatron", "parallel": {
+            "pp": 2, "dp": 4, "pipeline": "interleaved", "virtual_stages": 2, "distributed_optimizer": True,
+            "overlap_param_gather": True}}},
     "tp-sp-pp-1f1b": {"system": "hgx-h100", "training": {
         **SMALL, "parallel": {"tp": 2, "pp": 2, "sequence_parallel": True, "pipeline": "1f1b"}}},
     "interleaved-full-recompute": {"system": "hgx-h100", "training": {
