@@ -327,7 +327,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
             g.peer.append((first, *peer_wait))
         item_last[(ph, mb, vs)] = st.last or ""
 
-    step_ops(g, spec, lay, sharded=fsdp or distributed, gathered_early=bool(gathers))
+    step_ops(g, spec, lay, fsdp=fsdp, distributed=distributed, gathered_early=bool(gathers))
     return TrainingOps(specs=g.ops, peer_deps=g.peer, layout=lay, p2p_items=g.p2p_items,
                        stage_lasts=[[item_last[(ph, mb, c * p + s)] for ph, mb, c in orders[s]] for s in range(p)],
                        stage_steps=steps, copies=g.blocks.copies if g.blocks is not None else [])

@@ -35,6 +35,8 @@ from ovsim.models.training_spec import (
     act_elements,
     activation_element_bytes,
     gradient_element_bytes,
+    holds_head,
+    input_embedding_params,
     layer_matrices,
     layer_params,
     wire_element_bytes,
@@ -452,10 +454,8 @@ class LayerEmitter:
                 # Autograd sums the table's two FP32 gradients, the head's and the embedding's.
                 self.mem(st, f"{pre}.embed.grad.sum", 3 * FP32_B * table, "elementwise")
             accumulate_grad(self, st, f"{pre}.embed.grad", table)
-        # The table's gradient and, where the model learns positions (those with tied embeddings
-        # here: stage_embedding_params), the position table's, unsplit by tensor parallelism.
-        positions = m.seq_len * m.hidden if m.tied_embeddings else 0
-        self.grad_ready(st, s, (table // t + positions) * self.grad_b, last_mb)
+        # The table's gradient and the learned positions' (input_embedding_params).
+        self.grad_ready(st, s, input_embedding_params(m, t) * self.grad_b, last_mb)
 
     def loss_passes(self, st: StageState, name: str, phase: str, elements: int) -> None:
         """The cross-entropy passes of ``phase`` over ``elements`` logits: PyTorch's
@@ -495,9 +495,7 @@ class LayerEmitter:
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
         if amp:  # a head tied to the embedding has its gradient summed there (embedding) first
             weight_grad_cast(self, st, f"{pre}.head.wgrad", vocab * m.hidden, accumulates=not m.tied_embeddings)
-        # An untied head's gradient, or on a last stage other than the first, a tied head's copy
-        # of the table (Megatron-LM keeps one there: stage_embedding_params).
-        if not m.tied_embeddings or self.lay.pp > 1:
+        if holds_head(m, self.lay.pp):
             self.grad_ready(st, s, m.hidden * vocab * self.grad_b, last_mb)
         if self.lay.tp > 1 and self.comm:
             kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"

@@ -461,16 +461,25 @@ def stage_layers(spec: TrainingSpec, m: ModelShape, pp: int, stage: int) -> int:
     return sum(counts[c * pp + stage] for c in range(v))
 
 
+def input_embedding_params(m: ModelShape, tp: int) -> int:
+    """The first stage's embedding parameters on a rank: its share of the table and, where the
+    model learns positions (those with tied embeddings here), the whole position table."""
+    return m.vocab * m.hidden // tp + (m.seq_len * m.hidden if m.tied_embeddings else 0)
+
+
+def holds_head(m: ModelShape, pp: int) -> bool:
+    """Whether the last stage holds a head of its own: an untied one, or a copy of a tied head's
+    table on a last stage other than the first (Megatron-LM keeps one there)."""
+    return not m.tied_embeddings or pp > 1
+
+
 def stage_embedding_params(spec: TrainingSpec, m: ModelShape, tp: int, pp: int, stage: int) -> int:
     """Embedding and head parameters a rank of ``stage`` holds: the input embedding (and learned
-    positions) on the first stage, the head on the last. A head tied to the embedding (GPT-3) is
-    the same table, of which a last stage other than the first keeps a copy (Megatron-LM)."""
+    positions) on the first stage, the head on the last (:func:`holds_head`)."""
     if not spec.embedding_and_head:
         return 0
-    table = m.vocab * m.hidden // tp
-    positions = m.seq_len * m.hidden if m.tied_embeddings else 0
-    own_head = not m.tied_embeddings or pp > 1
-    return (table + positions if stage == 0 else 0) + (table if stage == pp - 1 and own_head else 0)
+    head = m.vocab * m.hidden // tp if stage == pp - 1 and holds_head(m, pp) else 0
+    return (input_embedding_params(m, tp) if stage == 0 else 0) + head
 
 
 def params_per_rank(spec: TrainingSpec, m: ModelShape, tp: int, pp: int, stage: int | None = None) -> int:

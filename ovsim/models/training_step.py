@@ -5,15 +5,24 @@ step or (``overlap_param_gather``) from the next iteration's start, beside its f
 from __future__ import annotations
 
 from ovsim.models.training_emit import LayerEmitter, optimizer_passes
-from ovsim.models.training_spec import Layout, TrainingSpec, layer_params, params_per_rank, wire_element_bytes
+from ovsim.models.training_spec import (
+    Layout,
+    TrainingSpec,
+    holds_head,
+    input_embedding_params,
+    layer_params,
+    params_per_rank,
+    wire_element_bytes,
+)
 
 
-def step_ops(g: LayerEmitter, spec: TrainingSpec, lay: Layout, *, sharded: bool, gathered_early: bool) -> None:
+def step_ops(g: LayerEmitter, spec: TrainingSpec, lay: Layout, *, fsdp: bool, distributed: bool,
+             gathered_early: bool) -> None:
     """Each stage's last bucket, then (after its buckets and reduce-scatters) the optimizer's passes:
-    over ``1/dp`` of the optimizer state where it is ``sharded`` (FSDP, the distributed optimizer);
+    over ``1/dp`` of the optimizer state where FSDP or the ``distributed`` optimizer shards it;
     with the distributed optimizer, unless its parameters were ``gathered_early``, the gathers of
     the updated parameters, after the step and exposed."""
-    distributed = spec.parallel.distributed_optimizer and lay.dp > 1 and spec.communication
+    sharded = fsdp or distributed
     for s, st in enumerate(g.stages):
         g.flush_bucket(st, s)
         st.pending += st.buckets + st.rs
@@ -48,17 +57,16 @@ def overlapped_gathers(g: LayerEmitter, spec: TrainingSpec, lay: Layout, chunk_s
     the last). Megatron-LM gathers a bucket at a time, each before the first forward that uses it;
     here a layer is the unit."""
     m, p, t = g.m, lay.pp, lay.tp
-    table = m.vocab * m.hidden // t
     out: dict[tuple[int, str], list[str]] = {}
     for s in range(p):
         units: list[tuple[str, int]] = []
         for c in range(lay.v):
             vs = c * p + s
             if vs == 0 and spec.embedding_and_head:
-                units.append(("embed", table + (m.seq_len * m.hidden if m.tied_embeddings else 0)))
+                units.append(("embed", input_embedding_params(m, t)))
             first = chunk_starts[vs]
             units += [(f"L{layer}", layer_params(m, t)) for layer in range(first, first + chunk_sizes[vs])]
-            if vs == p * lay.v - 1 and spec.embedding_and_head and (not m.tied_embeddings or p > 1):
-                units.append(("head", table))
+            if vs == p * lay.v - 1 and spec.embedding_and_head and holds_head(m, p):
+                units.append(("head", m.vocab * m.hidden // t))
         out.update({(s, unit): names for unit, names in g.start_param_gathers(s, units).items()})
     return out
