@@ -58,10 +58,7 @@ def trace_scores(path: Path, gpu: str, overrides: dict[str, Any]) -> tuple[float
 
 def echo_scores(folder: Path, overrides: dict[str, Any]) -> echo.EchoScore:
     """Echo's overlapped kernels (ovsim.validate.echo) replayed with ``overrides``."""
-    rows = echo.load_echo(folder / echo.ECHO_FILE)
-    bundle, scored = echo.echo_bundle(rows)
-    k = replay(bundle, gpu=echo.ECHO_GPU, counters=False, overrides=overrides).kernels  # type: ignore[arg-type]
-    pred = k["predicted_duration_s"].to_numpy(dtype=float)[scored]
+    rows, pred = echo.predict(folder / echo.ECHO_FILE, overrides)
     return echo.score(pred, rows["measured_s"].to_numpy(dtype=float))
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -133,13 +134,14 @@ def echo_bundle(rows: pd.DataFrame) -> tuple[object, np.ndarray]:
                        world_size=2), scored
 
 
-def predict(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
-    """``rows`` (:func:`load_echo`) and ovsim's predicted 2-GPU duration of each, in seconds."""
+def predict(path: Path, overrides: dict[str, Any] | None = None) -> tuple[pd.DataFrame, np.ndarray]:
+    """``rows`` (:func:`load_echo`) and ovsim's predicted 2-GPU duration of each, in seconds;
+    ``overrides``: calibration parameters over the shipped ones (as replay takes them)."""
     from ovsim.replay import replay
 
     rows = load_echo(path)
     bundle, scored = echo_bundle(rows)
-    k = replay(bundle, gpu=ECHO_GPU, counters=False).kernels  # type: ignore[arg-type]
+    k = replay(bundle, gpu=ECHO_GPU, counters=False, overrides=overrides).kernels  # type: ignore[arg-type]
     src = k["isolated_source"].to_numpy()[scored]
     if not (src == "signature").all():
         raise OvsimError("an overlapped kernel took its isolated time from elsewhere than its single-GPU run",
