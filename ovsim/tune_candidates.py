@@ -23,7 +23,11 @@ CONDITIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "training.parallel.tp_chunks": ("training.parallel.tp_overlap", ("chunked", "copy_engine")),
     "knobs.comm_priority": ("schedule", ("overlapped",)),
     "training.parallel.bucket_bytes": ("training.parallel.overlap_grad_reduce", (True,)),
+    "training.parallel.overlap_param_gather": ("training.parallel.distributed_optimizer", (True,)),
 }
+# Where a conditional knob's scenario value is not legal without its condition, the value it takes
+# there (the scenario's overlapped gathers make no scenario without the distributed optimizer).
+OFF_VALUES: dict[str, Any] = {"training.parallel.overlap_param_gather": False}
 # Knobs the analytic fidelity does not see (it shares no resource, so stream priority changes
 # nothing): candidates that differ only in them share one analysis.
 ANALYTIC_BLIND = ("knobs.comm_priority",)
@@ -57,7 +61,8 @@ class Candidate:
 
 
 def _redundant(point: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> bool:
-    return any(knob in point and point[knob] != space[knob][0] and point.get(on, values[0]) not in values
+    return any(knob in point and point[knob] != OFF_VALUES.get(knob, space[knob][0])
+               and point.get(on, values[0]) not in values
                for knob, (on, values) in CONDITIONS.items())
 
 

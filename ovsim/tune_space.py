@@ -84,6 +84,9 @@ def _training_space(sc: Scenario) -> dict[str, list[Any]]:
             # Without overlap every gradient goes in one collective after backward: no buckets.
             space["training.parallel.bucket_bytes"] = [m * 2**20 for m in BUCKET_MIB]
         space["training.parallel.distributed_optimizer"] = [False, True]
+        if p.overlap_grad_reduce:
+            # Its gathers beside the forward need the distributed optimizer (tune_candidates.CONDITIONS).
+            space["training.parallel.overlap_param_gather"] = [False, True]
     return space
 
 

@@ -142,6 +142,27 @@ def test_a_ddp_iteration_offers_megatrons_distributed_optimizer() -> None:
     assert "training.parallel.distributed_optimizer" not in default_space(fsdp)
 
 
+def test_overlapped_gathers_are_offered_only_beside_the_distributed_optimizer(tmp_path: Path) -> None:
+    """Megatron-LM's overlapped parameter gathers exist only with its distributed optimizer: the
+    space offers them beside it, and a scenario that has both still gets plain DDP as a candidate
+    (its gathers off), never a combination that cannot run."""
+    from ovsim.tune_candidates import candidates
+
+    sc = load_scenario(EXAMPLES / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml")
+    assert default_space(sc)["training.parallel.overlap_param_gather"] == [False, True]
+    knobs = ("training.parallel.distributed_optimizer", "training.parallel.overlap_param_gather")
+    data = yaml.safe_load((EXAMPLES / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml").read_text())
+    data["training"]["parallel"].update(distributed_optimizer=True, overlap_param_gather=True)
+    both = tmp_path / "both.yaml"
+    both.write_text(yaml.safe_dump(data))
+    for path in (EXAMPLES / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml", both):
+        space = {k: v for k, v in default_space(load_scenario(path)).items() if k in knobs}
+        found, dropped = candidates(path, space)
+        points = {(c.point[knobs[0]], c.point[knobs[1]]) for c in found}
+        assert points == {(False, False), (True, False), (True, True)}
+        assert dropped["invalid"] == 0 and dropped["redundant"] == 1
+
+
 def test_a_scenario_with_nothing_to_overlap_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "gemm.yaml"
     path.write_text(yaml.safe_dump({"schema": "ovsim.scenario/1", "system": "a100x4",
