@@ -4,6 +4,7 @@ step or (``overlap_param_gather``) from the next iteration's start, beside its f
 
 from __future__ import annotations
 
+from ovsim.models.op_specs import CollectiveOpSpec, generated
 from ovsim.models.training_emit import LayerEmitter, optimizer_passes
 from ovsim.models.training_spec import (
     Layout,
@@ -25,6 +26,8 @@ def step_ops(g: LayerEmitter, spec: TrainingSpec, lay: Layout, *, fsdp: bool, di
     sharded = fsdp or distributed
     for s, st in enumerate(g.stages):
         g.flush_bucket(st, s)
+    tied_embedding_sum(g, spec, lay)
+    for s, st in enumerate(g.stages):
         st.pending += st.buckets + st.rs
         passes = optimizer_passes(spec, g.grad_b)
         if not passes:
@@ -45,6 +48,28 @@ def step_ops(g: LayerEmitter, spec: TrainingSpec, lay: Layout, *, fsdp: bool, di
                 st.pending += gathered if zero else []
         for name, shard_b, held_b in zero:
             g.mem(st, f"s{s}.{name}", shard * shard_b + held * held_b, "elementwise")
+
+
+def tied_embedding_sum(g: LayerEmitter, spec: TrainingSpec, lay: Layout) -> None:
+    """A tied embedding's two copies, the first stage's input embedding and the last stage's head,
+    learn from the sum of their gradients: Megatron-LM all-reduces the word embedding's gradient
+    over each pair of first and last pipeline ranks (its embedding group) once the data-parallel
+    reduction is done, before the step (``_allreduce_embedding_grads``), at the width the
+    gradients were reduced at. On stream ``dp``, after the stage's buckets; each step waits for it."""
+    p = lay.pp
+    if p < 2 or not (spec.embedding_and_head and g.m.tied_embeddings and g.comm):
+        return
+    first, last = g.stages[0], g.stages[p - 1]
+    size = float(g.m.vocab * g.m.hidden // lay.tp * g.grad_b)
+    deps = [x for x in (first.last, last.last) if x]
+    for d in range(lay.replicas_made):
+        for i in range(lay.tp_made):
+            name = f"embedding_grad_sum.d{d}t{i}"
+            g.ops.append(generated(CollectiveOpSpec(name=name, kind="all_reduce", size_bytes=size, stream="dp",
+                                                    ranks=[lay.rank(d, 0, i), lay.rank(d, p - 1, i)],
+                                                    after_any=deps)))
+            first.buckets.append(name)
+            last.buckets.append(name)
 
 
 def overlapped_gathers(g: LayerEmitter, spec: TrainingSpec, lay: Layout, chunk_starts: list[int],
