@@ -9,7 +9,7 @@ op, split into SM work and HBM traffic, with the HBM bytes. Chunking a GEMM alon
 its whole weight once per piece, so the chunked configurations move more HBM bytes for the same
 FLOPs.
 
-    python bench/tp_overlap_energy.py               # the 4,096-GPU row, about 30 s
+    python bench/tp_overlap_energy.py               # the 4,096-GPU row, about 10 s
     python bench/tp_overlap_energy.py --gpus 10752
 """
 

@@ -26,7 +26,9 @@ CONDITIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "training.parallel.overlap_param_gather": ("training.parallel.distributed_optimizer", (True,)),
 }
 # Where a conditional knob's scenario value is not legal without its condition, the value it takes
-# there (the scenario's overlapped gathers make no scenario without the distributed optimizer).
+# there (the scenario's overlapped gathers make no scenario without the distributed optimizer). A
+# combination that sets it otherwise there is counted as redundant: it cannot run, and the one
+# with this value stands for it.
 OFF_VALUES: dict[str, Any] = {"training.parallel.overlap_param_gather": False}
 # Knobs the analytic fidelity does not see (it shares no resource, so stream priority changes
 # nothing): candidates that differ only in them share one analysis.
@@ -64,6 +66,29 @@ def _redundant(point: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> 
     return any(knob in point and point[knob] != OFF_VALUES.get(knob, space[knob][0])
                and point.get(on, values[0]) not in values
                for knob, (on, values) in CONDITIONS.items())
+
+
+def one_knob_changed(point: Mapping[str, Any], knob: str, value: Any, space: Mapping[str, Sequence[Any]]
+                     ) -> dict[str, Any]:
+    """``point`` with ``knob`` set to ``value``, and what the change means for the knobs that count
+    only under another's values (:data:`CONDITIONS`): a change that turns such a knob on also
+    sets its condition to the first of the space's values under which it counts (overlapped
+    gathers take the distributed optimizer with them), and a change of the condition that leaves
+    it out sets it to its off value (without the distributed optimizer, no overlapped gathers).
+    A search's first trials are these changes, so that none of them is a combination dropped as
+    redundant."""
+    out = {**point, knob: value}
+    for k, (on, values) in CONDITIONS.items():
+        if k not in out or on not in out or out[on] in values:
+            continue
+        off = OFF_VALUES.get(k, space[k][0])
+        if out[k] == off:
+            continue
+        if k == knob:
+            out[on] = next((v for v in space[on] if v in values), out[on])
+        elif off in space[k]:
+            out[k] = off
+    return out
 
 
 # A scenario's mapping as read, its file (None: given in Python) and its name for messages

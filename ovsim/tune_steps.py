@@ -19,6 +19,7 @@ from ovsim.tune_candidates import (
     Base,
     Candidate,
     engine_key,
+    one_knob_changed,
     point_key,
     same_priority,
     take_analysis,
@@ -277,10 +278,12 @@ def sample(base: Base, space: Mapping[str, Sequence[Any]], given_point: Mapping[
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
     start = {k: next((j for j, v in enumerate(space[k]) if v == given_point.get(k)), 0) for k in keys}
     study.enqueue_trial(start)
+    given = {k: space[k][j] for k, j in start.items()}
     for k in keys:
         for j in range(len(space[k])):
             if j != start[k]:
-                study.enqueue_trial({**start, k: j})
+                changed = one_knob_changed(given, k, space[k][j], space)
+                study.enqueue_trial({kk: space[kk].index(v) for kk, v in changed.items()})
     t0 = time.monotonic()
     study.optimize(value, n_trials=trials, timeout=timeout_s)
     counts = {"trials": len(ran), "analyses": len(analyses), "sampling_stopped": len(ran) < trials}

@@ -99,17 +99,18 @@ def test_copy_engine_transfers_are_neither_compute_nor_communication() -> None:
 
 
 def test_pipeline_send_recv_counts_as_communication() -> None:
-    """A two-stage pipeline on two GPUs (no data or tensor parallelism, and no tied embedding whose
-    copies' gradients the two ends would sum) communicates only by its send/recv, NCCL kernels in
-    a real run: all of each rank's communication is their time on the pipeline's stream, none of
-    it dropped as a copy."""
+    """A two-stage pipeline on two GPUs (no data or tensor parallelism) communicates by its
+    send/recv and, its embedding tied, by the sum of the two ends' embedding gradients, NCCL
+    kernels in a real run: all of each rank's communication is their time on the pipeline's
+    streams and the stream the sum runs on, none of it dropped as a copy."""
     sc = Scenario.model_validate({"name": "pp2", "system": "a100x4", "ranks": 2, "training": {
         "model": "gpt3-1.3b", "layers": 2, "micro_batch_size": 1, "seq_len": 1024, "precision": "bf16",
-        "micro_batches": 2, "embedding_and_head": False, "parallel": {"pp": 2, "pipeline": "1f1b"}}})
+        "micro_batches": 2, "parallel": {"pp": 2, "pipeline": "1f1b"}}})
     ops = predict(sc).ops
     for o in rank_overlap(ops):
-        p2p = ops[(ops["rank"] == o.rank) & ops["stream"].str.startswith("pp")]
-        assert len(p2p) > 0
+        mine = ops[ops["rank"] == o.rank]
+        p2p = mine[mine["stream"].str.startswith("pp") | mine["name"].str.startswith("embedding_grad_sum")]
+        assert (p2p["stream"] == "dp").sum() == 1 and (p2p["stream"] != "dp").sum() > 0
         busy = union_intervals(p2p["start_s"].to_numpy(float), p2p["end_s"].to_numpy(float))
         assert o.comm_busy_s == pytest.approx(sum(e - s for s, e in busy), rel=1e-12)
 

@@ -337,6 +337,21 @@ def test_a_sampled_search_first_tries_each_single_change_from_the_given(monkeypa
     assert {(carve, ch) for _, carve, ch in seen} == singles and len(seen) == 6
 
 
+def test_a_sampled_searchs_single_changes_bring_their_conditions_along(tmp_path: Path) -> None:
+    """From a sequential schedule, raising the collectives' priority alone changes nothing (it counts
+    only when they overlap): the search's first trials take the overlapped schedule with it, so
+    that none of them is a combination dropped as redundant."""
+    data = yaml.safe_load(A100.read_text())
+    data["schedule"] = "sequential"
+    path = tmp_path / "sequential.yaml"
+    path.write_text(yaml.safe_dump(data))
+    space = {"schedule": ["sequential", "overlapped"], "knobs.comm_priority": ["normal", "high"]}
+    res = tune(path, space=space, max_grid=3)
+    assert res.stats["sampled"] and res.stats["trials"] == 3
+    # The three combinations that can differ: (sequential, high) would repeat (sequential, normal).
+    assert res.stats["candidates"] == 3 and res.stats["redundant"] == 0
+
+
 def _slow_engine(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Every engine prediction takes at least ``seconds``: a budget then runs out deterministically."""
     import time
