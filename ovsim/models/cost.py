@@ -325,6 +325,13 @@ def gemm_main_loop(m: int, n: int, k: int, tile: tuple[int, int, int], occ_natur
     return blocks, k_per_block, t_issue, waves, waves * (t_issue + tile_s)
 
 
+# Row tiles up to which a GEMM reads its weight (B) from HBM once, its tiles that share a column
+# panel running side by side and sharing its reads in L2. 0, the rule that ships: twice from two row
+# tiles on. bench/gemm_weight_reads.py scores other values on the measured shapes
+# (docs/calibration.md, "How often a GEMM reads its weight").
+WEIGHT_ONCE_ROW_TILES = 0
+
+
 def gemm_isolated_s(m: int, n: int, k: int, tile: tuple[int, int, int], batch: int, split_k: int,
                     element_size: int, compute_s: float, gpu: GpuSpec, params: Parameters) -> tuple[float, float, bool]:
     """A GEMM's time alone from its main loop's ``compute_s``, the HBM bytes it moves, and whether
@@ -336,7 +343,8 @@ def gemm_isolated_s(m: int, n: int, k: int, tile: tuple[int, int, int], batch: i
     # 92% of the peak (calibration/data/h100-sxm5-80gb/2026-11-26-f), which reading it twice
     # would price at twice that. C is written once.
     tm, tn, _ = tile
-    reads_a, reads_b = min(math.ceil(n / tn), 2), min(math.ceil(m / tm), 2)
+    row_tiles = math.ceil(m / tm)
+    reads_a, reads_b = min(math.ceil(n / tn), 2), 1 if row_tiles <= WEIGHT_ONCE_ROW_TILES else min(row_tiles, 2)
     hbm_bytes = float(batch * element_size * (reads_a * m * k + reads_b * k * n + m * n))
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     isolated = max(compute_s, hbm_bytes / bw) + params.kernel_overhead_s
@@ -365,7 +373,8 @@ def gemm_isolated_times(m: int, n: int, k: int, tiles: np.ndarray, occ_natural: 
     t_issue = occ_natural * (2.0 * tm * tn * k_per_block) / per_sm_rate
     waves = np.ceil(blocks / (sms * occ_natural)).astype(np.int64)
     compute_s = waves * (t_issue + tile_s)
-    reads_a, reads_b = np.minimum(col_tiles, 2), np.minimum(row_tiles, 2)
+    reads_a = np.minimum(col_tiles, 2)
+    reads_b = np.where(row_tiles <= WEIGHT_ONCE_ROW_TILES, 1, np.minimum(row_tiles, 2))
     hbm_bytes = (batch * element_size * (reads_a * m * k + reads_b * k * n + m * n)).astype(float)
     bw = gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction
     isolated = np.maximum(compute_s, hbm_bytes / bw) + params.kernel_overhead_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 from ovsim.errors import OvsimError
@@ -159,6 +160,31 @@ def test_a_gemm_reads_an_operand_at_most_once_per_tile_that_needs_it() -> None:
                                           ((8192, 64, 8192), (1, 2))):
         d = gemm(m, n, k, "bf16", h100, p, tile=tile)
         assert d.hbm_bytes == 2 * (reads_a * m * k + reads_b * k * n + m * n)
+
+
+def test_the_weight_once_rule_reads_b_once_up_to_its_row_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``WEIGHT_ONCE_ROW_TILES`` (0 ships: bench/gemm_weight_reads.py scores others) reads B once
+    where the GEMM has at most that many row tiles, in both the scalar and the array pricing: 512 x
+    8192 x 8192 on 128 x 128 tiles has four, 640 x 8192 x 8192 five."""
+    from ovsim.models import cost, gemm_library
+
+    h100 = load_gpu("h100-sxm5-80gb")
+    p = load_calibration(h100, "h100-sxm5-80gb").params
+    tile = (128, 128, 64)
+    monkeypatch.setattr(cost, "WEIGHT_ONCE_ROW_TILES", 4)
+    gemm_library.clear_choices()
+    try:
+        for m, reads_b in ((512, 1), (640, 2)):
+            n = k = 8192
+            assert gemm(m, n, k, "bf16", h100, p, tile=tile).hbm_bytes == 2 * (2 * m * k + reads_b * k * n + m * n)
+        # The arrays' pricing (the library's bound on each kernel) agrees with the scalar one.
+        rate = cost.gemm_rate(8192, 8192, "bf16", h100, p, None)
+        one = cost.gemm_isolated_times(512, 8192, 8192, np.array([[128, 128]]), np.array([1]), 1, np.array([1]),
+                                       h100.sm.count, *rate, 2, h100, p)
+        main_loop = cost.gemm_main_loop(512, 8192, 8192, tile, 1, 1, 1, h100.sm.count, *rate)[4]
+        assert one[0] == pytest.approx(cost.gemm_isolated_s(512, 8192, 8192, tile, 1, 1, 2, main_loop, h100, p)[0])
+    finally:
+        gemm_library.clear_choices()
 
 
 def test_a_one_row_gemm_streams_its_weight_once_as_measured() -> None:
