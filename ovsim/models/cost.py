@@ -328,7 +328,8 @@ def gemm_main_loop(m: int, n: int, k: int, tile: tuple[int, int, int], occ_natur
 # Row tiles up to which a GEMM reads its weight (B) from HBM once, its tiles that share a column
 # panel running side by side and sharing its reads in L2. 0, the rule that ships: twice from two row
 # tiles on. bench/gemm_weight_reads.py scores other values on the measured shapes
-# (docs/calibration.md, "How often a GEMM reads its weight").
+# (docs/calibration.md, "How often a GEMM reads its weight"). Whoever changes it calls
+# gemm_library.clear_choices(): the library keeps the kernels it chose under the value before.
 WEIGHT_ONCE_ROW_TILES = 0
 
 
