@@ -14,7 +14,7 @@ those (its price against the measurement); then those GEMMs.
 With ``--once-up-to N``, it scores instead the rule that reads the weight once where a GEMM has
 at most N row tiles (``ovsim.models.cost.WEIGHT_ONCE_ROW_TILES``), against the shipped one, on
 every measured shape of each data set (the MAPE ``ovsim validate --measured`` gives), and over
-the sets not looked at to choose it (all but the first H100's); then on NVIDIA's MLPerf v3.1
+the sets after the first H100's (not held out: 4 was picked looking at every set); then on NVIDIA's MLPerf v3.1
 GPT-3 rows (bench/mlperf_rows.py, analytic), whose chunked tensor-parallel pieces have 512 rows.
 
     python bench/gemm_weight_reads.py                 # a few seconds
