@@ -24,7 +24,9 @@ GPT-3 rows (bench/mlperf_rows.py, analytic), whose chunked tensor-parallel piece
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +41,20 @@ from ovsim.validate.measured_gemm import MEASURED_SHAPES, SHAPE_EXPERIMENTS, mea
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-LINEAR = {"bf16_linear": "bf16", "fp16_linear": "fp16", "fp8_linear": "fp8", "tf32_linear": "tf32"}
+LINEAR = {experiment: prec for experiment, prec in SHAPE_EXPERIMENTS.items() if experiment.endswith("_linear")}
+
+
+@contextlib.contextmanager
+def weight_once_up_to(row_tiles: int) -> Iterator[None]:
+    """Price GEMMs reading the weight once up to ``row_tiles`` row tiles, then as shipped again;
+    the library's kernel choices, made under the rule before, forgotten each way."""
+    cost.WEIGHT_ONCE_ROW_TILES = row_tiles
+    gemm_library.clear_choices()
+    try:
+        yield
+    finally:
+        cost.WEIGHT_ONCE_ROW_TILES = 0
+        gemm_library.clear_choices()
 
 
 def score_rule(once_up_to: int) -> None:
@@ -57,15 +72,12 @@ def score_rule(once_up_to: int) -> None:
             measured = np.array([p[4] for p in pts])
             mape = {}
             for rule in (0, once_up_to):
-                cost.WEIGHT_ONCE_ROW_TILES = rule
-                gemm_library.clear_choices()  # its kernel choices were priced under the other rule
-                err = np.abs(library_gemm_times(pts, prec, gpu, params) - measured) / measured
+                with weight_once_up_to(rule):
+                    err = np.abs(library_gemm_times(pts, prec, gpu, params) - measured) / measured
                 mape[rule] = float(err.mean())
                 if n_set > 0:
                     later[rule][0] += float(err.sum())
                     later[rule][1] += len(err)
-            cost.WEIGHT_ONCE_ROW_TILES = 0
-            gemm_library.clear_choices()
             print(f"{rel:30s} {experiment:13s} {len(pts):4d}  {mape[0]:6.2%}  {mape[once_up_to]:6.2%}")
     print(f"sets after the first, {int(later[0][1])} shapes: {later[0][0] / later[0][1]:.2%} against "
           f"{later[once_up_to][0] / later[once_up_to][1]:.2%}")
@@ -81,12 +93,9 @@ def mlperf_under_rule(once_up_to: int, gpus: tuple[int, ...] = (4096, 10752)) ->
     for row in (r for r in MLPERF_ROWS if r.gpus in gpus):
         errors = []
         for rule in (0, once_up_to):
-            cost.WEIGHT_ONCE_ROW_TILES = rule
-            gemm_library.clear_choices()
-            step_s = api.predict(row.scenario(), mode="analytic", counters=False).timeline.makespan_s
+            with weight_once_up_to(rule):
+                step_s = api.predict(row.scenario(), mode="analytic", counters=False).timeline.makespan_s
             errors.append(f"{row.throughput(step_s) / row.published - 1:+.1%}")
-        cost.WEIGHT_ONCE_ROW_TILES = 0
-        gemm_library.clear_choices()
         print(f"{row.gpus:6d} GPUs: {errors[0]}  {errors[1]}")
 
 

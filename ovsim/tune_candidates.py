@@ -18,7 +18,7 @@ from ovsim.sweep import base_mapping, edited, scenario_at
 from ovsim.tune_predictions import Objective, objective_value
 
 # A knob that matters only while another has one of some values: a combination that sets it
-# elsewhere, other than to its first value, repeats another candidate and is not searched.
+# elsewhere, other than to its off value (_off_value), repeats another candidate and is not searched.
 CONDITIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "training.parallel.tp_chunks": ("training.parallel.tp_overlap", ("chunked", "copy_engine")),
     "knobs.comm_priority": ("schedule", ("overlapped",)),
@@ -62,8 +62,14 @@ class Candidate:
         return self.estimate < best * (1.0 + ESTIMATE_MARGIN)
 
 
+def _off_value(knob: str, space: Mapping[str, Sequence[Any]]) -> Any:
+    """The value a conditional knob takes where its condition fails: :data:`OFF_VALUES`'s, else
+    the space's first (the scenario's own)."""
+    return OFF_VALUES.get(knob, space[knob][0])
+
+
 def _redundant(point: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> bool:
-    return any(knob in point and point[knob] != OFF_VALUES.get(knob, space[knob][0])
+    return any(knob in point and point[knob] != _off_value(knob, space)
                and point.get(on, values[0]) not in values
                for knob, (on, values) in CONDITIONS.items())
 
@@ -81,7 +87,7 @@ def one_knob_changed(point: Mapping[str, Any], knob: str, value: Any, space: Map
     for k, (on, values) in CONDITIONS.items():
         if k not in out or on not in out or out[on] in values:
             continue
-        off = OFF_VALUES.get(k, space[k][0])
+        off = _off_value(k, space)
         if out[k] == off:
             continue
         if k == knob:
