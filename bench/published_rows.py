@@ -205,23 +205,30 @@ ROWS = [
 
 @dataclass(frozen=True)
 class LlamaRow:
-    """A row of Llama 3's table 4 at 8K context, with the virtual stages assumed (see the docstring)."""
+    """A row of Llama 3's table 4, with the virtual stages assumed (see the docstring): at 8K
+    context, or at 128K with context parallelism (``cp``)."""
 
     gpus: int
     virtual_stages: int
     published_tflops_per_gpu: float
     tp: int = 8
     pp: int = 16
+    cp: int = 1
+    seq: int = 8192
     micro_batch: int = 1
-    sequences: int = 2048  # 16M tokens a batch of 8,192-token sequences
 
     @property
     def name(self) -> str:
-        return f"llama3-{self.gpus}-v{self.virtual_stages}"
+        return f"llama3-{self.gpus}{f'-cp{self.cp}' if self.cp > 1 else ''}-v{self.virtual_stages}"
+
+    @property
+    def sequences(self) -> int:
+        """Sequences a batch of 16M tokens holds."""
+        return 2**24 // self.seq
 
     @property
     def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp)
+        return self.gpus // (self.tp * self.cp * self.pp)
 
     @property
     def micro_batches(self) -> int:
@@ -240,21 +247,23 @@ class LlamaRow:
         """Model FLOPs of an iteration as MFU counts them (PaLM, appendix B)."""
         m = PRESETS["llama3-405b"]
         n = m.layers * layer_params(m, 1) + m.vocab * m.hidden
-        return (6 * n + 12 * m.layers * m.hidden * m.seq_len) * self.sequences * m.seq_len
+        return (6 * n + 12 * m.layers * m.hidden * self.seq) * self.sequences * self.seq
 
     def scenario(self) -> Scenario:
         parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=True,
-                                   distributed_optimizer=True)
+                                   distributed_optimizer=True, **({"cp": self.cp} if self.cp > 1 else {}))
         return Scenario.model_validate({
             "schema": "ovsim.scenario/1", "name": f"llama3-405b-{self.name}", "system": "hgx-h100-ndr",
             "nodes": self.gpus // GPUS_PER_NODE, "schedule": "overlapped",
-            "training": {"model": "llama3-405b", "micro_batch_size": self.micro_batch,
+            "training": {"model": "llama3-405b", "seq_len": self.seq, "micro_batch_size": self.micro_batch,
                          "micro_batches": self.micro_batches, "precision": "bf16", "parallel": parallel},
         })
 
 
-# Table 4's two 8K-context rows (430 and 400 TFLOP/s per GPU), each with 1, 2 and 4 virtual stages.
-LLAMA_ROWS = [LlamaRow(g, v, tflops) for g, tflops in ((8192, 430), (16384, 400)) for v in (1, 2, 4)]
+# Table 4's two 8K-context rows (430 and 400 TFLOP/s per GPU), each with 1, 2 and 4 virtual stages,
+# and its 128K-context row (TP 8 x CP 16 x PP 16 x DP 8, sequences of 131,072 tokens, 380).
+LLAMA_ROWS = [LlamaRow(g, v, tflops) for g, tflops in ((8192, 430), (16384, 400)) for v in (1, 2, 4)] + [
+    LlamaRow(16384, v, 380, cp=16, seq=131_072) for v in (1, 2, 4)]
 
 
 # MPT (mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): layers, d_model, heads; expansion

@@ -79,7 +79,7 @@ def _training_space(sc: Scenario) -> dict[str, list[Any]]:
         space["training.parallel.tp_chunks"] = [None, *(c for c in TP_CHUNKS if c != p.tp)]
     if p.dp_mode == "fsdp":
         space["training.parallel.fsdp_prefetch"] = list(FSDP_PREFETCH)
-    elif p.dp != 1:
+    elif p.dp != 1 or p.cp > 1:  # context-parallel ranks reduce gradients together too
         if p.overlap_grad_reduce:
             # Without overlap every gradient goes in one collective after backward: no buckets.
             space["training.parallel.bucket_bytes"] = [m * 2**20 for m in BUCKET_MIB]

@@ -442,6 +442,7 @@ def attention(
     *,
     causal: bool = True,
     backward: bool = False,
+    kv_len: int | None = None,
     tile_q: int = 128,
     threads: int = 256,
     registers_per_thread: int = 192,
@@ -449,16 +450,21 @@ def attention(
     efficiency: float | None = None,
 ) -> KernelDemand:
     """Fused (flash) attention: one block per (batch, head, query tile), each at ``efficiency`` of
-    an SM's tensor peak (None: the calibration's ``attention_efficiency``)."""
-    for name, v in (("batch", batch), ("heads", heads), ("seq_len", seq_len), ("head_dim", head_dim)):
+    an SM's tensor peak (None: the calibration's ``attention_efficiency``). ``seq_len`` queries
+    against ``kv_len`` keys (None: as many); causal, half the products are masked (a
+    context-parallel rank's two chunks together, :class:`ovsim.models.op_specs.AttentionOp`)."""
+    kv = seq_len if kv_len is None else kv_len
+    for name, v in (("batch", batch), ("heads", heads), ("seq_len", seq_len), ("head_dim", head_dim),
+                    ("kv_len", kv)):
         if v < 1:
             raise OvsimError(f"must be a positive integer, got {v}", field=name)
     eb = element_bytes(precision)
-    # QK^T and PV: 2 matmuls of 2*S*S*D FLOPs per head; backward does 2.5x the forward's work.
-    flops = 4.0 * batch * heads * seq_len * seq_len * head_dim * (0.5 if causal else 1.0)
+    # QK^T and PV: 2 matmuls of 2*Sq*Skv*D FLOPs per head; backward does 2.5x the forward's work.
+    flops = 4.0 * batch * heads * seq_len * kv * head_dim * (0.5 if causal else 1.0)
     if backward:
         flops *= 2.5
-    hbm_bytes = float(4 * batch * heads * seq_len * head_dim * eb * (2 if backward else 1))
+    # Q and the output over the queries, K and V over the keys (twice as much backward).
+    hbm_bytes = float(2 * batch * heads * (seq_len + kv) * head_dim * eb * (2 if backward else 1))
     smem = shared_mem_bytes if shared_mem_bytes is not None else min(
         gpu.sm.max_shared_mem_per_block_bytes, 3 * tile_q * head_dim * eb * 2)
     block = BlockShape(threads=threads, registers_per_thread=registers_per_thread, shared_mem_bytes=smem)

@@ -26,7 +26,8 @@ unfused attention (``TrainingSpec.attention``). The
 loss keeps FP32 logits, ``4sbv/t`` (the paper's output-layer term). With pipeline parallelism a
 stage holds the activations of every micro-batch whose forward has run and whose backward has
 not: counted from the schedule ovsim runs (:func:`ovsim.models.pipeline.stage_order`), not from a
-formula.
+formula. With context parallelism a rank holds its 1/cp of each sequence's tokens (s counts those);
+the keys and values it gathers for one layer's attention live only while that layer computes.
 
 Under PyTorch's autocast (``precision: amp_bf16 | amp_fp16``) the weights, gradients and moments are
 FP32 (4 + 4 + 8 bytes), the weights' 16-bit copies autocast caches are held with the weights, and
@@ -51,6 +52,7 @@ from ovsim.models.training_spec import (
     gradient_element_bytes,
     layer_params,
     layout,
+    rank_tokens,
     stage_embedding_params,
     stage_layers,
 )
@@ -165,7 +167,7 @@ def memory_estimate(spec: TrainingSpec, n_ranks: int) -> MemoryEstimate:
     # DeepSpeed's ZeRO-3 allocates its whole reduce bucket up front (its ipg buffer).
     bucket_bytes = par.zero3_bucket_elements * grad_b if par.fsdp_impl == "zero3" else 0.0
     chunks = chunk_layers(m.layers, p * v)
-    tokens = spec.micro_batch_size * m.seq_len
+    tokens = rank_tokens(spec, m)
     act_b = activation_element_bytes(spec.precision)
     unfused = spec.attention == "unfused"
     mode = spec.recompute_mode

@@ -62,7 +62,7 @@ def kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs)
                          efficiency=eff, l2_bytes_per_s=l2, l2_sm_bytes_per_s=l2_sm, **given)
     if isinstance(spec, AttentionOp):
         base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
-                              causal=spec.causal, backward=spec.backward,
+                              causal=spec.causal, backward=spec.backward, kv_len=spec.kv_len,
                               efficiency=params.attention_eff(spec.implementation, gpu.name))
     elif isinstance(spec, MemoryOp):
         blocks = spec.blocks

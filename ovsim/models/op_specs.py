@@ -220,6 +220,10 @@ class AttentionOp(_OpBase):
     heads: PositiveInt
     seq_len: PositiveInt
     head_dim: PositiveInt
+    # The keys' length where it is not the queries' (seq_len): a context-parallel rank's queries
+    # against the whole gathered sequence. Causal, half the seq_len x kv_len products are masked
+    # either way: a context-parallel rank's two chunks of 2 x cp do half together.
+    kv_len: PositiveInt | None = None
     precision: Precision = "bf16"
     causal: bool = True
     backward: bool = False

@@ -223,7 +223,7 @@ def training_ops(spec: TrainingSpec, n_ranks: int, *, replicas_made: int | None 
     place = [{item: k for k, item in enumerate(order)} for order in orders]
     # Last compute op of each (phase, micro-batch, virtual stage), for send/recv and peer deps.
     item_last: dict[tuple[str, int, int], str] = {}
-    full_act_bytes = float(spec.micro_batch_size * m.seq_len * m.hidden * g.act_b)
+    full_act_bytes = float(g.tokens * m.hidden * g.act_b)
     # Each tensor-parallel rank sends its 1/tp of the activation where sequence parallelism split it
     # already, or where Megatron-LM's scatter-gather splits it, and the receiving group gathers it.
     gather = spec.parallel.pipeline_scatter_gather and lay.tp > 1 and not spec.parallel.sequence_parallel
@@ -439,9 +439,10 @@ def _symmetric(lay: Layout, system: SystemSpec, knobs: Knobs | None) -> Layout:
 
 
 def _replicas_alike(lay: Layout, system: SystemSpec) -> bool:
-    if lay.dp < 2:
+    """Whether one replica's first context-parallel rank stands for every replica's every one."""
+    if lay.dp < 2 or not _cp_ranks_alike(lay, system):
         return False
-    k = lay.tp * lay.pp
+    k = lay.tp * lay.cp * lay.pp
     # A replica that straddles nodes unevenly meets the network differently from its neighbours.
     if k % system.gpu_count and system.gpu_count % k:
         return False
@@ -450,6 +451,18 @@ def _replicas_alike(lay: Layout, system: SystemSpec) -> bool:
     # ranks onto NICs differently (8 GPUs on 5 NICs: ports 0,0,1,1,2,3,3,4).
     net = system.network
     return net is None or net.nics_per_node >= system.gpu_count or k * net.nics_per_node % system.gpu_count == 0
+
+
+def _cp_ranks_alike(lay: Layout, system: SystemSpec) -> bool:
+    """A replica's context-parallel ranks (each ``tp`` ranks on from the one before; the same
+    work, by their chunks' balance) stand for each other where their tensor-parallel groups tile
+    the nodes evenly and, where two share a node, no two GPUs share a NIC."""
+    if lay.cp == 1:
+        return True
+    group, node = lay.tp * lay.cp, system.gpu_count
+    if group % node and node % group:
+        return False
+    return lay.tp % node == 0 or system.network is None or system.nic_port_of(0) != system.nic_port_of(1)
 
 
 def _tp_ranks_alike(lay: Layout, system: SystemSpec) -> bool:

@@ -39,6 +39,7 @@ from ovsim.models.training_spec import (
     input_embedding_params,
     layer_matrices,
     layer_params,
+    rank_tokens,
     wire_element_bytes,
 )
 
@@ -155,7 +156,7 @@ class LayerEmitter:
         self.comm_b = wire_element_bytes(spec.precision)
         # DDP's gradients (FSDP's are at the wire's width: Megatron-LM's optimizer is refused there).
         self.grad_b = gradient_element_bytes(spec)
-        self.tokens = spec.micro_batch_size * self.m.seq_len
+        self.tokens = rank_tokens(spec, self.m)
         self.chunks = self.p.tp_chunks or self.p.tp
         # Layer blocks copied from the first of their kind (None: each emitted).
         self.blocks = BlockCopies() if copy_blocks else None
@@ -210,7 +211,8 @@ class LayerEmitter:
         names = []
         # Tensor-parallel groups are numbered by replica, and data-parallel ones by tensor-parallel
         # rank, whether or not every group's ops are made (rank symmetry).
-        numbered = len(groups) > 1 or (stream == "tp" and self.lay.dp > 1) or (stream == "dp" and self.lay.tp > 1)
+        numbered = (len(groups) > 1 or (stream == "tp" and self.lay.dp > 1) or (stream == "dp" and self.lay.tp > 1)
+                    or stream == "cp")
         for gi, ranks in enumerate(groups):
             nm = f"{name}.g{gi}" if numbered else name
             deps = after if after is not None else [st.last] if st.last else []
@@ -319,7 +321,7 @@ class LayerEmitter:
         gather_b = 1 if self.spec.precision == "fp8" else None
         self.fp8_cast(st, f"{pre}.qkv", T * mats["qkv"][0], gathered)
         self.tp_gemm(st, s, f"{pre}.qkv", T, mats["qkv"][1], mats["qkv"][0], pre=sp, element_bytes=gather_b)
-        self.attention(st, f"{pre}.attn", backward=False)
+        self.attention(st, f"{pre}.attn", backward=False, stage=s)
         self.fp8_cast(st, f"{pre}.proj", T * mats["proj"][0])
         self.tp_gemm(st, s, f"{pre}.proj", T, mats["proj"][1], mats["proj"][0], post=post)
         self.mem(st, f"{pre}.norm2", 4 * hb, "norm")
@@ -370,8 +372,8 @@ class LayerEmitter:
         self.gemm(st, f"{pre}.proj.wgrad", mats["proj"][0], mats["proj"][1], T)
         self.grad_ready(st, s, mats["proj"][0] * mats["proj"][1] * gb, last_mb)
         if recompute_attention:
-            self.attention(st, f"R{pre[1:]}.attn", backward=False)
-        self.attention(st, f"{pre}.attn.bwd", backward=True)
+            self.attention(st, f"R{pre[1:]}.attn", backward=False, stage=s)
+        self.attention(st, f"{pre}.attn.bwd", backward=True, stage=s)
         self.fp8_cast(st, f"{pre}.qkv", T * mats["qkv"][1])
         self._column_backward(st, s, f"{pre}.qkv", mats["qkv"], post, sp)
         self.mem(st, f"{pre}.norm1.bwd", 3 * hb, "norm")
@@ -393,14 +395,20 @@ class LayerEmitter:
         self.gemm(st, f"{name}.wgrad", mat[0], mat[1], T)
         st.pending = after_reduction
 
-    def attention(self, st: StageState, name: str, backward: bool) -> None:
-        """The core attention of one micro-batch on one tensor-parallel rank (its heads)."""
+    def attention(self, st: StageState, name: str, backward: bool, stage: int = 0) -> None:
+        """The core attention of one micro-batch on one tensor-parallel rank (its heads) of pipeline
+        stage ``stage``; with context parallelism, of the rank's queries against the gathered
+        sequence."""
         m, b = self.m, self.spec.micro_batch_size
         heads, s, d = m.heads // self.lay.tp, m.seq_len, m.hidden // m.heads
         if self.spec.attention != "unfused":
-            self.compute(st, AttentionOp, name=name, kind="attention", batch=b, heads=heads, seq_len=s, head_dim=d,
-                         precision=self.spec.attention_precision, backward=backward,
-                         implementation=self.spec.attention_kernel)
+            cp = self.lay.cp
+            self.cp_gather(st, stage, name)
+            self.compute(st, AttentionOp, name=name, kind="attention", batch=b, heads=heads, seq_len=s // cp,
+                         kv_len=s if cp > 1 else None, head_dim=d, precision=self.spec.attention_precision,
+                         backward=backward, implementation=self.spec.attention_kernel)
+            if backward:
+                self.cp_reduce(st, stage, name)
             return
         # Unfused: every head's s x s scores go through HBM. The batched GEMMs are priced as one
         # GEMM of the same FLOPs and operand shapes (b x heads x s rows).
@@ -427,6 +435,41 @@ class LayerEmitter:
         self.mem(st, f"{name}.softmax", 3 * eb * scores, "elementwise")  # probabilities and gradient in, out
         bmm("qk.dgrad", d, s)  # Q's
         bmm("qk.wgrad", d, s)  # K's
+
+    # context parallelism (Transformer Engine's AttnFuncWithCPAndKVAllGather)
+
+    def _cp_kv_bytes(self) -> float:
+        """Bytes of the whole sequence's keys, or values, on one tensor-parallel rank (its share of
+        the key/value heads)."""
+        m = self.m
+        return float(self.spec.micro_batch_size * m.seq_len * (m.hidden // m.heads) * m.kv / self.lay.tp
+                     * self.act_b)
+
+    def cp_gather(self, st: StageState, s: int, name: str) -> None:
+        """Before a core attention (forward, recomputed or backward) with context parallelism: the
+        keys and the values all-gathered over the rank's context-parallel group, each its own
+        collective, then both put in chunk order (an index_select each: the gathered tensors read
+        and written)."""
+        if self.lay.cp == 1 or not self.comm:
+            return
+        kv = self._cp_kv_bytes()
+        groups = self.lay.cp_groups(s)
+        for part in ("k", "v"):
+            st.pending += self.collective(st, f"{name}.cp.{part}.ag", "all_gather", kv, "cp", groups)
+        self.mem(st, f"{name}.cp.kv.order", 2 * 2 * kv, "elementwise")
+
+    def cp_reduce(self, st: StageState, s: int, name: str) -> None:
+        """After a core attention's backward with context parallelism: the gathered keys' and
+        values' gradients summed from the rank's two chunks into zeroed whole-sequence buffers and
+        put back in rank order (written, read and written, read and written: 6 passes of each),
+        then each reduce-scattered over the group, before the QKV projection's backward needs them."""
+        if self.lay.cp == 1 or not self.comm:
+            return
+        kv = self._cp_kv_bytes()
+        groups = self.lay.cp_groups(s)
+        self.mem(st, f"{name}.cp.dkv.sum", 2 * 6 * kv, "elementwise")
+        for part in ("k", "v"):
+            st.pending += self.collective(st, f"{name}.cp.d{part}.rs", "reduce_scatter", kv, "cp", groups)
 
     # embedding and head
 

@@ -88,14 +88,23 @@ ALIASES = {"gpt3-xl": "gpt3-1.3b"}
 
 
 class ParallelSpec(InputModel):
-    """How ranks split the model: rank = (dp_index * pp + stage) * tp + tp_index (TP innermost)."""
+    """How ranks split the model: rank = ((dp_index * pp + stage) * cp + cp_index) * tp + tp_index
+    (TP innermost, then context parallelism)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    # Data-parallel degree; None: whatever the ranks leave after tp x pp.
+    # Data-parallel degree; None: whatever the ranks leave after tp x cp x pp.
     dp: PositiveInt | None = None
     tp: PositiveInt = 1
     pp: PositiveInt = 1
+    # Context-parallel degree: each of cp ranks holds 1/cp of every sequence, as two of its 2 x cp
+    # chunks (the i-th and the (2cp - 1 - i)-th) so that causal attention loads the ranks evenly, and
+    # all-gathers the keys and values before its core attention (again before its backward, which
+    # then reduce-scatters their gradients): Llama 3's context parallelism (Grattafiori et al.,
+    # arXiv 2407.21783, section 3.3.2), Transformer Engine's ``cp_comm_type="all_gather"``. A
+    # replica's cp ranks reduce their gradients with the data-parallel ones (Megatron-LM's
+    # data-parallel group with context parallelism).
+    cp: PositiveInt = 1
     dp_mode: Literal["ddp", "fsdp"] = "ddp"
     # Megatron-LM's distributed optimizer (ZeRO-1, ``--use-distributed-optimizer``), with DDP:
     # each gradient bucket is reduce-scattered instead of all-reduced, each rank steps its 1/dp of
@@ -253,6 +262,11 @@ class TrainingSpec(InputModel):
 
 @dataclass(frozen=True)
 class Layout:
+    """Where a training iteration's ranks sit. ``dp``: the ranks of a stage that hold the same
+    parameters and reduce their gradients together, the data-parallel replicas times the
+    context-parallel ranks (``cp``); a replica's index ``d`` below runs over them, its
+    context-parallel rank ``d % cp``."""
+
     dp: int
     tp: int
     pp: int
@@ -262,6 +276,7 @@ class Layout:
     # every member of their groups.
     made_dp: int | None = None
     made_tp: int | None = None
+    cp: int = 1
 
     @property
     def replicas_made(self) -> int:
@@ -272,7 +287,8 @@ class Layout:
         return self.tp if self.made_tp is None else self.made_tp
 
     def rank(self, d: int, s: int, i: int) -> int:
-        return (d * self.pp + s) * self.tp + i
+        r, c = divmod(d, self.cp)
+        return ((r * self.pp + s) * self.cp + c) * self.tp + i
 
     def stage_ranks(self, s: int) -> list[int]:
         return [self.rank(d, s, i) for d in range(self.replicas_made) for i in range(self.tp_made)]
@@ -298,6 +314,17 @@ class Layout:
         """Stage ``s``'s data-parallel groups (of the tensor-parallel ranks made), as :meth:`tp_groups`."""
         return self._dp_groups[s]
 
+    def cp_groups(self, s: int) -> list[list[int]]:
+        """Stage ``s``'s context-parallel groups (of the replicas and tensor-parallel ranks made),
+        as :meth:`tp_groups`."""
+        return self._cp_groups[s]
+
+    @cached_property
+    def _cp_groups(self) -> list[list[list[int]]]:
+        replicas = -(-self.replicas_made // self.cp)
+        return [[[self.rank(r * self.cp + c, s, i) for c in range(self.cp)] for r in range(replicas)
+                 for i in range(self.tp_made)] for s in range(self.pp)]
+
     @cached_property
     def _tp_groups(self) -> list[list[list[int]]]:
         return [[[self.rank(d, s, i) for i in range(self.tp)] for d in range(self.replicas_made)]
@@ -312,12 +339,15 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     """Check the parallel layout against the model and the ranks; every error names its field."""
     p = spec.parallel
     m = spec.shape()
-    if n_ranks % (p.tp * p.pp):
-        raise OvsimError(f"tp {p.tp} x pp {p.pp} does not divide the {n_ranks} ranks", field="parallel")
-    dp = p.dp if p.dp is not None else n_ranks // (p.tp * p.pp)
-    if dp * p.tp * p.pp != n_ranks:
-        raise OvsimError(f"dp {dp} x tp {p.tp} x pp {p.pp} = {dp * p.tp * p.pp} ranks, the scenario has "
-                         f"{n_ranks}", field="parallel.dp")
+    model_ranks = p.tp * p.cp * p.pp
+    split = f"tp {p.tp} x {'cp ' + str(p.cp) + ' x ' if p.cp > 1 else ''}pp {p.pp}"
+    if n_ranks % model_ranks:
+        raise OvsimError(f"{split} does not divide the {n_ranks} ranks", field="parallel")
+    dp = p.dp if p.dp is not None else n_ranks // model_ranks
+    if dp * model_ranks != n_ranks:
+        raise OvsimError(f"dp {dp} x {split} = {dp * model_ranks} ranks, the scenario has {n_ranks}",
+                         field="parallel.dp")
+    _check_context_parallel(spec, m)
     if m.heads % p.tp:
         raise OvsimError(f"tensor-parallel degree {p.tp} does not divide the {m.heads} attention heads",
                          field="parallel.tp")
@@ -357,19 +387,41 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     _check_autocast(spec)
     if p.tp_overlap != "none" and p.tp == 1:
         raise OvsimError(f"tp_overlap: {p.tp_overlap} needs tp > 1", field="parallel.tp_overlap")
-    tokens = spec.micro_batch_size * m.seq_len
+    tokens = rank_tokens(spec, m)
     chunks = p.tp_chunks or p.tp
     if chunks > tokens:
         raise OvsimError(f"{chunks} chunks for {tokens} tokens", field="parallel.tp_chunks")
     if p.sequence_parallel and tokens % p.tp:
         raise OvsimError(f"sequence parallelism splits {tokens} tokens over tp {p.tp} unevenly",
                          field="parallel.sequence_parallel")
-    if p.dp_mode == "ddp" and dp > 1:
+    if p.dp_mode == "ddp" and dp * p.cp > 1:
         grad = grad_bytes_per_rank(spec, m, p.tp, p.pp)
         if p.bucket_bytes > grad:
             raise OvsimError(f"bucket of {p.bucket_bytes / MIB:.1f} MiB is larger than the {grad / MIB:.1f} MiB "
                              "of gradients a rank holds", field="parallel.bucket_bytes")
-    return Layout(dp=dp, tp=p.tp, pp=p.pp, v=v)
+    return Layout(dp=dp * p.cp, tp=p.tp, pp=p.pp, v=v, cp=p.cp)
+
+
+def rank_tokens(spec: TrainingSpec, m: ModelShape) -> int:
+    """Tokens of a micro-batch on one rank: its sequences', split over the context-parallel ranks."""
+    return spec.micro_batch_size * m.seq_len // spec.parallel.cp
+
+
+def _check_context_parallel(spec: TrainingSpec, m: ModelShape) -> None:
+    """Refuse context parallelism where it is not modelled or cannot split the sequence."""
+    p = spec.parallel
+    if p.cp == 1:
+        return
+    if m.seq_len % (2 * p.cp):
+        raise OvsimError(f"context parallelism splits each sequence into 2 x cp = {2 * p.cp} chunks; "
+                         f"seq_len {m.seq_len} does not divide into them", field="parallel.cp")
+    refused = [(spec.attention == "unfused", "attention", "unfused attention (it gathers keys for a fused kernel)"),
+               (p.dp_mode == "fsdp", "parallel.dp_mode", "FSDP (use dp_mode: ddp)"),
+               (spec.autocast, "precision", "PyTorch autocast (use bf16 or fp16)")]
+    for bad, field, what in refused:
+        if bad:
+            raise OvsimError(f"context parallelism (cp {p.cp}) is modelled with a fused attention kernel, "
+                             f"Megatron-LM's DDP and 16-bit weights, not with {what}", field=field)
 
 
 def _check_autocast(spec: TrainingSpec) -> None:

@@ -62,6 +62,15 @@ JOBS: dict[str, dict[str, Any]] = {
         "kind": "infiniband", "nics_per_node": 4, "bandwidth_per_nic_bytes_per_s": 50e9}}, "training": {
         "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
         "parallel": {"pp": 2, "pipeline": "1f1b"}}},
+    # Context parallelism across nodes: TP 8 x CP 2 x DP 2, keys and values gathered over the NICs.
+    "cp-2-nodes-dp": {"system": "hgx-h100-ndr", "nodes": 4, "training": {
+        "model": "llama2-70b", "layers": 2, "seq_len": 8192, "micro_batch_size": 1, "precision": "bf16",
+        "embedding_and_head": False, "parallel": {"tp": 8, "cp": 2, "sequence_parallel": True,
+                                                  "distributed_optimizer": True}}},
+    # Context parallelism inside a node with a pipeline: TP 2 x CP 2 x PP 2, recomputed attention.
+    "cp-tp-pipeline": {"system": "hgx-h100", "training": {
+        "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 2, "precision": "bf16",
+        "recompute": "selective", "parallel": {"tp": 2, "cp": 2, "pp": 2, "pipeline": "1f1b"}}},
     # Communication off: a stage waits for the matching rank of the previous one.
     "tp-pipeline-no-comm": {"system": "hgx-h100", "training": {
         "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 2, "precision": "bf16",

@@ -1,0 +1,126 @@
+"""Context parallelism as Llama 3 ran it (Grattafiori et al., arXiv 2407.21783, section 3.3.2;
+Transformer Engine's ``AttnFuncWithCPAndKVAllGather``): each rank holds two of the sequence's
+2 x cp chunks, all-gathers the keys and values before its attention and reduce-scatters their
+gradients after its backward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from training_cases import SMALL
+from training_cases import predict_training as _predict
+
+from ovsim.errors import OvsimError
+from ovsim.models.memory import memory_estimate
+from ovsim.models.training import training_ops
+from ovsim.models.training_spec import TrainingSpec, layout
+from ovsim.models.workload import AttentionOp, CollectiveOpSpec, GemmOp
+
+# GPT-3 1.3B's shape: hidden 2,048, 16 heads of 128 (Brown et al., 2020; 16 heads as implemented).
+HIDDEN, HEADS, HEAD_DIM = 2048, 16, 128
+
+
+def _spec(training: dict[str, Any] | None = None, **parallel: Any) -> TrainingSpec:
+    return TrainingSpec.model_validate({**SMALL, "layers": 2, **(training or {}), "parallel": parallel})
+
+
+def _masked_products(seq: int, cp: int, rank: int) -> int:
+    """Query-key products rank ``rank`` computes under the causal mask, counted one query at a
+    time: it holds chunks ``rank`` and ``2cp - 1 - rank`` of ``2cp``, and query p meets keys 0..p."""
+    chunk = seq // (2 * cp)
+    return sum(p + 1 for j in (rank, 2 * cp - 1 - rank) for p in range(j * chunk, (j + 1) * chunk))
+
+
+def test_ranks_sit_tp_innermost_then_cp() -> None:
+    """TP 2 x CP 2 x PP 2 x DP 2 on 16 ranks: rank = ((replica x pp + stage) x cp + cp rank) x tp +
+    tp rank, so a replica's stage spans tp x cp consecutive ranks (Megatron-LM's order)."""
+    lay = layout(_spec(tp=2, cp=2, pp=2), 16)
+    assert (lay.dp, lay.cp) == (4, 2)  # the gradient group: replicas x context-parallel ranks
+    assert lay.cp_groups(0) == [[0, 2], [1, 3], [8, 10], [9, 11]]
+    assert lay.cp_groups(1) == [[4, 6], [5, 7], [12, 14], [13, 15]]
+    # Gradients are reduced over both replicas' both context-parallel ranks.
+    assert lay.dp_groups(0)[0] == [0, 2, 8, 10]
+    assert lay.tp_groups(1)[1] == [6, 7]
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_each_rank_does_one_cpth_of_the_causal_attention(cp: int, h100: Any, h100_calib: Any) -> None:
+    """Counted product by product, every rank's two chunks make the same work (the balance the
+    chunk pairing exists for), and the priced FLOPs of a rank's queries against the gathered
+    sequence are 1/cp of the whole attention's, as that count says to leading order."""
+    from ovsim.models.cost import attention
+
+    seq = 4096
+    counts = {_masked_products(seq, cp, r) for r in range(cp)}
+    assert len(counts) == 1
+    (count,) = counts
+    assert count * cp == seq * (seq + 1) // 2
+    gpu, params = h100, h100_calib.params
+    whole = attention(1, 8, seq, 128, "bf16", gpu, params).flops
+    mine = attention(1, 8, seq // cp, 128, "bf16", gpu, params, kv_len=seq).flops
+    assert mine * cp == pytest.approx(whole, rel=1e-12)
+    # Leading order of the count: 4 x heads x head size FLOPs a product (QK^T and PV, 2 each).
+    assert mine == pytest.approx(4 * 8 * 128 * count, rel=2 * cp / seq)
+
+
+def test_a_rank_gathers_the_keys_and_values_and_reduces_their_gradients() -> None:
+    """TP 2 x CP 4 on 8 GPUs: per layer and micro-batch, the keys and the values all-gathered
+    before the forward attention and again before its backward, and their gradients
+    reduce-scattered after it, each micro-batch x sequence x kv heads / tp x head size elements of
+    2 bytes; the attention runs the rank's 1/4 of the queries against the whole sequence, the
+    linears on its 1/4 of the tokens."""
+    spec = _spec(tp=2, cp=4)
+    gen = training_ops(spec, 8)
+    seq = SMALL["seq_len"]
+    kv_bytes = 1 * seq * HEADS // 2 * HEAD_DIM * 2
+    cps = [o for o in gen.ops if isinstance(o, CollectiveOpSpec) and o.stream == "cp"]
+    layer0 = sorted(o.name for o in cps if ".L0." in o.name and o.ranks[0] == 0)
+    assert layer0 == ["B0.L0.attn.bwd.cp.dk.rs.g0", "B0.L0.attn.bwd.cp.dv.rs.g0", "B0.L0.attn.bwd.cp.k.ag.g0",
+                      "B0.L0.attn.bwd.cp.v.ag.g0", "F0.L0.attn.cp.k.ag.g0", "F0.L0.attn.cp.v.ag.g0"]
+    assert {o.size_bytes for o in cps} == {kv_bytes}
+    assert {tuple(o.ranks) for o in cps} == {(0, 2, 4, 6), (1, 3, 5, 7)}
+    assert {o.kind for o in cps} == {"all_gather", "reduce_scatter"}
+    attn = [o for o in gen.ops if isinstance(o, AttentionOp)]
+    assert {(o.seq_len, o.kv_len) for o in attn} == {(seq // 4, seq)}
+    qkv = next(o for o in gen.ops if isinstance(o, GemmOp) and o.name == "F0.L0.qkv")
+    assert qkv.m == seq // 4
+
+
+def test_the_attention_waits_for_its_gathers_and_the_qkv_backward_for_the_reductions() -> None:
+    result = _predict({**SMALL, "layers": 2, "parallel": {"tp": 2, "cp": 2}}, system="h100x4", mode="analytic")
+    ops = result.timeline.ops.set_index("id")
+    for pre in ("F0.L1", "B0.L1"):
+        attn = f"{pre}.attn" + (".bwd" if pre[0] == "B" else "")
+        gathers = ops.loc[[f"{attn}.cp.{x}.ag.g0@r0" for x in "kv"], "end_s"]
+        assert ops.loc[f"{attn}@r0", "start_s"] >= gathers.max() > 0
+    reduced = ops.loc[[f"B0.L1.attn.bwd.cp.d{x}.rs.g0@r0" for x in "kv"], "end_s"].max()
+    assert ops.loc["B0.L1.qkv.dgrad@r0", "start_s"] >= reduced
+
+
+def test_a_rank_holds_one_cpth_of_the_activations() -> None:
+    """Korthikanti et al.'s activations are linear in the tokens a rank holds (flash attention
+    keeps no s x s scores), so 4 context-parallel ranks hold a quarter each."""
+    one = memory_estimate(_spec(tp=2), 2)
+    four = memory_estimate(_spec(tp=2, cp=4), 8)
+    assert four.activations_bytes * 4 == pytest.approx(one.activations_bytes, rel=1e-12)
+    assert four.weights_bytes == one.weights_bytes
+
+
+def test_without_communication_nothing_is_gathered() -> None:
+    spec = TrainingSpec.model_validate({**SMALL, "layers": 2, "communication": False, "parallel": {"cp": 2}})
+    assert not [o for o in training_ops(spec, 2).ops if isinstance(o, CollectiveOpSpec)]
+
+
+@pytest.mark.parametrize(("training", "parallel", "ranks", "field", "says"), [
+    ({"seq_len": 1004}, {"cp": 4}, 4, "parallel.cp", "8 chunks"),
+    ({"attention": "unfused"}, {"cp": 2}, 2, "attention", "unfused attention"),
+    ({}, {"cp": 2, "dp_mode": "fsdp"}, 4, "parallel.dp_mode", "FSDP"),
+    ({"precision": "amp_bf16"}, {"cp": 2}, 2, "precision", "autocast"),
+    ({}, {"cp": 3}, 4, "parallel", "cp 3"),
+])
+def test_what_context_parallelism_refuses(training: dict[str, Any], parallel: dict[str, Any], ranks: int,
+                                          field: str, says: str) -> None:
+    with pytest.raises(OvsimError, match=says) as e:
+        layout(_spec(training, **parallel), ranks)
+    assert e.value.field == field
