@@ -45,6 +45,13 @@ fabric runs 400 Gb/s a GPU too).
 
     python bench/published_jobs.py --rows llama3-16384-v2 --mode analytic   # about 6 s, 0.2 GB
 
+Its 128K-context row: 16,384 H100 in TP8 x CP16 x PP16 x DP8, sequences of 131,072 tokens (16 a
+replica), 380 TFLOP/s per GPU, counted as above (what the paper's own count of attention is, it
+does not say); context parallelism as the paper's section 3.3.2 describes it, keys and values
+all-gathered (``training.parallel.cp``).
+
+    python bench/published_jobs.py --rows llama3-16384-cp16-v2 --mode analytic   # about 2 s, 0.2 GB
+
 Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv
 2205.05198, table 5), on the same Selene nodes with the Megatron-LM of 2022: 22B, 175B, 530B and 1T
 GPT models (their table 3: TP 8, PP 1, 8, 35 and 64, the 175B and 530B interleaved with three model
