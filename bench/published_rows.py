@@ -214,6 +214,7 @@ class LlamaRow:
     tp: int = 8
     pp: int = 16
     cp: int = 1
+    cp_comm: str = "all_gather"  # the paper's (its section 3.3.2)
     seq: int = 8192
     micro_batch: int = 1
 
@@ -251,7 +252,8 @@ class LlamaRow:
 
     def scenario(self) -> Scenario:
         parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=True,
-                                   distributed_optimizer=True, **({"cp": self.cp} if self.cp > 1 else {}))
+                                   distributed_optimizer=True,
+                                   **({"cp": self.cp, "cp_comm": self.cp_comm} if self.cp > 1 else {}))
         return Scenario.model_validate({
             "schema": "ovsim.scenario/1", "name": f"llama3-405b-{self.name}", "system": "hgx-h100-ndr",
             "nodes": self.gpus // GPUS_PER_NODE, "schedule": "overlapped",

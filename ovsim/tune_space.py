@@ -77,6 +77,9 @@ def _training_space(sc: Scenario) -> dict[str, list[Any]]:
         space["training.parallel.tp_overlap"] = ["none", "chunked", "copy_engine"]
         # None is the TP degree: the same pieces as a value equal to it.
         space["training.parallel.tp_chunks"] = [None, *(c for c in TP_CHUNKS if c != p.tp)]
+    if p.cp > 1:
+        # The scenario's exchange first, as every knob's own value.
+        space["training.parallel.cp_comm"] = sorted(("p2p", "all_gather"), key=lambda c: c != p.cp_comm)
     if p.dp_mode == "fsdp":
         space["training.parallel.fsdp_prefetch"] = list(FSDP_PREFETCH)
     elif p.dp != 1 or p.cp > 1:  # context-parallel ranks reduce gradients together too

@@ -13,7 +13,7 @@ import yaml
 from ovsim.api import predict
 from ovsim.cli import main
 from ovsim.errors import OvsimError
-from ovsim.scenario import load_scenario
+from ovsim.scenario import Scenario, load_scenario
 from ovsim.sweep import sweep
 from ovsim.tune import default_space, scenario_yaml, tune
 
@@ -161,6 +161,17 @@ def test_overlapped_gathers_are_offered_only_beside_the_distributed_optimizer(tm
         points = {(c.point[knobs[0]], c.point[knobs[1]]) for c in found}
         assert points == {(False, False), (True, False), (True, True)}
         assert dropped["invalid"] == 0 and dropped["redundant"] == 1
+
+
+def test_context_parallelism_offers_both_exchanges_its_own_first() -> None:
+    """Ring attention hides its exchanges behind the attention's steps; gathering the keys first
+    runs fewer, larger collectives: which is faster depends on the job, so both are searched."""
+    data = yaml.safe_load((EXAMPLES / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml").read_text())
+    data["training"]["parallel"].update(cp=2, cp_comm="all_gather")
+    sc = Scenario.model_validate(data)
+    assert default_space(sc)["training.parallel.cp_comm"] == ["all_gather", "p2p"]
+    assert "training.parallel.cp_comm" not in default_space(load_scenario(
+        EXAMPLES / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml"))
 
 
 def test_a_scenario_with_nothing_to_overlap_is_refused(tmp_path: Path) -> None:

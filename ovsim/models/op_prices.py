@@ -126,6 +126,8 @@ def collective_parts(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: Seq
                           net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
         k = _nccl_kernel(plan)
         return {spec.src: (k, flow, "collective"), spec.dst: (k, flow, "collective")}
+    if spec.kind == "ring_exchange":
+        return _ring_exchange_parts(spec, group, ranks, gpu, system, params, channels, plans)
     # The knob offloads what copy engines can move (within a node); an explicit engine is checked.
     spans_nodes = len({system.node_of(r) for r in ranks}) > 1
     offload = spec.engine == "copy_engine" or (
@@ -156,6 +158,31 @@ def collective_parts(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: Seq
                       hbm_coeff=plan.hbm_bytes_per_bus_byte,
                       hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0), pattern=pattern,
                       protocol=plan.protocol, net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
+    k = _nccl_kernel(plan)
+    return {r: (k, flow, "collective") for r in ranks}
+
+
+def _ring_exchange_parts(spec: CollectiveOpSpec, group: str, ranks: Sequence[int], gpu: GpuSpec,
+                         system: SystemSpec, params: Parameters, channels: int | None,
+                         plans: dict[tuple[object, ...], nccl.CollectivePlan] | None) -> Parts:
+    """Every member sends ``size_bytes`` to the next and receives as many from the one before, at
+    once: a send/recv of each neighbouring pair, all priced as the slowest pair's (one that
+    crosses nodes where the group spans them), whose NIC share every member is charged."""
+    if spec.engine == "copy_engine":
+        raise OvsimError("a ring exchange runs on NCCL's kernels", field="engine")
+    if spec.algorithm not in (None, "ring"):
+        raise OvsimError("a ring exchange runs NCCL's send/recv kernels (algorithm ring)", field="algorithm")
+    if len(ranks) < 2:
+        raise OvsimError("a ring exchange needs at least 2 members", field="ranks")
+    pairs = [(ranks[i], ranks[(i + 1) % len(ranks)]) for i in range(len(ranks))]
+    pair = next((p for p in pairs if system.node_of(p[0]) != system.node_of(p[1])), pairs[0])
+    plan = nccl.plan_collective("send_recv", spec.size_bytes, 2, gpu, system, protocol=spec.protocol,
+                                channels=channels, ranks=pair, memo=plans)
+    flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=plan.bus_bytes, latency_s=plan.latency_s,
+                      rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,
+                      hbm_coeff=plan.hbm_bytes_per_bus_byte, hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0),
+                      pattern="ring", protocol=plan.protocol,
+                      net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
     k = _nccl_kernel(plan)
     return {r: (k, flow, "collective") for r in ranks}
 

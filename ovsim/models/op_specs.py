@@ -265,7 +265,10 @@ class KernelOp(_OpBase):
     memory_wait: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
-CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"]
+# ring_exchange: every member sends size_bytes to the next member of its group and receives as many
+# from the one before, at once (NCCL's sends and receives grouped; a ring attention step).
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+                         "ring_exchange"]
 
 
 class CollectiveOpSpec(_OpBase):

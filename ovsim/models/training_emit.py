@@ -29,6 +29,7 @@ from ovsim.models.training_amp import (
     weight_grad_cast,
 )
 from ovsim.models.training_blocks import BlockCopies
+from ovsim.models.training_cp import cp_attention
 from ovsim.models.training_spec import (
     Layout,
     TrainingSpec,
@@ -206,8 +207,9 @@ class LayerEmitter:
 
     def collective(self, st: StageState, name: str, kind: CollectiveKind, size: float, stream: str,
                    groups: list[list[int]], engine: Literal["sm", "copy_engine"] = "sm",
-                   after: list[str] | None = None) -> list[str]:
-        """One collective per group, after the stage's last compute op (or ``after``)."""
+                   after: list[str] | None = None, after_each: list[str] | None = None) -> list[str]:
+        """One collective per group, after the stage's last compute op (or ``after``), and each
+        after its own item of ``after_each`` (one a group: its group's previous collective)."""
         names = []
         # Tensor-parallel groups are numbered by replica, and data-parallel ones by tensor-parallel
         # rank, whether or not every group's ops are made (rank symmetry).
@@ -215,8 +217,10 @@ class LayerEmitter:
                     or stream == "cp")
         for gi, ranks in enumerate(groups):
             nm = f"{name}.g{gi}" if numbered else name
-            deps = after if after is not None else [st.last] if st.last else []
-            self.ops.append(made(self.templates, CollectiveOpSpec, nm, {"after": list(deps)}, ranks, kind=kind,
+            deps = list(after if after is not None else [st.last] if st.last else [])
+            if after_each:
+                deps.append(after_each[gi])
+            self.ops.append(made(self.templates, CollectiveOpSpec, nm, {"after": deps}, ranks, kind=kind,
                                  size_bytes=size, stream=stream, engine=engine))
             names.append(nm)
         return names
@@ -401,14 +405,13 @@ class LayerEmitter:
         sequence."""
         m, b = self.m, self.spec.micro_batch_size
         heads, s, d = m.heads // self.lay.tp, m.seq_len, m.hidden // m.heads
+        if self.lay.cp > 1:  # (context parallelism runs a fused kernel: training_spec.layout)
+            cp_attention(self, st, stage, name, backward)
+            return
         if self.spec.attention != "unfused":
-            cp = self.lay.cp
-            self.cp_gather(st, stage, name)
-            self.compute(st, AttentionOp, name=name, kind="attention", batch=b, heads=heads, seq_len=s // cp,
-                         kv_len=s if cp > 1 else None, head_dim=d, precision=self.spec.attention_precision,
-                         backward=backward, implementation=self.spec.attention_kernel)
-            if backward:
-                self.cp_reduce(st, stage, name)
+            self.compute(st, AttentionOp, name=name, kind="attention", batch=b, heads=heads, seq_len=s, head_dim=d,
+                         precision=self.spec.attention_precision, backward=backward,
+                         implementation=self.spec.attention_kernel)
             return
         # Unfused: every head's s x s scores go through HBM. The batched GEMMs are priced as one
         # GEMM of the same FLOPs and operand shapes (b x heads x s rows).
@@ -435,41 +438,6 @@ class LayerEmitter:
         self.mem(st, f"{name}.softmax", 3 * eb * scores, "elementwise")  # probabilities and gradient in, out
         bmm("qk.dgrad", d, s)  # Q's
         bmm("qk.wgrad", d, s)  # K's
-
-    # context parallelism (Transformer Engine's AttnFuncWithCPAndKVAllGather)
-
-    def _cp_kv_bytes(self) -> float:
-        """Bytes of the whole sequence's keys, or values, on one tensor-parallel rank (its share of
-        the key/value heads)."""
-        m = self.m
-        return float(self.spec.micro_batch_size * m.seq_len * (m.hidden // m.heads) * m.kv / self.lay.tp
-                     * self.act_b)
-
-    def cp_gather(self, st: StageState, s: int, name: str) -> None:
-        """Before a core attention (forward, recomputed or backward) with context parallelism: the
-        keys and the values all-gathered over the rank's context-parallel group, each its own
-        collective, then both put in chunk order (an index_select each: the gathered tensors read
-        and written)."""
-        if self.lay.cp == 1 or not self.comm:
-            return
-        kv = self._cp_kv_bytes()
-        groups = self.lay.cp_groups(s)
-        for part in ("k", "v"):
-            st.pending += self.collective(st, f"{name}.cp.{part}.ag", "all_gather", kv, "cp", groups)
-        self.mem(st, f"{name}.cp.kv.order", 2 * 2 * kv, "elementwise")
-
-    def cp_reduce(self, st: StageState, s: int, name: str) -> None:
-        """After a core attention's backward with context parallelism: the gathered keys' and
-        values' gradients summed from the rank's two chunks into zeroed whole-sequence buffers and
-        put back in rank order (written, read and written, read and written: 6 passes of each),
-        then each reduce-scattered over the group, before the QKV projection's backward needs them."""
-        if self.lay.cp == 1 or not self.comm:
-            return
-        kv = self._cp_kv_bytes()
-        groups = self.lay.cp_groups(s)
-        self.mem(st, f"{name}.cp.dkv.sum", 2 * 6 * kv, "elementwise")
-        for part in ("k", "v"):
-            st.pending += self.collective(st, f"{name}.cp.d{part}.rs", "reduce_scatter", kv, "cp", groups)
 
     # embedding and head
 

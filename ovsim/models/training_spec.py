@@ -98,13 +98,15 @@ class ParallelSpec(InputModel):
     tp: PositiveInt = 1
     pp: PositiveInt = 1
     # Context-parallel degree: each of cp ranks holds 1/cp of every sequence, as two of its 2 x cp
-    # chunks (the i-th and the (2cp - 1 - i)-th) so that causal attention loads the ranks evenly, and
-    # all-gathers the keys and values before its core attention (again before its backward, which
-    # then reduce-scatters their gradients): Llama 3's context parallelism (Grattafiori et al.,
-    # arXiv 2407.21783, section 3.3.2), Transformer Engine's ``cp_comm_type="all_gather"``. A
-    # replica's cp ranks reduce their gradients with the data-parallel ones (Megatron-LM's
-    # data-parallel group with context parallelism).
+    # chunks (the i-th and the (2cp - 1 - i)-th) so that causal attention loads the ranks evenly,
+    # and exchanges keys and values with the others as ``cp_comm`` says. A replica's cp ranks reduce
+    # their gradients with the data-parallel ones (Megatron-LM's data-parallel group with context
+    # parallelism).
     cp: PositiveInt = 1
+    # How a context-parallel rank gets the other ranks' keys and values (ovsim.models.training_cp):
+    # "p2p", ring attention, blocks passed round beside the attention's steps (Megatron-LM's and
+    # Transformer Engine's default); "all_gather", gathered before the attention (Llama 3's).
+    cp_comm: Literal["p2p", "all_gather"] = "p2p"
     dp_mode: Literal["ddp", "fsdp"] = "ddp"
     # Megatron-LM's distributed optimizer (ZeRO-1, ``--use-distributed-optimizer``), with DDP:
     # each gradient bucket is reduce-scattered instead of all-reduced, each rank steps its 1/dp of

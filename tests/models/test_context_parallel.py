@@ -1,7 +1,8 @@
-"""Context parallelism as Llama 3 ran it (Grattafiori et al., arXiv 2407.21783, section 3.3.2;
-Transformer Engine's ``AttnFuncWithCPAndKVAllGather``): each rank holds two of the sequence's
-2 x cp chunks, all-gathers the keys and values before its attention and reduce-scatters their
-gradients after its backward."""
+"""Context parallelism: each rank holds two of the sequence's 2 x cp chunks and exchanges keys and
+values with its group, all-gathered before its attention as Llama 3 ran it (Grattafiori et al.,
+arXiv 2407.21783, section 3.3.2; Transformer Engine's ``AttnFuncWithCPAndKVAllGather``), or
+passed round a ring beside the attention's steps (``AttnFuncWithCPAndKVP2P``, Megatron-LM's
+default)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def test_a_rank_gathers_the_keys_and_values_and_reduces_their_gradients() -> Non
     reduce-scattered after it, each micro-batch x sequence x kv heads / tp x head size elements of
     2 bytes; the attention runs the rank's 1/4 of the queries against the whole sequence, the
     linears on its 1/4 of the tokens."""
-    spec = _spec(tp=2, cp=4)
+    spec = _spec(tp=2, cp=4, cp_comm="all_gather")
     gen = training_ops(spec, 8)
     seq = SMALL["seq_len"]
     kv_bytes = 1 * seq * HEADS // 2 * HEAD_DIM * 2
@@ -88,7 +89,8 @@ def test_a_rank_gathers_the_keys_and_values_and_reduces_their_gradients() -> Non
 
 
 def test_the_attention_waits_for_its_gathers_and_the_qkv_backward_for_the_reductions() -> None:
-    result = _predict({**SMALL, "layers": 2, "parallel": {"tp": 2, "cp": 2}}, system="h100x4", mode="analytic")
+    result = _predict({**SMALL, "layers": 2, "parallel": {"tp": 2, "cp": 2, "cp_comm": "all_gather"}},
+                      system="h100x4", mode="analytic")
     ops = result.timeline.ops.set_index("id")
     for pre in ("F0.L1", "B0.L1"):
         attn = f"{pre}.attn" + (".bwd" if pre[0] == "B" else "")
@@ -96,6 +98,76 @@ def test_the_attention_waits_for_its_gathers_and_the_qkv_backward_for_the_reduct
         assert ops.loc[f"{attn}@r0", "start_s"] >= gathers.max() > 0
     reduced = ops.loc[[f"B0.L1.attn.bwd.cp.d{x}.rs.g0@r0" for x in "kv"], "end_s"].max()
     assert ops.loc["B0.L1.qkv.dgrad@r0", "start_s"] >= reduced
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_a_ring_passes_each_block_beside_the_attentions_steps(cp: int, h100: Any, h100_calib: Any) -> None:
+    """Ring attention on TP 2 x CP cp: per layer and micro-batch, cp steps forward and backward.
+    Step 0 is the rank's own block under the mask, each later step its second chunk's queries
+    against a whole block: together 1/cp of the whole causal attention's FLOPs, exactly. The
+    forward passes cp - 1 blocks on (keys and values of the rank's tokens), the backward cp
+    (blocks, then blocks and their gradients, then the gradients alone)."""
+    from ovsim.models.cost import attention
+
+    seq = SMALL["seq_len"]
+    local = seq // cp
+    gen = training_ops(_spec(tp=2, cp=cp), 2 * cp)
+    fwd = [o for o in gen.ops if isinstance(o, AttentionOp) and o.name.startswith("F0.L0.attn")]
+    assert [(o.seq_len, o.kv_len, o.causal) for o in fwd] == [(local, None, True)] + [(local // 2, local, False)] * (
+        cp - 1)
+    heads = HEADS // 2
+    whole = attention(1, heads, seq, HEAD_DIM, "bf16", h100, h100_calib.params).flops
+    steps = sum(attention(1, heads, o.seq_len, HEAD_DIM, "bf16", h100, h100_calib.params, kv_len=o.kv_len,
+                          causal=o.causal).flops for o in fwd)
+    assert steps * cp == pytest.approx(whole, rel=1e-12)
+    block = 2 * local * (HEADS // 2) * HEAD_DIM * 2  # keys and values, 2 bytes each
+    ring = [o for o in gen.ops if isinstance(o, CollectiveOpSpec) and o.kind == "ring_exchange" and ".L0." in o.name
+            and o.ranks[0] == 0]
+    assert [o.size_bytes for o in ring if o.name.startswith("F0.")] == [block] * (cp - 1)
+    back = [o.size_bytes for o in ring if o.name.startswith("B0.")]
+    assert back == [block] + [2 * block] * (cp - 2) + [block]
+    assert {tuple(o.ranks) for o in ring} == {tuple(range(0, 2 * cp, 2))}
+
+
+def test_each_ring_step_waits_for_the_block_the_step_before_received() -> None:
+    result = _predict({**SMALL, "layers": 2, "parallel": {"tp": 2, "cp": 2}}, system="h100x4", mode="analytic")
+    ops = result.timeline.ops.set_index("id")
+    for pre in ("F0.L1.attn", "B0.L1.attn.bwd"):
+        received = ops.loc[f"{pre}.cp.x0.g0@r0", "end_s"]
+        assert ops.loc[f"{pre}.cp1@r0", "start_s"] >= received > ops.loc[f"{pre}.cp0@r0", "start_s"]
+    # The backward's last exchange (the gradients alone) comes before the QKV projection's backward.
+    assert ops.loc["B0.L1.qkv.dgrad@r0", "start_s"] >= ops.loc["B0.L1.attn.bwd.cp.x1.g0@r0", "end_s"]
+
+
+def test_a_ring_exchange_across_nodes_moves_at_a_nics_rate() -> None:
+    """Four ranks on four nodes each send 1 GB to the next and receive as much: at least the 1 GB
+    over one 400 Gb/s NIC a GPU (50 GB/s, the HGX H100 NDR nodes' ConnectX-7), at most a third
+    slower; inside one node, at least NVLink's 450 GB/s a direction would allow."""
+    from ovsim.api import predict
+    from ovsim.scenario import Scenario
+
+    def exchange_s(ranks: list[int], nodes: int) -> float:
+        sc = Scenario.model_validate({"name": "x", "system": "hgx-h100-ndr", "nodes": nodes, "mode": "analytic",
+                                      "ops": [{"name": "x", "kind": "ring_exchange", "size_bytes": 1e9,
+                                               "ranks": ranks}]})
+        return float(predict(sc).timeline.makespan_s)
+
+    across = exchange_s([0, 8, 16, 24], 4)
+    assert 1e9 / 50e9 <= across <= 1.33 * 1e9 / 50e9
+    assert exchange_s([0, 1, 2, 3], 1) >= 1e9 / 450e9
+
+
+@pytest.mark.parametrize(("extra", "field"), [({"algorithm": "tree"}, "algorithm"), ({"ranks": [0]}, "ranks"),
+                                              ({"engine": "copy_engine"}, "engine")])
+def test_what_a_ring_exchange_refuses(extra: dict[str, Any], field: str) -> None:
+    from ovsim.api import build
+    from ovsim.scenario import Scenario
+
+    sc = Scenario.model_validate({"name": "x", "system": "hgx-h100", "ops": [
+        {"name": "x", "kind": "ring_exchange", "size_bytes": 1e6, "ranks": [0, 1], **extra}]})
+    with pytest.raises(OvsimError) as e:
+        build(sc)
+    assert e.value.field == f"ops.x.{field}"
 
 
 def test_a_rank_holds_one_cpth_of_the_activations() -> None:
