@@ -100,6 +100,7 @@ import time
 import yaml
 from megascale_rows import MEGASCALE_ROWS, MegaScaleRow
 from mlperf_rows import MLPERF_ROWS, MlperfRow
+from nemo_long_rows import NEMO_LONG_ROWS, NemoLongRow
 from published_rows import (
     FLASH_ROWS,
     FOUNDRY_ROWS,
@@ -120,11 +121,12 @@ from ovsim.errors import OvsimError
 from ovsim.metrics import COMM_KINDS, NON_COMPUTE, stream_busy
 from ovsim.scenario import Mode
 
-AnyRow = Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow | FlashRow | MegaScaleRow | MlperfRow
+AnyRow = Row | LlamaRow | RecomputeRow | FoundryRow | NemoRow | FlashRow | MegaScaleRow | MlperfRow | NemoLongRow
 DEFAULT_ROWS = ["1.7B", "3.6B", "7.5B", "18B"]
 GROUPS = {"foundry": [r.name for r in FOUNDRY_ROWS], "nemo": [r.name for r in NEMO_ROWS],
           "korthikanti": [r.name for r in RECOMPUTE_ROWS], "flash": [r.name for r in FLASH_ROWS],
-          "megascale": [r.name for r in MEGASCALE_ROWS], "mlperf": [r.name for r in MLPERF_ROWS]}
+          "megascale": [r.name for r in MEGASCALE_ROWS], "mlperf": [r.name for r in MLPERF_ROWS],
+          "nemo-long": [r.name for r in NEMO_LONG_ROWS]}
 
 
 def peak_rss_gb() -> float:
@@ -183,7 +185,8 @@ def write_scenario(rows: list[AnyRow], mode: Mode, path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     every: list[AnyRow] = [
-        *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS, *MEGASCALE_ROWS, *MLPERF_ROWS]
+        *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS, *MEGASCALE_ROWS, *MLPERF_ROWS,
+        *NEMO_LONG_ROWS]
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every] + list(GROUPS),
                     metavar="ROW", help="rows (" + ", ".join(r.name for r in every) + ") or groups ("
                     + ", ".join(GROUPS) + "); default: " + " ".join(DEFAULT_ROWS))

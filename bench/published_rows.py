@@ -401,6 +401,7 @@ class NemoRow:
     pp: int
     virtual_stages: int
     published_tokens_per_s: float
+    cp: int = 1  # context parallelism: ring attention, Megatron-LM's default exchange
     unit = "tok/s"
 
     @property
@@ -409,7 +410,7 @@ class NemoRow:
 
     @property
     def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp)
+        return self.gpus // (self.tp * self.cp * self.pp)
 
     @property
     def micro_batches(self) -> int:
@@ -424,7 +425,8 @@ class NemoRow:
 
     def scenario(self) -> Scenario:
         parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages,
-                                   sequence_parallel=self.tp > 1, distributed_optimizer=True)
+                                   sequence_parallel=self.tp > 1, distributed_optimizer=True,
+                                   **({"cp": self.cp} if self.cp > 1 else {}))
         return Scenario.model_validate({
             "schema": "ovsim.scenario/1", "name": self.name, "system": "hgx-h100-ndr",
             "nodes": max(1, self.gpus // GPUS_PER_NODE), "schedule": "overlapped",
@@ -433,13 +435,14 @@ class NemoRow:
         })
 
 
-# NeMo 24.07's table (performance_summary.md at 070a0bb): the rows whose model ovsim has as a preset and
-# that run no context parallelism (ovsim does not model it).
+# NeMo 24.07's table (performance_summary.md at 070a0bb): the rows whose model ovsim has as a preset.
 NEMO_ROWS = [
     NemoRow("gpt3-175b", 128, 256, 1, 4, 8, 6, 726),
     NemoRow("gpt3-175b", 512, 2048, 2, 4, 8, 6, 782),
     NemoRow("llama2-13b", 16, 128, 1, 1, 4, 10, 8646),
     NemoRow("llama2-70b", 64, 128, 1, 4, 4, 20, 1707),
+    NemoRow("llama3-8b", 8, 128, 1, 1, 1, 1, 12036, cp=2),
+    NemoRow("llama3-70b", 64, 128, 1, 4, 4, 5, 1533, cp=2),
 ]
 
 

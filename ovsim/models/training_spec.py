@@ -73,6 +73,8 @@ PRESETS: dict[str, ModelShape] = {
     "gpt3-6.7b": ModelShape(layers=32, hidden=4096, heads=32, source=_GPT3),
     "gpt3-13b": ModelShape(layers=40, hidden=5120, heads=40, source=_GPT3 + " (hidden 5120 as implemented)"),
     "gpt3-175b": ModelShape(layers=96, hidden=12288, heads=96, source=_GPT3),
+    "llama2-7b": ModelShape(layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096,
+                            gated_mlp=True, tied_embeddings=False, source=_LLAMA2),
     "llama2-13b": ModelShape(layers=40, hidden=5120, heads=40, ffn_hidden=13824, vocab=32000, seq_len=4096,
                              gated_mlp=True, tied_embeddings=False, source=_LLAMA2),
     "llama2-70b": ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000,

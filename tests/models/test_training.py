@@ -28,7 +28,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.mark.parametrize(("name", "billions"), [
     # Published sizes: GPT-3 table 2.1, Llama 2 table 1, Llama 3 (arXiv 2407.21783) table 3.
     ("gpt3-1.3b", 1.3), ("gpt3-2.7b", 2.7), ("gpt3-6.7b", 6.7), ("gpt3-13b", 13.0), ("gpt3-175b", 175.0),
-    ("llama2-13b", 13.0), ("llama2-70b", 70.0), ("llama3-8b", 8.0), ("llama3-70b", 70.0), ("llama3-405b", 405.0),
+    ("llama2-7b", 7.0), ("llama2-13b", 13.0), ("llama2-70b", 70.0),
+    ("llama3-8b", 8.0), ("llama3-70b", 70.0), ("llama3-405b", 405.0),
 ])
 def test_preset_parameter_counts_match_the_published_sizes(name: str, billions: float) -> None:
     m = PRESETS[name]
