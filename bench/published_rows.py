@@ -390,8 +390,9 @@ class NemoRow:
     Megatron's distributed optimizer. Assumed where the table is silent: no activation
     recomputation, no tensor-parallel communication overlap (ovsim's ``tp_overlap: none``), the
     optimizer's parameters gathered after the step (with ``overlap_param_gather``, NeMo's
-    ``overlap_param_sync``, the rows read +14.9% to +18.1% where they read +12.4% to +16.1%), 8
-    NICs of 400 Gb/s a node, FlashAttention-style fused attention."""
+    ``overlap_param_sync``, the rows read +11.3% to +33.8% where they read +9.1% to +33.3%), 8
+    NICs of 400 Gb/s a node, FlashAttention-style fused attention, and context parallelism where
+    the table lists it as ring attention (Megatron-LM's default exchange)."""
 
     model: str  # an ovsim preset
     gpus: int

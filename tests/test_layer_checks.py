@@ -66,17 +66,20 @@ def test_the_layer_checks_cover_every_measured_shape() -> None:
     assert all(c.unit == "ms" and c.tolerance_pct == 10.0 for c in checks)
     # Every layer (BF16 with PyTorch's fused attention, measured twice and for a minute; FP16 with
     # Megatron-LM's unfused attention): ovsim's kernels at the clocks the 700 W limit leaves them
-    # come within 6% (-2.5% to +5.2%). The unfused ones came 5-28% slow while their fused softmax
-    # took the eager softmax's efficiency (docs/calibration.md).
+    # come within 9% (-1.7% to +8.8%). The unfused ones came 5-28% slow while their fused softmax
+    # took the eager softmax's efficiency (docs/calibration.md). The fused ones came within 6%
+    # (-2.5% to +5.2%) while their attention was priced 10-50% fast (at 0.6 of the peak both
+    # ways); priced as the kernels were measured, the slow clock ovsim's power gives them under
+    # the limit no longer cancels against it (docs/calibration.md, "Fused attention, measured").
     layers = [c for c in checks if "(steps" not in c.name]
-    assert len(layers) == 27 and all(abs(c.error_pct) < 6 for c in layers), [
-        (c.name, round(c.error_pct, 1)) for c in layers if abs(c.error_pct) >= 6]
-    # The AMP steps, predicted as autocast runs them (precision amp_bf16, loss pytorch): within 6%
-    # (+0.1% to +5.2%). Priced as BF16 training with a fused loss, before autocast was modelled,
-    # they came 2.6-10.5% fast (docs/calibration.md).
+    assert len(layers) == 27 and all(abs(c.error_pct) < 9 for c in layers), [
+        (c.name, round(c.error_pct, 1)) for c in layers if abs(c.error_pct) >= 9]
+    # The AMP steps, predicted as autocast runs them (precision amp_bf16, loss pytorch): within 9%
+    # (+3.5% to +8.6%; +0.1% to +5.2% with the attention priced fast, as above). Priced as BF16
+    # training with a fused loss, before autocast was modelled, they came 2.6-10.5% fast.
     steps = [c for c in checks if "(steps" in c.name]
-    assert len(steps) == 10 and all(abs(c.error_pct) < 6 for c in steps), [
-        (c.name, round(c.error_pct, 1)) for c in steps if abs(c.error_pct) >= 6]
+    assert len(steps) == 10 and all(abs(c.error_pct) < 9 for c in steps), [
+        (c.name, round(c.error_pct, 1)) for c in steps if abs(c.error_pct) >= 9]
 
 
 def test_a_step_scenario_is_the_whole_model_on_one_gpu() -> None:

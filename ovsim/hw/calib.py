@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, ValidationInfo, field_validator
 
 from ovsim.errors import OvsimError
 from ovsim.hw.spec import AttentionImplementation, GpuSpec, gpu_file, load_gpu, read_yaml
@@ -86,9 +86,20 @@ class Parameters(BaseModel):
     # less than in proportion (measured: the 64x64 WMMA kernel x1.62 with half an H200's SMs held).
     # None: the reads do not depend on the SMs in use.
     own_gemm_l2_sm_bytes_per_s: Annotated[float, Field(gt=0)] | None = None
-    # The fraction of the dense tensor peak a fused (flash) attention kernel reaches, forward and
-    # backward alike: scenarios' `attention: flash`, an attention op without an implementation.
+    # The fraction of the dense tensor peak a fused (flash) attention kernel reaches (at the GPU's
+    # compute clock) over long rows of keys: scenarios' `attention: flash`, an attention op without
+    # an implementation; forward, and backward too where the next is None.
     attention_efficiency: Fraction = 0.6
+    # The same for the backward kernel (its 2.5x the forward's work, with the kernels that prepare
+    # and convert its gradients), where it was measured apart (calibration/attention/fit_measured.py).
+    attention_backward_efficiency: Fraction | None = None
+    # What a block of queries spends beyond its keys (loading its queries, writing its output), in
+    # tiles of 128 keys: a block of n key tiles runs at n / (n + this) of the efficiency above. 0:
+    # nothing (GPUs without the measurement).
+    attention_block_overhead_tiles: float = Field(default=0.0, ge=0)
+    # The head size the kernel's tiles round a head up to (cuDNN's Hopper kernels run a head of 96
+    # on their 128 tile); 1: none.
+    attention_head_dim_multiple: PositiveInt = 1
     # The same for named implementations ("flash1", "flash2"), per GPU, from their authors'
     # published rates (calibration/attention/published_rates.py). A GPU without a figure for an
     # implementation refuses it rather than guess.
@@ -303,10 +314,13 @@ class Parameters(BaseModel):
         own = self.own_gemm_efficiency
         return own.get(precision, own.get(twin, self.gemm_eff(precision, aligned)))
 
-    def attention_eff(self, implementation: AttentionImplementation | None, gpu_name: str = "this GPU") -> float:
+    def attention_eff(self, implementation: AttentionImplementation | None, gpu_name: str = "this GPU",
+                      backward: bool = False) -> float:
         """The efficiency of attention ``implementation`` on ``gpu_name`` (None: a fused kernel at
-        ``attention_efficiency``)."""
+        ``attention_efficiency``, or backward at ``attention_backward_efficiency`` where known)."""
         if implementation is None:
+            if backward and self.attention_backward_efficiency is not None:
+                return self.attention_backward_efficiency
             return self.attention_efficiency
         efficiency = self.attention_impl_efficiency.get(implementation)
         if efficiency is not None:

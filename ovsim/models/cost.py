@@ -450,7 +450,8 @@ def attention(
     efficiency: float | None = None,
 ) -> KernelDemand:
     """Fused (flash) attention: one block per (batch, head, query tile), each at ``efficiency`` of
-    an SM's tensor peak (None: the calibration's ``attention_efficiency``). ``seq_len`` queries
+    an SM's tensor peak (a named kernel's published rate), or where None at the calibration's
+    (:func:`fused_attention_efficiency`), its head rounded up to its tiles'. ``seq_len`` queries
     against ``kv_len`` keys (None: as many); causal, half the products are masked (a
     context-parallel rank's two chunks together, :class:`ovsim.models.op_specs.AttentionOp`)."""
     kv = seq_len if kv_len is None else kv_len
@@ -472,15 +473,34 @@ def attention(
     occ = blocks_per_sm(block, gpu)
     if occ == 0:
         raise OvsimError("an attention block does not fit on one SM", field="head_dim")
-    eff = params.attention_efficiency if efficiency is None else efficiency
+    eff, padded = efficiency, 1.0
+    if eff is None:
+        eff = fused_attention_efficiency(params, kv, causal, backward)
+        multiple = params.attention_head_dim_multiple
+        padded = math.ceil(head_dim / multiple) * multiple / head_dim
     per_sm = gpu.peak_flops_per_s(precision) / gpu.sm.count * eff
-    flops_block = flops / blocks
+    flops_block = flops * padded / blocks
     waves = math.ceil(blocks / (gpu.sm.count * occ))
     t_math = waves * occ * flops_block / per_sm
     t_mem = hbm_bytes / (gpu.memory.bandwidth_bytes_per_s * params.hbm_achievable_fraction)
     return demand_from_time(blocks=blocks, block=block, isolated_s=max(t_math, t_mem) + params.kernel_overhead_s,
                             flops=flops, hbm_bytes=hbm_bytes, gpu=gpu, issue_intensity=1.0,
                             clock_sensitive=t_math >= t_mem, cap=issue_cap(block, gpu, params, 1.0 / occ))
+
+
+# Keys a tile of a fused attention kernel's loop takes (attention_block_overhead_tiles counts in them).
+ATTENTION_KEY_TILE = 128
+
+
+def fused_attention_efficiency(params: Parameters, kv_len: int, causal: bool, backward: bool) -> float:
+    """The calibration's efficiency of a fused attention kernel, forward or backward, whose query
+    blocks each loop over ``kv_len`` keys (half of them on average under the causal mask): its
+    efficiency over long rows of keys, times the share of a block's time its keys take beside
+    what it spends once (``attention_block_overhead_tiles``)."""
+    eff = params.attention_eff(None, backward=backward)
+    tiles = kv_len * (0.5 if causal else 1.0) / ATTENTION_KEY_TILE
+    overhead = params.attention_block_overhead_tiles
+    return eff * tiles / (tiles + overhead) if overhead > 0 else eff
 
 
 def generic(

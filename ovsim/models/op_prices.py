@@ -63,7 +63,8 @@ def kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs)
     if isinstance(spec, AttentionOp):
         base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
                               causal=spec.causal, backward=spec.backward, kv_len=spec.kv_len,
-                              efficiency=params.attention_eff(spec.implementation, gpu.name))
+                              efficiency=None if spec.implementation is None
+                              else params.attention_eff(spec.implementation, gpu.name))
     elif isinstance(spec, MemoryOp):
         blocks = spec.blocks
         if spec.grid_stride:

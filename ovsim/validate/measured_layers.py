@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 # Data sets of layers.py's runs, their GPU spec and the system a rank of it is predicted on.
 MEASURED_LAYERS = sets("layers", "set", "gpu", "system")
 MEASURED_LAYERS_GROUP = ("measured transformer layers and training steps as PyTorch runs them on one GPU (calibration "
-                "harness layers.py; held out: nothing fitted on them)")
+                         "harness layers.py; held out but for the fused attention kernels' efficiency, fitted on the "
+                         "first layers set's kernels)")
 TOLERANCE_PCT = 10.0
 # The unfused rows are held out of every fit, but the form of their softmax's price was chosen
 # looking at them (docs/calibration.md).

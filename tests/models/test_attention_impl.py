@@ -5,6 +5,8 @@ arXiv 2407.08608, abstract). A GPU without a published figure for one refuses it
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
@@ -56,9 +58,10 @@ def test_flash2_is_as_much_faster_than_flash1_as_their_published_rates_say() -> 
 
 
 def test_an_attention_op_is_priced_at_its_implementations_efficiency_or_the_calibrations() -> None:
-    """Through the workload build: no implementation at attention_efficiency (0.6 as shipped),
-    flash2 at the H100's published 0.35, so the op takes 0.6 / 0.35 as long (less the fixed
-    per-kernel overhead)."""
+    """Through the workload build: no implementation at the calibration's efficiency for a block
+    of queries over 16 tiles of keys (4,096 keys, half on average under the causal mask:
+    attention_efficiency x 16 / (16 + attention_block_overhead_tiles)), flash2 at the H100's
+    published 0.35, so the op takes that over 0.35 as long (less the fixed per-kernel overhead)."""
     gpu, params = _params("h100-sxm5-80gb")
     system = load_system("hgx-h100")
     shape = {"kind": "attention", "batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128}
@@ -67,8 +70,35 @@ def test_an_attention_op_is_priced_at_its_implementations_efficiency_or_the_cali
         wl = build_workload([AttentionOp(name="a", implementation=impl, **shape)], gpu=gpu, system=system,
                             params=params, n_ranks=1)
         alone[impl] = wl.ops[0].kernel.isolated_s - params.kernel_overhead_s
-    assert params.attention_efficiency == 0.6
-    assert alone["flash2"] / alone[None] == pytest.approx(0.6 / 0.35, rel=1e-9)
+    fused = params.attention_efficiency * 16 / (16 + params.attention_block_overhead_tiles)
+    assert alone["flash2"] / alone[None] == pytest.approx(fused / 0.35, rel=1e-9)
+
+
+@pytest.mark.parametrize("gpu_name", ["h100-sxm5-80gb", "a100-sxm4-80gb"])
+def test_a_fused_kernels_time_follows_its_direction_keys_and_head(gpu_name: str) -> None:
+    """Per FLOP: the backward at attention_backward_efficiency against the forward's; a block over
+    64 tiles of keys against one over 16, by (n + overhead) / n; a head of 96 on the kernel of a
+    head of 128 (the H100's cuDNN kernels), so 128 / 96 the time per FLOP. The A100 keeps one
+    efficiency, no block overhead and no rounding (nothing measured there)."""
+    from ovsim.models.cost import attention
+
+    gpu, params = _params(gpu_name)
+
+    def per_flop(**kw: Any) -> float:
+        d = attention(kw.pop("batch", 4), kw.pop("heads", 16), kw.pop("seq", 4096), kw.pop("head_dim", 128), "bf16",
+                      gpu, params, **kw)
+        return (d.isolated_s - params.kernel_overhead_s) / d.flops
+
+    c = params.attention_block_overhead_tiles
+    backward = params.attention_backward_efficiency or params.attention_efficiency
+    assert per_flop(backward=True) / per_flop() == pytest.approx(params.attention_efficiency / backward, rel=1e-9)
+    # 4 x the sequence at a quarter of the batch: the same blocks, each over 4 x the keys.
+    longer = per_flop(batch=1, seq=16384) / per_flop()
+    assert longer == pytest.approx((64 + c) / 64 * 16 / (16 + c), rel=1e-9)
+    # Heads of 96 at 4/3 the heads: the same FLOPs and blocks a wave.
+    rounded = per_flop(heads=12, head_dim=96) / per_flop(heads=12, head_dim=128)
+    assert rounded == pytest.approx(128 / 96 if gpu_name.startswith("h100") else 1.0, rel=1e-9)
+    assert (c > 0) == gpu_name.startswith("h100")
 
 
 def test_named_kernels_run_in_sixteen_bits() -> None:
