@@ -78,8 +78,12 @@ def _training_space(sc: Scenario) -> dict[str, list[Any]]:
         # None is the TP degree: the same pieces as a value equal to it.
         space["training.parallel.tp_chunks"] = [None, *(c for c in TP_CHUNKS if c != p.tp)]
     if p.cp > 1:
+        m = sc.training.shape()
+        # Ulysses splits each tensor-parallel rank's heads, query and key/value, over the cp ranks.
+        a2a = (m.heads // p.tp) % p.cp == 0 and max(1, m.kv // p.tp) % p.cp == 0
         # The scenario's exchange first, as every knob's own value.
-        space["training.parallel.cp_comm"] = sorted(("p2p", "all_gather"), key=lambda c: c != p.cp_comm)
+        space["training.parallel.cp_comm"] = sorted(("p2p", "all_gather", *(("a2a",) if a2a else ())),
+                                                    key=lambda c: c != p.cp_comm)
     if p.dp_mode == "fsdp":
         space["training.parallel.fsdp_prefetch"] = list(FSDP_PREFETCH)
     elif p.dp != 1 or p.cp > 1:  # context-parallel ranks reduce gradients together too

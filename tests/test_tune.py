@@ -163,13 +163,17 @@ def test_overlapped_gathers_are_offered_only_beside_the_distributed_optimizer(tm
         assert dropped["invalid"] == 0 and dropped["redundant"] == 1
 
 
-def test_context_parallelism_offers_both_exchanges_its_own_first() -> None:
+def test_context_parallelism_offers_each_exchange_its_own_first() -> None:
     """Ring attention hides its exchanges behind the attention's steps; gathering the keys first
-    runs fewer, larger collectives: which is faster depends on the job, so both are searched."""
+    runs fewer, larger collectives; Ulysses trades the sequence for the heads where they divide:
+    which is fastest depends on the job, so each is searched."""
     data = yaml.safe_load((EXAMPLES / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml").read_text())
     data["training"]["parallel"].update(cp=2, cp_comm="all_gather")
     sc = Scenario.model_validate(data)
+    # LLaMA2-70B's 8 key/value heads at TP 8 leave one a rank: Ulysses cannot split it.
     assert default_space(sc)["training.parallel.cp_comm"] == ["all_gather", "p2p"]
+    data["training"]["parallel"].update(tp=4)
+    assert default_space(Scenario.model_validate(data))["training.parallel.cp_comm"] == ["all_gather", "p2p", "a2a"]
     assert "training.parallel.cp_comm" not in default_space(load_scenario(
         EXAMPLES / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml"))
 

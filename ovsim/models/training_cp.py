@@ -17,6 +17,12 @@ other ranks of its group in one of two ways (``cp_comm``):
   passes the key/value gradients round with the blocks (keys and values first, both then, the
   gradients alone last: Transformer Engine's buffers), each exchange starting once the step
   before has added its gradients.
+- ``a2a`` (DeepSpeed-Ulysses, Jacobs et al., arXiv 2309.14509; Transformer Engine's
+  ``AttnFuncWithCPAndQKVOA2A``): the queries, keys and values each all-to-all'd from a split of
+  the sequence to a split of the heads, the attention of the whole sequence over the rank's 1/cp
+  of its heads, the output all-to-all'd back; backward, the output's gradient forward and the
+  queries', keys' and values' gradients back. The heads (query and key/value) must divide by cp.
+  Exposed, as the gathers.
 
 The attention's kernels are :class:`ovsim.models.op_specs.AttentionOp`; the exchanges run on
 stream ``cp``."""
@@ -52,6 +58,9 @@ def cp_attention(g: Emitter, st: Any, s: int, name: str, backward: bool) -> None
     if g.comm and g.spec.parallel.cp_comm == "p2p":
         _ring(g, st, s, name, backward)
         return
+    if g.spec.parallel.cp_comm == "a2a":
+        _heads_split(g, st, s, name, backward)
+        return
     if g.comm:
         _gather(g, st, s, name)
     m, cp = g.m, g.lay.cp
@@ -60,10 +69,11 @@ def cp_attention(g: Emitter, st: Any, s: int, name: str, backward: bool) -> None
         _reduce(g, st, s, name)
 
 
-def _attention(g: Emitter, st: Any, name: str, queries: int, keys: int, causal: bool, backward: bool) -> str:
+def _attention(g: Emitter, st: Any, name: str, queries: int, keys: int, causal: bool, backward: bool,
+               head_split: int = 1) -> str:
     m = g.m
     return g.compute(st, AttentionOp, name=name, kind="attention", batch=g.spec.micro_batch_size,
-                     heads=m.heads // g.lay.tp, seq_len=queries, kv_len=keys if keys != queries else None,
+                     heads=m.heads // g.lay.tp // head_split, seq_len=queries, kv_len=keys if keys != queries else None,
                      head_dim=m.hidden // m.heads, causal=causal, precision=g.spec.attention_precision,
                      backward=backward, implementation=g.spec.attention_kernel)
 
@@ -92,6 +102,26 @@ def _reduce(g: Emitter, st: Any, s: int, name: str) -> None:
     g.mem(st, f"{name}.cp.dkv.sum", 2 * 6 * kv, "elementwise")
     for part in ("k", "v"):
         st.pending += g.collective(st, f"{name}.cp.d{part}.rs", "reduce_scatter", kv, "cp", g.lay.cp_groups(s))
+
+
+def _heads_split(g: Emitter, st: Any, s: int, name: str, backward: bool) -> None:
+    """Ulysses: the rank's tokens of every head all-to-all'd to every token of its 1/cp of the
+    heads, the attention over the whole sequence, and back (the module docstring)."""
+    m, cp = g.m, g.lay.cp
+    local = m.seq_len // cp
+    q = float(g.spec.micro_batch_size * local * m.hidden / g.lay.tp * g.act_b)  # queries (and the output)
+    kv = _kv_bytes(g, local)
+    groups = g.lay.cp_groups(s)
+
+    def exchange(parts: tuple[tuple[str, float], ...]) -> None:
+        if not g.comm:
+            return
+        for part, size in parts:
+            st.pending += g.collective(st, f"{name}.cp.{part}.a2a", "all_to_all", size, "cp", groups)
+
+    exchange((("do", q),) if backward else (("q", q), ("k", kv), ("v", kv)))
+    _attention(g, st, name, m.seq_len, m.seq_len, True, backward, head_split=cp)
+    exchange((("dq", q), ("dk", kv), ("dv", kv)) if backward else (("o", q),))
 
 
 def _ring(g: Emitter, st: Any, s: int, name: str, backward: bool) -> None:

@@ -107,8 +107,9 @@ class ParallelSpec(InputModel):
     cp: PositiveInt = 1
     # How a context-parallel rank gets the other ranks' keys and values (ovsim.models.training_cp):
     # "p2p", ring attention, blocks passed round beside the attention's steps (Megatron-LM's and
-    # Transformer Engine's default); "all_gather", gathered before the attention (Llama 3's).
-    cp_comm: Literal["p2p", "all_gather"] = "p2p"
+    # Transformer Engine's default); "all_gather", gathered before the attention (Llama 3's);
+    # "a2a", the sequence's split traded for a split of the heads and back (DeepSpeed-Ulysses).
+    cp_comm: Literal["p2p", "all_gather", "a2a"] = "p2p"
     dp_mode: Literal["ddp", "fsdp"] = "ddp"
     # Megatron-LM's distributed optimizer (ZeRO-1, ``--use-distributed-optimizer``), with DDP:
     # each gradient bucket is reduce-scattered instead of all-reduced, each rank steps its 1/dp of
@@ -426,6 +427,10 @@ def _check_context_parallel(spec: TrainingSpec, m: ModelShape) -> None:
         if bad:
             raise OvsimError(f"context parallelism (cp {p.cp}) is modelled with a fused attention kernel, "
                              f"Megatron-LM's DDP and 16-bit weights, not with {what}", field=field)
+    heads, kv = m.heads // p.tp, max(1, m.kv // p.tp)
+    if p.cp_comm == "a2a" and (heads % p.cp or kv % p.cp):
+        raise OvsimError(f"cp_comm a2a splits each tensor-parallel rank's heads over cp {p.cp}: {heads} query and "
+                         f"{kv} key/value heads do not divide", field="parallel.cp_comm")
 
 
 def _check_autocast(spec: TrainingSpec) -> None:

@@ -170,6 +170,32 @@ def test_what_a_ring_exchange_refuses(extra: dict[str, Any], field: str) -> None
     assert e.value.field == f"ops.x.{field}"
 
 
+def test_ulysses_trades_the_sequence_for_the_heads_and_back() -> None:
+    """cp_comm a2a on TP 2 x CP 2: the queries, keys and values all-to-all'd before the forward
+    attention and its output after (each a rank's tokens of its heads: micro-batch x seq / cp x
+    heads / tp x head size elements of 2 bytes), the attention of the whole sequence over a
+    quarter of the heads; backward the output's gradient before and the three gradients after."""
+    gen = training_ops(_spec(tp=2, cp=2, cp_comm="a2a"), 4)
+    seq = SMALL["seq_len"]
+    tensor = 1 * seq // 2 * HEADS // 2 * HEAD_DIM * 2
+    a2a = [o for o in gen.ops if isinstance(o, CollectiveOpSpec) and o.kind == "all_to_all" and ".L0." in o.name
+           and o.ranks[0] == 0]
+    assert [o.name.split(".cp.")[1] for o in a2a] == ["q.a2a.g0", "k.a2a.g0", "v.a2a.g0", "o.a2a.g0", "do.a2a.g0",
+                                                      "dq.a2a.g0", "dk.a2a.g0", "dv.a2a.g0"]
+    assert {o.size_bytes for o in a2a} == {tensor}  # GPT-3's heads are all key/value heads too
+    attn = [o for o in gen.ops if isinstance(o, AttentionOp)]
+    assert {(o.seq_len, o.kv_len, o.heads) for o in attn} == {(seq, None, HEADS // 4)}
+
+
+def test_ulysses_needs_the_heads_to_divide() -> None:
+    """Llama 3 8B's 8 key/value heads leave 1 a rank at TP 8: no split over 2 context-parallel ranks."""
+    spec = TrainingSpec.model_validate({"model": "llama3-8b", "layers": 2, "micro_batch_size": 1,
+                                        "precision": "bf16", "parallel": {"tp": 8, "cp": 2, "cp_comm": "a2a"}})
+    with pytest.raises(OvsimError, match="1 key/value heads") as e:
+        layout(spec, 16)
+    assert e.value.field == "parallel.cp_comm"
+
+
 def test_a_rank_holds_one_cpth_of_the_activations() -> None:
     """Korthikanti et al.'s activations are linear in the tokens a rank holds (flash attention
     keeps no s x s scores), so 4 context-parallel ranks hold a quarter each."""

@@ -71,6 +71,10 @@ JOBS: dict[str, dict[str, Any]] = {
     "cp-tp-pipeline": {"system": "hgx-h100", "training": {
         "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 2, "precision": "bf16",
         "recompute": "selective", "parallel": {"tp": 2, "cp": 2, "pp": 2, "pipeline": "1f1b"}}},
+    # Ulysses across nodes: TP 2 x CP 8 x DP 2 over 4 nodes, the heads traded over the NICs.
+    "cp-ulysses-nodes": {"system": "hgx-h100-ndr", "nodes": 4, "training": {
+        "model": "gpt3-1.3b", "layers": 2, "micro_batch_size": 1, "precision": "bf16",
+        "parallel": {"tp": 2, "cp": 8, "cp_comm": "a2a"}}},
     # Communication off: a stage waits for the matching rank of the previous one.
     "tp-pipeline-no-comm": {"system": "hgx-h100", "training": {
         "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 2, "precision": "bf16",
