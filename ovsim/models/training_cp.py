@@ -1,7 +1,7 @@
 """A core attention with context parallelism (``training.parallel.cp`` > 1): each rank holds two of
 the sequence's 2 x cp chunks, the i-th and the (2cp - 1 - i)-th, so that under the causal mask the
 ranks do equal work (Transformer Engine's DualChunkSwap), and exchanges keys and values with the
-other ranks of its group in one of two ways (``cp_comm``):
+other ranks of its group in one of three ways (``cp_comm``):
 
 - ``all_gather`` (Llama 3, arXiv 2407.21783, section 3.3.2; Transformer Engine's
   ``AttnFuncWithCPAndKVAllGather``): the keys and the values all-gathered before the attention
@@ -20,9 +20,9 @@ other ranks of its group in one of two ways (``cp_comm``):
 - ``a2a`` (DeepSpeed-Ulysses, Jacobs et al., arXiv 2309.14509; Transformer Engine's
   ``AttnFuncWithCPAndQKVOA2A``): the queries, keys and values each all-to-all'd from a split of
   the sequence to a split of the heads, the attention of the whole sequence over the rank's 1/cp
-  of its heads, the output all-to-all'd back; backward, the output's gradient forward and the
-  queries', keys' and values' gradients back. The heads (query and key/value) must divide by cp.
-  Exposed, as the gathers.
+  of its heads, the output all-to-all'd back; in the backward the output's gradient goes to the
+  heads' split and the queries', keys' and values' gradients come back. A tensor-parallel rank's
+  query and key/value heads must divide by cp. Exposed, as the gathers.
 
 The attention's kernels are :class:`ovsim.models.op_specs.AttentionOp`; the exchanges run on
 stream ``cp``."""
