@@ -84,6 +84,11 @@ in FP8, each step's time logged; mlperf_rows.py names the configuration and what
 
     python bench/published_jobs.py --rows mlperf --mode analytic     # every row, about a minute, 1.1 GB
 
+NeMo's long-sequence table (the NeMo Framework user guide 24.12: Llama 2 7B in FP8 on DGX H100 at
+4K to 1M tokens a sequence, context parallelism from 32K; nemo_long_rows.py names what is assumed):
+
+    python bench/published_jobs.py --rows nemo-long --mode analytic  # every row, about 10 s
+
 ``--breakdown`` adds, under each row, where rank 0's time goes (its GEMMs, attention and
 memory-bound kernels on the compute stream at the clocks the power limit leaves them, its kernels
 on other streams, FSDP's post-backward copies, and the time its communication streams are busy,
