@@ -10,6 +10,7 @@ from typing import Any
 from ovsim.api import build
 from ovsim.errors import OvsimError
 from ovsim.models.op_specs import CollectiveOpSpec
+from ovsim.models.training_spec import heads_split_over
 from ovsim.scenario import Scenario
 from ovsim.tune_predictions import Objective
 
@@ -78,9 +79,7 @@ def _training_space(sc: Scenario) -> dict[str, list[Any]]:
         # None is the TP degree: the same pieces as a value equal to it.
         space["training.parallel.tp_chunks"] = [None, *(c for c in TP_CHUNKS if c != p.tp)]
     if p.cp > 1:
-        m = sc.training.shape()
-        # Ulysses splits each tensor-parallel rank's heads, query and key/value, over the cp ranks.
-        a2a = (m.heads // p.tp) % p.cp == 0 and max(1, m.kv // p.tp) % p.cp == 0
+        a2a = heads_split_over(sc.training.shape(), p.tp, p.cp)
         # The scenario's exchange first, as every knob's own value.
         space["training.parallel.cp_comm"] = sorted(("p2p", "all_gather", *(("a2a",) if a2a else ())),
                                                     key=lambda c: c != p.cp_comm)

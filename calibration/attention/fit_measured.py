@@ -43,7 +43,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from ovsim.calibrate import FitReport, write_shipped
-from ovsim.hw.calib import load_calibration
+from ovsim.hw.calib import Parameters, load_calibration
 from ovsim.hw.spec import GpuSpec, load_gpu
 from ovsim.models import cost
 from ovsim.validate.datasets import fit_sets
@@ -84,22 +84,17 @@ def measured(data_set: str, gpu: GpuSpec) -> pd.DataFrame:
 HEAD_MULTIPLE = 64  # the kernels' head tiles: 64 for heads of 64, 128 for 96 and 128 (their names)
 
 
-def at_one_s(row: pd.Series, gpu: GpuSpec, backward: bool) -> float:
-    """The cost model's time of the shape's kernel at efficiency 1, its launch overhead left out."""
-    params = load_calibration(gpu, gpu.name).params
-    d = cost.attention(int(row["batch"]), int(row["heads"]), int(row["seq"]), int(row["head_dim"]), "bf16", gpu,
-                       params, backward=backward, efficiency=1.0)
-    return d.isolated_s - params.kernel_overhead_s
+def modelled_s(row: pd.Series, gpu: GpuSpec, backward: bool, params: Parameters) -> float:
+    """The shape's time as ``ovsim.models.cost.attention`` prices a fused kernel under ``params``."""
+    return cost.attention(int(row["batch"]), int(row["heads"]), int(row["seq"]), int(row["head_dim"]), "bf16", gpu,
+                          params, backward=backward).isolated_s
 
 
-def modelled_s(row: pd.Series, gpu: GpuSpec, efficiency: float, overhead_tiles: float, backward: bool) -> float:
-    """The shape's time at ``efficiency`` over long rows of keys and ``overhead_tiles`` a block,
-    its head rounded up to the kernel's tile: ``ovsim.models.cost.attention``'s model."""
-    tiles = float(row["seq"]) * 0.5 / cost.ATTENTION_KEY_TILE
-    head = int(row["head_dim"])
-    padded = math.ceil(head / HEAD_MULTIPLE) * HEAD_MULTIPLE / head
-    launch = load_calibration(gpu, gpu.name).params.kernel_overhead_s
-    return at_one_s(row, gpu, backward) * padded / (efficiency * tiles / (tiles + overhead_tiles)) + launch
+def with_attention(gpu: GpuSpec, fwd: float, bwd: float | None, tiles: float, multiple: int) -> Parameters:
+    """The GPU's calibration with these attention parameters in place of its own."""
+    return load_calibration(gpu, gpu.name).params.model_copy(update={
+        "attention_efficiency": fwd, "attention_backward_efficiency": bwd, "attention_block_overhead_tiles": tiles,
+        "attention_head_dim_multiple": multiple})
 
 
 def fit(df: pd.DataFrame, gpu: GpuSpec) -> tuple[float, float, float]:
@@ -107,7 +102,8 @@ def fit(df: pd.DataFrame, gpu: GpuSpec) -> tuple[float, float, float]:
     the logarithm of the times."""
 
     def residuals(x: np.ndarray) -> list[float]:
-        return [math.log(modelled_s(r, gpu, x[b], x[2], bool(b)) / float(r[col]))
+        params = with_attention(gpu, float(x[0]), float(x[1]), float(x[2]), HEAD_MULTIPLE)
+        return [math.log(modelled_s(r, gpu, bool(b), params) / float(r[col]))
                 for _, r in df.iterrows() for b, col in ((0, "forward_s"), (1, "backward_s"))]
 
     sol = least_squares(residuals, [0.6, 0.5, 3.0], bounds=([0.05, 0.05, 0.0], [1.0, 1.0, 100.0]))
@@ -118,13 +114,13 @@ def score(df: pd.DataFrame, gpu: GpuSpec, fwd: float, bwd: float, tiles: float, 
     """Print each shape's kernels against the model (and against the flat 0.6 it replaces); the MAPE."""
     print(f"\n{label}\n{'shape':<36} {'MHz':>5} {'fwd ms':>7} {'ovsim':>7} {'err':>7} {'bwd ms':>7} {'ovsim':>7} "
           f"{'err':>7} {'at 0.6: fwd':>11} {'bwd':>7}")
+    fitted, at_06 = with_attention(gpu, fwd, bwd, tiles, HEAD_MULTIPLE), with_attention(gpu, 0.6, None, 0.0, 1)
     errors, flat = [], []
     for _, r in df.iterrows():
         cells, before = [], []
-        for backward, eff, col in ((False, fwd, "forward_s"), (True, bwd, "backward_s")):
+        for backward, col in ((False, "forward_s"), (True, "backward_s")):
             meas = float(r[col])
-            mine = modelled_s(r, gpu, eff, tiles, backward)
-            old = at_one_s(r, gpu, backward) / 0.6 + load_calibration(gpu, gpu.name).params.kernel_overhead_s
+            mine, old = modelled_s(r, gpu, backward, fitted), modelled_s(r, gpu, backward, at_06)
             errors.append(abs(mine / meas - 1))
             flat.append(abs(old / meas - 1))
             cells += [f"{meas * 1e3:7.3f}", f"{mine * 1e3:7.3f}", f"{mine / meas - 1:+7.1%}"]

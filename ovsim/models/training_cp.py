@@ -85,6 +85,13 @@ def _kv_bytes(g: Emitter, tokens: int) -> float:
     return float(g.spec.micro_batch_size * tokens * (m.hidden // m.heads) * m.kv / g.lay.tp * g.act_b)
 
 
+def _q_bytes(g: Emitter, tokens: int) -> float:
+    """Bytes of the queries, or the attention's output, of ``tokens`` tokens a sequence on one
+    tensor-parallel rank (its share of the heads)."""
+    m = g.m
+    return float(g.spec.micro_batch_size * tokens * m.hidden / g.lay.tp * g.act_b)
+
+
 def _gather(g: Emitter, st: Any, s: int, name: str) -> None:
     """The keys and the values all-gathered, each its own collective, then both put in chunk order
     (an index_select each: the gathered tensors read and written)."""
@@ -109,8 +116,7 @@ def _heads_split(g: Emitter, st: Any, s: int, name: str, backward: bool) -> None
     heads, the attention over the whole sequence, and back (the module docstring)."""
     m, cp = g.m, g.lay.cp
     local = m.seq_len // cp
-    q = float(g.spec.micro_batch_size * local * m.hidden / g.lay.tp * g.act_b)  # queries (and the output)
-    kv = _kv_bytes(g, local)
+    q, kv = _q_bytes(g, local), _kv_bytes(g, local)
     groups = g.lay.cp_groups(s)
 
     def exchange(parts: tuple[tuple[str, float], ...]) -> None:
@@ -130,8 +136,8 @@ def _ring(g: Emitter, st: Any, s: int, name: str, backward: bool) -> None:
     m, cp = g.m, g.lay.cp
     local = m.seq_len // cp
     kv = 2 * _kv_bytes(g, local)  # the rank's block: its keys and values
-    # Bytes the step's attention output (forward) or query and key/value gradients (backward) take.
-    out_b = float(g.spec.micro_batch_size * local * m.hidden / g.lay.tp * g.act_b)
+    # Bytes the step's attention output (forward) or query gradient (backward) takes.
+    out_b = _q_bytes(g, local)
     groups = g.lay.cp_groups(s)
     previous: list[str] = []
     for i in range(cp):

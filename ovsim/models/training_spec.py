@@ -427,10 +427,22 @@ def _check_context_parallel(spec: TrainingSpec, m: ModelShape) -> None:
         if bad:
             raise OvsimError(f"context parallelism (cp {p.cp}) is modelled with a fused attention kernel, "
                              f"Megatron-LM's DDP and 16-bit weights, not with {what}", field=field)
-    heads, kv = m.heads // p.tp, max(1, m.kv // p.tp)
-    if p.cp_comm == "a2a" and (heads % p.cp or kv % p.cp):
+    if p.cp_comm == "a2a" and not heads_split_over(m, p.tp, p.cp):
+        heads, kv = rank_heads(m, p.tp)
         raise OvsimError(f"cp_comm a2a splits each tensor-parallel rank's heads over cp {p.cp}: {heads} query and "
                          f"{kv} key/value heads do not divide", field="parallel.cp_comm")
+
+
+def rank_heads(m: ModelShape, tp: int) -> tuple[int, int]:
+    """Query and key/value heads of one tensor-parallel rank (key/value heads repeat where tp
+    exceeds them)."""
+    return m.heads // tp, max(1, m.kv // tp)
+
+
+def heads_split_over(m: ModelShape, tp: int, cp: int) -> bool:
+    """Whether a tensor-parallel rank's query and key/value heads divide over ``cp`` ranks, as
+    Ulysses's exchange (``cp_comm: a2a``) splits them."""
+    return all(h % cp == 0 for h in rank_heads(m, tp))
 
 
 def _check_autocast(spec: TrainingSpec) -> None:
