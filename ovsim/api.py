@@ -75,10 +75,7 @@ class Result:
 
     def _memory_summary(self) -> dict[str, Any]:
         est = self.memory()
-        if est is None:
-            return {}
-        return {"memory_per_gpu_bytes": est.total_bytes, "memory_capacity_bytes": self.gpu.memory.capacity_bytes,
-                "fits_memory": est.total_bytes <= self.gpu.memory.capacity_bytes}
+        return {} if est is None else _memory_fields(est.total_bytes, self.gpu)
 
     def power(self, window_s: float = 0.0) -> pd.DataFrame:
         """Per GPU over the iteration: average and peak power, energy, average and lowest SM clock;
@@ -266,6 +263,23 @@ def _system_once(source: InlineSystem | SystemSpec, nodes: int | None = None) ->
 def _above_round_off(seconds: float, span_s: float) -> float:
     """``seconds``, or 0 where it is within round-off (a billionth of ``span_s``) of 0 or below."""
     return seconds if seconds > 1e-9 * span_s else 0.0
+
+
+def _memory_fields(per_gpu_bytes: float, gpu: GpuSpec) -> dict[str, Any]:
+    return {"memory_per_gpu_bytes": per_gpu_bytes, "memory_capacity_bytes": gpu.memory.capacity_bytes,
+            "fits_memory": per_gpu_bytes <= gpu.memory.capacity_bytes}
+
+
+def memory_summary(sc: Scenario, source: str = "") -> dict[str, Any]:
+    """A training scenario's memory fields of :meth:`Result.summary` (the closed-form estimate on
+    the job's ranks), without building its workload: a schedule search skips the analysis of a
+    candidate that cannot fit. Empty for a list of ops."""
+    if sc.training is None:
+        return {}
+    from ovsim.models.memory import memory_estimate
+
+    system, gpu, _ = _resolve_system(sc, source)
+    return _memory_fields(memory_estimate(sc.training, sc.ranks or system.total_gpus).total_bytes, gpu)
 
 
 def build(sc: Scenario, source: str = "", max_ops: int | None = None) -> tuple[Workload, SystemSpec, GpuSpec,

@@ -220,7 +220,8 @@ def _grid_too_slow(sc: Scenario, space: Mapping[str, Sequence[Any]], run: Run, n
     ``SAMPLING_SHARE`` of the time budget at what the analysis of the scenario as given takes;
     and that analysis."""
     t0 = time.monotonic()
-    given = analyze(sc, run.objective)
+    # Analysed whole even where it cannot fit memory: the others may, and the pace is theirs.
+    given = analyze(sc, run.objective, memory_first=False)
     each_s = time.monotonic() - t0
     analyses = n_grid / math.prod(len(space[k]) for k in run.blind() if k in space)
     return analyses * each_s / workers > SAMPLING_SHARE * (run.deadline - t0), given
@@ -253,8 +254,11 @@ def _result(cands: list[Candidate], given: Candidate, space: Mapping[str, Sequen
     given_ok = math.isfinite(objective_value(given.engine, objective))
     stats["given_problem"] = "" if given_ok else _given_problem(given)
     if not done:
-        raise OvsimError(f"no schedule searched fits memory or could be predicted; the scenario as given: "
-                         f"{stats['given_problem']}", field="scenario")
+        least = min((c.analytic.get("memory_per_gpu_bytes", math.inf) for c in cands), default=math.inf)
+        least_text = f", the least needing {least / 1e9:.1f} GB a GPU" if math.isfinite(least) else ""
+        raise OvsimError(f"no schedule searched fits memory or could be predicted ({stats['unfit']} of "
+                         f"{stats['candidates']} do not fit{least_text}; {stats['failed']} failed); the "
+                         f"scenario as given: {stats['given_problem']}", field="scenario")
     base = objective_value(given.engine, objective)
     rows = []
     for rank, c in enumerate(done, 1):

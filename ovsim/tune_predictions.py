@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ovsim.api import Result, build, power_config, predict
+from ovsim.api import Result, build, memory_summary, power_config, predict
 from ovsim.engine.analytic import Plan
 from ovsim.engine.machine import GpuModel, gpu_model
 from ovsim.engine.power import PowerConfig, op_power_class, rate_class
@@ -67,14 +67,23 @@ def summarize(sc: Scenario, mode: Mode, power: bool = True) -> dict[str, Any]:
     return out
 
 
-def analyze(sc: Scenario, objective: Objective = "time") -> dict[str, Any]:
+def analyze(sc: Scenario, objective: Objective = "time", memory_first: bool = True) -> dict[str, Any]:
     """The analytic summary of :func:`summarize`, with its time bound. A time search needs no
     power loop for it (the bound does not depend on the clock the loop picks): without it the
     analytic prediction costs a third as much (Llama 2 70B, two TP layers on 8 H100: 13 ms, not
     41). Nor does it need the rest of the summary, only the time, the bound and whether the
     memory fits, and so neither a timeline nor power counters: the analytic fidelity's plan gives
     both times (Cui & Pericas's GEMM beside an all-reduce on 4 H100: 0.44 ms, where the
-    prediction with its timeline and power counters took 1.31, measured the same day)."""
+    prediction with its timeline and power counters took 1.31, measured the same day).
+
+    With ``memory_first``, a training candidate whose memory estimate (closed form, no build) does
+    not fit the GPU is not analysed: its memory fields alone, which keep it out of the ranking
+    (Llama 3 405B on 16,384 H100, over 80 GB by the estimate: refused in 26 s, where the analyses
+    of every sample had not ended in 15 minutes; docs/tune.md). Without it (what an analysis
+    costs, to pace a time budget), it is analysed all the same."""
+    unfit = _unfit(sc) if memory_first else {}
+    if unfit:
+        return unfit
     if objective != "time":
         return summarize(sc, "analytic")
     try:
@@ -94,6 +103,17 @@ def analyze(sc: Scenario, objective: Objective = "time") -> dict[str, Any]:
 
         out["fits_memory"] = memory_estimate(sc.training, wl.total_ranks).total_bytes <= gpu.memory.capacity_bytes
     return out
+
+
+def _unfit(sc: Scenario) -> dict[str, Any]:
+    """The memory fields of a training scenario that cannot fit its GPU (:func:`memory_summary`),
+    else empty; empty too where the scenario's system or layout is refused, which its build then
+    reports."""
+    try:
+        fields = memory_summary(sc, sc.name)
+    except OvsimError:
+        return {}
+    return fields if fields.get("fits_memory") is False else {}
 
 
 def workload_digest(result: Result) -> str:

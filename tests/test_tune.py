@@ -260,8 +260,38 @@ def test_a_space_where_nothing_fits_memory_is_refused_in_one_line() -> None:
           "training": {"model": "gpt3-6.7b", "micro_batch_size": 1, "parallel": {"dp_mode": "ddp"}}}
     from ovsim.scenario import Scenario
 
-    with pytest.raises(OvsimError, match="does not fit 40 GB"):
+    with pytest.raises(OvsimError, match=r"\(2 of 2 do not fit, the least needing 1\d\d\.\d GB a GPU; 0 failed\)"
+                       r".*does not fit 40 GB"):
         tune(Scenario.model_validate(sc), space={"knobs.comm_priority": ["normal", "high"]})
+
+
+def test_a_candidate_that_cannot_fit_memory_is_not_built_for_its_analysis(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The closed-form estimate needs no workload: a search over a job that cannot fit (Llama 3
+    405B on 16,384 H100 by ovsim's estimate) refuses in seconds, where it analysed every sample."""
+    import ovsim.tune_predictions as tp
+    from ovsim.api import memory_summary
+
+    sc = Scenario.model_validate({"schema": "ovsim.scenario/1", "system": "a100x4",
+                                  "training": {"model": "gpt3-6.7b", "micro_batch_size": 1,
+                                               "parallel": {"dp_mode": "ddp"}}})
+
+    def no_build(*_: object, **__: object) -> None:
+        raise AssertionError("built")
+
+    monkeypatch.setattr(tp, "build", no_build)
+    monkeypatch.setattr(tp, "predict", no_build)
+    for objective in ("time", "energy"):
+        got = tp.analyze(sc, objective)  # type: ignore[arg-type]
+        # 16 bytes a parameter of 6.7B on each of the 4 GPUs, before activations.
+        assert got["fits_memory"] is False and got["memory_per_gpu_bytes"] > 16 * 6.6e9
+        assert math.isinf(tp.objective_value(got, objective))  # type: ignore[arg-type]
+    fits = Scenario.model_validate({"schema": "ovsim.scenario/1", "system": "a100x4",
+                                    "training": {"model": "gpt3-1.3b", "micro_batch_size": 1}})
+    assert memory_summary(fits)["fits_memory"] is True
+    monkeypatch.undo()
+    summary = predict(fits, mode="analytic", counters=False).summary()
+    assert memory_summary(fits) == {k: summary[k] for k in ("memory_per_gpu_bytes", "memory_capacity_bytes",
+                                                            "fits_memory")}
 
 
 def test_the_leaders_are_drawn(tmp_path: Path) -> None:
