@@ -93,8 +93,9 @@ class Parameters(BaseModel):
     # The same for the backward kernel (its 2.5x the forward's work, with the kernels that prepare
     # and convert its gradients), where it was measured apart (calibration/attention/fit_measured.py).
     attention_backward_efficiency: Fraction | None = None
-    # What a block of queries spends beyond its keys (loading its queries, writing its output), in
-    # tiles of 128 keys: a block of n key tiles runs at n / (n + this) of the efficiency above. 0:
+    # What a block spends beyond its loop (forward, a block of queries loading them and writing
+    # its output; backward, a block of keys, its gradients), in tiles of 128 of the tokens it
+    # loops over: a block looping over n tiles runs at n / (n + this) of the efficiency above. 0:
     # nothing (GPUs without the measurement).
     attention_block_overhead_tiles: float = Field(default=0.0, ge=0)
     # The head size the kernel's tiles round a head up to (cuDNN's Hopper kernels run a head of 96

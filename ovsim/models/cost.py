@@ -449,10 +449,14 @@ def attention(
     shared_mem_bytes: int | None = None,
     efficiency: float | None = None,
 ) -> KernelDemand:
-    """Fused (flash) attention: one block per (batch, head, query tile), each at ``efficiency`` of
-    an SM's tensor peak (a named kernel's published rate), or where None at the calibration's
-    (:func:`fused_attention_efficiency`), its head rounded up to its tiles'. ``seq_len`` queries
-    against ``kv_len`` keys (None: as many); causal, half the products are masked (a
+    """Fused (flash) attention: one block per (batch, head, query tile) looping over the keys, each
+    at ``efficiency`` of an SM's tensor peak (a named kernel's published rate), or where None at
+    the calibration's (:func:`fused_attention_efficiency`), its head rounded up to its tiles'.
+    The backward's blocks are the keys' tiles instead, each looping over the queries (it makes
+    each key block's gradients in one block: FlashAttention-2, arXiv 2307.08691, section 3.2; so
+    do cuDNN's and FlashAttention-3's). ``seq_len`` queries against ``kv_len`` keys (None: as
+    many; a context-parallel rank's queries against more or fewer keys: where they differ, the
+    side a block loops over sets its efficiency); causal, half the products are masked (a
     context-parallel rank's two chunks together, :class:`ovsim.models.op_specs.AttentionOp`)."""
     kv = seq_len if kv_len is None else kv_len
     for name, v in (("batch", batch), ("heads", heads), ("seq_len", seq_len), ("head_dim", head_dim),
@@ -469,13 +473,14 @@ def attention(
     smem = shared_mem_bytes if shared_mem_bytes is not None else min(
         gpu.sm.max_shared_mem_per_block_bytes, 3 * tile_q * head_dim * eb * 2)
     block = BlockShape(threads=threads, registers_per_thread=registers_per_thread, shared_mem_bytes=smem)
-    blocks = batch * heads * math.ceil(seq_len / tile_q)
+    rows, loop = (kv, seq_len) if backward else (seq_len, kv)
+    blocks = batch * heads * math.ceil(rows / tile_q)
     occ = blocks_per_sm(block, gpu)
     if occ == 0:
         raise OvsimError("an attention block does not fit on one SM", field="head_dim")
     eff, padded = efficiency, 1.0
     if eff is None:
-        eff = fused_attention_efficiency(params, kv, causal, backward)
+        eff = fused_attention_efficiency(params, loop, causal, backward)
         multiple = params.attention_head_dim_multiple
         padded = math.ceil(head_dim / multiple) * multiple / head_dim
     per_sm = gpu.peak_flops_per_s(precision) / gpu.sm.count * eff
@@ -492,13 +497,13 @@ def attention(
 ATTENTION_KEY_TILE = 128
 
 
-def fused_attention_efficiency(params: Parameters, kv_len: int, causal: bool, backward: bool) -> float:
-    """The calibration's efficiency of a fused attention kernel, forward or backward, whose query
-    blocks each loop over ``kv_len`` keys (half of them on average under the causal mask): its
-    efficiency over long rows of keys, times the share of a block's time its keys take beside
-    what it spends once (``attention_block_overhead_tiles``)."""
+def fused_attention_efficiency(params: Parameters, loop_len: int, causal: bool, backward: bool) -> float:
+    """The calibration's efficiency of a fused attention kernel, forward or backward, whose blocks
+    each loop over ``loop_len`` tokens (forward: keys; backward: queries; half of them on average
+    under the causal mask): its efficiency over long loops, times the share of a block's time
+    its loop takes beside what it spends once (``attention_block_overhead_tiles``)."""
     eff = params.attention_eff(None, backward=backward)
-    tiles = kv_len * (0.5 if causal else 1.0) / ATTENTION_KEY_TILE
+    tiles = loop_len * (0.5 if causal else 1.0) / ATTENTION_KEY_TILE
     overhead = params.attention_block_overhead_tiles
     return eff * tiles / (tiles + overhead) if overhead > 0 else eff
 

@@ -61,10 +61,7 @@ def kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs)
                          extra_shared_mem_bytes=extra, batch=spec.batch, split_k=spec.split_k or 1, sm_count=sms,
                          efficiency=eff, l2_bytes_per_s=l2, l2_sm_bytes_per_s=l2_sm, **given)
     if isinstance(spec, AttentionOp):
-        base = cost.attention(spec.batch, spec.heads, spec.seq_len, spec.head_dim, spec.precision, gpu, params,
-                              causal=spec.causal, backward=spec.backward, kv_len=spec.kv_len,
-                              efficiency=None if spec.implementation is None
-                              else params.attention_eff(spec.implementation, gpu.name))
+        base = _attention(spec, gpu, params)
     elif isinstance(spec, MemoryOp):
         blocks = spec.blocks
         if spec.grid_stride:
@@ -87,6 +84,19 @@ def kernel_demand(spec: _OpBase, gpu: GpuSpec, params: Parameters, knobs: Knobs)
         return base
     shaped = BlockShape(base.block.threads, base.block.registers_per_thread, base.block.shared_mem_bytes + extra)
     return _reshape(base, shaped, gpu, sms)
+
+
+def _attention(spec: AttentionOp, gpu: GpuSpec, params: Parameters) -> KernelDemand:
+    """A fused attention's kernel; a ring step's (:attr:`AttentionOp.ring_step`) the slower of its
+    two shapes: which one is, the waves its blocks fill decide as much as its loop's length."""
+    eff = None if spec.implementation is None else params.attention_eff(spec.implementation, gpu.name)
+    shapes = [(spec.seq_len, spec.kv_len)]
+    if spec.ring_step:
+        assert spec.kv_len is not None
+        shapes.append((2 * spec.seq_len, spec.kv_len // 2))
+    made = [cost.attention(spec.batch, spec.heads, q, spec.head_dim, spec.precision, gpu, params, causal=spec.causal,
+                           backward=spec.backward, kv_len=k, efficiency=eff) for q, k in shapes]
+    return max(made, key=lambda d: d.isolated_s)
 
 
 def _reshape(base: KernelDemand, block: BlockShape, gpu: GpuSpec, sms: int) -> KernelDemand:

@@ -229,11 +229,18 @@ class AttentionOp(_OpBase):
     backward: bool = False
     # None: a fused kernel at the calibration's attention_efficiency.
     implementation: AttentionImplementation | None = None
+    # A later step of ring attention (context parallelism, ovsim.models.training_cp): these
+    # seq_len queries against kv_len keys on some ranks, twice the queries against half the keys
+    # on the others (the same products); the ring's step runs at the slower one's pace, and so is
+    # priced.
+    ring_step: bool = False
 
     @model_validator(mode="after")
     def _named_kernels_run_in_16_bits(self) -> AttentionOp:
         if self.implementation is not None and self.precision not in SIXTEEN_BIT:
             raise ValueError(f"{self.implementation} runs in fp16 or bf16, not {self.precision}")
+        if self.ring_step and (self.causal or self.kv_len is None or self.kv_len % 2):
+            raise ValueError("a ring step is unmasked and names an even kv_len (half of it is the other shape's keys)")
         return self
 
 

@@ -11,9 +11,12 @@ other ranks of its group in one of three ways (``cp_comm``):
 - ``p2p`` (ring attention; Transformer Engine's ``AttnFuncWithCPAndKVP2P``, Megatron-LM's default
   ``--cp-comm-type``): cp steps, each attending to the key/value block the rank holds while passing
   it on to the next rank of the ring (the block of step i + 1 arrives during step i). Step 0 is the
-  rank's own block under the causal mask; each later one, on rank 0 (which stands for the others),
-  its queries' second chunk against a whole block, unmasked: a quarter of its block's products
-  each side, the same on every rank. The forward corrects its output after each step; the backward
+  rank's own block under the causal mask; each later one a quarter of its block's products,
+  unmasked: on rank c, c steps of its whole queries against the first half of a block and then
+  cp - 1 - c of its second chunk's queries against a whole block. Each step waits for the block
+  its ring neighbour passed on, so a step runs at its slowest rank's pace, for which the rank
+  simulated stands: each later step is priced as the slower of the two shapes
+  (``AttentionOp.ring_step``). The forward corrects its output after each step; the backward
   passes the key/value gradients round with the blocks (keys and values first, both then, the
   gradients alone last: Transformer Engine's buffers), each exchange starting once the step
   before has added its gradients.
@@ -70,12 +73,12 @@ def cp_attention(g: Emitter, st: Any, s: int, name: str, backward: bool) -> None
 
 
 def _attention(g: Emitter, st: Any, name: str, queries: int, keys: int, causal: bool, backward: bool,
-               head_split: int = 1) -> str:
+               head_split: int = 1, ring_step: bool = False) -> str:
     m = g.m
     return g.compute(st, AttentionOp, name=name, kind="attention", batch=g.spec.micro_batch_size,
                      heads=m.heads // g.lay.tp // head_split, seq_len=queries, kv_len=keys if keys != queries else None,
                      head_dim=m.hidden // m.heads, causal=causal, precision=g.spec.attention_precision,
-                     backward=backward, implementation=g.spec.attention_kernel)
+                     backward=backward, implementation=g.spec.attention_kernel, ring_step=ring_step)
 
 
 def _kv_bytes(g: Emitter, tokens: int) -> float:
@@ -152,7 +155,7 @@ def _ring(g: Emitter, st: Any, s: int, name: str, backward: bool) -> None:
         if i == 0:
             _attention(g, st, step, local, local, True, backward)
         else:
-            _attention(g, st, step, local // 2, local, False, backward)
+            _attention(g, st, step, local // 2, local, False, backward, ring_step=True)
         # Forward: the output and its log-sum-exp corrected (read twice, written once); backward:
         # the query gradient and the key/value gradients accumulated (read twice, written once).
         g.mem(st, f"{step}.acc", 3 * (out_b + (kv if backward else 0.0)), "elementwise")

@@ -129,6 +129,63 @@ def test_a_ring_passes_each_block_beside_the_attentions_steps(cp: int, h100: Any
     assert {tuple(o.ranks) for o in ring} == {tuple(range(0, 2 * cp, 2))}
 
 
+def _ring_step_shapes(seq: int, cp: int, rank: int) -> list[tuple[int, int]]:
+    """(queries, keys) of rank ``rank``'s steps after the first, from the masked products counted
+    token by token: at step i it holds the block of rank (rank - i) mod cp, and its queries that
+    meet any of a key chunk's keys meet them all."""
+    chunk = seq // (2 * cp)
+    mine = (rank, 2 * cp - 1 - rank)
+    shapes = []
+    for i in range(1, cp):
+        held = ((rank - i) % cp, 2 * cp - 1 - (rank - i) % cp)
+        queries = {q for q in mine if any(k < q for k in held)}
+        keys = {k for k in held if any(k < q for q in mine)}
+        shapes.append((len(queries) * chunk, len(keys) * chunk))
+    return shapes
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_a_ring_step_is_priced_as_its_slowest_ranks(cp: int, h100: Any, h100_calib: Any, a100: Any) -> None:
+    """Rank c runs c later steps of its whole queries against half a block and cp - 1 - c of half
+    its queries against a whole block (counted chunk by chunk); each step waits for its ring
+    neighbour's block, so its price is the slower shape's, on GPUs where either is the slower
+    (few blocks fill one wave faster in more, smaller blocks)."""
+    from ovsim.hw.calib import load_calibration
+    from ovsim.models.cost import attention
+    from ovsim.models.op_prices import kernel_demand
+    from ovsim.models.op_specs import Knobs
+
+    seq, local = 8192, 8192 // cp
+    assert {s for r in range(cp) for s in _ring_step_shapes(seq, cp, r)} == {(local, local // 2), (local // 2, local)}
+    assert _ring_step_shapes(seq, cp, 0) == [(local // 2, local)] * (cp - 1)
+    for gpu, params in ((h100, h100_calib.params), (a100, load_calibration(a100, "a100-sxm4-40gb").params)):
+        for heads in (2, 8, 32):
+            for backward in (False, True):
+                op = AttentionOp(name="s", kind="attention", batch=1, heads=heads, seq_len=local // 2, kv_len=local,
+                                 head_dim=HEAD_DIM, causal=False, backward=backward, ring_step=True)
+                priced = kernel_demand(op, gpu, params, Knobs()).isolated_s
+                alone = [attention(1, heads, q, HEAD_DIM, "bf16", gpu, params, kv_len=k, causal=False,
+                                   backward=backward).isolated_s for q, k in ((local // 2, local), (local, local // 2))]
+                assert priced == max(alone)
+
+
+def test_a_backward_blocks_over_the_keys_and_loops_over_the_queries(h100: Any, h100_calib: Any) -> None:
+    """FlashAttention-2's backward makes each key block's gradients in one thread block, looping
+    over the queries (Dao, arXiv 2307.08691, section 3.2): a rank's few queries against the whole
+    gathered sequence make many short loops, slower a product than the forward's few long ones
+    would suggest; with queries and keys alike nothing changes."""
+    from ovsim.models.cost import attention
+
+    gpu, params = h100, h100_calib.params
+    # Enough heads that either grid fills its waves (132 SMs, a block each): their count does not decide.
+    few = attention(4, 32, 1024, HEAD_DIM, "bf16", gpu, params, kv_len=8192, causal=True, backward=True)
+    many = attention(4, 32, 8192, HEAD_DIM, "bf16", gpu, params, kv_len=1024, causal=True, backward=True)
+    assert few.blocks == 128 * 8192 // 128 and many.blocks == 128 * 1024 // 128
+    assert few.flops == many.flops and few.isolated_s > 1.2 * many.isolated_s
+    fwd = attention(4, 32, 1024, HEAD_DIM, "bf16", gpu, params, kv_len=8192, causal=True)
+    assert fwd.blocks == 128 * 1024 // 128
+
+
 def test_each_ring_step_waits_for_the_block_the_step_before_received() -> None:
     result = _predict({**SMALL, "layers": 2, "parallel": {"tp": 2, "cp": 2}}, system="h100x4", mode="analytic")
     ops = result.timeline.ops.set_index("id")
