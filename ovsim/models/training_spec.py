@@ -356,8 +356,10 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     if m.heads % p.tp:
         raise OvsimError(f"tensor-parallel degree {p.tp} does not divide the {m.heads} attention heads",
                          field="parallel.tp")
-    if m.kv % p.tp and p.tp % m.kv:
-        raise OvsimError(f"tensor-parallel degree {p.tp} and {m.kv} key/value heads do not divide each other",
+    if m.kv % p.tp:
+        # Megatron-LM divides the query groups over the ranks (megatron/core/transformer/attention.py:
+        # num_query_groups_per_partition = divide(num_query_groups, world_size)); none repeats them.
+        raise OvsimError(f"tensor-parallel degree {p.tp} does not divide the {m.kv} key/value heads",
                          field="parallel.tp")
     if m.ffn % p.tp:
         raise OvsimError(f"tensor-parallel degree {p.tp} does not divide the MLP size {m.ffn}",
@@ -434,9 +436,8 @@ def _check_context_parallel(spec: TrainingSpec, m: ModelShape) -> None:
 
 
 def rank_heads(m: ModelShape, tp: int) -> tuple[int, int]:
-    """Query and key/value heads of one tensor-parallel rank (key/value heads repeat where tp
-    exceeds them)."""
-    return m.heads // tp, max(1, m.kv // tp)
+    """Query and key/value heads of one tensor-parallel rank (tp divides both: :func:`layout`)."""
+    return m.heads // tp, m.kv // tp
 
 
 def heads_split_over(m: ModelShape, tp: int, cp: int) -> bool:

@@ -349,6 +349,9 @@ def test_analytic_and_simulated_agree_when_nothing_overlaps() -> None:
 @pytest.mark.parametrize(("training", "field", "words"), [
     ({"parallel": {"tp": 3}}, "training.parallel", "does not divide the 4 ranks"),
     ({"heads": 6, "hidden": 1536, "parallel": {"tp": 4}}, "training.parallel.tp", "does not divide the 6"),
+    # Megatron-LM divides the query groups over the tensor-parallel ranks; it repeats none.
+    ({"heads": 8, "kv_heads": 2, "parallel": {"tp": 4}}, "training.parallel.tp",
+     "does not divide the 2 key/value heads"),
     ({"parallel": {"bucket_bytes": 1e12}}, "training.parallel.bucket_bytes", "larger than"),
     ({"parallel": {"pp": 4}, "layers": 2}, "training.parallel.pp", "for 2 layers"),
     ({"parallel": {"pp": 2, "pipeline": "interleaved", "virtual_stages": 2}, "micro_batches": 3},
