@@ -251,8 +251,10 @@ class LlamaRow:
         return (6 * n + 12 * m.layers * m.hidden * self.seq) * self.sequences * self.seq
 
     def scenario(self) -> Scenario:
+        # Gradients accumulated and reduce-scattered in FP32 (the paper's section 3.3.2, "Numerical
+        # stability").
         parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=True,
-                                   distributed_optimizer=True,
+                                   distributed_optimizer=True, grad_reduce_fp32=True,
                                    **({"cp": self.cp, "cp_comm": self.cp_comm} if self.cp > 1 else {}))
         return Scenario.model_validate({
             "schema": "ovsim.scenario/1", "name": f"llama3-405b-{self.name}", "system": "hgx-h100-ndr",

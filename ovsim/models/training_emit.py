@@ -360,11 +360,12 @@ class LayerEmitter:
         hb = local * m.hidden * self.act_b
         post: Literal["rs", "ar"] = "rs" if self.p.sequence_parallel else "ar"
         gb = self.grad_b
+        gather_b = self._backward_gather_bytes()
         self.mem(st, f"{pre}.residual.bwd", 3 * hb, "elementwise")
         # Row-parallel FC2: with SP its output gradient is gathered first. In FP8 each linear's
         # output gradient is quantized first; FC1's inside the activation's backward (TE fuses it).
         self.fp8_cast(st, f"{pre}.fc2", T * mats["fc2"][1])
-        self.tp_gemm(st, s, f"{pre}.fc2.dgrad", T, mats["fc2"][0], mats["fc2"][1], pre=sp)
+        self.tp_gemm(st, s, f"{pre}.fc2.dgrad", T, mats["fc2"][0], mats["fc2"][1], pre=sp, element_bytes=gather_b)
         self.gemm(st, f"{pre}.fc2.wgrad", mats["fc2"][0], mats["fc2"][1], T)
         self.grad_ready(st, s, mats["fc2"][0] * mats["fc2"][1] * gb, last_mb)
         self.mem(st, f"{pre}.act.bwd", 2 * act_elements(m, T, mats["fc1"][1]) * self.act_b, "elementwise")
@@ -372,7 +373,8 @@ class LayerEmitter:
         self.grad_ready(st, s, mats["fc1"][0] * mats["fc1"][1] * gb, last_mb)
         self.mem(st, f"{pre}.norm2.bwd", 6 * hb, "norm")
         self.fp8_cast(st, f"{pre}.proj", T * mats["proj"][1])
-        self.tp_gemm(st, s, f"{pre}.proj.dgrad", T, mats["proj"][0], mats["proj"][1], pre=sp)
+        self.tp_gemm(st, s, f"{pre}.proj.dgrad", T, mats["proj"][0], mats["proj"][1], pre=sp,
+                     element_bytes=gather_b)
         self.gemm(st, f"{pre}.proj.wgrad", mats["proj"][0], mats["proj"][1], T)
         self.grad_ready(st, s, mats["proj"][0] * mats["proj"][1] * gb, last_mb)
         if recompute_attention:
@@ -384,6 +386,14 @@ class LayerEmitter:
         small = (layer_params(m, t) - sum(i * o for i, o in mats.values())) * gb
         self.grad_ready(st, s, mats["qkv"][0] * mats["qkv"][1] * gb + small, last_mb)
 
+    def _backward_gather_bytes(self) -> int | None:
+        """Bytes an element of the backward's sequence-parallel all-gathers (the row-parallel
+        linears' output gradients, the column-parallel ones' inputs again for their weight
+        gradients): 1 in FP8 with Transformer Engine's overlapped TP communication, whose
+        all-gather buffers are FP8 under an FP8 recipe (``initialize_ub``: "AllGather buffers use
+        fp8 when using fp8 recipe"); else the activations' width (None)."""
+        return 1 if self.spec.precision == "fp8" and self.p.tp_overlap != "none" else None
+
     def _column_backward(self, st: StageState, s: int, name: str, mat: tuple[int, int], post: Literal["rs", "ar"],
                          sp: bool) -> None:
         """Column-parallel linear backward as Megatron-LM overlaps it: the input's all-gather (SP)
@@ -391,8 +401,8 @@ class LayerEmitter:
         T = self.tokens
         ag: list[str] = []
         if sp and self.lay.tp > 1:
-            ag = self.collective(st, f"{name}.wgrad.ag", "all_gather", float(T * self.m.hidden * self.act_b),
-                                 "tp", self.lay.tp_groups(s))
+            size = float(T * self.m.hidden * (self._backward_gather_bytes() or self.act_b))
+            ag = self.collective(st, f"{name}.wgrad.ag", "all_gather", size, "tp", self.lay.tp_groups(s))
         self.tp_gemm(st, s, f"{name}.dgrad", T, mat[0], mat[1], post=post)
         after_reduction = st.pending
         st.pending = list(ag)
@@ -446,13 +456,21 @@ class LayerEmitter:
         T = self.tokens
         # Under autocast the embedding's output, the residual stream, is FP32.
         hb = T * m.hidden * (FP32_B if self.spec.autocast else self.act_b)
+        tp_comm = self.lay.tp > 1 and self.comm
+        sp = self.p.sequence_parallel and tp_comm
         if not backward:
             self.mem(st, f"{pre}.embed", 2 * hb, "elementwise")
-            if self.lay.tp > 1 and self.comm:
-                kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
+            if tp_comm:
+                # Megatron-LM reduce-scatters the word embeddings into the sequence-parallel region
+                # only without learned positions (``reduce_scatter_embeddings``); with them it
+                # all-reduces, adds the positions and keeps its slice.
+                kind: CollectiveKind = "reduce_scatter" if sp and not m.tied_embeddings else "all_reduce"
                 st.pending += self.collective(st, f"{pre}.embed.{kind}", kind, float(hb), "tp",
                                               self.lay.tp_groups(s))
             return
+        if sp:  # the backward of the scatter into the sequence-parallel region
+            st.pending += self.collective(st, f"{pre}.embed.bwd.all_gather", "all_gather", float(hb), "tp",
+                                          self.lay.tp_groups(s))
         amp, table = self.spec.autocast, m.vocab * m.hidden
         if amp:
             # The FP32 embedding's backward is dense: the table's whole FP32 gradient zeroed before
@@ -500,15 +518,24 @@ class LayerEmitter:
             return
         if self.spec.loss != "fused":
             self.loss_passes(st, f"{pre}.loss", "backward", T * vocab)
+        # A column-parallel linear's backward, as Megatron-LM runs it (_column_backward): with SP
+        # its input gathered again for the weight gradient, issued first; the data gradient's
+        # reduction beside the weight gradient's GEMM.
+        tp_comm = self.lay.tp > 1 and self.comm
+        size, groups = float(T * m.hidden * self.act_b), self.lay.tp_groups(s)
+        ag = (self.collective(st, f"{pre}.head.wgrad.ag", "all_gather", size, "tp", groups)
+              if tp_comm and self.p.sequence_parallel else [])
         self.gemm(st, f"{pre}.head.dgrad", T, m.hidden, vocab)
         if amp:
             self.mem(st, f"{pre}.head.gcast", CAST_B * T * m.hidden, "elementwise")
+        reduced: list[str] = []
+        if tp_comm:
+            kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
+            reduced = self.collective(st, f"{pre}.head.{kind}", kind, size, "tp", groups)
+        st.pending += ag
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
         if amp:  # a head tied to the embedding has its gradient summed there (embedding) first
             weight_grad_cast(self, st, f"{pre}.head.wgrad", vocab * m.hidden, accumulates=not m.tied_embeddings)
         if holds_head(m, self.lay.pp):
             self.grad_ready(st, s, m.hidden * vocab * self.grad_b, last_mb)
-        if self.lay.tp > 1 and self.comm:
-            kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
-            st.pending += self.collective(st, f"{pre}.head.{kind}", kind,
-                                          float(T * m.hidden * self.act_b), "tp", self.lay.tp_groups(s))
+        st.pending += reduced

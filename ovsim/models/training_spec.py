@@ -128,6 +128,11 @@ class ParallelSpec(InputModel):
     # (Megatron-LM's ``--overlap-param-gather``, NeMo's ``overlap_param_sync``, which Megatron-LM
     # allows only with ``--overlap-grad-reduce``); False: after the step, exposed (its default).
     overlap_param_gather: bool = False
+    # DDP's gradients accumulated over micro-batches and reduced in FP32 (Megatron-LM's
+    # ``--accumulate-allreduce-grads-in-fp32``; Llama 3's pre-training, arXiv 2407.21783, section
+    # 3.3.2) or at the wire's width (False); None: Megatron-LM's default, FP32 under its optimizer
+    # with BF16 or FP8 weights (gradient_element_bytes).
+    grad_reduce_fp32: bool | None = None
     # All-gathers FSDP issues ahead of the layer computing (1 = PyTorch's forward/backward prefetch).
     fsdp_prefetch: int = Field(default=1, ge=0)
     # The copy kernels FSDP runs around its collectives (docs/training.md, "FSDP's copies"):
@@ -380,6 +385,9 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
         raise OvsimError("overlap_param_gather gathers the distributed optimizer's parameters: it needs "
                          "distributed_optimizer and overlap_grad_reduce (Megatron-LM's --overlap-param-gather)",
                          field="parallel.overlap_param_gather")
+    if p.grad_reduce_fp32 is not None and p.dp_mode == "fsdp":
+        raise OvsimError("grad_reduce_fp32 sets DDP's gradients; FSDP's reduce at the wire's width (its reduce "
+                         "dtype is not modelled)", field="parallel.grad_reduce_fp32")
     if spec.optimizer_mode == "megatron" and p.dp_mode == "fsdp":
         raise OvsimError("Megatron-LM's optimizer runs with its own DDP (dp_mode: ddp); FSDP steps with "
                          "fused_adam", field="optimizer")
@@ -475,12 +483,14 @@ def wire_element_bytes(precision: str) -> int:
 
 
 def gradient_element_bytes(spec: TrainingSpec) -> int:
-    """Bytes per element of the gradients DDP accumulates and reduces: the wire's width, except under
-    Megatron-LM's optimizer with BF16 or FP8 weights, which accumulates and reduces them in FP32
-    (its arguments.py sets ``accumulate_allreduce_grads_in_fp32`` for BF16; FP16 keeps them 16-bit)."""
-    if spec.optimizer_mode == "megatron" and spec.precision in ("bf16", "fp8"):
-        return 4
-    return wire_element_bytes(spec.precision)
+    """Bytes per element of the gradients DDP accumulates and reduces: FP32 where
+    ``grad_reduce_fp32`` says so; else the wire's width, except under Megatron-LM's optimizer with
+    BF16 or FP8 weights, which accumulates and reduces them in FP32 (its arguments.py sets
+    ``accumulate_allreduce_grads_in_fp32`` for BF16; FP16 keeps them 16-bit)."""
+    fp32 = spec.parallel.grad_reduce_fp32
+    if fp32 is None:
+        fp32 = spec.optimizer_mode == "megatron" and spec.precision in ("bf16", "fp8")
+    return 4 if fp32 else wire_element_bytes(spec.precision)
 
 
 def activation_element_bytes(precision: str) -> int:

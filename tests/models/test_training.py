@@ -154,6 +154,62 @@ def test_fp8_quantizes_each_linears_input_and_output_gradient() -> None:
     assert gathers == {"F0.L0.qkv.ag": tokens * h, "F0.L0.fc1.ag": tokens * h}
 
 
+def test_fp8_backward_gathers_are_fp8_under_te_userbuffers_only() -> None:
+    """Transformer Engine's overlapped TP communication (userbuffers) keeps its all-gather buffers
+    in FP8 under an FP8 recipe (initialize_ub: "AllGather buffers use fp8 when using fp8 recipe"):
+    the backward's four sequence-parallel gathers a layer (FC2's and the projection's output
+    gradients, the QKV and FC1 inputs again for their weight gradients) move a byte an element of
+    the whole tokens x h; without the overlap, two."""
+    h, t, tokens = 8192, 4, 4096
+    for overlap, width in (("chunked", 1), ("none", 2)):
+        spec = TrainingSpec.model_validate({"model": "llama2-70b", "layers": 2, "precision": "fp8",
+                                            "embedding_and_head": False, "optimizer": False,
+                                            "parallel": {"tp": t, "sequence_parallel": True, "tp_overlap": overlap,
+                                                         "tp_chunks": 1}})
+        gathered = sum(o.size_bytes for o in training_ops(spec, t).ops if isinstance(o, CollectiveOpSpec)
+                       and o.name.startswith("B0.L0.") and o.kind == "all_gather")
+        assert gathered == 4 * width * tokens * h, overlap
+
+
+def test_sequence_parallel_embedding_and_head_communicate_as_megatron_lm() -> None:
+    """Megatron-LM with sequence parallelism: the word embeddings are reduce-scattered into the
+    sequence-parallel region without learned positions (Llama), all-reduced with them (GPT-3, its
+    positions added after), and the backward of either scatter is an all-gather; the LM head, a
+    column-parallel linear, gathers its input again for its weight gradient and reduce-scatters
+    its data gradient beside that GEMM."""
+    for model, forward in (("llama2-7b", "reduce_scatter"), ("gpt3-1.3b", "all_reduce")):
+        spec = TrainingSpec.model_validate({"model": model, "layers": 2,
+                                            "parallel": {"tp": 2, "sequence_parallel": True}})
+        ops = training_ops(spec, 2).ops
+        comm = {o.name: o for o in ops if isinstance(o, CollectiveOpSpec) and o.stream == "tp"}
+        assert comm[f"F0.embed.{forward}"].kind == forward
+        assert comm["B0.embed.bwd.all_gather"].kind == "all_gather"
+        head_ag, head_rs = comm["B0.head.wgrad.ag"], comm["B0.head.reduce_scatter"]
+        wgrad = next(o for o in ops if o.name == "B0.head.wgrad")
+        assert head_ag.name in wgrad.after_any and head_rs.after == ["B0.head.dgrad"]
+        assert head_ag.size_bytes == head_rs.size_bytes == spec.micro_batch_size * spec.shape().seq_len * \
+            spec.shape().hidden * 2
+    plain = TrainingSpec.model_validate({"model": "llama2-7b", "layers": 2, "parallel": {"tp": 2}})
+    names = {o.name for o in training_ops(plain, 2).ops if isinstance(o, CollectiveOpSpec)}
+    assert "B0.embed.bwd.all_gather" not in names and "B0.head.wgrad.ag" not in names
+    assert {"F0.embed.all_reduce", "B0.head.all_reduce"} <= names
+
+
+def test_gradients_reduced_in_fp32_where_asked() -> None:
+    """``grad_reduce_fp32``: DDP's buckets carry 4 bytes a parameter (Llama 3's pre-training
+    reduce-scattered its gradients in FP32: arXiv 2407.21783, section 3.3.2), 2 without it in BF16,
+    and FSDP's reduce width is not modelled, so it is refused there."""
+    def bucket_bytes(**parallel: Any) -> float:
+        spec = TrainingSpec.model_validate({**SMALL, "precision": "bf16", "parallel": {"dp_mode": "ddp", **parallel}})
+        return sum(o.size_bytes for o in training_ops(spec, 4).ops if isinstance(o, CollectiveOpSpec)
+                   and o.stream == "dp")
+
+    assert bucket_bytes(grad_reduce_fp32=True) == 2 * bucket_bytes() == 2 * bucket_bytes(grad_reduce_fp32=False)
+    with pytest.raises(OvsimError, match="FSDP") as e:
+        _predict({**SMALL, "parallel": {"dp_mode": "fsdp", "grad_reduce_fp32": True}})
+    assert e.value.field == "training.parallel.grad_reduce_fp32"
+
+
 def test_tensor_parallel_splits_gemms_and_adds_two_all_reduces_per_layer_each_way() -> None:
     """Megatron-LM (Shoeybi et al. 2019): f and g operators, two all-reduces in forward and two in
     backward per layer."""
