@@ -204,8 +204,16 @@ def _stretched(cfg: PowerConfig, clocks: np.ndarray, terms: OpTerms) -> list[flo
 
 # The most control ticks the analytic loop takes over one repeat of a workload (5,000 s at 5 ms).
 _MAX_TICKS = 1_000_000
-# Passes of the analytic fidelity's power-limit loop (clocks, then the timeline they give), at most.
-_ANALYTIC_LOOP_PASSES = 4
+# Passes of the analytic fidelity's power-limit loop (clocks, then the timeline they give), at most;
+# it stops sooner once a pass moves the iteration's span by at most _SETTLED of it.
+_ANALYTIC_LOOP_PASSES = 8
+_SETTLED = 1e-4
+# Once the span turns back (it rose, then fell, or the other way), each op's clock moves only
+# this share of the way to the one its pass's timeline gives: taken whole, the clocks of a long,
+# power-bound iteration can flip between two states pass after pass (MLPerf's GPT-3 on 512 H100:
+# its span alternating 12.29, 11.10, 12.21 s), and which one the last pass kept decided the
+# prediction by 6%. While the span moves one way the clocks are taken whole, which settles sooner.
+_DAMPING = 0.5
 
 
 def _periodic_integral(t: np.ndarray, times: np.ndarray, cum: np.ndarray, span: float,
@@ -255,14 +263,27 @@ def _windowed_clocks(workload: Workload, terms: OpTerms, cfg: PowerConfig, plan:
     clocks = np.full(len(workload.ops), cfg.max_clock_fraction)
     by_rank = _ranks_rows(workload)
     every = np.concatenate(list(by_rank.values())) if by_rank else np.zeros(0, dtype=np.int64)
+    span, step, share = math.nan, 0.0, 1.0
+    turned, n_turned = np.zeros(0), 0  # the clocks the passes gave since the span first turned back, summed
     for i in range(_ANALYTIC_LOOP_PASSES):
         at = top_times if i == 0 and top_times is not None else plan.times(_stretched(cfg, clocks, terms))
+        was, span = span, max(at[2]) if at[2] else 0.0
+        if i > 0:
+            if abs(span - was) <= _SETTLED * span:
+                return clocks, [at]
+            if (span - was) * step < 0:
+                share = _DAMPING
+            step = span - was
         new = _pass_clocks(at, clocks, by_rank, every, terms, cfg)
         if np.all(np.abs(new[every] - clocks[every]) <= 1e-12):
             return clocks, [at]
-        clocks = new
+        if share < 1.0:
+            turned, n_turned = (turned + new if n_turned else new.copy()), n_turned + 1
+        clocks = clocks + share * (new - clocks)
         del at  # before the next pass makes its times: two passes' lists are 160 bytes an op
-    return clocks, []
+    # Not settled: the clocks' quantized steps keep the passes wandering about the point where the
+    # timeline and its clocks agree; their mean since the span first turned back stands for it.
+    return (turned / n_turned if n_turned else clocks), []
 
 
 def _pass_clocks(at: PlanTimes, clocks: np.ndarray, by_rank: dict[int, np.ndarray], every: np.ndarray,
