@@ -389,10 +389,12 @@ class LayerEmitter:
     def _backward_gather_bytes(self) -> int | None:
         """Bytes an element of the backward's sequence-parallel all-gathers (the row-parallel
         linears' output gradients, the column-parallel ones' inputs again for their weight
-        gradients): 1 in FP8 with Transformer Engine's overlapped TP communication, whose
-        all-gather buffers are FP8 under an FP8 recipe (``initialize_ub``: "AllGather buffers use
-        fp8 when using fp8 recipe"); else the activations' width (None)."""
-        return 1 if self.spec.precision == "fp8" and self.p.tp_overlap != "none" else None
+        gradients): 1 in FP8, as Transformer Engine gathers them (``grad_output_preprocess``
+        casts the output gradient "for efficient gather" before gathering it; the column-parallel
+        backward gathers the saved FP8 transposed input, ``gather_along_last_dim(inputmat_t)``;
+        with overlapped TP communication its all-gather buffers are FP8 too, ``initialize_ub``);
+        else the activations' width (None)."""
+        return 1 if self.spec.precision == "fp8" else None
 
     def _column_backward(self, st: StageState, s: int, name: str, mat: tuple[int, int], post: Literal["rs", "ar"],
                          sp: bool) -> None:

@@ -154,21 +154,22 @@ def test_fp8_quantizes_each_linears_input_and_output_gradient() -> None:
     assert gathers == {"F0.L0.qkv.ag": tokens * h, "F0.L0.fc1.ag": tokens * h}
 
 
-def test_fp8_backward_gathers_are_fp8_under_te_userbuffers_only() -> None:
-    """Transformer Engine's overlapped TP communication (userbuffers) keeps its all-gather buffers
-    in FP8 under an FP8 recipe (initialize_ub: "AllGather buffers use fp8 when using fp8 recipe"):
-    the backward's four sequence-parallel gathers a layer (FC2's and the projection's output
-    gradients, the QKV and FC1 inputs again for their weight gradients) move a byte an element of
-    the whole tokens x h; without the overlap, two."""
+def test_fp8_backward_gathers_are_fp8() -> None:
+    """Transformer Engine gathers in FP8 in the backward too: the row-parallel linears' output
+    gradients cast first "for efficient gather" (grad_output_preprocess), the column-parallel
+    ones' saved FP8 transposed inputs again for their weight gradients (gather_along_last_dim),
+    and its overlapped TP communication's all-gather buffers are FP8 under an FP8 recipe
+    (initialize_ub). The four gathers a layer move a byte an element of the whole tokens x h,
+    with or without the overlap; in BF16, two."""
     h, t, tokens = 8192, 4, 4096
-    for overlap, width in (("chunked", 1), ("none", 2)):
-        spec = TrainingSpec.model_validate({"model": "llama2-70b", "layers": 2, "precision": "fp8",
+    for precision, overlap, width in (("fp8", "chunked", 1), ("fp8", "none", 1), ("bf16", "none", 2)):
+        spec = TrainingSpec.model_validate({"model": "llama2-70b", "layers": 2, "precision": precision,
                                             "embedding_and_head": False, "optimizer": False,
                                             "parallel": {"tp": t, "sequence_parallel": True, "tp_overlap": overlap,
                                                          "tp_chunks": 1}})
         gathered = sum(o.size_bytes for o in training_ops(spec, t).ops if isinstance(o, CollectiveOpSpec)
                        and o.name.startswith("B0.L0.") and o.kind == "all_gather")
-        assert gathered == 4 * width * tokens * h, overlap
+        assert gathered == 4 * width * tokens * h, (precision, overlap)
 
 
 def test_sequence_parallel_embedding_and_head_communicate_as_megatron_lm() -> None:
