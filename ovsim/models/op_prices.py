@@ -129,12 +129,7 @@ def collective_parts(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: Seq
     if isinstance(spec, SendRecvOp):
         plan = nccl.plan_collective("send_recv", spec.size_bytes, 2, gpu, system, channels=channels,
                                     ranks=(spec.src, spec.dst), memo=plans)
-        flow = FlowDemand(group=group, ranks=(spec.src, spec.dst), bytes=plan.bus_bytes,
-                          latency_s=plan.latency_s, rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s,
-                          link_coeff=plan.link_bytes_per_bus_byte, hbm_coeff=plan.hbm_bytes_per_bus_byte,
-                          hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0), pattern="p2p",
-                          endpoints=(spec.src, spec.dst), protocol=plan.protocol,
-                          net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
+        flow = _plan_flow(plan, group, (spec.src, spec.dst), params, "p2p", endpoints=(spec.src, spec.dst))
         k = _nccl_kernel(plan)
         return {spec.src: (k, flow, "collective"), spec.dst: (k, flow, "collective")}
     if spec.kind == "ring_exchange":
@@ -163,12 +158,7 @@ def collective_parts(spec: CollectiveOpSpec | SendRecvOp, group: str, ranks: Seq
                                 protocol=spec.protocol, channels=channels, ranks=ranks, memo=plans)
     # What the calibration measured within a node replaces or corrects NCCL's model.
     plan = nccl.calibrated_plan(plan, params)
-    pattern: Literal["ring", "all_pairs"] = "all_pairs" if spec.kind == "all_to_all" else "ring"
-    flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=plan.bus_bytes, latency_s=plan.latency_s,
-                      rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,
-                      hbm_coeff=plan.hbm_bytes_per_bus_byte,
-                      hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0), pattern=pattern,
-                      protocol=plan.protocol, net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
+    flow = _plan_flow(plan, group, ranks, params, "all_pairs" if spec.kind == "all_to_all" else "ring")
     k = _nccl_kernel(plan)
     return {r: (k, flow, "collective") for r in ranks}
 
@@ -189,13 +179,21 @@ def _ring_exchange_parts(spec: CollectiveOpSpec, group: str, ranks: Sequence[int
     pair = next((p for p in pairs if system.node_of(p[0]) != system.node_of(p[1])), pairs[0])
     plan = nccl.plan_collective("send_recv", spec.size_bytes, 2, gpu, system, protocol=spec.protocol,
                                 channels=channels, ranks=pair, memo=plans)
-    flow = FlowDemand(group=group, ranks=tuple(ranks), bytes=plan.bus_bytes, latency_s=plan.latency_s,
-                      rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,
-                      hbm_coeff=plan.hbm_bytes_per_bus_byte, hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0),
-                      pattern="ring", protocol=plan.protocol,
-                      net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
+    flow = _plan_flow(plan, group, ranks, params, "ring")
     k = _nccl_kernel(plan)
     return {r: (k, flow, "collective") for r in ranks}
+
+
+def _plan_flow(plan: nccl.CollectivePlan, group: str, ranks: Sequence[int], params: Parameters,
+               pattern: Literal["ring", "all_pairs", "p2p"], endpoints: tuple[int, int] | None = None) -> FlowDemand:
+    """The flow an NCCL plan moves among ``ranks``: its bus bytes after its latency at its rate,
+    charging links, HBM (weighted by the protocol's calibrated weight) and, across nodes, NICs as
+    the plan puts them per bus byte."""
+    return FlowDemand(group=group, ranks=tuple(ranks), bytes=plan.bus_bytes, latency_s=plan.latency_s,
+                      rate_cap_bytes_per_s=plan.bus_bandwidth_bytes_per_s, link_coeff=plan.link_bytes_per_bus_byte,
+                      hbm_coeff=plan.hbm_bytes_per_bus_byte, hbm_weight=params.nccl_hbm_weight.get(plan.protocol, 1.0),
+                      pattern=pattern, endpoints=endpoints, protocol=plan.protocol,
+                      net_coeff=plan.net_bytes_per_bus_byte if plan.n_nodes > 1 else None)
 
 
 def _nccl_kernel(plan: nccl.CollectivePlan) -> KernelDemand:
