@@ -81,9 +81,9 @@ def analyze(sc: Scenario, objective: Objective = "time", memory_first: bool = Tr
     (Llama 3 405B on 16,384 H100, over 80 GB by the estimate: refused in 26 s, where the analyses
     of every sample had not ended in 15 minutes; docs/tune.md). Without it (what an analysis
     costs, to pace a time budget), it is analysed all the same."""
-    unfit = _unfit(sc) if memory_first else {}
-    if unfit:
-        return unfit
+    memory = _memory(sc)
+    if memory_first and memory.get("fits_memory") is False:
+        return memory
     if objective != "time":
         return summarize(sc, "analytic")
     try:
@@ -98,22 +98,19 @@ def analyze(sc: Scenario, objective: Objective = "time", memory_first: bool = Tr
                                              model, iso)
         out: dict[str, Any] = {"makespan_s": free if at_isolated else plan.makespan_s(iso),
                                "bound_s": waiting, "bound_any_priority_s": free, "workload": _digest(wl)}
-    if sc.training is not None:
-        from ovsim.models.memory import memory_estimate
-
-        out["fits_memory"] = memory_estimate(sc.training, wl.total_ranks).total_bytes <= gpu.memory.capacity_bytes
+    if "fits_memory" in memory:
+        out["fits_memory"] = memory["fits_memory"]
     return out
 
 
-def _unfit(sc: Scenario) -> dict[str, Any]:
-    """The memory fields of a training scenario that cannot fit its GPU (:func:`memory_summary`),
-    else empty; empty too where the scenario's system or layout is refused, which its build then
-    reports."""
+def _memory(sc: Scenario) -> dict[str, Any]:
+    """A training scenario's memory fields (:func:`memory_summary`: the estimate on the job's
+    ranks, as its build's); empty for a list of ops, and where the scenario's system or layout is
+    refused, which its build then reports."""
     try:
-        fields = memory_summary(sc, sc.name)
+        return memory_summary(sc, sc.name)
     except OvsimError:
         return {}
-    return fields if fields.get("fits_memory") is False else {}
 
 
 def workload_digest(result: Result) -> str:
