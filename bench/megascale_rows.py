@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from published_rows import GPUS_PER_NODE, parallel_layout
+from published_rows import GPUS_PER_NODE, ModelFlopsRow, parallel_layout
 
 from ovsim.scenario import Scenario
 
@@ -37,7 +37,7 @@ LAYERS, HIDDEN, HEADS, SEQ, VOCAB = 96, 12_288, 128, 2_048, 64_000
 
 
 @dataclass(frozen=True)
-class MegaScaleRow:
+class MegaScaleRow(ModelFlopsRow):
     """A Megatron-LM row of MegaScale's table 2: the GPUs, the batch and the iteration time."""
 
     gpus: int
@@ -47,7 +47,6 @@ class MegaScaleRow:
     pp: int = 8
     virtual_stages: int = 6
     micro_batch: int = 1
-    unit = "TFLOP/s"
 
     @property
     def name(self) -> str:
@@ -65,9 +64,6 @@ class MegaScaleRow:
     def published(self) -> float:
         """Model TFLOP/s a GPU at the published iteration time (the table's MFU x 312)."""
         return self.throughput(self.published_iteration_s)
-
-    def throughput(self, iteration_s: float) -> float:
-        return self.flops() / iteration_s / self.gpus / 1e12
 
     def flops(self) -> float:
         """An iteration's model FLOPs (Korthikanti et al.'s equation 7, which the paper's MFU counts)."""

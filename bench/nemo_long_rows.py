@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from published_rows import GPUS_PER_NODE, parallel_layout
+from published_rows import GPUS_PER_NODE, ModelFlopsRow, parallel_layout
 
 from ovsim.models.training_spec import PRESETS
 from ovsim.scenario import Scenario
@@ -32,7 +32,7 @@ BATCH_TOKENS = 4 * 2**20
 
 
 @dataclass(frozen=True)
-class NemoLongRow:
+class NemoLongRow(ModelFlopsRow):
     """A row of the table: the sequence (thousands of tokens), the layout and the TFLOP/s."""
 
     seq_k: int
@@ -42,7 +42,6 @@ class NemoLongRow:
     cp: int
     published_tflops_per_gpu: float
     micro_batch: int = 1
-    unit = "TFLOP/s"
 
     @property
     def name(self) -> str:
@@ -71,9 +70,6 @@ class NemoLongRow:
     @property
     def published(self) -> float:
         return self.published_tflops_per_gpu
-
-    def throughput(self, iteration_s: float) -> float:
-        return self.flops() / iteration_s / self.gpus / 1e12
 
     def flops(self) -> float:
         """An iteration's model FLOPs as NeMo counts them for Llama 2 (the module docstring)."""

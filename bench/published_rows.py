@@ -24,7 +24,7 @@ What each source does not say is a stated assumption in its row class, never fit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from ovsim.models.training_spec import PRESETS, layer_params
 from ovsim.scenario import Scenario
@@ -44,8 +44,25 @@ def parallel_layout(tp: int, pp: int, dp: int, virtual_stages: int, **more: obje
     return layout
 
 
+class _FlopsCounted(Protocol):
+    @property
+    def gpus(self) -> int: ...
+
+    def flops(self) -> float: ...
+
+
+class ModelFlopsRow:
+    """A row whose throughput is model TFLOP/s a GPU: an iteration's FLOPs as its source counts
+    them (each row's ``flops``) over the iteration's time and the GPUs."""
+
+    unit = "TFLOP/s"
+
+    def throughput(self: _FlopsCounted, iteration_s: float) -> float:
+        return self.flops() / iteration_s / self.gpus / 1e12
+
+
 @dataclass(frozen=True)
-class Row:
+class Row(ModelFlopsRow):
     """One row of the table: the model, the run's layout and the published throughput."""
 
     name: str
@@ -81,14 +98,9 @@ class Row:
             return 1
         return self.layers // self.pp // self.layers_per_virtual_stage
 
-    unit = "TFLOP/s"
-
     @property
     def published(self) -> float:
         return self.published_tflops_per_gpu
-
-    def throughput(self, iteration_s: float) -> float:
-        return self.flops() / iteration_s / self.gpus / 1e12
 
     def flops(self) -> float:
         """The paper's equation 3: an iteration's FLOPs with full recomputation."""
@@ -111,7 +123,7 @@ class Row:
 
 
 @dataclass(frozen=True)
-class RecomputeRow:
+class RecomputeRow(ModelFlopsRow):
     """A row of Korthikanti et al.'s table 5 (arXiv 2205.05198): one model of their table 3 with full
     recomputation, or with the paper's own method (sequence parallelism and selective recomputation).
     With ``dp`` > 1 (their section 6.3's 530B on 2,240 GPUs) the batch is a replica's, and the
@@ -143,15 +155,10 @@ class RecomputeRow:
     def micro_batches(self) -> int:
         return self.batch // self.micro_batch
 
-    unit = "TFLOP/s"
-
     @property
     def published(self) -> float:
         """Model FLOPs a second and GPU at the published iteration time (MFU x 312 TFLOP/s)."""
-        return self.flops() / self.published_iteration_s / self.gpus / 1e12
-
-    def throughput(self, iteration_s: float) -> float:
-        return self.flops() / iteration_s / self.gpus / 1e12
+        return self.throughput(self.published_iteration_s)
 
     def flops(self) -> float:
         """The model FLOPs of an iteration (the paper's equation 7, which MFU counts)."""
@@ -204,7 +211,7 @@ ROWS = [
 
 
 @dataclass(frozen=True)
-class LlamaRow:
+class LlamaRow(ModelFlopsRow):
     """A row of Llama 3's table 4, with the virtual stages assumed (see the docstring): at 8K
     context, or at 128K with context parallelism (``cp``)."""
 
@@ -235,14 +242,9 @@ class LlamaRow:
     def micro_batches(self) -> int:
         return self.sequences // (self.dp * self.micro_batch)
 
-    unit = "TFLOP/s"
-
     @property
     def published(self) -> float:
         return self.published_tflops_per_gpu
-
-    def throughput(self, iteration_s: float) -> float:
-        return self.flops() / iteration_s / self.gpus / 1e12
 
     def flops(self) -> float:
         """Model FLOPs of an iteration as MFU counts them (PaLM, appendix B)."""
