@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ovsim.models.op_specs import AttentionOp
-from ovsim.models.training_spec import Layout, ModelShape, TrainingSpec
+from ovsim.models.training_spec import Layout, ModelShape, TrainingSpec, rank_heads
 
 
 class Emitter(Protocol):
@@ -83,16 +83,19 @@ def _attention(g: Emitter, st: Any, name: str, queries: int, keys: int, causal: 
 
 def _kv_bytes(g: Emitter, tokens: int) -> float:
     """Bytes of the keys, or the values, of ``tokens`` tokens a sequence on one tensor-parallel
-    rank (its share of the key/value heads)."""
-    m = g.m
-    return float(g.spec.micro_batch_size * tokens * (m.hidden // m.heads) * m.kv / g.lay.tp * g.act_b)
+    rank (its share of the key/value heads, :func:`rank_heads`)."""
+    return _head_bytes(g, tokens, rank_heads(g.m, g.lay.tp)[1])
 
 
 def _q_bytes(g: Emitter, tokens: int) -> float:
     """Bytes of the queries, or the attention's output, of ``tokens`` tokens a sequence on one
-    tensor-parallel rank (its share of the heads)."""
+    tensor-parallel rank (its share of the heads, :func:`rank_heads`)."""
+    return _head_bytes(g, tokens, rank_heads(g.m, g.lay.tp)[0])
+
+
+def _head_bytes(g: Emitter, tokens: int, heads: int) -> float:
     m = g.m
-    return float(g.spec.micro_batch_size * tokens * m.hidden / g.lay.tp * g.act_b)
+    return float(g.spec.micro_batch_size * tokens * heads * (m.hidden // m.heads) * g.act_b)
 
 
 def _gather(g: Emitter, st: Any, s: int, name: str) -> None:
