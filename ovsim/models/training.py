@@ -65,7 +65,7 @@ from ovsim.hw.calib import Parameters
 from ovsim.hw.spec import GpuSpec, SystemSpec
 from ovsim.limits import MAX_OPS
 from ovsim.models.build_memo import drop_expansions, keep_expansions, reusing_builds_now
-from ovsim.models.ir import StreamSpec, Workload
+from ovsim.models.ir import Workload
 from ovsim.models.op_specs import (
     SIXTEEN_BIT,
     CollectiveOpSpec,
@@ -74,13 +74,13 @@ from ovsim.models.op_specs import (
     Schedule,
     SendRecvOp,
     SpecCopy,
-    base_spec,
     generated,
     spec_of,
 )
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
 from ovsim.models.training_emit import LayerEmitter
 from ovsim.models.training_fsdp import FsdpCollectives
+from ovsim.models.training_p2p import blocking_sends
 
 # PRESETS and ModelShape (below) are re-exported: callers imported them from here before the
 # description of a model had its own module.
@@ -393,8 +393,9 @@ def build_training_workload(
                         knobs=knobs, streams=streams, source=source, max_ops=max_ops,
                         simulated=made if symmetric else None,
                         stand_offsets=lay.stand_offsets() if symmetric else (), copies=gen.copies)
-    if schedule == "sequential" and gen.p2p_items:
-        wl = _blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved")
+    if gen.p2p_items and (schedule == "sequential" or not spec.parallel.overlap_p2p_comm):
+        wl = blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved",
+                            sequential=schedule == "sequential")
     if not gen.peer_deps:
         return wl
     # Stage-to-stage waits with no transfer (communication off): the receiving rank's first op of
@@ -472,90 +473,3 @@ def _tp_ranks_alike(lay: Layout, system: SystemSpec) -> bool:
     if lay.tp < 2 or system.gpu_count % lay.tp:
         return False
     return system.network is None or system.nic_port_of(0) != system.nic_port_of(1)
-
-
-def _blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str, *,
-                    interleaved: bool) -> Workload:
-    """The sequential pipeline as Megatron-LM runs it by default (``batch_p2p_sync``, a device
-    synchronize after each batched send/recv; ``megatron/core/model_parallel_config.py``): a
-    transfer starts once its sender's work is done and its receiver has reached the exchange that
-    posts it, and both ends wait for it before going on. Listing the transfers on the ranks' one
-    stream instead would order each rank's sends and receives by the list, not by the rank's own
-    schedule, and make a stage wait for a peer whose transfer is listed behind work it does not
-    need.
-
-    GPipe and 1F1B (Megatron's non-interleaved schedule) exchange after every item: a receive is
-    posted when the receiver's previous item is done, and a send is batched with a receive only
-    from the same peer (``send_forward_recv_backward``, ``send_backward_recv_forward``); the
-    warm-up and cool-down receive from one neighbour after sending to the other, so a rank's
-    transfer with one peer waits for those it issued before with the other. The interleaved
-    schedule exchanges with both neighbours at once after each of its steps
-    (:func:`exchange_steps`; ``send_forward_backward_recv_forward_backward``): a transfer starts
-    once the sender's step and the step before the receiver's are done, and each rank's next step
-    waits for its whole exchange. (As blocking transfers one item at a time, its ring of stages
-    could each wait on a send the next cannot receive yet.)"""
-    # A pipeline's transfers stay within a data-parallel replica: those of replicas the simulated
-    # one stands for (rank symmetry) have no ops.
-    made = set(wl.ranks_in_job)
-    specs: dict[str, SendRecvOp] = {}
-    for o in gen.specs:
-        held = base_spec(o)
-        if isinstance(held, SendRecvOp) and held.src in made:
-            specs[o.name] = cast(SendRecvOp, spec_of(o))
-    main: dict[int, list[str]] = {}
-    for op in wl.ops:
-        if op.stream == "main" and op.name not in gen.p2p_items:
-            main.setdefault(op.rank, []).append(op.id)
-    after_in_main = {i: (seq[k + 1] if k + 1 < len(seq) else None) for seq in main.values() for k, i in enumerate(seq)}
-
-    # The last op of each stage's exchange steps.
-    ends = [{step: lasts[k] for k, step in enumerate(steps)} for steps, lasts in zip(gen.stage_steps,
-                                                                                     gen.stage_lasts, strict=True)]
-
-    def step_last(stage: int, step: int) -> str | None:
-        return ends[stage][step] if step >= 0 else None
-
-    # Each transfer's end on each rank waits for that rank's op named here (None: nothing), and
-    # the rank's next op on its one stream waits for the end.
-    after: dict[str, tuple[str | None, str | None]] = {}
-    for name, (ss, si, ds, di) in gen.p2p_items.items():
-        if name not in specs:
-            continue
-        after[name] = (step_last(ss, gen.stage_steps[ss][si]), step_last(ds, gen.stage_steps[ds][di] - 1))
-    extra: dict[str, list[str]] = {}
-    sent: dict[tuple[str, int], list[SendRecvOp]] = {}
-    for name, (at_src, at_dst) in after.items():
-        o = specs[name]
-        for rank, at in ((o.src, at_src), (o.dst, at_dst)):
-            nxt = after_in_main[op_id(at, rank)] if at is not None else None
-            if nxt is not None:
-                extra.setdefault(nxt, []).append(op_id(name, rank))
-        if at_src is not None:
-            sent.setdefault((at_src, o.src), []).append(o)
-    if not interleaved:
-        for name, (_, at_dst) in after.items():
-            o = specs[name]
-            if at_dst is not None:
-                extra.setdefault(op_id(name, o.dst), []).extend(
-                    op_id(x.name, o.dst) for x in sent.get((at_dst, o.dst), []) if x.dst != o.src)
-    ops = []
-    for op in wl.ops:
-        if op.name in gen.p2p_items:
-            # A stream a direction: a rank's sends and receives to one peer go in the rank's own
-            # order, which the list keeps within a direction only.
-            rank = wl.job_rank(op.rank)
-            at = after[op.name][0 if rank == specs[op.name].src else 1]
-            op = replace(op, stream=f"p2p{specs[op.name].src}>{specs[op.name].dst}",
-                         deps=(op_id(at, rank),) if at is not None else ())
-        if op.id in extra:
-            op = replace(op, deps=op.deps + tuple(extra[op.id]))
-        ops.append(op)
-    specs_stream = {f"p2p{o.src}>{o.dst}": o.stream for o in specs.values()}
-    streams = {(st.rank, st.name): st for st in wl.streams}
-    for op in ops:
-        if (op.rank, op.stream) not in streams:
-            streams[(op.rank, op.stream)] = StreamSpec(rank=op.rank, name=op.stream,
-                                                       priority=priorities.get(specs_stream.get(op.stream, ""), 0))
-    out = replace(wl, ops=tuple(ops), streams=tuple(streams[k] for k in sorted(streams)), structure=None)
-    out.validate(source)
-    return out

@@ -405,11 +405,26 @@ class LayerEmitter:
         if sp and self.lay.tp > 1:
             size = float(T * self.m.hidden * (self._backward_gather_bytes() or self.act_b))
             ag = self.collective(st, f"{name}.wgrad.ag", "all_gather", size, "tp", self.lay.tp_groups(s))
+        if not self.p.tp_dgrad_overlap:
+            self.gemm(st, f"{name}.dgrad", T, mat[0], mat[1])
+            st.pending += ag
+            self.gemm(st, f"{name}.wgrad", mat[0], mat[1], T)
+            st.pending += self._dgrad_reduction(st, s, f"{name}.dgrad.{post}", post)
+            return
         self.tp_gemm(st, s, f"{name}.dgrad", T, mat[0], mat[1], post=post)
         after_reduction = st.pending
         st.pending = list(ag)
         self.gemm(st, f"{name}.wgrad", mat[0], mat[1], T)
         st.pending = after_reduction
+
+    def _dgrad_reduction(self, st: StageState, s: int, name: str, post: Literal["rs", "ar"]) -> list[str]:
+        """A column-parallel linear's data-gradient reduction over its tensor-parallel group, after
+        the stage's last op (none without TP communication)."""
+        if not (self.comm and self.lay.tp > 1):
+            return []
+        kind: CollectiveKind = "reduce_scatter" if post == "rs" else "all_reduce"
+        return self.collective(st, name, kind, float(self.tokens * self.m.hidden * self.act_b), "tp",
+                               self.lay.tp_groups(s))
 
     def attention(self, st: StageState, name: str, backward: bool, stage: int = 0) -> None:
         """The core attention of one micro-batch on one tensor-parallel rank (its heads) of pipeline
@@ -530,14 +545,16 @@ class LayerEmitter:
         self.gemm(st, f"{pre}.head.dgrad", T, m.hidden, vocab)
         if amp:
             self.mem(st, f"{pre}.head.gcast", CAST_B * T * m.hidden, "elementwise")
+        kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
         reduced: list[str] = []
-        if tp_comm:
-            kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
+        if tp_comm and self.p.tp_dgrad_overlap:
             reduced = self.collective(st, f"{pre}.head.{kind}", kind, size, "tp", groups)
         st.pending += ag
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
         if amp:  # a head tied to the embedding has its gradient summed there (embedding) first
             weight_grad_cast(self, st, f"{pre}.head.wgrad", vocab * m.hidden, accumulates=not m.tied_embeddings)
+        if not self.p.tp_dgrad_overlap:  # after the weight gradient (tp_dgrad_overlap)
+            reduced = self._dgrad_reduction(st, s, f"{pre}.head.{kind}", "rs" if self.p.sequence_parallel else "ar")
         if holds_head(m, self.lay.pp):
             self.grad_ready(st, s, m.hidden * vocab * self.grad_b, last_mb)
         st.pending += reduced

@@ -149,6 +149,13 @@ class ParallelSpec(InputModel):
     zero3_bucket_elements: PositiveInt = 500_000_000
     sequence_parallel: bool = False
     tp_overlap: Literal["none", "chunked", "copy_engine"] = "none"
+    # A column-parallel linear's backward reduces its data gradient (all-reduce, or with sequence
+    # parallelism reduce-scatter) beside its weight-gradient GEMM, as Megatron-LM has since late
+    # 2021 (``async_tensor_model_parallel_allreduce``, then ``LinearWithGradAccumulationAndAsync
+    # Communication``). False: after both of its GEMMs, and the next op waits for it, as the
+    # conjugate operator's backward all-reduce ran before that (Megatron-LM of Narayanan et al.,
+    # SC'21: ``copy_to_tensor_model_parallel_region``).
+    tp_dgrad_overlap: bool = True
     # Pieces per decomposed collective + GEMM; None: the TP degree.
     tp_chunks: PositiveInt | None = None
     pipeline: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
@@ -159,6 +166,15 @@ class ParallelSpec(InputModel):
     pipeline_scatter_gather: bool = True
     # Model chunks per pipeline rank (interleaved 1F1B).
     virtual_stages: PositiveInt = 1
+    # Under the overlapped schedule, pipeline transfers run on their own streams beside compute,
+    # and a stage waits for a received tensor only where it uses it (Megatron-LM's
+    # ``--overlap-p2p-communication`` for the interleaved schedule, since May 2023 (pull request
+    # 331); NeMo's GPT-3 and Llama recipes set it). False: they block, as Megatron-LM's batched
+    # send/recv with its device synchronization does otherwise (its non-interleaved schedule
+    # always): a transfer starts once both ends reach its exchange, and neither rank goes on
+    # until it and the work issued before it are done (ovsim.models.training_p2p). The
+    # sequential schedule always blocks.
+    overlap_p2p_comm: bool = True
 
 
 class TrainingSpec(InputModel):
@@ -402,6 +418,10 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
     _check_autocast(spec)
     if p.tp_overlap != "none" and p.tp == 1:
         raise OvsimError(f"tp_overlap: {p.tp_overlap} needs tp > 1", field="parallel.tp_overlap")
+    if p.tp_overlap != "none" and not p.tp_dgrad_overlap:
+        raise OvsimError(f"tp_overlap: {p.tp_overlap} overlaps the data gradient's reduction in pieces; "
+                         "tp_dgrad_overlap: false runs it whole after the weight gradient",
+                         field="parallel.tp_dgrad_overlap")
     tokens = rank_tokens(spec, m)
     chunks = p.tp_chunks or p.tp
     if chunks > tokens:

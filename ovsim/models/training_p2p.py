@@ -1,0 +1,163 @@
+"""Blocking pipeline transfers: Megatron-LM's batched send/recv, which both ends wait for.
+
+Megatron-LM exchanges a pipeline's activations and gradients with ``batch_isend_irecv``, waits
+for the requests, and then (``batch_p2p_sync``, true by default) synchronizes the device
+(``megatron/core/pipeline_parallel/p2p_communication.py``; in 2021, ``megatron/p2p_communication.py``
+did the same). So a transfer starts once its sender's work is done and its receiver has reached
+the exchange that posts it, and neither rank launches anything more until the transfer and all
+the work it issued before it are done. Only the interleaved schedule can overlap its transfers
+with compute instead (``--overlap-p2p-communication``, NVIDIA/Megatron-LM pull request 331,
+May 2023; the non-interleaved schedule refuses it), which is ``parallel.overlap_p2p_comm``.
+
+Under ``schedule: sequential`` every op of a rank is on one stream, and the transfers always
+block. Under ``overlapped`` they block where ``overlap_p2p_comm`` is false: the device
+synchronization then holds each of the rank's streams at the exchange.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import replace
+from typing import TYPE_CHECKING, cast
+
+from ovsim.models.ir import Op, StreamSpec, Workload
+from ovsim.models.op_specs import SendRecvOp, base_spec, spec_of
+from ovsim.models.workload_copies import op_id
+
+if TYPE_CHECKING:
+    from ovsim.models.training import TrainingOps
+
+
+class _Program:
+    """Each rank's ops but its pipeline transfers, in the order the rank issues them, and where
+    each is: the first op each stream runs after a given op, and the last each ran up to it."""
+
+    def __init__(self, wl: Workload, transfers: dict[str, tuple[int, int, int, int]]) -> None:
+        self.order: dict[int, list[str]] = {}
+        self.at: dict[str, tuple[int, int]] = {}  # op id -> (rank, place in its rank's order)
+        self.stream_places: dict[int, dict[str, list[int]]] = {}
+        for op in wl.ops:
+            if op.name in transfers:
+                continue
+            ids = self.order.setdefault(op.rank, [])
+            self.at[op.id] = (op.rank, len(ids))
+            self.stream_places.setdefault(op.rank, {}).setdefault(op.stream, []).append(len(ids))
+            ids.append(op.id)
+
+    def around(self, anchor: str) -> list[tuple[str | None, str | None]]:
+        """Per stream of ``anchor``'s rank: the op it runs first after ``anchor``, and the last it
+        ran up to it (``anchor`` included); None where there is none. A device synchronization
+        there holds each first op for the other streams' last."""
+        rank, k = self.at[anchor]
+        ids = self.order[rank]
+        out: list[tuple[str | None, str | None]] = []
+        for places in self.stream_places[rank].values():
+            j = bisect_right(places, k)
+            out.append((ids[places[j]] if j < len(places) else None, ids[places[j - 1]] if j > 0 else None))
+        return out
+
+
+def blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str, *,
+                   interleaved: bool, sequential: bool) -> Workload:
+    """``wl`` with its pipeline transfers blocking, as Megatron-LM runs them without
+    ``overlap_p2p_comm`` (the module's docstring). Listing the transfers in the rank's op order
+    instead would order each rank's sends and receives by the list, not by the rank's own
+    schedule, and make a stage wait for a peer whose transfer is listed behind work it does not
+    need.
+
+    GPipe and 1F1B (Megatron's non-interleaved schedule) exchange after every item: a receive is
+    posted when the receiver's previous item is done, and a send is batched with a receive only
+    from the same peer (``send_forward_recv_backward``, ``send_backward_recv_forward``); the
+    warm-up and cool-down receive from one neighbour after sending to the other, so a rank's
+    transfer with one peer waits for those it issued before with the other. The interleaved
+    schedule exchanges with both neighbours at once after each of its steps
+    (:func:`ovsim.models.pipeline.exchange_steps`;
+    ``send_forward_backward_recv_forward_backward``): a transfer starts once the sender's step and
+    the step before the receiver's are done, and each rank's next step waits for its whole
+    exchange. (As blocking transfers one item at a time, its ring of stages could each wait on a
+    send the next cannot receive yet.)
+
+    ``sequential``: the ranks' ops are on one stream, and each transfer goes on a stream of its
+    own per pair of ranks and direction (priority: the generator's stream's in ``priorities``);
+    otherwise the transfers keep their streams."""
+    # A pipeline's transfers stay within a data-parallel replica: those of replicas the simulated
+    # one stands for (rank symmetry) have no ops.
+    made = set(wl.ranks_in_job)
+    specs: dict[str, SendRecvOp] = {}
+    for o in gen.specs:
+        held = base_spec(o)
+        if isinstance(held, SendRecvOp) and held.src in made:
+            specs[o.name] = cast(SendRecvOp, spec_of(o))
+    program = _Program(wl, gen.p2p_items)
+    after = _anchors(gen, specs)
+    extra = _waits(after, specs, program, interleaved)
+    ops = []
+    for op in wl.ops:
+        if op.name in gen.p2p_items:
+            rank = wl.job_rank(op.rank)
+            o = specs[op.name]
+            at = after[op.name][0 if rank == o.src else 1]
+            op = replace(op, stream=f"p2p{o.src}>{o.dst}" if sequential else op.stream,
+                         deps=(op_id(at, rank),) if at is not None else ())
+        if op.id in extra:
+            op = replace(op, deps=op.deps + tuple(d for d in extra[op.id] if d not in op.deps))
+        ops.append(op)
+    out = replace(wl, ops=tuple(ops), streams=_streams(wl, ops, specs, priorities), structure=None)
+    out.validate(source)
+    return out
+
+
+def _anchors(gen: TrainingOps, specs: dict[str, SendRecvOp]) -> dict[str, tuple[str | None, str | None]]:
+    """Per transfer, the op each end waits for before it (None: nothing): the sender's step's
+    last, and the last of the step before the receiver's."""
+    ends = [{step: lasts[k] for k, step in enumerate(steps)} for steps, lasts in zip(gen.stage_steps,
+                                                                                     gen.stage_lasts, strict=True)]
+
+    def step_last(stage: int, step: int) -> str | None:
+        return ends[stage][step] if step >= 0 else None
+
+    return {name: (step_last(ss, gen.stage_steps[ss][si]), step_last(ds, gen.stage_steps[ds][di] - 1))
+            for name, (ss, si, ds, di) in gen.p2p_items.items() if name in specs}
+
+
+def _waits(after: dict[str, tuple[str | None, str | None]], specs: dict[str, SendRecvOp], program: _Program,
+           interleaved: bool) -> dict[str, dict[str, None]]:
+    """What each op waits for beyond its own dependencies (an ordered set): the first op each
+    stream of a rank runs after an exchange waits for the exchange's transfers on that rank and
+    for the last op each stream ran before it."""
+    extra: dict[str, dict[str, None]] = {}
+    sent: dict[tuple[str, int], list[SendRecvOp]] = {}
+    for name, (at_src, at_dst) in after.items():
+        o = specs[name]
+        for rank, at in ((o.src, at_src), (o.dst, at_dst)):
+            if at is None:
+                continue
+            streams = program.around(op_id(at, rank))
+            for k, (nxt, _) in enumerate(streams):
+                if nxt is None:
+                    continue
+                waits = extra.setdefault(nxt, {})
+                waits[op_id(name, rank)] = None
+                # Its own stream's last runs before it anyway.
+                waits.update(dict.fromkeys(last for j, (_, last) in enumerate(streams) if j != k and last))
+        if at_src is not None:
+            sent.setdefault((at_src, o.src), []).append(o)
+    if not interleaved:
+        for name, (_, at_dst) in after.items():
+            o = specs[name]
+            if at_dst is not None:
+                extra.setdefault(op_id(name, o.dst), {}).update(
+                    dict.fromkeys(op_id(x.name, o.dst) for x in sent.get((at_dst, o.dst), []) if x.dst != o.src))
+    return extra
+
+
+def _streams(wl: Workload, ops: list[Op], specs: dict[str, SendRecvOp], priorities: dict[str, int]
+             ) -> tuple[StreamSpec, ...]:
+    """The workload's streams, with those its transfers were moved to."""
+    specs_stream = {f"p2p{o.src}>{o.dst}": o.stream for o in specs.values()}
+    streams = {(st.rank, st.name): st for st in wl.streams}
+    for op in ops:
+        if (op.rank, op.stream) not in streams:
+            streams[(op.rank, op.stream)] = StreamSpec(rank=op.rank, name=op.stream,
+                                                       priority=priorities.get(specs_stream.get(op.stream, ""), 0))
+    return tuple(streams[k] for k in sorted(streams))
