@@ -74,6 +74,18 @@ def test_a_misspelt_field_is_named_with_the_one_meant(tmp_path: Path, capsys: py
     assert err.endswith("ops.allreduce: unknown field 'size_byte'; did you mean 'size_bytes'?")
 
 
+@pytest.mark.parametrize(("wrote", "said"), [
+    ("allreduce", "unknown kind 'allreduce'; did you mean 'all_reduce'?"),
+    # Nothing spelt like it: the kinds there are.
+    ("zzz", "unknown kind 'zzz' (one of gemm, attention,"),
+])
+def test_a_misspelt_op_kind_is_named_with_the_one_meant(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        wrote: str, said: str) -> None:
+    # Pydantic alone says "Input tag 'allreduce' found using 'kind' does not match any of the expected tags".
+    err = _error(["predict", str(_variant(tmp_path, "kind: all_reduce", f"kind: {wrote}"))], capsys)
+    assert f"ops.allreduce: {said}" in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize(("example", "old", "new", "field", "meant"), [
     # Optional fields: nothing is missing, so only the model's own field names can suggest one.
     ("gemm-allreduce-h100x4-priority.yaml", "comm_priority: high", "comm_prio: high", "knobs", "comm_priority"),

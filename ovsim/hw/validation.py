@@ -117,9 +117,24 @@ def _without(loc: tuple[int | str, ...], i: int) -> tuple[int | str, ...]:
 
 
 def _message(error: Any) -> str:
+    if error["type"] == "union_tag_invalid":
+        return _tag_message(error)
     # A ValueError raised by a validator reads "Value error, <its text>": the text is the message.
     msg: str = error["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             return msg[len(prefix):]
     return msg
+
+
+def _tag_message(error: Any) -> str:
+    """An unknown tag of a tagged union (an op's ``kind``), with the known one spelt most like it."""
+    import difflib
+
+    ctx = error.get("ctx") or {}
+    tag, key = str(ctx.get("tag", "")), str(ctx.get("discriminator", "kind")).strip("'")
+    known = [t.strip().strip("'") for t in str(ctx.get("expected_tags", "")).split(",") if t.strip()]
+    near = difflib.get_close_matches(tag, known, n=1, cutoff=0.6)
+    hint = f"; did you mean '{near[0]}'?" if near else f" (one of {', '.join(known)})"
+    return f"unknown {key} '{tag}'{hint}"
+
