@@ -20,7 +20,8 @@ parallel gradient reduce-scatter as an iteration's last collective), reduced aft
 backward (that commit had no overlapped gradient reduction; the paper's section 3.2 names the
 first all-gather and the last reduce-scatter as what Megatron-LM leaves exposed), Megatron-LM's
 default unfused attention (its FlashAttention option, NVIDIA/Megatron-LM pull request 267, came
-about then and was off unless asked for) and tied embeddings. The ablation's baseline (table 3: Megatron-LM at 47.7%
+about then and was off unless asked for), tied embeddings, and pipeline transfers that block both
+ends (the commit predates ``--overlap-p2p-communication``, pull request 331 of May 2023). The ablation's baseline (table 3: Megatron-LM at 47.7%
 MFU on 256 GPUs and a batch of 256, the paper's networking optimizations on) is a row too, its
 iteration time the one that MFU gives.
 """
@@ -72,7 +73,7 @@ class MegaScaleRow(ModelFlopsRow):
 
     def scenario(self) -> Scenario:
         parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=True,
-                                   distributed_optimizer=True, overlap_grad_reduce=False)
+                                   distributed_optimizer=True, overlap_grad_reduce=False, overlap_p2p_comm=False)
         return Scenario.model_validate({
             "schema": "ovsim.scenario/1", "name": self.name, "system": "dgx-a100-hdr",
             "nodes": self.gpus // GPUS_PER_NODE, "schedule": "overlapped",

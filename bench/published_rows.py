@@ -116,8 +116,12 @@ class Row(ModelFlopsRow):
                           "seq_len": SEQ, "gated_mlp": False, "tied_embeddings": True},
                 "micro_batch_size": self.micro_batch, "micro_batches": self.micro_batches, "precision": "fp16",
                 "recompute": True, "attention": "unfused", "optimizer": "megatron", "loss": "megatron",
+                # The paper's code (April 2021) reduced a column-parallel linear's data gradient
+                # after its weight gradient (Megatron-LM's asynchronous all-reduce came that
+                # autumn) and blocked on each pipeline transfer (batch_p2p_sync): docs/training.md.
                 "parallel": parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=False,
-                                            overlap_grad_reduce=self.ddp == "torch"),
+                                            overlap_grad_reduce=self.ddp == "torch", tp_dgrad_overlap=False,
+                                            overlap_p2p_comm=False),
             },
         })
 
@@ -166,8 +170,10 @@ class RecomputeRow(ModelFlopsRow):
         return 72 * b * s * l_ * h * h * (1 + s / (6 * h) + v / (12 * l_ * h))
 
     def scenario(self) -> Scenario:
+        # Megatron-LM of 2022 blocked on each pipeline transfer (overlapping them came in May 2023).
         parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages,
-                                   sequence_parallel=self.present_work, overlap_grad_reduce=False)
+                                   sequence_parallel=self.present_work, overlap_grad_reduce=False,
+                                   overlap_p2p_comm=False)
         return Scenario.model_validate({
             "schema": "ovsim.scenario/1", "name": f"korthikanti-table5-{self.name}", "system": "dgx-a100-hdr",
             "nodes": self.pp * self.dp, "schedule": "overlapped",

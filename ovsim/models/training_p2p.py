@@ -16,7 +16,7 @@ synchronization then holds each of the rank's streams at the exchange.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
@@ -29,32 +29,38 @@ if TYPE_CHECKING:
 
 
 class _Program:
-    """Each rank's ops but its pipeline transfers, in the order the rank issues them, and where
-    each is: the first op each stream runs after a given op, and the last each ran up to it."""
+    """Around each exchange's anchor op (the last op a rank runs before it), in the order the rank
+    issues its ops, its pipeline transfers left out: per stream of the rank, the first op it runs
+    after the anchor, and the last it ran up to it (the anchor included). Found in one pass over
+    the ops, each anchor's first ops filled in as the rank's streams reach them."""
 
-    def __init__(self, wl: Workload, transfers: dict[str, tuple[int, int, int, int]]) -> None:
-        self.order: dict[int, list[str]] = {}
-        self.at: dict[str, tuple[int, int]] = {}  # op id -> (rank, place in its rank's order)
-        self.stream_places: dict[int, dict[str, list[int]]] = {}
+    def __init__(self, wl: Workload, transfers: Mapping[str, object], anchors: set[str]) -> None:
+        # Per anchor: {stream: [first op after it, last op up to it]}.
+        self.at: dict[str, dict[str, list[str | None]]] = {}
+        last: dict[int, dict[str, str]] = {}  # per rank: each stream's last op so far
+        placed: dict[int, list[str]] = {}  # per rank: its anchors so far, in order
+        given: dict[tuple[int, str], int] = {}  # per rank and stream: how many of them have its first op
         for op in wl.ops:
             if op.name in transfers:
                 continue
-            ids = self.order.setdefault(op.rank, [])
-            self.at[op.id] = (op.rank, len(ids))
-            self.stream_places.setdefault(op.rank, {}).setdefault(op.stream, []).append(len(ids))
-            ids.append(op.id)
+            rank, stream = op.rank, op.stream
+            mine = placed.get(rank)
+            if mine is not None:
+                key = (rank, stream)
+                for a in mine[given.get(key, 0):]:
+                    self.at[a].setdefault(stream, [None, None])[0] = op.id
+                given[key] = len(mine)
+            streams = last.setdefault(rank, {})
+            streams[stream] = op.id
+            if op.id in anchors:
+                self.at[op.id] = {st: [None, i] for st, i in streams.items()}
+                placed.setdefault(rank, []).append(op.id)
 
     def around(self, anchor: str) -> list[tuple[str | None, str | None]]:
         """Per stream of ``anchor``'s rank: the op it runs first after ``anchor``, and the last it
-        ran up to it (``anchor`` included); None where there is none. A device synchronization
-        there holds each first op for the other streams' last."""
-        rank, k = self.at[anchor]
-        ids = self.order[rank]
-        out: list[tuple[str | None, str | None]] = []
-        for places in self.stream_places[rank].values():
-            j = bisect_right(places, k)
-            out.append((ids[places[j]] if j < len(places) else None, ids[places[j - 1]] if j > 0 else None))
-        return out
+        ran up to it; None where there is none. A device synchronization there holds each first op
+        for the other streams' last."""
+        return [(first, last) for first, last in self.at[anchor].values()]
 
 
 def blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], source: str, *,
@@ -88,8 +94,10 @@ def blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], s
         held = base_spec(o)
         if isinstance(held, SendRecvOp) and held.src in made:
             specs[o.name] = cast(SendRecvOp, spec_of(o))
-    program = _Program(wl, gen.p2p_items)
     after = _anchors(gen, specs)
+    program = _Program(wl, gen.p2p_items, {op_id(at, rank) for name, ends in after.items()
+                                            for rank, at in zip((specs[name].src, specs[name].dst), ends, strict=True)
+                                            if at is not None})
     extra = _waits(after, specs, program, interleaved)
     ops = []
     for op in wl.ops:
