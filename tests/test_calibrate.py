@@ -235,6 +235,8 @@ def test_bad_inputs_name_what_is_missing(tmp_path: Path, capsys: pytest.CaptureF
     # A trace of another GPU than the file is for.
     assert main(["calibrate", str(lone), "--gpu", "a100-sxm4-80gb", "-o", str(tmp_path)]) == 2
     assert "lone.parquet" in (err := capsys.readouterr().err) and "not a100-sxm4-80gb" in err
+    # Named as given: a folder's path, not its base name alone.
+    assert f"{lone}: gpu:" in err
     assert main(["calibrate", str(lone), "--gpu", GPU, "-o", str(tmp_path), "--fit", "warp_speed"]) == 2
     assert "unknown quantity" in capsys.readouterr().err
 

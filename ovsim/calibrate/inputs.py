@@ -45,6 +45,7 @@ class TraceInput:
     gpu: str
     files: tuple[str, ...] = ()
     power_logs: tuple[PowerLog, ...] = ()
+    source: str = ""  # the paths as given, for errors (else ``label``)
 
 
 @dataclass
@@ -90,7 +91,8 @@ def trace_input(paths: Sequence[str | Path], gpu: str | None = None, *, fallback
         else:
             files.append(str(q))
     label = ", ".join(Path(p).name for p in paths)
-    return TraceInput(bundle=bundle, label=label, gpu=name, files=tuple(files))
+    return TraceInput(bundle=bundle, label=label, gpu=name, files=tuple(files),
+                      source=", ".join(str(p) for p in paths))
 
 
 def _plain(x: Any) -> Any:

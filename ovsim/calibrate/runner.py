@@ -144,7 +144,8 @@ def calibrate(traces: Sequence[TraceInput], gpu: str, *, quantities: Sequence[st
         for tr in traces:
             if tr.gpu != gpu:
                 raise OvsimError(f"trace ran on {tr.gpu}, not {gpu}; calibrate one GPU at a time or use --gpu '*' "
-                                 "for the GPU-independent contention parameters", source=tr.label, field="gpu")
+                                 "for the GPU-independent contention parameters", source=tr.source or tr.label,
+                                 field="gpu")
     wanted = list(quantities) if quantities else list(QUANTITIES)
     for q in wanted:
         if q not in QUANTITIES:
