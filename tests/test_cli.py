@@ -40,6 +40,17 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "makespan" in out and "allreduce" in out and "slowed by" in out
 
 
+def test_the_op_table_reads_as_a_timeline(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its rows in order of start, not in the workload's list order (where an FSDP gather issued
+    for a later layer is listed before the current layer's kernels)."""
+    example = EXAMPLE.parent / "training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml"
+    assert main(["predict", str(example), "--mode", "analytic"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("op ")) + 2
+    starts = [float(line[44:55]) for line in lines[first:] if line and not line.startswith("...")]
+    assert len(starts) > 20 and starts == sorted(starts)
+
+
 def test_the_system_line_says_how_many_of_its_gpus_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["predict", str(EXAMPLE)]) == 0
     assert "system     H100x4: 4 x H100-SXM5-80GB\n" in capsys.readouterr().out

@@ -58,6 +58,7 @@ def _table(result: Any, max_rows: int) -> str:
     # From the timeline's columns: the table needs no frame (nor pandas).
     tl = result.timeline
     rows = np.flatnonzero(tl.op_column("rank") >= 0)
+    rows = rows[np.argsort(tl.op_column("start_s")[rows], kind="stable")]  # as a timeline reads
     header = f"{'op':<28} {'rank':>4} {'stream':<10} {'start ms':>10} {'dur ms':>10} {'alone ms':>10} " \
              f"{'slowdown':>8}  slowed by"
     lines.append(header)
