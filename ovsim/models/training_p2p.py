@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
-from ovsim.models.ir import Op, StreamSpec, Workload
+from ovsim.models.ir import Op, StreamSpec, Workload, id_index
 from ovsim.models.op_specs import SendRecvOp, base_spec, spec_of
 from ovsim.models.workload_copies import op_id
 
@@ -110,9 +110,77 @@ def blocking_sends(wl: Workload, gen: TrainingOps, priorities: dict[str, int], s
         if op.id in extra:
             op = replace(op, deps=op.deps + tuple(d for d in extra[op.id] if d not in op.deps))
         ops.append(op)
-    out = replace(wl, ops=tuple(ops), streams=_streams(wl, ops, specs, priorities), structure=None)
+    out = replace(wl, ops=tuple(_in_wait_order(ops)), streams=_streams(wl, ops, specs, priorities), structure=None)
     out.validate(source)
     return out
+
+
+def _in_wait_order(ops: list[Op]) -> list[Op]:
+    """``ops`` reordered so that each comes after what it waits for (its stream's previous op and
+    its dependencies), and a collective's members after what any of them waits for, otherwise in
+    their order: an op an exchange holds moves to just after the transfer it waits for. Validation
+    and the analytic plan then take the list's order for a topological one, where they would
+    each sort the ops (on Megatron-LM's 1T row, 3.3 million ops: a second and a half GB of
+    successor lists each). Ops in a cycle are left at the end, for validation to name."""
+    n = len(ops)
+    index = id_index(ops)
+    members: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        if op.flow is not None:
+            members.setdefault(op.flow.group, []).append(i)
+    previous = [-1] * n  # each op's stream predecessor
+    last: dict[tuple[int, str], int] = {}
+    for i, op in enumerate(ops):
+        key = (op.rank, op.stream)
+        previous[i] = last.get(key, -1)
+        last[key] = i
+    placed = bytearray(n)  # 1: listed; 2: waiting
+    out: list[int] = []
+    waiters: dict[int, list[list[int]]] = {}  # op -> units waiting for it
+    missing: dict[int, int] = {}  # a waiting unit (by its first member) -> ops it still waits for
+
+    def release(first: int) -> None:
+        """List the units that waited for op ``first`` alone, and what waited for them."""
+        todo = [first]
+        while todo:
+            for w in waiters.pop(todo.pop(), ()):
+                missing[w[0]] -= 1
+                if not missing[w[0]]:
+                    for m in w:
+                        placed[m] = 1
+                        out.append(m)
+                    todo.extend(m for m in w if m in waiters)
+
+    for i, op in enumerate(ops):
+        if placed[i]:
+            continue
+        p = previous[i]
+        if op.flow is None and (p < 0 or placed[p] == 1) and all(placed[index[d]] == 1 for d in op.deps):
+            placed[i] = 1  # most ops: listed where they were
+            out.append(i)
+            if i in waiters:
+                release(i)
+            continue
+        unit = members[op.flow.group] if op.flow is not None else [i]
+        inside = set(unit)
+        waits = [q for m in unit for q in (previous[m], *(index[d] for d in ops[m].deps))
+                 if q >= 0 and placed[q] != 1 and q not in inside]
+        if not waits:
+            for m in unit:
+                placed[m] = 1
+                out.append(m)
+            for m in unit:
+                if m in waiters:
+                    release(m)
+            continue
+        for m in unit:
+            placed[m] = 2
+        missing[unit[0]] = len(waits)
+        for q in waits:
+            waiters.setdefault(q, []).append(unit)
+    if len(out) < n:  # a cycle: its ops wait forever; listed last, in their order
+        out.extend(i for i in range(n) if placed[i] != 1)
+    return [ops[i] for i in out]
 
 
 def _anchors(gen: TrainingOps, specs: dict[str, SendRecvOp]) -> dict[str, tuple[str | None, str | None]]:

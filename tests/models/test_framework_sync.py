@@ -131,3 +131,29 @@ def _workload(spec: TrainingSpec, ranks: int) -> Workload:
     sc = Scenario.model_validate({"name": "t", "system": "a100x4", "ranks": ranks,
                                   "training": spec.model_dump(exclude_unset=True)})
     return build(sc)[0]
+
+
+@pytest.mark.parametrize("schedule", ["overlapped", "sequential"])
+def test_blocking_transfers_leave_the_ops_listed_after_what_they_wait_for(schedule: str) -> None:
+    """The blocking's added waits point forward in the generator's list (a sender's next op waits
+    for a transfer listed with its receiver's item); the ops are relisted so that every op comes
+    after its dependencies and each collective's members after what any member waits for, the
+    order the analytic plan and validation take without sorting."""
+    from ovsim.engine.analytic import _listed_in_order
+
+    parallel = {"pp": 4, "pipeline": "interleaved", "virtual_stages": 2, "overlap_p2p_comm": False}
+    sc = Scenario.model_validate({"name": "t", "system": "a100x4", "schedule": schedule, "training": {
+        **SMALL, "layers": 8, "micro_batches": 8, "parallel": parallel}})
+    ops = build(sc)[0].ops
+    at = {op.id: i for i, op in enumerate(ops)}
+    assert all(at[d] < i for i, op in enumerate(ops) for d in op.deps)
+    groups: dict[str, list[int]] = {}
+    preds: list[Any] = []
+    last: dict[tuple[int, str], int] = {}
+    for i, op in enumerate(ops):
+        if op.flow is not None:
+            groups.setdefault(op.flow.group, []).append(i)
+        before = last.get((op.rank, op.stream))
+        last[(op.rank, op.stream)] = i
+        preds.append([*([before] if before is not None else []), *(at[d] for d in op.deps)])
+    assert _listed_in_order(preds, list(groups.values()))
