@@ -389,11 +389,13 @@ def build_training_workload(
     symmetric = lay.made_dp is not None or lay.made_tp is not None
     # A schedule search's builds compare specs by identity and fields (build_memo): made, once.
     specs = gen.ops if reusing_builds_now() else gen.specs
+    blocking = bool(gen.p2p_items) and (schedule == "sequential" or not spec.parallel.overlap_p2p_comm)
     wl = build_workload(specs, gpu=gpu, system=system, params=params, n_ranks=n_ranks, schedule=schedule,
                         knobs=knobs, streams=streams, source=source, max_ops=max_ops,
                         simulated=made if symmetric else None,
-                        stand_offsets=lay.stand_offsets() if symmetric else (), copies=gen.copies)
-    if gen.p2p_items and (schedule == "sequential" or not spec.parallel.overlap_p2p_comm):
+                        stand_offsets=lay.stand_offsets() if symmetric else (), copies=gen.copies,
+                        validate=not blocking)
+    if blocking:
         wl = blocking_sends(wl, gen, streams or {}, source, interleaved=spec.parallel.pipeline == "interleaved",
                             sequential=schedule == "sequential")
     if not gen.peer_deps:

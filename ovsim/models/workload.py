@@ -142,6 +142,7 @@ def build_workload(
     simulated: Sequence[int] | None = None,
     stand_offsets: Sequence[int] = (),
     copies: Sequence[tuple[int, int, int]] = (),
+    validate: bool = True,
 ) -> Workload:
     """Expand op specs over ranks and repeats, price them, and apply the schedule and knobs.
 
@@ -154,6 +155,8 @@ def build_workload(
     made from its source's where the two agree in every other field and in where what they
     follow runs (:class:`OpCopier`), else as any spec's. A copied spec may come as a
     :class:`SpecCopy` (a training iteration's do), made only where its ops are not copied.
+    ``validate``: False where the caller validates what it makes of the workload (a training
+    iteration whose pipeline transfers block adds dependencies, then validates).
     """
     if simulated is not None and (list(simulated) != sorted(set(simulated)) or not all(0 <= r < n_ranks
                                                                                        for r in simulated)):
@@ -264,7 +267,7 @@ def build_workload(
                   job_ranks=tuple(sim) if sim is not None and list(sim) != list(range(len(sim))) else (),
                   stand_offsets=tuple(stand_offsets) if sim is not None else (),
                   structure=structure)
-    if known is None:
+    if known is None and validate:
         wl.validate(source)
         if structure is not None:
             structure.stream_pairs = pairs
