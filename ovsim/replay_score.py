@@ -54,6 +54,9 @@ def summarize(out: pd.DataFrame, bundle: TraceBundle, gpu_name: str) -> dict[str
         "kernels": len(out),
         "compute_kernels": int(out["kind"].isin(COMPUTE_KINDS).sum()),
         "collective_kernels": int((out["kind"] == "collective").sum()),
+        # The rest by kind (copies, memsets, host gaps...), most first.
+        "other_kernels": {str(k): int(v) for k, v in out.loc[~out["kind"].isin([*COMPUTE_KINDS, "collective"]),
+                                                             "kind"].value_counts().items()},
         "overlapped_compute_kernels": int(out["overlapped"].sum()),
         "scored_kernels": int(sel.sum()),
         "unscored_no_isolated_source": int((out["overlapped"] & (out["isolated_source"] == "none")).sum()),

@@ -222,6 +222,15 @@ def test_replay_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert again["summary"]["mape_pct"] == pytest.approx(data["summary"]["mape_pct"])
 
 
+def test_replay_names_every_kind_of_activity_it_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    """The sample trace's 26 activities: 12 GEMMs and an elementwise kernel, one NCCL kernel and 12
+    memsets (its kernel table, kind by kind); the header's parts add up to its count."""
+    trace = Path(__file__).parent.parent / "examples" / "traces" / "h100-gemm-beside-16-channels.json.gz"
+    assert main(["replay", str(trace)]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("gpu "))
+    assert "26 activities (13 compute, 1 collective, 12 memset)" in header
+
+
 def test_replay_says_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = Path(__file__).parent.parent / "examples" / "traces" / "h100-gemm-beside-16-channels.json.gz"
     timeline = tmp_path / "replay.json"

@@ -23,10 +23,11 @@ from ovsim.errors import OvsimError
 
 def _replay_table(result: Any, max_rows: int) -> str:
     s = result.summary
+    kinds = [f"{s['compute_kernels']} compute", f"{s['collective_kernels']} collective",
+             *(f"{n} {kind}" for kind, n in s.get("other_kernels", {}).items())]
     lines = [
         f"trace      {', '.join(s['sources'].values()) or '-'}",
-        f"gpu        {s['gpu']}, {s['ranks']} rank(s), {s['kernels']} activities "
-        f"({s['compute_kernels']} compute, {s['collective_kernels']} collective)",
+        f"gpu        {s['gpu']}, {s['ranks']} rank(s), {s['kernels']} activities ({', '.join(kinds)})",
         f"overlap    {s['overlapped_compute_kernels']} compute kernels overlapped communication; "
         f"{s['scored_kernels']} scored, {s['unscored_no_isolated_source']} without an isolated duration",
         f"MAPE       ovsim {pct_text(s['mape_pct'])}   naive (no contention) {pct_text(s['naive_mape_pct'])}",
