@@ -70,7 +70,7 @@ def test_table_says_when_the_peak_is_above_the_default_limit(capsys: pytest.Capt
     # The note on the window's averages comes exactly when the instantaneous peak is above the limit.
     r = predict(h100)
     window_ms = r.calibration.params.power_control_window_s * 1e3
-    noted = f"so that the last {window_ms:g} ms would average 700 W" in out
+    noted = f"holds the average over the last {window_ms:g} ms at it" in out
     assert noted == (r.summary()["peak_power_w"] > 700.0 * (1 + 1e-6))
 
 

@@ -118,20 +118,20 @@ def _power_lines(s: dict[str, Any], tdp_w: float, window_s: float) -> list[str]:
         settings.append("from idle")
     # Unmanaged, every kernel runs at its calibrated rate whatever it draws; a real board would lower
     # its clock at its default limit.
-    over = ([f"note       the peak is above the GPU's {tdp_w:g} W default power limit, where a real board lowers "
-             f"its SM clock; without --no-power-management ovsim predicts that"]
+    over = ([f"note       the instantaneous peak is above the GPU's {tdp_w:g} W default power limit, where a real "
+             f"board lowers its SM clock; without --no-power-management ovsim predicts that"]
             if not s["power_managed"] and s["peak_power_w"] > tdp_w else [])
     limit = s["power_limit_w"]
     if s["power_managed"] and window_s > 0 and s["peak_power_w"] > limit * (1 + 1e-6):
         # The loop looks back: after idle, the last window's average lets a burst run at a high
         # clock for up to a window, as the boards' measured walk-downs from idle do.
-        over.append(f"note       the power-limit loop sets the clock so that the last {window_s * 1e3:g} ms would "
-                    f"average {limit:g} W; after idle a burst runs above it until the window fills")
+        over.append(f"note       the instantaneous peak is above the {limit:g} W limit: the power-limit loop holds the "
+                    f"average over the last {window_s * 1e3:g} ms at it, and a burst after idle runs above it until "
+                    f"that window fills (docs/power.md)")
     return [
-        f"power      {s['avg_power_w']:.1f} W average, {s['peak_100ms_power_w']:.1f} W peak per GPU "
-        f"(highest 100 ms average, the interval a board's reading is updated at; "
-        f"{s['peak_power_w']:.1f} W instantaneous); "
-        f"SM clock {s['avg_sm_clock_hz'] / 1e6:.0f} MHz average, {s['min_sm_clock_hz'] / 1e6:.0f} MHz lowest "
+        f"power      {s['avg_power_w']:.1f} W average per GPU, {s['peak_100ms_power_w']:.1f} W over its highest "
+        f"100 ms (a board's reading's interval; the iteration repeated), {s['peak_power_w']:.1f} W instantaneous",
+        f"clock      SM {s['avg_sm_clock_hz'] / 1e6:.0f} MHz average, {s['min_sm_clock_hz'] / 1e6:.0f} MHz lowest "
         f"({', '.join(settings) or 'no power management'})",
         f"energy     {s['energy_j']:.4g} J per iteration (all GPUs), energy x delay {s['energy_delay_j_s']:.4g} J s",
         *over,
