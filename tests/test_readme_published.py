@@ -1,11 +1,10 @@
-"""README.md's tables of published training runs ("Against published training runs") give what
-ovsim predicts now: each row cheap enough to run here (the SC'21 rows simulated by default, the
-22B pair of Korthikanti et al., llm-foundry's and NeMo's rows, the FlashAttention rows,
-MegaScale's and MLPerf's) is predicted and its README cells (ovsim's figure and the error against
-the published one) must read as the prediction prints. A model change that moves a row fails
-here until the README is updated (`python bench/published_jobs.py --rows ROW [--mode analytic]`
-prints the figures). The rows that take minutes (39B and up, 175B and up of Korthikanti et al.)
-are not run."""
+"""docs/published-runs.md's tables of published training runs give what ovsim predicts now: each
+row cheap enough to run here (the SC'21 rows simulated by default, the 22B pair of Korthikanti et
+al., llm-foundry's and NeMo's rows, the FlashAttention rows, MegaScale's and MLPerf's) is
+predicted and its cells (ovsim's figure and the error against the published one) must read as the
+prediction prints. A model change that moves a row fails here until docs/published-runs.md is
+updated (`python bench/published_jobs.py --rows ROW [--mode analytic]` prints the figures). The
+rows that take minutes (39B and up, 175B and up of Korthikanti et al.) are not run."""
 
 from __future__ import annotations
 
@@ -33,9 +32,9 @@ GPU_NAMES = {"a100": "A100 80 GB", "h100": "H100"}
 
 
 def _table_rows() -> list[list[str]]:
-    """Every row of every table in README.md, as its cells."""
+    """Every row of every table in docs/published-runs.md, as its cells."""
     rows = []
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in (ROOT / "docs" / "published-runs.md").read_text().splitlines():
         if line.startswith("| ") and line.endswith(" |"):
             rows.append([c.strip() for c in line[2:-2].split(" | ")])
     return rows
@@ -43,7 +42,7 @@ def _table_rows() -> list[list[str]]:
 
 def _find(match: Any) -> list[str]:
     found = [cells for cells in _table_rows() if match(cells)]
-    assert len(found) == 1, f"{len(found)} README rows match"
+    assert len(found) == 1, f"{len(found)} rows of docs/published-runs.md match"
     return found[0]
 
 
