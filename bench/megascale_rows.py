@@ -21,9 +21,9 @@ backward (that commit had no overlapped gradient reduction; the paper's section 
 first all-gather and the last reduce-scatter as what Megatron-LM leaves exposed), Megatron-LM's
 default unfused attention (its FlashAttention option, NVIDIA/Megatron-LM pull request 267, came
 about then and was off unless asked for), tied embeddings, and pipeline transfers that block both
-ends (the commit predates ``--overlap-p2p-communication``, pull request 331 of May 2023). The ablation's baseline (table 3: Megatron-LM at 47.7%
-MFU on 256 GPUs and a batch of 256, the paper's networking optimizations on) is a row too, its
-iteration time the one that MFU gives.
+ends (the commit predates ``--overlap-p2p-communication``, pull request 331 of May 2023). The
+ablation's baseline (table 3: Megatron-LM at 47.7% MFU on 256 GPUs and a batch of 256, the
+paper's networking optimizations on) is a row too, its iteration time the one that MFU gives.
 """
 
 from __future__ import annotations
