@@ -537,24 +537,22 @@ class LayerEmitter:
             self.loss_passes(st, f"{pre}.loss", "backward", T * vocab)
         # A column-parallel linear's backward, as Megatron-LM runs it (_column_backward): with SP
         # its input gathered again for the weight gradient, issued first; the data gradient's
-        # reduction beside the weight gradient's GEMM.
-        tp_comm = self.lay.tp > 1 and self.comm
-        size, groups = float(T * m.hidden * self.act_b), self.lay.tp_groups(s)
-        ag = (self.collective(st, f"{pre}.head.wgrad.ag", "all_gather", size, "tp", groups)
-              if tp_comm and self.p.sequence_parallel else [])
+        # reduction beside the weight gradient's GEMM, or after it (tp_dgrad_overlap).
+        ag = (self.collective(st, f"{pre}.head.wgrad.ag", "all_gather", float(T * m.hidden * self.act_b), "tp",
+                              self.lay.tp_groups(s))
+              if self.lay.tp > 1 and self.comm and self.p.sequence_parallel else [])
         self.gemm(st, f"{pre}.head.dgrad", T, m.hidden, vocab)
         if amp:
             self.mem(st, f"{pre}.head.gcast", CAST_B * T * m.hidden, "elementwise")
-        kind: CollectiveKind = "reduce_scatter" if self.p.sequence_parallel else "all_reduce"
-        reduced: list[str] = []
-        if tp_comm and self.p.tp_dgrad_overlap:
-            reduced = self.collective(st, f"{pre}.head.{kind}", kind, size, "tp", groups)
+        post: Literal["rs", "ar"] = "rs" if self.p.sequence_parallel else "ar"
+        reduction = f"{pre}.head.{'reduce_scatter' if post == 'rs' else 'all_reduce'}"
+        reduced = self._dgrad_reduction(st, s, reduction, post) if self.p.tp_dgrad_overlap else []
         st.pending += ag
         self.gemm(st, f"{pre}.head.wgrad", m.hidden, vocab, T)
         if amp:  # a head tied to the embedding has its gradient summed there (embedding) first
             weight_grad_cast(self, st, f"{pre}.head.wgrad", vocab * m.hidden, accumulates=not m.tied_embeddings)
-        if not self.p.tp_dgrad_overlap:  # after the weight gradient (tp_dgrad_overlap)
-            reduced = self._dgrad_reduction(st, s, f"{pre}.head.{kind}", "rs" if self.p.sequence_parallel else "ar")
+        if not self.p.tp_dgrad_overlap:
+            reduced = self._dgrad_reduction(st, s, reduction, post)
         if holds_head(m, self.lay.pp):
             self.grad_ready(st, s, m.hidden * vocab * self.grad_b, last_mb)
         st.pending += reduced
