@@ -260,9 +260,10 @@ class LlamaRow(ModelFlopsRow):
 
     def scenario(self) -> Scenario:
         # Gradients accumulated and reduce-scattered in FP32 (the paper's section 3.3.2, "Numerical
-        # stability").
+        # stability"); ranks in its order of parallelism, [TP, CP, PP, DP] innermost first (the same
+        # section), not Megatron-LM's (with TP 8 a node either way, the order moves nothing).
         parallel = parallel_layout(self.tp, self.pp, self.dp, self.virtual_stages, sequence_parallel=True,
-                                   distributed_optimizer=True, grad_reduce_fp32=True,
+                                   distributed_optimizer=True, grad_reduce_fp32=True, rank_order="tp-cp-pp-dp",
                                    **({"cp": self.cp, "cp_comm": self.cp_comm} if self.cp > 1 else {}))
         return Scenario.model_validate({
             "schema": "ovsim.scenario/1", "name": f"llama3-405b-{self.name}", "system": "hgx-h100-ndr",

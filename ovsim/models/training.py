@@ -432,7 +432,7 @@ def _check_training_size(spec: TrainingSpec, n_ranks: int, max_ops: int, source:
 
 def _symmetric(lay: Layout, system: SystemSpec, knobs: Knobs | None) -> Layout:
     """``lay`` with the ranks whose ops are made where others can stand for them: one data-parallel
-    replica (ranks 0..tp x pp - 1) and one rank of each tensor-parallel group (tp index 0). Every
+    replica (its stages' first tp x cp ranks) and one rank of each tensor-parallel group (tp index 0). Every
     GPU's links, NIC and memory are its own, so identical ranks meet identical rates. All are made
     where asked (``rank_symmetry: false``) and on a mesh, whose links join particular pairs."""
     if (knobs is not None and not knobs.rank_symmetry) or system.topology == "mesh":
@@ -445,9 +445,14 @@ def _replicas_alike(lay: Layout, system: SystemSpec) -> bool:
     """Whether one replica's first context-parallel rank stands for every replica's every one."""
     if lay.dp < 2 or not _cp_ranks_alike(lay, system):
         return False
-    k = lay.tp * lay.cp * lay.pp
-    # A replica that straddles nodes unevenly meets the network differently from its neighbours.
-    if k % system.gpu_count and system.gpu_count % k:
+    k, node = lay.block_ranks, system.gpu_count
+    # A replica that straddles nodes unevenly meets the network differently from its neighbours,
+    # and so does one whose stage shares a node with another stage's ranks where its neighbour's
+    # does not (stages outermost: each stage's replicas, dp x tp ranks, tile the nodes too).
+    if k % node and node % k:
+        return False
+    stage = lay.dp * lay.tp
+    if lay.stages_outer and stage % node and node % stage:
         return False
     # Where GPUs share NICs, replicas must start on a NIC's first GPU: else one NIC serves two
     # replicas (the unsimulated one's traffic would be missing from it), or replicas group their

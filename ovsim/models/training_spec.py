@@ -90,8 +90,8 @@ ALIASES = {"gpt3-xl": "gpt3-1.3b"}
 
 
 class ParallelSpec(InputModel):
-    """How ranks split the model: rank = ((dp_index * pp + stage) * cp + cp_index) * tp + tp_index
-    (TP innermost, then context parallelism)."""
+    """How ranks split the model, TP innermost, then context parallelism, then as ``rank_order``
+    says: rank = ((stage * dp + dp_index) * cp + cp_index) * tp + tp_index by default."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -105,6 +105,15 @@ class ParallelSpec(InputModel):
     # their gradients with the data-parallel ones (Megatron-LM's data-parallel group with context
     # parallelism).
     cp: PositiveInt = 1
+    # Where ranks sit, innermost first (:class:`Layout`). "tp-cp-dp-pp": a stage's replicas side by
+    # side, pipeline stages outermost, as Megatron-LM (its default order "tp-cp-ep-dp-pp" in
+    # ``initialize_model_parallel``; NeMo's too), DeepSpeed's pipeline topology and torchtitan's
+    # device mesh lay them out. "tp-cp-pp-dp": a replica's stages side by side, data parallelism
+    # outermost, as Llama 3's pre-training did (arXiv 2407.21783, section 3.3.2) and Megatron-LM
+    # with ``--use-tp-pp-dp-mapping``. With tp x cp below a node, the first keeps a stage's
+    # data-parallel collectives partly on the node's NVLink and sends pipeline transfers across
+    # nodes; the second, the reverse.
+    rank_order: Literal["tp-cp-dp-pp", "tp-cp-pp-dp"] = "tp-cp-dp-pp"
     # How a context-parallel rank gets the other ranks' keys and values (ovsim.models.training_cp):
     # "p2p", ring attention, blocks passed round beside the attention's steps (Megatron-LM's and
     # Transformer Engine's default); "all_gather", gathered before the attention (Llama 3's);
@@ -303,6 +312,8 @@ class Layout:
     made_dp: int | None = None
     made_tp: int | None = None
     cp: int = 1
+    # Pipeline stages outermost (ParallelSpec.rank_order "tp-cp-dp-pp"), else data parallelism.
+    stages_outer: bool = True
 
     @property
     def replicas_made(self) -> int:
@@ -313,8 +324,16 @@ class Layout:
         return self.tp if self.made_tp is None else self.made_tp
 
     def rank(self, d: int, s: int, i: int) -> int:
+        if self.stages_outer:
+            return (s * self.dp + d) * self.tp + i
         r, c = divmod(d, self.cp)
         return ((r * self.pp + s) * self.cp + c) * self.tp + i
+
+    @property
+    def block_ranks(self) -> int:
+        """The ranks side by side that one replica's context-parallel group holds: a stage's
+        (tp x cp) with stages outermost, else all its stages' (tp x cp x pp)."""
+        return self.tp * self.cp * (1 if self.stages_outer else self.pp)
 
     def stage_ranks(self, s: int) -> list[int]:
         return [self.rank(d, s, i) for d in range(self.replicas_made) for i in range(self.tp_made)]
@@ -434,7 +453,7 @@ def layout(spec: TrainingSpec, n_ranks: int) -> Layout:
         if p.bucket_bytes > grad:
             raise OvsimError(f"bucket of {p.bucket_bytes / MIB:.1f} MiB is larger than the {grad / MIB:.1f} MiB "
                              "of gradients a rank holds", field="parallel.bucket_bytes")
-    return Layout(dp=dp * p.cp, tp=p.tp, pp=p.pp, v=v, cp=p.cp)
+    return Layout(dp=dp * p.cp, tp=p.tp, pp=p.pp, v=v, cp=p.cp, stages_outer=p.rank_order == "tp-cp-dp-pp")
 
 
 def rank_tokens(spec: TrainingSpec, m: ModelShape) -> int:

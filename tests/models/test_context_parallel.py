@@ -34,13 +34,25 @@ def _masked_products(seq: int, cp: int, rank: int) -> int:
 
 
 def test_ranks_sit_tp_innermost_then_cp() -> None:
-    """TP 2 x CP 2 x PP 2 x DP 2 on 16 ranks: rank = ((replica x pp + stage) x cp + cp rank) x tp +
-    tp rank, so a replica's stage spans tp x cp consecutive ranks (Megatron-LM's order)."""
+    """TP 2 x CP 2 x PP 2 x DP 2 on 16 ranks, in Megatron-LM's default order ("tp-cp-ep-dp-pp",
+    innermost first): rank = ((stage x replicas + replica) x cp + cp rank) x tp + tp rank, so a
+    stage's replicas sit side by side, each over tp x cp consecutive ranks."""
     lay = layout(_spec(tp=2, cp=2, pp=2), 16)
     assert (lay.dp, lay.cp) == (4, 2)  # the gradient group: replicas x context-parallel ranks
+    assert lay.cp_groups(0) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert lay.cp_groups(1) == [[8, 10], [9, 11], [12, 14], [13, 15]]
+    # Gradients are reduced over both replicas' both context-parallel ranks.
+    assert lay.dp_groups(0)[0] == [0, 2, 4, 6]
+    assert lay.tp_groups(1)[1] == [10, 11]
+
+
+def test_ranks_sit_replica_outermost_in_llama3_order() -> None:
+    """The same job in Llama 3's order ([TP, CP, PP, DP] innermost first; Megatron-LM's
+    ``--use-tp-pp-dp-mapping``): rank = ((replica x pp + stage) x cp + cp rank) x tp + tp rank,
+    so a replica's stages sit side by side."""
+    lay = layout(_spec(tp=2, cp=2, pp=2, rank_order="tp-cp-pp-dp"), 16)
     assert lay.cp_groups(0) == [[0, 2], [1, 3], [8, 10], [9, 11]]
     assert lay.cp_groups(1) == [[4, 6], [5, 7], [12, 14], [13, 15]]
-    # Gradients are reduced over both replicas' both context-parallel ranks.
     assert lay.dp_groups(0)[0] == [0, 2, 8, 10]
     assert lay.tp_groups(1)[1] == [6, 7]
 

@@ -57,11 +57,22 @@ JOBS: dict[str, dict[str, Any]] = {
     "tp-pp-dp-2-nodes-capped": {"system": "hgx-h100-ndr", "nodes": 2, "power": {"cap_w": 450}, "training": {
         "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
         "parallel": {"tp": 2, "pp": 2, "pipeline": "1f1b"}}},
-    # Two GPUs a NIC: 2-rank replicas, each on a NIC of its own, stand for each other.
+    # The same in Llama 3's order: a replica's two stages side by side.
+    "tp-pipeline-dp-replicas-outer": {"system": "hgx-h100", "training": {
+        "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
+        "parallel": {"tp": 2, "pp": 2, "pipeline": "1f1b", "rank_order": "tp-cp-pp-dp"}}},
+    # Two GPUs a NIC, Llama 3's order: 2-rank replicas (both stages), each on a NIC of its own,
+    # stand for each other.
     "shared-nics": {"system": {"gpu": "h100-sxm5-80gb", "gpu_count": 8, "nodes": 2, "network": {
         "kind": "infiniband", "nics_per_node": 4, "bandwidth_per_nic_bytes_per_s": 50e9}}, "training": {
         "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
-        "parallel": {"pp": 2, "pipeline": "1f1b"}}},
+        "parallel": {"pp": 2, "pipeline": "1f1b", "rank_order": "tp-cp-pp-dp"}}},
+    # Two GPUs a NIC, stages outermost: each replica's 2 tensor-parallel ranks of a stage on a NIC
+    # of their own (those two share it, so both are simulated).
+    "shared-nics-tp2": {"system": {"gpu": "h100-sxm5-80gb", "gpu_count": 8, "nodes": 2, "network": {
+        "kind": "infiniband", "nics_per_node": 4, "bandwidth_per_nic_bytes_per_s": 50e9}}, "training": {
+        "model": "gpt3-1.3b", "layers": 4, "micro_batch_size": 1, "micro_batches": 4, "precision": "bf16",
+        "parallel": {"tp": 2, "pp": 2, "pipeline": "1f1b"}}},
     # Context parallelism across nodes: TP 8 x CP 2 x DP 2, keys and values gathered over the NICs.
     "cp-2-nodes-dp": {"system": "hgx-h100-ndr", "nodes": 4, "training": {
         "model": "llama2-70b", "layers": 2, "seq_len": 8192, "micro_batch_size": 1, "precision": "bf16",
@@ -133,18 +144,21 @@ def test_the_analytic_fidelity_takes_the_same_replica(name: str) -> None:
             assert sa[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
-@pytest.mark.parametrize(("tp", "pp", "ranks"), [(2, 3, 12), (2, 1, 16)])
-def test_replicas_that_do_not_tile_the_network_alike_run_in_full(tp: int, pp: int, ranks: int) -> None:
-    """A 6-rank replica on 8-GPU nodes straddles nodes unevenly; 2-rank replicas on nodes whose
-    2 NICs each serve 4 GPUs share NICs with their neighbours. Neither stands for the others; nor
-    do the ranks of a tensor-parallel group that share a NIC."""
+@pytest.mark.parametrize(("tp", "pp", "ranks", "order"), [(2, 3, 12, "tp-cp-pp-dp"), (2, 2, 12, "tp-cp-dp-pp"),
+                                                      (2, 1, 16, "tp-cp-dp-pp")])
+def test_replicas_that_do_not_tile_the_network_alike_run_in_full(tp: int, pp: int, ranks: int, order: str) -> None:
+    """A 6-rank replica (Llama 3's order) on 8-GPU nodes straddles nodes unevenly, and so does a
+    6-rank stage (stages outermost: 3 replicas of tp 2), which puts the first rank of the second
+    stage's first replica on the first stage's node and that of its second on the next; 2-rank
+    replicas on nodes whose 2 NICs each serve 4 GPUs share NICs with their neighbours. None stands
+    for the others; nor do the ranks of a tensor-parallel group that share a NIC."""
     system: Any = "hgx-h100-ndr"
     if pp == 1:
         system = {"gpu": "h100-sxm5-80gb", "gpu_count": 8, "nodes": 2, "network": {
             "kind": "infiniband", "nics_per_node": 2, "bandwidth_per_nic_bytes_per_s": 50e9}}
     job = {"system": system, "nodes": 2, "ranks": ranks, "training": {
-        "model": "gpt3-1.3b", "layers": 6, "micro_batch_size": 1, "micro_batches": 3, "precision": "bf16",
-        "parallel": {"tp": tp, "pp": pp, "pipeline": "1f1b"}}}
+        "model": "gpt3-1.3b", "layers": 6, "micro_batch_size": 1, "micro_batches": 6, "precision": "bf16",
+        "parallel": {"tp": tp, "pp": pp, "pipeline": "1f1b", "rank_order": order}}}
     if pp == 1:
         del job["nodes"]
         job["training"]["parallel"] = {"tp": tp}
@@ -152,6 +166,18 @@ def test_replicas_that_do_not_tile_the_network_alike_run_in_full(tp: int, pp: in
     assert wl.n_ranks * wl.replicas == ranks
     # Only a tensor-parallel group's ranks stand for each other, and not where they share NICs.
     assert wl.stand_offsets == ((0, 1) if pp > 1 else ())
+
+
+def test_stages_that_tile_a_node_stand_for_their_replicas() -> None:
+    """Stages outermost, TP 2 x PP 3 x DP 2 on 12 ranks: each stage's 4 ranks tile the 8-GPU
+    nodes (stages 0 and 1 on the first, 2 on the second), so each stage's replicas stand for
+    each other, where a replica of all three stages (Llama 3's order, above) straddles nodes."""
+    job = {"system": "hgx-h100-ndr", "nodes": 2, "ranks": 12, "training": {
+        "model": "gpt3-1.3b", "layers": 6, "micro_batch_size": 1, "micro_batches": 3, "precision": "bf16",
+        "parallel": {"tp": 2, "pp": 3, "pipeline": "1f1b"}}}
+    wl = predict(Scenario.model_validate(job), mode="analytic").workload
+    # Ranks (stage x 2 + replica) x 2 + tp rank: replica 0's tp rank 0 of each stage.
+    assert wl.job_ranks == (0, 4, 8) and wl.stand_offsets == (0, 1, 2, 3)
 
 
 def test_replicas_that_group_their_ranks_onto_nics_differently_run_in_full() -> None:
@@ -201,7 +227,8 @@ def test_the_op_limit_counts_the_ops_simulated() -> None:
 
     sc = Scenario.model_validate(JOBS["tp-pipeline-dp"])
     wl = build(sc)[0]
-    assert wl.job_ranks == (0, 2) and wl.stand_offsets == (0, 1, 4, 5)
+    # Ranks (stage x 2 + replica) x 2 + tp rank (Megatron-LM's order): stage 1 starts at rank 4.
+    assert wl.job_ranks == (0, 4) and wl.stand_offsets == (0, 1, 2, 3)
     assert len(build(sc, max_ops=len(wl.ops))[0].ops) == len(wl.ops)
     with pytest.raises(OvsimError, match=f"{len(wl.ops):,} ops"):
         build(sc, max_ops=len(wl.ops) - 1)

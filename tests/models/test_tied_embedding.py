@@ -36,8 +36,9 @@ def test_each_first_and_last_pair_sums_the_embeddings_gradient_once(optimizer: s
     spec = TrainingSpec.model_validate({**SMALL, "micro_batches": 4, "optimizer": optimizer,
                                         "parallel": {"dp": 2, "pp": 2, "tp": 2}})
     sums = _sums(spec, 8)
-    # Ranks are (replica x pp + stage) x tp + tensor-parallel rank.
-    assert sorted(tuple(o.ranks) for o in sums) == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    # Ranks are (stage x dp + replica) x tp + tensor-parallel rank (Megatron-LM's order, whose
+    # embedding group pairs each pipeline group's first and last rank: 0 and 4 here).
+    assert sorted(tuple(o.ranks) for o in sums) == [(0, 4), (1, 5), (2, 6), (3, 7)]
     assert all(o.kind == "all_reduce" and o.stream == "dp" for o in sums)
     assert {o.size_bytes for o in sums} == {float(VOCAB * HIDDEN // 2 * element_bytes)}
 
@@ -59,7 +60,7 @@ def test_the_step_of_both_ends_waits_for_the_sum_and_the_sum_for_the_buckets() -
     res = _predict({**SMALL, "micro_batches": 4, "parallel": {"dp": 2, "pp": 2}})
     ops = res.timeline.ops
     ops = ops[ops["kind"] != "flow"]
-    for rank in (0, 1):  # the first and the last stage of replica 0 (tp 1: rank = stage)
+    for rank in (0, 2):  # the first and the last stage of replica 0 (tp 1: rank = stage x dp)
         mine = ops[ops["rank"] == rank]
         total = mine[mine["name"].str.startswith("embedding_grad_sum")]
         assert len(total) == 1
