@@ -167,6 +167,14 @@ def test_sweep_command_bad_axis_is_one_line(axis: str, words: str, capsys: pytes
     assert err.count("\n") == 1 and words in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("second", ["power.cap_w=300", "power.cap_w =300", " power.cap_w= 300"])
+def test_an_axis_given_twice_is_refused_however_spaced(second: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # The second spelling once replaced the first axis's values without a word.
+    assert main(["sweep", str(EXAMPLE), "--axis", "power.cap_w=500", "--axis", second]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--axis: 'power.cap_w' is given twice" in err
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_an_error_in_a_file_the_scenario_names_keeps_that_files_name(tmp_path: Path, workers: int) -> None:
     (tmp_path / "bad.v1.yaml").write_text("schema: ovsim.calib/1\ngpu: '*'\nversion: 1\nprovenance: {}\n"

@@ -64,11 +64,12 @@ def run_sweep(args: argparse.Namespace) -> int:
     axes: dict[str, list[Any]] = {}
     for item in args.axis:
         path, sep, values = item.partition("=")
-        if not sep or not path.strip() or not values.strip():
+        path = path.strip()
+        if not sep or not path or not values.strip():
             raise OvsimError(f"expected PATH=VALUE[,VALUE...], got '{item}'", field="--axis")
         if path in axes:
             raise OvsimError(f"'{path}' is given twice", field="--axis")
-        axes[path.strip()] = [axis_value(v, item) for v in _split_values(values, item)]
+        axes[path] = [axis_value(v, item) for v in _split_values(values, item)]
     bar = Progress(args.quiet or args.json)
     n = math.prod(len(v) for v in axes.values())
     bar.stage(f"predicting {n} combinations")
