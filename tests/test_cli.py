@@ -269,6 +269,18 @@ def test_compare_prints_one_row_per_scenario(capsys: pytest.CaptureFixture[str])
                                                           "gemm-allreduce-h100x4-priority"]
 
 
+def test_compare_tells_scenarios_of_one_name_apart_by_their_files(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # `ovsim tune -o best.yaml` keeps the scenario's name: compared with the original, the two rows
+    # once read the same.
+    tuned = tmp_path / "best.yaml"
+    tuned.write_text(EXAMPLE.read_text().replace("comm_priority: high", "comm_priority: normal"))
+    assert main(["compare", str(EXAMPLE), str(tuned)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith(f"{EXAMPLE} ") and out[3].startswith(f"{tuned} ")
+    assert out[0].startswith("scenario ") and len(out[1]) == len(out[0])
+
+
 def test_compare_with_a_bad_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = _bad(tmp_path, "system: h100x4\nops: []\n")
     assert main(["compare", str(EXAMPLE), str(bad)]) == 2

@@ -214,7 +214,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json_text({"scenarios": df.to_dict(orient="records")}))
     elif not args.quiet:
-        print(_compare_table(df))
+        print(_compare_table(df, [str(f) for f in args.scenarios]))
     return 0
 
 
@@ -229,13 +229,20 @@ _COMPARE_COLUMNS: list[tuple[str, str, str]] = [
 ]
 
 
-def _compare_table(df: Any) -> str:
+def _compare_table(df: Any, files: list[str]) -> str:
+    """The compare table, a row per scenario named as its file names it, or by the file given
+    (``files``, in the rows' order) where two names, as shown, would read the same (``ovsim tune
+    -o`` keeps the scenario's name)."""
     df = split_slowdown(df)
     cols = [c for c in _COMPARE_COLUMNS if c[0] in df.columns]
     width = max(12, min(40, int(df["scenario"].str.len().max())))
+    labels = [str(name)[:width] for name in df["scenario"]]
+    if len(set(labels)) < len(labels):
+        labels = files
+        width = max(12, *(len(f) for f in files))
     lines = [f"{'scenario':<{width}} {'schedule':<10} " + " ".join(f"{h:>10}" for _, h, _ in cols)]
     lines.append("-" * len(lines[0]))
-    for rec in df.to_dict(orient="records"):
+    for label, rec in zip(labels, df.to_dict(orient="records"), strict=True):
         cells = [cell_text(rec.get(key), kind) for key, _, kind in cols]
-        lines.append(f"{str(rec['scenario'])[:width]:<{width}} {str(rec['schedule'])[:10]:<10} " + " ".join(cells))
+        lines.append(f"{label:<{width}} {str(rec['schedule'])[:10]:<10} " + " ".join(cells))
     return "\n".join([*lines, "", TABLE_NOTE])
