@@ -31,7 +31,7 @@ from ovsim.metrics import COMM_KINDS, NON_COMPUTE, rank_overlap, stream_busy, st
 from ovsim.models.ir import Workload
 from ovsim.models.workload import build_workload
 from ovsim.models.workload_copies import RANK_MARK, op_id
-from ovsim.scenario import InlineSystem, Mode, Scenario, load_scenario
+from ovsim.scenario import InlineSystem, Mode, Scenario, check_mode, load_scenario
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -282,6 +282,14 @@ def memory_summary(sc: Scenario, source: str = "") -> dict[str, Any]:
     return _memory_fields(memory_estimate(sc.training, sc.ranks or system.total_gpus).total_bytes, gpu)
 
 
+def _given_in(path: str, given: Sequence[str]) -> bool:
+    """Whether file ``path`` is one of the ``given`` calibration paths or in one of those folders."""
+    if not path or not given:
+        return False
+    p = Path(path).resolve()
+    return any(q == p or q in p.parents for q in (Path(g).resolve() for g in given))
+
+
 def build(sc: Scenario, source: str = "", max_ops: int | None = None) -> tuple[Workload, SystemSpec, GpuSpec,
                                                                                 Calibration]:
     """Resolve a scenario into the workload both fidelities run; ``max_ops``: the most ops it may
@@ -290,6 +298,11 @@ def build(sc: Scenario, source: str = "", max_ops: int | None = None) -> tuple[W
     try:
         calib = load_calibration(gpu, stem, tuple(sc.calibration))
     except OvsimError as e:
+        # One of the files a scenario file lists: named under that file and its field (a Scenario
+        # object, its source its name, keeps the file's name first, as a sweep's points are).
+        if source and source != sc.name and _given_in(e.source, sc.calibration):
+            inner = f"{e.field}: {e.message}" if e.field else e.message
+            raise OvsimError(f"{e.source}: {inner}", source=source, field="calibration") from None
         raise e.located(source) from None
     n_ranks = sc.ranks or system.total_gpus
     if n_ranks > system.total_gpus:
@@ -324,6 +337,7 @@ def predict(scenario: str | Path | Scenario, *, mode: Mode | None = None, counte
     reported either way. ``max_ops``: the most ops the scenario may expand to (default
     ``ovsim.models.workload.MAX_OPS``, a million); a larger one is refused before any work.
     ``progress(done, total)`` is called as the engine finishes ops (simulate mode)."""
+    check_mode(mode)
     source = str(scenario) if not isinstance(scenario, Scenario) else scenario.name
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     use_mode: Mode = mode or sc.mode
@@ -423,6 +437,7 @@ def compare(scenarios: Sequence[str | Path | Scenario], *, mode: Mode | None = N
 
     if not scenarios:
         raise OvsimError("give at least one scenario to compare", field="scenarios")
+    check_mode(mode)
     rows = []
     for sc in scenarios:
         s = predict(sc, mode=mode, counters=False, max_ops=max_ops).summary()

@@ -32,6 +32,13 @@ from ovsim.models.op_specs import Knobs, OpSpec, Schedule
 from ovsim.models.training_spec import TrainingSpec
 
 Mode = Literal["simulate", "analytic"]
+MODES: tuple[Mode, ...] = ("simulate", "analytic")
+
+
+def check_mode(mode: object) -> None:
+    """Refuse a fidelity other than the two (None: the scenario's own), as the CLI's --mode does."""
+    if mode is not None and mode not in MODES:
+        raise OvsimError(f"unknown mode {mode!r}; expected 'simulate' or 'analytic'", field="mode")
 
 
 class InlineSystem(InputModel):

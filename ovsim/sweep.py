@@ -36,7 +36,7 @@ from ovsim.hw.spec import read_yaml
 from ovsim.limits import MAX_COMBINATIONS
 from ovsim.models.build_memo import reusing_builds
 from ovsim.models.training import reusing_training_ops
-from ovsim.scenario import Mode, Scenario, scenario_error, scenario_from_mapping
+from ovsim.scenario import Mode, Scenario, check_mode, scenario_error, scenario_from_mapping
 from ovsim.sweep_journal import Journal, fingerprint
 from ovsim.workers import executor
 
@@ -85,14 +85,18 @@ def base_mapping(scenario: str | Path | Scenario) -> tuple[dict[str, Any], Path 
     return data, path, str(path)
 
 
-def points(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]]) -> list[tuple[dict[str, Any], Scenario]]:
-    """Every combination of the axes' values (the first axis slowest) and its validated scenario."""
-    data, path, source = base_mapping(scenario)
+def _check_axes(axes: Mapping[str, Sequence[Any]], source: str) -> None:
     if not axes:
         raise OvsimError("no axes to sweep", source=source, field="axes")
     for name, values in axes.items():
         if isinstance(values, str | bytes) or not isinstance(values, Sequence) or len(values) == 0:
             raise OvsimError("expected a non-empty list of values", source=source, field=name)
+
+
+def points(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]]) -> list[tuple[dict[str, Any], Scenario]]:
+    """Every combination of the axes' values (the first axis slowest) and its validated scenario."""
+    data, path, source = base_mapping(scenario)
+    _check_axes(axes, source)
     out = []
     for combo in itertools.product(*axes.values()):
         point = dict(zip(axes, combo, strict=True))
@@ -161,12 +165,14 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
     not there yet, and the table's ``attrs["results_kept"]`` says how many it read back."""
     if workers < 0:
         raise OvsimError(f"must be 0 (one per core) or more, got {workers}", field="workers")
+    check_mode(mode)
+    source = scenario.name if isinstance(scenario, Scenario) else str(scenario)
+    _check_axes(axes, source)
     n = math.prod(len(v) for v in axes.values())
     if n > max_combinations:
         raise OvsimError(f"{n:,} combinations, over the limit of {max_combinations:,}; to run them anyway, pass "
                          f"--max-combinations {n} (Python: max_combinations={n})", field="axes")
     grid = points(scenario, axes)
-    source = scenario.name if isinstance(scenario, Scenario) else str(scenario)
     n = len(grid)
     journal = _journal(results, scenario, axes, mode, max_ops, grid) if results is not None else None
     summaries: dict[int, dict[str, Any]] = journal.done() if journal is not None else {}

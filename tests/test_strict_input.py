@@ -161,3 +161,49 @@ def test_an_ops_field_is_named_by_the_ops_name(ops: str, field: str, tmp_path: P
     if "name: g, kind: all_reduce" not in ops:
         assert main(["sweep", str(p), "--axis", f"{field}=1e6", "--mode", "analytic", "--json"]) == 0
         capsys.readouterr()
+
+
+@pytest.mark.parametrize("call", ["predict", "compare", "sweep"])
+def test_a_mode_other_than_the_two_is_refused_in_python(call: str) -> None:
+    """``mode="fast"`` from Python is an error naming the field, as ``--mode fast`` is on the
+    command line, not a simulation labelled "fast"."""
+    from ovsim.api import compare
+    from ovsim.errors import OvsimError
+    from ovsim.sweep import sweep
+
+    run = {"predict": lambda: predict(EXAMPLE, mode="fast"),  # type: ignore[arg-type]
+           "compare": lambda: compare([EXAMPLE], mode="fast"),  # type: ignore[arg-type]
+           "sweep": lambda: sweep(EXAMPLE, {"power.cap_w": [300]}, mode="fast")}[call]  # type: ignore[arg-type]
+    with pytest.raises(OvsimError, match="unknown mode 'fast'") as e:
+        run()
+    assert e.value.field == "mode"
+
+
+def test_a_sweep_axis_of_one_value_not_in_a_list_is_refused() -> None:
+    from ovsim.errors import OvsimError
+    from ovsim.sweep import sweep
+
+    with pytest.raises(OvsimError, match="expected a non-empty list of values") as e:
+        sweep(EXAMPLE, {"power.cap_w": 300})  # type: ignore[dict-item]
+    assert e.value.field == "power.cap_w"
+
+
+@pytest.mark.parametrize("content", [None, "params:\n  x: 1\n"])
+def test_a_scenarios_calibration_file_is_named_under_its_field(content: str | None, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A calibration file the scenario lists, missing or wrong, is named after the scenario and its
+    ``calibration`` field."""
+    if content is not None:
+        (tmp_path / "mine.yaml").write_text(content)
+    p = _variant(tmp_path, "name: gemm-allreduce-h100x4-priority\n",
+                 "name: gemm-allreduce-h100x4-priority\ncalibration: [mine.yaml]\n")
+    err = _error(["predict", str(p)], capsys)
+    assert err.startswith(f"ovsim: error: {p}: calibration: ") and "mine.yaml" in err
+
+
+def test_python_dash_m_ovsim_runs_the_command() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ovsim", "--version"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stdout.startswith("ovsim ")

@@ -1,0 +1,5 @@
+"""``python -m ovsim``: the ``ovsim`` command."""
+
+from ovsim.cli.main import console
+
+console()
