@@ -16,6 +16,8 @@ evaluation, 0.3-5% faster, is among them). Its configuration
 - ``config_fp8.sh``: FP8 (hybrid) GEMMs.
 - ``conf/custom.yaml``: 12 virtual stages, sequence parallelism, no activation recomputation, BF16
   otherwise, sequences of 2,048, GPT-3 175B (96 layers, hidden 12,288, 96 heads).
+- Ranks in Megatron-LM's order, pipeline stages outermost (ovsim's default ``rank_order``): the
+  Megatron-core NeMo ran in 2023 built its groups in no other.
 
 Assumed where that copy is silent (its ``config_common.sh`` and ``run_and_time.sh`` are not in
 it): the distributed optimizer with its gradient reduce-scatters and parameter gathers overlapped

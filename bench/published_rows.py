@@ -401,9 +401,11 @@ class NemoRow:
     Megatron's distributed optimizer. Assumed where the table is silent: no activation
     recomputation, no tensor-parallel communication overlap (ovsim's ``tp_overlap: none``), the
     optimizer's parameters gathered after the step (with ``overlap_param_gather``, NeMo's
-    ``overlap_param_sync``, the rows read +11.3% to +33.8% where they read +9.1% to +33.3%), 8
+    ``overlap_param_sync``, the rows read +21.9% to +32.6% where they read +21.4% to +32.1%), 8
     NICs of 400 Gb/s a node, FlashAttention-style fused attention, and context parallelism where
-    the table lists it as ring attention (Megatron-LM's default exchange)."""
+    the table lists it as ring attention (Megatron-LM's default exchange). Ranks sit in
+    Megatron-LM's order, pipeline stages outermost (ovsim's default ``rank_order``), as NeMo's
+    Megatron-core lays them out."""
 
     model: str  # an ovsim preset
     gpus: int
