@@ -31,16 +31,17 @@ NON_COMPUTE = COMM_KINDS | COPY_KINDS | {"flow", "delay"}
 def union_intervals(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
     """Merge [start, end) intervals into disjoint sorted ones."""
     order = np.argsort(starts, kind="stable")
-    out: list[tuple[float, float]] = []
-    for s, e in zip(starts[order], ends[order], strict=True):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1] = (out[-1][0], float(e))
-        else:
-            out.append((float(s), float(e)))
-    return out
+    s, e = np.asarray(starts, dtype=float)[order], np.asarray(ends, dtype=float)[order]
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if not len(s):
+        return []
+    # An interval opens a new one where it starts after every end before it (the running
+    # maximum); each merged one ends at the running maximum just before the next opens.
+    reach = np.maximum.accumulate(e)
+    opens = np.flatnonzero(np.concatenate(([True], s[1:] > reach[:-1])))
+    closes = np.concatenate((opens[1:] - 1, [len(s) - 1]))
+    return list(zip(s[opens].tolist(), reach[closes].tolist(), strict=True))
 
 
 def _length(iv: list[tuple[float, float]]) -> float:
