@@ -453,6 +453,7 @@ class NemoRow:
 NEMO_ROWS = [
     NemoRow("gpt3-175b", 128, 256, 1, 4, 8, 6, 726),
     NemoRow("gpt3-175b", 512, 2048, 2, 4, 8, 6, 782),
+    NemoRow("llama2-7b", 8, 128, 1, 1, 1, 1, 16847),
     NemoRow("llama2-13b", 16, 128, 1, 1, 4, 10, 8646),
     NemoRow("llama2-70b", 64, 128, 1, 4, 4, 20, 1707),
     NemoRow("llama3-8b", 8, 128, 1, 1, 1, 1, 12036, cp=2),
