@@ -1,4 +1,4 @@
-"""README.md's table of plain `ovsim validate`, and docs/training.md's table of its 22B layer checks,
+"""docs/validation.md's table of plain `ovsim validate`, and docs/training.md's table of its 22B layer checks,
 are what the checks give now (bench/validation_table.py writes both): a model change that moves a
 figure fails here until the tables are regenerated."""
 
@@ -16,11 +16,11 @@ def test_the_readme_validation_table_is_current() -> None:
         import validation_table as vt
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    readme, training = (ROOT / "README.md").read_text(), (ROOT / "docs" / "training.md").read_text()
+    readme, training = (ROOT / "docs" / "validation.md").read_text(), (ROOT / "docs" / "training.md").read_text()
     from ovsim.validate import run
 
     checks = run(None)
     assert vt.with_table(readme, vt.table(checks)) == readme, (
-        "README.md's validation table is stale: run python bench/validation_table.py --write")
+        "docs/validation.md's validation table is stale: run python bench/validation_table.py --write")
     assert vt.with_table(training, vt.layer_table(checks), vt.LAYER_BEGIN, vt.LAYER_END) == training, (
         "docs/training.md's 22B layer table is stale: run python bench/validation_table.py --write")
