@@ -26,8 +26,8 @@ try:
 finally:
     sys.path.remove(str(ROOT / "bench"))
 
-NEMO_MODELS = {"gpt3-175b": "GPT-3 175B", "llama2-7b": "Llama 2 7B", "llama2-13b": "Llama 2 13B", "llama2-70b": "Llama 2 70B",
-               "llama3-8b": "Llama 3 8B", "llama3-70b": "Llama 3 70B"}
+NEMO_MODELS = {"gpt3-175b": "GPT-3 175B", "llama2-7b": "Llama 2 7B", "llama2-13b": "Llama 2 13B",
+               "llama2-70b": "Llama 2 70B", "llama3-8b": "Llama 3 8B", "llama3-70b": "Llama 3 70B"}
 GPU_NAMES = {"a100": "A100 80 GB", "h100": "H100"}
 
 
