@@ -44,6 +44,12 @@ class Check:
         return (self.predicted - self.reference) / self.reference * 100 if self.reference else math.nan
 
     @property
+    def shown_error_pct(self) -> float | None:
+        """The error to print beside the check: against a figure to match ("within") only; against
+        a bound the error to it says nothing, the check being whether ovsim is inside."""
+        return self.error_pct if self.rule == "within" else None
+
+    @property
     def passed(self) -> bool:
         if self.rule == "at_most":
             # Within float round-off counts as equal: a replay whose kernels met no contention
