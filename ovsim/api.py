@@ -59,6 +59,13 @@ class Result:
     # The power model and settings the prediction ran with (None: power not tracked).
     power_config: PowerConfig | None = field(default=None, repr=False)
 
+    def __repr__(self) -> str:
+        # The fields' own reprs (the scenario, specs and calibration) run to kilobytes: a notebook
+        # cell showing a result would be flooded. What it is, and where the rest is.
+        ranks = self.workload.total_ranks
+        return (f"Result(scenario={self.scenario.name!r}, mode={self.mode!r}, gpu={self.gpu.name!r}, "
+                f"ranks={ranks}, makespan_s={self.timeline.makespan_s:.6g}; .summary() for the figures)")
+
     @property
     def ops(self) -> pd.DataFrame:
         return self.timeline.ops

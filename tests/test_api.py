@@ -128,3 +128,13 @@ def test_idle_time_is_zero_within_round_off_and_kept_above_it(tmp_path: Path) ->
                  "    after: [gemm, allreduce]\n  - name: tail\n    kind: elementwise\n    bytes: 1.0e6\n"
                  "    stream: compute\n    after: [gap]\n")
     assert predict(p, mode="analytic").summary()["idle_s"] == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_a_result_shows_in_one_short_line() -> None:
+    """A notebook cell ending in a result shows what it is, not the kilobytes of its scenario,
+    specs and calibration."""
+    path = Path(__file__).parent.parent / "examples" / "gemm-allreduce-a100x4-overlapped.yaml"
+    r = predict(path, mode="analytic")
+    text = repr(r)
+    assert "\n" not in text and len(text) < 300
+    assert "gemm-allreduce-a100x4-overlapped" in text and f"{r.timeline.makespan_s:.6g}" in text
