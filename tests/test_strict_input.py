@@ -92,6 +92,10 @@ def test_a_misspelt_op_kind_is_named_with_the_one_meant(tmp_path: Path, capsys: 
     ("training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", "dp_mode:", "dp_mod:", "training.parallel", "dp_mode"),
     ("training-gpt3-1.3b-fsdp-a100x4-overlapped.yaml", "micro_batch_size:", "micro_batch_sz:", "training",
      "micro_batch_size"),
+    # Another tool's name for a field: spelt nearer another ("sequence_parallel"), answered by meaning.
+    ("training-llama2-70b-tp8-dp4-4nodes-h100.yaml", "tp: 8", "tensor_parallel: 8", "training.parallel", "tp"),
+    ("training-llama2-70b-tp8-dp4-4nodes-h100.yaml", "tp: 8", "tensor_model_parallel_size: 8", "training.parallel",
+     "tp"),
 ])
 def test_a_misspelt_optional_field_is_named_with_the_one_meant(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                example: str, old: str, new: str, field: str,

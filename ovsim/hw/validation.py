@@ -53,6 +53,18 @@ def validation_error(e: ValidationError, source: str, model: type[BaseModel] | N
     return OvsimError(message, source=source, field=".".join(str(p) for p in loc))
 
 
+# Names other tools give ovsim's fields (Megatron-LM's arguments, common spellings): a key written so
+# is answered with the field it means, which spelling alone would not find ("tensor_parallel" is
+# nearer "sequence_parallel" than "tp").
+_OTHER_NAMES = {
+    "tensor_parallel": "tp", "tensor_model_parallel_size": "tp", "tensor_parallel_size": "tp",
+    "pipeline_parallel": "pp", "pipeline_model_parallel_size": "pp", "pipeline_parallel_size": "pp",
+    "data_parallel": "dp", "data_parallel_size": "dp",
+    "context_parallel": "cp", "context_parallel_size": "cp",
+    "virtual_pipeline_model_parallel_size": "virtual_stages",
+}
+
+
 def _misspelt(errors: list[Any], model: type[BaseModel] | None = None) -> tuple[tuple[int | str, ...], str] | None:
     """A key the model does not know, spelt like a required one it misses or (given the ``model``)
     like any field it has there: the misspelling (as pydantic has it, "field required" alone hides
@@ -65,6 +77,9 @@ def _misspelt(errors: list[Any], model: type[BaseModel] | None = None) -> tuple[
             continue
         loc = tuple(x["loc"])
         near = difflib.get_close_matches(str(loc[-1]), [str(m[-1]) for m in missing if m[:-1] == loc[:-1]], n=1)
+        other = _OTHER_NAMES.get(str(loc[-1]))
+        if not near and model is not None and other in _fields_at(model, loc[:-1]):
+            near = [other]
         if not near and model is not None:
             near = difflib.get_close_matches(str(loc[-1]), sorted(_fields_at(model, loc[:-1])), n=1)
         if near:
