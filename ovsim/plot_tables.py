@@ -200,7 +200,8 @@ def sweep_figure(df: pd.DataFrame, axes: Sequence[str], *, title: str = "") -> F
         # Zero in view: a fitted axis makes a 1% change look like a 100% one.
         lo, hi = ax.get_ylim()
         ax.set_ylim(min(lo, 0.0), max(hi, 0.0))
-        ax.set_title(name, loc="left")
+        # Wrapped: a panel is 3-4 inches wide, and a long title runs into the next panel's.
+        ax.set_title(textwrap.fill(name, 26), loc="left")
         ax.grid(alpha=0.3)
     if others:
         more = f" (first {_MAX_SWEEP_LINES} of {len(groups)})" if len(groups) > _MAX_SWEEP_LINES else ""
