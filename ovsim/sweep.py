@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,9 @@ def points(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]]) -
     """Every combination of the axes' values (the first axis slowest) and its validated scenario."""
     data, path, source = base_mapping(scenario)
     _check_axes(axes, source)
+    knob = _training_knob_without_model(data, axes)
+    if knob is not None:
+        raise OvsimError(_NO_TRAINING.format(knob), source=source, field=knob)
     out = []
     for combo in itertools.product(*axes.values()):
         point = dict(zip(axes, combo, strict=True))
@@ -123,14 +126,25 @@ def scenario_at(data: dict[str, Any], path: Path | None, source: str) -> Scenari
         raise scenario_error(e, source, data) from None
 
 
+_NO_TRAINING = "the scenario has no training iteration (no 'training' section) for '{}' to set"
+
+
+def _training_knob_without_model(data: Mapping[str, Any], names: Iterable[str]) -> str | None:
+    """The first of ``names`` that sets a training knob where ``data`` has no training section and
+    none of ``names`` gives it a model (the section it would make could not be read), else None."""
+    names = list(names)
+    if data.get("training") is not None or "training.model" in names:
+        return None
+    return next((k for k in names if k.split(".")[0] == "training"), None)
+
+
 def edited(data: dict[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` with every path of ``point`` set to its value (raises ValueError). A training
     knob on a scenario without a training iteration is refused: the section it would make has
     no model."""
-    if data.get("training") is None and "training.model" not in point:
-        knob = next((k for k in point if k.split(".")[0] == "training"), None)
-        if knob is not None:
-            raise ValueError(f"the scenario has no training iteration (no 'training' section) for '{knob}' to set")
+    knob = _training_knob_without_model(data, point)
+    if knob is not None:
+        raise ValueError(_NO_TRAINING.format(knob))
     out: Any = data
     for name, value in point.items():
         out = _set(out, name, value)

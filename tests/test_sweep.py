@@ -94,6 +94,8 @@ def test_progress_counts_every_point() -> None:
     ({"ops.conv.m": [1]}, "ops.conv.m", "no item named 'conv' (named: gemm, allreduce)"),
     ({"ops.gemm.m": [4096, -1]}, "ops.gemm.m=-1", "ops.gemm.m: Input should be greater than 0"),
     ({"power.cap_w": [50]}, "power.cap_w=50", "power.cap_w: 50 W"),
+    # A training knob on a list of ops: not "training.model: Field required" for a section never written.
+    ({"training.micro_batch_size": [2]}, "training.micro_batch_size", "the scenario has no training iteration"),
 ])
 def test_a_bad_axis_names_the_scenario_the_axis_and_the_value(axes: dict[str, list[object]], field: str,
                                                               words: str) -> None:
