@@ -57,6 +57,9 @@ class Journal:
         self.pending: list[tuple[int, str]] = []
         self.last_flush = time.monotonic()
         manifest = self.folder / MANIFEST
+        if self.folder.exists() and not self.folder.is_dir():
+            raise OvsimError("is a file: give a folder (new or a sweep's results) to keep the results in",
+                             source=str(self.folder), field="results")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             if not manifest.exists():

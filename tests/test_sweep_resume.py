@@ -81,6 +81,11 @@ def test_a_folder_of_another_sweep_or_of_something_else_is_refused(tmp_path: Pat
     (other / "notes.txt").write_text("mine")
     with pytest.raises(OvsimError, match=r"not empty and has no sweep\.json"):
         sweep(EXAMPLE, {"ops.gemm.m": [2048]}, results=other)
+    # A file where the folder should be: said so, and the file left as it was.
+    (tmp_path / "a.txt").write_text("mine")
+    with pytest.raises(OvsimError, match="is a file: give a folder"):
+        sweep(EXAMPLE, {"ops.gemm.m": [2048]}, results=tmp_path / "a.txt")
+    assert (tmp_path / "a.txt").read_text() == "mine"
 
 
 def test_a_damaged_part_is_named(tmp_path: Path) -> None:
