@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from ovsim.models.pipeline import stage_order
 from ovsim.models.training_amp import cast_weights
+from ovsim.models.training_layout import layout
 from ovsim.models.training_spec import (
     ModelShape,
     TrainingSpec,
@@ -51,7 +52,6 @@ from ovsim.models.training_spec import (
     chunk_layers,
     gradient_element_bytes,
     layer_params,
-    layout,
     rank_tokens,
     stage_embedding_params,
     stage_layers,

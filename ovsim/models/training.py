@@ -80,18 +80,14 @@ from ovsim.models.op_specs import (
 from ovsim.models.pipeline import exchange_steps, merge_stages, stage_order
 from ovsim.models.training_emit import LayerEmitter
 from ovsim.models.training_fsdp import FsdpCollectives
+from ovsim.models.training_layout import Layout, layout
 from ovsim.models.training_p2p import blocking_sends
 
 # PRESETS and ModelShape (below) are re-exported: callers imported them from here before the
 # description of a model had its own module.
 from ovsim.models.training_spec import PRESETS as PRESETS
-from ovsim.models.training_spec import (
-    Layout,
-    TrainingSpec,
-    chunk_layers,
-    layout,
-)
 from ovsim.models.training_spec import ModelShape as ModelShape
+from ovsim.models.training_spec import TrainingSpec, chunk_layers
 from ovsim.models.training_step import overlapped_gathers, step_ops
 from ovsim.models.workload import build_workload
 from ovsim.models.workload_copies import op_id

@@ -15,7 +15,7 @@ documentation; the kernels PyTorch 2.11 ran on an H200, calibration/data/h200-sx
 
 The embedding and head under autocast are :class:`ovsim.models.training_emit.LayerEmitter`'s.
 Tensor and pipeline parallelism and FSDP are refused with autocast
-(:func:`ovsim.models.training_spec.layout`), so a layer here is whole on its rank."""
+(:func:`ovsim.models.training_layout.layout`), so a layer here is whole on its rank."""
 
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ovsim.models.op_specs import AttentionOp
-from ovsim.models.training_spec import Layout, ModelShape, TrainingSpec, rank_heads
+from ovsim.models.training_layout import Layout
+from ovsim.models.training_spec import ModelShape, TrainingSpec, rank_heads
 
 
 class Emitter(Protocol):

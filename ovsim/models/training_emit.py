@@ -30,8 +30,8 @@ from ovsim.models.training_amp import (
 )
 from ovsim.models.training_blocks import BlockCopies
 from ovsim.models.training_cp import cp_attention
+from ovsim.models.training_layout import Layout
 from ovsim.models.training_spec import (
-    Layout,
     TrainingSpec,
     act_elements,
     activation_element_bytes,
@@ -432,7 +432,7 @@ class LayerEmitter:
         sequence."""
         m, b = self.m, self.spec.micro_batch_size
         heads, s, d = m.heads // self.lay.tp, m.seq_len, m.hidden // m.heads
-        if self.lay.cp > 1:  # (context parallelism runs a fused kernel: training_spec.layout)
+        if self.lay.cp > 1:  # (context parallelism runs a fused kernel: training_layout.layout)
             cp_attention(self, st, stage, name, backward)
             return
         if self.spec.attention != "unfused":

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ovsim.models.op_specs import CollectiveOpSpec, generated
 from ovsim.models.training_emit import LayerEmitter, optimizer_passes
+from ovsim.models.training_layout import Layout
 from ovsim.models.training_spec import (
-    Layout,
     TrainingSpec,
     holds_head,
     input_embedding_params,

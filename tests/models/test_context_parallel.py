@@ -15,7 +15,8 @@ from training_cases import predict_training as _predict
 from ovsim.errors import OvsimError
 from ovsim.models.memory import memory_estimate
 from ovsim.models.training import training_ops
-from ovsim.models.training_spec import TrainingSpec, layout
+from ovsim.models.training_layout import layout
+from ovsim.models.training_spec import TrainingSpec
 from ovsim.models.workload import AttentionOp, CollectiveOpSpec, GemmOp
 
 # GPT-3 1.3B's shape: hidden 2,048, 16 heads of 128 (Brown et al., 2020; 16 heads as implemented).
