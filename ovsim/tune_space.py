@@ -31,7 +31,7 @@ def default_space(sc: Scenario, objective: Objective = "time") -> dict[str, list
     """The schedule knobs ``sc`` leaves open, each with its candidate values, the scenario's own
     value first. Power caps and locked clocks are searched only when energy counts: below the
     default limit a run can only be slower."""
-    wl, _, gpu, _ = build(sc, sc.name)
+    wl, system, gpu, _ = build(sc, sc.name)
     space: dict[str, list[Any]] = {}
     if any(op.kind == "collective" for op in wl.ops):
         space["schedule"] = ["overlapped", "sequential"]
@@ -41,7 +41,7 @@ def default_space(sc: Scenario, objective: Objective = "time") -> dict[str, list
         space["knobs.occupancy_shaping_smem_bytes"] = [0, *(b for b in SHAPING_SMEM_BYTES if _builds(sc, b))]
         if _gathers(sc):
             space["knobs.ce_offload"] = [False, True]
-    space.update(_training_space(sc))
+    space.update(_training_space(sc, system.gpu_count, sc.ranks or system.total_gpus))
     if objective != "time":
         p, c = gpu.power, gpu.clocks
         space["power.cap_w"] = [None, *(round(p.tdp_w * f) for f in CAP_FRACTIONS
@@ -69,11 +69,15 @@ def _gathers(sc: Scenario) -> bool:
     return any(isinstance(op, CollectiveOpSpec) and op.kind in ("all_gather", "all_to_all") for op in sc.ops)
 
 
-def _training_space(sc: Scenario) -> dict[str, list[Any]]:
+def _training_space(sc: Scenario, gpus_per_node: int, n_ranks: int) -> dict[str, list[Any]]:
     if sc.training is None:
         return {}
     p = sc.training.parallel
     space: dict[str, list[Any]] = {}
+    if p.pp > 1 and n_ranks > p.tp * p.cp * p.pp and p.tp * p.cp < gpus_per_node < n_ranks:
+        # Only here do the orders differ: a node holds several replicas of one stage (Megatron-LM's
+        # order) or several stages of one replica (Llama 3's), and so which traffic crosses nodes.
+        space["training.parallel.rank_order"] = ["tp-cp-dp-pp", "tp-cp-pp-dp"]
     if p.tp > 1:
         space["training.parallel.tp_overlap"] = ["none", "chunked", "copy_engine"]
         # None is the TP degree: the same pieces as a value equal to it.

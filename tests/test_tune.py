@@ -582,3 +582,29 @@ def test_the_engine_builds_the_given_and_the_first_confirmed_from_the_analyses_o
     res = tune(fsdp, space=space, confirm_max=1)
     assert res.stats["engine_predictions"] == 2
     assert len(made) == 3
+
+
+def test_rank_order_is_searched_where_a_node_holds_parts_of_several_stages_or_replicas() -> None:
+    """Megatron-LM's order (stages outermost) and Llama 3's (data parallelism outermost) place the
+    same ranks differently only where a stage's tp x cp is smaller than a node, pipelines and
+    replicas are both there, and the job spans nodes; there the two are predicted and differ."""
+    from ovsim.tune_candidates import candidates
+
+    data = yaml.safe_load((EXAMPLES / "training-llama2-70b-tp8-dp4-4nodes-h100.yaml").read_text())
+    data["training"].update(micro_batches=4)
+    data["training"]["parallel"].update(tp=4, pp=2, dp=4)
+    sc = Scenario.model_validate(data)
+    knob = "training.parallel.rank_order"
+    assert default_space(sc)[knob] == ["tp-cp-dp-pp", "tp-cp-pp-dp"]
+    data["training"]["parallel"]["rank_order"] = "tp-cp-pp-dp"
+    assert default_space(Scenario.model_validate(data))[knob] == ["tp-cp-pp-dp", "tp-cp-dp-pp"]
+    found, dropped = candidates(sc, {knob: ["tp-cp-dp-pp", "tp-cp-pp-dp"]})
+    assert len(found) == 2 and dropped["invalid"] == 0
+    spans = {c.point[knob]: predict(c.scenario, mode="analytic").timeline.makespan_s for c in found}
+    assert spans["tp-cp-dp-pp"] != spans["tp-cp-pp-dp"]
+    for change in ({"tp": 8, "pp": 2, "dp": 2}, {"tp": 4, "pp": 1, "dp": 8}, {"tp": 4, "pp": 8, "dp": 1}):
+        data["training"]["parallel"].update(change)
+        assert knob not in default_space(Scenario.model_validate(data)), change
+    data["nodes"] = 1
+    data["training"]["parallel"].update(tp=2, pp=2, dp=2)
+    assert knob not in default_space(Scenario.model_validate(data))  # one node: the same links either way
