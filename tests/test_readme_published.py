@@ -20,6 +20,7 @@ from ovsim import api
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 try:
+    import fidelity_rows as fr
     import megascale_rows as ms
     import mlperf_rows as ml
     import published_rows as pr
@@ -98,3 +99,43 @@ def test_the_readme_row_is_what_ovsim_predicts(row: Any) -> None:
         cells = _find(lambda c: c[0].startswith(f"{row.model.upper()} (") and len(c) == 7)
         per_gpu, err = _predicted(row, "simulate")
         assert (cells[2], cells[4]) == (f"{per_gpu:,.0f}", err)
+
+
+# Rows of docs/published-runs.md's "Both fidelities" table cheap enough to simulate here (a minute
+# in all): the 8-GPU rows, one NeMo row and the largest jobs with the fewest micro-batches.
+FIDELITY_CHECKED = ("mpt-13b-h100-8g-s2048", "mpt-7b-a100-8g-s2048", "flash-gpt3-355m", "nemo-llama2-7b-8g",
+                    "llama3-16384-v2", "mlperf31-gpt3-10752")
+
+
+def _fidelity_rows() -> dict[str, list[str]]:
+    """The "Both fidelities" table's rows by the bench's row name."""
+    text = (ROOT / "docs" / "published-runs.md").read_text()
+    inside = text[text.index(fr.BEGIN):text.index(fr.END)]
+    return {cells[1].strip("`"): cells for cells in ([c.strip() for c in line[2:-2].split(" | ")]
+                                                      for line in inside.splitlines() if line.startswith("| "))
+            if cells[1].startswith("`")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FIDELITY_CHECKED)
+def test_the_fidelity_table_row_is_what_ovsim_predicts(name: str) -> None:
+    row = {r.name: r for r in fr._all_rows()}[name]
+    cells = _fidelity_rows()[name]
+    errors = [f"{fr.predicted_error(row, mode)[0]:+.1%}" for mode in ("analytic", "simulate")]
+    assert cells[4:6] == errors
+
+
+@pytest.mark.slow
+def test_the_fidelity_tables_counts_are_its_rows() -> None:
+    """The summary under the table counts the table's own cells: 59 rows, the medians and the rows
+    within 10% in each fidelity, as the docs quote them."""
+    import statistics
+
+    rows = _fidelity_rows()
+    text = (ROOT / "docs" / "published-runs.md").read_text()
+    assert len(rows) == 59
+    for col, label in ((4, "analytic"), (5, "simulated")):
+        errs = [float(c[col].rstrip("%")) / 100 for c in rows.values()]
+        median = statistics.median(errs)
+        within = sum(abs(e) <= 0.10 for e in errs)
+        assert f"{label}: {min(errs):+.1%} to {max(errs):+.1%}, median {median:+.1%}, {within} within 10%" in text
