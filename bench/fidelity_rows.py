@@ -5,8 +5,9 @@ published throughput in both, the simulation's wall time and memory, and the cou
 it asserts nothing.
 
     python bench/fidelity_rows.py --rows nemo mlperf          # a group or row at a time
-    python bench/fidelity_rows.py --write                      # every counted row (about an hour,
-                                                               # 12 GB at the 1T row); writes the table
+    python bench/fidelity_rows.py --write --jobs 2             # every counted row, two at a time
+                                                               # (50 minutes on 2 cores, 4.3 GB at the
+                                                               # 1T rows); writes the table
 
 ``--write`` puts the table into docs/published-runs.md ("Both fidelities");
 tests/test_readme_published.py checks its cheaper rows' cells against what this prints. The rows,
@@ -122,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     every = {r.name: r for r in _all_rows()}
     wanted = None if args.rows is None or args.write else {n for x in args.rows for n in GROUPS.get(x, [x])}
-    unknown = sorted((wanted or set()) - set(every))
+    counted = {n for names in SOURCES.values() for n in names}
+    unknown = sorted((wanted or set()) - counted)
     if unknown:
-        ap.error(f"unknown rows: {', '.join(unknown)}")
+        ap.error(f"not counted rows (docs/published-runs.md counts: {', '.join(SOURCES)}): {', '.join(unknown)}")
     todo = [(source, name) for source, names in SOURCES.items() for name in names if wanted is None or name in wanted]
     if args.jobs > 1:
         with multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
