@@ -41,7 +41,7 @@ def default_space(sc: Scenario, objective: Objective = "time") -> dict[str, list
         space["knobs.occupancy_shaping_smem_bytes"] = [0, *(b for b in SHAPING_SMEM_BYTES if _builds(sc, b))]
         if _gathers(sc):
             space["knobs.ce_offload"] = [False, True]
-    space.update(_training_space(sc, system.gpu_count, sc.ranks or system.total_gpus))
+    space.update(_training_space(sc, system.gpu_count, wl.total_ranks))
     if objective != "time":
         p, c = gpu.power, gpu.clocks
         space["power.cap_w"] = [None, *(round(p.tdp_w * f) for f in CAP_FRACTIONS
