@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from published_jobs import GROUPS, AnyRow, peak_rss_gb
-from published_rows import LLAMA_ROWS, ROWS
+from published_jobs import GROUPS, AnyRow, all_rows, peak_rss_gb
+from published_rows import ROWS
 
 from ovsim import api
 from ovsim.scenario import Mode
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="rows predicted at once, each in a fresh process "
                     "(its peak memory its own); default 1, in this process")
     args = ap.parse_args(argv)
-    every = {r.name: r for r in _all_rows()}
+    every = {r.name: r for r in all_rows()}
     wanted = None if args.rows is None or args.write else {n for x in args.rows for n in GROUPS.get(x, [x])}
     counted = {n for names in SOURCES.values() for n in names}
     unknown = sorted((wanted or set()) - counted)
@@ -149,16 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _both_by_name(job: tuple[str, str]) -> Both:
     source, name = job
-    return both(source, {r.name: r for r in _all_rows()}[name])
-
-
-def _all_rows() -> list[AnyRow]:
-    from megascale_rows import MEGASCALE_ROWS
-    from mlperf_rows import MLPERF_ROWS
-    from published_rows import FLASH_ROWS, FOUNDRY_ROWS, NEMO_ROWS, RECOMPUTE_ROWS
-
-    return [*ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS, *MEGASCALE_ROWS,
-            *MLPERF_ROWS]
+    return both(source, {r.name: r for r in all_rows()}[name])
 
 
 if __name__ == "__main__":

@@ -187,11 +187,15 @@ def write_scenario(rows: list[AnyRow], mode: Mode, path: str) -> int:
     return 0
 
 
+def all_rows() -> list[AnyRow]:
+    """Every row this script runs, in its order."""
+    return [*ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS, *MEGASCALE_ROWS, *MLPERF_ROWS,
+            *NEMO_LONG_ROWS]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    every: list[AnyRow] = [
-        *ROWS, *LLAMA_ROWS, *RECOMPUTE_ROWS, *FOUNDRY_ROWS, *NEMO_ROWS, *FLASH_ROWS, *MEGASCALE_ROWS, *MLPERF_ROWS,
-        *NEMO_LONG_ROWS]
+    every = all_rows()
     ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=[r.name for r in every] + list(GROUPS),
                     metavar="ROW", help="rows (" + ", ".join(r.name for r in every) + ") or groups ("
                     + ", ".join(GROUPS) + "); default: " + " ".join(DEFAULT_ROWS))

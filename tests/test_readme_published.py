@@ -32,10 +32,12 @@ NEMO_MODELS = {"gpt3-175b": "GPT-3 175B", "llama2-7b": "Llama 2 7B", "llama2-13b
 GPU_NAMES = {"a100": "A100 80 GB", "h100": "H100"}
 
 
-def _table_rows() -> list[list[str]]:
-    """Every row of every table in docs/published-runs.md, as its cells."""
+def _table_rows(text: str | None = None) -> list[list[str]]:
+    """Every row of every table in ``text`` (docs/published-runs.md by default), as its cells."""
+    if text is None:
+        text = (ROOT / "docs" / "published-runs.md").read_text()
     rows = []
-    for line in (ROOT / "docs" / "published-runs.md").read_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("| ") and line.endswith(" |"):
             rows.append([c.strip() for c in line[2:-2].split(" | ")])
     return rows
@@ -111,15 +113,13 @@ def _fidelity_rows() -> dict[str, list[str]]:
     """The "Both fidelities" table's rows by the bench's row name."""
     text = (ROOT / "docs" / "published-runs.md").read_text()
     inside = text[text.index(fr.BEGIN):text.index(fr.END)]
-    return {cells[1].strip("`"): cells for cells in ([c.strip() for c in line[2:-2].split(" | ")]
-                                                      for line in inside.splitlines() if line.startswith("| "))
-            if cells[1].startswith("`")}
+    return {cells[1].strip("`"): cells for cells in _table_rows(inside) if cells[1].startswith("`")}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FIDELITY_CHECKED)
 def test_the_fidelity_table_row_is_what_ovsim_predicts(name: str) -> None:
-    row = {r.name: r for r in fr._all_rows()}[name]
+    row = {r.name: r for r in fr.all_rows()}[name]
     cells = _fidelity_rows()[name]
     errors = [f"{fr.predicted_error(row, mode)[0]:+.1%}" for mode in ("analytic", "simulate")]
     assert cells[4:6] == errors
