@@ -37,7 +37,7 @@ from ovsim.limits import MAX_COMBINATIONS
 from ovsim.models.build_memo import reusing_builds
 from ovsim.models.training import reusing_training_ops
 from ovsim.scenario import Mode, Scenario, check_mode, scenario_error, scenario_from_mapping
-from ovsim.sweep_journal import Journal, fingerprint
+from ovsim.sweep_journal import MANIFEST, Journal, fingerprint, kept_summaries, read_manifest
 from ovsim.workers import executor
 
 Progress = Callable[[int, int], None]
@@ -223,12 +223,43 @@ def sweep(scenario: str | Path | Scenario, axes: Mapping[str, Sequence[Any]], *,
             raise
     if journal is not None:
         journal.flush()
-    df = pd.DataFrame([summaries[i] for i in range(n)])
-    # The axes as given: a None stays None (no power cap), not a NaN in a float column.
-    axis_columns = pd.DataFrame({a: pd.Series([p[a] for p, _ in grid], dtype=object) for a in axes})
-    out = pd.concat([axis_columns, df.drop(columns=[a for a in axes if a in df.columns])], axis=1)
+    out = _table(axes, [p for p, _ in grid], [summaries[i] for i in range(n)])
     if journal is not None:
         out.attrs["results_kept"] = kept  # read back from the folder, not predicted this time
+    return out
+
+
+def _table(axes: Iterable[str], combos: Sequence[Mapping[str, Any]], summaries: Sequence[Mapping[str, Any]]
+           ) -> pd.DataFrame:
+    """One row a combination: its axes' values, then its summary."""
+    names = list(axes)
+    df = pd.DataFrame(list(summaries))
+    # The axes as given: a None stays None (no power cap), not a NaN in a float column.
+    axis_columns = pd.DataFrame({a: pd.Series([c[a] for c in combos], dtype=object) for a in names})
+    return pd.concat([axis_columns, df.drop(columns=[a for a in names if a in df.columns])], axis=1)
+
+
+def read_results(results: str | Path) -> pd.DataFrame:
+    """The table of the sweep whose results folder is ``results`` (``sweep(..., results=)``,
+    ``ovsim sweep --results``), read from the folder alone: one row a combination it holds, in the
+    grid's order, as :func:`sweep` gives it. A sweep stopped part-way gives the rows it finished;
+    ``attrs["points"]`` is the sweep's combination count."""
+    folder = Path(results)
+    held = read_manifest(folder)
+    axes = held.get("axes")
+    if not (isinstance(axes, list) and all(isinstance(a, list) and len(a) == 2 and isinstance(a[0], str)
+                                           and isinstance(a[1], list) for a in axes)):
+        raise OvsimError("names no axes (a folder of an older ovsim): run the same sweep again with it to read it "
+                         "back", source=str(folder / MANIFEST), field="axes")
+    n = held["points"]
+    grid = [dict(zip([a for a, _ in axes], combo, strict=True)) for combo in itertools.product(*(v for _, v in axes))]
+    if len(grid) != n:
+        raise OvsimError(f"its axes make {len(grid)} combinations, not its {n} points", source=str(folder / MANIFEST),
+                         field="axes")
+    summaries = kept_summaries(folder, n)
+    done = sorted(summaries)
+    out = _table([a for a, _ in axes], [grid[i] for i in done], [summaries[i] for i in done])
+    out.attrs["points"] = n
     return out
 
 
@@ -252,4 +283,4 @@ def _journal(results: str | Path, scenario: str | Path | Scenario, axes: Mapping
                 continue
             resolved[key] = "\n".join(x.model_dump_json() for x in (system, gpu, params))
     return Journal(results, fingerprint(base, axes, mode, max_ops, list(resolved.values())), len(grid),
-                   batch=min(256, max(1, len(grid) // 100)))
+                   batch=min(256, max(1, len(grid) // 100)), axes=axes)

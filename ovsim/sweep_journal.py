@@ -2,7 +2,8 @@
 
 The folder holds ``sweep.json``, what identifies the sweep (a fingerprint of the scenario's
 mapping, the axes in their order, the fidelity, the op limit, ovsim's version, and the system, GPU
-and calibration parameters the combinations resolve to), and parquet parts ``part-NNNNNN.parquet``
+and calibration parameters the combinations resolve to; the point count; the axes, from which
+:func:`ovsim.sweep.read_results` makes the table), and parquet parts ``part-NNNNNN.parquet``
 of two columns: the combination's index in the grid (``point``) and its prediction's summary as
 JSON (``summary``, whose numbers JSON carries exactly). A part is written whole or not at all, under
 a name no other part has (``ovsim.files.atomic_output``, exclusive: two processes never overwrite
@@ -50,7 +51,8 @@ def fingerprint(base: Mapping[str, Any], axes: Mapping[str, Sequence[Any]], mode
 class Journal:
     """The results of one sweep in ``folder`` (module docstring)."""
 
-    def __init__(self, folder: str | Path, print_: str, n_points: int, batch: int) -> None:
+    def __init__(self, folder: str | Path, print_: str, n_points: int, batch: int,
+                 axes: Mapping[str, Sequence[Any]] | None = None) -> None:
         self.folder = Path(folder)
         self.n_points = n_points
         self.batch = max(1, batch)
@@ -70,7 +72,9 @@ class Journal:
                 # the other reads what it wrote.
                 try:
                     with atomic_output(manifest, exclusive=True) as tmp:
-                        tmp.write_text(json.dumps({"fingerprint": print_, "points": n_points}))
+                        tmp.write_text(json.dumps({"fingerprint": print_, "points": n_points,
+                                                   "axes": [[k, list(v)] for k, v in (axes or {}).items()]},
+                                                  default=_plain))
                 except OvsimError:
                     if not manifest.exists():
                         raise
@@ -86,32 +90,7 @@ class Journal:
 
     def done(self) -> dict[int, dict[str, Any]]:
         """Summaries already in the folder, by point."""
-        import pandas as pd
-
-        out: dict[int, dict[str, Any]] = {}
-        for part in sorted(self.folder.glob("part-*.parquet")):
-            try:
-                df = pd.read_parquet(part)
-                rows = list(zip(df["point"].tolist(), df["summary"].tolist(), strict=True))
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise OvsimError(f"not a readable part of a sweep ({type(e).__name__})", source=str(part),
-                                 field="summary") from None
-            for point, text in rows:
-                if not (isinstance(point, int) and 0 <= point < self.n_points):
-                    raise OvsimError(f"point {point!r} is not one of the sweep's {self.n_points}", source=str(part),
-                                     field="point")
-                try:
-                    summary = json.loads(text)
-                except (TypeError, ValueError):
-                    summary = None
-                if not isinstance(summary, dict):
-                    raise OvsimError(f"point {point}: not a summary (a JSON object)", source=str(part),
-                                     field="summary")
-                # The same result kept twice (a part written again after an interruption) is one.
-                if out.setdefault(point, summary) != summary:
-                    raise OvsimError(f"point {point} is kept twice with different results", source=str(part),
-                                     field="point")
-        return out
+        return kept_summaries(self.folder, self.n_points)
 
     def add(self, point: int, summary: Mapping[str, Any]) -> None:
         """Keep one result; write a part when a batch is full or the last part is old enough."""
@@ -141,6 +120,53 @@ class Journal:
             except OSError as e:
                 raise OvsimError(f"cannot write: {e.strerror}", source=str(path), field="results") from None
         self.last_flush = time.monotonic()
+
+
+def kept_summaries(folder: Path, n_points: int) -> dict[int, dict[str, Any]]:
+    """The summaries a sweep's results ``folder`` keeps, by point (of ``n_points``)."""
+    import pandas as pd
+
+    out: dict[int, dict[str, Any]] = {}
+    for part in sorted(folder.glob("part-*.parquet")):
+        try:
+            df = pd.read_parquet(part)
+            rows = list(zip(df["point"].tolist(), df["summary"].tolist(), strict=True))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise OvsimError(f"not a readable part of a sweep ({type(e).__name__})", source=str(part),
+                             field="summary") from None
+        for point, text in rows:
+            if not (isinstance(point, int) and 0 <= point < n_points):
+                raise OvsimError(f"point {point!r} is not one of the sweep's {n_points}", source=str(part),
+                                 field="point")
+            try:
+                summary = json.loads(text)
+            except (TypeError, ValueError):
+                summary = None
+            if not isinstance(summary, dict):
+                raise OvsimError(f"point {point}: not a summary (a JSON object)", source=str(part),
+                                 field="summary")
+            # The same result kept twice (a part written again after an interruption) is one.
+            if out.setdefault(point, summary) != summary:
+                raise OvsimError(f"point {point} is kept twice with different results", source=str(part),
+                                 field="point")
+    return out
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """A results folder's ``sweep.json``: its fingerprint, point count and axes."""
+    manifest = folder / MANIFEST
+    try:
+        held = json.loads(manifest.read_text())
+    except FileNotFoundError:
+        raise OvsimError(f"has no {MANIFEST}: not a sweep's results folder", source=str(folder),
+                         field="results") from None
+    except OSError as e:
+        raise OvsimError(f"cannot read: {e.strerror}", source=str(manifest), field="results") from None
+    except json.JSONDecodeError:
+        raise OvsimError("is not readable JSON", source=str(manifest), field="fingerprint") from None
+    if not isinstance(held, dict) or not isinstance(held.get("points"), int):
+        raise OvsimError("is not a sweep's manifest (no point count)", source=str(manifest), field="points")
+    return held
 
 
 def _temporary(p: Path) -> bool:

@@ -40,6 +40,25 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "makespan" in out and "allreduce" in out and "slowed by" in out
 
 
+def test_the_comm_line_adds_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two all-reduces at once on streams of their own, beside a GEMM: their durations summed pass
+    the span in which either ran, which the line then names; exposed and hidden time are of that
+    span, so exposed is the span less the hidden share. With one stream of communication (the
+    README's example) the two are one figure, printed once."""
+    two = tmp_path / "two.yaml"
+    two.write_text(GOOD + "  - {name: ar2, kind: all_reduce, size_bytes: 3.0e8, "
+                   "stream: comm2}\n")
+    assert main(["predict", str(two), "--mode", "analytic"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("comm "))
+    words = line.replace("(", " ").replace("%", " ").split()
+    summed, span, exposed, hidden = (float(words[i]) for i in (1, 5, 11, 13))
+    assert words[6:10] == ["ms", "with", "any", "running),"] and summed > span
+    assert exposed == pytest.approx(span * (1 - hidden / 100), abs=0.01 + span * 0.001)
+    assert main(["predict", str(EXAMPLE)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("comm "))
+    assert "running" not in line and "% hidden under compute" in line
+
+
 def test_the_op_table_reads_as_a_timeline(capsys: pytest.CaptureFixture[str]) -> None:
     """Its rows in order of start, not in the workload's list order (where an FSDP gather issued
     for a later layer is listed before the current layer's kernels)."""

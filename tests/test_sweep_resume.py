@@ -14,7 +14,7 @@ import pytest
 import ovsim.sweep as sweep_module
 from ovsim.cli import main
 from ovsim.errors import OvsimError
-from ovsim.sweep import sweep
+from ovsim.sweep import read_results, sweep
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm-allreduce-h100x4-priority.yaml"
 AXES: dict[str, list[Any]] = {"ops.gemm.m": [2048, 4096, 8192], "knobs.comm_priority": ["normal", "high"]}
@@ -58,6 +58,10 @@ def test_an_interrupted_sweep_resumes_with_what_is_missing(tmp_path: Path, monke
     with pytest.raises(Stop):
         sweep(EXAMPLE, AXES, results=folder, progress=stop_after_four)
     assert len(list(folder.glob("part-*.parquet"))) == (4 if batch == 1 else 1)
+    # The folder alone gives the rows finished so far.
+    part_way = read_results(folder)
+    pd.testing.assert_frame_equal(part_way, whole.iloc[:4])
+    assert part_way.attrs["points"] == 6
     calls = _counting(monkeypatch)
     resumed = sweep(EXAMPLE, AXES, results=folder)
     assert len(calls) == 2  # only the two combinations not kept
@@ -66,6 +70,29 @@ def test_an_interrupted_sweep_resumes_with_what_is_missing(tmp_path: Path, monke
     calls.clear()
     pd.testing.assert_frame_equal(sweep(EXAMPLE, AXES, results=folder), whole)
     assert calls == []
+    pd.testing.assert_frame_equal(read_results(folder), whole)
+
+
+def test_the_folder_alone_gives_the_table(tmp_path: Path) -> None:
+    """Axis values JSON carries (None, floats, lists of text) come back as given."""
+    axes: dict[str, list[Any]] = {"power.cap_w": [None, 300.0], "ops.gemm.precision": ["fp16", "bf16"]}
+    whole = sweep(EXAMPLE, axes, results=tmp_path / "r", mode="analytic")
+    back = read_results(tmp_path / "r")
+    pd.testing.assert_frame_equal(back, whole)
+    assert back["power.cap_w"].tolist() == [None, None, 300.0, 300.0]
+
+
+def test_reading_what_is_not_a_results_folder_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(OvsimError, match=r"has no sweep\.json") as e:
+        read_results(tmp_path)
+    assert e.value.source == str(tmp_path)
+    (tmp_path / "sweep.json").write_text(json.dumps({"fingerprint": "x", "points": 2}))
+    with pytest.raises(OvsimError, match="names no axes") as e:
+        read_results(tmp_path)
+    assert e.value.field == "axes"
+    (tmp_path / "sweep.json").write_text(json.dumps({"fingerprint": "x", "points": 3, "axes": [["a", [1, 2]]]}))
+    with pytest.raises(OvsimError, match="make 2 combinations, not its 3"):
+        read_results(tmp_path)
 
 
 def test_a_folder_of_another_sweep_or_of_something_else_is_refused(tmp_path: Path) -> None:

@@ -29,6 +29,16 @@ def _gpus(ranks: int, total: int, gpu: str) -> str:
     return f"{ranks} x {gpu}" if ranks >= total else f"{ranks} of its {total} {gpu}"
 
 
+def _comm_line(s: dict[str, Any]) -> str:
+    """The summary's communication line. Its kernels' durations are summed over the rank's streams
+    (a pipeline's sends and receives run at once), while exposed and hidden time are of the span in
+    which any of them ran: that span is named where the two differ, so that the figures add up."""
+    summed, busy = fmt_s(s["comm_s"]), fmt_s(s["exposed_comm_s"] + s["hidden_comm_s"])
+    span = f" ({busy} ms with any running)" if busy != summed else ""
+    return (f"comm       {summed} ms per rank{span}, exposed {fmt_s(s['exposed_comm_s'])} ms, "
+            f"{s['comm_hidden_fraction'] * 100:.1f}% {'of that ' if span else ''}hidden under compute")
+
+
 def _table(result: Any, max_rows: int) -> str:
     s = result.summary()
     lines = [
@@ -42,8 +52,7 @@ def _table(result: Any, max_rows: int) -> str:
         *(["note       faster than alone: the isolated times hold at the clock the GPU's rates were calibrated "
            "at, and the power-limit loop ran above it (docs/power.md)"]
           if s.get("power_managed") and s["compute_slowdown"] < -0.005 else []),
-        f"comm       {fmt_s(s['comm_s'])} ms per rank, exposed {fmt_s(s['exposed_comm_s'])} ms, "
-        f"{s['comm_hidden_fraction'] * 100:.1f}% hidden under compute",
+        _comm_line(s),
         *_power_lines(s, result.gpu.power.tdp_w, result.calibration.params.power_control_window_s),
         *_memory_lines(result),
         f"calibrated {', '.join(s['calibration_files'])}",

@@ -90,7 +90,8 @@ def _given_line(result: Any) -> str:
     if st.get("given_problem"):
         return f"as given   not ranked: {st['given_problem']}"
     row = table[table["as_given"]].iloc[0]
-    return f"as given   {row['makespan_s'] * 1e3:.3f} ms, {row['energy_j']:.4g} J: rank {row['rank']} of {len(table)}"
+    return (f"as given   {row['makespan_s'] * 1e3:.3f} ms, {row['energy_j']:.4g} J: rank {row['rank']} of the "
+            f"{len(table)} the engine ranked")
 
 
 def run_tune(args: argparse.Namespace) -> int:
