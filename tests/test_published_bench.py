@@ -141,3 +141,22 @@ def test_the_mlperf_rows_are_the_runs_their_files_name() -> None:
     assert batches == {512: 2048, 768: 3072, 4096: 2048, 6144: 3072, 8192: 4096, 10240: 2560, 10752: 2688}
     first = next(r for r in rows if r.nodes == 64)
     assert (first.dp, first.micro_batches) == (16, 128)
+
+
+def test_the_fidelity_speed_bench_prints_figures_that_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/fidelity_speed.py on a bundled example: each line's time after the build is its whole
+    time less the build, and each ratio the quotient of the times it names (to the print's rounding)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import fidelity_speed
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    example = ROOT / "examples" / "training-gpt3-13b-pp4-1f1b-h100x4.yaml"
+    assert fidelity_speed.main(["--rows", "--scenario", str(example), "--runs", "1"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1].split()
+    assert line[0] == example.stem
+    a, s, build, a_after, s_after = (float(x) for x in line[1:6])
+    ratio, ratio_after = float(line[6].rstrip("x")), float(line[7].rstrip("x"))
+    assert a_after == pytest.approx(a - build, abs=0.002) and s_after > 0
+    assert ratio == pytest.approx(s / a, rel=0.05, abs=0.05)
+    assert ratio_after == pytest.approx(s_after / a_after, rel=0.05, abs=0.05)
