@@ -3,28 +3,69 @@
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import numpy as np
 
 from ovsim.engine.rates import ChannelLoads
 from ovsim.engine.state import FlowMember, FlowState, GpuState, KernelState
-from ovsim.engine.timeline import Timeline, counter_data_of, op_columns, timeline_from_rows
+from ovsim.engine.timeline import COUNTER_COLUMNS, Timeline, op_columns, timeline_from_rows
 from ovsim.models.ir import Workload
+
+# Samples a Counters holds as tuples before it packs them into arrays.
+_PACK_ROWS = 65536
 
 
 class Counters:
-    """Piecewise-constant counter samples ``(time_s, rank, counter, value)``."""
+    """Piecewise-constant counter samples ``(time_s, rank, counter, value)``. They come in as tuples
+    (one append an event) and are packed into arrays every ``_PACK_ROWS``: a kept tuple cost about
+    110 bytes a sample, its packed columns 28 (a simulation records about six an op)."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[float, int, str, float]] = []
         self.last: dict[tuple[int, str], float] = {}
+        self.codes: dict[str, int] = {}  # each counter's name, by its code in the packed columns
+        # The packed columns, a list of arrays each: time_s, rank, the counter's code, value.
+        self.packed: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [], [])
 
     def add(self, t: float, rank: int, name: str, value: float) -> None:
         """A sample of counter ``name`` on ``rank`` at ``t`` seconds, kept only where the value moved."""
         key = (rank, name)
         if self.last.get(key) != value:
             self.last[key] = value
-            self.rows.append((t, rank, name, value))
+            rows = self.rows
+            rows.append((t, rank, name, value))
+            if len(rows) >= _PACK_ROWS:
+                self._pack()
+
+    def _pack(self) -> None:
+        rows, n = self.rows, len(self.rows)
+        if not n:
+            return
+        codes = self.codes
+        times, ranks, names, values = self.packed
+        times.append(np.fromiter((r[0] for r in rows), dtype=float, count=n))
+        ranks.append(np.fromiter((r[1] for r in rows), dtype=np.int64, count=n))
+        names.append(np.fromiter((codes.setdefault(r[2], len(codes)) for r in rows), dtype=np.int32, count=n))
+        values.append(np.fromiter((r[3] for r in rows), dtype=float, count=n))
+        self.rows = []
+
+    def columns(self) -> dict[str, Any]:
+        """The samples as the Timeline's counter columns (COUNTER_COLUMNS), in the order they came;
+        the counters are left empty. Each column is joined while the others stay packed."""
+        self._pack()
+        times, ranks, names, values = self.packed
+        if not times:
+            return {c: [] for c in COUNTER_COLUMNS}
+        out: dict[str, Any] = {}
+        for column, parts in (("time_s", times), ("rank", ranks), ("counter", names), ("value", values)):
+            out[column] = np.concatenate(parts)
+            parts.clear()
+        labels = np.empty(len(self.codes), dtype=object)
+        for name, code in self.codes.items():
+            labels[code] = name
+        out["counter"] = labels[out["counter"]]
+        return out
 
 
     def sample(self, now: float, gpus: list[GpuState], ranks: list[int], loads: ChannelLoads) -> None:
@@ -110,4 +151,4 @@ def timeline_of(workload: Workload, results: Results, counters: Counters) -> Tim
     flow_fields = {"launch_s": fv[:, 0], "start_s": fv[:, 1], "end_s": fv[:, 2]}
     for j, name in enumerate(RESULT_FIELDS):
         cols[name] = np.concatenate([v[:, j], flow_fields.get(name, np.zeros(len(flows)))])
-    return timeline_from_rows(cols, counter_data_of(counters.rows))
+    return timeline_from_rows(cols, counters.columns())

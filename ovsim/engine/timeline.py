@@ -307,17 +307,6 @@ def timeline_from_rows(rows: list[dict[str, Any]] | pd.DataFrame | Mapping[str, 
     return Timeline(op_data=op_data, counters=pd.DataFrame(counters, columns=COUNTER_COLUMNS), shared=shared)
 
 
-def counter_data_of(rows: Sequence[tuple[float, int, str, float]]) -> dict[str, Any]:
-    """Counter columns (COUNTER_COLUMNS) from ``(time_s, rank, counter, value)`` samples."""
-    n = len(rows)
-    if not n:
-        return {c: [] for c in COUNTER_COLUMNS}
-    return {"time_s": np.fromiter((r[0] for r in rows), dtype=float, count=n),
-            "rank": np.fromiter((r[1] for r in rows), dtype=np.int64, count=n),
-            "counter": np.array([r[2] for r in rows], dtype=object),
-            "value": np.fromiter((r[3] for r in rows), dtype=float, count=n)}
-
-
 def _lost_time(duration: np.ndarray, iso: np.ndarray, column: Callable[[str], Any]) -> dict[str, Any]:
     """The time each op lost, split by reason (one column each), and ``slowed_by``.
 
