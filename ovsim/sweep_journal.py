@@ -74,7 +74,7 @@ class Journal:
                     with atomic_output(manifest, exclusive=True) as tmp:
                         tmp.write_text(json.dumps({"fingerprint": print_, "points": n_points,
                                                    "axes": [[k, list(v)] for k, v in (axes or {}).items()]},
-                                                  default=_plain))
+                                                  default=_as_text))
                 except OvsimError:
                     if not manifest.exists():
                         raise
@@ -173,6 +173,12 @@ def _temporary(p: Path) -> bool:
     """A file being written before it takes its name (``ovsim.files.atomic_output``), or left so by
     a killed process."""
     return p.name.startswith(".")
+
+
+def _as_text(x: Any) -> Any:
+    """An axis value JSON does not take, for the manifest: a numpy scalar as its number, anything
+    else as its text (the fingerprint's way: the sweep ran on it, so it is not refused here)."""
+    return x.item() if hasattr(x, "item") else str(x)
 
 
 def _plain(x: Any) -> Any:
