@@ -33,7 +33,8 @@ def signed_pct(x: float) -> str:
 # and --json give both).
 TABLE_NOTE = ("contention: compute time lost beside other work, against alone at the same SM clock; clock: compute "
                "time lost to an SM clock below the calibration's (power limit or lock), negative where the clock "
-               "runs above it; peak W: the highest 100 ms "
+               "runs above it; comm ms: communication kernels' time summed over each rank's streams, where "
+               "exposed and hidden are of the time any of them ran; peak W: the highest 100 ms "
                "average per GPU, over the interval at which a board's reading is updated")
 
 
