@@ -138,3 +138,23 @@ def test_a_result_shows_in_one_short_line() -> None:
     text = repr(r)
     assert "\n" not in text and len(text) < 300
     assert "gemm-allreduce-a100x4-overlapped" in text and f"{r.timeline.makespan_s:.6g}" in text
+
+
+def test_json_records_are_python_values_with_none_for_what_json_lacks() -> None:
+    """What the old path (a frame's records, then a walk nulling what is not finite) gave: floats
+    and ints as Python's, inf, NaN and a missing text as None."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from ovsim.api import json_records
+
+    frame = pd.DataFrame({"name": ["a", None, "c"], "rank": np.array([0, 1, -1]),
+                          "slowdown": [1.5, float("inf"), float("nan")], "blocks": np.array([132, 0, 7])})
+    rows = json_records(list(frame.columns), lambda c: frame[c].to_numpy())
+    assert rows == [{"name": "a", "rank": 0, "slowdown": 1.5, "blocks": 132},
+                    {"name": None, "rank": 1, "slowdown": None, "blocks": 0},
+                    {"name": "c", "rank": -1, "slowdown": None, "blocks": 7}]
+    assert all(type(r["rank"]) is int and (r["slowdown"] is None or type(r["slowdown"]) is float) for r in rows)
+    json.dumps(rows, allow_nan=False)  # strict JSON

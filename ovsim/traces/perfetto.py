@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ovsim.engine.timeline import REASONS, Timeline
 from ovsim.errors import OvsimError
 from ovsim.files import atomic_output
@@ -27,49 +29,62 @@ def _num(x: float) -> float:
 
 
 def trace_events(timeline: Timeline, *, label: str = "ovsim") -> dict[str, Any]:
-    ops = timeline.ops
-    events: list[dict[str, Any]] = []
-    ranks = sorted(int(r) for r in ops.loc[ops["rank"] >= 0, "rank"].unique())
+    """The timeline as trace events (the module's docstring). Read a column at a time from the
+    timeline's arrays rather than through its frames' records, which took 2.6 of the 4.5 s of a
+    150,000-op timeline's events."""
+    col = timeline.op_column
+    rank_col = np.asarray(col("rank"))
+    ranks = sorted(int(r) for r in np.unique(rank_col[rank_col >= 0]))
     flow_pid = (max(ranks) + 1) if ranks else 0
-    tids: dict[tuple[int, str], int] = {}
+    events: list[dict[str, Any]] = []
     for r in ranks:
         events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
-    records = [{str(k): v for k, v in r.items()} for r in ops.to_dict(orient="records")]
-    for rec in records:
-        start, end, rank = float(rec["start_s"]), float(rec["end_s"]), int(rec["rank"])
+    _op_events(timeline, flow_pid, events)
+    if ranks and (rank_col < 0).any():
+        events.append({"ph": "M", "name": "process_name", "pid": flow_pid, "tid": 0,
+                       "args": {"name": "collectives"}})
+    cc = timeline.counter_column
+    for t, rank, name, value in zip(*(np.asarray(cc(c)).tolist() for c in ("time_s", "rank", "counter", "value")),
+                                    strict=True):
+        events.append({"ph": "C", "name": str(name), "pid": int(rank), "tid": 0, "ts": _num(t),
+                       "args": {"value": float(value)}})
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": label}}
+
+
+def _op_events(timeline: Timeline, flow_pid: int, events: list[dict[str, Any]]) -> None:
+    """Append an event for each op with finite times (a track's name first where it opens one)."""
+    col = timeline.op_column
+    names = ("start_s", "end_s", "rank", "stream", "name", "kind", "isolated_s", "slowdown", "launch_s", "blocks",
+             "bytes", "slowed_by", *REASONS)
+    columns = [np.asarray(col(c)).tolist() for c in names]
+    tids: dict[tuple[int, str], int] = {}
+    reasons = list(REASONS.items())
+    for row in zip(*columns, strict=True):
+        start, end, rank = float(row[0]), float(row[1]), int(row[2])
         if not (math.isfinite(start) and math.isfinite(end)):
             continue
         if rank >= 0:
-            pid, key = rank, (rank, str(rec["stream"]))
+            pid, key = rank, (rank, str(row[3]))
         else:
-            pid, key = flow_pid, (flow_pid, str(rec["name"]))
+            pid, key = flow_pid, (flow_pid, str(row[4]))
         if key not in tids:
             tids[key] = len(tids) + 1
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[key],
-                           "args": {"name": key[1] if rank >= 0 else f"flow {rec['name']}"}})
+                           "args": {"name": key[1] if rank >= 0 else f"flow {row[4]}"}})
         args: dict[str, Any] = {
-            "kind": rec["kind"], "isolated_us": _num(rec["isolated_s"]), "slowdown": round(float(rec["slowdown"]), 4),
-            "launch_us": _num(rec["launch_s"]), "blocks": int(rec["blocks"]), "bytes": float(rec["bytes"]),
+            "kind": row[5], "isolated_us": _num(row[6]), "slowdown": round(float(row[7]), 4),
+            "launch_us": _num(row[8]), "blocks": int(row[9]), "bytes": float(row[10]),
         }
-        slowed_by = str(rec["slowed_by"])
+        slowed_by = str(row[11])
         if slowed_by:
             args["slowed_by"] = slowed_by
-            for col, text in REASONS.items():
-                lost = float(rec[col])
-                if lost > 0:
+            for (_, text), lost in zip(reasons, row[12:], strict=True):
+                if float(lost) > 0:
                     args[f"{text} (us)"] = _num(lost)
-        name = str(rec["name"]) + (f" [{slowed_by}]" if slowed_by else "")
-        events.append({"ph": "X", "name": name, "cat": rec["kind"], "pid": pid, "tid": tids[key],
+        name = str(row[4]) + (f" [{slowed_by}]" if slowed_by else "")
+        events.append({"ph": "X", "name": name, "cat": row[5], "pid": pid, "tid": tids[key],
                        "ts": _num(start), "dur": _num(end - start), "args": args})
-    if ranks and (ops["rank"] < 0).any():
-        events.append({"ph": "M", "name": "process_name", "pid": flow_pid, "tid": 0,
-                       "args": {"name": "collectives"}})
-    counters = [{str(k): v for k, v in r.items()} for r in timeline.counters.to_dict(orient="records")]
-    for c in counters:
-        events.append({"ph": "C", "name": str(c["counter"]), "pid": int(c["rank"]), "tid": 0,
-                       "ts": _num(c["time_s"]), "args": {"value": float(c["value"])}})
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": label}}
 
 
 def write_trace(timeline: Timeline, path: str | Path, *, label: str = "ovsim") -> None:
