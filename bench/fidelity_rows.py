@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from published_jobs import GROUPS, AnyRow, all_rows, peak_rss_gb
+from published_jobs import GROUPS, AnyRow, peak_rss_gb, rows_by_name
 from published_rows import ROWS
 
 from ovsim import api
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="rows predicted at once, each in a fresh process "
                     "(its peak memory its own); default 1, in this process")
     args = ap.parse_args(argv)
-    every = {r.name: r for r in all_rows()}
+    every = rows_by_name()
     wanted = None if args.rows is None or args.write else {n for x in args.rows for n in GROUPS.get(x, [x])}
     counted = {n for names in SOURCES.values() for n in names}
     unknown = sorted((wanted or set()) - counted)
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _both_by_name(job: tuple[str, str]) -> Both:
     source, name = job
-    return both(source, {r.name: r for r in all_rows()}[name])
+    return both(source, rows_by_name()[name])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from published_jobs import all_rows
+from published_jobs import rows_by_name
 
 from ovsim import api
 from ovsim.scenario import Scenario
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be 1 or more")
-    known = {r.name: r for r in all_rows()}
+    known = rows_by_name()
     unknown = [r for r in args.rows if r not in known]
     if unknown:
         parser.error(f"unknown rows {unknown}; bench/published_jobs.py --help lists them")

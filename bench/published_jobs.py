@@ -193,6 +193,11 @@ def all_rows() -> list[AnyRow]:
             *NEMO_LONG_ROWS]
 
 
+def rows_by_name() -> dict[str, AnyRow]:
+    """Every row this script runs, by its name."""
+    return {r.name: r for r in all_rows()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     every = all_rows()

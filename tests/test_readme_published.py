@@ -119,7 +119,7 @@ def _fidelity_rows() -> dict[str, list[str]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FIDELITY_CHECKED)
 def test_the_fidelity_table_row_is_what_ovsim_predicts(name: str) -> None:
-    row = {r.name: r for r in fr.all_rows()}[name]
+    row = fr.rows_by_name()[name]
     cells = _fidelity_rows()[name]
     errors = [f"{fr.predicted_error(row, mode)[0]:+.1%}" for mode in ("analytic", "simulate")]
     assert cells[4:6] == errors
