@@ -84,9 +84,7 @@ def _training_space(sc: Scenario, gpus_per_node: int, n_ranks: int) -> dict[str,
         space["training.parallel.tp_chunks"] = [None, *(c for c in TP_CHUNKS if c != p.tp)]
     if p.cp > 1:
         a2a = heads_split_over(sc.training.shape(), p.tp, p.cp)
-        # The scenario's exchange first, as every knob's own value.
-        space["training.parallel.cp_comm"] = sorted(("p2p", "all_gather", *(("a2a",) if a2a else ())),
-                                                    key=lambda c: c != p.cp_comm)
+        space["training.parallel.cp_comm"] = ["p2p", "all_gather", *(["a2a"] if a2a else [])]
     if p.dp_mode == "fsdp":
         space["training.parallel.fsdp_prefetch"] = list(FSDP_PREFETCH)
     elif p.dp != 1 or p.cp > 1:  # context-parallel ranks reduce gradients together too
